@@ -1,0 +1,75 @@
+// Package cache is the shared vocabulary of tidepool's tiered block store:
+// the errors every tier returns, block metadata, options and statistics.
+// The tiers live in sub-packages (dram, ssd), eviction policies in evict,
+// and the composition of tiers in tiered. This package imports nothing of
+// ours so that every tier can use it.
+package cache
+
+import "errors"
+
+// Errors returned by tiers and stores. Test with errors.Is; they are mapped
+// to protocol error codes once, at the Thrift edge.
+var (
+	ErrNotFound     = errors.New("cache: block not found")
+	ErrExists       = errors.New("cache: block exists")
+	ErrTooLarge     = errors.New("cache: value too large")
+	ErrNoSpace      = errors.New("cache: no space")
+	ErrInvalidKey   = errors.New("cache: invalid key")
+	ErrChecksum     = errors.New("cache: checksum mismatch")
+	ErrLeaseExpired = errors.New("cache: lease expired")
+	ErrClosed       = errors.New("cache: closed")
+	ErrUnavailable  = errors.New("cache: tier unavailable")
+)
+
+// PutOptions qualify one put.
+type PutOptions struct {
+	// Depth is the block's position in its prefix chain (0 = first block).
+	// Eviction prefers deeper blocks on ties.
+	Depth int32
+	// LowPriority marks a copy of a block owned by another node; such
+	// copies are evicted before owned blocks.
+	LowPriority bool
+	// Durable asks for the block to be written through to persistent
+	// storage before the put returns (tiers without persistence ignore it).
+	Durable bool
+}
+
+// Info describes one stored block.
+type Info struct {
+	Size     int64
+	Checksum uint32 // CRC-32C (Castagnoli) of the value
+	Depth    int32
+	Tier     string // "dram", "ssd", ...
+}
+
+// TierStats is a snapshot of one tier's counters.
+type TierStats struct {
+	Name          string
+	CapacityBytes int64
+	UsedBytes     int64
+	Blocks        int64
+	Hits          int64
+	Misses        int64
+	Evictions     int64
+	BytesIn       int64
+	BytesOut      int64
+	// ChecksumFailures counts reads whose bytes did not match their checksum.
+	ChecksumFailures int64
+}
+
+// NamespaceStats is a snapshot of one namespace's counters.
+type NamespaceStats struct {
+	Namespace string
+	Blocks    int64
+	Bytes     int64
+	Hits      int64
+	Misses    int64
+	Puts      int64
+	Evictions int64
+}
+
+// Stats is a snapshot of a store.
+type Stats struct {
+	Tiers      []TierStats
+	Namespaces []NamespaceStats
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Regenerates the Kitex/Thrift code in protocol/gen from idl/*.thrift.
+# The generated code is committed; `scripts/gen-idl.sh --check` fails when
+# regenerating would change it (CI runs the check).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+module=$(go list -m)
+out=protocol/gen
+
+gen() {
+	local dest=$1
+	rm -rf "$dest"
+	mkdir -p "$dest"
+	for idl in idl/*.thrift; do
+		go tool kitex -module "$module" -gen-path "$dest" -no-dependency-check "$idl" >/dev/null
+	done
+	gofmt -w "$dest"
+}
+
+if [[ "${1:-}" == "--check" ]]; then
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	# Kitex writes relative to the module root; generate into a scratch path
+	# inside the module, then compare and remove it.
+	scratch=protocol/.gen-check
+	trap 'rm -rf "$tmp" "$scratch"' EXIT
+	gen "$scratch"
+	# Import paths inside the scratch copy name the scratch folder; rewrite
+	# them so the trees are comparable.
+	grep -rl "$module/$scratch" "$scratch" | xargs -r sed -i "s#$module/$scratch#$module/$out#g"
+	if ! diff -r "$out" "$scratch" >"$tmp/diff"; then
+		cat "$tmp/diff" | head -50
+		echo "gen-idl: generated code in $out is stale; run scripts/gen-idl.sh" >&2
+		exit 1
+	fi
+	echo "gen-idl: $out is up to date"
+	exit 0
+fi
+gen "$out"
+echo "gen-idl: wrote $out"
