@@ -87,13 +87,13 @@ struct BatchPutRequest {
     2: list<PutItem> items,
 }
 
-struct ItemResult {
+struct ItemStatus {
     1: ErrorCode code,
     2: string message,
 }
 
 struct BatchPutResponse {
-    1: list<ItemResult> results,
+    1: list<ItemStatus> results,
 }
 
 struct GetRequest {
@@ -112,14 +112,14 @@ struct BatchGetRequest {
     2: list<binary> keys,
 }
 
-struct GetResult {
+struct GetItem {
     1: ErrorCode code,
     2: binary value,
     3: string tier,
 }
 
 struct BatchGetResponse {
-    1: list<GetResult> results,
+    1: list<GetItem> results,
 }
 
 struct ExistsRequest {

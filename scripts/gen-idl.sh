@@ -7,14 +7,23 @@ cd "$(dirname "$0")/.."
 module=$(go list -m)
 out=protocol/gen
 
+# gen DEST: generate into a scratch folder first, so that a failed run
+# leaves DEST as it was.
 gen() {
-	local dest=$1
-	rm -rf "$dest"
-	mkdir -p "$dest"
+	local dest=$1 work=protocol/.gen-work
+	rm -rf "$work"
+	mkdir -p "$work"
 	for idl in idl/*.thrift; do
-		go tool kitex -module "$module" -gen-path "$dest" -no-dependency-check "$idl" >/dev/null
+		if ! go tool kitex -module "$module" -gen-path "$work" -no-dependency-check "$idl" >/dev/null; then
+			rm -rf "$work"
+			echo "gen-idl: kitex failed on $idl" >&2
+			exit 1
+		fi
 	done
-	gofmt -w "$dest"
+	gofmt -w "$work"
+	grep -rl "$module/$work" "$work" | xargs -r sed -i "s#$module/$work#$module/$dest#g"
+	rm -rf "$dest"
+	mv "$work" "$dest"
 }
 
 if [[ "${1:-}" == "--check" ]]; then

@@ -1606,7 +1606,7 @@ func (p *BatchPutRequest) field2Length() int {
 	return l
 }
 
-func (p *ItemResult_) FastRead(buf []byte) (int, error) {
+func (p *ItemStatus) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -1664,12 +1664,12 @@ func (p *ItemResult_) FastRead(buf []byte) (int, error) {
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_ItemResult_[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_ItemStatus[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *ItemResult_) FastReadField1(buf []byte) (int, error) {
+func (p *ItemStatus) FastReadField1(buf []byte) (int, error) {
 	offset := 0
 
 	var _field ErrorCode
@@ -1684,7 +1684,7 @@ func (p *ItemResult_) FastReadField1(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *ItemResult_) FastReadField2(buf []byte) (int, error) {
+func (p *ItemStatus) FastReadField2(buf []byte) (int, error) {
 	offset := 0
 
 	var _field string
@@ -1698,11 +1698,11 @@ func (p *ItemResult_) FastReadField2(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *ItemResult_) FastWrite(buf []byte) int {
+func (p *ItemStatus) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *ItemResult_) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *ItemStatus) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
 		offset += p.fastWriteField1(buf[offset:], w)
@@ -1712,7 +1712,7 @@ func (p *ItemResult_) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	return offset
 }
 
-func (p *ItemResult_) BLength() int {
+func (p *ItemStatus) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field1Length()
@@ -1722,28 +1722,28 @@ func (p *ItemResult_) BLength() int {
 	return l
 }
 
-func (p *ItemResult_) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+func (p *ItemStatus) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I32, 1)
 	offset += thrift.Binary.WriteI32(buf[offset:], int32(p.Code))
 	return offset
 }
 
-func (p *ItemResult_) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
+func (p *ItemStatus) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 2)
 	offset += thrift.Binary.WriteStringNocopy(buf[offset:], w, p.Message)
 	return offset
 }
 
-func (p *ItemResult_) field1Length() int {
+func (p *ItemStatus) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.I32Length()
 	return l
 }
 
-func (p *ItemResult_) field2Length() int {
+func (p *ItemStatus) field2Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.StringLengthNocopy(p.Message)
@@ -1807,8 +1807,8 @@ func (p *BatchPutResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	_field := make([]*ItemResult_, 0, size)
-	values := make([]ItemResult_, size)
+	_field := make([]*ItemStatus, 0, size)
+	values := make([]ItemStatus, size)
 	for i := 0; i < size; i++ {
 		_elem := &values[i]
 		_elem.InitDefault()
@@ -2368,7 +2368,7 @@ func (p *BatchGetRequest) field2Length() int {
 	return l
 }
 
-func (p *GetResult_) FastRead(buf []byte) (int, error) {
+func (p *GetItem) FastRead(buf []byte) (int, error) {
 
 	var err error
 	var offset int
@@ -2440,12 +2440,12 @@ func (p *GetResult_) FastRead(buf []byte) (int, error) {
 ReadFieldBeginError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d begin error: ", p, fieldId), err)
 ReadFieldError:
-	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_GetResult_[fieldId]), err)
+	return offset, thrift.PrependError(fmt.Sprintf("%T read field %d '%s' error: ", p, fieldId, fieldIDToName_GetItem[fieldId]), err)
 SkipFieldError:
 	return offset, thrift.PrependError(fmt.Sprintf("%T field %d skip type %d error: ", p, fieldId, fieldTypeId), err)
 }
 
-func (p *GetResult_) FastReadField1(buf []byte) (int, error) {
+func (p *GetItem) FastReadField1(buf []byte) (int, error) {
 	offset := 0
 
 	var _field ErrorCode
@@ -2460,7 +2460,7 @@ func (p *GetResult_) FastReadField1(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *GetResult_) FastReadField2(buf []byte) (int, error) {
+func (p *GetItem) FastReadField2(buf []byte) (int, error) {
 	offset := 0
 
 	var _field []byte
@@ -2475,7 +2475,7 @@ func (p *GetResult_) FastReadField2(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *GetResult_) FastReadField3(buf []byte) (int, error) {
+func (p *GetItem) FastReadField3(buf []byte) (int, error) {
 	offset := 0
 
 	var _field string
@@ -2489,11 +2489,11 @@ func (p *GetResult_) FastReadField3(buf []byte) (int, error) {
 	return offset, nil
 }
 
-func (p *GetResult_) FastWrite(buf []byte) int {
+func (p *GetItem) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
 
-func (p *GetResult_) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
+func (p *GetItem) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
 		offset += p.fastWriteField1(buf[offset:], w)
@@ -2504,7 +2504,7 @@ func (p *GetResult_) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	return offset
 }
 
-func (p *GetResult_) BLength() int {
+func (p *GetItem) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field1Length()
@@ -2515,42 +2515,42 @@ func (p *GetResult_) BLength() int {
 	return l
 }
 
-func (p *GetResult_) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
+func (p *GetItem) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I32, 1)
 	offset += thrift.Binary.WriteI32(buf[offset:], int32(p.Code))
 	return offset
 }
 
-func (p *GetResult_) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
+func (p *GetItem) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 2)
 	offset += thrift.Binary.WriteBinaryNocopy(buf[offset:], w, []byte(p.Value))
 	return offset
 }
 
-func (p *GetResult_) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
+func (p *GetItem) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 3)
 	offset += thrift.Binary.WriteStringNocopy(buf[offset:], w, p.Tier)
 	return offset
 }
 
-func (p *GetResult_) field1Length() int {
+func (p *GetItem) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.I32Length()
 	return l
 }
 
-func (p *GetResult_) field2Length() int {
+func (p *GetItem) field2Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.BinaryLengthNocopy([]byte(p.Value))
 	return l
 }
 
-func (p *GetResult_) field3Length() int {
+func (p *GetItem) field3Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.StringLengthNocopy(p.Tier)
@@ -2614,8 +2614,8 @@ func (p *BatchGetResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	_field := make([]*GetResult_, 0, size)
-	values := make([]GetResult_, size)
+	_field := make([]*GetItem, 0, size)
+	values := make([]GetItem, size)
 	for i := 0; i < size; i++ {
 		_elem := &values[i]
 		_elem.InitDefault()

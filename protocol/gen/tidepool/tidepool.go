@@ -500,46 +500,46 @@ var fieldIDToName_BatchPutRequest = map[int16]string{
 	2: "items",
 }
 
-type ItemResult_ struct {
+type ItemStatus struct {
 	Code    ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
 	Message string    `thrift:"message,2" frugal:"2,default,string" json:"message"`
 }
 
-func NewItemResult_() *ItemResult_ {
-	return &ItemResult_{}
+func NewItemStatus() *ItemStatus {
+	return &ItemStatus{}
 }
 
-func (p *ItemResult_) InitDefault() {
+func (p *ItemStatus) InitDefault() {
 }
 
-func (p *ItemResult_) GetCode() (v ErrorCode) {
+func (p *ItemStatus) GetCode() (v ErrorCode) {
 	return p.Code
 }
 
-func (p *ItemResult_) GetMessage() (v string) {
+func (p *ItemStatus) GetMessage() (v string) {
 	return p.Message
 }
-func (p *ItemResult_) SetCode(val ErrorCode) {
+func (p *ItemStatus) SetCode(val ErrorCode) {
 	p.Code = val
 }
-func (p *ItemResult_) SetMessage(val string) {
+func (p *ItemStatus) SetMessage(val string) {
 	p.Message = val
 }
 
-func (p *ItemResult_) String() string {
+func (p *ItemStatus) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("ItemResult_(%+v)", *p)
+	return fmt.Sprintf("ItemStatus(%+v)", *p)
 }
 
-var fieldIDToName_ItemResult_ = map[int16]string{
+var fieldIDToName_ItemStatus = map[int16]string{
 	1: "code",
 	2: "message",
 }
 
 type BatchPutResponse struct {
-	Results []*ItemResult_ `thrift:"results,1" frugal:"1,default,list<ItemResult_>" json:"results"`
+	Results []*ItemStatus `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
 }
 
 func NewBatchPutResponse() *BatchPutResponse {
@@ -549,10 +549,10 @@ func NewBatchPutResponse() *BatchPutResponse {
 func (p *BatchPutResponse) InitDefault() {
 }
 
-func (p *BatchPutResponse) GetResults() (v []*ItemResult_) {
+func (p *BatchPutResponse) GetResults() (v []*ItemStatus) {
 	return p.Results
 }
-func (p *BatchPutResponse) SetResults(val []*ItemResult_) {
+func (p *BatchPutResponse) SetResults(val []*ItemStatus) {
 	p.Results = val
 }
 
@@ -690,55 +690,55 @@ var fieldIDToName_BatchGetRequest = map[int16]string{
 	2: "keys",
 }
 
-type GetResult_ struct {
+type GetItem struct {
 	Code  ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
 	Value []byte    `thrift:"value,2" frugal:"2,default,binary" json:"value"`
 	Tier  string    `thrift:"tier,3" frugal:"3,default,string" json:"tier"`
 }
 
-func NewGetResult_() *GetResult_ {
-	return &GetResult_{}
+func NewGetItem() *GetItem {
+	return &GetItem{}
 }
 
-func (p *GetResult_) InitDefault() {
+func (p *GetItem) InitDefault() {
 }
 
-func (p *GetResult_) GetCode() (v ErrorCode) {
+func (p *GetItem) GetCode() (v ErrorCode) {
 	return p.Code
 }
 
-func (p *GetResult_) GetValue() (v []byte) {
+func (p *GetItem) GetValue() (v []byte) {
 	return p.Value
 }
 
-func (p *GetResult_) GetTier() (v string) {
+func (p *GetItem) GetTier() (v string) {
 	return p.Tier
 }
-func (p *GetResult_) SetCode(val ErrorCode) {
+func (p *GetItem) SetCode(val ErrorCode) {
 	p.Code = val
 }
-func (p *GetResult_) SetValue(val []byte) {
+func (p *GetItem) SetValue(val []byte) {
 	p.Value = val
 }
-func (p *GetResult_) SetTier(val string) {
+func (p *GetItem) SetTier(val string) {
 	p.Tier = val
 }
 
-func (p *GetResult_) String() string {
+func (p *GetItem) String() string {
 	if p == nil {
 		return "<nil>"
 	}
-	return fmt.Sprintf("GetResult_(%+v)", *p)
+	return fmt.Sprintf("GetItem(%+v)", *p)
 }
 
-var fieldIDToName_GetResult_ = map[int16]string{
+var fieldIDToName_GetItem = map[int16]string{
 	1: "code",
 	2: "value",
 	3: "tier",
 }
 
 type BatchGetResponse struct {
-	Results []*GetResult_ `thrift:"results,1" frugal:"1,default,list<GetResult_>" json:"results"`
+	Results []*GetItem `thrift:"results,1" frugal:"1,default,list<GetItem>" json:"results"`
 }
 
 func NewBatchGetResponse() *BatchGetResponse {
@@ -748,10 +748,10 @@ func NewBatchGetResponse() *BatchGetResponse {
 func (p *BatchGetResponse) InitDefault() {
 }
 
-func (p *BatchGetResponse) GetResults() (v []*GetResult_) {
+func (p *BatchGetResponse) GetResults() (v []*GetItem) {
 	return p.Results
 }
-func (p *BatchGetResponse) SetResults(val []*GetResult_) {
+func (p *BatchGetResponse) SetResults(val []*GetItem) {
 	p.Results = val
 }
 
