@@ -1,0 +1,82 @@
+# tidepool build and test entry points. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := build
+.ONESHELL:
+
+GO ?= go
+BIN := bin/tidepool
+# Per test binary; the whole `make test` should stay well under 30 min on 2 cores.
+TEST_TIMEOUT ?= 10m
+# Extra flags for every `go test` (e.g. GO_TEST_FLAGS=-count=1 or -v).
+GO_TEST_FLAGS ?=
+
+# Packages tested WITHOUT the race detector: cgo-heavy (grocksdb) or long
+# multi-process integration tests where -race costs too much on 2 cores.
+# Paths are relative to the module; each entry also covers its subpackages.
+# Every other package (new ones included) is tested with -race.
+NORACE := cache/ssd cmd/tidepool
+
+# Deferred (=) so that only targets that use them run `go list`.
+MODULE = $(shell $(GO) list -m)
+ALL_PKGS = $(shell $(GO) list -e ./...)
+NORACE_PATTERNS = $(foreach n,$(NORACE),$(MODULE)/$(n) $(MODULE)/$(n)/%)
+NORACE_PKGS = $(filter $(NORACE_PATTERNS),$(ALL_PKGS))
+RACE_PKGS = $(filter-out $(NORACE_PATTERNS),$(ALL_PKGS))
+
+.PHONY: deps build run test test-go test-python bench fmt-check list-pkgs clean
+
+deps:
+	scripts/install-deps.sh
+	$(GO) mod download
+
+build:
+	mkdir -p bin
+	$(GO) build -o $(BIN) ./cmd/tidepool
+
+# Single node on the embedded defaults (socket path printed at start).
+run: deps build
+	./$(BIN) serve
+
+test: deps
+	scripts/gen-idl.sh --check
+	$(GO) vet ./...
+	$(MAKE) --no-print-directory test-go
+	scripts/test-python.sh
+
+# Both lists run even when the first fails, so one report shows every failure.
+test-go:
+	@rc=0
+	race="$(RACE_PKGS)"
+	norace="$(NORACE_PKGS)"
+	if [[ -n "$$race" ]]; then
+		echo "== go test -race ($$(wc -w <<<"$$race") packages)"
+		$(GO) test -race -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS) $$race || rc=1
+	fi
+	if [[ -n "$$norace" ]]; then
+		echo "== go test, no race detector: $$norace"
+		$(GO) test -timeout $(TEST_TIMEOUT) $(GO_TEST_FLAGS) $$norace || rc=1
+	fi
+	exit $$rc
+
+test-python:
+	scripts/test-python.sh
+
+# Placeholder: Go benchmarks of the real-socket path.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2x ./proxy/... ./client/...
+
+fmt-check:
+	@files=$$(find . \( -path ./.git -o -path ./.cache -o -path ./bin \) -prune -o -name '*.go' -print)
+	bad=$$(gofmt -l $$files)
+	if [[ -n "$$bad" ]]; then
+		echo "gofmt: these files need formatting:"; echo "$$bad"; exit 1
+	fi
+	echo "gofmt: ok"
+
+list-pkgs:
+	@echo "race:   $(RACE_PKGS)"
+	@echo "norace: $(NORACE_PKGS)"
+
+clean:
+	rm -rf bin protocol/.gen-check

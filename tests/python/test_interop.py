@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""Interop test: a plain Apache Thrift Python client against `tidepool serve`.
+
+Run through scripts/test-python.sh, which starts the server, generates the
+bindings with `thrift --gen py` from idl/tidepool.thrift and sets:
+
+  TIDEPOOL_SOCKET           path of the server's Unix socket (required)
+  TIDEPOOL_MAX_VALUE_BYTES  the server's --max-value-size in bytes (2 MiB)
+
+Every test runs twice, over TBufferedTransport and over TFramedTransport,
+always with TBinaryProtocol (strict), each on its own connection. Every test
+uses its own namespaces, so tests do not depend on each other.
+"""
+
+import hashlib
+import os
+import sys
+import unittest
+import uuid
+
+from thrift.protocol import TBinaryProtocol
+from thrift.transport import TSocket, TTransport
+
+from tidepool import Tidepool
+from tidepool.ttypes import (
+    BatchExistsRequest,
+    BatchGetRequest,
+    BatchPutRequest,
+    ClearRequest,
+    DeleteRequest,
+    ErrorCode,
+    ExistsRequest,
+    GetRequest,
+    HelloRequest,
+    LookupRequest,
+    PutItem,
+    PutRequest,
+    StatsRequest,
+    TidepoolError,
+)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+SOCKET = os.environ.get("TIDEPOOL_SOCKET", "")
+MAX_VALUE_BYTES = int(os.environ.get("TIDEPOOL_MAX_VALUE_BYTES", str(2 * MiB)))
+MAX_KEY_BYTES = 128  # DESIGN.md §3: a block key is at most 128 bytes.
+CLIENT_VERSION = 1
+SOCKET_TIMEOUT_MS = 30000
+
+
+def code_name(code):
+    return ErrorCode._VALUES_TO_NAMES.get(code, str(code))
+
+
+def new_ns():
+    """A namespace no other test (or earlier run) uses."""
+    return "py-" + uuid.uuid4().hex[:16]
+
+
+def payload(n, seed):
+    """n deterministic, non-repeating bytes that differ per seed."""
+    return hashlib.shake_256(b"tidepool-%d" % seed).digest(n)
+
+
+class InteropCases:
+    """The test cases; mixed into one TestCase class per transport."""
+
+    transport_class = None  # TTransport.TBufferedTransport or TFramedTransport
+
+    def setUp(self):
+        sock = TSocket.TSocket(unix_socket=SOCKET)
+        sock.setTimeout(SOCKET_TIMEOUT_MS)
+        self.transport = self.transport_class(sock)
+        self.transport.open()
+        self.addCleanup(self.transport.close)
+        proto = TBinaryProtocol.TBinaryProtocol(self.transport)
+        self.client = Tidepool.Client(proto)
+
+    # ---- helpers ----------------------------------------------------------
+
+    def hello(self):
+        return self.client.Hello(
+            HelloRequest(client_version=CLIENT_VERSION, client_name="python-interop")
+        )
+
+    def put(self, ns, key, value, depth=0):
+        return self.client.Put(PutRequest(ns=ns, key=key, value=value, depth=depth))
+
+    def get(self, ns, key):
+        return self.client.Get(GetRequest(ns=ns, key=key))
+
+    def lookup(self, ns, keys):
+        return self.client.Lookup(LookupRequest(ns=ns, keys=keys)).matched
+
+    def assertFound(self, ns, key, value):
+        resp = self.get(ns, key)
+        self.assertTrue(resp.found, "Get(%s, %r): found=False" % (ns, key[:16]))
+        self.assertEqual(len(resp.value or b""), len(value))
+        self.assertTrue(resp.value == value, "Get(%s, %r): value differs" % (ns, key[:16]))
+        return resp
+
+    def assertMissing(self, ns, key):
+        resp = self.get(ns, key)
+        self.assertFalse(resp.found, "Get(%s, %r): found=True" % (ns, key[:16]))
+        self.assertIn(resp.value, (None, b""))
+
+    def assertTidepoolError(self, code, fn, *args):
+        """fn(*args) raises TidepoolError(code) and the connection still works."""
+        with self.assertRaises(TidepoolError) as cm:
+            fn(*args)
+        err = cm.exception
+        self.assertEqual(
+            err.code,
+            code,
+            "want %s, got %s (%r)" % (code_name(code), code_name(err.code), err.message),
+        )
+        self.assertTrue(err.message, "TidepoolError without a message")
+        # The error reply must leave the stream in sync for the next call.
+        self.assertGreater(self.hello().server_version, 0)
+
+    # ---- Hello ------------------------------------------------------------
+
+    def test_hello(self):
+        resp = self.hello()
+        self.assertGreater(resp.server_version, 0)
+        self.assertIsNotNone(resp.limits, "Hello: no limits")
+        self.assertEqual(resp.limits.max_key_bytes, MAX_KEY_BYTES)
+        self.assertEqual(resp.limits.max_value_bytes, MAX_VALUE_BYTES)
+        self.assertGreater(resp.limits.max_batch, 0)
+        self.assertGreater(resp.limits.max_namespace_bytes, 0)
+        self.assertTrue(resp.tiers, "Hello: no tiers")
+        for tier in resp.tiers:
+            self.assertTrue(tier.name)
+            self.assertGreaterEqual(tier.capacity_bytes, 0)
+
+    # ---- Put / Get --------------------------------------------------------
+
+    def test_put_get_roundtrip(self):
+        ns = new_ns()
+        cases = [
+            ("1B", b"k-1", 1),
+            ("4KiB", b"k-4k", 4 * KiB),
+            ("1MiB", b"k-1m", 1 * MiB),
+            ("binary-key", bytes(range(256))[:MAX_KEY_BYTES], 4 * KiB),
+            ("max-key", b"m" * MAX_KEY_BYTES, 64),
+            ("max-value", b"k-max", MAX_VALUE_BYTES),
+        ]
+        for i, (name, key, size) in enumerate(cases):
+            with self.subTest(name):
+                value = payload(size, i)
+                resp = self.put(ns, key, value)
+                self.assertFalse(resp.existed)
+                got = self.assertFound(ns, key, value)
+                self.assertTrue(got.tier, "Get: empty tier")
+
+    def test_put_existing_key(self):
+        ns = new_ns()
+        first, second = payload(100, 1), payload(100, 2)
+        self.assertFalse(self.put(ns, b"dup", first).existed)
+        self.assertTrue(self.put(ns, b"dup", second).existed)
+        # The second put was a no-op: the first value stays.
+        self.assertFound(ns, b"dup", first)
+
+    def test_get_missing(self):
+        ns = new_ns()
+        self.assertMissing(ns, b"never-put")
+        self.put(ns, b"present", b"x")
+        self.assertMissing(ns, b"still-never-put")
+
+    def test_namespaces_are_separate(self):
+        a, b = new_ns(), new_ns()
+        self.put(a, b"shared-key", b"in-a")
+        self.assertMissing(b, b"shared-key")
+        self.put(b, b"shared-key", b"in-b")
+        self.assertFound(a, b"shared-key", b"in-a")
+        self.assertFound(b, b"shared-key", b"in-b")
+
+    # ---- BatchPut / BatchGet ----------------------------------------------
+
+    def test_batch_put_get(self):
+        ns = new_ns()
+        values = {b"b-%d" % i: payload(1000 * (i + 1), i) for i in range(3)}
+        items = [PutItem(key=k, value=v, depth=i) for i, (k, v) in enumerate(values.items())]
+        resp = self.client.BatchPut(BatchPutRequest(ns=ns, items=items))
+        self.assertEqual(len(resp.results), len(items))
+        for i, r in enumerate(resp.results):
+            self.assertEqual(r.code, ErrorCode.OK, "item %d: %s %r" % (i, code_name(r.code), r.message))
+
+        keys = [b"b-0", b"missing", b"b-1", b"b-2"]
+        resp = self.client.BatchGet(BatchGetRequest(ns=ns, keys=keys))
+        self.assertEqual(len(resp.results), len(keys))
+        for key, r in zip(keys, resp.results):
+            if key in values:
+                self.assertEqual(r.code, ErrorCode.OK, "%r: %s" % (key, code_name(r.code)))
+                self.assertTrue(r.value == values[key], "%r: value differs" % key)
+                self.assertTrue(r.tier)
+            else:
+                self.assertEqual(r.code, ErrorCode.NOT_FOUND, "%r: %s" % (key, code_name(r.code)))
+                self.assertIn(r.value, (None, b""))
+
+        # Items put singly are visible to BatchGet and vice versa.
+        self.assertFound(ns, b"b-1", values[b"b-1"])
+
+    def test_batch_put_existing_item(self):
+        ns = new_ns()
+        self.put(ns, b"old", b"original")
+        items = [PutItem(key=b"old", value=b"replacement"), PutItem(key=b"new", value=b"fresh")]
+        resp = self.client.BatchPut(BatchPutRequest(ns=ns, items=items))
+        self.assertEqual(len(resp.results), 2)
+        # The IDL leaves open whether an existing key is reported as EXISTS or
+        # as a successful no-op; either way it must not be overwritten.
+        self.assertIn(resp.results[0].code, (ErrorCode.OK, ErrorCode.EXISTS), code_name(resp.results[0].code))
+        self.assertEqual(resp.results[1].code, ErrorCode.OK, code_name(resp.results[1].code))
+        self.assertFound(ns, b"old", b"original")
+        self.assertFound(ns, b"new", b"fresh")
+
+    # ---- Exists / BatchExists ---------------------------------------------
+
+    def test_exists(self):
+        ns = new_ns()
+        self.put(ns, b"here", payload(10, 3))
+        resp = self.client.Exists(ExistsRequest(ns=ns, key=b"here"))
+        self.assertTrue(resp.present)
+        self.assertTrue(resp.tier, "Exists: empty tier for a present key")
+        resp = self.client.Exists(ExistsRequest(ns=ns, key=b"gone"))
+        self.assertFalse(resp.present)
+
+        keys = [b"gone", b"here", b"also-gone"]
+        resp = self.client.BatchExists(BatchExistsRequest(ns=ns, keys=keys))
+        self.assertEqual([r.present for r in resp.results], [False, True, False])
+
+    # ---- Lookup -----------------------------------------------------------
+
+    def test_lookup_prefix(self):
+        ns = new_ns()
+        chain = [b"chain-%d" % i for i in range(5)]
+        for depth, key in enumerate(chain[:3]):
+            self.put(ns, key, payload(256, depth), depth=depth)
+        self.assertEqual(self.lookup(ns, chain), 3, "first 3 of 5 present")
+
+        # Only the leading run counts: a gap stops the match.
+        self.put(ns, chain[4], b"tail", depth=4)
+        self.assertEqual(self.lookup(ns, chain), 3, "keys 0-2 and 4 present")
+        self.put(ns, chain[3], b"fill", depth=3)
+        self.assertEqual(self.lookup(ns, chain), 5, "all 5 present")
+
+        # Missing head: nothing matches.
+        other = new_ns()
+        self.put(other, chain[1], b"x", depth=1)
+        self.assertEqual(self.lookup(other, chain), 0, "only key 1 present")
+
+    # ---- Delete / Clear ---------------------------------------------------
+
+    def test_delete(self):
+        ns = new_ns()
+        self.put(ns, b"doomed", b"value")
+        self.put(ns, b"kept", b"value")
+        self.assertTrue(self.client.Delete(DeleteRequest(ns=ns, key=b"doomed")).deleted)
+        self.assertMissing(ns, b"doomed")
+        self.assertFalse(self.client.Exists(ExistsRequest(ns=ns, key=b"doomed")).present)
+        self.assertFalse(self.client.Delete(DeleteRequest(ns=ns, key=b"doomed")).deleted)
+        self.assertFound(ns, b"kept", b"value")
+        # A deleted key can be put again.
+        self.assertFalse(self.put(ns, b"doomed", b"again").existed)
+        self.assertFound(ns, b"doomed", b"again")
+
+    def test_clear(self):
+        ns, bystander = new_ns(), new_ns()
+        for i in range(3):
+            self.put(ns, b"c-%d" % i, payload(100, i))
+        self.put(bystander, b"c-0", b"survives")
+        self.assertEqual(self.client.Clear(ClearRequest(ns=ns)).removed, 3)
+        for i in range(3):
+            self.assertMissing(ns, b"c-%d" % i)
+        self.assertEqual(self.lookup(ns, [b"c-0"]), 0, "after Clear")
+        self.assertFound(bystander, b"c-0", b"survives")
+
+    # ---- Stats ------------------------------------------------------------
+
+    def test_stats(self):
+        ns = new_ns()
+        self.put(ns, b"s-0", payload(100, 0))
+        self.put(ns, b"s-1", payload(200, 1))
+        self.assertFound(ns, b"s-0", payload(100, 0))
+
+        resp = self.client.Stats(StatsRequest(ns=""))
+        self.assertTrue(resp.tiers, "Stats: no tiers")
+        self.assertGreaterEqual(resp.uptime_ms, 0)
+        by_ns = {s.ns: s for s in resp.namespaces}
+        self.assertIn(ns, by_ns, "Stats(all) does not list the namespace")
+        st = by_ns[ns]
+        self.assertEqual(st.blocks, 2)
+        self.assertGreaterEqual(st.bytes, 300)
+        self.assertGreaterEqual(st.puts, 2)
+        self.assertGreaterEqual(st.hits, 1)
+
+        resp = self.client.Stats(StatsRequest(ns=ns))
+        self.assertIn(ns, [s.ns for s in resp.namespaces], "Stats(ns) does not list the namespace")
+
+    # ---- errors -----------------------------------------------------------
+
+    def test_key_too_long(self):
+        ns = new_ns()
+        key = b"k" * (MAX_KEY_BYTES + 1)
+        self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.put, ns, key, b"v")
+        self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.get, ns, key)
+
+    def test_empty_key(self):
+        ns = new_ns()
+        self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.put, ns, b"", b"v")
+        self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.get, ns, b"")
+
+    def test_empty_namespace(self):
+        self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.put, "", b"key", b"v")
+        self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.get, "", b"key")
+
+    def test_value_too_large(self):
+        ns = new_ns()
+        big = payload(3 * MiB, 9)
+        self.assertGreater(len(big), MAX_VALUE_BYTES)
+        self.assertTidepoolError(ErrorCode.TOO_LARGE, self.put, ns, b"big", big)
+        self.assertMissing(ns, b"big")
+
+    def test_batch_too_large(self):
+        ns = new_ns()
+        max_batch = self.hello().limits.max_batch
+        if max_batch > 100000:
+            self.skipTest("max_batch %d too large to exercise" % max_batch)
+        over = [b"o-%d" % i for i in range(max_batch + 1)]
+        items = [PutItem(key=k, value=b"v") for k in over]
+        self.assertTidepoolError(
+            ErrorCode.BATCH_TOO_LARGE, self.client.BatchPut, BatchPutRequest(ns=ns, items=items)
+        )
+        self.assertTidepoolError(
+            ErrorCode.BATCH_TOO_LARGE, self.client.BatchGet, BatchGetRequest(ns=ns, keys=over)
+        )
+        self.assertTidepoolError(
+            ErrorCode.BATCH_TOO_LARGE, self.client.BatchExists, BatchExistsRequest(ns=ns, keys=over)
+        )
+        # Nothing of the refused BatchPut was stored.
+        self.assertMissing(ns, over[0])
+
+        # Exactly max_batch is accepted.
+        resp = self.client.BatchGet(BatchGetRequest(ns=ns, keys=over[:max_batch]))
+        self.assertEqual(len(resp.results), max_batch)
+        self.assertTrue(all(r.code == ErrorCode.NOT_FOUND for r in resp.results))
+
+
+class BufferedTransportTest(InteropCases, unittest.TestCase):
+    transport_class = TTransport.TBufferedTransport
+
+
+class FramedTransportTest(InteropCases, unittest.TestCase):
+    transport_class = TTransport.TFramedTransport
+
+
+if __name__ == "__main__":
+    if not SOCKET:
+        sys.exit("TIDEPOOL_SOCKET is not set; run scripts/test-python.sh")
+    unittest.main()
