@@ -79,4 +79,4 @@ list-pkgs:
 	@echo "norace: $(NORACE_PKGS)"
 
 clean:
-	rm -rf bin protocol/.gen-check
+	rm -rf bin protocol/.gen-check protocol/.gen-work
