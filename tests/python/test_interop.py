@@ -53,11 +53,6 @@ def code_name(code):
     return ErrorCode._VALUES_TO_NAMES.get(code, str(code))
 
 
-def new_ns():
-    """A namespace no other test (or earlier run) uses."""
-    return "py-" + uuid.uuid4().hex[:16]
-
-
 def payload(n, seed):
     """n deterministic, non-repeating bytes that differ per seed."""
     return hashlib.shake_256(b"tidepool-%d" % seed).digest(n)
@@ -78,6 +73,20 @@ class InteropCases:
         self.client = Tidepool.Client(proto)
 
     # ---- helpers ----------------------------------------------------------
+
+    def new_ns(self):
+        """A namespace no other test (or earlier run) uses, cleared afterwards
+        so the server's namespace count stays low (max_namespaces)."""
+        ns = "py-" + uuid.uuid4().hex[:16]
+
+        def clear():
+            try:
+                self.client.Clear(ClearRequest(ns=ns))
+            except Exception:  # hygiene only; test_clear checks Clear
+                pass
+
+        self.addCleanup(clear)
+        return ns
 
     def hello(self):
         return self.client.Hello(
@@ -137,7 +146,7 @@ class InteropCases:
     # ---- Put / Get --------------------------------------------------------
 
     def test_put_get_roundtrip(self):
-        ns = new_ns()
+        ns = self.new_ns()
         cases = [
             ("1B", b"k-1", 1),
             ("4KiB", b"k-4k", 4 * KiB),
@@ -155,7 +164,7 @@ class InteropCases:
                 self.assertTrue(got.tier, "Get: empty tier")
 
     def test_put_existing_key(self):
-        ns = new_ns()
+        ns = self.new_ns()
         first, second = payload(100, 1), payload(100, 2)
         self.assertFalse(self.put(ns, b"dup", first).existed)
         self.assertTrue(self.put(ns, b"dup", second).existed)
@@ -163,13 +172,13 @@ class InteropCases:
         self.assertFound(ns, b"dup", first)
 
     def test_get_missing(self):
-        ns = new_ns()
+        ns = self.new_ns()
         self.assertMissing(ns, b"never-put")
         self.put(ns, b"present", b"x")
         self.assertMissing(ns, b"still-never-put")
 
     def test_namespaces_are_separate(self):
-        a, b = new_ns(), new_ns()
+        a, b = self.new_ns(), self.new_ns()
         self.put(a, b"shared-key", b"in-a")
         self.assertMissing(b, b"shared-key")
         self.put(b, b"shared-key", b"in-b")
@@ -179,7 +188,7 @@ class InteropCases:
     # ---- BatchPut / BatchGet ----------------------------------------------
 
     def test_batch_put_get(self):
-        ns = new_ns()
+        ns = self.new_ns()
         values = {b"b-%d" % i: payload(1000 * (i + 1), i) for i in range(3)}
         items = [PutItem(key=k, value=v, depth=i) for i, (k, v) in enumerate(values.items())]
         resp = self.client.BatchPut(BatchPutRequest(ns=ns, items=items))
@@ -203,7 +212,7 @@ class InteropCases:
         self.assertFound(ns, b"b-1", values[b"b-1"])
 
     def test_batch_put_existing_item(self):
-        ns = new_ns()
+        ns = self.new_ns()
         self.put(ns, b"old", b"original")
         items = [PutItem(key=b"old", value=b"replacement"), PutItem(key=b"new", value=b"fresh")]
         resp = self.client.BatchPut(BatchPutRequest(ns=ns, items=items))
@@ -218,7 +227,7 @@ class InteropCases:
     # ---- Exists / BatchExists ---------------------------------------------
 
     def test_exists(self):
-        ns = new_ns()
+        ns = self.new_ns()
         self.put(ns, b"here", payload(10, 3))
         resp = self.client.Exists(ExistsRequest(ns=ns, key=b"here"))
         self.assertTrue(resp.present)
@@ -233,7 +242,7 @@ class InteropCases:
     # ---- Lookup -----------------------------------------------------------
 
     def test_lookup_prefix(self):
-        ns = new_ns()
+        ns = self.new_ns()
         chain = [b"chain-%d" % i for i in range(5)]
         for depth, key in enumerate(chain[:3]):
             self.put(ns, key, payload(256, depth), depth=depth)
@@ -246,14 +255,14 @@ class InteropCases:
         self.assertEqual(self.lookup(ns, chain), 5, "all 5 present")
 
         # Missing head: nothing matches.
-        other = new_ns()
+        other = self.new_ns()
         self.put(other, chain[1], b"x", depth=1)
         self.assertEqual(self.lookup(other, chain), 0, "only key 1 present")
 
     # ---- Delete / Clear ---------------------------------------------------
 
     def test_delete(self):
-        ns = new_ns()
+        ns = self.new_ns()
         self.put(ns, b"doomed", b"value")
         self.put(ns, b"kept", b"value")
         self.assertTrue(self.client.Delete(DeleteRequest(ns=ns, key=b"doomed")).deleted)
@@ -266,7 +275,7 @@ class InteropCases:
         self.assertFound(ns, b"doomed", b"again")
 
     def test_clear(self):
-        ns, bystander = new_ns(), new_ns()
+        ns, bystander = self.new_ns(), self.new_ns()
         for i in range(3):
             self.put(ns, b"c-%d" % i, payload(100, i))
         self.put(bystander, b"c-0", b"survives")
@@ -279,7 +288,7 @@ class InteropCases:
     # ---- Stats ------------------------------------------------------------
 
     def test_stats(self):
-        ns = new_ns()
+        ns = self.new_ns()
         self.put(ns, b"s-0", payload(100, 0))
         self.put(ns, b"s-1", payload(200, 1))
         self.assertFound(ns, b"s-0", payload(100, 0))
@@ -301,13 +310,13 @@ class InteropCases:
     # ---- errors -----------------------------------------------------------
 
     def test_key_too_long(self):
-        ns = new_ns()
+        ns = self.new_ns()
         key = b"k" * (MAX_KEY_BYTES + 1)
         self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.put, ns, key, b"v")
         self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.get, ns, key)
 
     def test_empty_key(self):
-        ns = new_ns()
+        ns = self.new_ns()
         self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.put, ns, b"", b"v")
         self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.get, ns, b"")
 
@@ -316,14 +325,14 @@ class InteropCases:
         self.assertTidepoolError(ErrorCode.INVALID_ARGUMENT, self.get, "", b"key")
 
     def test_value_too_large(self):
-        ns = new_ns()
+        ns = self.new_ns()
         big = payload(3 * MiB, 9)
         self.assertGreater(len(big), MAX_VALUE_BYTES)
         self.assertTidepoolError(ErrorCode.TOO_LARGE, self.put, ns, b"big", big)
         self.assertMissing(ns, b"big")
 
     def test_batch_too_large(self):
-        ns = new_ns()
+        ns = self.new_ns()
         max_batch = self.hello().limits.max_batch
         if max_batch > 100000:
             self.skipTest("max_batch %d too large to exercise" % max_batch)
