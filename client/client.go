@@ -1,0 +1,322 @@
+// Package client is the Go client of tidepool's engine API: it talks to the
+// sidecar over its Unix socket with Kitex. Go engines and tools (the
+// tidepool CLI among them) use it; other languages generate a Thrift client
+// from idl/tidepool.thrift.
+//
+//	c, err := client.New("/run/tidepool/tidepool.sock")
+//	...
+//	defer c.Close()
+//	existed, err := c.Put(ctx, "llama3-70b/tp8", key, value, 0)
+//	value, found, err := c.Get(ctx, "llama3-70b/tp8", key)
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	kclient "github.com/cloudwego/kitex/client"
+	"github.com/cloudwego/kitex/pkg/connpool"
+	"github.com/cloudwego/kitex/pkg/remote/codec"
+	"github.com/cloudwego/kitex/pkg/rpcinfo"
+
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+	tpsvc "github.com/tidepool-kv/tidepool/protocol/gen/tidepool/tidepool"
+)
+
+// ErrorCode is the API's error enum.
+type ErrorCode = tp.ErrorCode
+
+// Codes a caller commonly tests for.
+const (
+	CodeOK              = tp.ErrorCode_OK
+	CodeNotFound        = tp.ErrorCode_NOT_FOUND
+	CodeExists          = tp.ErrorCode_EXISTS
+	CodeTooLarge        = tp.ErrorCode_TOO_LARGE
+	CodeInvalidArgument = tp.ErrorCode_INVALID_ARGUMENT
+	CodeNoSpace         = tp.ErrorCode_NO_SPACE
+	CodeUnavailable     = tp.ErrorCode_UNAVAILABLE
+	CodeUnknownNS       = tp.ErrorCode_UNKNOWN_NAMESPACE
+	CodeBatchTooLarge   = tp.ErrorCode_BATCH_TOO_LARGE
+	CodeInternal        = tp.ErrorCode_INTERNAL
+)
+
+// Error is an error answered by the server, with its protocol code.
+type Error struct {
+	Code    ErrorCode
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("tidepool: %s: %s", e.Code, e.Message) }
+
+// CodeOf returns the protocol code of an error returned by this package:
+// OK for nil, the server's code for an *Error, UNAVAILABLE for transport
+// failures.
+func CodeOf(err error) ErrorCode {
+	if err == nil {
+		return CodeOK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeUnavailable
+}
+
+// Config configures a Client.
+type Config struct {
+	// Socket is the absolute path of the sidecar's Unix socket.
+	Socket string
+	// Timeout bounds each call. Default 30s.
+	Timeout time.Duration
+	// ConnectTimeout bounds dialing the socket. Default 1s.
+	ConnectTimeout time.Duration
+	// MaxIdleConns is how many idle connections are kept for reuse; set it
+	// to the number of concurrent callers. Default 64.
+	MaxIdleConns int
+	// MaxResponseBytes bounds one framed response. Default 1 GiB.
+	MaxResponseBytes int
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig(socket string) Config {
+	return Config{Socket: socket, Timeout: 30 * time.Second, ConnectTimeout: time.Second, MaxIdleConns: 64, MaxResponseBytes: 1 << 30}
+}
+
+// Client calls one sidecar. Safe for concurrent use.
+type Client struct {
+	kc kclient.Client
+}
+
+// New connects lazily to the sidecar at socket with the default config.
+func New(socket string) (*Client, error) { return NewWithConfig(DefaultConfig(socket)) }
+
+// NewWithConfig makes a client from cfg.
+func NewWithConfig(cfg Config) (*Client, error) {
+	if !filepath.IsAbs(cfg.Socket) {
+		return nil, fmt.Errorf("client: socket path %q must be absolute", cfg.Socket)
+	}
+	def := DefaultConfig(cfg.Socket)
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = def.Timeout
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = def.ConnectTimeout
+	}
+	if cfg.MaxIdleConns <= 0 {
+		cfg.MaxIdleConns = def.MaxIdleConns
+	}
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = def.MaxResponseBytes
+	}
+	kc, err := kclient.NewClient(tpsvc.NewServiceInfoForClient(),
+		kclient.WithDestService("tidepool"),
+		kclient.WithHostPorts(cfg.Socket),
+		kclient.WithRPCTimeout(cfg.Timeout),
+		kclient.WithConnectTimeout(cfg.ConnectTimeout),
+		kclient.WithLongConnection(connpool.IdleConfig{
+			MaxIdlePerAddress: cfg.MaxIdleConns,
+			MaxIdleGlobal:     cfg.MaxIdleConns,
+			MaxIdleTimeout:    time.Minute,
+		}),
+		kclient.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxResponseBytes)),
+		kclient.WithClientBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-client"}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return &Client{kc: kc}, nil
+}
+
+// Close releases the client's connections. Safe to call twice.
+func (c *Client) Close() error {
+	err := c.kc.(interface{ Close() error }).Close()
+	if err != nil && strings.Contains(err.Error(), "already closed") {
+		return nil
+	}
+	return err
+}
+
+// call makes one RPC and turns a declared exception into *Error.
+func (c *Client) call(ctx context.Context, method string, args interface{}, res interface{ GetErr() *tp.TidepoolError }) error {
+	if err := c.kc.Call(ctx, method, args, res); err != nil {
+		return wrap(err)
+	}
+	if e := res.GetErr(); e != nil {
+		return &Error{Code: e.Code, Message: e.Message}
+	}
+	return nil
+}
+
+// wrap converts a Kitex error to *Error where the server answered one.
+func wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	var te *tp.TidepoolError
+	if errors.As(err, &te) {
+		return &Error{Code: te.Code, Message: te.Message}
+	}
+	return fmt.Errorf("tidepool: %w", err)
+}
+
+// Hello returns the server's version, limits and tiers.
+func (c *Client) Hello(ctx context.Context) (*tp.HelloResponse, error) {
+	var res tp.TidepoolHelloResult
+	err := c.call(ctx, "Hello", &tp.TidepoolHelloArgs{Req: &tp.HelloRequest{ClientVersion: 1, ClientName: "tidepool-go"}}, &res)
+	return res.GetSuccess(), err
+}
+
+// Put stores one block. existed is true when the key was already present
+// (the put was a no-op).
+func (c *Client) Put(ctx context.Context, ns string, key, value []byte, depth int32) (existed bool, err error) {
+	var res tp.TidepoolPutResult
+	err = c.call(ctx, "Put", &tp.TidepoolPutArgs{Req: &tp.PutRequest{Ns: ns, Key: key, Value: value, Depth: depth}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return false, err
+	}
+	return r.Existed, nil
+}
+
+// Item is one block of a BatchPut.
+type Item struct {
+	Key   []byte
+	Value []byte
+	Depth int32
+}
+
+// BatchPut stores several blocks; the per-item results are nil, an *Error
+// with CodeExists for a no-op, or the item's error.
+func (c *Client) BatchPut(ctx context.Context, ns string, items []Item) ([]error, error) {
+	req := &tp.BatchPutRequest{Ns: ns, Items: make([]*tp.PutItem, len(items))}
+	for i, it := range items {
+		req.Items[i] = &tp.PutItem{Key: it.Key, Value: it.Value, Depth: it.Depth}
+	}
+	var res tp.TidepoolBatchPutResult
+	err := c.call(ctx, "BatchPut", &tp.TidepoolBatchPutArgs{Req: req}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, len(r.Results))
+	for i, s := range r.Results {
+		if s != nil && s.Code != CodeOK {
+			out[i] = &Error{Code: s.Code, Message: s.Message}
+		}
+	}
+	return out, nil
+}
+
+// Get returns one block's bytes; found is false on a miss.
+func (c *Client) Get(ctx context.Context, ns string, key []byte) (value []byte, found bool, err error) {
+	var res tp.TidepoolGetResult
+	err = c.call(ctx, "Get", &tp.TidepoolGetArgs{Req: &tp.GetRequest{Ns: ns, Key: key}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return nil, false, err
+	}
+	return r.Value, r.Found, nil
+}
+
+// GetResult is one block of a BatchGet.
+type GetResult struct {
+	Value []byte
+	Code  ErrorCode // CodeOK, CodeNotFound, ...
+	Tier  string
+}
+
+// BatchGet returns several blocks, in the order of keys.
+func (c *Client) BatchGet(ctx context.Context, ns string, keys [][]byte) ([]GetResult, error) {
+	var res tp.TidepoolBatchGetResult
+	err := c.call(ctx, "BatchGet", &tp.TidepoolBatchGetArgs{Req: &tp.BatchGetRequest{Ns: ns, Keys: keys}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]GetResult, len(r.Results))
+	for i, g := range r.Results {
+		if g != nil {
+			out[i] = GetResult{Value: g.Value, Code: g.Code, Tier: g.Tier}
+		}
+	}
+	return out, nil
+}
+
+// Presence tells whether a block is present and where.
+type Presence struct {
+	Present bool
+	Tier    string
+	NodeID  string
+}
+
+// Exists reports whether one block is present.
+func (c *Client) Exists(ctx context.Context, ns string, key []byte) (Presence, error) {
+	var res tp.TidepoolExistsResult
+	err := c.call(ctx, "Exists", &tp.TidepoolExistsArgs{Req: &tp.ExistsRequest{Ns: ns, Key: key}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return Presence{}, err
+	}
+	return Presence{Present: r.Present, Tier: r.Tier, NodeID: r.NodeId}, nil
+}
+
+// BatchExists reports presence for several keys, in order.
+func (c *Client) BatchExists(ctx context.Context, ns string, keys [][]byte) ([]Presence, error) {
+	var res tp.TidepoolBatchExistsResult
+	err := c.call(ctx, "BatchExists", &tp.TidepoolBatchExistsArgs{Req: &tp.BatchExistsRequest{Ns: ns, Keys: keys}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Presence, len(r.Results))
+	for i, e := range r.Results {
+		if e != nil {
+			out[i] = Presence{Present: e.Present, Tier: e.Tier, NodeID: e.NodeId}
+		}
+	}
+	return out, nil
+}
+
+// Lookup returns how many leading keys of a chain are present.
+func (c *Client) Lookup(ctx context.Context, ns string, keys [][]byte) (int, error) {
+	var res tp.TidepoolLookupResult
+	err := c.call(ctx, "Lookup", &tp.TidepoolLookupArgs{Req: &tp.LookupRequest{Ns: ns, Keys: keys}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return 0, err
+	}
+	return int(r.Matched), nil
+}
+
+// Delete removes one block; deleted is false when it was absent.
+func (c *Client) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
+	var res tp.TidepoolDeleteResult
+	err := c.call(ctx, "Delete", &tp.TidepoolDeleteArgs{Req: &tp.DeleteRequest{Ns: ns, Key: key}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return false, err
+	}
+	return r.Deleted, nil
+}
+
+// Clear removes every block of a namespace and returns how many.
+func (c *Client) Clear(ctx context.Context, ns string) (int64, error) {
+	var res tp.TidepoolClearResult
+	err := c.call(ctx, "Clear", &tp.TidepoolClearArgs{Req: &tp.ClearRequest{Ns: ns}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return 0, err
+	}
+	return r.Removed, nil
+}
+
+// Stats returns the server's statistics (one namespace when ns is set).
+func (c *Client) Stats(ctx context.Context, ns string) (*tp.StatsResponse, error) {
+	var res tp.TidepoolStatsResult
+	err := c.call(ctx, "Stats", &tp.TidepoolStatsArgs{Req: &tp.StatsRequest{Ns: ns}}, &res)
+	return res.GetSuccess(), err
+}

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tidepool-kv/tidepool/client"
+)
+
+// Exit codes of the client commands.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2
+	exitNotFound = 3 // get/exists/delete of an absent key
+)
+
+type clientFlags struct {
+	socket  string
+	ns      string
+	hexKeys bool
+	json    bool
+	timeout time.Duration
+	depth   int
+	out     string
+	nsSet   bool // --ns or TIDEPOOL_NS given (stat then shows one namespace)
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func cmdClient(cmd string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var f clientFlags
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.socket, "socket", envOr("TIDEPOOL_SOCKET", defaultSocket()), "sidecar socket (env TIDEPOOL_SOCKET)")
+	fs.StringVar(&f.ns, "ns", envOr("TIDEPOOL_NS", "default"), "namespace (env TIDEPOOL_NS)")
+	fs.BoolVar(&f.hexKeys, "hex", false, "keys are hex-encoded bytes instead of UTF-8 strings")
+	fs.BoolVar(&f.json, "json", false, "machine-readable output")
+	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "call timeout")
+	if cmd == "put" {
+		fs.IntVar(&f.depth, "depth", 0, "position of the block in its prefix chain (0 = first)")
+	}
+	if cmd == "get" {
+		fs.StringVar(&f.out, "o", "", "write the value to this file instead of stdout")
+	}
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	f.nsSet = os.Getenv("TIDEPOOL_NS") != ""
+	fs.Visit(func(fl *flag.Flag) { f.nsSet = f.nsSet || fl.Name == "ns" })
+	keys, err := parseKeys(fs.Args(), cmd, f.hexKeys)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidepool %s: %v\n", cmd, err)
+		return exitUsage
+	}
+	c, err := client.New(f.socket)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidepool %s: %v\n", cmd, err)
+		return exitUsage
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+	cc := clientCmd{c: c, f: f, stdin: stdin, stdout: stdout, stderr: stderr, args: fs.Args()}
+	code, err := cc.run(ctx, cmd, keys)
+	if err != nil {
+		if f.json {
+			json.NewEncoder(stdout).Encode(map[string]any{"error": err.Error(), "code": client.CodeOf(err).String()})
+		}
+		fmt.Fprintf(stderr, "tidepool %s: %v\n", cmd, err)
+		if errors.Is(err, errUsage) {
+			return exitUsage
+		}
+		return exitError
+	}
+	return code
+}
+
+var errUsage = errors.New("usage")
+
+func parseKeys(args []string, cmd string, hexKeys bool) ([][]byte, error) {
+	var raw []string
+	switch cmd {
+	case "put":
+		if len(args) < 1 || len(args) > 2 {
+			return nil, errors.New("want KEY [FILE|-]")
+		}
+		raw = args[:1]
+	case "get", "delete":
+		if len(args) != 1 {
+			return nil, errors.New("want exactly one KEY")
+		}
+		raw = args
+	case "exists", "lookup":
+		if len(args) == 0 {
+			return nil, errors.New("want at least one KEY")
+		}
+		raw = args
+	case "clear", "stat":
+		if len(args) != 0 {
+			return nil, fmt.Errorf("takes no arguments (got %q)", args[0])
+		}
+	}
+	keys := make([][]byte, len(raw))
+	for i, s := range raw {
+		if hexKeys {
+			b, err := hex.DecodeString(s)
+			if err != nil {
+				return nil, fmt.Errorf("key %q is not hex: %v", s, err)
+			}
+			keys[i] = b
+		} else {
+			keys[i] = []byte(s)
+		}
+	}
+	return keys, nil
+}
+
+type clientCmd struct {
+	c      *client.Client
+	f      clientFlags
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	args   []string
+}
+
+func (cc clientCmd) printJSON(v any) {
+	enc := json.NewEncoder(cc.stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// showKey renders a key for humans: as text when it is printable UTF-8.
+func showKey(k []byte, hexKeys bool) string {
+	if hexKeys || !utf8.Valid(k) {
+		return hex.EncodeToString(k)
+	}
+	return string(k)
+}
+
+func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, error) {
+	c, f := cc.c, cc.f
+	switch cmd {
+	case "put":
+		var r io.Reader = cc.stdin
+		if len(cc.args) == 2 && cc.args[1] != "-" {
+			fh, err := os.Open(cc.args[1])
+			if err != nil {
+				return exitError, err
+			}
+			defer fh.Close()
+			r = fh
+		}
+		value, err := io.ReadAll(r)
+		if err != nil {
+			return exitError, fmt.Errorf("reading value: %w", err)
+		}
+		existed, err := c.Put(ctx, f.ns, keys[0], value, int32(f.depth))
+		if err != nil {
+			return exitError, err
+		}
+		if f.json {
+			cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "bytes": len(value), "existed": existed})
+		} else if existed {
+			fmt.Fprintf(cc.stdout, "exists %s (unchanged)\n", showKey(keys[0], f.hexKeys))
+		} else {
+			fmt.Fprintf(cc.stdout, "stored %s (%d bytes)\n", showKey(keys[0], f.hexKeys), len(value))
+		}
+		return exitOK, nil
+
+	case "get":
+		value, found, err := c.Get(ctx, f.ns, keys[0])
+		if err != nil {
+			return exitError, err
+		}
+		if !found {
+			if f.json {
+				cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "found": false})
+			}
+			fmt.Fprintf(cc.stderr, "tidepool get: %s: not found\n", showKey(keys[0], f.hexKeys))
+			return exitNotFound, nil
+		}
+		if f.out != "" {
+			if err := os.WriteFile(f.out, value, 0o644); err != nil {
+				return exitError, err
+			}
+		}
+		switch {
+		case f.json:
+			// Values are bytes: JSON carries them as base64.
+			cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "found": true, "bytes": len(value), "value": value})
+		case f.out == "":
+			cc.stdout.Write(value)
+		}
+		return exitOK, nil
+
+	case "exists":
+		res, err := c.BatchExists(ctx, f.ns, keys)
+		if err != nil {
+			return exitError, err
+		}
+		all := true
+		type row struct {
+			Key     string `json:"key"`
+			Present bool   `json:"present"`
+			Tier    string `json:"tier,omitempty"`
+		}
+		rows := make([]row, len(keys))
+		for i, r := range res {
+			rows[i] = row{showKey(keys[i], f.hexKeys), r.Present, r.Tier}
+			all = all && r.Present
+		}
+		if f.json {
+			cc.printJSON(rows)
+		} else {
+			for _, r := range rows {
+				if r.Present {
+					fmt.Fprintf(cc.stdout, "%s\tpresent\t%s\n", r.Key, r.Tier)
+				} else {
+					fmt.Fprintf(cc.stdout, "%s\tabsent\n", r.Key)
+				}
+			}
+		}
+		if !all {
+			return exitNotFound, nil
+		}
+		return exitOK, nil
+
+	case "lookup":
+		n, err := c.Lookup(ctx, f.ns, keys)
+		if err != nil {
+			return exitError, err
+		}
+		if f.json {
+			cc.printJSON(map[string]any{"matched": n, "keys": len(keys)})
+		} else {
+			fmt.Fprintf(cc.stdout, "%d of %d leading keys present\n", n, len(keys))
+		}
+		return exitOK, nil
+
+	case "delete":
+		ok, err := c.Delete(ctx, f.ns, keys[0])
+		if err != nil {
+			return exitError, err
+		}
+		if f.json {
+			cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "deleted": ok})
+		} else if ok {
+			fmt.Fprintf(cc.stdout, "deleted %s\n", showKey(keys[0], f.hexKeys))
+		} else {
+			fmt.Fprintf(cc.stdout, "%s: not found\n", showKey(keys[0], f.hexKeys))
+		}
+		if !ok {
+			return exitNotFound, nil
+		}
+		return exitOK, nil
+
+	case "clear":
+		n, err := c.Clear(ctx, f.ns)
+		if err != nil {
+			return exitError, err
+		}
+		if f.json {
+			cc.printJSON(map[string]any{"ns": f.ns, "removed": n})
+		} else {
+			fmt.Fprintf(cc.stdout, "removed %d blocks from %s\n", n, f.ns)
+		}
+		return exitOK, nil
+
+	case "stat":
+		ns := ""
+		if f.nsSet {
+			ns = f.ns
+		}
+		st, err := c.Stats(ctx, ns)
+		if err != nil {
+			return exitError, err
+		}
+		if f.json {
+			cc.printJSON(st)
+			return exitOK, nil
+		}
+		fmt.Fprintf(cc.stdout, "node %s, up %s\n", st.NodeId, (time.Duration(st.UptimeMs) * time.Millisecond).String())
+		fmt.Fprintf(cc.stdout, "%-6s %12s %12s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "BLOCKS", "HITS", "MISSES", "EVICTED")
+		for _, t := range st.Tiers {
+			fmt.Fprintf(cc.stdout, "%-6s %12d %12d %10d %10d %10d %10d\n", t.Name, t.CapacityBytes, t.UsedBytes, t.Blocks, t.Hits, t.Misses, t.Evictions)
+		}
+		fmt.Fprintf(cc.stdout, "%-24s %10s %12s %10s %10s %10s\n", "NAMESPACE", "BLOCKS", "BYTES", "HITS", "MISSES", "PUTS")
+		for _, n := range st.Namespaces {
+			fmt.Fprintf(cc.stdout, "%-24s %10d %12d %10d %10d %10d\n", n.Ns, n.Blocks, n.Bytes, n.Hits, n.Misses, n.Puts)
+		}
+		return exitOK, nil
+	}
+	return exitUsage, fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}

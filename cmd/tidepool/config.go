@@ -1,0 +1,385 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gopkg.in/yaml.v3"
+
+	"github.com/tidepool-kv/tidepool/internal/units"
+)
+
+// Config is every setting of `tidepool serve`. Each field is one setting,
+// named the same in YAML (key), flags (--key with '-' for '_') and the
+// environment (TIDEPOOL_KEY). Precedence: flags, then environment, then the
+// YAML file, then the embedded defaults. docs/config.md lists them all.
+type Config struct {
+	Socket         string        // engine API Unix socket path
+	SocketMode     os.FileMode   // socket file mode (octal)
+	SocketGroup    string        // group (name or gid) given the socket; empty keeps the process group
+	DataDir        string        // persistent data (SSD tier)
+	ArenaDir       string        // DRAM arena files (tmpfs; shared with the engine)
+	DRAMCapacity   int64         // DRAM tier budget in bytes
+	ArenaSize      int64         // bytes per arena file
+	MaxKeySize     int           // longest key, bytes
+	MaxValueSize   int64         // largest value, bytes
+	MaxBatch       int           // most items per batch call
+	MaxRequestSize int64         // largest framed request, bytes
+	Namespaces     []string      // allow-list of namespaces; empty allows any
+	MaxNamespaces  int           // most namespaces holding data at once
+	LeaseTimeout   time.Duration // longest read pin
+	MetricsAddr    string        // loopback HTTP address for /metrics, /healthz, /readyz; empty disables
+	LogLevel       string        // debug, info, warn, error
+	LogFormat      string        // json or console
+	NodeID         string        // this sidecar's name
+	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
+}
+
+// setting binds one Config field to its YAML key, flag and variable.
+type setting struct {
+	key   string // YAML key
+	usage string
+	get   func(c *Config) string
+	set   func(c *Config, v string) error
+}
+
+func (s setting) flagName() string { return strings.ReplaceAll(s.key, "_", "-") }
+func (s setting) envName() string  { return "TIDEPOOL_" + strings.ToUpper(s.key) }
+
+func sizeSetting(key, usage string, p func(c *Config) *int64) setting {
+	return setting{key, usage,
+		func(c *Config) string { return units.FormatBytes(*p(c)) },
+		func(c *Config, v string) error {
+			n, err := units.ParseBytes(v)
+			if err != nil {
+				return err
+			}
+			*p(c) = n
+			return nil
+		}}
+}
+
+func stringSetting(key, usage string, p func(c *Config) *string) setting {
+	return setting{key, usage,
+		func(c *Config) string { return *p(c) },
+		func(c *Config, v string) error { *p(c) = v; return nil }}
+}
+
+func intSetting(key, usage string, p func(c *Config) *int) setting {
+	return setting{key, usage,
+		func(c *Config) string { return strconv.Itoa(*p(c)) },
+		func(c *Config, v string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", v)
+			}
+			*p(c) = n
+			return nil
+		}}
+}
+
+func durationSetting(key, usage string, p func(c *Config) *time.Duration) setting {
+	return setting{key, usage,
+		func(c *Config) string { return p(c).String() },
+		func(c *Config, v string) error {
+			d, err := time.ParseDuration(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("%q is not a duration (examples: 500ms, 5s)", v)
+			}
+			*p(c) = d
+			return nil
+		}}
+}
+
+var settings = []setting{
+	stringSetting("socket", "engine API Unix socket path", func(c *Config) *string { return &c.Socket }),
+	{"socket_mode", "socket file mode, octal",
+		func(c *Config) string { return fmt.Sprintf("%04o", uint32(c.SocketMode)) },
+		func(c *Config, v string) error {
+			m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			if err != nil || m > 0o777 {
+				return fmt.Errorf("%q is not an octal file mode (example: 0660)", v)
+			}
+			c.SocketMode = os.FileMode(m)
+			return nil
+		}},
+	stringSetting("socket_group", "group (name or numeric gid) given the socket; empty keeps the process's group", func(c *Config) *string { return &c.SocketGroup }),
+	stringSetting("data_dir", "directory for persistent data", func(c *Config) *string { return &c.DataDir }),
+	stringSetting("arena_dir", "directory of the DRAM arena files (use a tmpfs)", func(c *Config) *string { return &c.ArenaDir }),
+	sizeSetting("dram_capacity", "DRAM tier budget (e.g. 512MiB, 4GiB)", func(c *Config) *int64 { return &c.DRAMCapacity }),
+	sizeSetting("arena_size", "size of one DRAM arena file", func(c *Config) *int64 { return &c.ArenaSize }),
+	intSetting("max_key_size", "longest block key in bytes", func(c *Config) *int { return &c.MaxKeySize }),
+	sizeSetting("max_value_size", "largest block value", func(c *Config) *int64 { return &c.MaxValueSize }),
+	intSetting("max_batch", "most items in one batch call or lookup", func(c *Config) *int { return &c.MaxBatch }),
+	sizeSetting("max_request_size", "largest framed request accepted", func(c *Config) *int64 { return &c.MaxRequestSize }),
+	{"namespaces", "comma-separated allow-list of namespaces; empty allows any",
+		func(c *Config) string { return strings.Join(c.Namespaces, ",") },
+		func(c *Config, v string) error {
+			c.Namespaces = nil
+			for _, ns := range strings.Split(v, ",") {
+				if ns = strings.TrimSpace(ns); ns != "" {
+					c.Namespaces = append(c.Namespaces, ns)
+				}
+			}
+			return nil
+		}},
+	intSetting("max_namespaces", "most namespaces holding data at once", func(c *Config) *int { return &c.MaxNamespaces }),
+	durationSetting("lease_timeout", "longest time a read may pin a block", func(c *Config) *time.Duration { return &c.LeaseTimeout }),
+	stringSetting("metrics_addr", "loopback HTTP address for /metrics, /healthz, /readyz; empty disables", func(c *Config) *string { return &c.MetricsAddr }),
+	stringSetting("log_level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
+	stringSetting("log_format", "json or console", func(c *Config) *string { return &c.LogFormat }),
+	stringSetting("node_id", "this sidecar's name (default: host name)", func(c *Config) *string { return &c.NodeID }),
+	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
+}
+
+// runtimeDir is where the socket lives by default: $XDG_RUNTIME_DIR/tidepool,
+// else /tmp/tidepool-<uid>.
+func runtimeDir() string {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "tidepool")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("tidepool-%d", os.Getuid()))
+}
+
+// defaultSocket is the socket path used by serve and the client commands
+// when none is given.
+func defaultSocket() string { return filepath.Join(runtimeDir(), "tidepool.sock") }
+
+// defaultArenaDir prefers /dev/shm (memory), else the runtime dir.
+func defaultArenaDir() string {
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && unix.Access("/dev/shm", unix.W_OK) == nil {
+		return filepath.Join("/dev/shm", fmt.Sprintf("tidepool-%d", os.Getuid()))
+	}
+	return filepath.Join(runtimeDir(), "arenas")
+}
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "tidepool")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "tidepool")
+	}
+	return filepath.Join(runtimeDir(), "data")
+}
+
+// defaultDRAMCapacity is an eighth of the machine's memory, at most 4 GiB
+// and at least 64 MiB, rounded down to 64 MiB: room for the engine, which
+// needs the rest.
+func defaultDRAMCapacity() int64 {
+	const step = 64 << 20
+	var si unix.Sysinfo_t
+	c := int64(1 << 30)
+	if unix.Sysinfo(&si) == nil {
+		c = int64(si.Totalram) * int64(si.Unit) / 8
+	}
+	c = min(c, 4<<30)
+	c = max(c/step*step, step)
+	return c
+}
+
+// DefaultConfig returns the embedded defaults.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Socket:         defaultSocket(),
+		SocketMode:     0o600,
+		DataDir:        defaultDataDir(),
+		ArenaDir:       defaultArenaDir(),
+		DRAMCapacity:   defaultDRAMCapacity(),
+		ArenaSize:      256 << 20,
+		MaxKeySize:     128,
+		MaxValueSize:   64 << 20,
+		MaxBatch:       1024,
+		MaxRequestSize: 256 << 20,
+		MaxNamespaces:  64,
+		LeaseTimeout:   5 * time.Second,
+		MetricsAddr:    "127.0.0.1:9464",
+		LogLevel:       "info",
+		LogFormat:      "console",
+		NodeID:         host,
+		DrainTimeout:   10 * time.Second,
+	}
+}
+
+// Validate reports every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if !filepath.IsAbs(c.Socket) {
+		bad("socket %q: must be an absolute path", c.Socket)
+	}
+	if len(c.Socket) > 107 {
+		bad("socket %q: longer than the 107 bytes a Unix socket path may have", c.Socket)
+	}
+	if c.SocketMode&0o600 != 0o600 {
+		bad("socket_mode %04o: the owner needs read and write", uint32(c.SocketMode))
+	}
+	if c.DataDir == "" {
+		bad("data_dir: empty")
+	}
+	if c.ArenaDir == "" {
+		bad("arena_dir: empty")
+	}
+	if c.DRAMCapacity < 1<<20 {
+		bad("dram_capacity %s: at least 1MiB", units.FormatBytes(c.DRAMCapacity))
+	}
+	if c.ArenaSize < 1<<20 {
+		bad("arena_size %s: at least 1MiB", units.FormatBytes(c.ArenaSize))
+	}
+	if c.MaxKeySize < 1 || c.MaxKeySize > 4096 {
+		bad("max_key_size %d: must be in [1, 4096]", c.MaxKeySize)
+	}
+	if c.MaxValueSize < 1 {
+		bad("max_value_size %d: must be positive", c.MaxValueSize)
+	}
+	if c.MaxValueSize > c.DRAMCapacity && c.DRAMCapacity > 0 {
+		bad("max_value_size %s exceeds dram_capacity %s", units.FormatBytes(c.MaxValueSize), units.FormatBytes(c.DRAMCapacity))
+	}
+	if c.MaxBatch < 1 {
+		bad("max_batch %d: must be positive", c.MaxBatch)
+	}
+	if c.MaxRequestSize < c.MaxValueSize+64<<10 {
+		bad("max_request_size %s: must exceed max_value_size by at least 64KiB", units.FormatBytes(c.MaxRequestSize))
+	}
+	if c.MaxRequestSize > 2<<30-1 {
+		bad("max_request_size %s: at most 2GiB", units.FormatBytes(c.MaxRequestSize))
+	}
+	if c.MaxNamespaces < 1 {
+		bad("max_namespaces %d: must be positive", c.MaxNamespaces)
+	}
+	if c.LeaseTimeout <= 0 {
+		bad("lease_timeout %s: must be positive", c.LeaseTimeout)
+	}
+	if c.DrainTimeout <= 0 {
+		bad("drain_timeout %s: must be positive", c.DrainTimeout)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level %q: one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		bad("log_format %q: json or console", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}
+
+// loadConfig builds the serve config from defaults, the YAML file
+// (--config or TIDEPOOL_CONFIG), the environment and the flags, in rising
+// precedence. fs must already be parsed with flags from bindFlags.
+func loadConfig(fs *flag.FlagSet, flagVals map[string]*string, configPath string, environ []string) (Config, error) {
+	c := DefaultConfig()
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	if configPath == "" {
+		configPath = env["TIDEPOOL_CONFIG"]
+	}
+	var errs []error
+	if configPath != "" {
+		if err := applyYAML(&c, configPath); err != nil {
+			return c, err
+		}
+	}
+	for _, s := range settings {
+		if v, ok := env[s.envName()]; ok {
+			if err := s.set(&c, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", s.envName(), err))
+			}
+		}
+	}
+	fs.Visit(func(f *flag.Flag) {
+		for _, s := range settings {
+			if s.flagName() == f.Name {
+				if err := s.set(&c, *flagVals[s.key]); err != nil {
+					errs = append(errs, fmt.Errorf("--%s: %w", f.Name, err))
+				}
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// applyYAML reads a YAML mapping of setting keys to values. Unknown keys
+// are errors, so a typo never goes unnoticed.
+func applyYAML(c *Config, path string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	var m map[string]yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	if err := dec.Decode(&m); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	byKey := map[string]setting{}
+	for _, s := range settings {
+		byKey[s.key] = s
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var errs []error
+	for _, k := range keys {
+		s, ok := byKey[k]
+		if !ok {
+			errs = append(errs, fmt.Errorf("config %s: unknown key %q (see docs/config.md)", path, k))
+			continue
+		}
+		n := m[k]
+		var v string
+		switch n.Kind {
+		case yaml.ScalarNode:
+			v = n.Value
+		case yaml.SequenceNode:
+			var parts []string
+			for _, e := range n.Content {
+				parts = append(parts, e.Value)
+			}
+			v = strings.Join(parts, ",")
+		default:
+			errs = append(errs, fmt.Errorf("config %s: %s: want a value or a list", path, k))
+			continue
+		}
+		if err := s.set(c, v); err != nil {
+			errs = append(errs, fmt.Errorf("config %s: %s: %w", path, k, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// bindFlags registers one string flag per setting; values are parsed by the
+// setting so that flags, variables and YAML accept the same syntax.
+func bindFlags(fs *flag.FlagSet) map[string]*string {
+	def := DefaultConfig()
+	vals := map[string]*string{}
+	for _, s := range settings {
+		vals[s.key] = fs.String(s.flagName(), s.get(&def), fmt.Sprintf("%s (env %s)", s.usage, s.envName()))
+	}
+	return vals
+}
+
+// goVersion is reported by `tidepool version`.
+var goVersion = runtime.Version()

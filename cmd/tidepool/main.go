@@ -1,0 +1,67 @@
+// Command tidepool is the KV-cache sidecar and its command-line client.
+//
+//	tidepool serve                    run the sidecar (embedded defaults)
+//	tidepool put KEY [FILE]           store a block (value from FILE or stdin)
+//	tidepool get KEY                  print a block's bytes
+//	tidepool exists KEY...            presence per key
+//	tidepool lookup KEY...            length of the longest present prefix
+//	tidepool delete KEY               remove a block
+//	tidepool clear                    remove every block of a namespace
+//	tidepool stat                     tiers and namespaces
+//	tidepool version                  print the version
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "0.1.0-dev"
+
+const usage = `tidepool: a KV-cache sidecar for LLM inference pods
+
+usage: tidepool <command> [flags] [args]
+
+commands:
+  serve     run the sidecar (no flags: embedded defaults)
+  put       store a block:            tidepool put [--ns NS] KEY [FILE|-]
+  get       fetch a block:            tidepool get [--ns NS] [-o FILE] KEY
+  exists    presence of blocks:       tidepool exists [--ns NS] KEY...
+  lookup    longest present prefix:   tidepool lookup [--ns NS] KEY...
+  delete    remove a block:           tidepool delete [--ns NS] KEY
+  clear     remove a namespace:       tidepool clear --ns NS
+  stat      tiers and namespaces:     tidepool stat [--ns NS]
+  version   print the version
+
+Client commands take --socket (env TIDEPOOL_SOCKET), --ns (env TIDEPOOL_NS),
+--hex (keys are hex bytes) and --json. Run 'tidepool <command> -h' for more.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return cmdServe(rest, stdout, stderr)
+	case "put", "get", "exists", "lookup", "delete", "clear", "stat":
+		return cmdClient(cmd, rest, stdin, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "tidepool %s (%s)\n", version, goVersion)
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "tidepool: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+}

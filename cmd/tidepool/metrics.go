@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/proxy/engineapi"
+)
+
+// statsCollector exports a store's Stats snapshot at scrape time, so the
+// core keeps plain atomic counters and knows nothing of Prometheus.
+type statsCollector struct {
+	stats func() cache.Stats
+
+	tierCap, tierUsed, tierBlocks                               *prometheus.Desc
+	tierHits, tierMisses, tierEvict, tierIn, tierOut, tierCksum *prometheus.Desc
+	nsBlocks, nsBytes, nsHits, nsMisses, nsPuts, nsEvict        *prometheus.Desc
+}
+
+func newStatsCollector(stats func() cache.Stats) *statsCollector {
+	t := []string{"tier"}
+	n := []string{"namespace"}
+	d := prometheus.NewDesc
+	return &statsCollector{
+		stats:      stats,
+		tierCap:    d("tidepool_tier_capacity_bytes", "Byte budget of the tier.", t, nil),
+		tierUsed:   d("tidepool_tier_used_bytes", "Bytes in use in the tier (allocated footprint).", t, nil),
+		tierBlocks: d("tidepool_tier_blocks", "Blocks held by the tier.", t, nil),
+		tierHits:   d("tidepool_tier_hits_total", "Reads served by the tier.", t, nil),
+		tierMisses: d("tidepool_tier_misses_total", "Reads the tier could not serve.", t, nil),
+		tierEvict:  d("tidepool_tier_evictions_total", "Blocks evicted from the tier.", t, nil),
+		tierIn:     d("tidepool_tier_bytes_in_total", "Value bytes written into the tier.", t, nil),
+		tierOut:    d("tidepool_tier_bytes_out_total", "Value bytes read out of the tier.", t, nil),
+		tierCksum:  d("tidepool_tier_checksum_failures_total", "Reads whose bytes failed their checksum (served as misses).", t, nil),
+		nsBlocks:   d("tidepool_namespace_blocks", "Blocks held for the namespace.", n, nil),
+		nsBytes:    d("tidepool_namespace_bytes", "Value bytes held for the namespace.", n, nil),
+		nsHits:     d("tidepool_namespace_hits_total", "Reads of the namespace that found their block.", n, nil),
+		nsMisses:   d("tidepool_namespace_misses_total", "Reads of the namespace that missed.", n, nil),
+		nsPuts:     d("tidepool_namespace_puts_total", "Blocks stored for the namespace.", n, nil),
+		nsEvict:    d("tidepool_namespace_evictions_total", "Blocks of the namespace evicted.", n, nil),
+	}
+}
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.tierCap, c.tierUsed, c.tierBlocks, c.tierHits, c.tierMisses, c.tierEvict, c.tierIn, c.tierOut, c.tierCksum,
+		c.nsBlocks, c.nsBytes, c.nsHits, c.nsMisses, c.nsPuts, c.nsEvict} {
+		ch <- d
+	}
+}
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	m := prometheus.MustNewConstMetric
+	for _, t := range st.Tiers {
+		ch <- m(c.tierCap, g, float64(t.CapacityBytes), t.Name)
+		ch <- m(c.tierUsed, g, float64(t.UsedBytes), t.Name)
+		ch <- m(c.tierBlocks, g, float64(t.Blocks), t.Name)
+		ch <- m(c.tierHits, ctr, float64(t.Hits), t.Name)
+		ch <- m(c.tierMisses, ctr, float64(t.Misses), t.Name)
+		ch <- m(c.tierEvict, ctr, float64(t.Evictions), t.Name)
+		ch <- m(c.tierIn, ctr, float64(t.BytesIn), t.Name)
+		ch <- m(c.tierOut, ctr, float64(t.BytesOut), t.Name)
+		ch <- m(c.tierCksum, ctr, float64(t.ChecksumFailures), t.Name)
+	}
+	for _, s := range st.Namespaces {
+		ch <- m(c.nsBlocks, g, float64(s.Blocks), s.Namespace)
+		ch <- m(c.nsBytes, g, float64(s.Bytes), s.Namespace)
+		ch <- m(c.nsHits, ctr, float64(s.Hits), s.Namespace)
+		ch <- m(c.nsMisses, ctr, float64(s.Misses), s.Namespace)
+		ch <- m(c.nsPuts, ctr, float64(s.Puts), s.Namespace)
+		ch <- m(c.nsEvict, ctr, float64(s.Evictions), s.Namespace)
+	}
+}
+
+// metrics is the process's Prometheus registry and HTTP endpoint.
+type metrics struct {
+	reg      *prometheus.Registry
+	calls    *prometheus.HistogramVec
+	ready    atomic.Bool
+	srv      *http.Server
+	ln       net.Listener
+	lg       *zap.Logger
+	serveErr chan error
+}
+
+func newMetrics(stats func() cache.Stats, lg *zap.Logger) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(), lg: lg, serveErr: make(chan error, 1)}
+	m.calls = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "tidepool_request_duration_seconds",
+		Help: "Engine API calls by method and result code.",
+		// 10µs to ~10s, doubling.
+		Buckets: prometheus.ExponentialBuckets(10e-6, 2, 21),
+	}, []string{"method", "code"})
+	m.reg.MustRegister(m.calls, newStatsCollector(stats),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// observer feeds the per-call histogram.
+func (m *metrics) observer() engineapi.Observer {
+	return func(method string, took time.Duration, code string) {
+		m.calls.WithLabelValues(method, code).Observe(took.Seconds())
+	}
+}
+
+// listen binds the metrics address; it must be a loopback address, since
+// the endpoint has no authentication.
+func (m *metrics) listen(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return errors.New("metrics_addr must be a loopback address (127.0.0.1:PORT, [::1]:PORT or localhost:PORT)")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	m.ln = ln
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !m.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ready\n"))
+	})
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { m.serveErr <- m.srv.Serve(ln) }()
+	return nil
+}
+
+func (m *metrics) close() {
+	if m.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		m.srv.Shutdown(ctx)
+	}
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/internal/units"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/engineapi"
+)
+
+func cmdServe(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "", "YAML config file (env TIDEPOOL_CONFIG)")
+	vals := bindFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: tidepool serve [flags]\n\nRuns the sidecar. Settings come from flags, then TIDEPOOL_* variables, then the\nYAML file, then embedded defaults. See docs/config.md.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tidepool serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	cfg, err := loadConfig(fs, vals, *configPath, os.Environ())
+	if err != nil {
+		fmt.Fprintf(stderr, "tidepool serve: invalid configuration:\n%v\n", err)
+		return 2
+	}
+	lg, err := newLogger(cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "tidepool serve: logger: %v\n", err)
+		return 2
+	}
+	defer lg.Sync()
+	bridgeKitexLogs(lg)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, lg, stdout); err != nil {
+		lg.Error("serve failed", zap.Error(err))
+		fmt.Fprintf(stderr, "tidepool serve: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// lookupGroup resolves a group name or numeric gid; empty means keep.
+func lookupGroup(g string) (int, error) {
+	if g == "" {
+		return -1, nil
+	}
+	if n, err := strconv.Atoi(g); err == nil {
+		return n, nil
+	}
+	grp, err := user.LookupGroup(g)
+	if err != nil {
+		return -1, fmt.Errorf("socket_group: %w", err)
+	}
+	return strconv.Atoi(grp.Gid)
+}
+
+// serve wires the sidecar, runs it until ctx ends, then shuts it down in
+// reverse order of construction: stop accepting and drain calls, close the
+// store, stop metrics.
+func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (err error) {
+	gid, err := lookupGroup(cfg.SocketGroup)
+	if err != nil {
+		return err
+	}
+
+	dcfg := dram.DefaultConfig()
+	dcfg.Dir = cfg.ArenaDir
+	dcfg.Capacity = cfg.DRAMCapacity
+	dcfg.ArenaSize = min(cfg.ArenaSize, cfg.DRAMCapacity)
+	dcfg.MaxValueSize = cfg.MaxValueSize
+	dcfg.MaxKeySize = cfg.MaxKeySize
+	dcfg.LeaseTimeout = cfg.LeaseTimeout
+	dcfg.Policy = evict.NewLRU
+	tier, err := dram.New(dcfg, lg.Named("cache.dram"))
+	if err != nil {
+		return fmt.Errorf("dram tier: %w", err)
+	}
+	defer func() {
+		if cerr := tier.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing dram tier: %w", cerr)
+		}
+	}()
+
+	pcfg := proxy.DefaultConfig()
+	pcfg.NodeID = cfg.NodeID
+	pcfg.MaxKeyBytes = cfg.MaxKeySize
+	pcfg.MaxValueBytes = cfg.MaxValueSize
+	pcfg.MaxBatch = cfg.MaxBatch
+	pcfg.Namespaces = cfg.Namespaces
+	pcfg.MaxNamespaces = cfg.MaxNamespaces
+	p, err := proxy.New(pcfg, tier, lg.Named("proxy"))
+	if err != nil {
+		return err
+	}
+
+	m := newMetrics(tier.Stats, lg.Named("metrics"))
+	if cfg.MetricsAddr != "" {
+		if err := m.listen(cfg.MetricsAddr); err != nil {
+			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
+		}
+		defer m.close()
+	}
+
+	ln, err := engineapi.Listen(cfg.Socket, cfg.SocketMode, gid)
+	if err != nil {
+		return err
+	}
+	scfg := engineapi.DefaultConfig()
+	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
+	scfg.DrainTimeout = cfg.DrainTimeout
+	scfg.Observer = m.observer()
+	srv, err := engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	<-srv.Ready()
+	m.ready.Store(true)
+
+	metricsURL := "disabled"
+	if m.ln != nil {
+		metricsURL = "http://" + m.ln.Addr().String() + "/metrics"
+	}
+	lg.Info("tidepool serving",
+		zap.String("socket", cfg.Socket),
+		zap.String("arena_dir", cfg.ArenaDir),
+		zap.String("dram_capacity", units.FormatBytes(cfg.DRAMCapacity)),
+		zap.String("metrics", metricsURL),
+		zap.String("node_id", cfg.NodeID))
+	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", version, cfg.Socket, metricsURL)
+
+	select {
+	case <-ctx.Done():
+		lg.Info("shutting down: draining in-flight calls", zap.Duration("drain_timeout", cfg.DrainTimeout))
+	case <-srv.Done():
+		err = errors.New("engine API server stopped unexpectedly")
+	case merr := <-m.serveErr:
+		err = fmt.Errorf("metrics server stopped: %w", merr)
+	}
+	m.ready.Store(false)
+	if cerr := srv.Close(); cerr != nil {
+		lg.Warn("engine API server close", zap.Error(cerr))
+	}
+	lg.Info("tidepool stopped")
+	return err
+}

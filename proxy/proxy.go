@@ -1,0 +1,418 @@
+// Package proxy is the sidecar core: it validates engine requests against
+// the configured limits and namespaces, and serves them from the block
+// store. It knows nothing of the wire: the Kitex handlers live in the
+// engineapi sub-package, which converts Thrift structs to the calls here and
+// maps the errors below to protocol codes.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// Errors for requests that break the limits. Tier errors (cache.Err*) pass
+// through unchanged.
+var (
+	ErrInvalidArgument  = errors.New("proxy: invalid argument")
+	ErrBatchTooLarge    = errors.New("proxy: batch too large")
+	ErrUnknownNamespace = errors.New("proxy: unknown namespace")
+	ErrClosed           = errors.New("proxy: closed")
+)
+
+// Store is what the proxy needs from the block store. *dram.Tier and the
+// tiered store satisfy it.
+type Store interface {
+	Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error)
+	Get(ctx context.Context, ns string, key, dst []byte) ([]byte, cache.Info, error)
+	Stat(ctx context.Context, ns string, key []byte) (cache.Info, bool)
+	Delete(ctx context.Context, ns string, key []byte) (bool, error)
+	Clear(ctx context.Context, ns string) (int64, error)
+	Stats() cache.Stats
+}
+
+// Config holds the limits the proxy enforces before touching the store.
+type Config struct {
+	// NodeID names this sidecar in responses. Default: the host name.
+	NodeID string
+	// MaxKeyBytes is the longest block key accepted. Default 128.
+	MaxKeyBytes int
+	// MaxValueBytes is the largest block value accepted. Default 64 MiB.
+	MaxValueBytes int64
+	// MaxBatch is the most items in one batch call (and keys in a Lookup).
+	// Default 1024.
+	MaxBatch int
+	// MaxNamespaceBytes is the longest namespace name accepted. Default 256.
+	MaxNamespaceBytes int
+	// Namespaces, when not empty, is the allow-list of namespaces; any other
+	// is refused with ErrUnknownNamespace. Empty: namespaces are created on
+	// first put.
+	Namespaces []string
+	// MaxNamespaces bounds how many distinct namespaces may hold data at
+	// once (it bounds per-namespace metrics too). Default 64.
+	MaxNamespaces int
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		MaxKeyBytes:       128,
+		MaxValueBytes:     64 << 20,
+		MaxBatch:          1024,
+		MaxNamespaceBytes: 256,
+		MaxNamespaces:     64,
+	}
+}
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxKeyBytes <= 0 || c.MaxKeyBytes > 4096 {
+		errs = append(errs, fmt.Errorf("max key bytes %d: must be in [1, 4096]", c.MaxKeyBytes))
+	}
+	if c.MaxValueBytes <= 0 || c.MaxValueBytes > 2<<30 {
+		errs = append(errs, fmt.Errorf("max value bytes %d: must be in [1, 2GiB]", c.MaxValueBytes))
+	}
+	if c.MaxBatch <= 0 {
+		errs = append(errs, fmt.Errorf("max batch %d: must be positive", c.MaxBatch))
+	}
+	if c.MaxNamespaceBytes <= 0 {
+		errs = append(errs, fmt.Errorf("max namespace bytes %d: must be positive", c.MaxNamespaceBytes))
+	}
+	if c.MaxNamespaces <= 0 {
+		errs = append(errs, fmt.Errorf("max namespaces %d: must be positive", c.MaxNamespaces))
+	}
+	for _, ns := range c.Namespaces {
+		if err := checkNamespaceName(ns, c.MaxNamespaceBytes); err != nil {
+			errs = append(errs, fmt.Errorf("namespaces: %q: %w", ns, err))
+		}
+	}
+	if len(c.Namespaces) > c.MaxNamespaces && c.MaxNamespaces > 0 {
+		errs = append(errs, fmt.Errorf("namespaces: %d listed but max namespaces is %d", len(c.Namespaces), c.MaxNamespaces))
+	}
+	return errors.Join(errs...)
+}
+
+// Proxy serves engine requests on one node.
+type Proxy struct {
+	cfg     Config
+	store   Store
+	lg      *zap.Logger
+	started time.Time
+	allowed map[string]bool // nil: any namespace
+
+	mu    sync.Mutex
+	known map[string]bool // namespaces that have been written
+}
+
+// New validates cfg and returns a Proxy over store.
+func New(cfg Config, store Store, lg *zap.Logger) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("proxy: invalid config: %w", err)
+	}
+	if store == nil {
+		return nil, errors.New("proxy: nil store")
+	}
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	p := &Proxy{cfg: cfg, store: store, lg: lg, started: time.Now(), known: map[string]bool{}}
+	// Namespaces recovered by a persistent tier count against the limit.
+	for _, s := range store.Stats().Namespaces {
+		if s.Blocks > 0 {
+			p.known[s.Namespace] = true
+		}
+	}
+	if len(cfg.Namespaces) > 0 {
+		p.allowed = map[string]bool{}
+		for _, ns := range cfg.Namespaces {
+			p.allowed[ns] = true
+		}
+	}
+	return p, nil
+}
+
+// Config returns the proxy's configuration (limits for Hello).
+func (p *Proxy) Config() Config { return p.cfg }
+
+// Uptime returns how long the proxy has been running.
+func (p *Proxy) Uptime() time.Duration { return time.Since(p.started) }
+
+func checkNamespaceName(ns string, max int) error {
+	switch {
+	case ns == "":
+		return errors.New("empty namespace")
+	case len(ns) > max:
+		return fmt.Errorf("namespace is %d bytes, limit %d", len(ns), max)
+	case !utf8.ValidString(ns):
+		return errors.New("namespace is not valid UTF-8")
+	}
+	for _, r := range ns {
+		if r < 0x20 || r == 0x7f {
+			return errors.New("namespace holds a control character")
+		}
+	}
+	return nil
+}
+
+// checkNamespace validates ns for a read. Reads of a namespace never written
+// are misses, not errors; only the allow-list refuses.
+func (p *Proxy) checkNamespace(ns string) error {
+	if err := checkNamespaceName(ns, p.cfg.MaxNamespaceBytes); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if p.allowed != nil && !p.allowed[ns] {
+		return fmt.Errorf("%w: %q is not in the configured namespaces", ErrUnknownNamespace, ns)
+	}
+	return nil
+}
+
+// admitNamespace validates ns for a write and counts it against
+// MaxNamespaces.
+func (p *Proxy) admitNamespace(ns string) error {
+	if err := p.checkNamespace(ns); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.known[ns] {
+		return nil
+	}
+	if len(p.known) >= p.cfg.MaxNamespaces {
+		return fmt.Errorf("%w: %q would exceed the limit of %d namespaces", ErrUnknownNamespace, ns, p.cfg.MaxNamespaces)
+	}
+	p.known[ns] = true
+	return nil
+}
+
+func (p *Proxy) checkKey(key []byte) error {
+	switch {
+	case len(key) == 0:
+		return fmt.Errorf("%w: empty key", ErrInvalidArgument)
+	case len(key) > p.cfg.MaxKeyBytes:
+		return fmt.Errorf("%w: key is %d bytes, limit %d", ErrInvalidArgument, len(key), p.cfg.MaxKeyBytes)
+	}
+	return nil
+}
+
+func (p *Proxy) checkValue(value []byte) error {
+	if int64(len(value)) > p.cfg.MaxValueBytes {
+		return fmt.Errorf("%w: value is %d bytes, limit %d", cache.ErrTooLarge, len(value), p.cfg.MaxValueBytes)
+	}
+	return nil
+}
+
+func (p *Proxy) checkBatch(n int) error {
+	if n > p.cfg.MaxBatch {
+		return fmt.Errorf("%w: %d items, limit %d", ErrBatchTooLarge, n, p.cfg.MaxBatch)
+	}
+	return nil
+}
+
+// Put stores one block. existed reports a no-op put of a present key.
+func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	if err := p.checkKey(key); err != nil {
+		return false, err
+	}
+	if err := p.checkValue(value); err != nil {
+		return false, err
+	}
+	if err := p.admitNamespace(ns); err != nil {
+		return false, err
+	}
+	return p.store.Put(ctx, ns, key, value, opts)
+}
+
+// PutItem is one block of a BatchPut.
+type PutItem struct {
+	Key   []byte
+	Value []byte
+	Opts  cache.PutOptions
+}
+
+// BatchPut stores several blocks of one namespace. A request-level problem
+// (namespace, batch size) is returned as err; per-item outcomes are in
+// results, in order: nil, cache.ErrExists for a no-op put, or the item's
+// error. Items are stored in order, so a chain put head first keeps its head
+// when space runs out.
+func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (results []error, err error) {
+	if err := p.checkBatch(len(items)); err != nil {
+		return nil, err
+	}
+	if err := p.admitNamespace(ns); err != nil {
+		return nil, err
+	}
+	results = make([]error, len(items))
+	for i, it := range items {
+		if err := p.checkKey(it.Key); err != nil {
+			results[i] = err
+			continue
+		}
+		if err := p.checkValue(it.Value); err != nil {
+			results[i] = err
+			continue
+		}
+		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
+		switch {
+		case err != nil:
+			results[i] = err
+		case existed:
+			results[i] = cache.ErrExists
+		}
+	}
+	return results, nil
+}
+
+// Get returns a copy of one block's bytes, verified against its checksum.
+// A miss returns cache.ErrNotFound.
+func (p *Proxy) Get(ctx context.Context, ns string, key []byte) ([]byte, cache.Info, error) {
+	if err := p.checkNamespace(ns); err != nil {
+		return nil, cache.Info{}, err
+	}
+	if err := p.checkKey(key); err != nil {
+		return nil, cache.Info{}, err
+	}
+	return p.store.Get(ctx, ns, key, nil)
+}
+
+// GetResult is one block of a BatchGet: Err is nil, cache.ErrNotFound or
+// another per-item error.
+type GetResult struct {
+	Value []byte
+	Info  cache.Info
+	Err   error
+}
+
+// BatchGet returns several blocks of one namespace, in order.
+func (p *Proxy) BatchGet(ctx context.Context, ns string, keys [][]byte) ([]GetResult, error) {
+	if err := p.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	out := make([]GetResult, len(keys))
+	for i, k := range keys {
+		if err := p.checkKey(k); err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, k, nil)
+	}
+	return out, nil
+}
+
+// Exists reports whether a block is present, and where.
+func (p *Proxy) Exists(ctx context.Context, ns string, key []byte) (cache.Info, bool, error) {
+	if err := p.checkNamespace(ns); err != nil {
+		return cache.Info{}, false, err
+	}
+	if err := p.checkKey(key); err != nil {
+		return cache.Info{}, false, err
+	}
+	info, ok := p.store.Stat(ctx, ns, key)
+	return info, ok, nil
+}
+
+// ExistsResult is one key of a BatchExists.
+type ExistsResult struct {
+	Info    cache.Info
+	Present bool
+	Err     error
+}
+
+// BatchExists reports presence for several keys, in order.
+func (p *Proxy) BatchExists(ctx context.Context, ns string, keys [][]byte) ([]ExistsResult, error) {
+	if err := p.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	out := make([]ExistsResult, len(keys))
+	for i, k := range keys {
+		if err := p.checkKey(k); err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i].Info, out[i].Present = p.store.Stat(ctx, ns, k)
+	}
+	return out, nil
+}
+
+// Lookup returns the number of leading keys that are present: the longest
+// cached prefix of a chain. Every key is validated before any is looked up.
+func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte) (int, error) {
+	if err := p.checkBatch(len(keys)); err != nil {
+		return 0, err
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return 0, err
+	}
+	for i, k := range keys {
+		if err := p.checkKey(k); err != nil {
+			return 0, fmt.Errorf("key %d: %w", i, err)
+		}
+	}
+	for i, k := range keys {
+		if _, ok := p.store.Stat(ctx, ns, k); !ok {
+			return i, nil
+		}
+	}
+	return len(keys), nil
+}
+
+// Delete removes one block; deleted is false when it was absent.
+func (p *Proxy) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
+	if err := p.checkNamespace(ns); err != nil {
+		return false, err
+	}
+	if err := p.checkKey(key); err != nil {
+		return false, err
+	}
+	return p.store.Delete(ctx, ns, key)
+}
+
+// Clear removes every block of a namespace and forgets the namespace.
+func (p *Proxy) Clear(ctx context.Context, ns string) (int64, error) {
+	if err := p.checkNamespace(ns); err != nil {
+		return 0, err
+	}
+	n, err := p.store.Clear(ctx, ns)
+	if err != nil {
+		return n, err
+	}
+	p.mu.Lock()
+	delete(p.known, ns)
+	p.mu.Unlock()
+	return n, nil
+}
+
+// Stats returns the store's statistics; with ns set, only that namespace's.
+func (p *Proxy) Stats(ctx context.Context, ns string) (cache.Stats, error) {
+	if ns != "" {
+		if err := p.checkNamespace(ns); err != nil {
+			return cache.Stats{}, err
+		}
+	}
+	st := p.store.Stats()
+	if ns != "" {
+		var keep []cache.NamespaceStats
+		for _, s := range st.Namespaces {
+			if s.Namespace == ns {
+				keep = append(keep, s)
+			}
+		}
+		st.Namespaces = keep
+	}
+	sort.Slice(st.Namespaces, func(i, j int) bool { return st.Namespaces[i].Namespace < st.Namespaces[j].Namespace })
+	return st, nil
+}
