@@ -1,0 +1,148 @@
+package ssd
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/internal/clock"
+)
+
+// Config configures a Tier. Start from DefaultConfig.
+type Config struct {
+	// Dir is the RocksDB directory. Created 0700 if missing; an existing
+	// database there is reopened and its blocks served again. Required.
+	Dir string
+	// Capacity is the byte budget of the tier: the sum of the footprints
+	// (value + 2×encoded key + 38-byte record + 64 bytes) of the blocks held.
+	// Disk usage can exceed it by the garbage RocksDB has not reclaimed yet
+	// (see docs/ssd.md). Default 64 GiB.
+	Capacity int64
+	// MaxValueSize is the largest value accepted, in bytes. Default 64 MiB.
+	MaxValueSize int64
+	// MaxKeySize is the largest key accepted, in bytes. Default 128.
+	MaxKeySize int
+	// MaxNamespaceSize is the longest namespace accepted, in bytes.
+	// Default 255.
+	MaxNamespaceSize int
+
+	// WriteBufferSize is the size of one memtable of the data family, in
+	// bytes: block bytes wait there until a flush writes them to a blob
+	// file. Default 64 MiB.
+	WriteBufferSize uint64
+	// MaxWriteBuffers is how many data memtables may exist at once
+	// (filling + waiting for flush); RAM use is up to
+	// WriteBufferSize×MaxWriteBuffers. Default 4.
+	MaxWriteBuffers int
+	// MinBlobSize: values of at least this many bytes go to blob files;
+	// smaller ones stay inline in SST files. Default 4 KiB.
+	MinBlobSize uint64
+	// BlobFileSize is the size at which a blob file is closed and a new one
+	// started, in bytes. Smaller files let space be reclaimed sooner.
+	// Default 128 MiB.
+	BlobFileSize uint64
+	// BlobGCAgeCutoff is the fraction (0..1] of the oldest blob files whose
+	// live blobs compaction relocates so the files can be deleted.
+	// Default 0.25.
+	BlobGCAgeCutoff float64
+	// CompactAfter: after this many bytes of blocks were evicted or deleted,
+	// the tier compacts the data family in the background so RocksDB drops
+	// the dead blob references and deletes blob files. 0 means
+	// Capacity/8; negative disables it. Default 0.
+	CompactAfter int64
+	// BackgroundJobs is RocksDB's max_background_jobs (flushes and
+	// compactions). Default 4.
+	BackgroundJobs int
+	// DirectReads opens files with O_DIRECT for reads (bypasses the page
+	// cache; the filesystem must support it). Default false.
+	DirectReads bool
+
+	// MinFreeBytes: when the filesystem holding Dir has less free space
+	// than this, the tier stops admitting blocks (degraded) before RocksDB
+	// hits ENOSPC. 0 disables the check (ENOSPC from RocksDB still
+	// degrades). Default 256 MiB.
+	MinFreeBytes int64
+	// ProbeInterval is how long a degraded tier waits before a put tries
+	// the disk again. Default 5 s.
+	ProbeInterval time.Duration
+
+	// Policy makes the eviction policy (default evict.NewLRU).
+	Policy evict.Factory
+	// Clock is the time source for access times and probe backoff
+	// (default clock.Real).
+	Clock clock.Clock
+}
+
+// DefaultConfig returns the defaults; Dir must still be set.
+func DefaultConfig() Config {
+	return Config{
+		Capacity:         64 << 30,
+		MaxValueSize:     64 << 20,
+		MaxKeySize:       128,
+		MaxNamespaceSize: 255,
+		WriteBufferSize:  64 << 20,
+		MaxWriteBuffers:  4,
+		MinBlobSize:      4 << 10,
+		BlobFileSize:     128 << 20,
+		BlobGCAgeCutoff:  0.25,
+		BackgroundJobs:   4,
+		MinFreeBytes:     256 << 20,
+		ProbeInterval:    5 * time.Second,
+		Policy:           evict.NewLRU,
+		Clock:            clock.Real{},
+	}
+}
+
+// Validate reports every problem with cfg at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("ssd: config: "+format, args...))
+	}
+	if c.Dir == "" {
+		bad("Dir is required")
+	}
+	if c.Capacity <= 0 {
+		bad("Capacity must be > 0, got %d", c.Capacity)
+	}
+	if c.MaxValueSize <= 0 {
+		bad("MaxValueSize must be > 0, got %d", c.MaxValueSize)
+	} else if c.Capacity > 0 && c.MaxValueSize > c.Capacity {
+		bad("MaxValueSize (%d) exceeds Capacity (%d)", c.MaxValueSize, c.Capacity)
+	}
+	if c.MaxKeySize <= 0 {
+		bad("MaxKeySize must be > 0, got %d", c.MaxKeySize)
+	}
+	if c.MaxNamespaceSize < 0 {
+		bad("MaxNamespaceSize must be >= 0, got %d", c.MaxNamespaceSize)
+	}
+	if c.WriteBufferSize < 1<<20 {
+		bad("WriteBufferSize must be >= 1 MiB, got %d", c.WriteBufferSize)
+	}
+	if c.MaxWriteBuffers < 2 {
+		bad("MaxWriteBuffers must be >= 2, got %d", c.MaxWriteBuffers)
+	}
+	if c.BlobFileSize < 1<<20 {
+		bad("BlobFileSize must be >= 1 MiB, got %d", c.BlobFileSize)
+	}
+	if c.BlobGCAgeCutoff <= 0 || c.BlobGCAgeCutoff > 1 {
+		bad("BlobGCAgeCutoff must be in (0, 1], got %g", c.BlobGCAgeCutoff)
+	}
+	if c.BackgroundJobs < 2 {
+		bad("BackgroundJobs must be >= 2, got %d", c.BackgroundJobs)
+	}
+	if c.MinFreeBytes < 0 {
+		bad("MinFreeBytes must be >= 0, got %d", c.MinFreeBytes)
+	}
+	if c.ProbeInterval <= 0 {
+		bad("ProbeInterval must be > 0, got %v", c.ProbeInterval)
+	}
+	if c.Policy == nil {
+		bad("Policy is required (DefaultConfig sets evict.NewLRU)")
+	}
+	if c.Clock == nil {
+		bad("Clock is required (DefaultConfig sets clock.Real)")
+	}
+	return errors.Join(errs...)
+}

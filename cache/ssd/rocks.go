@@ -1,0 +1,307 @@
+package ssd
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/linxGnu/grocksdb"
+)
+
+// This file is the only one in tidepool that touches grocksdb. Every RocksDB
+// object is created in exactly one function here and destroyed in exactly
+// one other: the long-lived ones (Options, ReadOptions, WriteOptions,
+// FlushOptions, CompactRangeOptions, the DB and its column-family handles) in
+// openStore / store.close; the short-lived ones (WriteBatch, Iterator,
+// PinnableSliceHandle) in the method that uses them, except a pinned read,
+// which pinned.release destroys.
+
+// Column families. "default" must exist in every RocksDB database; tidepool
+// keeps only its probe record there.
+const (
+	cfDefaultName = "default"
+	cfMetaName    = "meta" // encoded key -> metadata record (small, inline)
+	cfDataName    = "data" // encoded key -> block bytes (BlobDB: blob files)
+)
+
+// probeKey is written to the default column family to find out whether the
+// database accepts writes again after an error.
+var probeKey = []byte("tidepool/probe")
+
+// store owns one open RocksDB database.
+type store struct {
+	opts     *grocksdb.Options // DB-wide options, also used for "default"
+	metaOpts *grocksdb.Options
+	dataOpts *grocksdb.Options
+
+	db     *grocksdb.DB
+	cfDef  *grocksdb.ColumnFamilyHandle
+	cfMeta *grocksdb.ColumnFamilyHandle
+	cfData *grocksdb.ColumnFamilyHandle
+
+	ro      *grocksdb.ReadOptions // point reads
+	roScan  *grocksdb.ReadOptions // index rebuild: do not pollute caches
+	woFast  *grocksdb.WriteOptions
+	woSync  *grocksdb.WriteOptions
+	fo      *grocksdb.FlushOptions
+	compact *grocksdb.CompactRangeOptions
+}
+
+// openStore opens (creating if needed) the database in cfg.Dir.
+func openStore(cfg *Config) (_ *store, err error) {
+	s := &store{}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+
+	s.opts = grocksdb.NewDefaultOptions()
+	s.opts.SetCreateIfMissing(true)
+	s.opts.SetCreateIfMissingColumnFamilies(true)
+	// Best-effort writes skip the WAL; atomic_flush keeps the data and meta
+	// column families consistent with each other when they are flushed by
+	// RocksDB (memtable full, shutdown), so a crash never leaves block bytes
+	// without their metadata (space nobody could find again).
+	s.opts.SetAtomicFlush(true)
+	s.opts.SetMaxBackgroundJobs(cfg.BackgroundJobs)
+	s.opts.SetBytesPerSync(1 << 20)
+	s.opts.SetWALBytesPerSync(1 << 20)
+	s.opts.SetMaxTotalWalSize(cfg.WriteBufferSize * 2)
+	s.opts.SetKeepLogFileNum(3)
+	s.opts.SetMaxLogFileSize(8 << 20)
+	s.opts.SetStatsDumpPeriodSec(0)
+	s.opts.SetStatsPersistPeriodSec(0)
+	s.opts.SetUseDirectReads(cfg.DirectReads)
+	s.opts.SetCompression(grocksdb.NoCompression)
+
+	s.metaOpts = grocksdb.NewDefaultOptions()
+	s.metaOpts.SetCompression(grocksdb.NoCompression)
+	s.metaOpts.SetWriteBufferSize(8 << 20)
+
+	s.dataOpts = grocksdb.NewDefaultOptions()
+	s.dataOpts.SetCompression(grocksdb.NoCompression)
+	s.dataOpts.SetWriteBufferSize(cfg.WriteBufferSize)
+	s.dataOpts.SetMaxWriteBufferNumber(cfg.MaxWriteBuffers)
+	// Integrated BlobDB: values of MinBlobSize bytes or more go to blob
+	// files written sequentially at flush time; the LSM tree holds only
+	// small blob references, so compactions never rewrite block bytes
+	// except when blob GC relocates the live blobs of old files.
+	s.dataOpts.EnableBlobFiles(true)
+	s.dataOpts.SetMinBlobSize(cfg.MinBlobSize)
+	s.dataOpts.SetBlobFileSize(cfg.BlobFileSize)
+	s.dataOpts.SetBlobCompressionType(grocksdb.NoCompression)
+	s.dataOpts.EnableBlobGC(true)
+	s.dataOpts.SetBlobGCAgeCutoff(cfg.BlobGCAgeCutoff)
+	s.dataOpts.SetBlobGCForceThreshold(0.5)
+	s.dataOpts.SetBlobCompactionReadaheadSize(2 << 20)
+
+	db, cfs, err := grocksdb.OpenDbColumnFamilies(s.opts, cfg.Dir,
+		[]string{cfDefaultName, cfMetaName, cfDataName},
+		[]*grocksdb.Options{s.opts, s.metaOpts, s.dataOpts})
+	if err != nil {
+		return nil, fmt.Errorf("ssd: open rocksdb in %s: %w", cfg.Dir, err)
+	}
+	s.db, s.cfDef, s.cfMeta, s.cfData = db, cfs[0], cfs[1], cfs[2]
+
+	s.ro = grocksdb.NewDefaultReadOptions()
+	s.ro.SetVerifyChecksums(true)
+	s.roScan = grocksdb.NewDefaultReadOptions()
+	s.roScan.SetFillCache(false)
+	s.woFast = grocksdb.NewDefaultWriteOptions()
+	s.woFast.DisableWAL(true)
+	s.woSync = grocksdb.NewDefaultWriteOptions()
+	s.woSync.SetSync(true)
+	s.fo = grocksdb.NewDefaultFlushOptions()
+	s.fo.SetWait(true)
+	s.compact = grocksdb.NewCompactRangeOptions()
+	s.compact.SetExclusiveManualCompaction(false)
+	return s, nil
+}
+
+// close releases every RocksDB object; safe on a partly opened store and
+// safe twice. Column-family handles go before the DB, the DB before the
+// options it was opened with.
+func (s *store) close() {
+	if s == nil {
+		return
+	}
+	for _, cf := range []**grocksdb.ColumnFamilyHandle{&s.cfData, &s.cfMeta, &s.cfDef} {
+		if *cf != nil {
+			(*cf).Destroy()
+			*cf = nil
+		}
+	}
+	if s.db != nil {
+		s.db.Close()
+		s.db = nil
+	}
+	if s.ro != nil {
+		s.ro.Destroy()
+		s.ro = nil
+	}
+	if s.roScan != nil {
+		s.roScan.Destroy()
+		s.roScan = nil
+	}
+	if s.woFast != nil {
+		s.woFast.Destroy()
+		s.woFast = nil
+	}
+	if s.woSync != nil {
+		s.woSync.Destroy()
+		s.woSync = nil
+	}
+	if s.fo != nil {
+		s.fo.Destroy()
+		s.fo = nil
+	}
+	if s.compact != nil {
+		s.compact.Destroy()
+		s.compact = nil
+	}
+	for _, o := range []**grocksdb.Options{&s.dataOpts, &s.metaOpts, &s.opts} {
+		if *o != nil {
+			(*o).Destroy()
+			*o = nil
+		}
+	}
+}
+
+// batch is one atomic write: block puts, block deletes and metadata-only
+// rewrites, applied together or not at all.
+type batch struct {
+	puts    []blockPut
+	dels    [][]byte    // encoded keys removed from both column families
+	metaSet [][2][]byte // encoded key, metadata record (no block bytes)
+}
+
+type blockPut struct {
+	key, meta, value []byte
+}
+
+// apply writes b atomically. durable writes go through the WAL and fsync it
+// before returning; the others skip the WAL (see docs/ssd.md).
+func (s *store) apply(b *batch, durable bool) error {
+	wb := grocksdb.NewWriteBatch()
+	defer wb.Destroy()
+	for _, k := range b.dels {
+		wb.DeleteCF(s.cfData, k)
+		wb.DeleteCF(s.cfMeta, k)
+	}
+	for _, p := range b.puts {
+		wb.PutCF(s.cfData, p.key, p.value)
+		wb.PutCF(s.cfMeta, p.key, p.meta)
+	}
+	for _, m := range b.metaSet {
+		wb.PutCF(s.cfMeta, m[0], m[1])
+	}
+	wo := s.woFast
+	if durable {
+		wo = s.woSync
+	}
+	return s.db.Write(wo, wb)
+}
+
+// probe writes a small record through the WAL to learn whether the
+// database accepts writes.
+func (s *store) probe(stamp []byte) error {
+	return s.db.PutCF(s.woSync, s.cfDef, probeKey, stamp)
+}
+
+// pinned is a block read that still references RocksDB memory. Its bytes
+// are valid until release, which MUST be called exactly once.
+type pinned struct {
+	h *grocksdb.PinnableSliceHandle
+}
+
+// bytes returns the pinned value (C memory; do not keep it past release).
+func (p *pinned) bytes() []byte { return p.h.Data() }
+
+// release destroys the handle.
+func (p *pinned) release() {
+	if p.h != nil {
+		p.h.Destroy()
+		p.h = nil
+	}
+}
+
+// getPinned reads the block stored under key. found is false when RocksDB
+// has no such key; then nothing needs releasing.
+func (s *store) getPinned(key []byte) (p *pinned, found bool, err error) {
+	h, err := s.db.GetPinnedCF(s.ro, s.cfData, key)
+	if err != nil {
+		return nil, false, err
+	}
+	if !h.Exists() {
+		h.Destroy()
+		return nil, false, nil
+	}
+	return &pinned{h: h}, true, nil
+}
+
+// scanMeta calls fn with every metadata record in key order. The slices are
+// only valid during the call.
+func (s *store) scanMeta(fn func(key, rec []byte)) error {
+	it := s.db.NewIteratorCF(s.roScan, s.cfMeta)
+	defer it.Close()
+	for it.SeekToFirst(); it.Valid(); it.Next() {
+		// Iterator key/value slices are owned by the iterator (Free is a
+		// no-op on them); fn must copy what it keeps.
+		fn(it.Key().Data(), it.Value().Data())
+	}
+	return it.Err()
+}
+
+// flush persists the memtables: metadata first, then data, so that a crash
+// between the two leaves at worst metadata without bytes (found and dropped
+// on read) rather than bytes without metadata (space lost until a rebuild).
+// Flushes started by RocksDB itself are atomic across both families.
+func (s *store) flush() error {
+	if err := s.db.FlushCF(s.cfMeta, s.fo); err != nil {
+		return err
+	}
+	return s.db.FlushCF(s.cfData, s.fo)
+}
+
+// compactData compacts the whole data family so that blob references of
+// deleted blocks are dropped and blob GC can delete or rewrite old blob
+// files.
+func (s *store) compactData() {
+	s.db.CompactRangeCFOpt(s.cfData, grocksdb.Range{}, s.compact)
+}
+
+// pauseCompaction aborts a running manual compaction and makes later ones
+// return at once; used before closing or reopening.
+func (s *store) pauseCompaction() { s.db.DisableManualCompaction() }
+
+// diskBytes is the size of the live SST and blob files of both families.
+func (s *store) diskBytes() int64 {
+	var n int64
+	for _, cf := range []*grocksdb.ColumnFamilyHandle{s.cfMeta, s.cfData} {
+		for _, p := range []string{"rocksdb.total-sst-files-size", "rocksdb.total-blob-file-size"} {
+			v, err := strconv.ParseInt(s.db.GetPropertyCF(p, cf), 10, 64)
+			if err == nil {
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// isCorruption reports whether a RocksDB read error means the stored block
+// is bad (checksum mismatch in a blob or SST, truncated or unreadable file)
+// rather than the database being unavailable.
+func isCorruption(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "Corruption") || strings.HasPrefix(msg, "IO error") ||
+		strings.Contains(msg, "blob")
+}
+
+// errNoStore is returned while the database is closed for a reopen that
+// failed; the tier is degraded then.
+var errNoStore = errors.New("ssd: rocksdb not open")

@@ -1,0 +1,989 @@
+// Package ssd is tidepool's SSD tier: blocks in RocksDB (through grocksdb,
+// the only package of tidepool that imports it), with large values
+// separated from the LSM tree by RocksDB's integrated BlobDB so that
+// multi-MiB blocks are written sequentially to blob files, block metadata in
+// a column family of its own so that the in-memory index is rebuilt on start
+// without reading block bytes, a byte budget enforced through an
+// evict.Policy, CRC-32C checked on every read, and a degraded mode (no
+// admissions, reads still served) when the disk is full or failing.
+//
+// Its method set is the DRAM tier's (Put, Get, Stat, Delete, Clear, Stats,
+// Close), so a store can demote DRAM evictions into it and promote its hits.
+// What survives a crash in each durability mode is written down in
+// docs/ssd.md.
+//
+// # Locks
+//
+// Lock order: wmu → dbMu → mu. fmu is a leaf (held only to look up or
+// update the flight table, never while taking another lock).
+//
+//   - wmu serializes every write to RocksDB and every index change that
+//     follows one (Put, Delete, Clear, dropping bad blocks, degraded-mode
+//     probes, reopen, Close). RocksDB serializes writes in its write thread
+//     anyway, and blocks are MiB-sized, so one writer at a time costs
+//     nothing measurable and makes "check, evict, write, index" atomic.
+//   - dbMu guards the store pointer: RLock to use it, Lock to close or
+//     replace it. A read holds RLock until its pinned bytes are released.
+//   - mu guards the index, the policy and the accounting. It is one lock,
+//     not shards: every operation of this tier costs a RocksDB call on MiB
+//     of data (tens of µs at least), against ~100 ns under mu.
+package ssd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/internal/clock"
+)
+
+// TierName is the name of this tier in cache.Info and cache.TierStats.
+const TierName = "ssd"
+
+// Errors of this package (the cache sentinels are used for everything a
+// caller acts on).
+var (
+	// ErrCorrupt is wrapped, together with cache.ErrChecksum and
+	// cache.ErrNotFound, in the error of a read whose block was bad on
+	// disk; the block has been deleted and callers treat it as a miss.
+	ErrCorrupt = errors.New("ssd: stored block is corrupt")
+)
+
+// entry is the in-memory index record of one block.
+type entry struct {
+	id      uint64
+	ns      string
+	skey    string // encoded key (index key)
+	size    int64
+	foot    int64
+	sum     uint32
+	depth   int32
+	lowPri  bool
+	created int64
+	access  int64 // Unix ns of the last read or write
+	dirty   bool  // access changed since it was last persisted
+}
+
+func (e *entry) encKey() []byte { return []byte(e.skey) }
+
+func (e *entry) meta() meta {
+	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, access: e.access, created: e.created}
+}
+
+func (e *entry) info() cache.Info {
+	return cache.Info{Size: e.size, Checksum: e.sum, Depth: e.depth, Tier: TierName}
+}
+
+type nsStats struct {
+	blocks, bytes                int64
+	hits, misses, puts, evictons int64
+}
+
+// Tier is the SSD tier. Safe for concurrent use.
+type Tier struct {
+	cfg Config
+	lg  *zap.Logger
+	clk clock.Clock
+
+	wmu  sync.Mutex
+	dbMu sync.RWMutex
+	st   *store // guarded by dbMu; replaced only with wmu held too
+
+	mu     sync.Mutex
+	index  map[string]*entry // by encoded key
+	byID   map[uint64]*entry
+	policy evict.Policy
+	nextID uint64
+	used   int64 // sum of footprints, including a put being written
+	nss    map[string]*nsStats
+
+	fmu     sync.Mutex
+	flights map[string]*flight
+
+	closed    atomic.Bool
+	degraded  atomic.Bool
+	nextProbe time.Time // guarded by wmu
+	garbage   int64     // guarded by wmu: bytes dropped since the last compaction
+	compactOn atomic.Bool
+	bg        sync.WaitGroup
+
+	recBlocks, recBytes int64
+	recTook             time.Duration
+
+	hits, misses, evictions, bytesIn, bytesOut atomic.Int64
+	checksumFailures, readErrors, writeErrors  atomic.Int64
+	degradedEvents, recoveries, stale          atomic.Int64
+	compactions                                atomic.Int64
+
+	// Test seams; nil in production.
+	hookFreeSpace   func(dir string) (int64, error)
+	hookBeforeWrite func() error
+	hookBeforeRead  func()
+
+	reads atomic.Int64 // RocksDB block reads (one per flight)
+}
+
+// New validates cfg, opens (or creates) the database in cfg.Dir and
+// rebuilds the index from the metadata family.
+func New(cfg Config, lg *zap.Logger) (*Tier, error) {
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("ssd: create dir: %w", err)
+	}
+	start := time.Now()
+	st, err := openStore(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tier{
+		cfg:     cfg,
+		lg:      lg.Named("cache.ssd"),
+		clk:     cfg.Clock,
+		st:      st,
+		flights: make(map[string]*flight),
+		nss:     make(map[string]*nsStats),
+	}
+	blocks, bytes, err := t.rebuild()
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	t.recBlocks, t.recBytes, t.recTook = blocks, bytes, time.Since(start)
+	t.lg.Info("ssd tier opened",
+		zap.String("dir", cfg.Dir),
+		zap.Int64("recovered_blocks", blocks),
+		zap.Int64("recovered_bytes", bytes),
+		zap.Duration("took", t.recTook),
+		zap.Int64("capacity", cfg.Capacity))
+	return t, nil
+}
+
+// Recovered reports what New found on disk: blocks, their value bytes, and
+// how long opening and rebuilding the index took.
+func (t *Tier) Recovered() (blocks, bytes int64, took time.Duration) {
+	return t.recBlocks, t.recBytes, t.recTook
+}
+
+// Degraded reports whether the tier refuses new blocks (disk full or
+// failing). Reads are still served.
+func (t *Tier) Degraded() bool { return t.degraded.Load() }
+
+func (t *Tier) checkKey(ns string, key []byte) error {
+	if len(key) == 0 || len(key) > t.cfg.MaxKeySize {
+		return fmt.Errorf("%w: key of %d bytes (1..%d)", cache.ErrInvalidKey, len(key), t.cfg.MaxKeySize)
+	}
+	if len(ns) > t.cfg.MaxNamespaceSize {
+		return fmt.Errorf("%w: namespace of %d bytes (max %d)", cache.ErrInvalidKey, len(ns), t.cfg.MaxNamespaceSize)
+	}
+	return nil
+}
+
+// Put stores value under (ns, key). A key already present is left as it is
+// and reported with existed = true (values are immutable). It evicts blocks
+// chosen by the policy until the new one fits the budget. Errors:
+// cache.ErrInvalidKey, cache.ErrTooLarge, cache.ErrClosed, and
+// cache.ErrUnavailable while the tier is degraded. With opts.Durable the
+// block is in the synced WAL when Put returns; otherwise it is durable only
+// after the next flush (see docs/ssd.md).
+func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	if err := t.checkKey(ns, key); err != nil {
+		return false, err
+	}
+	if int64(len(value)) > t.cfg.MaxValueSize {
+		return false, fmt.Errorf("%w: %d bytes (max %d)", cache.ErrTooLarge, len(value), t.cfg.MaxValueSize)
+	}
+	ek := encodeKey(ns, key)
+	foot := footprint(len(ek), int64(len(value)))
+	if foot > t.cfg.Capacity {
+		return false, fmt.Errorf("%w: block of %d bytes exceeds the tier capacity %d", cache.ErrTooLarge, foot, t.cfg.Capacity)
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	sum := cache.Checksum(value)
+
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.closed.Load() {
+		return false, cache.ErrClosed
+	}
+	t.mu.Lock()
+	_, ok := t.index[string(ek)]
+	t.mu.Unlock()
+	if ok {
+		return true, nil
+	}
+	if t.degraded.Load() && !t.tryRecoverLocked() {
+		return false, fmt.Errorf("%w: ssd tier degraded", cache.ErrUnavailable)
+	}
+	if free, ok := t.freeSpace(); ok && free < t.cfg.MinFreeBytes+int64(len(value)) {
+		t.degradeLocked("low free space", zap.Int64("free_bytes", free))
+		return false, fmt.Errorf("%w: ssd: %d bytes free on disk", cache.ErrUnavailable, free)
+	}
+
+	// Make room, reserving the footprint before the write.
+	t.mu.Lock()
+	var victims []*entry
+	for t.used+foot > t.cfg.Capacity {
+		id, ok := t.policy.Victim(noSkip)
+		if !ok {
+			break
+		}
+		v := t.byID[id]
+		if v == nil { // policy and index disagree: forget the id
+			t.policy.Remove(id)
+			continue
+		}
+		t.removeLocked(v)
+		victims = append(victims, v)
+	}
+	if t.used+foot > t.cfg.Capacity {
+		t.restoreLocked(victims)
+		t.mu.Unlock()
+		return false, fmt.Errorf("%w: ssd: cannot make room for %d bytes", cache.ErrNoSpace, foot)
+	}
+	t.used += foot
+	t.mu.Unlock()
+
+	now := t.clk.Now().UnixNano()
+	e := &entry{
+		ns: ns, skey: string(ek), size: int64(len(value)), foot: foot, sum: sum,
+		depth: opts.Depth, lowPri: opts.LowPriority, created: now, access: now,
+	}
+	m := e.meta()
+	b := &batch{puts: []blockPut{{key: ek, meta: m.encode(), value: value}}}
+	for _, v := range victims {
+		b.dels = append(b.dels, v.encKey())
+	}
+	if err := t.write(b, opts.Durable); err != nil {
+		t.mu.Lock()
+		t.used -= foot
+		// The batch was atomic: the victims are still on disk. They go
+		// back into the index (as most recently used, which only delays
+		// their eviction).
+		t.restoreLocked(victims)
+		t.mu.Unlock()
+		t.writeErrors.Add(1)
+		t.degradeLocked("write failed", zap.Error(err))
+		return false, fmt.Errorf("%w: ssd: put: %v", cache.ErrUnavailable, err)
+	}
+
+	t.mu.Lock()
+	t.used -= foot // insertLocked counts it again
+	t.insertLocked(e)
+	ss := t.nsLocked(ns)
+	ss.puts++
+	var dropped int64
+	for _, v := range victims {
+		t.nsLocked(v.ns).evictons++
+		dropped += v.size
+	}
+	t.mu.Unlock()
+	t.evictions.Add(int64(len(victims)))
+	t.bytesIn.Add(int64(len(value)))
+	t.noteGarbageLocked(dropped)
+	return false, nil
+}
+
+var noSkip = func(uint64) bool { return false }
+
+// write applies b to the store, through the test seam.
+func (t *Tier) write(b *batch, durable bool) error {
+	if t.hookBeforeWrite != nil {
+		if err := t.hookBeforeWrite(); err != nil {
+			return err
+		}
+	}
+	t.dbMu.RLock()
+	defer t.dbMu.RUnlock()
+	if t.st == nil {
+		return errNoStore
+	}
+	return t.st.apply(b, durable)
+}
+
+// Get copies the value of (ns, key) into dst (reusing its capacity:
+// append(dst[:0], value...)) and returns it with its metadata. The bytes
+// are verified against the stored CRC-32C first; a block that fails (or
+// that RocksDB cannot read) is deleted, counted in ChecksumFailures, and
+// reported with an error matching cache.ErrChecksum AND cache.ErrNotFound:
+// callers treat it as a miss. Concurrent Gets of one block share one read.
+func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]byte, cache.Info, error) {
+	if err := t.checkKey(ns, key); err != nil {
+		return dst[:0], cache.Info{}, err
+	}
+	if t.closed.Load() {
+		return dst[:0], cache.Info{}, cache.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return dst[:0], cache.Info{}, err
+	}
+	ek := encodeKey(ns, key)
+	sk := string(ek)
+	t.mu.Lock()
+	if t.index[sk] == nil {
+		t.missLocked(ns)
+		t.mu.Unlock()
+		return dst[:0], cache.Info{}, cache.ErrNotFound
+	}
+	t.mu.Unlock()
+
+	f, leader := t.joinFlight(sk)
+	if leader {
+		t.runFlight(f, sk, ek)
+	} else {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			t.leaveFlight(f)
+			return dst[:0], cache.Info{}, ctx.Err()
+		}
+	}
+	if f.err != nil {
+		t.leaveFlight(f)
+		if !errors.Is(f.err, cache.ErrUnavailable) {
+			t.mu.Lock()
+			t.missLocked(ns)
+			t.mu.Unlock()
+		}
+		return dst[:0], cache.Info{}, f.err
+	}
+	out := append(dst[:0], f.data...)
+	info, e := f.info, f.entry
+	t.leaveFlight(f)
+
+	now := t.clk.Now().UnixNano()
+	t.mu.Lock()
+	if t.index[sk] == e {
+		t.policy.Touch(e.id)
+		e.access, e.dirty = now, true
+	}
+	t.nsLocked(ns).hits++
+	t.mu.Unlock()
+	t.hits.Add(1)
+	t.bytesOut.Add(int64(len(out)))
+	return out, info, nil
+}
+
+func (t *Tier) missLocked(ns string) {
+	t.misses.Add(1)
+	if ss := t.nss[ns]; ss != nil {
+		ss.misses++
+	}
+}
+
+// Stat returns the metadata of (ns, key) without reading the block.
+func (t *Tier) Stat(ctx context.Context, ns string, key []byte) (cache.Info, bool) {
+	if t.checkKey(ns, key) != nil || t.closed.Load() {
+		return cache.Info{}, false
+	}
+	ek := encodeKey(ns, key)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.index[string(ek)]
+	if e == nil {
+		return cache.Info{}, false
+	}
+	return e.info(), true
+}
+
+// Delete removes (ns, key). It reports whether the block was present. The
+// block is gone from this tier once Delete returns; if the disk write of
+// the tombstone fails (degraded disk), the bytes stay on disk and may come
+// back after a restart, which is harmless for immutable blocks.
+func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
+	if err := t.checkKey(ns, key); err != nil {
+		return false, err
+	}
+	ek := encodeKey(ns, key)
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.closed.Load() {
+		return false, cache.ErrClosed
+	}
+	t.mu.Lock()
+	e := t.index[string(ek)]
+	if e == nil {
+		t.mu.Unlock()
+		return false, nil
+	}
+	t.removeLocked(e)
+	t.mu.Unlock()
+	t.deleteOnDiskLocked([][]byte{ek})
+	t.noteGarbageLocked(e.size)
+	return true, nil
+}
+
+// Clear removes every block of namespace ns and returns how many there
+// were.
+func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.closed.Load() {
+		return 0, cache.ErrClosed
+	}
+	t.mu.Lock()
+	var keys [][]byte
+	var dropped int64
+	for _, e := range t.index {
+		if e.ns == ns {
+			keys = append(keys, e.encKey())
+			dropped += e.size
+		}
+	}
+	for _, k := range keys {
+		t.removeLocked(t.index[string(k)])
+	}
+	t.mu.Unlock()
+	count := int64(len(keys))
+	const chunk = 1024
+	for len(keys) > 0 {
+		n := min(chunk, len(keys))
+		t.deleteOnDiskLocked(keys[:n])
+		keys = keys[n:]
+	}
+	t.noteGarbageLocked(dropped)
+	return count, nil
+}
+
+// deleteOnDiskLocked deletes blocks already removed from the index. wmu
+// held. A failure is logged and counted, not returned (see Delete).
+func (t *Tier) deleteOnDiskLocked(keys [][]byte) {
+	if len(keys) == 0 {
+		return
+	}
+	if err := t.write(&batch{dels: keys}, false); err != nil {
+		t.writeErrors.Add(1)
+		t.degradeLocked("delete failed", zap.Error(err))
+	}
+}
+
+// Flush makes every block written so far durable (flushes the memtables
+// to SST and blob files).
+func (t *Tier) Flush(ctx context.Context) error {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.closed.Load() {
+		return cache.ErrClosed
+	}
+	t.dbMu.RLock()
+	err := errNoStore
+	if t.st != nil {
+		err = t.st.flush()
+	}
+	t.dbMu.RUnlock()
+	if err != nil {
+		t.writeErrors.Add(1)
+		t.degradeLocked("flush failed", zap.Error(err))
+		return fmt.Errorf("%w: ssd: flush: %v", cache.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Stats returns one TierStats named "ssd" and per-namespace counters
+// (sorted by namespace).
+func (t *Tier) Stats() cache.Stats {
+	t.mu.Lock()
+	ts := cache.TierStats{
+		Name:          TierName,
+		CapacityBytes: t.cfg.Capacity,
+		UsedBytes:     t.used,
+		Blocks:        int64(len(t.index)),
+	}
+	nss := make([]cache.NamespaceStats, 0, len(t.nss))
+	for name, s := range t.nss {
+		nss = append(nss, cache.NamespaceStats{
+			Namespace: name, Blocks: s.blocks, Bytes: s.bytes, Hits: s.hits,
+			Misses: s.misses, Puts: s.puts, Evictions: s.evictons,
+		})
+	}
+	t.mu.Unlock()
+	sort.Slice(nss, func(i, j int) bool { return nss[i].Namespace < nss[j].Namespace })
+	ts.Hits = t.hits.Load()
+	ts.Misses = t.misses.Load()
+	ts.Evictions = t.evictions.Load()
+	ts.BytesIn = t.bytesIn.Load()
+	ts.BytesOut = t.bytesOut.Load()
+	ts.ChecksumFailures = t.checksumFailures.Load()
+	return cache.Stats{Tiers: []cache.TierStats{ts}, Namespaces: nss}
+}
+
+// Health is a snapshot of the tier's disk state and error counters.
+type Health struct {
+	// Degraded is true while the tier refuses new blocks.
+	Degraded bool
+	// DegradedEvents counts entries into degraded mode; Recoveries exits.
+	DegradedEvents, Recoveries int64
+	// ChecksumFailures counts reads whose block was bad: bytes that did not
+	// match their CRC-32C, or a RocksDB corruption/read error on the blob.
+	ChecksumFailures int64
+	// ReadErrors counts the RocksDB read errors among ChecksumFailures.
+	ReadErrors int64
+	// WriteErrors counts failed RocksDB writes and flushes.
+	WriteErrors int64
+	// StaleEntries counts index entries whose bytes were missing on read.
+	StaleEntries int64
+	// Compactions counts the background compactions the tier started.
+	Compactions int64
+	// DiskBytes is the size of the live SST and blob files (RocksDB's
+	// view; excludes WAL, logs and memtables).
+	DiskBytes int64
+}
+
+// Health returns the tier's disk state and error counters.
+func (t *Tier) Health() Health {
+	h := Health{
+		Degraded:         t.degraded.Load(),
+		DegradedEvents:   t.degradedEvents.Load(),
+		Recoveries:       t.recoveries.Load(),
+		ChecksumFailures: t.checksumFailures.Load(),
+		ReadErrors:       t.readErrors.Load(),
+		WriteErrors:      t.writeErrors.Load(),
+		StaleEntries:     t.stale.Load(),
+		Compactions:      t.compactions.Load(),
+	}
+	t.dbMu.RLock()
+	if t.st != nil {
+		h.DiskBytes = t.st.diskBytes()
+	}
+	t.dbMu.RUnlock()
+	return h
+}
+
+// Close persists the access times of blocks read since they were loaded,
+// flushes the memtables (so best-effort blocks survive), and closes the
+// database. Safe to call twice; later calls return nil.
+func (t *Tier) Close() error {
+	if !t.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.stopCompactionLocked()
+	t.dbMu.Lock()
+	defer t.dbMu.Unlock()
+	if t.st == nil {
+		return nil
+	}
+	var err error
+	t.mu.Lock()
+	b := &batch{}
+	for _, e := range t.index {
+		if e.dirty {
+			m := e.meta()
+			b.metaSet = append(b.metaSet, [2][]byte{e.encKey(), m.encode()})
+			e.dirty = false
+		}
+	}
+	t.mu.Unlock()
+	if len(b.metaSet) > 0 {
+		err = t.st.apply(b, false)
+	}
+	if !t.degraded.Load() {
+		err = errors.Join(err, t.st.flush())
+	}
+	t.st.close()
+	t.st = nil
+	if err != nil {
+		return fmt.Errorf("ssd: close: %w", err)
+	}
+	return nil
+}
+
+// --- index ---------------------------------------------------------------
+
+func (t *Tier) nsLocked(ns string) *nsStats {
+	s := t.nss[ns]
+	if s == nil {
+		s = &nsStats{}
+		t.nss[ns] = s
+	}
+	return s
+}
+
+// insertLocked adds e to the index and the policy. mu held.
+func (t *Tier) insertLocked(e *entry) {
+	t.nextID++
+	e.id = t.nextID
+	t.index[e.skey] = e
+	t.byID[e.id] = e
+	t.policy.Admit(evict.Entry{ID: e.id, Size: e.foot, Depth: e.depth, LowPriority: e.lowPri})
+	t.used += e.foot
+	s := t.nsLocked(e.ns)
+	s.blocks++
+	s.bytes += e.size
+}
+
+// removeLocked drops e from the index and the policy. mu held.
+func (t *Tier) removeLocked(e *entry) {
+	delete(t.index, e.skey)
+	delete(t.byID, e.id)
+	t.policy.Remove(e.id)
+	t.used -= e.foot
+	s := t.nsLocked(e.ns)
+	s.blocks--
+	s.bytes -= e.size
+}
+
+func (t *Tier) restoreLocked(es []*entry) {
+	for _, e := range es {
+		t.insertLocked(e)
+	}
+}
+
+// rebuild replaces the index with the contents of the metadata family,
+// deleting undecodable records and evicting down to the capacity. It
+// returns the blocks and value bytes kept.
+func (t *Tier) rebuild() (blocks, bytes int64, err error) {
+	var es []*entry
+	var bad [][]byte
+	t.dbMu.RLock()
+	if t.st == nil {
+		t.dbMu.RUnlock()
+		return 0, 0, errNoStore
+	}
+	err = t.st.scanMeta(func(k, rec []byte) {
+		ns, _, kerr := decodeKey(k)
+		m, merr := decodeMeta(rec)
+		if kerr != nil || merr != nil {
+			bad = append(bad, slices.Clone(k))
+			return
+		}
+		es = append(es, &entry{
+			ns: ns, skey: string(k), size: m.size, foot: footprint(len(k), m.size),
+			sum: m.sum, depth: m.depth, lowPri: m.lowPri, created: m.created, access: m.access,
+		})
+	})
+	t.dbMu.RUnlock()
+	if err != nil {
+		return 0, 0, fmt.Errorf("ssd: scan metadata: %w", err)
+	}
+	// Oldest access first, so the policy sees the most recent last.
+	sort.SliceStable(es, func(i, j int) bool { return es[i].access < es[j].access })
+
+	t.mu.Lock()
+	t.index = make(map[string]*entry, len(es))
+	t.byID = make(map[uint64]*entry, len(es))
+	t.policy = t.cfg.Policy()
+	t.used = 0
+	for _, s := range t.nss {
+		s.blocks, s.bytes = 0, 0
+	}
+	for _, e := range es {
+		t.insertLocked(e)
+	}
+	var victims [][]byte
+	for t.used > t.cfg.Capacity {
+		id, ok := t.policy.Victim(noSkip)
+		if !ok {
+			break
+		}
+		v := t.byID[id]
+		if v == nil {
+			t.policy.Remove(id)
+			continue
+		}
+		t.removeLocked(v)
+		victims = append(victims, v.encKey())
+	}
+	blocks = int64(len(t.index))
+	for _, e := range t.index {
+		bytes += e.size
+	}
+	t.mu.Unlock()
+
+	if len(bad) > 0 {
+		t.lg.Warn("ssd metadata records unreadable, deleted", zap.Int("records", len(bad)))
+	}
+	if dels := append(bad, victims...); len(dels) > 0 {
+		if err := t.write(&batch{dels: dels}, false); err != nil {
+			t.lg.Warn("ssd delete after rebuild failed", zap.Error(err))
+		}
+	}
+	return blocks, bytes, nil
+}
+
+// --- reads -----------------------------------------------------------------
+
+// flight is one RocksDB read shared by every concurrent Get of a block.
+// The leader fills it and closes done; then each participant copies data
+// and calls leaveFlight; the last one releases the pinned bytes and the
+// read lock on the store they came from.
+type flight struct {
+	done chan struct{}
+	refs int // guarded by Tier.fmu
+
+	// Set by the leader before done is closed.
+	p     *pinned
+	data  []byte
+	info  cache.Info
+	entry *entry
+	err   error
+}
+
+func (t *Tier) joinFlight(sk string) (f *flight, leader bool) {
+	t.fmu.Lock()
+	defer t.fmu.Unlock()
+	if f = t.flights[sk]; f != nil {
+		f.refs++
+		return f, false
+	}
+	f = &flight{done: make(chan struct{}), refs: 1}
+	t.flights[sk] = f
+	return f, true
+}
+
+func (t *Tier) leaveFlight(f *flight) {
+	t.fmu.Lock()
+	f.refs--
+	last := f.refs == 0
+	t.fmu.Unlock()
+	if last && f.p != nil {
+		f.p.release()
+		f.p = nil
+		t.dbMu.RUnlock()
+	}
+}
+
+// runFlight performs the read for f. On success f keeps the store's read
+// lock until the last participant leaves.
+func (t *Tier) runFlight(f *flight, sk string, ek []byte) {
+	var drop *entry
+	defer func() {
+		t.fmu.Lock()
+		delete(t.flights, sk)
+		t.fmu.Unlock()
+		close(f.done)
+		if drop != nil {
+			t.dropBad(drop)
+		}
+	}()
+	// Re-check inside the flight: the block may have gone since the caller
+	// looked.
+	t.mu.Lock()
+	e := t.index[sk]
+	t.mu.Unlock()
+	if e == nil {
+		f.err = cache.ErrNotFound
+		return
+	}
+	if t.hookBeforeRead != nil {
+		t.hookBeforeRead()
+	}
+	t.dbMu.RLock()
+	if t.st == nil {
+		t.dbMu.RUnlock()
+		f.err = fmt.Errorf("%w: ssd: store not open", cache.ErrUnavailable)
+		return
+	}
+	t.reads.Add(1)
+	p, found, err := t.st.getPinned(ek)
+	switch {
+	case err != nil && isCorruption(err):
+		t.dbMu.RUnlock()
+		t.readErrors.Add(1)
+		t.checksumFailures.Add(1)
+		t.lg.Warn("ssd block unreadable, deleted", zap.String("ns", e.ns), zap.Error(err))
+		f.err = fmt.Errorf("%w: %w: %w: %v", ErrCorrupt, cache.ErrChecksum, cache.ErrNotFound, err)
+		drop = e
+		return
+	case err != nil:
+		t.dbMu.RUnlock()
+		f.err = fmt.Errorf("%w: ssd: read: %v", cache.ErrUnavailable, err)
+		return
+	case !found:
+		t.dbMu.RUnlock()
+		t.stale.Add(1)
+		f.err = cache.ErrNotFound
+		drop = e
+		return
+	}
+	data := p.bytes()
+	if int64(len(data)) != e.size || cache.Checksum(data) != e.sum {
+		got := cache.Checksum(data)
+		p.release()
+		t.dbMu.RUnlock()
+		t.checksumFailures.Add(1)
+		t.lg.Warn("ssd block checksum mismatch, deleted",
+			zap.String("ns", e.ns), zap.Int64("size", e.size), zap.Int("read", len(data)),
+			zap.Uint32("want", e.sum), zap.Uint32("got", got))
+		f.err = fmt.Errorf("%w: %w: %w", ErrCorrupt, cache.ErrChecksum, cache.ErrNotFound)
+		drop = e
+		return
+	}
+	f.p, f.data, f.entry, f.info = p, data, e, e.info()
+}
+
+// dropBad removes a block that could not be read correctly, if the index
+// still holds that very entry.
+func (t *Tier) dropBad(e *entry) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.closed.Load() {
+		return
+	}
+	t.mu.Lock()
+	if t.index[e.skey] != e {
+		t.mu.Unlock()
+		return
+	}
+	t.removeLocked(e)
+	t.mu.Unlock()
+	t.deleteOnDiskLocked([][]byte{e.encKey()})
+	t.noteGarbageLocked(e.size)
+}
+
+// --- disk health and maintenance --------------------------------------------
+
+// freeSpace returns the bytes available to us on Dir's filesystem; ok is
+// false when the check is disabled or fails.
+func (t *Tier) freeSpace() (int64, bool) {
+	if t.cfg.MinFreeBytes == 0 && t.hookFreeSpace == nil {
+		return 0, false
+	}
+	if t.hookFreeSpace != nil {
+		n, err := t.hookFreeSpace(t.cfg.Dir)
+		return n, err == nil
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(t.cfg.Dir, &fs); err != nil {
+		return 0, false
+	}
+	return int64(fs.Bavail) * int64(fs.Bsize), true
+}
+
+// degradeLocked enters degraded mode (once; later calls are no-ops). wmu
+// held.
+func (t *Tier) degradeLocked(reason string, fields ...zap.Field) {
+	if !t.degraded.CompareAndSwap(false, true) {
+		return
+	}
+	t.degradedEvents.Add(1)
+	t.nextProbe = t.clk.Now().Add(t.cfg.ProbeInterval)
+	t.lg.Warn("ssd tier degraded: not admitting blocks, still serving reads",
+		append(fields, zap.String("reason", reason), zap.Duration("probe_in", t.cfg.ProbeInterval))...)
+}
+
+// tryRecoverLocked checks, at most once per ProbeInterval, whether the
+// disk takes writes again, and leaves degraded mode if so. RocksDB stops
+// all writes after a hard background error (a flush that hit ENOSPC);
+// grocksdb has no DB::Resume, so the tier closes and reopens the database,
+// which also rebuilds the index (blocks whose flush failed are gone). wmu
+// held.
+func (t *Tier) tryRecoverLocked() bool {
+	now := t.clk.Now()
+	if now.Before(t.nextProbe) {
+		return false
+	}
+	t.nextProbe = now.Add(t.cfg.ProbeInterval)
+	if free, ok := t.freeSpace(); ok && free < t.cfg.MinFreeBytes {
+		return false
+	}
+	stamp := []byte(now.UTC().Format(time.RFC3339Nano))
+	if t.probe(stamp) != nil {
+		if err := t.reopenLocked(); err != nil {
+			t.lg.Warn("ssd reopen after disk error failed", zap.Error(err))
+			return false
+		}
+		if err := t.probe(stamp); err != nil {
+			return false
+		}
+	}
+	t.degraded.Store(false)
+	t.recoveries.Add(1)
+	t.lg.Info("ssd tier recovered, admitting blocks again")
+	return true
+}
+
+func (t *Tier) probe(stamp []byte) error {
+	if t.hookBeforeWrite != nil {
+		if err := t.hookBeforeWrite(); err != nil {
+			return err
+		}
+	}
+	t.dbMu.RLock()
+	defer t.dbMu.RUnlock()
+	if t.st == nil {
+		return errNoStore
+	}
+	return t.st.probe(stamp)
+}
+
+// reopenLocked closes and reopens the database and rebuilds the index.
+// wmu held.
+func (t *Tier) reopenLocked() error {
+	t.stopCompactionLocked()
+	t.dbMu.Lock()
+	if t.st != nil {
+		t.st.close()
+		t.st = nil
+	}
+	st, err := openStore(&t.cfg)
+	if err == nil {
+		t.st = st
+	}
+	t.dbMu.Unlock()
+	if err != nil {
+		return err
+	}
+	blocks, bytes, err := t.rebuild()
+	t.lg.Info("ssd database reopened", zap.Int64("blocks", blocks), zap.Int64("bytes", bytes))
+	return err
+}
+
+// noteGarbageLocked records dropped bytes and starts a background
+// compaction of the data family once CompactAfter bytes were dropped, so
+// that RocksDB deletes (or GC-rewrites) blob files holding dead blocks.
+// wmu held.
+func (t *Tier) noteGarbageLocked(n int64) {
+	if t.cfg.CompactAfter < 0 || n <= 0 {
+		return
+	}
+	t.garbage += n
+	limit := t.cfg.CompactAfter
+	if limit == 0 {
+		limit = t.cfg.Capacity / 8
+	}
+	if t.garbage < limit || !t.compactOn.CompareAndSwap(false, true) {
+		return
+	}
+	t.garbage = 0
+	t.bg.Add(1)
+	go func() {
+		defer t.bg.Done()
+		defer t.compactOn.Store(false)
+		t.dbMu.RLock()
+		defer t.dbMu.RUnlock()
+		if t.st != nil {
+			t.st.compactData()
+			t.compactions.Add(1)
+		}
+	}()
+}
+
+// stopCompactionLocked aborts a running background compaction and waits
+// for it. wmu held (so no new one starts).
+func (t *Tier) stopCompactionLocked() {
+	t.dbMu.RLock()
+	if t.st != nil {
+		t.st.pauseCompaction()
+	}
+	t.dbMu.RUnlock()
+	t.bg.Wait()
+}
