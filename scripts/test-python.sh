@@ -105,4 +105,21 @@ if ! kill -0 "$pid" 2>/dev/null; then
 	pid=
 	exit 1
 fi
-echo "test-python: PASS"
+
+# Graceful shutdown (DESIGN.md §8): SIGTERM drains and exits 0 within 15 s.
+kill -TERM "$pid"
+deadline=$((SECONDS + 15))
+while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
+	sleep 0.1
+done
+if kill -0 "$pid" 2>/dev/null; then
+	echo "test-python: server still running 15s after SIGTERM" >&2
+	exit 1 # cleanup kills it
+fi
+wait "$pid" && st=0 || st=$?
+pid=
+if ((st != 0)); then
+	echo "test-python: server exited with status $st after SIGTERM (want 0)" >&2
+	exit 1
+fi
+echo "test-python: PASS (buffered and framed transports; server shut down cleanly)"

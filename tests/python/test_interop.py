@@ -217,9 +217,8 @@ class InteropCases:
         items = [PutItem(key=b"old", value=b"replacement"), PutItem(key=b"new", value=b"fresh")]
         resp = self.client.BatchPut(BatchPutRequest(ns=ns, items=items))
         self.assertEqual(len(resp.results), 2)
-        # The IDL leaves open whether an existing key is reported as EXISTS or
-        # as a successful no-op; either way it must not be overwritten.
-        self.assertIn(resp.results[0].code, (ErrorCode.OK, ErrorCode.EXISTS), code_name(resp.results[0].code))
+        # An existing key is reported per item as EXISTS and is not overwritten.
+        self.assertEqual(resp.results[0].code, ErrorCode.EXISTS, code_name(resp.results[0].code))
         self.assertEqual(resp.results[1].code, ErrorCode.OK, code_name(resp.results[1].code))
         self.assertFound(ns, b"old", b"original")
         self.assertFound(ns, b"new", b"fresh")
