@@ -1,0 +1,105 @@
+// Package counters holds the atomic counters behind rdma Stats snapshots.
+package counters
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/rdma"
+)
+
+// Peer counts transfers initiated through one peer handle.
+type Peer struct {
+	Addr      string
+	writes    atomic.Uint64
+	reads     atomic.Uint64
+	failures  atomic.Uint64
+	bytesOut  atomic.Uint64
+	bytesIn   atomic.Uint64
+	latency   atomic.Int64
+	conns     atomic.Int64
+	dialFails atomic.Uint64
+}
+
+// Done records one finished transfer.
+func (p *Peer) Done(write bool, n uint64, d time.Duration, err error) {
+	if err != nil {
+		p.failures.Add(1)
+		return
+	}
+	if write {
+		p.writes.Add(1)
+		p.bytesOut.Add(n)
+	} else {
+		p.reads.Add(1)
+		p.bytesIn.Add(n)
+	}
+	p.latency.Add(int64(d))
+}
+
+// Conn adds delta to the open-connection gauge.
+func (p *Peer) Conn(delta int64) { p.conns.Add(delta) }
+
+// DialFail counts a failed connection attempt.
+func (p *Peer) DialFail() { p.dialFails.Add(1) }
+
+// Snapshot returns the counters.
+func (p *Peer) Snapshot() rdma.PeerStats {
+	return rdma.PeerStats{
+		Addr:      p.Addr,
+		Writes:    p.writes.Load(),
+		Reads:     p.reads.Load(),
+		Failures:  p.failures.Load(),
+		BytesOut:  p.bytesOut.Load(),
+		BytesIn:   p.bytesIn.Load(),
+		Latency:   time.Duration(p.latency.Load()),
+		Conns:     int(p.conns.Load()),
+		DialFails: p.dialFails.Load(),
+	}
+}
+
+// Serve counts transfers served for remote initiators.
+type Serve struct {
+	writes   atomic.Uint64
+	reads    atomic.Uint64
+	errors   atomic.Uint64
+	bytesIn  atomic.Uint64
+	bytesOut atomic.Uint64
+	conns    atomic.Int64
+}
+
+// Applied counts n payload bytes written into a local region; a whole
+// write request counts once with last set.
+func (s *Serve) Applied(n uint64, last bool) {
+	s.bytesIn.Add(n)
+	if last {
+		s.writes.Add(1)
+	}
+}
+
+// Sent counts n payload bytes read out of a local region; a whole read
+// request counts once with last set.
+func (s *Serve) Sent(n uint64, last bool) {
+	s.bytesOut.Add(n)
+	if last {
+		s.reads.Add(1)
+	}
+}
+
+// Error counts a refused or broken request.
+func (s *Serve) Error() { s.errors.Add(1) }
+
+// Conn adds delta to the inbound-connection gauge.
+func (s *Serve) Conn(delta int64) { s.conns.Add(delta) }
+
+// Snapshot returns the counters.
+func (s *Serve) Snapshot() rdma.ServeStats {
+	return rdma.ServeStats{
+		Writes:   s.writes.Load(),
+		Reads:    s.reads.Load(),
+		Errors:   s.errors.Load(),
+		BytesIn:  s.bytesIn.Load(),
+		BytesOut: s.bytesOut.Load(),
+		Conns:    int(s.conns.Load()),
+	}
+}

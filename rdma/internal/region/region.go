@@ -1,0 +1,117 @@
+// Package region is the registered-memory table shared by the transports in
+// rdma/: ids, keys, bounds checks, and a per-region lock so that Deregister
+// waits for in-flight accesses.
+package region
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tidepool-kv/tidepool/rdma"
+)
+
+// entry is one registered region. Accessors hold mu for reading while they
+// touch buf; Deregister holds it for writing to wait them out.
+type entry struct {
+	mu   sync.RWMutex
+	buf  []byte
+	key  uint32
+	dead bool // set under mu (write) by Deregister
+}
+
+// Table maps region ids to registered memory. Safe for concurrent use.
+// Lock order: Table.mu, then entry.mu (Deregister); accessors take only
+// entry.mu after a lookup under Table.mu (read) that they release first.
+type Table struct {
+	mu    sync.RWMutex
+	m     map[rdma.RegionID]*entry
+	next  atomic.Uint64
+	bytes atomic.Uint64
+}
+
+// NewTable returns an empty table.
+func NewTable() *Table { return &Table{m: make(map[rdma.RegionID]*entry)} }
+
+// Register adds buf and returns its descriptor.
+func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
+	if buf == nil {
+		return rdma.RegionDesc{}, fmt.Errorf("rdma: register a nil buffer")
+	}
+	id := rdma.RegionID(t.next.Add(1))
+	e := &entry{buf: buf, key: rand.Uint32()}
+	t.mu.Lock()
+	t.m[id] = e
+	t.mu.Unlock()
+	t.bytes.Add(uint64(len(buf)))
+	return rdma.RegionDesc{ID: id, Len: uint64(len(buf)), Key: e.key}, nil
+}
+
+// Deregister removes id, waiting for in-flight accesses to finish.
+func (t *Table) Deregister(id rdma.RegionID) error {
+	t.mu.Lock()
+	e, ok := t.m[id]
+	delete(t.m, id)
+	t.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	e.mu.Lock()
+	e.dead = true
+	n := len(e.buf)
+	e.buf = nil
+	e.mu.Unlock()
+	t.bytes.Add(^uint64(n - 1))
+	return nil
+}
+
+// Len returns the number of regions and their total bytes.
+func (t *Table) Len() (int, uint64) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.m), t.bytes.Load()
+}
+
+// Span is a pinned range of a region. Release it exactly once.
+type Span struct {
+	B []byte
+	e *entry
+}
+
+// Release unpins the span.
+func (s Span) Release() {
+	if s.e != nil {
+		s.e.mu.RUnlock()
+	}
+}
+
+// Acquire pins [off, off+n) of region id and returns it; when checkKey is
+// set the key must match (remote access). The caller must Release the span.
+func (t *Table) Acquire(id rdma.RegionID, key uint32, checkKey bool, off, n uint64) (Span, error) {
+	t.mu.RLock()
+	e, ok := t.m[id]
+	t.mu.RUnlock()
+	if !ok || (checkKey && e.key != key) {
+		return Span{}, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	e.mu.RLock()
+	if e.dead {
+		e.mu.RUnlock()
+		return Span{}, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	if err := rdma.CheckRange(uint64(len(e.buf)), off, n); err != nil {
+		e.mu.RUnlock()
+		return Span{}, fmt.Errorf("region %d: %w", id, err)
+	}
+	return Span{B: e.buf[off : off+n : off+n], e: e}, nil
+}
+
+// Check validates a range without pinning it.
+func (t *Table) Check(id rdma.RegionID, key uint32, checkKey bool, off, n uint64) error {
+	s, err := t.Acquire(id, key, checkKey, off, n)
+	if err == nil {
+		s.Release()
+	}
+	return err
+}

@@ -1,0 +1,234 @@
+package tcp
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/protocol/frame"
+	"github.com/tidepool-kv/tidepool/rdma"
+)
+
+// ---- owner side: serving one-sided transfers into and out of regions ----
+
+func (t *Transport) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		nc, err := t.ln.Accept()
+		if err != nil {
+			if t.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			t.lg.Warn("accept failed", zap.Error(err))
+			return
+		}
+		t.mu.Lock()
+		if t.closed.Load() {
+			t.mu.Unlock()
+			_ = nc.Close()
+			return
+		}
+		t.inbound[nc] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		t.serve.Conn(1)
+		go t.serveConn(nc)
+	}
+}
+
+// scratch holds write payloads until their checksum is verified.
+var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 1<<20); return &b }}
+
+const maxPooledScratch = 16 << 20
+
+func (t *Transport) serveConn(nc net.Conn) {
+	defer t.wg.Done()
+	defer func() {
+		_ = nc.Close()
+		t.mu.Lock()
+		delete(t.inbound, nc)
+		t.mu.Unlock()
+		t.serve.Conn(-1)
+	}()
+	s := &server{t: t, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	if err := s.loop(); err != nil && !t.closed.Load() && !errors.Is(err, io.EOF) {
+		t.lg.Debug("served connection ended", zap.Stringer("remote", nc.RemoteAddr()), zap.Error(err))
+	}
+}
+
+type server struct {
+	t    *Transport
+	nc   net.Conn
+	br   *bufio.Reader
+	rhdr [frame.HeaderSize]byte
+	whdr [frame.HeaderSize]byte
+}
+
+func (s *server) loop() error {
+	_ = s.nc.SetReadDeadline(time.Now().Add(s.t.cfg.DialTimeout))
+	h, err := frame.ReadHeader(s.br, &s.rhdr)
+	if err != nil {
+		return err
+	}
+	if h.Op != frame.OpHello {
+		return fmt.Errorf("first frame is %s, want hello", h.Op)
+	}
+	if err := s.respond(frame.Header{Op: frame.OpHelloAck, RequestID: h.RequestID}, nil); err != nil {
+		return err
+	}
+	// A write request spans several frames; werr remembers why it is being
+	// refused while its remaining chunks are read and dropped.
+	var (
+		inWrite bool
+		wid     uint64
+		werr    error
+	)
+	for {
+		timeout := s.t.cfg.IdleTimeout
+		if inWrite {
+			timeout = s.t.cfg.IOTimeout
+		}
+		_ = s.nc.SetReadDeadline(time.Now().Add(timeout))
+		h, err := frame.ReadHeader(s.br, &s.rhdr)
+		if err != nil {
+			return err
+		}
+		switch {
+		case h.Op == frame.OpWrite:
+			if !inWrite {
+				inWrite, wid, werr = true, h.RequestID, nil
+			} else if h.RequestID != wid {
+				return fmt.Errorf("write chunk for request %d inside request %d", h.RequestID, wid)
+			}
+			if err := s.writeChunk(h, &werr); err != nil {
+				return err
+			}
+			if !h.Last() {
+				continue
+			}
+			inWrite = false
+			if werr != nil {
+				s.t.serve.Error()
+				if err := s.refuse(h.RequestID, werr); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := s.respond(frame.Header{Op: frame.OpWriteAck, RequestID: h.RequestID}, nil); err != nil {
+				return err
+			}
+		case inWrite:
+			return fmt.Errorf("%s inside write request %d", h.Op, wid)
+		case h.Op == frame.OpRead:
+			if err := s.read(h); err != nil {
+				return err
+			}
+		case h.Op == frame.OpHello:
+			if err := s.respond(frame.Header{Op: frame.OpHelloAck, RequestID: h.RequestID}, nil); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("unexpected %s from initiator", h.Op)
+		}
+	}
+}
+
+// writeChunk reads one write payload, verifies it and applies it unless the
+// request already failed (*werr).
+func (s *server) writeChunk(h frame.Header, werr *error) error {
+	_ = s.nc.SetReadDeadline(time.Now().Add(s.t.cfg.IOTimeout))
+	bp := scratch.Get().(*[]byte)
+	defer func() {
+		if cap(*bp) <= maxPooledScratch {
+			scratch.Put(bp)
+		}
+	}()
+	if cap(*bp) < int(h.Length) {
+		*bp = make([]byte, h.Length)
+	}
+	buf := (*bp)[:h.Length]
+	if _, err := io.ReadFull(s.br, buf); err != nil {
+		return err
+	}
+	if *werr != nil {
+		return nil
+	}
+	if frame.Checksum(buf) != h.CRC {
+		*werr = fmt.Errorf("%w: write chunk at %d len %d", rdma.ErrChecksum, h.Offset, h.Length)
+		return nil
+	}
+	span, err := s.t.table.Acquire(rdma.RegionID(h.Region), h.Key, true, h.Offset, uint64(h.Length))
+	if err != nil {
+		*werr = err
+		return nil
+	}
+	copy(span.B, buf)
+	span.Release()
+	s.t.serve.Applied(uint64(h.Length), h.Last())
+	return nil
+}
+
+// read answers an OpRead with data chunks sent straight from the region.
+func (s *server) read(h frame.Header) error {
+	if err := s.t.table.Check(rdma.RegionID(h.Region), h.Key, true, h.Offset, uint64(h.Length)); err != nil {
+		s.t.serve.Error()
+		return s.refuse(h.RequestID, err)
+	}
+	chunk := uint32(s.t.cfg.ChunkSize)
+	for done := uint32(0); ; {
+		m := min(chunk, h.Length-done)
+		off := h.Offset + uint64(done)
+		span, err := s.t.table.Acquire(rdma.RegionID(h.Region), h.Key, true, off, uint64(m))
+		if err != nil { // deregistered mid-read
+			s.t.serve.Error()
+			return s.refuse(h.RequestID, err)
+		}
+		last := done+m == h.Length
+		r := frame.Header{Op: frame.OpReadData, RequestID: h.RequestID, Region: h.Region, Key: h.Key,
+			Offset: off, Length: m, CRC: frame.Checksum(span.B)}
+		if last {
+			r.Flags = frame.FlagLast
+		}
+		err = s.respond(r, span.B)
+		span.Release()
+		if err != nil {
+			return err
+		}
+		s.t.serve.Sent(uint64(m), last)
+		done += m
+		if last {
+			return nil
+		}
+	}
+}
+
+func (s *server) refuse(id uint64, cause error) error {
+	msg := []byte(cause.Error())
+	if len(msg) > maxErrMsg {
+		msg = msg[:maxErrMsg]
+	}
+	h := frame.Header{Op: frame.OpError, Status: errStatus(cause), RequestID: id,
+		Length: uint32(len(msg)), CRC: frame.Checksum(msg)}
+	return s.respond(h, msg)
+}
+
+func (s *server) respond(h frame.Header, payload []byte) error {
+	_ = s.nc.SetWriteDeadline(time.Now().Add(s.t.cfg.IOTimeout))
+	if len(payload) == 0 {
+		_, err := s.nc.Write(frame.Encode(s.whdr[:], h))
+		return err
+	}
+	bufs := net.Buffers{frame.Encode(s.whdr[:], h), payload}
+	_, err := bufs.WriteTo(s.nc)
+	return err
+}
