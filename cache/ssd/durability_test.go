@@ -1,0 +1,170 @@
+package ssd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/clock"
+)
+
+// The child side of TestKill9: run when the test binary re-executes itself
+// with these variables set.
+const (
+	envChild = "TIDEPOOL_SSD_KILL_CHILD"
+	envDir   = "TIDEPOOL_SSD_KILL_DIR"
+	killSize = 256 << 10
+	killN    = 8
+)
+
+// Namespaces of the three kinds of blocks the child writes.
+const (
+	nsFlushed  = "flushed"  // best-effort, then Flush
+	nsDurable  = "durable"  // PutOptions.Durable
+	nsVolatile = "volatile" // best-effort, never flushed
+)
+
+func killConfig(dir string) Config {
+	cfg := testConfig(dir)
+	cfg.Clock = clock.Real{}
+	return cfg
+}
+
+func runKillChild() error {
+	tr, err := New(killConfig(os.Getenv(envDir)), zap.NewNop())
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	put := func(ns string, i int, durable bool) error {
+		_, err := tr.Put(ctx, ns, key(i), value(uint64(i)+seedOf(ns), killSize), cache.PutOptions{Durable: durable})
+		return err
+	}
+	for i := range killN {
+		if err := put(nsFlushed, i, false); err != nil {
+			return err
+		}
+	}
+	if err := tr.Flush(ctx); err != nil {
+		return err
+	}
+	for i := range killN {
+		if err := put(nsDurable, i, true); err != nil {
+			return err
+		}
+		if err := put(nsVolatile, i, false); err != nil {
+			return err
+		}
+	}
+	fmt.Println("READY")
+	select {} // wait for SIGKILL
+}
+
+func seedOf(ns string) uint64 {
+	switch ns {
+	case nsFlushed:
+		return 1000
+	case nsDurable:
+		return 2000
+	}
+	return 3000
+}
+
+// TestKill9 checks what docs/ssd.md promises after kill -9: flushed and
+// durable blocks are all there with exact bytes; best-effort blocks written
+// after the last flush may be missing but are never wrong.
+func TestKill9(t *testing.T) {
+	if os.Getenv(envChild) == "1" {
+		if err := runKillChild(); err != nil {
+			fmt.Println("CHILD ERROR:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKill9$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envChild+"=1", envDir+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	deadline := time.After(60 * time.Second)
+wait:
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("child exited before READY")
+			}
+			if strings.HasPrefix(l, "CHILD ERROR") {
+				t.Fatal(l)
+			}
+			if l == "READY" {
+				break wait
+			}
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			t.Fatal("child not ready in 60 s")
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	go func() {
+		for range lines {
+		}
+	}()
+
+	tr := newTier(t, killConfig(dir))
+	ctx := context.Background()
+	count := map[string]int{}
+	for _, ns := range []string{nsFlushed, nsDurable, nsVolatile} {
+		for i := range killN {
+			got, _, err := tr.Get(ctx, ns, key(i), nil)
+			switch {
+			case err == nil:
+				if !bytes.Equal(got, value(uint64(i)+seedOf(ns), killSize)) {
+					t.Fatalf("%s/%d: WRONG BYTES after kill -9", ns, i)
+				}
+				count[ns]++
+			case errors.Is(err, cache.ErrNotFound) && !errors.Is(err, cache.ErrChecksum):
+			default:
+				t.Fatalf("%s/%d: %v", ns, i, err)
+			}
+		}
+	}
+	blocks, _, took := tr.Recovered()
+	t.Logf("after kill -9: %v blocks per namespace; recovered %d blocks in %v", count, blocks, took)
+	if count[nsFlushed] != killN || count[nsDurable] != killN {
+		t.Fatalf("flushed %d/%d, durable %d/%d survived", count[nsFlushed], killN, count[nsDurable], killN)
+	}
+	if want := int64(2*killN + count[nsVolatile]); blocks != want {
+		t.Fatalf("recovered %d blocks, want %d", blocks, want)
+	}
+	if h := tr.Health(); h.ChecksumFailures != 0 || h.StaleEntries != 0 {
+		t.Fatalf("health %+v", h)
+	}
+}

@@ -1,0 +1,297 @@
+package ssd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/clock"
+)
+
+// blobFiles returns the blob files of dir, largest first.
+func blobFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.blob"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no blob files in %s (%v)", dir, err)
+	}
+	sort.Slice(files, func(i, j int) bool { return fileSize(files[i]) > fileSize(files[j]) })
+	return files
+}
+
+func fileSize(p string) int64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// readAll reads blocks 0..n-1 of ns and sorts them into good (exact bytes)
+// and bad (an error matching both cache.ErrChecksum and cache.ErrNotFound).
+// Any other outcome, wrong bytes above all, fails the test.
+func readAll(t *testing.T, tr *Tier, ns string, n, size int) (good, bad int) {
+	t.Helper()
+	good, bad, missing := readSome(t, tr, ns, n, size)
+	if missing != 0 {
+		t.Fatalf("%d blocks missing", missing)
+	}
+	return good, bad
+}
+
+// readSome is readAll where plain misses are allowed and counted.
+func readSome(t *testing.T, tr *Tier, ns string, n, size int) (good, bad, missing int) {
+	t.Helper()
+	for i := range n {
+		got, _, err := tr.Get(context.Background(), ns, key(i), nil)
+		switch {
+		case err == nil:
+			if !bytes.Equal(got, value(uint64(i), size)) {
+				t.Fatalf("block %d: WRONG BYTES returned", i)
+			}
+			good++
+		case errors.Is(err, cache.ErrNotFound) && !errors.Is(err, cache.ErrChecksum):
+			missing++
+		case errors.Is(err, cache.ErrChecksum) && errors.Is(err, cache.ErrNotFound):
+			bad++
+			if _, ok := tr.Stat(context.Background(), ns, key(i)); ok {
+				t.Fatalf("block %d: still indexed after a failed read", i)
+			}
+			if _, _, err := tr.Get(context.Background(), ns, key(i), nil); !errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrChecksum) {
+				t.Fatalf("block %d: second read %v, want a plain miss", i, err)
+			}
+		default:
+			t.Fatalf("block %d: %v", i, err)
+		}
+	}
+	return good, bad, missing
+}
+
+func TestCorruptBlobFile(t *testing.T) {
+	tests := []struct {
+		name    string
+		corrupt func(t *testing.T, path string)
+	}{
+		{"flipped bytes", func(t *testing.T, path string) {
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			size := fileSize(path)
+			for _, off := range []int64{size / 3, size / 2} {
+				b := make([]byte, 16)
+				if _, err := f.ReadAt(b, off); err != nil {
+					t.Fatal(err)
+				}
+				for i := range b {
+					b[i] ^= 0xff
+				}
+				if _, err := f.WriteAt(b, off); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{"truncated", func(t *testing.T, path string) {
+			if err := os.Truncate(path, fileSize(path)*2/3); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := testConfig(dir)
+			tr := newTier(t, cfg)
+			const n, size = 8, 512 << 10
+			for i := range n {
+				mustPut(t, tr, "cb", key(i), value(uint64(i), size), cache.PutOptions{})
+			}
+			if err := tr.Close(); err != nil {
+				t.Fatal(err)
+			}
+			tc.corrupt(t, blobFiles(t, dir)[0])
+
+			tr2 := newTier(t, cfg)
+			good, bad := readAll(t, tr2, "cb", n, size)
+			t.Logf("%d good, %d bad; health %+v", good, bad, tr2.Health())
+			if bad == 0 {
+				t.Fatal("corruption not detected")
+			}
+			if got := tierStats(tr2).ChecksumFailures; got != int64(bad) {
+				t.Fatalf("ChecksumFailures = %d, want %d", got, bad)
+			}
+			if ts := tierStats(tr2); ts.Blocks != int64(good) {
+				t.Fatalf("blocks = %d, want %d", ts.Blocks, good)
+			}
+		})
+	}
+}
+
+// TestChecksumMismatch changes block bytes behind the tier's back in a way
+// RocksDB cannot notice (a valid write of other bytes under the same key):
+// the tier's own CRC-32C must catch it.
+func TestChecksumMismatch(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	tr := newTier(t, cfg)
+	const n, size = 4, 64 << 10
+	for i := range n {
+		mustPut(t, tr, "cm", key(i), value(uint64(i), size), cache.PutOptions{})
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := openStore(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := value(99, size)
+	if err := st.db.PutCF(st.woSync, st.cfData, encodeKey("cm", key(2)), evil); err != nil {
+		t.Fatal(err)
+	}
+	st.close()
+
+	tr2 := newTier(t, cfg)
+	good, bad := readAll(t, tr2, "cm", n, size)
+	h := tr2.Health()
+	if good != n-1 || bad != 1 || h.ChecksumFailures != 1 || h.ReadErrors != 0 {
+		t.Fatalf("good %d bad %d health %+v", good, bad, h)
+	}
+}
+
+// TestDegraded drives degraded mode through the seams: a failing write
+// (as RocksDB reports ENOSPC or EIO) and low free space.
+func TestDegraded(t *testing.T) {
+	var errDisk = errors.New("IO error: No space left on device")
+	tests := []struct {
+		name  string
+		break_ func(tr *Tier, broken *bool)
+	}{
+		{"write error", func(tr *Tier, broken *bool) {
+			tr.hookBeforeWrite = func() error {
+				if *broken {
+					return errDisk
+				}
+				return nil
+			}
+		}},
+		{"low free space", func(tr *Tier, broken *bool) {
+			tr.cfg.MinFreeBytes = 64 * mib
+			tr.hookFreeSpace = func(string) (int64, error) {
+				if *broken {
+					return mib, nil
+				}
+				return 1 << 40, nil
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.ProbeInterval = time.Second
+			clk := cfg.Clock.(*clock.Fake)
+			tr := newTier(t, cfg)
+			broken := false
+			tc.break_(tr, &broken)
+			ctx := context.Background()
+			mustPut(t, tr, "dg", key(0), value(0, 100<<10), cache.PutOptions{})
+
+			broken = true
+			_, err := tr.Put(ctx, "dg", key(1), value(1, 100<<10), cache.PutOptions{})
+			if !errors.Is(err, cache.ErrUnavailable) || !tr.Degraded() {
+				t.Fatalf("Put on a broken disk: %v, degraded %v", err, tr.Degraded())
+			}
+			if ts := tierStats(tr); ts.Blocks != 1 || ts.UsedBytes != footprint(len(encodeKey("dg", key(0))), 100<<10) {
+				t.Fatalf("failed put changed the accounting: %+v", ts)
+			}
+			mustGet(t, tr, "dg", key(0), value(0, 100<<10)) // reads still served
+
+			// Space returns, but the probe waits for its interval.
+			broken = false
+			if _, err := tr.Put(ctx, "dg", key(1), value(1, 100<<10), cache.PutOptions{}); !errors.Is(err, cache.ErrUnavailable) {
+				t.Fatalf("Put before the probe interval: %v", err)
+			}
+			clk.Advance(time.Second)
+			mustPut(t, tr, "dg", key(1), value(1, 100<<10), cache.PutOptions{})
+			h := tr.Health()
+			if tr.Degraded() || h.DegradedEvents != 1 || h.Recoveries != 1 {
+				t.Fatalf("after recovery: %+v", h)
+			}
+			mustGet(t, tr, "dg", key(0), value(0, 100<<10))
+			mustGet(t, tr, "dg", key(1), value(1, 100<<10))
+		})
+	}
+}
+
+// TestDiskFull runs the tier on a 64 MiB tmpfs until RocksDB hits ENOSPC,
+// then frees space and checks that the tier recovers.
+func TestDiskFull(t *testing.T) {
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	filler := filepath.Join(mnt, "filler")
+	if err := os.WriteFile(filler, make([]byte, 36*mib), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := testConfig(filepath.Join(mnt, "db"))
+	cfg.WriteBufferSize = 2 * mib
+	cfg.MaxWriteBuffers = 2
+	cfg.BlobFileSize = 4 * mib
+	cfg.ProbeInterval = time.Second
+	clk := cfg.Clock.(*clock.Fake)
+	tr := newTier(t, cfg)
+	ctx := context.Background()
+
+	const size = 512 << 10
+	var stored int
+	var err error
+	for stored = 0; stored < 200; stored++ {
+		if _, err = tr.Put(ctx, "df", key(stored), value(uint64(stored), size), cache.PutOptions{}); err != nil {
+			break
+		}
+	}
+	t.Logf("%d blocks stored before: %v", stored, err)
+	if !errors.Is(err, cache.ErrUnavailable) || !tr.Degraded() {
+		t.Fatalf("disk full: err %v, degraded %v", err, tr.Degraded())
+	}
+	// Reads are still served while degraded, never with wrong bytes.
+	good, bad := readAll(t, tr, "df", stored, size)
+	t.Logf("while degraded: %d readable, %d bad", good, bad)
+	if good == 0 || bad != 0 {
+		t.Fatalf("while degraded: %d readable, %d bad", good, bad)
+	}
+	if _, err := tr.Put(ctx, "df", key(1000), value(1000, size), cache.PutOptions{}); !errors.Is(err, cache.ErrUnavailable) {
+		t.Fatalf("Put while degraded: %v", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	mustPut(t, tr, "df", key(1000), value(1000, size), cache.PutOptions{})
+	if tr.Degraded() || tr.Health().Recoveries != 1 {
+		t.Fatalf("after space returned: %+v", tr.Health())
+	}
+	mustGet(t, tr, "df", key(1000), value(1000, size))
+	// Blocks still in memtables when the flush failed are gone (the
+	// database was reopened); the others are intact.
+	good, bad, missing := readSome(t, tr, "df", stored, size)
+	t.Logf("after recovery: %d of %d earlier blocks readable, %d lost", good, stored, missing)
+	if bad != 0 || good == 0 {
+		t.Fatalf("%d bad blocks after recovery", bad)
+	}
+	if err := tr.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
