@@ -172,8 +172,8 @@ func TestChecksumMismatch(t *testing.T) {
 func TestDegraded(t *testing.T) {
 	var errDisk = errors.New("IO error: No space left on device")
 	tests := []struct {
-		name  string
-		break_ func(tr *Tier, broken *bool)
+		name   string
+		breakIt func(tr *Tier, broken *bool)
 	}{
 		{"write error", func(tr *Tier, broken *bool) {
 			tr.hookBeforeWrite = func() error {
@@ -200,7 +200,7 @@ func TestDegraded(t *testing.T) {
 			clk := cfg.Clock.(*clock.Fake)
 			tr := newTier(t, cfg)
 			broken := false
-			tc.break_(tr, &broken)
+			tc.breakIt(tr, &broken)
 			ctx := context.Background()
 			mustPut(t, tr, "dg", key(0), value(0, 100<<10), cache.PutOptions{})
 
