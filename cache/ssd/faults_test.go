@@ -172,7 +172,7 @@ func TestChecksumMismatch(t *testing.T) {
 func TestDegraded(t *testing.T) {
 	var errDisk = errors.New("IO error: No space left on device")
 	tests := []struct {
-		name   string
+		name    string
 		breakIt func(tr *Tier, broken *bool)
 	}{
 		{"write error", func(tr *Tier, broken *bool) {
