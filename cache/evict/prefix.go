@@ -116,7 +116,7 @@ func (p *prefix) heapOf(n *prefixNode) *prefixHeap {
 
 // priority computes H for n at the current clock and credit.
 func (p *prefix) priority(n *prefixNode) float64 {
-	d := float64(min(max(n.depth, 0), maxDepthTerm))
+	d := float64(min(n.depth, maxDepthTerm))
 	return p.clock + float64(n.freq-1) + p.b - depthWeight*d
 }
 
@@ -127,17 +127,17 @@ func (p *prefix) Admit(e Entry) {
 		if n.low != e.LowPriority {
 			heap.Remove(p.heapOf(n), n.idx)
 			n.low = e.LowPriority
-			n.depth = e.Depth
+			n.depth = max(e.Depth, 0)
 			p.bump(n)
 			heap.Push(p.heapOf(n), n)
 			return
 		}
-		n.depth = e.Depth
+		n.depth = max(e.Depth, 0)
 		p.bump(n)
 		heap.Fix(p.heapOf(n), n.idx)
 		return
 	}
-	n := &prefixNode{id: e.ID, depth: e.Depth, low: e.LowPriority, freq: 1}
+	n := &prefixNode{id: e.ID, depth: max(e.Depth, 0), low: e.LowPriority, freq: 1}
 	if h, ok := p.hist[e.ID]; ok {
 		p.forget(e.ID, h)
 		p.adapt(h.freq)
