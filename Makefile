@@ -38,11 +38,16 @@ build:
 run: deps build
 	./$(BIN) serve
 
+# Every step runs even when an earlier one fails, so one CI run reports all
+# failures; the target fails if any step did.
 test: deps
-	scripts/gen-idl.sh --check
-	$(GO) vet ./...
-	$(MAKE) --no-print-directory test-go
-	scripts/test-python.sh
+	rc=0
+	scripts/gen-idl.sh --check || rc=1
+	$(GO) vet ./... || rc=1
+	$(MAKE) --no-print-directory test-go || rc=1
+	scripts/test-python.sh || rc=1
+	if ((rc != 0)); then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi
+	exit $$rc
 
 # Both lists run even when the first fails, so one report shows every failure.
 test-go:
