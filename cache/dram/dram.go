@@ -1,12 +1,67 @@
 // Package dram is tidepool's DRAM tier: block bytes in large mmap-ed,
 // file-backed arenas (never on the Go heap), carved by a size-class
-// allocator, found through a sharded index, evicted through an evict.Policy.
+// allocator (alloc.go), found through a sharded index, evicted through an
+// evict.Policy.
 //
-// API CONTRACT (fixed; the implementation is being written):
+// # Arenas
+//
+// The tier's Capacity (rounded up to 64 KiB pages) is split into arena files
+// arena-0000.mem, arena-0001.mem, … of ArenaSize bytes (the last one may be
+// shorter) in Config.Dir, normally a tmpfs volume shared with the engine.
+// New removes arena files left by a previous run, checks the free space with
+// statfs and reserves each file with fallocate, so that a short volume fails
+// at New with ErrArenaSpace rather than with SIGBUS on a later write. Each
+// file is mapped MAP_SHARED; Arenas lists them so that a client can map the
+// same files, and a Lease tells where a block lives (arena, offset, length).
+// Close unmaps, closes and removes the files.
+//
+// # Locks
+//
+// Lock order (a lock may only be taken while holding locks listed before it):
+//
+//	Tier.evictMu → shard.mu → Tier.pmu → {allocator.mu, Tier.zmu}
+//
+// evictMu serializes the slow path of making room (one evicter at a time);
+// shard.mu guards one shard of the index and the pin state of its blocks;
+// pmu guards the policy instance and the id → block map; allocator.mu and zmu
+// (the set of unlinked but pinned blocks) are leaves. The eviction path never
+// holds pmu while taking a shard lock: it picks and removes the victim under
+// pmu, releases it, then locks the victim's shard and re-checks.
+//
+// # Reads and leases
+//
+// A read pins its block with a lease (pin count and deadline
+// Clock.Now()+lease) under the shard lock, copies or exposes the bytes
+// without any lock, then unpins. Eviction passes over blocks pinned with a
+// lease that has not expired. Delete and Clear unlink a pinned block from the
+// index at once; its memory is freed by the last Release, or, once its lease
+// has expired, by the next eviction pass. A lease whose block was reclaimed
+// after expiry reports ErrLeaseExpired on Release (its bytes may have been
+// reused); Get turns that into cache.ErrLeaseExpired and never returns the
+// copy.
+//
+// # Eviction
+//
+// Put reserves the footprint of the value against Capacity and allocates it;
+// when either fails it evicts policy victims one at a time until both
+// succeed. Before evicting anything it checks that the value could fit once
+// every evictable block is gone (Capacity minus the footprint of pinned
+// blocks); if not, it returns cache.ErrNoSpace and changes nothing. (Arena
+// fragmentation by pinned blocks can still, rarely, make a put fail after
+// some evictions.) Each victim is unlinked, then OnEvict is called with its
+// bytes while no shard or policy lock is held (evictMu is held, so OnEvict
+// must not Put into this tier), then its memory is freed.
 package dram
 
 import (
-	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -16,51 +71,355 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/clock"
 )
 
-// Config configures a Tier.
+// ErrArenaSpace reports that the arena volume is too small for Capacity.
+var ErrArenaSpace = errors.New("dram: not enough space for the arenas")
+
+// TierName is the name of this tier in cache.Info and cache.TierStats.
+const TierName = "dram"
+
+// Config configures a Tier. Zero values of the fields marked "default" take
+// that default in New and Validate.
 type Config struct {
-	// Dir holds the arena files (arena-NNNN.mem). Created 0700 if missing.
+	// Dir holds the arena files (arena-NNNN.mem, mode 0600). Created 0700 if
+	// missing. Required; DefaultConfig uses /dev/shm/tidepool.
 	Dir string
-	// Capacity is the byte budget of the tier.
+	// Capacity is the byte budget of the tier: the sum of the footprints of
+	// the stored values (a value's size rounded up to its size class or to
+	// 64 KiB pages). It is also the total size of the arena files, rounded
+	// up to 64 KiB. At least 1 MiB. Default (DefaultConfig) 1 GiB.
 	Capacity int64
-	// ArenaSize is the size of one arena file in bytes (default 256 MiB,
-	// capped at Capacity).
+	// ArenaSize is the size of one arena file in bytes, a multiple of 64 KiB
+	// (default 256 MiB, capped at Capacity).
 	ArenaSize int64
-	// MaxValueSize is the largest value accepted, in bytes.
+	// MaxValueSize is the largest value accepted, in bytes; at most ArenaSize
+	// (default 64 MiB).
 	MaxValueSize int64
 	// MaxKeySize is the largest key accepted, in bytes (default 128).
 	MaxKeySize int
-	// LeaseTimeout bounds how long a read may pin a block (default 5s).
+	// LeaseTimeout bounds how long a read may pin a block: Get pins for this
+	// long, Acquire with lease ≤ 0 too (default 5s).
 	LeaseTimeout time.Duration
+	// MaxLease caps the lease an Acquire may ask for (default 1m).
+	MaxLease time.Duration
 	// Policy makes the eviction policy (default evict.NewLRU).
 	Policy evict.Factory
-	// Clock is the time source (default clock.Real).
+	// Clock is the time source for leases (default clock.Real).
 	Clock clock.Clock
-	// OnEvict, if set, is called (outside any tier lock? see impl doc) with
-	// each evicted block, so that a tier below can take it (demotion).
-	OnEvict func(ns string, key []byte, value []byte, info cache.Info) 
+	// OnEvict, if set, is called with each evicted block (never for Delete
+	// or Clear), so that a tier below can take it (demotion). It runs with
+	// no shard or policy lock held, but under the tier's eviction mutex, so
+	// evictions wait for it and it must not Put into this tier. key and
+	// value are valid only during the call and must not be modified.
+	OnEvict func(ns string, key []byte, value []byte, info cache.Info)
 }
 
-// DefaultConfig returns the defaults.
-func DefaultConfig() Config { panic("unimplemented") }
+// DefaultConfig returns the defaults: a 1 GiB tier in /dev/shm/tidepool.
+func DefaultConfig() Config {
+	return Config{
+		Dir:          "/dev/shm/tidepool",
+		Capacity:     1 << 30,
+		ArenaSize:    256 << 20,
+		MaxValueSize: 64 << 20,
+		MaxKeySize:   128,
+		LeaseTimeout: 5 * time.Second,
+		MaxLease:     time.Minute,
+		Policy:       evict.NewLRU,
+		Clock:        clock.Real{},
+	}
+}
 
-// Tier is the DRAM tier.
-type Tier struct{}
+// withDefaults fills the defaultable zero fields.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ArenaSize == 0 {
+		c.ArenaSize = d.ArenaSize
+	}
+	if c.MaxValueSize == 0 {
+		c.MaxValueSize = d.MaxValueSize
+	}
+	if c.MaxKeySize == 0 {
+		c.MaxKeySize = d.MaxKeySize
+	}
+	if c.LeaseTimeout == 0 {
+		c.LeaseTimeout = d.LeaseTimeout
+	}
+	if c.MaxLease == 0 {
+		c.MaxLease = max(d.MaxLease, c.LeaseTimeout)
+	}
+	if c.Policy == nil {
+		c.Policy = d.Policy
+	}
+	if c.Clock == nil {
+		c.Clock = d.Clock
+	}
+	return c
+}
+
+// arenaLayout returns the total arena bytes and the effective arena size.
+func (c Config) arenaLayout() (total, arenaSize int64) {
+	total = (c.Capacity + pageSize - 1) &^ (pageSize - 1)
+	return total, min(c.ArenaSize, total)
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("dram: config: "+format, args...))
+	}
+	if c.Dir == "" {
+		bad("Dir is empty")
+	}
+	if c.Capacity < 1<<20 {
+		bad("Capacity %d is below 1 MiB", c.Capacity)
+	} else if c.Capacity/pageSize >= int64(noPage) {
+		bad("Capacity %d is too large", c.Capacity)
+	}
+	if c.ArenaSize < 0 || c.ArenaSize%pageSize != 0 {
+		bad("ArenaSize %d is not a positive multiple of 64 KiB", c.ArenaSize)
+	}
+	if c.MaxValueSize < 0 {
+		bad("MaxValueSize %d is negative", c.MaxValueSize)
+	} else if c.ArenaSize > 0 && c.ArenaSize%pageSize == 0 && c.Capacity > c.ArenaSize && c.MaxValueSize > c.ArenaSize {
+		bad("MaxValueSize %d exceeds ArenaSize %d: such values could never be stored", c.MaxValueSize, c.ArenaSize)
+	}
+	if c.MaxKeySize < 0 || c.MaxKeySize > 1<<16 {
+		bad("MaxKeySize %d is not in 1..65536", c.MaxKeySize)
+	}
+	if c.LeaseTimeout < 0 {
+		bad("LeaseTimeout %v is negative", c.LeaseTimeout)
+	}
+	if c.MaxLease < c.LeaseTimeout {
+		bad("MaxLease %v is shorter than LeaseTimeout %v", c.MaxLease, c.LeaseTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+// numShards is the number of index shards. A shard lock is held only for a
+// map access and a pin update (tens of ns), so contention needs two requests
+// on one shard at the same instant; 64 shards keep that rare for the few
+// dozen request goroutines a sidecar runs on a 16–64 core node, while Clear,
+// Stats and Close (which visit every shard) stay cheap. A power of two.
+const numShards = 64
+
+// touchBatch is how many reads a shard records before handing them to the
+// policy in one pmu critical section.
+const touchBatch = 32
+
+// Tier is the DRAM tier. Safe for concurrent use.
+type Tier struct {
+	cfg       Config
+	lg        *zap.Logger
+	clk       clock.Clock
+	arenas    []*arena
+	arenaSize int64
+	alloc     *allocator
+	seed      maphash.Seed
+	shards    [numShards]shard
+
+	evictMu sync.Mutex
+
+	pmu      sync.Mutex
+	policy   evict.Policy
+	byID     map[uint64]*block
+	skipNow  int64                // time used by skip; set under pmu
+	skipFunc func(id uint64) bool // t.skip, made once
+
+	zmu     sync.Mutex
+	zombies map[*block]struct{} // unlinked blocks still pinned
+
+	namespaces sync.Map // string → *nsState
+	nextNS     atomic.Uint32
+	nextID     atomic.Uint64
+
+	used   atomic.Int64 // sum of footprints of allocated blocks
+	closed atomic.Bool
+
+	blocks, hits, misses, evictions, bytesIn, bytesOut, csumFails atomic.Int64
+}
+
+// nsState holds one namespace's id and counters.
+type nsState struct {
+	name                                         string
+	id                                           uint32
+	blocks, bytes, hits, misses, puts, evictions atomic.Int64
+}
+
+// shard is one part of the index.
+type shard struct {
+	mu sync.Mutex
+	m  map[uint32]map[string]*block // namespace id → key → block
+	// pinned is the footprint of this shard's pinned blocks (written under
+	// mu, read atomically by the space check).
+	pinned atomic.Int64
+	// ops counts requests of this shard using arena memory; Close waits
+	// for it to drop to zero before unmapping.
+	ops     int
+	closed  bool
+	touches [touchBatch]uint64
+	nt      int
+	_       [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+// block is the metadata of one stored value.
+type block struct {
+	id    uint64
+	ns    *nsState
+	key   string
+	off   int64 // global offset: arena index × arenaSize + offset
+	size  int64
+	foot  int64
+	crc   uint32
+	depth int32
+	low   bool
+	shard *shard
+
+	// Guarded by shard.mu; pins and leaseExp are also read without it by
+	// the eviction skip function (a hint, re-checked under the lock).
+	linked   bool
+	pins     atomic.Int32
+	leaseExp atomic.Int64 // unix nanoseconds, latest deadline of the pins
+	gen      uint32       // bumped when pins are revoked after expiry
+}
+
+func (b *block) info() cache.Info {
+	return cache.Info{Size: b.size, Checksum: b.crc, Depth: b.depth, Tier: TierName}
+}
+
+func (b *block) entry() evict.Entry {
+	return evict.Entry{ID: b.id, Size: b.foot, Depth: b.depth, LowPriority: b.low}
+}
 
 // New validates cfg, creates and maps the arenas.
-func New(cfg Config, lg *zap.Logger) (*Tier, error) { panic("unimplemented") }
+func New(cfg Config, lg *zap.Logger) (*Tier, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	total, arenaSize := cfg.arenaLayout()
+	al, err := newAllocator(total, arenaSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := prepareDir(cfg.Dir); err != nil {
+		return nil, err
+	}
+	if err := checkFree(cfg.Dir, total); err != nil {
+		return nil, err
+	}
+	t := &Tier{
+		cfg:       cfg,
+		lg:        lg.Named("cache.dram"),
+		clk:       cfg.Clock,
+		arenaSize: arenaSize,
+		alloc:     al,
+		seed:      maphash.MakeSeed(),
+		policy:    cfg.Policy(),
+		byID:      make(map[uint64]*block),
+		zombies:   make(map[*block]struct{}),
+	}
+	t.skipFunc = t.skip
+	for i := range t.shards {
+		t.shards[i].m = make(map[uint32]map[string]*block)
+	}
+	for i, off := 0, int64(0); off < total; i, off = i+1, off+arenaSize {
+		a, err := openArena(arenaPath(cfg.Dir, i), min(arenaSize, total-off))
+		if err != nil {
+			for _, a := range t.arenas {
+				a.close()
+			}
+			return nil, err
+		}
+		t.arenas = append(t.arenas, a)
+	}
+	t.lg.Info("dram tier ready", zap.String("dir", cfg.Dir), zap.Int64("capacity", cfg.Capacity),
+		zap.Int("arenas", len(t.arenas)), zap.Int64("arena_size", arenaSize))
+	return t, nil
+}
 
-func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
-	panic("unimplemented")
+// Arenas describes the arena files, in index order.
+func (t *Tier) Arenas() []ArenaInfo {
+	out := make([]ArenaInfo, len(t.arenas))
+	for i, a := range t.arenas {
+		out[i] = ArenaInfo{Path: a.path, Size: int64(len(a.mem))}
+	}
+	return out
 }
-func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]byte, cache.Info, error) {
-	panic("unimplemented")
+
+// bytes returns the arena memory of a value.
+func (t *Tier) bytes(off, size int64) []byte {
+	a := t.arenas[off/t.arenaSize].mem
+	o := off % t.arenaSize
+	return a[o : o+size : o+size]
 }
-func (t *Tier) Stat(ctx context.Context, ns string, key []byte) (cache.Info, bool) {
-	panic("unimplemented")
+
+// Close stops the tier: new requests fail with cache.ErrClosed, requests in
+// flight finish, then the arenas are unmapped, closed and removed. Leases
+// still held lose their bytes (Lease.Bytes must not be used after Close).
+// Safe to call twice.
+func (t *Tier) Close() error {
+	if !t.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		sh.closed = true
+		sh.mu.Unlock()
+	}
+	for i := range t.shards {
+		sh := &t.shards[i]
+		for {
+			sh.mu.Lock()
+			n := sh.ops
+			sh.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			runtime.Gosched()
+			time.Sleep(50 * time.Microsecond) // in-flight copies end in microseconds
+		}
+	}
+	var errs []error
+	for _, a := range t.arenas {
+		errs = append(errs, a.close())
+	}
+	t.lg.Info("dram tier closed")
+	return errors.Join(errs...)
 }
-func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
-	panic("unimplemented")
+
+// Stats returns the tier's counters ("dram") and per-namespace counters
+// sorted by namespace, from atomic counters (no lock held across shards).
+func (t *Tier) Stats() cache.Stats {
+	st := cache.Stats{Tiers: []cache.TierStats{{
+		Name:             TierName,
+		CapacityBytes:    t.cfg.Capacity,
+		UsedBytes:        t.used.Load(),
+		Blocks:           t.blocks.Load(),
+		Hits:             t.hits.Load(),
+		Misses:           t.misses.Load(),
+		Evictions:        t.evictions.Load(),
+		BytesIn:          t.bytesIn.Load(),
+		BytesOut:         t.bytesOut.Load(),
+		ChecksumFailures: t.csumFails.Load(),
+	}}}
+	t.namespaces.Range(func(_, v any) bool {
+		n := v.(*nsState)
+		st.Namespaces = append(st.Namespaces, cache.NamespaceStats{
+			Namespace: n.name,
+			Blocks:    n.blocks.Load(),
+			Bytes:     n.bytes.Load(),
+			Hits:      n.hits.Load(),
+			Misses:    n.misses.Load(),
+			Puts:      n.puts.Load(),
+			Evictions: n.evictions.Load(),
+		})
+		return true
+	})
+	slices.SortFunc(st.Namespaces, func(a, b cache.NamespaceStats) int { return strings.Compare(a.Namespace, b.Namespace) })
+	return st
 }
-func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) { panic("unimplemented") }
-func (t *Tier) Stats() cache.Stats                                  { panic("unimplemented") }
-func (t *Tier) Close() error                                        { panic("unimplemented") }

@@ -1,0 +1,172 @@
+package dram
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// Lease pins one block so that its bytes stay in place: the block is not
+// evicted or freed while the lease is held and has not expired. A Lease MUST
+// be released (Release), and must be released before its deadline: after
+// the deadline the tier may reclaim the block and reuse its bytes.
+type Lease struct {
+	t        *Tier
+	b        *block
+	gen      uint32
+	deadline int64 // unix nanoseconds
+	internal bool  // counted in shard.ops (Get)
+	done     atomic.Bool
+}
+
+// Acquire pins (ns, key) for lease (≤ 0 means LeaseTimeout; capped at
+// MaxLease) and returns the handle, for zero-copy reads. It counts as a read
+// (hit or miss). The caller MUST call Release. Errors: cache.ErrNotFound,
+// cache.ErrInvalidKey, cache.ErrClosed.
+func (t *Tier) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*Lease, error) {
+	if err := t.checkKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if lease <= 0 {
+		lease = t.cfg.LeaseTimeout
+	}
+	lease = min(lease, t.cfg.MaxLease)
+	l := new(Lease)
+	if err := t.acquire(l, t.namespace(ns), key, lease, false); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// acquire pins (nss, key) into l and counts the read. internal marks a pin
+// held by the tier itself for a copy (Get): Close waits for those.
+func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, internal bool) error {
+	sh := t.shardFor(nss.id, key)
+	deadline := t.clk.Now().Add(lease).UnixNano()
+	sh.mu.Lock()
+	if sh.closed {
+		sh.mu.Unlock()
+		return cache.ErrClosed
+	}
+	b, ok := sh.m[nss.id][string(key)]
+	if !ok {
+		sh.mu.Unlock()
+		t.misses.Add(1)
+		nss.misses.Add(1)
+		return fmt.Errorf("%w: dram", cache.ErrNotFound)
+	}
+	if b.pins.Add(1) == 1 {
+		sh.pinned.Add(b.foot)
+		b.leaseExp.Store(deadline)
+	} else if deadline > b.leaseExp.Load() {
+		b.leaseExp.Store(deadline)
+	}
+	if internal {
+		sh.ops++
+	}
+	*l = Lease{t: t, b: b, gen: b.gen, deadline: deadline, internal: internal}
+	// Record the read for the policy; hand a full batch over outside the
+	// shard lock.
+	var batch [touchBatch]uint64
+	full := false
+	sh.touches[sh.nt] = b.id
+	sh.nt++
+	if sh.nt == touchBatch {
+		batch = sh.touches
+		sh.nt = 0
+		full = true
+	}
+	sh.mu.Unlock()
+	if full {
+		t.pmu.Lock()
+		for _, id := range batch {
+			t.policy.Touch(id)
+		}
+		t.pmu.Unlock()
+	}
+	t.hits.Add(1)
+	nss.hits.Add(1)
+	t.bytesOut.Add(b.size)
+	return nil
+}
+
+// flushTouches hands every recorded read to the policy.
+func (t *Tier) flushTouches() {
+	var batch [touchBatch]uint64
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		n := copy(batch[:], sh.touches[:sh.nt])
+		sh.nt = 0
+		sh.mu.Unlock()
+		if n == 0 {
+			continue
+		}
+		t.pmu.Lock()
+		for _, id := range batch[:n] {
+			t.policy.Touch(id)
+		}
+		t.pmu.Unlock()
+	}
+}
+
+// release unpins l. It returns cache.ErrLeaseExpired when the lease had
+// expired and the block was reclaimed meanwhile (its bytes may have been
+// reused).
+func (t *Tier) release(l *Lease) error {
+	if l.done.Swap(true) {
+		return nil
+	}
+	b := l.b
+	sh := b.shard
+	sh.mu.Lock()
+	if l.internal {
+		sh.ops--
+	}
+	if b.gen != l.gen {
+		sh.mu.Unlock()
+		return fmt.Errorf("%w: dram block reclaimed after the lease deadline", cache.ErrLeaseExpired)
+	}
+	if b.pins.Add(-1) == 0 {
+		sh.pinned.Add(-b.foot)
+		if !b.linked {
+			// Deleted while pinned: the last pin frees it.
+			t.zmu.Lock()
+			delete(t.zombies, b)
+			t.zmu.Unlock()
+			t.freeBlockMem(b)
+		}
+	}
+	sh.mu.Unlock()
+	return nil
+}
+
+// Bytes returns the value in the arena, without a copy. The slice is valid
+// until Release (and at most until the lease deadline); it must not be
+// modified.
+func (l *Lease) Bytes() []byte { return l.t.bytes(l.b.off, l.b.size) }
+
+// Info returns the block's metadata.
+func (l *Lease) Info() cache.Info { return l.b.info() }
+
+// Location returns where the value lies: arena index (see Tier.Arenas),
+// byte offset in that arena file, and length.
+func (l *Lease) Location() (arena int, offset, length int64) {
+	return int(l.b.off / l.t.arenaSize), l.b.off % l.t.arenaSize, l.b.size
+}
+
+// Deadline returns the time after which the lease no longer protects the
+// bytes.
+func (l *Lease) Deadline() time.Time { return time.Unix(0, l.deadline) }
+
+// Release unpins the block. Safe to call twice (the second call does
+// nothing). It returns cache.ErrLeaseExpired when the lease expired and the
+// block was reclaimed before the release: bytes read through it since the
+// deadline may be wrong.
+func (l *Lease) Release() error { return l.t.release(l) }

@@ -1,0 +1,196 @@
+package dram
+
+import (
+	"fmt"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// reserve adds foot to the used budget if it fits.
+func (t *Tier) reserve(foot int64) bool {
+	for {
+		u := t.used.Load()
+		if u+foot > t.cfg.Capacity {
+			return false
+		}
+		if t.used.CompareAndSwap(u, u+foot) {
+			return true
+		}
+	}
+}
+
+// makeRoom reserves foot bytes of budget and allocates a value of size
+// bytes, evicting as needed; it returns the value's global offset.
+func (t *Tier) makeRoom(size, foot int64) (int64, error) {
+	if foot > t.cfg.Capacity {
+		return 0, fmt.Errorf("%w: value of %d bytes exceeds the dram capacity %d", cache.ErrNoSpace, size, t.cfg.Capacity)
+	}
+	// Fast path: budget and arena room without evicting.
+	reserved := t.reserve(foot)
+	if reserved {
+		if off, ok := t.alloc.alloc(size); ok {
+			return off, nil
+		}
+	}
+
+	t.evictMu.Lock()
+	defer t.evictMu.Unlock()
+	now := t.now()
+	t.reapZombies(now)
+	if !t.couldFit(foot, now) {
+		if reserved {
+			t.used.Add(-foot)
+		}
+		return 0, fmt.Errorf("%w: %d bytes needed, the rest of the dram tier is pinned", cache.ErrNoSpace, foot)
+	}
+	t.flushTouches()
+	for !reserved {
+		if reserved = t.reserve(foot); reserved {
+			break
+		}
+		if !t.evictOne(now) {
+			return 0, fmt.Errorf("%w: %d bytes needed, nothing left to evict", cache.ErrNoSpace, foot)
+		}
+	}
+	for {
+		if off, ok := t.alloc.alloc(size); ok {
+			return off, nil
+		}
+		if !t.evictOne(now) {
+			t.used.Add(-foot)
+			return 0, fmt.Errorf("%w: %d bytes needed, arena too fragmented by pinned blocks", cache.ErrNoSpace, foot)
+		}
+	}
+}
+
+// couldFit reports whether foot bytes would fit once every evictable block
+// is gone. The quick answer counts every pinned block as unevictable; when
+// that says no, the exact answer ignores pins whose lease has expired.
+func (t *Tier) couldFit(foot, now int64) bool {
+	var pinned int64
+	for i := range t.shards {
+		pinned += t.shards[i].pinned.Load()
+	}
+	if foot <= t.cfg.Capacity-pinned {
+		return true
+	}
+	pinned = 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		if sh.pinned.Load() > 0 {
+			for _, m := range sh.m {
+				for _, b := range m {
+					if b.pins.Load() > 0 && b.leaseExp.Load() > now {
+						pinned += b.foot
+					}
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	t.zmu.Lock()
+	for b := range t.zombies {
+		pinned += b.foot // reapZombies left only unexpired ones
+	}
+	t.zmu.Unlock()
+	return foot <= t.cfg.Capacity-pinned
+}
+
+// reapZombies frees unlinked blocks whose leases have all expired.
+func (t *Tier) reapZombies(now int64) {
+	t.zmu.Lock()
+	if len(t.zombies) == 0 {
+		t.zmu.Unlock()
+		return
+	}
+	var expired []*block
+	for b := range t.zombies {
+		if b.leaseExp.Load() <= now {
+			expired = append(expired, b)
+		}
+	}
+	t.zmu.Unlock()
+	for _, b := range expired {
+		sh := b.shard
+		sh.mu.Lock()
+		t.zmu.Lock()
+		_, still := t.zombies[b]
+		if still && b.pins.Load() > 0 && b.leaseExp.Load() <= now {
+			delete(t.zombies, b)
+			t.zmu.Unlock()
+			t.revokeLocked(sh, b)
+			t.freeBlockMem(b)
+		} else {
+			t.zmu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// skip is the policy's skip function: blocks pinned with a live lease.
+// Called under pmu.
+func (t *Tier) skip(id uint64) bool {
+	b := t.byID[id]
+	return b == nil || (b.pins.Load() > 0 && b.leaseExp.Load() > t.skipNow)
+}
+
+// evictOne evicts the policy's next victim and reports whether there was
+// one. Called with evictMu held and no other lock.
+func (t *Tier) evictOne(now int64) bool {
+	for {
+		t.pmu.Lock()
+		t.skipNow = now
+		id, ok := t.policy.Victim(t.skipFunc)
+		if !ok {
+			t.pmu.Unlock()
+			return false
+		}
+		b := t.byID[id]
+		t.policy.Remove(id)
+		delete(t.byID, id)
+		t.pmu.Unlock()
+		if b == nil {
+			continue
+		}
+
+		sh := b.shard
+		sh.mu.Lock()
+		if !b.linked {
+			sh.mu.Unlock() // deleted meanwhile
+			continue
+		}
+		if b.pins.Load() > 0 {
+			if b.leaseExp.Load() > now {
+				// Pinned since the policy looked: it is being read, so
+				// keep it as most recently used.
+				t.pmu.Lock()
+				t.policy.Admit(b.entry())
+				t.byID[b.id] = b
+				t.pmu.Unlock()
+				sh.mu.Unlock()
+				continue
+			}
+			t.revokeLocked(sh, b)
+		}
+		m := sh.m[b.ns.id]
+		delete(m, b.key)
+		if len(m) == 0 {
+			delete(sh.m, b.ns.id)
+		}
+		b.linked = false
+		sh.mu.Unlock()
+
+		// b is unlinked and unpinned: nothing else can reach or free it.
+		if f := t.cfg.OnEvict; f != nil {
+			f(b.ns.name, []byte(b.key), t.bytes(b.off, b.size), b.info())
+		}
+		t.freeBlockMem(b)
+		t.blocks.Add(-1)
+		t.evictions.Add(1)
+		b.ns.blocks.Add(-1)
+		b.ns.bytes.Add(-b.size)
+		b.ns.evictions.Add(1)
+		return true
+	}
+}

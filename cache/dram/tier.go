@@ -1,0 +1,313 @@
+package dram
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"hash/maphash"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// namespace returns the state of ns, creating it on first use.
+func (t *Tier) namespace(ns string) *nsState {
+	if v, ok := t.namespaces.Load(ns); ok {
+		return v.(*nsState)
+	}
+	n := &nsState{name: ns, id: t.nextNS.Add(1)}
+	v, _ := t.namespaces.LoadOrStore(ns, n)
+	return v.(*nsState)
+}
+
+// lookupNamespace returns the state of ns, or nil if it was never used.
+func (t *Tier) lookupNamespace(ns string) *nsState {
+	if v, ok := t.namespaces.Load(ns); ok {
+		return v.(*nsState)
+	}
+	return nil
+}
+
+func (t *Tier) shardFor(nsID uint32, key []byte) *shard {
+	h := maphash.Bytes(t.seed, key) ^ uint64(nsID)*0x9e3779b97f4a7c15
+	return &t.shards[(h^h>>32)&(numShards-1)]
+}
+
+func (t *Tier) checkKey(key []byte) error {
+	if len(key) == 0 {
+		return fmt.Errorf("%w: empty key", cache.ErrInvalidKey)
+	}
+	if len(key) > t.cfg.MaxKeySize {
+		return fmt.Errorf("%w: key of %d bytes exceeds %d", cache.ErrInvalidKey, len(key), t.cfg.MaxKeySize)
+	}
+	return nil
+}
+
+func (t *Tier) now() int64 { return t.clk.Now().UnixNano() }
+
+// Put stores value under (ns, key). Putting a key that is present is a no-op
+// that returns existed=true. Errors: cache.ErrInvalidKey, cache.ErrTooLarge
+// (value over MaxValueSize), cache.ErrNoSpace (the value cannot fit even
+// after evicting every evictable block; nothing is evicted then),
+// cache.ErrClosed.
+func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	if err := t.checkKey(key); err != nil {
+		return false, err
+	}
+	size := int64(len(value))
+	if size > t.cfg.MaxValueSize {
+		return false, fmt.Errorf("%w: value of %d bytes exceeds %d", cache.ErrTooLarge, size, t.cfg.MaxValueSize)
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	nss := t.namespace(ns)
+	sh := t.shardFor(nss.id, key)
+	sh.mu.Lock()
+	if sh.closed {
+		sh.mu.Unlock()
+		return false, cache.ErrClosed
+	}
+	if _, ok := sh.m[nss.id][string(key)]; ok {
+		sh.mu.Unlock()
+		return true, nil
+	}
+	sh.ops++
+	sh.mu.Unlock()
+
+	foot := footprint(size)
+	off, err := t.makeRoom(size, foot)
+	if err != nil {
+		t.opDone(sh)
+		return false, err
+	}
+	crc := cache.Checksum(value)
+	copy(t.bytes(off, size), value)
+
+	b := &block{
+		id: t.nextID.Add(1), ns: nss, off: off, size: size, foot: foot, crc: crc,
+		depth: opts.Depth, low: opts.LowPriority, shard: sh,
+	}
+	sh.mu.Lock()
+	sh.ops--
+	m := sh.m[nss.id]
+	if _, ok := m[string(key)]; ok || sh.closed {
+		sh.mu.Unlock()
+		t.freeBlockMem(b)
+		if ok {
+			return true, nil
+		}
+		return false, cache.ErrClosed
+	}
+	if m == nil {
+		m = make(map[string]*block)
+		sh.m[nss.id] = m
+	}
+	b.key = string(key)
+	b.linked = true
+	m[b.key] = b
+	t.pmu.Lock()
+	t.policy.Admit(b.entry())
+	t.byID[b.id] = b
+	t.pmu.Unlock()
+	sh.mu.Unlock()
+
+	t.blocks.Add(1)
+	t.bytesIn.Add(size)
+	nss.blocks.Add(1)
+	nss.bytes.Add(size)
+	nss.puts.Add(1)
+	return false, nil
+}
+
+func (t *Tier) opDone(sh *shard) {
+	sh.mu.Lock()
+	sh.ops--
+	sh.mu.Unlock()
+}
+
+// freeBlockMem returns a block's memory to the allocator and the budget.
+func (t *Tier) freeBlockMem(b *block) {
+	t.alloc.free(b.off, b.size)
+	t.used.Add(-b.foot)
+}
+
+// Get copies the value of (ns, key) into dst (reused when its capacity is
+// enough, else a new slice of exactly the value's size) and returns it with
+// the block's Info. The checksum of the copy is verified: on a mismatch Get
+// returns cache.ErrChecksum and no bytes. Errors: cache.ErrNotFound,
+// cache.ErrInvalidKey, cache.ErrChecksum, cache.ErrLeaseExpired (the copy
+// outlived its lease and the block was reclaimed), cache.ErrClosed.
+func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]byte, cache.Info, error) {
+	if err := t.checkKey(key); err != nil {
+		return nil, cache.Info{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, cache.Info{}, err
+	}
+	var l Lease
+	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true); err != nil {
+		return nil, cache.Info{}, err
+	}
+	b := l.b
+	if int64(cap(dst)) >= b.size {
+		dst = dst[:b.size]
+	} else {
+		dst = make([]byte, b.size)
+	}
+	copy(dst, t.bytes(b.off, b.size))
+	sum := cache.Checksum(dst)
+	if err := t.release(&l); err != nil {
+		return nil, cache.Info{}, err
+	}
+	if sum != b.crc {
+		t.csumFails.Add(1)
+		t.lg.Error("checksum mismatch", zap.String("ns", ns), zap.String("key", hex.EncodeToString(key)),
+			zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum))
+		return nil, cache.Info{}, fmt.Errorf("%w: dram block of %d bytes", cache.ErrChecksum, b.size)
+	}
+	return dst, b.info(), nil
+}
+
+// Stat returns the Info of (ns, key) and whether it is present. It neither
+// pins nor counts as a read.
+func (t *Tier) Stat(ctx context.Context, ns string, key []byte) (cache.Info, bool) {
+	if t.checkKey(key) != nil || ctx.Err() != nil {
+		return cache.Info{}, false
+	}
+	nss := t.lookupNamespace(ns)
+	if nss == nil {
+		return cache.Info{}, false
+	}
+	sh := t.shardFor(nss.id, key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.closed {
+		return cache.Info{}, false
+	}
+	b, ok := sh.m[nss.id][string(key)]
+	if !ok {
+		return cache.Info{}, false
+	}
+	return b.info(), true
+}
+
+// Delete removes (ns, key) and reports whether it was present. A pinned
+// block leaves the index at once; its memory is freed when the last lease
+// is released or expires. OnEvict is not called.
+func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
+	if err := t.checkKey(key); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	nss := t.lookupNamespace(ns)
+	if nss == nil {
+		if t.closed.Load() {
+			return false, cache.ErrClosed
+		}
+		return false, nil
+	}
+	sh := t.shardFor(nss.id, key)
+	sh.mu.Lock()
+	if sh.closed {
+		sh.mu.Unlock()
+		return false, cache.ErrClosed
+	}
+	m := sh.m[nss.id]
+	b, ok := m[string(key)]
+	if !ok {
+		sh.mu.Unlock()
+		return false, nil
+	}
+	delete(m, b.key)
+	if len(m) == 0 {
+		delete(sh.m, nss.id)
+	}
+	b.linked = false
+	t.pmu.Lock()
+	t.policy.Remove(b.id)
+	delete(t.byID, b.id)
+	t.pmu.Unlock()
+	t.dropLocked(sh, b, t.now())
+	sh.mu.Unlock()
+	t.blocks.Add(-1)
+	nss.blocks.Add(-1)
+	nss.bytes.Add(-b.size)
+	return true, nil
+}
+
+// Clear removes every block of ns and returns how many were removed. Pinned
+// blocks are handled as in Delete; OnEvict is not called.
+func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if t.closed.Load() {
+		return 0, cache.ErrClosed
+	}
+	nss := t.lookupNamespace(ns)
+	if nss == nil {
+		return 0, nil
+	}
+	var n, bytes int64
+	now := t.now()
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		if sh.closed {
+			sh.mu.Unlock()
+			return n, cache.ErrClosed
+		}
+		m := sh.m[nss.id]
+		if len(m) == 0 {
+			sh.mu.Unlock()
+			continue
+		}
+		delete(sh.m, nss.id)
+		t.pmu.Lock()
+		for _, b := range m {
+			t.policy.Remove(b.id)
+			delete(t.byID, b.id)
+		}
+		t.pmu.Unlock()
+		for _, b := range m {
+			b.linked = false
+			t.dropLocked(sh, b, now)
+			n++
+			bytes += b.size
+		}
+		sh.mu.Unlock()
+	}
+	t.blocks.Add(-n)
+	nss.blocks.Add(-n)
+	nss.bytes.Add(-bytes)
+	return n, nil
+}
+
+// dropLocked disposes of the memory of a block just unlinked by Delete or
+// Clear: freed now if unpinned or if its lease expired (the pins are
+// revoked), else parked as a zombie until its last Release or its expiry.
+// sh.mu must be held.
+func (t *Tier) dropLocked(sh *shard, b *block, now int64) {
+	if b.pins.Load() > 0 {
+		if b.leaseExp.Load() > now {
+			t.zmu.Lock()
+			t.zombies[b] = struct{}{}
+			t.zmu.Unlock()
+			return
+		}
+		t.revokeLocked(sh, b)
+	}
+	t.freeBlockMem(b)
+}
+
+// revokeLocked drops the expired pins of b: their holders' Release reports
+// ErrLeaseExpired. sh.mu must be held.
+func (t *Tier) revokeLocked(sh *shard, b *block) {
+	b.gen++
+	b.pins.Store(0)
+	sh.pinned.Add(-b.foot)
+}
