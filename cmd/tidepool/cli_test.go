@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binPath is the tidepool binary built once for the process tests.
+var binPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tpbin")
+	if err != nil {
+		panic(err)
+	}
+	binPath = filepath.Join(dir, "tidepool")
+	out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building tidepool: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// daemon is a real `tidepool serve` process.
+type daemon struct {
+	cmd     *exec.Cmd
+	socket  string
+	metrics string // host:port
+	stderr  *bytes.Buffer
+	exited  chan error
+}
+
+func startDaemon(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "tpcli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &bytes.Buffer{}, exited: make(chan error, 1)}
+	args := append([]string{"serve",
+		"--socket", d.socket,
+		"--data-dir", t.TempDir(),
+		"--arena-dir", t.TempDir(),
+		"--dram-capacity", "64MiB",
+		"--max-value-size", "8MiB",
+		"--metrics-addr", "127.0.0.1:0",
+		"--log-level", "info",
+	}, extra...)
+	d.cmd = exec.Command(binPath, args...)
+	d.cmd.Stderr = d.stderr
+	stdout, err := d.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.exited <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		d.cmd.Process.Kill()
+		<-d.exited
+		if t.Failed() {
+			t.Logf("server stderr:\n%s", d.stderr.String())
+		}
+	})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	select {
+	case line := <-lines:
+		if !strings.Contains(line, "serving on socket "+d.socket) {
+			t.Fatalf("unexpected first line %q", line)
+		}
+		if m := regexp.MustCompile(`http://([0-9.:]+)/metrics`).FindStringSubmatch(line); m != nil {
+			d.metrics = m[1]
+		}
+	case err := <-d.exited:
+		t.Fatalf("serve exited early: %v\n%s", err, d.stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve did not report ready\n%s", d.stderr.String())
+	}
+	return d
+}
+
+// tp runs a client command against d and returns stdout, stderr, exit code.
+func (d *daemon) tp(t *testing.T, stdin []byte, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(binPath, append([]string{args[0], "--socket", d.socket}, args[1:]...)...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func TestCLIEndToEnd(t *testing.T) {
+	d := startDaemon(t)
+	value := make([]byte, 300000)
+	rand.New(rand.NewSource(1)).Read(value)
+
+	out, errs, code := d.tp(t, value, "put", "--ns", "llama", "block-0")
+	if code != 0 || !strings.Contains(out, "stored block-0 (300000 bytes)") {
+		t.Fatalf("put: %d %q %q", code, out, errs)
+	}
+	out, _, code = d.tp(t, value, "put", "--ns", "llama", "block-0")
+	if code != 0 || !strings.Contains(out, "exists") {
+		t.Fatalf("second put: %d %q", code, out)
+	}
+	// Value from a file, key in hex.
+	f := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(f, []byte("from a file"), 0o600)
+	if _, errs, code := d.tp(t, nil, "put", "--ns", "llama", "--hex", "--depth", "1", "00ff", f); code != 0 {
+		t.Fatalf("put --hex: %d %s", code, errs)
+	}
+
+	got, _, code := d.tp(t, nil, "get", "--ns", "llama", "block-0")
+	if code != 0 || !bytes.Equal([]byte(got), value) {
+		t.Fatalf("get: code %d, %d bytes, equal=%v", code, len(got), bytes.Equal([]byte(got), value))
+	}
+	got, _, code = d.tp(t, nil, "get", "--ns", "llama", "--hex", "00ff")
+	if code != 0 || got != "from a file" {
+		t.Fatalf("get --hex: %d %q", code, got)
+	}
+	_, errs, code = d.tp(t, nil, "get", "--ns", "llama", "nope")
+	if code != exitNotFound || !strings.Contains(errs, "not found") {
+		t.Fatalf("get missing: %d %q", code, errs)
+	}
+	out, _, code = d.tp(t, nil, "get", "--ns", "llama", "--json", "--hex", "00ff")
+	var gj struct {
+		Found bool   `json:"found"`
+		Value []byte `json:"value"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &gj) != nil || !gj.Found || string(gj.Value) != "from a file" {
+		t.Fatalf("get --json: %d %q", code, out)
+	}
+
+	out, _, code = d.tp(t, nil, "exists", "--ns", "llama", "block-0", "nope")
+	if code != exitNotFound || !strings.Contains(out, "block-0\tpresent\tdram") || !strings.Contains(out, "nope\tabsent") {
+		t.Fatalf("exists: %d %q", code, out)
+	}
+	out, _, code = d.tp(t, nil, "lookup", "--ns", "llama", "--json", "block-0", "nope", "block-0")
+	var lj struct{ Matched, Keys int }
+	if code != 0 || json.Unmarshal([]byte(out), &lj) != nil || lj.Matched != 1 || lj.Keys != 3 {
+		t.Fatalf("lookup: %d %q", code, out)
+	}
+	out, _, code = d.tp(t, nil, "stat", "--json")
+	var sj struct {
+		Tiers      []struct{ Name string }
+		Namespaces []struct {
+			Ns     string
+			Blocks int64
+		}
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &sj) != nil || len(sj.Tiers) == 0 || len(sj.Namespaces) != 1 || sj.Namespaces[0].Blocks != 2 {
+		t.Fatalf("stat --json: %d %q", code, out)
+	}
+	if out, _, code = d.tp(t, nil, "stat"); code != 0 || !strings.Contains(out, "llama") {
+		t.Fatalf("stat: %d %q", code, out)
+	}
+	if out, _, code = d.tp(t, nil, "delete", "--ns", "llama", "block-0"); code != 0 || !strings.Contains(out, "deleted") {
+		t.Fatalf("delete: %d %q", code, out)
+	}
+	if _, _, code = d.tp(t, nil, "delete", "--ns", "llama", "block-0"); code != exitNotFound {
+		t.Fatalf("second delete: %d", code)
+	}
+	if out, _, code = d.tp(t, nil, "clear", "--ns", "llama"); code != 0 || !strings.Contains(out, "removed 1 blocks") {
+		t.Fatalf("clear: %d %q", code, out)
+	}
+
+	// Bad input: clear errors with the protocol code, nothing crashes.
+	long := strings.Repeat("k", 129)
+	out, errs, code = d.tp(t, []byte("v"), "put", "--ns", "llama", "--json", long)
+	if code != exitError || !strings.Contains(out, "INVALID_ARGUMENT") || !strings.Contains(errs, "limit 128") {
+		t.Fatalf("long key: %d %q %q", code, out, errs)
+	}
+	_, errs, code = d.tp(t, make([]byte, 9<<20), "put", "--ns", "llama", "big")
+	if code != exitError || !strings.Contains(errs, "TOO_LARGE") {
+		t.Fatalf("big value: %d %q", code, errs)
+	}
+	if _, _, code = d.tp(t, nil, "get", "--ns", "llama", "--hex", "zz"); code != exitUsage {
+		t.Fatalf("bad hex: %d", code)
+	}
+	if _, _, code = d.tp(t, nil, "get"); code != exitUsage {
+		t.Fatalf("get without key: %d", code)
+	}
+
+	// Metrics, health and readiness on the loopback port.
+	if d.metrics == "" {
+		t.Fatal("no metrics address printed")
+	}
+	body := httpGet(t, "http://"+d.metrics+"/metrics")
+	for _, want := range []string{
+		`tidepool_request_duration_seconds_count{code="OK",method="Put"}`,
+		`tidepool_request_duration_seconds_count{code="INVALID_ARGUMENT",method="Put"}`,
+		`tidepool_tier_capacity_bytes{tier="dram"} 6.7108864e+07`,
+		`tidepool_tier_hits_total{tier="dram"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if b := httpGet(t, "http://"+d.metrics+"/healthz"); b != "ok\n" {
+		t.Errorf("/healthz = %q", b)
+	}
+	if b := httpGet(t, "http://"+d.metrics+"/readyz"); b != "ready\n" {
+		t.Errorf("/readyz = %q", b)
+	}
+
+	// A second server on the same socket refuses to start and leaves the
+	// first one serving.
+	second := exec.Command(binPath, "serve", "--socket", d.socket, "--arena-dir", t.TempDir(), "--dram-capacity", "64MiB", "--metrics-addr", "")
+	outb, err := second.CombinedOutput()
+	if err == nil || !strings.Contains(string(outb), "in use") {
+		t.Fatalf("second serve on a live socket: %v\n%s", err, outb)
+	}
+	if _, _, code := d.tp(t, nil, "stat"); code != 0 {
+		t.Fatal("first server hurt by the second")
+	}
+
+	// SIGTERM: graceful exit, socket removed.
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, d.stderr.String())
+		}
+		d.exited <- nil // for the cleanup
+	case <-time.After(20 * time.Second):
+		t.Fatal("no exit after SIGTERM")
+	}
+	if _, err := os.Stat(d.socket); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind after graceful exit: %v", err)
+	}
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func TestServeRefusesBadConfig(t *testing.T) {
+	cmd := exec.Command(binPath, "serve", "--dram-capacity", "nonsense", "--log-level", "loud")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, want 2\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "--dram-capacity") {
+		t.Fatalf("output does not name the bad flag:\n%s", out)
+	}
+}
+
+func TestVersionAndUsage(t *testing.T) {
+	out, err := exec.Command(binPath, "version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "tidepool ") {
+		t.Fatalf("version: %v %q", err, out)
+	}
+	cmd := exec.Command(binPath, "frobnicate")
+	b, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(b), "unknown command") {
+		t.Fatalf("unknown command: %v %q", err, b)
+	}
+}
