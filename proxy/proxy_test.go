@@ -112,13 +112,22 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}{
 		{"empty key", func(p *Proxy) error { _, err := p.Put(ctx, "ns", nil, []byte("v"), cache.PutOptions{}); return err }, ErrInvalidArgument},
 		{"long key", func(p *Proxy) error { _, err := p.Put(ctx, "ns", long, []byte("v"), cache.PutOptions{}); return err }, ErrInvalidArgument},
-		{"empty namespace", func(p *Proxy) error { _, err := p.Put(ctx, "", []byte("k"), []byte("v"), cache.PutOptions{}); return err }, ErrInvalidArgument},
-		{"control char namespace", func(p *Proxy) error { _, err := p.Put(ctx, "a\nb", []byte("k"), []byte("v"), cache.PutOptions{}); return err }, ErrInvalidArgument},
+		{"empty namespace", func(p *Proxy) error {
+			_, err := p.Put(ctx, "", []byte("k"), []byte("v"), cache.PutOptions{})
+			return err
+		}, ErrInvalidArgument},
+		{"control char namespace", func(p *Proxy) error {
+			_, err := p.Put(ctx, "a\nb", []byte("k"), []byte("v"), cache.PutOptions{})
+			return err
+		}, ErrInvalidArgument},
 		{"long namespace", func(p *Proxy) error {
 			_, err := p.Put(ctx, strings.Repeat("n", 257), []byte("k"), []byte("v"), cache.PutOptions{})
 			return err
 		}, ErrInvalidArgument},
-		{"value too large", func(p *Proxy) error { _, err := p.Put(ctx, "ns", []byte("k"), make([]byte, 1025), cache.PutOptions{}); return err }, cache.ErrTooLarge},
+		{"value too large", func(p *Proxy) error {
+			_, err := p.Put(ctx, "ns", []byte("k"), make([]byte, 1025), cache.PutOptions{})
+			return err
+		}, cache.ErrTooLarge},
 		{"batch put too large", func(p *Proxy) error { _, err := p.BatchPut(ctx, "ns", make([]PutItem, 5)); return err }, ErrBatchTooLarge},
 		{"batch get too large", func(p *Proxy) error { _, err := p.BatchGet(ctx, "ns", make([][]byte, 5)); return err }, ErrBatchTooLarge},
 		{"lookup too large", func(p *Proxy) error { _, err := p.Lookup(ctx, "ns", make([][]byte, 5)); return err }, ErrBatchTooLarge},

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 
-
 	"github.com/cloudwego/kitex/pkg/klog"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -61,4 +60,3 @@ func bridgeKitexLogs(lg *zap.Logger) {
 		klog.SetLevel(klog.LevelWarn)
 	}
 }
-
