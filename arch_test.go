@@ -1,0 +1,143 @@
+package tidepool_test
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The import table of DESIGN.md §2, enforced: each rule names a package
+// prefix and what its non-test imports may include beyond the standard
+// library. Anything of ours not listed is forbidden; third-party imports are
+// checked against the allowed list.
+const module = "github.com/tidepool-kv/tidepool"
+
+type rule struct {
+	pkg        string   // package path prefix relative to the module
+	ours       []string // our packages (prefixes) it may import
+	thirdParty []string // third-party module prefixes it may import
+}
+
+var rules = []rule{
+	{pkg: "protocol/gen", ours: []string{"protocol/gen"}, thirdParty: []string{"github.com/cloudwego/", "github.com/apache/thrift"}},
+	{pkg: "protocol", ours: nil, thirdParty: nil},
+	// The trace simulator drives eviction policies offline (cmd replay uses it).
+	{pkg: "internal/sim", ours: []string{"internal/", "cache"}, thirdParty: nil},
+	{pkg: "internal", ours: []string{"internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys"}},
+	{pkg: "cache/ssd", ours: []string{"cache", "internal/"}, thirdParty: []string{"github.com/linxGnu/grocksdb", "go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},
+	{pkg: "cache", ours: []string{"cache", "internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},
+	{pkg: "cluster", ours: []string{"cluster", "internal/"}, thirdParty: []string{"github.com/hashicorp/memberlist", "github.com/buraksezer/consistent", "github.com/cespare/xxhash", "go.uber.org/zap", "golang.org/x/sync"}},
+	{pkg: "rdma", ours: []string{"rdma", "internal/", "protocol/frame"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},
+	{pkg: "proxy/engineapi", ours: []string{"proxy", "cache", "protocol", "internal/"}, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
+	{pkg: "proxy", ours: []string{"proxy", "cache", "cluster", "rdma", "internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sync"}},
+	{pkg: "client", ours: []string{"protocol", "client"}, thirdParty: []string{"github.com/cloudwego/"}},
+	{pkg: "cmd", ours: []string{""}, thirdParty: []string{""}},
+}
+
+// Only the named package may import these libraries.
+var owners = map[string]string{
+	"github.com/hashicorp/memberlist": "cluster",
+	"github.com/linxGnu/grocksdb":     "cache/ssd",
+}
+
+type pkgInfo struct {
+	ImportPath string
+	Imports    []string
+	Standard   bool
+}
+
+func listPackages(t *testing.T) []pkgInfo {
+	out, err := exec.Command("go", "list", "-json", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []pkgInfo
+	for dec.More() {
+		var p pkgInfo
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func isStd(imp string) bool {
+	first, _, _ := strings.Cut(imp, "/")
+	return !strings.Contains(first, ".")
+}
+
+func hasPrefix(rel, prefix string) bool {
+	if prefix == "" {
+		return true
+	}
+	if strings.HasSuffix(prefix, "/") {
+		return strings.HasPrefix(rel, prefix)
+	}
+	return rel == prefix || strings.HasPrefix(rel, prefix+"/")
+}
+
+func ruleFor(rel string) *rule {
+	for i := range rules {
+		if hasPrefix(rel, rules[i].pkg) {
+			return &rules[i]
+		}
+	}
+	return nil
+}
+
+func TestImportRules(t *testing.T) {
+	pkgs := listPackages(t)
+	if len(pkgs) < 5 {
+		t.Fatalf("only %d packages listed", len(pkgs))
+	}
+	for _, p := range pkgs {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if rel == "" {
+			continue // this test's own package
+		}
+		r := ruleFor(rel)
+		if r == nil {
+			t.Errorf("%s: no import rule; add it to arch_test.go and DESIGN.md §2", rel)
+			continue
+		}
+		for _, imp := range p.Imports {
+			if isStd(imp) {
+				continue
+			}
+			if owner, ok := owners[modulePrefix(imp)]; ok && !hasPrefix(rel, owner) {
+				t.Errorf("%s imports %s; only %s may", rel, imp, owner)
+			}
+			if strings.HasPrefix(imp, module+"/") {
+				ir := strings.TrimPrefix(imp, module+"/")
+				if !anyPrefix(ir, r.ours) {
+					t.Errorf("%s imports %s, which DESIGN.md §2 forbids", rel, ir)
+				}
+				continue
+			}
+			if !anyPrefix(imp, r.thirdParty) {
+				t.Errorf("%s imports third-party %s, not allowed for it", rel, imp)
+			}
+		}
+	}
+}
+
+func modulePrefix(imp string) string {
+	for owner := range owners {
+		if imp == owner || strings.HasPrefix(imp, owner+"/") {
+			return owner
+		}
+	}
+	return ""
+}
+
+func anyPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if p == "" || strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
