@@ -15,7 +15,7 @@ import (
 // FlushOptions, CompactRangeOptions, the DB and its column-family handles) in
 // openStore / store.close; the short-lived ones (WriteBatch, Iterator,
 // PinnableSliceHandle) in the method that uses them, except a pinned read,
-// which pinned.release destroys.
+// which pinned.release destroys. The one WriteBatch is reused (see store.wb).
 
 // Column families. "default" must exist in every RocksDB database; tidepool
 // keeps only its probe record there.
@@ -46,6 +46,11 @@ type store struct {
 	woSync  *grocksdb.WriteOptions
 	fo      *grocksdb.FlushOptions
 	compact *grocksdb.CompactRangeOptions
+
+	// wb is reused by every write (callers serialize writes: Tier.wmu), so
+	// its buffer, once as large as a block, is not allocated and
+	// page-faulted again for each MiB-sized put.
+	wb *grocksdb.WriteBatch
 }
 
 // openStore opens (creating if needed) the database in cfg.Dir.
@@ -117,6 +122,7 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.fo.SetWait(true)
 	s.compact = grocksdb.NewCompactRangeOptions()
 	s.compact.SetExclusiveManualCompaction(false)
+	s.wb = grocksdb.NewWriteBatch()
 	return s, nil
 }
 
@@ -161,6 +167,10 @@ func (s *store) close() {
 		s.compact.Destroy()
 		s.compact = nil
 	}
+	if s.wb != nil {
+		s.wb.Destroy()
+		s.wb = nil
+	}
 	for _, o := range []**grocksdb.Options{&s.dataOpts, &s.metaOpts, &s.opts} {
 		if *o != nil {
 			(*o).Destroy()
@@ -182,10 +192,11 @@ type blockPut struct {
 }
 
 // apply writes b atomically. durable writes go through the WAL and fsync it
-// before returning; the others skip the WAL (see docs/ssd.md).
+// before returning; the others skip the WAL (see docs/ssd.md). Callers
+// serialize apply (it reuses one WriteBatch).
 func (s *store) apply(b *batch, durable bool) error {
-	wb := grocksdb.NewWriteBatch()
-	defer wb.Destroy()
+	wb := s.wb
+	wb.Clear()
 	for _, k := range b.dels {
 		wb.DeleteCF(s.cfData, k)
 		wb.DeleteCF(s.cfMeta, k)
