@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
 )
 
 func parse(t *testing.T, args []string, env []string) (Config, error) {
@@ -107,5 +109,36 @@ func TestDefaultsAreValid(t *testing.T) {
 		if !strings.Contains(string(doc), "`"+s.key+"`") {
 			t.Errorf("docs/config.md does not document %q", s.key)
 		}
+	}
+}
+
+// TestMetricsDocumented: every metric the sidecar exports is in
+// docs/metrics.md.
+func TestMetricsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(func() cache.Stats {
+		return cache.Stats{Tiers: []cache.TierStats{{Name: "dram"}}, Namespaces: []cache.NamespaceStats{{Namespace: "ns"}}}
+	}, nil)
+	m.calls.WithLabelValues("Put", "OK").Observe(0.001)
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		name := mf.GetName()
+		if !strings.HasPrefix(name, "tidepool_") {
+			continue
+		}
+		n++
+		if !strings.Contains(string(doc), "`"+name+"`") {
+			t.Errorf("docs/metrics.md does not document %s", name)
+		}
+	}
+	if n < 16 {
+		t.Fatalf("only %d tidepool metrics gathered", n)
 	}
 }
