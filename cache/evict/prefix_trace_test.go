@@ -57,6 +57,9 @@ func TestPrefixTraceTargets(t *testing.T) {
 	var conv []trace.Request
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if prefixRaceEnabled && tt.blocks > 5859 {
+				t.Skip("race detector on: only the 1M- and 3M-token rows")
+			}
 			reqs := syn
 			if tt.workload == "conversation" {
 				if conv == nil {
@@ -84,6 +87,9 @@ func TestPrefixTraceTargets(t *testing.T) {
 // node must cost the owner-only hit rate almost nothing (full-priority
 // copies, the README's last row, cost several points).
 func TestPrefixCluster(t *testing.T) {
+	if prefixRaceEnabled {
+		t.Skip("race detector on: the cluster runs take too long")
+	}
 	reqs := loadConversation(t)
 	base := sim.Config{CapacityBlocks: 5859, Nodes: 8, Scope: sim.ScopeCluster}
 	owner := hitRate(t, reqs, base, evict.NewPrefix)
