@@ -49,6 +49,29 @@ struct TierInfo {
     4: i64 blocks,
 }
 
+// Where a call looks for blocks. DEFAULT is CLUSTER on a clustered node
+// and LOCAL on a single node.
+enum Scope {
+    DEFAULT = 0,
+    LOCAL = 1,
+    CLUSTER = 2,
+}
+
+// One shared-memory arena file of the DRAM tier. A client on the same host
+// maps path (read-only to read; writable only inside slots it reserved).
+struct ArenaInfo {
+    1: i32 id,
+    2: string path,
+    3: i64 size,
+}
+
+// A range of an arena: where a reserved or acquired block's bytes live.
+struct Slot {
+    1: i32 arena,
+    2: i64 offset,
+    3: i64 length,
+}
+
 struct HelloRequest {
     1: i32 client_version,
     2: string client_name,
@@ -60,6 +83,9 @@ struct HelloResponse {
     3: Limits limits,
     4: list<TierInfo> tiers,
     5: string node_id,
+    // Shared arenas for the zero-copy calls, and their layout version.
+    6: list<ArenaInfo> arenas,
+    7: i32 layout_version,
 }
 
 struct PutRequest {
@@ -69,6 +95,12 @@ struct PutRequest {
     // Position of the block in its prefix chain (0 = first block). Eviction
     // prefers deeper blocks: a chain without its head is useless.
     4: i32 depth,
+    // Write through to persistent storage (SSD, WAL synced) before
+    // answering. Default: best effort (it is a cache).
+    5: bool durable,
+    // Cluster: owners to wait for (0 = acknowledge after the local store and
+    // push to the owners in the background).
+    6: i32 sync_replicas,
 }
 
 struct PutResponse {
@@ -85,6 +117,8 @@ struct PutItem {
 struct BatchPutRequest {
     1: string ns,
     2: list<PutItem> items,
+    3: bool durable,
+    4: i32 sync_replicas,
 }
 
 struct ItemStatus {
@@ -99,6 +133,7 @@ struct BatchPutResponse {
 struct GetRequest {
     1: string ns,
     2: binary key,
+    3: Scope scope,
 }
 
 struct GetResponse {
@@ -110,6 +145,7 @@ struct GetResponse {
 struct BatchGetRequest {
     1: string ns,
     2: list<binary> keys,
+    3: Scope scope,
 }
 
 struct GetItem {
@@ -125,6 +161,7 @@ struct BatchGetResponse {
 struct ExistsRequest {
     1: string ns,
     2: binary key,
+    3: Scope scope,
 }
 
 struct ExistsResponse {
@@ -136,6 +173,7 @@ struct ExistsResponse {
 struct BatchExistsRequest {
     1: string ns,
     2: list<binary> keys,
+    3: Scope scope,
 }
 
 struct BatchExistsResponse {
@@ -146,6 +184,7 @@ struct LookupRequest {
     1: string ns,
     // Block keys of one request in chain order.
     2: list<binary> keys,
+    3: Scope scope,
 }
 
 struct LookupResponse {
@@ -204,6 +243,128 @@ struct StatsResponse {
     4: string node_id,
 }
 
+struct PrefetchRequest {
+    1: string ns,
+    2: list<binary> keys,
+    3: Scope scope,
+}
+
+struct PrefetchResponse {
+    // Keys queued to be brought into DRAM (those already there are not).
+    1: i32 queued,
+}
+
+// Zero-copy put, phase one: reserve a slot, write the value into it through
+// the shared arena, then Commit (or Abort). A reservation neither committed
+// nor aborted by its deadline is reclaimed.
+struct ReserveItem {
+    1: binary key,
+    2: i64 size,
+    3: i32 depth,
+}
+
+struct ReserveRequest {
+    1: string ns,
+    2: list<ReserveItem> items,
+    // How long the reservation lives; 0 = the server's default.
+    3: i32 ttl_ms,
+    4: bool durable,
+}
+
+struct Reservation {
+    // OK, EXISTS (nothing to write), or the item's error.
+    1: ErrorCode code,
+    2: string message,
+    3: Slot slot,
+    4: i64 token,
+    5: i64 deadline_unix_ms,
+}
+
+struct ReserveResponse {
+    1: list<Reservation> results,
+}
+
+struct CommitItem {
+    1: i64 token,
+    // CRC-32C of the bytes written, checked when has_checksum; else the
+    // server computes it.
+    2: bool has_checksum,
+    3: i32 checksum,
+}
+
+struct CommitRequest {
+    1: list<CommitItem> items,
+}
+
+struct CommitResponse {
+    1: list<ItemStatus> results,
+}
+
+struct AbortRequest {
+    1: list<i64> tokens,
+}
+
+struct AbortResponse {
+    1: list<ItemStatus> results,
+}
+
+// Zero-copy get: pin blocks and learn where they are. Each pin is a lease
+// that ends at Release or at its deadline, whichever is first.
+struct AcquireRequest {
+    1: string ns,
+    2: list<binary> keys,
+    // Lease length; 0 = the server's default.
+    3: i32 lease_ms,
+    4: Scope scope,
+}
+
+struct Lease {
+    // OK, NOT_FOUND, or the item's error.
+    1: ErrorCode code,
+    2: Slot slot,
+    3: i64 lease_id,
+    4: i32 checksum,
+    5: string tier,
+}
+
+struct AcquireResponse {
+    1: list<Lease> results,
+    2: i64 deadline_unix_ms,
+}
+
+struct ReleaseRequest {
+    1: list<i64> lease_ids,
+}
+
+struct ReleaseResponse {
+    1: list<ItemStatus> results,
+}
+
+struct RenewRequest {
+    1: list<i64> lease_ids,
+    2: i32 lease_ms,
+}
+
+struct RenewResponse {
+    1: list<ItemStatus> results,
+    2: i64 deadline_unix_ms,
+}
+
+struct MembersRequest {}
+
+struct Member {
+    1: string name,
+    2: string state,
+    3: string gossip_addr,
+    4: string peer_addr,
+    5: string zone,
+    6: bool self,
+}
+
+struct MembersResponse {
+    1: list<Member> members,
+}
+
 service Tidepool {
     HelloResponse Hello(1: HelloRequest req) throws (1: TidepoolError err),
     PutResponse Put(1: PutRequest req) throws (1: TidepoolError err),
@@ -216,4 +377,12 @@ service Tidepool {
     DeleteResponse Delete(1: DeleteRequest req) throws (1: TidepoolError err),
     ClearResponse Clear(1: ClearRequest req) throws (1: TidepoolError err),
     StatsResponse Stats(1: StatsRequest req) throws (1: TidepoolError err),
+    PrefetchResponse Prefetch(1: PrefetchRequest req) throws (1: TidepoolError err),
+    ReserveResponse Reserve(1: ReserveRequest req) throws (1: TidepoolError err),
+    CommitResponse Commit(1: CommitRequest req) throws (1: TidepoolError err),
+    AbortResponse Abort(1: AbortRequest req) throws (1: TidepoolError err),
+    AcquireResponse Acquire(1: AcquireRequest req) throws (1: TidepoolError err),
+    ReleaseResponse Release(1: ReleaseRequest req) throws (1: TidepoolError err),
+    RenewResponse Renew(1: RenewRequest req) throws (1: TidepoolError err),
+    MembersResponse Members(1: MembersRequest req) throws (1: TidepoolError err),
 }

@@ -39,6 +39,35 @@ type Store interface {
 	Stats() cache.Stats
 }
 
+// Scope says where a read looks for blocks.
+type Scope uint8
+
+const (
+	// ScopeDefault is ScopeCluster on a clustered node, else ScopeLocal.
+	ScopeDefault Scope = iota
+	// ScopeLocal looks in this node's tiers only.
+	ScopeLocal
+	// ScopeCluster also asks the owners of keys missing locally.
+	ScopeCluster
+)
+
+// Prefetcher is implemented by stores that can bring blocks into their
+// fastest tier in the background (the tiered store). Prefetch returns how
+// many keys it queued.
+type Prefetcher interface {
+	Prefetch(ctx context.Context, ns string, keys [][]byte) int
+}
+
+// MemberInfo describes one sidecar of the cluster for Members.
+type MemberInfo struct {
+	Name       string
+	State      string // alive, suspect, left, failed
+	GossipAddr string
+	PeerAddr   string
+	Zone       string
+	Self       bool
+}
+
 // Config holds the limits the proxy enforces before touching the store.
 type Config struct {
 	// NodeID names this sidecar in responses. Default: the host name.
@@ -273,7 +302,7 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 
 // Get returns a copy of one block's bytes, verified against its checksum.
 // A miss returns cache.ErrNotFound.
-func (p *Proxy) Get(ctx context.Context, ns string, key []byte) ([]byte, cache.Info, error) {
+func (p *Proxy) Get(ctx context.Context, ns string, key []byte, scope Scope) ([]byte, cache.Info, error) {
 	if err := p.checkNamespace(ns); err != nil {
 		return nil, cache.Info{}, err
 	}
@@ -292,7 +321,7 @@ type GetResult struct {
 }
 
 // BatchGet returns several blocks of one namespace, in order.
-func (p *Proxy) BatchGet(ctx context.Context, ns string, keys [][]byte) ([]GetResult, error) {
+func (p *Proxy) BatchGet(ctx context.Context, ns string, keys [][]byte, scope Scope) ([]GetResult, error) {
 	if err := p.checkBatch(len(keys)); err != nil {
 		return nil, err
 	}
@@ -311,7 +340,7 @@ func (p *Proxy) BatchGet(ctx context.Context, ns string, keys [][]byte) ([]GetRe
 }
 
 // Exists reports whether a block is present, and where.
-func (p *Proxy) Exists(ctx context.Context, ns string, key []byte) (cache.Info, bool, error) {
+func (p *Proxy) Exists(ctx context.Context, ns string, key []byte, scope Scope) (cache.Info, bool, error) {
 	if err := p.checkNamespace(ns); err != nil {
 		return cache.Info{}, false, err
 	}
@@ -330,7 +359,7 @@ type ExistsResult struct {
 }
 
 // BatchExists reports presence for several keys, in order.
-func (p *Proxy) BatchExists(ctx context.Context, ns string, keys [][]byte) ([]ExistsResult, error) {
+func (p *Proxy) BatchExists(ctx context.Context, ns string, keys [][]byte, scope Scope) ([]ExistsResult, error) {
 	if err := p.checkBatch(len(keys)); err != nil {
 		return nil, err
 	}
@@ -350,7 +379,7 @@ func (p *Proxy) BatchExists(ctx context.Context, ns string, keys [][]byte) ([]Ex
 
 // Lookup returns the number of leading keys that are present: the longest
 // cached prefix of a chain. Every key is validated before any is looked up.
-func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte) (int, error) {
+func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scope) (int, error) {
 	if err := p.checkBatch(len(keys)); err != nil {
 		return 0, err
 	}
@@ -415,4 +444,31 @@ func (p *Proxy) Stats(ctx context.Context, ns string) (cache.Stats, error) {
 	}
 	sort.Slice(st.Namespaces, func(i, j int) bool { return st.Namespaces[i].Namespace < st.Namespaces[j].Namespace })
 	return st, nil
+}
+
+// Prefetch asks the store to bring keys into its fastest tier in the
+// background and returns how many it queued; keys already there, and stores
+// with a single tier, queue nothing.
+func (p *Proxy) Prefetch(ctx context.Context, ns string, keys [][]byte, scope Scope) (int, error) {
+	if err := p.checkBatch(len(keys)); err != nil {
+		return 0, err
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return 0, err
+	}
+	for i, k := range keys {
+		if err := p.checkKey(k); err != nil {
+			return 0, fmt.Errorf("key %d: %w", i, err)
+		}
+	}
+	pf, ok := p.store.(Prefetcher)
+	if !ok {
+		return 0, nil
+	}
+	return pf.Prefetch(ctx, ns, keys), nil
+}
+
+// Members returns the cluster view; a single node lists itself.
+func (p *Proxy) Members(ctx context.Context) []MemberInfo {
+	return []MemberInfo{{Name: p.cfg.NodeID, State: "alive", Self: true}}
 }

@@ -129,10 +129,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 			return err
 		}, cache.ErrTooLarge},
 		{"batch put too large", func(p *Proxy) error { _, err := p.BatchPut(ctx, "ns", make([]PutItem, 5)); return err }, ErrBatchTooLarge},
-		{"batch get too large", func(p *Proxy) error { _, err := p.BatchGet(ctx, "ns", make([][]byte, 5)); return err }, ErrBatchTooLarge},
-		{"lookup too large", func(p *Proxy) error { _, err := p.Lookup(ctx, "ns", make([][]byte, 5)); return err }, ErrBatchTooLarge},
-		{"lookup bad key", func(p *Proxy) error { _, err := p.Lookup(ctx, "ns", [][]byte{[]byte("a"), nil}); return err }, ErrInvalidArgument},
-		{"get empty key", func(p *Proxy) error { _, _, err := p.Get(ctx, "ns", nil); return err }, ErrInvalidArgument},
+		{"batch get too large", func(p *Proxy) error { _, err := p.BatchGet(ctx, "ns", make([][]byte, 5), ScopeDefault); return err }, ErrBatchTooLarge},
+		{"lookup too large", func(p *Proxy) error { _, err := p.Lookup(ctx, "ns", make([][]byte, 5), ScopeDefault); return err }, ErrBatchTooLarge},
+		{"lookup bad key", func(p *Proxy) error { _, err := p.Lookup(ctx, "ns", [][]byte{[]byte("a"), nil}, ScopeDefault); return err }, ErrInvalidArgument},
+		{"get empty key", func(p *Proxy) error { _, _, err := p.Get(ctx, "ns", nil, ScopeDefault); return err }, ErrInvalidArgument},
 		{"delete long key", func(p *Proxy) error { _, err := p.Delete(ctx, "ns", long); return err }, ErrInvalidArgument},
 		{"clear empty ns", func(p *Proxy) error { _, err := p.Clear(ctx, ""); return err }, ErrInvalidArgument},
 	} {
@@ -159,7 +159,7 @@ func TestNamespaces(t *testing.T) {
 		if _, err := p.Put(ctx, "other", []byte("k"), []byte("v"), cache.PutOptions{}); !errors.Is(err, ErrUnknownNamespace) {
 			t.Fatalf("put to unlisted namespace: %v", err)
 		}
-		if _, _, err := p.Get(ctx, "other", []byte("k")); !errors.Is(err, ErrUnknownNamespace) {
+		if _, _, err := p.Get(ctx, "other", []byte("k"), ScopeDefault); !errors.Is(err, ErrUnknownNamespace) {
 			t.Fatalf("get from unlisted namespace: %v", err)
 		}
 	})
@@ -174,7 +174,7 @@ func TestNamespaces(t *testing.T) {
 			t.Fatalf("fourth namespace: %v", err)
 		}
 		// Reading an unknown namespace is a miss, not an error.
-		if _, _, err := p.Get(ctx, "zzz", []byte("k")); !errors.Is(err, cache.ErrNotFound) {
+		if _, _, err := p.Get(ctx, "zzz", []byte("k"), ScopeDefault); !errors.Is(err, cache.ErrNotFound) {
 			t.Fatalf("get from never-written namespace: %v", err)
 		}
 		if _, err := p.Clear(ctx, "a"); err != nil {
@@ -197,23 +197,23 @@ func TestLookupAndBatches(t *testing.T) {
 	if res[0] != nil || res[1] != nil || !errors.Is(res[2], ErrInvalidArgument) || !errors.Is(res[3], cache.ErrExists) {
 		t.Fatalf("batch put results %v", res)
 	}
-	if n, err := p.Lookup(ctx, "ns", keys); err != nil || n != 2 {
+	if n, err := p.Lookup(ctx, "ns", keys, ScopeDefault); err != nil || n != 2 {
 		t.Fatalf("Lookup = %d, %v; want 2", n, err)
 	}
-	if n, err := p.Lookup(ctx, "ns", keys[:2]); err != nil || n != 2 {
+	if n, err := p.Lookup(ctx, "ns", keys[:2], ScopeDefault); err != nil || n != 2 {
 		t.Fatalf("Lookup full = %d, %v; want 2", n, err)
 	}
-	if n, err := p.Lookup(ctx, "ns", nil); err != nil || n != 0 {
+	if n, err := p.Lookup(ctx, "ns", nil, ScopeDefault); err != nil || n != 0 {
 		t.Fatalf("Lookup empty = %d, %v", n, err)
 	}
-	got, err := p.BatchGet(ctx, "ns", keys[:3])
+	got, err := p.BatchGet(ctx, "ns", keys[:3], ScopeDefault)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got[0].Value) != "a" || string(got[1].Value) != "b" || !errors.Is(got[2].Err, cache.ErrNotFound) {
 		t.Fatalf("batch get %+v", got)
 	}
-	ex, err := p.BatchExists(ctx, "ns", [][]byte{keys[0], nil, keys[3]})
+	ex, err := p.BatchExists(ctx, "ns", [][]byte{keys[0], nil, keys[3]}, ScopeDefault)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,17 @@ import (
 // Build is the build string reported by Hello; cmd sets it at start.
 var Build = "dev"
 
+// scope converts the wire scope; unknown values mean the default.
+func scope(s tp.Scope) proxy.Scope {
+	switch s {
+	case tp.Scope_LOCAL:
+		return proxy.ScopeLocal
+	case tp.Scope_CLUSTER:
+		return proxy.ScopeCluster
+	}
+	return proxy.ScopeDefault
+}
+
 // handler implements the generated service interface over a proxy.
 type handler struct {
 	p *proxy.Proxy
@@ -47,7 +58,7 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 }
 
 func (h *handler) Put(ctx context.Context, req *tp.PutRequest) (*tp.PutResponse, error) {
-	existed, err := h.p.Put(ctx, req.Ns, req.Key, req.Value, cache.PutOptions{Depth: req.Depth})
+	existed, err := h.p.Put(ctx, req.Ns, req.Key, req.Value, cache.PutOptions{Depth: req.Depth, Durable: req.Durable})
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -60,7 +71,7 @@ func (h *handler) BatchPut(ctx context.Context, req *tp.BatchPutRequest) (*tp.Ba
 		if it == nil {
 			return nil, toThrift(errors.Join(proxy.ErrInvalidArgument, errors.New("nil item")))
 		}
-		items[i] = proxy.PutItem{Key: it.Key, Value: it.Value, Opts: cache.PutOptions{Depth: it.Depth}}
+		items[i] = proxy.PutItem{Key: it.Key, Value: it.Value, Opts: cache.PutOptions{Depth: it.Depth, Durable: req.Durable}}
 	}
 	res, err := h.p.BatchPut(ctx, req.Ns, items)
 	if err != nil {
@@ -74,7 +85,7 @@ func (h *handler) BatchPut(ctx context.Context, req *tp.BatchPutRequest) (*tp.Ba
 }
 
 func (h *handler) Get(ctx context.Context, req *tp.GetRequest) (*tp.GetResponse, error) {
-	v, info, err := h.p.Get(ctx, req.Ns, req.Key)
+	v, info, err := h.p.Get(ctx, req.Ns, req.Key, scope(req.Scope))
 	if errors.Is(err, cache.ErrNotFound) {
 		return &tp.GetResponse{Found: false}, nil
 	}
@@ -85,7 +96,7 @@ func (h *handler) Get(ctx context.Context, req *tp.GetRequest) (*tp.GetResponse,
 }
 
 func (h *handler) BatchGet(ctx context.Context, req *tp.BatchGetRequest) (*tp.BatchGetResponse, error) {
-	res, err := h.p.BatchGet(ctx, req.Ns, req.Keys)
+	res, err := h.p.BatchGet(ctx, req.Ns, req.Keys, scope(req.Scope))
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -97,7 +108,7 @@ func (h *handler) BatchGet(ctx context.Context, req *tp.BatchGetRequest) (*tp.Ba
 }
 
 func (h *handler) Exists(ctx context.Context, req *tp.ExistsRequest) (*tp.ExistsResponse, error) {
-	info, ok, err := h.p.Exists(ctx, req.Ns, req.Key)
+	info, ok, err := h.p.Exists(ctx, req.Ns, req.Key, scope(req.Scope))
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -112,7 +123,7 @@ func (h *handler) existsResponse(info cache.Info, ok bool) *tp.ExistsResponse {
 }
 
 func (h *handler) BatchExists(ctx context.Context, req *tp.BatchExistsRequest) (*tp.BatchExistsResponse, error) {
-	res, err := h.p.BatchExists(ctx, req.Ns, req.Keys)
+	res, err := h.p.BatchExists(ctx, req.Ns, req.Keys, scope(req.Scope))
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -126,7 +137,7 @@ func (h *handler) BatchExists(ctx context.Context, req *tp.BatchExistsRequest) (
 }
 
 func (h *handler) Lookup(ctx context.Context, req *tp.LookupRequest) (*tp.LookupResponse, error) {
-	n, err := h.p.Lookup(ctx, req.Ns, req.Keys)
+	n, err := h.p.Lookup(ctx, req.Ns, req.Keys, scope(req.Scope))
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -165,6 +176,23 @@ func (h *handler) Stats(ctx context.Context, req *tp.StatsRequest) (*tp.StatsRes
 		out.Namespaces = append(out.Namespaces, &tp.NamespaceStats{
 			Ns: n.Namespace, Blocks: n.Blocks, Bytes: n.Bytes, Hits: n.Hits, Misses: n.Misses, Puts: n.Puts, Evictions: n.Evictions,
 		})
+	}
+	return out, nil
+}
+
+func (h *handler) Prefetch(ctx context.Context, req *tp.PrefetchRequest) (*tp.PrefetchResponse, error) {
+	n, err := h.p.Prefetch(ctx, req.Ns, req.Keys, scope(req.Scope))
+	if err != nil {
+		return nil, toThrift(err)
+	}
+	return &tp.PrefetchResponse{Queued: int32(n)}, nil
+}
+
+func (h *handler) Members(ctx context.Context, req *tp.MembersRequest) (*tp.MembersResponse, error) {
+	ms := h.p.Members(ctx)
+	out := &tp.MembersResponse{Members: make([]*tp.Member, len(ms))}
+	for i, m := range ms {
+		out.Members[i] = &tp.Member{Name: m.Name, State: m.State, GossipAddr: m.GossipAddr, PeerAddr: m.PeerAddr, Zone: m.Zone, Self: m.Self}
 	}
 	return out, nil
 }

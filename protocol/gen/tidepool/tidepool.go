@@ -106,6 +106,53 @@ func (p *ErrorCode) Value() (driver.Value, error) {
 	return int64(*p), nil
 }
 
+type Scope int64
+
+const (
+	Scope_DEFAULT Scope = 0
+	Scope_LOCAL   Scope = 1
+	Scope_CLUSTER Scope = 2
+)
+
+func (p Scope) String() string {
+	switch p {
+	case Scope_DEFAULT:
+		return "DEFAULT"
+	case Scope_LOCAL:
+		return "LOCAL"
+	case Scope_CLUSTER:
+		return "CLUSTER"
+	}
+	return "<UNSET>"
+}
+
+func ScopeFromString(s string) (Scope, error) {
+	switch s {
+	case "DEFAULT":
+		return Scope_DEFAULT, nil
+	case "LOCAL":
+		return Scope_LOCAL, nil
+	case "CLUSTER":
+		return Scope_CLUSTER, nil
+	}
+	return Scope(0), fmt.Errorf("not a valid Scope string")
+}
+
+func ScopePtr(v Scope) *Scope { return &v }
+func (p *Scope) Scan(value interface{}) (err error) {
+	var result sql.NullInt64
+	err = result.Scan(value)
+	*p = Scope(result.Int64)
+	return
+}
+
+func (p *Scope) Value() (driver.Value, error) {
+	if p == nil {
+		return nil, nil
+	}
+	return int64(*p), nil
+}
+
 type Limits struct {
 	MaxKeyBytes       int32 `thrift:"max_key_bytes,1" frugal:"1,default,i32" json:"max_key_bytes"`
 	MaxValueBytes     int64 `thrift:"max_value_bytes,2" frugal:"2,default,i64" json:"max_value_bytes"`
@@ -218,6 +265,100 @@ var fieldIDToName_TierInfo = map[int16]string{
 	4: "blocks",
 }
 
+type ArenaInfo struct {
+	Id   int32  `thrift:"id,1" frugal:"1,default,i32" json:"id"`
+	Path string `thrift:"path,2" frugal:"2,default,string" json:"path"`
+	Size int64  `thrift:"size,3" frugal:"3,default,i64" json:"size"`
+}
+
+func NewArenaInfo() *ArenaInfo {
+	return &ArenaInfo{}
+}
+
+func (p *ArenaInfo) InitDefault() {
+}
+
+func (p *ArenaInfo) GetId() (v int32) {
+	return p.Id
+}
+
+func (p *ArenaInfo) GetPath() (v string) {
+	return p.Path
+}
+
+func (p *ArenaInfo) GetSize() (v int64) {
+	return p.Size
+}
+func (p *ArenaInfo) SetId(val int32) {
+	p.Id = val
+}
+func (p *ArenaInfo) SetPath(val string) {
+	p.Path = val
+}
+func (p *ArenaInfo) SetSize(val int64) {
+	p.Size = val
+}
+
+func (p *ArenaInfo) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ArenaInfo(%+v)", *p)
+}
+
+var fieldIDToName_ArenaInfo = map[int16]string{
+	1: "id",
+	2: "path",
+	3: "size",
+}
+
+type Slot struct {
+	Arena  int32 `thrift:"arena,1" frugal:"1,default,i32" json:"arena"`
+	Offset int64 `thrift:"offset,2" frugal:"2,default,i64" json:"offset"`
+	Length int64 `thrift:"length,3" frugal:"3,default,i64" json:"length"`
+}
+
+func NewSlot() *Slot {
+	return &Slot{}
+}
+
+func (p *Slot) InitDefault() {
+}
+
+func (p *Slot) GetArena() (v int32) {
+	return p.Arena
+}
+
+func (p *Slot) GetOffset() (v int64) {
+	return p.Offset
+}
+
+func (p *Slot) GetLength() (v int64) {
+	return p.Length
+}
+func (p *Slot) SetArena(val int32) {
+	p.Arena = val
+}
+func (p *Slot) SetOffset(val int64) {
+	p.Offset = val
+}
+func (p *Slot) SetLength(val int64) {
+	p.Length = val
+}
+
+func (p *Slot) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("Slot(%+v)", *p)
+}
+
+var fieldIDToName_Slot = map[int16]string{
+	1: "arena",
+	2: "offset",
+	3: "length",
+}
+
 type HelloRequest struct {
 	ClientVersion int32  `thrift:"client_version,1" frugal:"1,default,i32" json:"client_version"`
 	ClientName    string `thrift:"client_name,2" frugal:"2,default,string" json:"client_name"`
@@ -257,11 +398,13 @@ var fieldIDToName_HelloRequest = map[int16]string{
 }
 
 type HelloResponse struct {
-	ServerVersion int32       `thrift:"server_version,1" frugal:"1,default,i32" json:"server_version"`
-	Build         string      `thrift:"build,2" frugal:"2,default,string" json:"build"`
-	Limits        *Limits     `thrift:"limits,3" frugal:"3,default,Limits" json:"limits"`
-	Tiers         []*TierInfo `thrift:"tiers,4" frugal:"4,default,list<TierInfo>" json:"tiers"`
-	NodeId        string      `thrift:"node_id,5" frugal:"5,default,string" json:"node_id"`
+	ServerVersion int32        `thrift:"server_version,1" frugal:"1,default,i32" json:"server_version"`
+	Build         string       `thrift:"build,2" frugal:"2,default,string" json:"build"`
+	Limits        *Limits      `thrift:"limits,3" frugal:"3,default,Limits" json:"limits"`
+	Tiers         []*TierInfo  `thrift:"tiers,4" frugal:"4,default,list<TierInfo>" json:"tiers"`
+	NodeId        string       `thrift:"node_id,5" frugal:"5,default,string" json:"node_id"`
+	Arenas        []*ArenaInfo `thrift:"arenas,6" frugal:"6,default,list<ArenaInfo>" json:"arenas"`
+	LayoutVersion int32        `thrift:"layout_version,7" frugal:"7,default,i32" json:"layout_version"`
 }
 
 func NewHelloResponse() *HelloResponse {
@@ -295,6 +438,14 @@ func (p *HelloResponse) GetTiers() (v []*TierInfo) {
 func (p *HelloResponse) GetNodeId() (v string) {
 	return p.NodeId
 }
+
+func (p *HelloResponse) GetArenas() (v []*ArenaInfo) {
+	return p.Arenas
+}
+
+func (p *HelloResponse) GetLayoutVersion() (v int32) {
+	return p.LayoutVersion
+}
 func (p *HelloResponse) SetServerVersion(val int32) {
 	p.ServerVersion = val
 }
@@ -309,6 +460,12 @@ func (p *HelloResponse) SetTiers(val []*TierInfo) {
 }
 func (p *HelloResponse) SetNodeId(val string) {
 	p.NodeId = val
+}
+func (p *HelloResponse) SetArenas(val []*ArenaInfo) {
+	p.Arenas = val
+}
+func (p *HelloResponse) SetLayoutVersion(val int32) {
+	p.LayoutVersion = val
 }
 
 func (p *HelloResponse) IsSetLimits() bool {
@@ -328,13 +485,17 @@ var fieldIDToName_HelloResponse = map[int16]string{
 	3: "limits",
 	4: "tiers",
 	5: "node_id",
+	6: "arenas",
+	7: "layout_version",
 }
 
 type PutRequest struct {
-	Ns    string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Key   []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
-	Value []byte `thrift:"value,3" frugal:"3,default,binary" json:"value"`
-	Depth int32  `thrift:"depth,4" frugal:"4,default,i32" json:"depth"`
+	Ns           string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Key          []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Value        []byte `thrift:"value,3" frugal:"3,default,binary" json:"value"`
+	Depth        int32  `thrift:"depth,4" frugal:"4,default,i32" json:"depth"`
+	Durable      bool   `thrift:"durable,5" frugal:"5,default,bool" json:"durable"`
+	SyncReplicas int32  `thrift:"sync_replicas,6" frugal:"6,default,i32" json:"sync_replicas"`
 }
 
 func NewPutRequest() *PutRequest {
@@ -359,6 +520,14 @@ func (p *PutRequest) GetValue() (v []byte) {
 func (p *PutRequest) GetDepth() (v int32) {
 	return p.Depth
 }
+
+func (p *PutRequest) GetDurable() (v bool) {
+	return p.Durable
+}
+
+func (p *PutRequest) GetSyncReplicas() (v int32) {
+	return p.SyncReplicas
+}
 func (p *PutRequest) SetNs(val string) {
 	p.Ns = val
 }
@@ -370,6 +539,12 @@ func (p *PutRequest) SetValue(val []byte) {
 }
 func (p *PutRequest) SetDepth(val int32) {
 	p.Depth = val
+}
+func (p *PutRequest) SetDurable(val bool) {
+	p.Durable = val
+}
+func (p *PutRequest) SetSyncReplicas(val int32) {
+	p.SyncReplicas = val
 }
 
 func (p *PutRequest) String() string {
@@ -384,6 +559,8 @@ var fieldIDToName_PutRequest = map[int16]string{
 	2: "key",
 	3: "value",
 	4: "depth",
+	5: "durable",
+	6: "sync_replicas",
 }
 
 type PutResponse struct {
@@ -463,8 +640,10 @@ var fieldIDToName_PutItem = map[int16]string{
 }
 
 type BatchPutRequest struct {
-	Ns    string     `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Items []*PutItem `thrift:"items,2" frugal:"2,default,list<PutItem>" json:"items"`
+	Ns           string     `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Items        []*PutItem `thrift:"items,2" frugal:"2,default,list<PutItem>" json:"items"`
+	Durable      bool       `thrift:"durable,3" frugal:"3,default,bool" json:"durable"`
+	SyncReplicas int32      `thrift:"sync_replicas,4" frugal:"4,default,i32" json:"sync_replicas"`
 }
 
 func NewBatchPutRequest() *BatchPutRequest {
@@ -481,11 +660,25 @@ func (p *BatchPutRequest) GetNs() (v string) {
 func (p *BatchPutRequest) GetItems() (v []*PutItem) {
 	return p.Items
 }
+
+func (p *BatchPutRequest) GetDurable() (v bool) {
+	return p.Durable
+}
+
+func (p *BatchPutRequest) GetSyncReplicas() (v int32) {
+	return p.SyncReplicas
+}
 func (p *BatchPutRequest) SetNs(val string) {
 	p.Ns = val
 }
 func (p *BatchPutRequest) SetItems(val []*PutItem) {
 	p.Items = val
+}
+func (p *BatchPutRequest) SetDurable(val bool) {
+	p.Durable = val
+}
+func (p *BatchPutRequest) SetSyncReplicas(val int32) {
+	p.SyncReplicas = val
 }
 
 func (p *BatchPutRequest) String() string {
@@ -498,6 +691,8 @@ func (p *BatchPutRequest) String() string {
 var fieldIDToName_BatchPutRequest = map[int16]string{
 	1: "ns",
 	2: "items",
+	3: "durable",
+	4: "sync_replicas",
 }
 
 type ItemStatus struct {
@@ -568,8 +763,9 @@ var fieldIDToName_BatchPutResponse = map[int16]string{
 }
 
 type GetRequest struct {
-	Ns  string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Key []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Ns    string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Key   []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Scope Scope  `thrift:"scope,3" frugal:"3,default,Scope" json:"scope"`
 }
 
 func NewGetRequest() *GetRequest {
@@ -586,11 +782,18 @@ func (p *GetRequest) GetNs() (v string) {
 func (p *GetRequest) GetKey() (v []byte) {
 	return p.Key
 }
+
+func (p *GetRequest) GetScope() (v Scope) {
+	return p.Scope
+}
 func (p *GetRequest) SetNs(val string) {
 	p.Ns = val
 }
 func (p *GetRequest) SetKey(val []byte) {
 	p.Key = val
+}
+func (p *GetRequest) SetScope(val Scope) {
+	p.Scope = val
 }
 
 func (p *GetRequest) String() string {
@@ -603,6 +806,7 @@ func (p *GetRequest) String() string {
 var fieldIDToName_GetRequest = map[int16]string{
 	1: "ns",
 	2: "key",
+	3: "scope",
 }
 
 type GetResponse struct {
@@ -653,8 +857,9 @@ var fieldIDToName_GetResponse = map[int16]string{
 }
 
 type BatchGetRequest struct {
-	Ns   string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Keys [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	Ns    string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Keys  [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	Scope Scope    `thrift:"scope,3" frugal:"3,default,Scope" json:"scope"`
 }
 
 func NewBatchGetRequest() *BatchGetRequest {
@@ -671,11 +876,18 @@ func (p *BatchGetRequest) GetNs() (v string) {
 func (p *BatchGetRequest) GetKeys() (v [][]byte) {
 	return p.Keys
 }
+
+func (p *BatchGetRequest) GetScope() (v Scope) {
+	return p.Scope
+}
 func (p *BatchGetRequest) SetNs(val string) {
 	p.Ns = val
 }
 func (p *BatchGetRequest) SetKeys(val [][]byte) {
 	p.Keys = val
+}
+func (p *BatchGetRequest) SetScope(val Scope) {
+	p.Scope = val
 }
 
 func (p *BatchGetRequest) String() string {
@@ -688,6 +900,7 @@ func (p *BatchGetRequest) String() string {
 var fieldIDToName_BatchGetRequest = map[int16]string{
 	1: "ns",
 	2: "keys",
+	3: "scope",
 }
 
 type GetItem struct {
@@ -767,8 +980,9 @@ var fieldIDToName_BatchGetResponse = map[int16]string{
 }
 
 type ExistsRequest struct {
-	Ns  string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Key []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Ns    string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Key   []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Scope Scope  `thrift:"scope,3" frugal:"3,default,Scope" json:"scope"`
 }
 
 func NewExistsRequest() *ExistsRequest {
@@ -785,11 +999,18 @@ func (p *ExistsRequest) GetNs() (v string) {
 func (p *ExistsRequest) GetKey() (v []byte) {
 	return p.Key
 }
+
+func (p *ExistsRequest) GetScope() (v Scope) {
+	return p.Scope
+}
 func (p *ExistsRequest) SetNs(val string) {
 	p.Ns = val
 }
 func (p *ExistsRequest) SetKey(val []byte) {
 	p.Key = val
+}
+func (p *ExistsRequest) SetScope(val Scope) {
+	p.Scope = val
 }
 
 func (p *ExistsRequest) String() string {
@@ -802,6 +1023,7 @@ func (p *ExistsRequest) String() string {
 var fieldIDToName_ExistsRequest = map[int16]string{
 	1: "ns",
 	2: "key",
+	3: "scope",
 }
 
 type ExistsResponse struct {
@@ -852,8 +1074,9 @@ var fieldIDToName_ExistsResponse = map[int16]string{
 }
 
 type BatchExistsRequest struct {
-	Ns   string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Keys [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	Ns    string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Keys  [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	Scope Scope    `thrift:"scope,3" frugal:"3,default,Scope" json:"scope"`
 }
 
 func NewBatchExistsRequest() *BatchExistsRequest {
@@ -870,11 +1093,18 @@ func (p *BatchExistsRequest) GetNs() (v string) {
 func (p *BatchExistsRequest) GetKeys() (v [][]byte) {
 	return p.Keys
 }
+
+func (p *BatchExistsRequest) GetScope() (v Scope) {
+	return p.Scope
+}
 func (p *BatchExistsRequest) SetNs(val string) {
 	p.Ns = val
 }
 func (p *BatchExistsRequest) SetKeys(val [][]byte) {
 	p.Keys = val
+}
+func (p *BatchExistsRequest) SetScope(val Scope) {
+	p.Scope = val
 }
 
 func (p *BatchExistsRequest) String() string {
@@ -887,6 +1117,7 @@ func (p *BatchExistsRequest) String() string {
 var fieldIDToName_BatchExistsRequest = map[int16]string{
 	1: "ns",
 	2: "keys",
+	3: "scope",
 }
 
 type BatchExistsResponse struct {
@@ -919,8 +1150,9 @@ var fieldIDToName_BatchExistsResponse = map[int16]string{
 }
 
 type LookupRequest struct {
-	Ns   string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Keys [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	Ns    string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Keys  [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	Scope Scope    `thrift:"scope,3" frugal:"3,default,Scope" json:"scope"`
 }
 
 func NewLookupRequest() *LookupRequest {
@@ -937,11 +1169,18 @@ func (p *LookupRequest) GetNs() (v string) {
 func (p *LookupRequest) GetKeys() (v [][]byte) {
 	return p.Keys
 }
+
+func (p *LookupRequest) GetScope() (v Scope) {
+	return p.Scope
+}
 func (p *LookupRequest) SetNs(val string) {
 	p.Ns = val
 }
 func (p *LookupRequest) SetKeys(val [][]byte) {
 	p.Keys = val
+}
+func (p *LookupRequest) SetScope(val Scope) {
+	p.Scope = val
 }
 
 func (p *LookupRequest) String() string {
@@ -954,6 +1193,7 @@ func (p *LookupRequest) String() string {
 var fieldIDToName_LookupRequest = map[int16]string{
 	1: "ns",
 	2: "keys",
+	3: "scope",
 }
 
 type LookupResponse struct {
@@ -1379,6 +1619,875 @@ var fieldIDToName_StatsResponse = map[int16]string{
 	4: "node_id",
 }
 
+type PrefetchRequest struct {
+	Ns    string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Keys  [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	Scope Scope    `thrift:"scope,3" frugal:"3,default,Scope" json:"scope"`
+}
+
+func NewPrefetchRequest() *PrefetchRequest {
+	return &PrefetchRequest{}
+}
+
+func (p *PrefetchRequest) InitDefault() {
+}
+
+func (p *PrefetchRequest) GetNs() (v string) {
+	return p.Ns
+}
+
+func (p *PrefetchRequest) GetKeys() (v [][]byte) {
+	return p.Keys
+}
+
+func (p *PrefetchRequest) GetScope() (v Scope) {
+	return p.Scope
+}
+func (p *PrefetchRequest) SetNs(val string) {
+	p.Ns = val
+}
+func (p *PrefetchRequest) SetKeys(val [][]byte) {
+	p.Keys = val
+}
+func (p *PrefetchRequest) SetScope(val Scope) {
+	p.Scope = val
+}
+
+func (p *PrefetchRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PrefetchRequest(%+v)", *p)
+}
+
+var fieldIDToName_PrefetchRequest = map[int16]string{
+	1: "ns",
+	2: "keys",
+	3: "scope",
+}
+
+type PrefetchResponse struct {
+	Queued int32 `thrift:"queued,1" frugal:"1,default,i32" json:"queued"`
+}
+
+func NewPrefetchResponse() *PrefetchResponse {
+	return &PrefetchResponse{}
+}
+
+func (p *PrefetchResponse) InitDefault() {
+}
+
+func (p *PrefetchResponse) GetQueued() (v int32) {
+	return p.Queued
+}
+func (p *PrefetchResponse) SetQueued(val int32) {
+	p.Queued = val
+}
+
+func (p *PrefetchResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("PrefetchResponse(%+v)", *p)
+}
+
+var fieldIDToName_PrefetchResponse = map[int16]string{
+	1: "queued",
+}
+
+type ReserveItem struct {
+	Key   []byte `thrift:"key,1" frugal:"1,default,binary" json:"key"`
+	Size  int64  `thrift:"size,2" frugal:"2,default,i64" json:"size"`
+	Depth int32  `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
+}
+
+func NewReserveItem() *ReserveItem {
+	return &ReserveItem{}
+}
+
+func (p *ReserveItem) InitDefault() {
+}
+
+func (p *ReserveItem) GetKey() (v []byte) {
+	return p.Key
+}
+
+func (p *ReserveItem) GetSize() (v int64) {
+	return p.Size
+}
+
+func (p *ReserveItem) GetDepth() (v int32) {
+	return p.Depth
+}
+func (p *ReserveItem) SetKey(val []byte) {
+	p.Key = val
+}
+func (p *ReserveItem) SetSize(val int64) {
+	p.Size = val
+}
+func (p *ReserveItem) SetDepth(val int32) {
+	p.Depth = val
+}
+
+func (p *ReserveItem) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReserveItem(%+v)", *p)
+}
+
+var fieldIDToName_ReserveItem = map[int16]string{
+	1: "key",
+	2: "size",
+	3: "depth",
+}
+
+type ReserveRequest struct {
+	Ns      string         `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Items   []*ReserveItem `thrift:"items,2" frugal:"2,default,list<ReserveItem>" json:"items"`
+	TtlMs   int32          `thrift:"ttl_ms,3" frugal:"3,default,i32" json:"ttl_ms"`
+	Durable bool           `thrift:"durable,4" frugal:"4,default,bool" json:"durable"`
+}
+
+func NewReserveRequest() *ReserveRequest {
+	return &ReserveRequest{}
+}
+
+func (p *ReserveRequest) InitDefault() {
+}
+
+func (p *ReserveRequest) GetNs() (v string) {
+	return p.Ns
+}
+
+func (p *ReserveRequest) GetItems() (v []*ReserveItem) {
+	return p.Items
+}
+
+func (p *ReserveRequest) GetTtlMs() (v int32) {
+	return p.TtlMs
+}
+
+func (p *ReserveRequest) GetDurable() (v bool) {
+	return p.Durable
+}
+func (p *ReserveRequest) SetNs(val string) {
+	p.Ns = val
+}
+func (p *ReserveRequest) SetItems(val []*ReserveItem) {
+	p.Items = val
+}
+func (p *ReserveRequest) SetTtlMs(val int32) {
+	p.TtlMs = val
+}
+func (p *ReserveRequest) SetDurable(val bool) {
+	p.Durable = val
+}
+
+func (p *ReserveRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReserveRequest(%+v)", *p)
+}
+
+var fieldIDToName_ReserveRequest = map[int16]string{
+	1: "ns",
+	2: "items",
+	3: "ttl_ms",
+	4: "durable",
+}
+
+type Reservation struct {
+	Code           ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message        string    `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Slot           *Slot     `thrift:"slot,3" frugal:"3,default,Slot" json:"slot"`
+	Token          int64     `thrift:"token,4" frugal:"4,default,i64" json:"token"`
+	DeadlineUnixMs int64     `thrift:"deadline_unix_ms,5" frugal:"5,default,i64" json:"deadline_unix_ms"`
+}
+
+func NewReservation() *Reservation {
+	return &Reservation{}
+}
+
+func (p *Reservation) InitDefault() {
+}
+
+func (p *Reservation) GetCode() (v ErrorCode) {
+	return p.Code
+}
+
+func (p *Reservation) GetMessage() (v string) {
+	return p.Message
+}
+
+var Reservation_Slot_DEFAULT *Slot
+
+func (p *Reservation) GetSlot() (v *Slot) {
+	if !p.IsSetSlot() {
+		return Reservation_Slot_DEFAULT
+	}
+	return p.Slot
+}
+
+func (p *Reservation) GetToken() (v int64) {
+	return p.Token
+}
+
+func (p *Reservation) GetDeadlineUnixMs() (v int64) {
+	return p.DeadlineUnixMs
+}
+func (p *Reservation) SetCode(val ErrorCode) {
+	p.Code = val
+}
+func (p *Reservation) SetMessage(val string) {
+	p.Message = val
+}
+func (p *Reservation) SetSlot(val *Slot) {
+	p.Slot = val
+}
+func (p *Reservation) SetToken(val int64) {
+	p.Token = val
+}
+func (p *Reservation) SetDeadlineUnixMs(val int64) {
+	p.DeadlineUnixMs = val
+}
+
+func (p *Reservation) IsSetSlot() bool {
+	return p.Slot != nil
+}
+
+func (p *Reservation) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("Reservation(%+v)", *p)
+}
+
+var fieldIDToName_Reservation = map[int16]string{
+	1: "code",
+	2: "message",
+	3: "slot",
+	4: "token",
+	5: "deadline_unix_ms",
+}
+
+type ReserveResponse struct {
+	Results []*Reservation `thrift:"results,1" frugal:"1,default,list<Reservation>" json:"results"`
+}
+
+func NewReserveResponse() *ReserveResponse {
+	return &ReserveResponse{}
+}
+
+func (p *ReserveResponse) InitDefault() {
+}
+
+func (p *ReserveResponse) GetResults() (v []*Reservation) {
+	return p.Results
+}
+func (p *ReserveResponse) SetResults(val []*Reservation) {
+	p.Results = val
+}
+
+func (p *ReserveResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReserveResponse(%+v)", *p)
+}
+
+var fieldIDToName_ReserveResponse = map[int16]string{
+	1: "results",
+}
+
+type CommitItem struct {
+	Token       int64 `thrift:"token,1" frugal:"1,default,i64" json:"token"`
+	HasChecksum bool  `thrift:"has_checksum,2" frugal:"2,default,bool" json:"has_checksum"`
+	Checksum    int32 `thrift:"checksum,3" frugal:"3,default,i32" json:"checksum"`
+}
+
+func NewCommitItem() *CommitItem {
+	return &CommitItem{}
+}
+
+func (p *CommitItem) InitDefault() {
+}
+
+func (p *CommitItem) GetToken() (v int64) {
+	return p.Token
+}
+
+func (p *CommitItem) GetHasChecksum() (v bool) {
+	return p.HasChecksum
+}
+
+func (p *CommitItem) GetChecksum() (v int32) {
+	return p.Checksum
+}
+func (p *CommitItem) SetToken(val int64) {
+	p.Token = val
+}
+func (p *CommitItem) SetHasChecksum(val bool) {
+	p.HasChecksum = val
+}
+func (p *CommitItem) SetChecksum(val int32) {
+	p.Checksum = val
+}
+
+func (p *CommitItem) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("CommitItem(%+v)", *p)
+}
+
+var fieldIDToName_CommitItem = map[int16]string{
+	1: "token",
+	2: "has_checksum",
+	3: "checksum",
+}
+
+type CommitRequest struct {
+	Items []*CommitItem `thrift:"items,1" frugal:"1,default,list<CommitItem>" json:"items"`
+}
+
+func NewCommitRequest() *CommitRequest {
+	return &CommitRequest{}
+}
+
+func (p *CommitRequest) InitDefault() {
+}
+
+func (p *CommitRequest) GetItems() (v []*CommitItem) {
+	return p.Items
+}
+func (p *CommitRequest) SetItems(val []*CommitItem) {
+	p.Items = val
+}
+
+func (p *CommitRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("CommitRequest(%+v)", *p)
+}
+
+var fieldIDToName_CommitRequest = map[int16]string{
+	1: "items",
+}
+
+type CommitResponse struct {
+	Results []*ItemStatus `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
+}
+
+func NewCommitResponse() *CommitResponse {
+	return &CommitResponse{}
+}
+
+func (p *CommitResponse) InitDefault() {
+}
+
+func (p *CommitResponse) GetResults() (v []*ItemStatus) {
+	return p.Results
+}
+func (p *CommitResponse) SetResults(val []*ItemStatus) {
+	p.Results = val
+}
+
+func (p *CommitResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("CommitResponse(%+v)", *p)
+}
+
+var fieldIDToName_CommitResponse = map[int16]string{
+	1: "results",
+}
+
+type AbortRequest struct {
+	Tokens []int64 `thrift:"tokens,1" frugal:"1,default,list<i64>" json:"tokens"`
+}
+
+func NewAbortRequest() *AbortRequest {
+	return &AbortRequest{}
+}
+
+func (p *AbortRequest) InitDefault() {
+}
+
+func (p *AbortRequest) GetTokens() (v []int64) {
+	return p.Tokens
+}
+func (p *AbortRequest) SetTokens(val []int64) {
+	p.Tokens = val
+}
+
+func (p *AbortRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("AbortRequest(%+v)", *p)
+}
+
+var fieldIDToName_AbortRequest = map[int16]string{
+	1: "tokens",
+}
+
+type AbortResponse struct {
+	Results []*ItemStatus `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
+}
+
+func NewAbortResponse() *AbortResponse {
+	return &AbortResponse{}
+}
+
+func (p *AbortResponse) InitDefault() {
+}
+
+func (p *AbortResponse) GetResults() (v []*ItemStatus) {
+	return p.Results
+}
+func (p *AbortResponse) SetResults(val []*ItemStatus) {
+	p.Results = val
+}
+
+func (p *AbortResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("AbortResponse(%+v)", *p)
+}
+
+var fieldIDToName_AbortResponse = map[int16]string{
+	1: "results",
+}
+
+type AcquireRequest struct {
+	Ns      string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Keys    [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	LeaseMs int32    `thrift:"lease_ms,3" frugal:"3,default,i32" json:"lease_ms"`
+	Scope   Scope    `thrift:"scope,4" frugal:"4,default,Scope" json:"scope"`
+}
+
+func NewAcquireRequest() *AcquireRequest {
+	return &AcquireRequest{}
+}
+
+func (p *AcquireRequest) InitDefault() {
+}
+
+func (p *AcquireRequest) GetNs() (v string) {
+	return p.Ns
+}
+
+func (p *AcquireRequest) GetKeys() (v [][]byte) {
+	return p.Keys
+}
+
+func (p *AcquireRequest) GetLeaseMs() (v int32) {
+	return p.LeaseMs
+}
+
+func (p *AcquireRequest) GetScope() (v Scope) {
+	return p.Scope
+}
+func (p *AcquireRequest) SetNs(val string) {
+	p.Ns = val
+}
+func (p *AcquireRequest) SetKeys(val [][]byte) {
+	p.Keys = val
+}
+func (p *AcquireRequest) SetLeaseMs(val int32) {
+	p.LeaseMs = val
+}
+func (p *AcquireRequest) SetScope(val Scope) {
+	p.Scope = val
+}
+
+func (p *AcquireRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("AcquireRequest(%+v)", *p)
+}
+
+var fieldIDToName_AcquireRequest = map[int16]string{
+	1: "ns",
+	2: "keys",
+	3: "lease_ms",
+	4: "scope",
+}
+
+type Lease struct {
+	Code     ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Slot     *Slot     `thrift:"slot,2" frugal:"2,default,Slot" json:"slot"`
+	LeaseId  int64     `thrift:"lease_id,3" frugal:"3,default,i64" json:"lease_id"`
+	Checksum int32     `thrift:"checksum,4" frugal:"4,default,i32" json:"checksum"`
+	Tier     string    `thrift:"tier,5" frugal:"5,default,string" json:"tier"`
+}
+
+func NewLease() *Lease {
+	return &Lease{}
+}
+
+func (p *Lease) InitDefault() {
+}
+
+func (p *Lease) GetCode() (v ErrorCode) {
+	return p.Code
+}
+
+var Lease_Slot_DEFAULT *Slot
+
+func (p *Lease) GetSlot() (v *Slot) {
+	if !p.IsSetSlot() {
+		return Lease_Slot_DEFAULT
+	}
+	return p.Slot
+}
+
+func (p *Lease) GetLeaseId() (v int64) {
+	return p.LeaseId
+}
+
+func (p *Lease) GetChecksum() (v int32) {
+	return p.Checksum
+}
+
+func (p *Lease) GetTier() (v string) {
+	return p.Tier
+}
+func (p *Lease) SetCode(val ErrorCode) {
+	p.Code = val
+}
+func (p *Lease) SetSlot(val *Slot) {
+	p.Slot = val
+}
+func (p *Lease) SetLeaseId(val int64) {
+	p.LeaseId = val
+}
+func (p *Lease) SetChecksum(val int32) {
+	p.Checksum = val
+}
+func (p *Lease) SetTier(val string) {
+	p.Tier = val
+}
+
+func (p *Lease) IsSetSlot() bool {
+	return p.Slot != nil
+}
+
+func (p *Lease) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("Lease(%+v)", *p)
+}
+
+var fieldIDToName_Lease = map[int16]string{
+	1: "code",
+	2: "slot",
+	3: "lease_id",
+	4: "checksum",
+	5: "tier",
+}
+
+type AcquireResponse struct {
+	Results        []*Lease `thrift:"results,1" frugal:"1,default,list<Lease>" json:"results"`
+	DeadlineUnixMs int64    `thrift:"deadline_unix_ms,2" frugal:"2,default,i64" json:"deadline_unix_ms"`
+}
+
+func NewAcquireResponse() *AcquireResponse {
+	return &AcquireResponse{}
+}
+
+func (p *AcquireResponse) InitDefault() {
+}
+
+func (p *AcquireResponse) GetResults() (v []*Lease) {
+	return p.Results
+}
+
+func (p *AcquireResponse) GetDeadlineUnixMs() (v int64) {
+	return p.DeadlineUnixMs
+}
+func (p *AcquireResponse) SetResults(val []*Lease) {
+	p.Results = val
+}
+func (p *AcquireResponse) SetDeadlineUnixMs(val int64) {
+	p.DeadlineUnixMs = val
+}
+
+func (p *AcquireResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("AcquireResponse(%+v)", *p)
+}
+
+var fieldIDToName_AcquireResponse = map[int16]string{
+	1: "results",
+	2: "deadline_unix_ms",
+}
+
+type ReleaseRequest struct {
+	LeaseIds []int64 `thrift:"lease_ids,1" frugal:"1,default,list<i64>" json:"lease_ids"`
+}
+
+func NewReleaseRequest() *ReleaseRequest {
+	return &ReleaseRequest{}
+}
+
+func (p *ReleaseRequest) InitDefault() {
+}
+
+func (p *ReleaseRequest) GetLeaseIds() (v []int64) {
+	return p.LeaseIds
+}
+func (p *ReleaseRequest) SetLeaseIds(val []int64) {
+	p.LeaseIds = val
+}
+
+func (p *ReleaseRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReleaseRequest(%+v)", *p)
+}
+
+var fieldIDToName_ReleaseRequest = map[int16]string{
+	1: "lease_ids",
+}
+
+type ReleaseResponse struct {
+	Results []*ItemStatus `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
+}
+
+func NewReleaseResponse() *ReleaseResponse {
+	return &ReleaseResponse{}
+}
+
+func (p *ReleaseResponse) InitDefault() {
+}
+
+func (p *ReleaseResponse) GetResults() (v []*ItemStatus) {
+	return p.Results
+}
+func (p *ReleaseResponse) SetResults(val []*ItemStatus) {
+	p.Results = val
+}
+
+func (p *ReleaseResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ReleaseResponse(%+v)", *p)
+}
+
+var fieldIDToName_ReleaseResponse = map[int16]string{
+	1: "results",
+}
+
+type RenewRequest struct {
+	LeaseIds []int64 `thrift:"lease_ids,1" frugal:"1,default,list<i64>" json:"lease_ids"`
+	LeaseMs  int32   `thrift:"lease_ms,2" frugal:"2,default,i32" json:"lease_ms"`
+}
+
+func NewRenewRequest() *RenewRequest {
+	return &RenewRequest{}
+}
+
+func (p *RenewRequest) InitDefault() {
+}
+
+func (p *RenewRequest) GetLeaseIds() (v []int64) {
+	return p.LeaseIds
+}
+
+func (p *RenewRequest) GetLeaseMs() (v int32) {
+	return p.LeaseMs
+}
+func (p *RenewRequest) SetLeaseIds(val []int64) {
+	p.LeaseIds = val
+}
+func (p *RenewRequest) SetLeaseMs(val int32) {
+	p.LeaseMs = val
+}
+
+func (p *RenewRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("RenewRequest(%+v)", *p)
+}
+
+var fieldIDToName_RenewRequest = map[int16]string{
+	1: "lease_ids",
+	2: "lease_ms",
+}
+
+type RenewResponse struct {
+	Results        []*ItemStatus `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
+	DeadlineUnixMs int64         `thrift:"deadline_unix_ms,2" frugal:"2,default,i64" json:"deadline_unix_ms"`
+}
+
+func NewRenewResponse() *RenewResponse {
+	return &RenewResponse{}
+}
+
+func (p *RenewResponse) InitDefault() {
+}
+
+func (p *RenewResponse) GetResults() (v []*ItemStatus) {
+	return p.Results
+}
+
+func (p *RenewResponse) GetDeadlineUnixMs() (v int64) {
+	return p.DeadlineUnixMs
+}
+func (p *RenewResponse) SetResults(val []*ItemStatus) {
+	p.Results = val
+}
+func (p *RenewResponse) SetDeadlineUnixMs(val int64) {
+	p.DeadlineUnixMs = val
+}
+
+func (p *RenewResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("RenewResponse(%+v)", *p)
+}
+
+var fieldIDToName_RenewResponse = map[int16]string{
+	1: "results",
+	2: "deadline_unix_ms",
+}
+
+type MembersRequest struct {
+}
+
+func NewMembersRequest() *MembersRequest {
+	return &MembersRequest{}
+}
+
+func (p *MembersRequest) InitDefault() {
+}
+
+func (p *MembersRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MembersRequest(%+v)", *p)
+}
+
+var fieldIDToName_MembersRequest = map[int16]string{}
+
+type Member struct {
+	Name       string `thrift:"name,1" frugal:"1,default,string" json:"name"`
+	State      string `thrift:"state,2" frugal:"2,default,string" json:"state"`
+	GossipAddr string `thrift:"gossip_addr,3" frugal:"3,default,string" json:"gossip_addr"`
+	PeerAddr   string `thrift:"peer_addr,4" frugal:"4,default,string" json:"peer_addr"`
+	Zone       string `thrift:"zone,5" frugal:"5,default,string" json:"zone"`
+	Self       bool   `thrift:"self,6" frugal:"6,default,bool" json:"self"`
+}
+
+func NewMember() *Member {
+	return &Member{}
+}
+
+func (p *Member) InitDefault() {
+}
+
+func (p *Member) GetName() (v string) {
+	return p.Name
+}
+
+func (p *Member) GetState() (v string) {
+	return p.State
+}
+
+func (p *Member) GetGossipAddr() (v string) {
+	return p.GossipAddr
+}
+
+func (p *Member) GetPeerAddr() (v string) {
+	return p.PeerAddr
+}
+
+func (p *Member) GetZone() (v string) {
+	return p.Zone
+}
+
+func (p *Member) GetSelf() (v bool) {
+	return p.Self
+}
+func (p *Member) SetName(val string) {
+	p.Name = val
+}
+func (p *Member) SetState(val string) {
+	p.State = val
+}
+func (p *Member) SetGossipAddr(val string) {
+	p.GossipAddr = val
+}
+func (p *Member) SetPeerAddr(val string) {
+	p.PeerAddr = val
+}
+func (p *Member) SetZone(val string) {
+	p.Zone = val
+}
+func (p *Member) SetSelf(val bool) {
+	p.Self = val
+}
+
+func (p *Member) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("Member(%+v)", *p)
+}
+
+var fieldIDToName_Member = map[int16]string{
+	1: "name",
+	2: "state",
+	3: "gossip_addr",
+	4: "peer_addr",
+	5: "zone",
+	6: "self",
+}
+
+type MembersResponse struct {
+	Members []*Member `thrift:"members,1" frugal:"1,default,list<Member>" json:"members"`
+}
+
+func NewMembersResponse() *MembersResponse {
+	return &MembersResponse{}
+}
+
+func (p *MembersResponse) InitDefault() {
+}
+
+func (p *MembersResponse) GetMembers() (v []*Member) {
+	return p.Members
+}
+func (p *MembersResponse) SetMembers(val []*Member) {
+	p.Members = val
+}
+
+func (p *MembersResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("MembersResponse(%+v)", *p)
+}
+
+var fieldIDToName_MembersResponse = map[int16]string{
+	1: "members",
+}
+
 type TidepoolError struct {
 	Code    ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
 	Message string    `thrift:"message,2" frugal:"2,default,string" json:"message"`
@@ -1442,6 +2551,22 @@ type Tidepool interface {
 	Clear(ctx context.Context, req *ClearRequest) (r *ClearResponse, err error)
 
 	Stats(ctx context.Context, req *StatsRequest) (r *StatsResponse, err error)
+
+	Prefetch(ctx context.Context, req *PrefetchRequest) (r *PrefetchResponse, err error)
+
+	Reserve(ctx context.Context, req *ReserveRequest) (r *ReserveResponse, err error)
+
+	Commit(ctx context.Context, req *CommitRequest) (r *CommitResponse, err error)
+
+	Abort(ctx context.Context, req *AbortRequest) (r *AbortResponse, err error)
+
+	Acquire(ctx context.Context, req *AcquireRequest) (r *AcquireResponse, err error)
+
+	Release(ctx context.Context, req *ReleaseRequest) (r *ReleaseResponse, err error)
+
+	Renew(ctx context.Context, req *RenewRequest) (r *RenewResponse, err error)
+
+	Members(ctx context.Context, req *MembersRequest) (r *MembersResponse, err error)
 }
 
 type TidepoolHelloArgs struct {
@@ -2474,6 +3599,758 @@ func (p *TidepoolStatsResult) String() string {
 }
 
 var fieldIDToName_TidepoolStatsResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolPrefetchArgs struct {
+	Req *PrefetchRequest `thrift:"req,1" frugal:"1,default,PrefetchRequest" json:"req"`
+}
+
+func NewTidepoolPrefetchArgs() *TidepoolPrefetchArgs {
+	return &TidepoolPrefetchArgs{}
+}
+
+func (p *TidepoolPrefetchArgs) InitDefault() {
+}
+
+var TidepoolPrefetchArgs_Req_DEFAULT *PrefetchRequest
+
+func (p *TidepoolPrefetchArgs) GetReq() (v *PrefetchRequest) {
+	if !p.IsSetReq() {
+		return TidepoolPrefetchArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolPrefetchArgs) SetReq(val *PrefetchRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolPrefetchArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolPrefetchArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolPrefetchArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolPrefetchArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolPrefetchResult struct {
+	Success *PrefetchResponse `thrift:"success,0,optional" frugal:"0,optional,PrefetchResponse" json:"success,omitempty"`
+	Err     *TidepoolError    `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolPrefetchResult() *TidepoolPrefetchResult {
+	return &TidepoolPrefetchResult{}
+}
+
+func (p *TidepoolPrefetchResult) InitDefault() {
+}
+
+var TidepoolPrefetchResult_Success_DEFAULT *PrefetchResponse
+
+func (p *TidepoolPrefetchResult) GetSuccess() (v *PrefetchResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolPrefetchResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolPrefetchResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolPrefetchResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolPrefetchResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolPrefetchResult) SetSuccess(x interface{}) {
+	p.Success = x.(*PrefetchResponse)
+}
+func (p *TidepoolPrefetchResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolPrefetchResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolPrefetchResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolPrefetchResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolPrefetchResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolPrefetchResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolReserveArgs struct {
+	Req *ReserveRequest `thrift:"req,1" frugal:"1,default,ReserveRequest" json:"req"`
+}
+
+func NewTidepoolReserveArgs() *TidepoolReserveArgs {
+	return &TidepoolReserveArgs{}
+}
+
+func (p *TidepoolReserveArgs) InitDefault() {
+}
+
+var TidepoolReserveArgs_Req_DEFAULT *ReserveRequest
+
+func (p *TidepoolReserveArgs) GetReq() (v *ReserveRequest) {
+	if !p.IsSetReq() {
+		return TidepoolReserveArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolReserveArgs) SetReq(val *ReserveRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolReserveArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolReserveArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolReserveArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolReserveArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolReserveResult struct {
+	Success *ReserveResponse `thrift:"success,0,optional" frugal:"0,optional,ReserveResponse" json:"success,omitempty"`
+	Err     *TidepoolError   `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolReserveResult() *TidepoolReserveResult {
+	return &TidepoolReserveResult{}
+}
+
+func (p *TidepoolReserveResult) InitDefault() {
+}
+
+var TidepoolReserveResult_Success_DEFAULT *ReserveResponse
+
+func (p *TidepoolReserveResult) GetSuccess() (v *ReserveResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolReserveResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolReserveResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolReserveResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolReserveResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolReserveResult) SetSuccess(x interface{}) {
+	p.Success = x.(*ReserveResponse)
+}
+func (p *TidepoolReserveResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolReserveResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolReserveResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolReserveResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolReserveResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolReserveResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolCommitArgs struct {
+	Req *CommitRequest `thrift:"req,1" frugal:"1,default,CommitRequest" json:"req"`
+}
+
+func NewTidepoolCommitArgs() *TidepoolCommitArgs {
+	return &TidepoolCommitArgs{}
+}
+
+func (p *TidepoolCommitArgs) InitDefault() {
+}
+
+var TidepoolCommitArgs_Req_DEFAULT *CommitRequest
+
+func (p *TidepoolCommitArgs) GetReq() (v *CommitRequest) {
+	if !p.IsSetReq() {
+		return TidepoolCommitArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolCommitArgs) SetReq(val *CommitRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolCommitArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolCommitArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolCommitArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolCommitArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolCommitResult struct {
+	Success *CommitResponse `thrift:"success,0,optional" frugal:"0,optional,CommitResponse" json:"success,omitempty"`
+	Err     *TidepoolError  `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolCommitResult() *TidepoolCommitResult {
+	return &TidepoolCommitResult{}
+}
+
+func (p *TidepoolCommitResult) InitDefault() {
+}
+
+var TidepoolCommitResult_Success_DEFAULT *CommitResponse
+
+func (p *TidepoolCommitResult) GetSuccess() (v *CommitResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolCommitResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolCommitResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolCommitResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolCommitResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolCommitResult) SetSuccess(x interface{}) {
+	p.Success = x.(*CommitResponse)
+}
+func (p *TidepoolCommitResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolCommitResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolCommitResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolCommitResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolCommitResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolCommitResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolAbortArgs struct {
+	Req *AbortRequest `thrift:"req,1" frugal:"1,default,AbortRequest" json:"req"`
+}
+
+func NewTidepoolAbortArgs() *TidepoolAbortArgs {
+	return &TidepoolAbortArgs{}
+}
+
+func (p *TidepoolAbortArgs) InitDefault() {
+}
+
+var TidepoolAbortArgs_Req_DEFAULT *AbortRequest
+
+func (p *TidepoolAbortArgs) GetReq() (v *AbortRequest) {
+	if !p.IsSetReq() {
+		return TidepoolAbortArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolAbortArgs) SetReq(val *AbortRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolAbortArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolAbortArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolAbortArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolAbortArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolAbortResult struct {
+	Success *AbortResponse `thrift:"success,0,optional" frugal:"0,optional,AbortResponse" json:"success,omitempty"`
+	Err     *TidepoolError `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolAbortResult() *TidepoolAbortResult {
+	return &TidepoolAbortResult{}
+}
+
+func (p *TidepoolAbortResult) InitDefault() {
+}
+
+var TidepoolAbortResult_Success_DEFAULT *AbortResponse
+
+func (p *TidepoolAbortResult) GetSuccess() (v *AbortResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolAbortResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolAbortResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolAbortResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolAbortResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolAbortResult) SetSuccess(x interface{}) {
+	p.Success = x.(*AbortResponse)
+}
+func (p *TidepoolAbortResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolAbortResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolAbortResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolAbortResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolAbortResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolAbortResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolAcquireArgs struct {
+	Req *AcquireRequest `thrift:"req,1" frugal:"1,default,AcquireRequest" json:"req"`
+}
+
+func NewTidepoolAcquireArgs() *TidepoolAcquireArgs {
+	return &TidepoolAcquireArgs{}
+}
+
+func (p *TidepoolAcquireArgs) InitDefault() {
+}
+
+var TidepoolAcquireArgs_Req_DEFAULT *AcquireRequest
+
+func (p *TidepoolAcquireArgs) GetReq() (v *AcquireRequest) {
+	if !p.IsSetReq() {
+		return TidepoolAcquireArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolAcquireArgs) SetReq(val *AcquireRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolAcquireArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolAcquireArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolAcquireArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolAcquireArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolAcquireResult struct {
+	Success *AcquireResponse `thrift:"success,0,optional" frugal:"0,optional,AcquireResponse" json:"success,omitempty"`
+	Err     *TidepoolError   `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolAcquireResult() *TidepoolAcquireResult {
+	return &TidepoolAcquireResult{}
+}
+
+func (p *TidepoolAcquireResult) InitDefault() {
+}
+
+var TidepoolAcquireResult_Success_DEFAULT *AcquireResponse
+
+func (p *TidepoolAcquireResult) GetSuccess() (v *AcquireResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolAcquireResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolAcquireResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolAcquireResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolAcquireResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolAcquireResult) SetSuccess(x interface{}) {
+	p.Success = x.(*AcquireResponse)
+}
+func (p *TidepoolAcquireResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolAcquireResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolAcquireResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolAcquireResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolAcquireResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolAcquireResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolReleaseArgs struct {
+	Req *ReleaseRequest `thrift:"req,1" frugal:"1,default,ReleaseRequest" json:"req"`
+}
+
+func NewTidepoolReleaseArgs() *TidepoolReleaseArgs {
+	return &TidepoolReleaseArgs{}
+}
+
+func (p *TidepoolReleaseArgs) InitDefault() {
+}
+
+var TidepoolReleaseArgs_Req_DEFAULT *ReleaseRequest
+
+func (p *TidepoolReleaseArgs) GetReq() (v *ReleaseRequest) {
+	if !p.IsSetReq() {
+		return TidepoolReleaseArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolReleaseArgs) SetReq(val *ReleaseRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolReleaseArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolReleaseArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolReleaseArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolReleaseArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolReleaseResult struct {
+	Success *ReleaseResponse `thrift:"success,0,optional" frugal:"0,optional,ReleaseResponse" json:"success,omitempty"`
+	Err     *TidepoolError   `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolReleaseResult() *TidepoolReleaseResult {
+	return &TidepoolReleaseResult{}
+}
+
+func (p *TidepoolReleaseResult) InitDefault() {
+}
+
+var TidepoolReleaseResult_Success_DEFAULT *ReleaseResponse
+
+func (p *TidepoolReleaseResult) GetSuccess() (v *ReleaseResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolReleaseResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolReleaseResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolReleaseResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolReleaseResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolReleaseResult) SetSuccess(x interface{}) {
+	p.Success = x.(*ReleaseResponse)
+}
+func (p *TidepoolReleaseResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolReleaseResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolReleaseResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolReleaseResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolReleaseResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolReleaseResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolRenewArgs struct {
+	Req *RenewRequest `thrift:"req,1" frugal:"1,default,RenewRequest" json:"req"`
+}
+
+func NewTidepoolRenewArgs() *TidepoolRenewArgs {
+	return &TidepoolRenewArgs{}
+}
+
+func (p *TidepoolRenewArgs) InitDefault() {
+}
+
+var TidepoolRenewArgs_Req_DEFAULT *RenewRequest
+
+func (p *TidepoolRenewArgs) GetReq() (v *RenewRequest) {
+	if !p.IsSetReq() {
+		return TidepoolRenewArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolRenewArgs) SetReq(val *RenewRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolRenewArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolRenewArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolRenewArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolRenewArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolRenewResult struct {
+	Success *RenewResponse `thrift:"success,0,optional" frugal:"0,optional,RenewResponse" json:"success,omitempty"`
+	Err     *TidepoolError `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolRenewResult() *TidepoolRenewResult {
+	return &TidepoolRenewResult{}
+}
+
+func (p *TidepoolRenewResult) InitDefault() {
+}
+
+var TidepoolRenewResult_Success_DEFAULT *RenewResponse
+
+func (p *TidepoolRenewResult) GetSuccess() (v *RenewResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolRenewResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolRenewResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolRenewResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolRenewResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolRenewResult) SetSuccess(x interface{}) {
+	p.Success = x.(*RenewResponse)
+}
+func (p *TidepoolRenewResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolRenewResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolRenewResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolRenewResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolRenewResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolRenewResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolMembersArgs struct {
+	Req *MembersRequest `thrift:"req,1" frugal:"1,default,MembersRequest" json:"req"`
+}
+
+func NewTidepoolMembersArgs() *TidepoolMembersArgs {
+	return &TidepoolMembersArgs{}
+}
+
+func (p *TidepoolMembersArgs) InitDefault() {
+}
+
+var TidepoolMembersArgs_Req_DEFAULT *MembersRequest
+
+func (p *TidepoolMembersArgs) GetReq() (v *MembersRequest) {
+	if !p.IsSetReq() {
+		return TidepoolMembersArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolMembersArgs) SetReq(val *MembersRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolMembersArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolMembersArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolMembersArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolMembersArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolMembersResult struct {
+	Success *MembersResponse `thrift:"success,0,optional" frugal:"0,optional,MembersResponse" json:"success,omitempty"`
+	Err     *TidepoolError   `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolMembersResult() *TidepoolMembersResult {
+	return &TidepoolMembersResult{}
+}
+
+func (p *TidepoolMembersResult) InitDefault() {
+}
+
+var TidepoolMembersResult_Success_DEFAULT *MembersResponse
+
+func (p *TidepoolMembersResult) GetSuccess() (v *MembersResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolMembersResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolMembersResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolMembersResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolMembersResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolMembersResult) SetSuccess(x interface{}) {
+	p.Success = x.(*MembersResponse)
+}
+func (p *TidepoolMembersResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolMembersResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolMembersResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolMembersResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolMembersResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolMembersResult = map[int16]string{
 	0: "success",
 	1: "err",
 }

@@ -22,6 +22,14 @@ type Client interface {
 	Delete(ctx context.Context, req *tidepool.DeleteRequest, callOptions ...callopt.Option) (r *tidepool.DeleteResponse, err error)
 	Clear(ctx context.Context, req *tidepool.ClearRequest, callOptions ...callopt.Option) (r *tidepool.ClearResponse, err error)
 	Stats(ctx context.Context, req *tidepool.StatsRequest, callOptions ...callopt.Option) (r *tidepool.StatsResponse, err error)
+	Prefetch(ctx context.Context, req *tidepool.PrefetchRequest, callOptions ...callopt.Option) (r *tidepool.PrefetchResponse, err error)
+	Reserve(ctx context.Context, req *tidepool.ReserveRequest, callOptions ...callopt.Option) (r *tidepool.ReserveResponse, err error)
+	Commit(ctx context.Context, req *tidepool.CommitRequest, callOptions ...callopt.Option) (r *tidepool.CommitResponse, err error)
+	Abort(ctx context.Context, req *tidepool.AbortRequest, callOptions ...callopt.Option) (r *tidepool.AbortResponse, err error)
+	Acquire(ctx context.Context, req *tidepool.AcquireRequest, callOptions ...callopt.Option) (r *tidepool.AcquireResponse, err error)
+	Release(ctx context.Context, req *tidepool.ReleaseRequest, callOptions ...callopt.Option) (r *tidepool.ReleaseResponse, err error)
+	Renew(ctx context.Context, req *tidepool.RenewRequest, callOptions ...callopt.Option) (r *tidepool.RenewResponse, err error)
+	Members(ctx context.Context, req *tidepool.MembersRequest, callOptions ...callopt.Option) (r *tidepool.MembersResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -106,4 +114,44 @@ func (p *kTidepoolClient) Clear(ctx context.Context, req *tidepool.ClearRequest,
 func (p *kTidepoolClient) Stats(ctx context.Context, req *tidepool.StatsRequest, callOptions ...callopt.Option) (r *tidepool.StatsResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.Stats(ctx, req)
+}
+
+func (p *kTidepoolClient) Prefetch(ctx context.Context, req *tidepool.PrefetchRequest, callOptions ...callopt.Option) (r *tidepool.PrefetchResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Prefetch(ctx, req)
+}
+
+func (p *kTidepoolClient) Reserve(ctx context.Context, req *tidepool.ReserveRequest, callOptions ...callopt.Option) (r *tidepool.ReserveResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Reserve(ctx, req)
+}
+
+func (p *kTidepoolClient) Commit(ctx context.Context, req *tidepool.CommitRequest, callOptions ...callopt.Option) (r *tidepool.CommitResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Commit(ctx, req)
+}
+
+func (p *kTidepoolClient) Abort(ctx context.Context, req *tidepool.AbortRequest, callOptions ...callopt.Option) (r *tidepool.AbortResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Abort(ctx, req)
+}
+
+func (p *kTidepoolClient) Acquire(ctx context.Context, req *tidepool.AcquireRequest, callOptions ...callopt.Option) (r *tidepool.AcquireResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Acquire(ctx, req)
+}
+
+func (p *kTidepoolClient) Release(ctx context.Context, req *tidepool.ReleaseRequest, callOptions ...callopt.Option) (r *tidepool.ReleaseResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Release(ctx, req)
+}
+
+func (p *kTidepoolClient) Renew(ctx context.Context, req *tidepool.RenewRequest, callOptions ...callopt.Option) (r *tidepool.RenewResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Renew(ctx, req)
+}
+
+func (p *kTidepoolClient) Members(ctx context.Context, req *tidepool.MembersRequest, callOptions ...callopt.Option) (r *tidepool.MembersResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Members(ctx, req)
 }

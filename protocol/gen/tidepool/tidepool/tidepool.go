@@ -90,6 +90,62 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"Prefetch": kitex.NewMethodInfo(
+		prefetchHandler,
+		newTidepoolPrefetchArgs,
+		newTidepoolPrefetchResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Reserve": kitex.NewMethodInfo(
+		reserveHandler,
+		newTidepoolReserveArgs,
+		newTidepoolReserveResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Commit": kitex.NewMethodInfo(
+		commitHandler,
+		newTidepoolCommitArgs,
+		newTidepoolCommitResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Abort": kitex.NewMethodInfo(
+		abortHandler,
+		newTidepoolAbortArgs,
+		newTidepoolAbortResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Acquire": kitex.NewMethodInfo(
+		acquireHandler,
+		newTidepoolAcquireArgs,
+		newTidepoolAcquireResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Release": kitex.NewMethodInfo(
+		releaseHandler,
+		newTidepoolReleaseArgs,
+		newTidepoolReleaseResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Renew": kitex.NewMethodInfo(
+		renewHandler,
+		newTidepoolRenewArgs,
+		newTidepoolRenewResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Members": kitex.NewMethodInfo(
+		membersHandler,
+		newTidepoolMembersArgs,
+		newTidepoolMembersResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -420,6 +476,198 @@ func newTidepoolStatsResult() interface{} {
 	return tidepool.NewTidepoolStatsResult()
 }
 
+func prefetchHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolPrefetchArgs)
+	realResult := result.(*tidepool.TidepoolPrefetchResult)
+	success, err := handler.(tidepool.Tidepool).Prefetch(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolPrefetchArgs() interface{} {
+	return tidepool.NewTidepoolPrefetchArgs()
+}
+
+func newTidepoolPrefetchResult() interface{} {
+	return tidepool.NewTidepoolPrefetchResult()
+}
+
+func reserveHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolReserveArgs)
+	realResult := result.(*tidepool.TidepoolReserveResult)
+	success, err := handler.(tidepool.Tidepool).Reserve(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolReserveArgs() interface{} {
+	return tidepool.NewTidepoolReserveArgs()
+}
+
+func newTidepoolReserveResult() interface{} {
+	return tidepool.NewTidepoolReserveResult()
+}
+
+func commitHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolCommitArgs)
+	realResult := result.(*tidepool.TidepoolCommitResult)
+	success, err := handler.(tidepool.Tidepool).Commit(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolCommitArgs() interface{} {
+	return tidepool.NewTidepoolCommitArgs()
+}
+
+func newTidepoolCommitResult() interface{} {
+	return tidepool.NewTidepoolCommitResult()
+}
+
+func abortHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolAbortArgs)
+	realResult := result.(*tidepool.TidepoolAbortResult)
+	success, err := handler.(tidepool.Tidepool).Abort(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolAbortArgs() interface{} {
+	return tidepool.NewTidepoolAbortArgs()
+}
+
+func newTidepoolAbortResult() interface{} {
+	return tidepool.NewTidepoolAbortResult()
+}
+
+func acquireHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolAcquireArgs)
+	realResult := result.(*tidepool.TidepoolAcquireResult)
+	success, err := handler.(tidepool.Tidepool).Acquire(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolAcquireArgs() interface{} {
+	return tidepool.NewTidepoolAcquireArgs()
+}
+
+func newTidepoolAcquireResult() interface{} {
+	return tidepool.NewTidepoolAcquireResult()
+}
+
+func releaseHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolReleaseArgs)
+	realResult := result.(*tidepool.TidepoolReleaseResult)
+	success, err := handler.(tidepool.Tidepool).Release(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolReleaseArgs() interface{} {
+	return tidepool.NewTidepoolReleaseArgs()
+}
+
+func newTidepoolReleaseResult() interface{} {
+	return tidepool.NewTidepoolReleaseResult()
+}
+
+func renewHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolRenewArgs)
+	realResult := result.(*tidepool.TidepoolRenewResult)
+	success, err := handler.(tidepool.Tidepool).Renew(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolRenewArgs() interface{} {
+	return tidepool.NewTidepoolRenewArgs()
+}
+
+func newTidepoolRenewResult() interface{} {
+	return tidepool.NewTidepoolRenewResult()
+}
+
+func membersHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolMembersArgs)
+	realResult := result.(*tidepool.TidepoolMembersResult)
+	success, err := handler.(tidepool.Tidepool).Members(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolMembersArgs() interface{} {
+	return tidepool.NewTidepoolMembersArgs()
+}
+
+func newTidepoolMembersResult() interface{} {
+	return tidepool.NewTidepoolMembersResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -575,6 +823,118 @@ func (p *kClient) Stats(ctx context.Context, req *tidepool.StatsRequest) (r *tid
 	_args.Req = req
 	var _result tidepool.TidepoolStatsResult
 	if err = p.c.Call(ctx, "Stats", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Prefetch(ctx context.Context, req *tidepool.PrefetchRequest) (r *tidepool.PrefetchResponse, err error) {
+	var _args tidepool.TidepoolPrefetchArgs
+	_args.Req = req
+	var _result tidepool.TidepoolPrefetchResult
+	if err = p.c.Call(ctx, "Prefetch", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Reserve(ctx context.Context, req *tidepool.ReserveRequest) (r *tidepool.ReserveResponse, err error) {
+	var _args tidepool.TidepoolReserveArgs
+	_args.Req = req
+	var _result tidepool.TidepoolReserveResult
+	if err = p.c.Call(ctx, "Reserve", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Commit(ctx context.Context, req *tidepool.CommitRequest) (r *tidepool.CommitResponse, err error) {
+	var _args tidepool.TidepoolCommitArgs
+	_args.Req = req
+	var _result tidepool.TidepoolCommitResult
+	if err = p.c.Call(ctx, "Commit", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Abort(ctx context.Context, req *tidepool.AbortRequest) (r *tidepool.AbortResponse, err error) {
+	var _args tidepool.TidepoolAbortArgs
+	_args.Req = req
+	var _result tidepool.TidepoolAbortResult
+	if err = p.c.Call(ctx, "Abort", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Acquire(ctx context.Context, req *tidepool.AcquireRequest) (r *tidepool.AcquireResponse, err error) {
+	var _args tidepool.TidepoolAcquireArgs
+	_args.Req = req
+	var _result tidepool.TidepoolAcquireResult
+	if err = p.c.Call(ctx, "Acquire", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Release(ctx context.Context, req *tidepool.ReleaseRequest) (r *tidepool.ReleaseResponse, err error) {
+	var _args tidepool.TidepoolReleaseArgs
+	_args.Req = req
+	var _result tidepool.TidepoolReleaseResult
+	if err = p.c.Call(ctx, "Release", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Renew(ctx context.Context, req *tidepool.RenewRequest) (r *tidepool.RenewResponse, err error) {
+	var _args tidepool.TidepoolRenewArgs
+	_args.Req = req
+	var _result tidepool.TidepoolRenewResult
+	if err = p.c.Call(ctx, "Renew", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Members(ctx context.Context, req *tidepool.MembersRequest) (r *tidepool.MembersResponse, err error) {
+	var _args tidepool.TidepoolMembersArgs
+	_args.Req = req
+	var _result tidepool.TidepoolMembersResult
+	if err = p.c.Call(ctx, "Members", &_args, &_result); err != nil {
 		return
 	}
 	switch {
