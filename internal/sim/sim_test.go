@@ -217,8 +217,8 @@ func loadConversation(t *testing.T) []trace.Request {
 }
 
 // TestTraceHitRates reproduces the traces README's reference figures with
-// textbook LRU and prints the comparison table of docs/policy.md (run with
-// -v).
+// textbook LRU and, with -v, prints the comparison tables of
+// docs/policy.md.
 func TestTraceHitRates(t *testing.T) {
 	reqs := loadConversation(t)
 	const tol = 0.005
@@ -252,39 +252,67 @@ func TestTraceHitRates(t *testing.T) {
 		}
 		check(r.name, res.HitRate(), r.want)
 	}
-	if raceEnabled {
-		t.Log("race detector on: skipping the comparison table")
+	if raceEnabled || !testing.Verbose() {
+		t.Log("comparison table skipped: run with -v (and without -race) to print it")
 		return
 	}
 	syn, err := Synthesize(DefaultSynthConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s", hitRateTable(map[string][]trace.Request{"conversation": reqs, "synthetic": syn}, []string{"conversation", "synthetic"}))
+	t.Logf("%s", hitRateTable(reqs, syn))
 }
 
-// hitRateTable renders the docs/policy.md table: per workload and capacity,
-// the hit rates of textbook LRU, evict.NewLRU, evict.NewPrefix and Belady.
-func hitRateTable(work map[string][]trace.Request, order []string) string {
+// hitRateTable renders the tables of docs/policy.md: per workload and
+// capacity, one node, the hit rates of textbook LRU, evict.NewLRU,
+// evict.NewPrefix, Belady and an unbounded cache; then 8 nodes of 3M tokens
+// on the conversation trace, per scope.
+func hitRateTable(conv, syn []trace.Request) string {
+	policies := []evict.Factory{NewRefLRU, evict.NewLRU, evict.NewPrefix}
 	var b strings.Builder
-	b.WriteString("\n| workload | capacity | LRU (textbook) | evict.NewLRU | evict.NewPrefix | Belady | unbounded |\n| --- | --- | --- | --- | --- | --- | --- |\n")
-	for _, name := range order {
-		reqs := work[name]
-		un, _ := Unbounded(reqs, Config{Nodes: 1})
-		for _, tokens := range []int{1_000_000, 3_000_000, 10_000_000} {
-			cfg := Config{CapacityBlocks: TokensToBlocks(tokens), Nodes: 1}
-			row := fmt.Sprintf("| %s | %dM tokens (%d blocks)", name, tokens/1_000_000, cfg.CapacityBlocks)
-			for _, f := range []evict.Factory{NewRefLRU, evict.NewLRU, evict.NewPrefix} {
-				res, err := Run(reqs, cfg, f)
-				if err != nil {
-					return err.Error()
-				}
-				row += fmt.Sprintf(" | %.3f", res.HitRate())
+	row := func(label string, reqs []trace.Request, cfg Config, un Result) {
+		fmt.Fprintf(&b, "| %s", label)
+		for _, f := range policies {
+			res, err := Run(reqs, cfg, f)
+			if err != nil {
+				fmt.Fprintf(&b, " | %v", err)
+				continue
 			}
-			opt, _ := Belady(reqs, cfg)
-			row += fmt.Sprintf(" | %.3f | %.3f |\n", opt.HitRate(), un.HitRate())
-			b.WriteString(row)
+			fmt.Fprintf(&b, " | %.3f", res.HitRate())
 		}
+		opt, err := Belady(reqs, cfg)
+		if err != nil {
+			fmt.Fprintf(&b, " | %v", err)
+		}
+		fmt.Fprintf(&b, " | %.3f | %.3f |\n", opt.HitRate(), un.HitRate())
+	}
+	b.WriteString("\n| workload, one node | LRU (textbook) | evict.NewLRU | evict.NewPrefix | Belady | unbounded |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, w := range []struct {
+		name   string
+		reqs   []trace.Request
+		tokens []int
+	}{
+		{"conversation", conv, []int{1_000_000, 3_000_000, 10_000_000, 20_000_000}},
+		{"synthetic", syn, []int{1_000_000, 3_000_000, 10_000_000}},
+	} {
+		un, _ := Unbounded(w.reqs, Config{Nodes: 1})
+		for _, tokens := range w.tokens {
+			cfg := Config{CapacityBlocks: TokensToBlocks(tokens), Nodes: 1}
+			row(fmt.Sprintf("%s, %dM tokens (%d blocks)", w.name, tokens/1_000_000, cfg.CapacityBlocks), w.reqs, cfg, un)
+		}
+	}
+	b.WriteString("\n| conversation, 8 nodes x 3M tokens, round-robin | LRU (textbook) | evict.NewLRU | evict.NewPrefix | Belady | unbounded |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, c := range []struct {
+		scope  Scope
+		copies Copies
+	}{{ScopeLocal, CopiesNone}, {ScopeCluster, CopiesNone}, {ScopeCluster, CopiesFull}, {ScopeCluster, CopiesLowPriority}} {
+		cfg := Config{CapacityBlocks: TokensToBlocks(3_000_000), Nodes: 8, Scope: c.scope, Copies: c.copies}
+		un, _ := Unbounded(conv, cfg)
+		label := c.scope.String()
+		if c.scope == ScopeCluster {
+			label += ", " + c.copies.String()
+		}
+		row(label, conv, cfg, un)
 	}
 	return b.String()
 }
