@@ -7,30 +7,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"golang.org/x/sys/unix"
 )
-
-// ArenaInfo describes one arena file, for a client that maps the same file
-// (zero-copy) or registers it with RDMA/CUDA. A block lives at
-// (arena index, offset, length); see Lease.Location.
-type ArenaInfo struct {
-	Path string
-	Size int64
-}
 
 // arena is one mapped arena file.
 type arena struct {
 	path string
 	f    *os.File
 	mem  []byte // MAP_SHARED view of the whole file
-}
-
-var staleArena = regexp.MustCompile(`^arena-[0-9]{4,}\.mem$`)
-
-func arenaPath(dir string, i int) string {
-	return filepath.Join(dir, fmt.Sprintf("arena-%04d.mem", i))
 }
 
 // prepareDir creates dir 0700 and removes arena files of a previous run (they

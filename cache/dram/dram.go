@@ -66,6 +66,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -82,6 +84,20 @@ import (
 
 // ErrArenaSpace reports that the arena volume is too small for Capacity.
 var ErrArenaSpace = errors.New("dram: not enough space for the arenas")
+
+// ArenaInfo describes one arena file, for a client that maps the same file
+// (zero-copy) or registers it with RDMA/CUDA. A block lives at
+// (arena index, offset, length); see Lease.Location.
+type ArenaInfo struct {
+	Path string
+	Size int64
+}
+
+var staleArena = regexp.MustCompile(`^arena-[0-9]{4,}\.mem$`)
+
+func arenaPath(dir string, i int) string {
+	return filepath.Join(dir, fmt.Sprintf("arena-%04d.mem", i))
+}
 
 // TierName is the name of this tier in cache.Info and cache.TierStats.
 const TierName = "dram"

@@ -1,3 +1,5 @@
+//go:build linux
+
 package dram
 
 import (
@@ -800,4 +802,54 @@ func TestConcurrent(t *testing.T) {
 	if a := tr.alloc.stats(); a.FreePages != a.TotalPages || tr.used.Load() != 0 {
 		t.Fatalf("after clearing all: alloc %+v, used %d", a, tr.used.Load())
 	}
+}
+
+// TestCloseWhileBusy closes the tier under concurrent Put and Get: requests
+// either complete with correct bytes or fail with ErrClosed, nothing
+// crashes on the unmapped arenas.
+func TestCloseWhileBusy(t *testing.T) {
+	cfg, _ := testConfig(t, 4<<20)
+	tr := newTier(t, cfg)
+	val := pattern("v", 64<<10)
+	var wg sync.WaitGroup
+	started := make(chan struct{}, 4)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			dst := make([]byte, 0, len(val))
+			for i := 0; ; i++ {
+				if i == 10 {
+					started <- struct{}{}
+				}
+				key := []byte(fmt.Sprintf("w%d-%d", w, i%100))
+				_, err := tr.Put(ctx, "ns", key, val, cache.PutOptions{})
+				if errors.Is(err, cache.ErrClosed) {
+					return
+				}
+				if err != nil {
+					t.Errorf("Put: %v", err)
+					return
+				}
+				v, _, err := tr.Get(ctx, "ns", key, dst)
+				switch {
+				case errors.Is(err, cache.ErrClosed):
+					return
+				case err == nil && !bytes.Equal(v, val):
+					t.Error("Get: wrong bytes")
+					return
+				case err != nil && !errors.Is(err, cache.ErrNotFound):
+					t.Errorf("Get: %v", err)
+					return
+				}
+			}
+		}(w)
+	}
+	for i := 0; i < 4; i++ {
+		<-started
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
 }

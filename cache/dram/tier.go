@@ -82,7 +82,9 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 		t.opDone(sh)
 		return false, err
 	}
-	crc := copyChecksum(t.bytes(off, size), value)
+	// The checksum is of the caller's bytes, so that a fault in the arena
+	// copy is caught by the next read.
+	crc := copyChecksum(t.bytes(off, size), value, false)
 
 	b := &block{
 		id: t.nextID.Add(1), ns: nss, off: off, size: size, foot: foot, crc: crc,
@@ -125,13 +127,18 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 const copyChunk = 32 << 10
 
 // copyChecksum copies src to dst (same length) and returns the CRC-32C of
-// the bytes, reading them from memory once.
-func copyChecksum(dst, src []byte) uint32 {
+// the bytes as read back from dst (ofDst) or from src, reading them from
+// memory once.
+func copyChecksum(dst, src []byte, ofDst bool) uint32 {
 	var crc uint32
 	for len(src) > 0 {
 		n := min(len(src), copyChunk)
 		copy(dst[:n], src[:n])
-		crc = cache.UpdateChecksum(crc, dst[:n])
+		if ofDst {
+			crc = cache.UpdateChecksum(crc, dst[:n])
+		} else {
+			crc = cache.UpdateChecksum(crc, src[:n])
+		}
 		dst, src = dst[n:], src[n:]
 	}
 	return crc
@@ -173,7 +180,7 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		dst = make([]byte, b.size)
 	}
 	// The checksum is of the copy: what the caller gets is what was put.
-	sum := copyChecksum(dst, t.bytes(b.off, b.size))
+	sum := copyChecksum(dst, t.bytes(b.off, b.size), true)
 	if err := t.release(&l); err != nil {
 		return nil, cache.Info{}, err
 	}

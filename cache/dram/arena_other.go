@@ -1,0 +1,25 @@
+//go:build !linux
+
+package dram
+
+import (
+	"errors"
+	"os"
+)
+
+// The DRAM tier needs Linux (fallocate, MAP_SHARED tmpfs arenas); elsewhere
+// New fails with errUnsupported so that the rest of tidepool still builds.
+var errUnsupported = errors.New("dram: arenas need Linux")
+
+type arena struct {
+	path string
+	mem  []byte
+}
+
+func prepareDir(dir string) error { return os.MkdirAll(dir, 0o700) }
+
+func checkFree(string, int64) error { return nil }
+
+func openArena(string, int64, bool) (*arena, error) { return nil, errUnsupported }
+
+func (a *arena) close() error { return nil }
