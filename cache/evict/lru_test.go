@@ -6,22 +6,22 @@ import (
 	"testing"
 )
 
-// op is one step of a scripted policy test.
-type op struct {
+// lruOp is one step of a scripted policy test.
+type lruOp struct {
 	admit  *Entry
 	touch  uint64
 	remove uint64
 }
 
-func admit(id uint64, depth int32) op { return op{admit: &Entry{ID: id, Size: 1, Depth: depth}} }
-func admitLow(id uint64, depth int32) op {
-	return op{admit: &Entry{ID: id, Size: 1, Depth: depth, LowPriority: true}}
+func lruAdmit(id uint64, depth int32) lruOp { return lruOp{admit: &Entry{ID: id, Size: 1, Depth: depth}} }
+func lruAdmitLow(id uint64, depth int32) lruOp {
+	return lruOp{admit: &Entry{ID: id, Size: 1, Depth: depth, LowPriority: true}}
 }
-func touch(id uint64) op  { return op{touch: id} }
-func remove(id uint64) op { return op{remove: id} }
+func lruTouch(id uint64) lruOp  { return lruOp{touch: id} }
+func lruRemove(id uint64) lruOp { return lruOp{remove: id} }
 
 // drain returns the eviction order of everything left in p.
-func drain(p Policy, skip func(uint64) bool) []uint64 {
+func lruDrain(p Policy, skip func(uint64) bool) []uint64 {
 	var out []uint64
 	for {
 		id, ok := p.Victim(skip)
@@ -36,7 +36,7 @@ func drain(p Policy, skip func(uint64) bool) []uint64 {
 func TestLRUOrder(t *testing.T) {
 	tests := []struct {
 		name string
-		ops  []op
+		ops  []lruOp
 		want []uint64 // eviction order
 	}{
 		{
@@ -45,82 +45,82 @@ func TestLRUOrder(t *testing.T) {
 		},
 		{
 			name: "plain LRU at equal depth",
-			ops:  []op{admit(1, 0), admit(2, 0), admit(3, 0)},
+			ops:  []lruOp{lruAdmit(1, 0), lruAdmit(2, 0), lruAdmit(3, 0)},
 			want: []uint64{1, 2, 3},
 		},
 		{
 			name: "chain 0..3 evicts deepest first",
-			ops:  []op{admit(10, 0), admit(11, 1), admit(12, 2), admit(13, 3)},
+			ops:  []lruOp{lruAdmit(10, 0), lruAdmit(11, 1), lruAdmit(12, 2), lruAdmit(13, 3)},
 			want: []uint64{13, 12, 11, 10},
 		},
 		{
 			name: "two chains admitted one after the other",
-			ops: []op{
-				admit(10, 0), admit(11, 1), admit(12, 2),
-				admit(20, 0), admit(21, 1),
+			ops: []lruOp{
+				lruAdmit(10, 0), lruAdmit(11, 1), lruAdmit(12, 2),
+				lruAdmit(20, 0), lruAdmit(21, 1),
 			},
 			want: []uint64{12, 11, 10, 21, 20},
 		},
 		{
 			name: "a new run starts when depth does not increase",
-			ops: []op{
-				admit(10, 0), admit(11, 1),
-				admit(30, 0), // depth did not increase: new run
-				admit(12, 2), // joins the new run, deeper first
+			ops: []lruOp{
+				lruAdmit(10, 0), lruAdmit(11, 1),
+				lruAdmit(30, 0), // depth did not increase: new run
+				lruAdmit(12, 2), // joins the new run, deeper first
 			},
 			want: []uint64{11, 10, 12, 30},
 		},
 		{
 			name: "touched block moves to MRU end",
-			ops:  []op{admit(1, 0), admit(2, 0), admit(3, 0), touch(1)},
+			ops:  []lruOp{lruAdmit(1, 0), lruAdmit(2, 0), lruAdmit(3, 0), lruTouch(1)},
 			want: []uint64{2, 3, 1},
 		},
 		{
 			name: "touched chain in depth order keeps deepest-first",
-			ops: []op{
-				admit(10, 0), admit(11, 1), admit(12, 2),
-				admit(20, 0),
-				touch(10), touch(11), touch(12),
+			ops: []lruOp{
+				lruAdmit(10, 0), lruAdmit(11, 1), lruAdmit(12, 2),
+				lruAdmit(20, 0),
+				lruTouch(10), lruTouch(11), lruTouch(12),
 			},
 			want: []uint64{20, 12, 11, 10},
 		},
 		{
 			name: "touch inside a run starts a new run",
-			ops:  []op{admit(10, 0), admit(11, 1), admit(12, 2), admit(13, 3), touch(11)},
+			ops:  []lruOp{lruAdmit(10, 0), lruAdmit(11, 1), lruAdmit(12, 2), lruAdmit(13, 3), lruTouch(11)},
 			want: []uint64{13, 12, 10, 11},
 		},
 		{
 			name: "low priority evicted before any normal entry",
-			ops: []op{
-				admit(1, 0), admit(2, 0),
-				admitLow(3, 0), admitLow(4, 0),
-				touch(3),
+			ops: []lruOp{
+				lruAdmit(1, 0), lruAdmit(2, 0),
+				lruAdmitLow(3, 0), lruAdmitLow(4, 0),
+				lruTouch(3),
 			},
 			want: []uint64{4, 3, 1, 2},
 		},
 		{
 			name: "low priority chain deepest first",
-			ops:  []op{admit(1, 0), admitLow(10, 0), admitLow(11, 1), admitLow(12, 2)},
+			ops:  []lruOp{lruAdmit(1, 0), lruAdmitLow(10, 0), lruAdmitLow(11, 1), lruAdmitLow(12, 2)},
 			want: []uint64{12, 11, 10, 1},
 		},
 		{
 			name: "interleaved priorities break runs",
-			ops:  []op{admit(10, 0), admitLow(50, 0), admit(11, 1)},
+			ops:  []lruOp{lruAdmit(10, 0), lruAdmitLow(50, 0), lruAdmit(11, 1)},
 			want: []uint64{50, 10, 11},
 		},
 		{
 			name: "removed and unknown ids",
-			ops:  []op{admit(1, 0), admit(2, 0), admit(3, 0), remove(2), remove(99), touch(98)},
+			ops:  []lruOp{lruAdmit(1, 0), lruAdmit(2, 0), lruAdmit(3, 0), lruRemove(2), lruRemove(99), lruTouch(98)},
 			want: []uint64{1, 3},
 		},
 		{
 			name: "remove oldest of an open run then continue it",
-			ops:  []op{admit(10, 0), admit(11, 1), admit(12, 2), remove(12), admit(13, 3)},
+			ops:  []lruOp{lruAdmit(10, 0), lruAdmit(11, 1), lruAdmit(12, 2), lruRemove(12), lruAdmit(13, 3)},
 			want: []uint64{13, 11, 10},
 		},
 		{
 			name: "re-admit refreshes",
-			ops:  []op{admit(1, 0), admit(2, 0), admit(1, 0)},
+			ops:  []lruOp{lruAdmit(1, 0), lruAdmit(2, 0), lruAdmit(1, 0)},
 			want: []uint64{2, 1},
 		},
 	}
@@ -140,7 +140,7 @@ func TestLRUOrder(t *testing.T) {
 			if got := p.Len(); got != len(tt.want) {
 				t.Fatalf("Len = %d, want %d", got, len(tt.want))
 			}
-			if got := drain(p, nil); !reflect.DeepEqual(got, tt.want) {
+			if got := lruDrain(p, nil); !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("eviction order = %v, want %v", got, tt.want)
 			}
 			if p.Len() != 0 {
@@ -208,7 +208,7 @@ func TestLRURandomConsistency(t *testing.T) {
 		}
 	}
 	seen := map[uint64]bool{}
-	for _, id := range drain(p, nil) {
+	for _, id := range lruDrain(p, nil) {
 		if !live[id] || seen[id] {
 			t.Fatalf("drained unexpected or duplicate id %d", id)
 		}
