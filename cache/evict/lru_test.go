@@ -13,7 +13,9 @@ type lruOp struct {
 	remove uint64
 }
 
-func lruAdmit(id uint64, depth int32) lruOp { return lruOp{admit: &Entry{ID: id, Size: 1, Depth: depth}} }
+func lruAdmit(id uint64, depth int32) lruOp {
+	return lruOp{admit: &Entry{ID: id, Size: 1, Depth: depth}}
+}
 func lruAdmitLow(id uint64, depth int32) lruOp {
 	return lruOp{admit: &Entry{ID: id, Size: 1, Depth: depth, LowPriority: true}}
 }
