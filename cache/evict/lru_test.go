@@ -22,7 +22,7 @@ func lruAdmitLow(id uint64, depth int32) lruOp {
 func lruTouch(id uint64) lruOp  { return lruOp{touch: id} }
 func lruRemove(id uint64) lruOp { return lruOp{remove: id} }
 
-// drain returns the eviction order of everything left in p.
+// lruDrain returns the eviction order of everything left in p.
 func lruDrain(p Policy, skip func(uint64) bool) []uint64 {
 	var out []uint64
 	for {
