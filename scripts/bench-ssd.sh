@@ -16,6 +16,8 @@
 # -benchtime=${SIZE_MIB}x): write = puts + the final flush that syncs the blob
 # files; read = gets with O_DIRECT reads (TIDEPOOL_SSD_BENCH_DIRECT=1).
 # Targets: tier write >= 70% of fio write, tier read >= 60% of fio read.
+# Row "wbuf" is a reference: fio's buffered write (direct=0, final fsync),
+# which is how RocksDB writes blob files; its ratio is tier write / it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,10 +35,11 @@ if ! command -v fio >/dev/null 2>&1; then
 	DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q fio >/dev/null
 fi
 
-# fio_mbps RW: runs one fio job and prints its bandwidth in MB/s (10^6).
+# fio_mbps RW [DIRECT]: runs one fio job and prints its bandwidth in MB/s
+# (10^6 bytes/s).
 fio_mbps() {
 	fio --name="tidepool-$1" --directory="$DIR" --filename=fio.dat \
-		--rw="$1" --bs=1M --size="${SIZE_MIB}M" --direct=1 --ioengine=psync \
+		--rw="$1" --bs=1M --size="${SIZE_MIB}M" --direct="${2:-1}" --ioengine=psync \
 		--numjobs=1 --end_fsync=1 --output-format=terse --terse-version=3 |
 		awk -F';' -v rw="$1" '{ kib = (rw == "read") ? $7 : $48; printf "%.1f\n", kib * 1024 / 1e6 }'
 }
@@ -51,6 +54,8 @@ for round in $(seq 1 "$ROUNDS"); do
 	fw=$(fio_mbps write)
 	fr=$(fio_mbps read)
 	rm -f "$DIR/fio.dat"
+	fb=$(fio_mbps write 0) # buffered write + fsync: what the tier's flush does
+	rm -f "$DIR/fio.dat"
 	out=$(cd "$DIR" && TIDEPOOL_SSD_BENCH_DIR="$DIR" TIDEPOOL_SSD_BENCH_DIRECT=1 \
 		./ssd.test -test.run '^$' -test.bench '^BenchmarkSSD$' -test.benchtime "${SIZE_MIB}x" -test.count 1)
 	tw=$(awk '/^BenchmarkSSD\/write/ { for (i = 1; i <= NF; i++) if ($(i+1) == "MB/s") print $i }' <<<"$out")
@@ -60,8 +65,9 @@ for round in $(seq 1 "$ROUNDS"); do
 		echo "$out" >&2
 		exit 1
 	fi
-	awk -v r="$round" -v fw="$fw" -v tw="$tw" -v fr="$fr" -v tr="$tr" 'BEGIN {
+	awk -v r="$round" -v fw="$fw" -v tw="$tw" -v fr="$fr" -v tr="$tr" -v fb="$fb" 'BEGIN {
 		printf "%-6s %-6s %12.1f %12.1f %7.0f%% %7s\n", r, "write", fw, tw, 100 * tw / fw, ">=70%"
 		printf "%-6s %-6s %12.1f %12.1f %7.0f%% %7s\n", r, "read", fr, tr, 100 * tr / fr, ">=60%"
+		printf "%-6s %-6s %12.1f %12s %7.0f%% %7s\n", r, "wbuf", fb, "(ref)", 100 * tw / fb, "-"
 	}'
 done

@@ -498,3 +498,41 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("stats %+v", ts)
 	}
 }
+
+// TestAccessOrderSurvivesReopen checks that the last-access times persisted
+// on Close drive eviction after a restart.
+func TestAccessOrderSurvivesReopen(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	clk := cfg.Clock.(*clock.Fake)
+	const size = 256 << 10
+	foot := footprint(len(encodeKey("ao", key(0))), size)
+	cfg.Capacity = 4 * foot
+	cfg.MaxValueSize = size
+	tr := newTier(t, cfg)
+	for i := range 4 {
+		clk.Advance(time.Second)
+		mustPut(t, tr, "ao", key(i), value(uint64(i), size), cache.PutOptions{})
+	}
+	clk.Advance(time.Second)
+	mustGet(t, tr, "ao", key(0), value(0, size)) // 0 is now the most recent
+	if _, err := tr.Delete(context.Background(), "ao", key(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	tr2 := newTier(t, cfg)
+	if _, ok := tr2.Stat(context.Background(), "ao", key(3)); ok {
+		t.Fatal("deleted block back after a clean close")
+	}
+	clk.Advance(time.Second)
+	mustPut(t, tr2, "ao", key(4), value(4, size), cache.PutOptions{})
+	mustPut(t, tr2, "ao", key(5), value(5, size), cache.PutOptions{}) // evicts 1 (oldest)
+	for i, want := range []bool{true, false, true, false, true, true} {
+		if _, ok := tr2.Stat(context.Background(), "ao", key(i)); ok != want {
+			t.Errorf("block %d present = %v, want %v", i, ok, want)
+		}
+	}
+}
