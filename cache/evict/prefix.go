@@ -195,6 +195,25 @@ func (p *prefix) priority(n *prefixNode) float64 {
 func (p *prefix) access() {
 	p.now++
 	p.clock += p.driftBy
+	if p.clock > rebaseAt {
+		p.rebase()
+	}
+}
+
+// rebaseAt bounds the clock so that the depth term (1e-4 per level) stays
+// well above float64 resolution (2^-52 relative: about 1e-7 at 1e9).
+const rebaseAt = 1e9
+
+// rebase subtracts the clock from every priority. A uniform shift keeps
+// both heaps ordered. O(n), about once per 10^9 units of aging.
+func (p *prefix) rebase() {
+	c := p.clock
+	for i := range p.heaps {
+		for _, n := range p.heaps[i] {
+			n.h -= c
+		}
+	}
+	p.clock = 0
 }
 
 // observe feeds one reuse age (accesses since the block's last access).
@@ -286,6 +305,9 @@ func (p *prefix) Remove(id uint64) {
 	h := p.heapOf(n)
 	if n.idx == 0 && !n.low && n.h > p.clock {
 		p.clock = n.h
+		if p.clock > rebaseAt {
+			p.rebase()
+		}
 	}
 	heap.Remove(h, n.idx)
 	delete(p.nodes, id)

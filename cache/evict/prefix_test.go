@@ -2,6 +2,7 @@ package evict
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -133,6 +134,40 @@ func TestPrefixRandomConsistency(t *testing.T) {
 		if n.idx != i || !n.low {
 			t.Fatalf("low heap slot %d: idx %d low %v", i, n.idx, n.low)
 		}
+	}
+}
+
+// TestPrefixRebase checks that rebasing the clock keeps the eviction order:
+// a policy whose clock starts just below rebaseAt (so that it rebases
+// after a few accesses) evicts in the same order as one starting at 0.
+func TestPrefixRebase(t *testing.T) {
+	build := func(start float64) []uint64 {
+		p := newPrefix(defaultPrefixParams)
+		p.clock = start
+		for i := range 60 {
+			p.Admit(Entry{ID: uint64(i), Depth: int32(i % 7)})
+			if i%3 == 0 {
+				p.Touch(uint64(i / 2))
+			}
+			if i%10 == 9 {
+				id, _ := p.Victim(nil)
+				p.Remove(id)
+			}
+		}
+		if p.clock >= rebaseAt {
+			t.Fatalf("clock %v not rebased", p.clock)
+		}
+		var out []uint64
+		for p.Len() > 0 {
+			id, _ := p.Victim(nil)
+			p.Remove(id)
+			out = append(out, id)
+		}
+		return out
+	}
+	want := build(0)
+	if got := build(rebaseAt - 1e-4); !slices.Equal(got, want) {
+		t.Errorf("with a rebase: order %v, want %v", got, want)
 	}
 }
 
