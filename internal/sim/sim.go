@@ -164,7 +164,13 @@ type node struct {
 // noSkip is the Victim filter: the simulator pins nothing.
 func noSkip(uint64) bool { return false }
 
-// Run replays reqs against cfg, giving each node a policy from f.
+// Run replays reqs against cfg, giving each node a policy from f. Per
+// request it counts the longest present prefix as hits, then walks the
+// request's blocks in depth order: a present block is touched (also when it
+// lies beyond the first miss, as an engine's put of an existing block
+// would), a missing one is admitted and victims are evicted until the node
+// is within capacity. Nothing is pinned: Victim gets a skip function that
+// rejects nothing.
 func Run(reqs []trace.Request, cfg Config, f evict.Factory) (Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err

@@ -33,7 +33,8 @@ type SynthConfig struct {
 	DocumentProb float64
 	// DocumentBlocks bounds a document's length. Default [4, 40].
 	DocumentBlocks [2]int
-	// MeanTurns is the mean number of turns of a session (geometric).
+	// MeanTurns is the mean number of turns of a session (1 plus a rounded
+	// exponential).
 	// Default 3.
 	MeanTurns float64
 	// TurnBlocks bounds the blocks a turn adds (the previous answer plus
