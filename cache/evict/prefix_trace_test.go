@@ -111,3 +111,39 @@ func TestPrefixCluster(t *testing.T) {
 		t.Errorf("local: NewPrefix %.4f, NewLRU %.4f", loc, lruLoc)
 	}
 }
+
+// TestPrefixSyntheticSeeds checks that NewPrefix is not tuned to one
+// workload: on other seeds of the synthetic generator, and on a sparser
+// variant (fewer shared documents, more one-off prompts, more sessions,
+// fewer turns; unbounded hit rate about 0.33, close to the trace's 0.37),
+// it must not fall behind NewLRU.
+func TestPrefixSyntheticSeeds(t *testing.T) {
+	if prefixRaceEnabled {
+		t.Skip("race detector on: skipped for time")
+	}
+	for _, seed := range []uint64{2, 3} {
+		for _, sparse := range []bool{false, true} {
+			c := sim.DefaultSynthConfig()
+			c.Seed = seed
+			if sparse {
+				c.DocumentProb = 0.05
+				c.OneOffProb = 0.3
+				c.Concurrency = 600
+				c.MeanTurns = 2
+			}
+			reqs, err := sim.Synthesize(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, blocks := range []int{1953, 5859} {
+				cfg := sim.Config{CapacityBlocks: blocks, Nodes: 1}
+				lru := hitRate(t, reqs, cfg, evict.NewLRU)
+				got := hitRate(t, reqs, cfg, evict.NewPrefix)
+				t.Logf("seed %d sparse %v, %d blocks: NewPrefix %.4f, NewLRU %.4f", seed, sparse, blocks, got, lru)
+				if got < lru-0.002 {
+					t.Errorf("seed %d sparse %v, %d blocks: NewPrefix %.4f < NewLRU %.4f", seed, sparse, blocks, got, lru)
+				}
+			}
+		}
+	}
+}
