@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 
+	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/internal/units"
 )
 
@@ -39,6 +40,7 @@ type Config struct {
 	Namespaces     []string      // allow-list of namespaces; empty allows any
 	MaxNamespaces  int           // most namespaces holding data at once
 	LeaseTimeout   time.Duration // longest read pin
+	EvictionPolicy string        // prefix (default) or lru
 	MetricsAddr    string        // loopback HTTP address for /metrics, /healthz, /readyz; empty disables
 	LogLevel       string        // debug, info, warn, error
 	LogFormat      string        // json or console
@@ -135,6 +137,7 @@ var settings = []setting{
 			return nil
 		}},
 	intSetting("max_namespaces", "most namespaces holding data at once", func(c *Config) *int { return &c.MaxNamespaces }),
+	stringSetting("eviction_policy", "eviction policy of every tier: prefix (frequency and prefix aware) or lru", func(c *Config) *string { return &c.EvictionPolicy }),
 	durationSetting("lease_timeout", "longest time a read may pin a block", func(c *Config) *time.Duration { return &c.LeaseTimeout }),
 	stringSetting("metrics_addr", "loopback HTTP address for /metrics, /healthz, /readyz; empty disables", func(c *Config) *string { return &c.MetricsAddr }),
 	stringSetting("log_level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
@@ -205,6 +208,7 @@ func DefaultConfig() Config {
 		MaxRequestSize: 256 << 20,
 		MaxNamespaces:  64,
 		LeaseTimeout:   5 * time.Second,
+		EvictionPolicy: "prefix",
 		MetricsAddr:    "127.0.0.1:9464",
 		LogLevel:       "info",
 		LogFormat:      "console",
@@ -264,6 +268,9 @@ func (c Config) Validate() error {
 	}
 	if c.DrainTimeout <= 0 {
 		bad("drain_timeout %s: must be positive", c.DrainTimeout)
+	}
+	if _, ok := policies[c.EvictionPolicy]; !ok {
+		bad("eviction_policy %q: prefix or lru", c.EvictionPolicy)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -379,6 +386,12 @@ func bindFlags(fs *flag.FlagSet) map[string]*string {
 		vals[s.key] = fs.String(s.flagName(), s.get(&def), fmt.Sprintf("%s (env %s)", s.usage, s.envName()))
 	}
 	return vals
+}
+
+// policies are the eviction policies a config may name.
+var policies = map[string]evict.Factory{
+	"prefix": evict.NewPrefix,
+	"lru":    evict.NewLRU,
 }
 
 // goVersion is reported by `tidepool version`.

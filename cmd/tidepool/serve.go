@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache/dram"
-	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
@@ -91,7 +90,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	dcfg.MaxValueSize = cfg.MaxValueSize
 	dcfg.MaxKeySize = cfg.MaxKeySize
 	dcfg.LeaseTimeout = cfg.LeaseTimeout
-	dcfg.Policy = evict.NewLRU
+	dcfg.Policy = policies[cfg.EvictionPolicy]
 	tier, err := dram.New(dcfg, lg.Named("cache.dram"))
 	if err != nil {
 		return fmt.Errorf("dram tier: %w", err)
