@@ -19,12 +19,13 @@
 //
 // Lock order (a lock may only be taken while holding locks listed before it):
 //
-//	Tier.evictMu → shard.mu → Tier.pmu → {allocator.mu, Tier.zmu}
+//	Tier.evictMu → shard.mu → Tier.pmu → {allocator.mu, Tier.zmu, Tier.rmu}
 //
 // evictMu serializes the slow path of making room (one evicter at a time);
 // shard.mu guards one shard of the index and the pin state of its blocks;
 // pmu guards the policy instance and the id → block map; allocator.mu and zmu
-// (the set of unlinked but pinned blocks) are leaves. The eviction path never
+// (the set of unlinked but pinned blocks) and rmu (the open reservations)
+// are leaves. The eviction path never
 // holds pmu while taking a shard lock: it picks and removes the victim under
 // pmu, releases it, then locks the victim's shard and re-checks.
 //
@@ -39,6 +40,20 @@
 // after expiry reports ErrLeaseExpired on Release (its bytes may have been
 // reused); Get turns that into cache.ErrLeaseExpired and never returns the
 // copy.
+//
+// # Zero-copy puts (reserve.go)
+//
+// Reserve allocates a slot exactly as Put does (evicting if needed) and
+// counts its footprint in the budget, but links it nowhere: Get, Stat,
+// Acquire and eviction cannot see it, and the space check counts it as
+// pinned. The caller writes the bytes in place (through Reservation.Bytes
+// or its own MAP_SHARED mapping of the arena file), then Commit checksums
+// the slot (verifying the caller's CRC-32C when given) and links the block
+// as Put would; a key stored meanwhile wins and the slot is freed (existed).
+// Abort frees the slot. A reservation past its deadline is reclaimed by the
+// next Reap or slow-path put, and its Commit fails with
+// cache.ErrLeaseExpired. Leases (Acquire) can be renewed (Lease.Renew)
+// while their deadline has not passed.
 //
 // # Recency
 //
@@ -126,6 +141,10 @@ type Config struct {
 	LeaseTimeout time.Duration
 	// MaxLease caps the lease an Acquire may ask for (default 1m).
 	MaxLease time.Duration
+	// ReserveTimeout is how long a Reserve with ttl ≤ 0 keeps its slot
+	// before the tier may reclaim it (default 30s). A ttl asked for is
+	// capped at max(MaxLease, ReserveTimeout).
+	ReserveTimeout time.Duration
 	// LazyFault skips faulting the arena pages in at New (about 0.3 s per
 	// GiB): New is faster, the first write to each 4 KiB page pays a
 	// fault instead. Default false.
@@ -153,6 +172,8 @@ func DefaultConfig() Config {
 		LeaseTimeout: 5 * time.Second,
 		MaxLease:     time.Minute,
 		Policy:       evict.NewLRU,
+
+		ReserveTimeout: 30 * time.Second,
 		Clock:        clock.Real{},
 	}
 }
@@ -174,6 +195,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxLease == 0 {
 		c.MaxLease = max(d.MaxLease, c.LeaseTimeout)
+	}
+	if c.ReserveTimeout == 0 {
+		c.ReserveTimeout = d.ReserveTimeout
 	}
 	if c.Policy == nil {
 		c.Policy = d.Policy
@@ -219,6 +243,9 @@ func (c Config) Validate() error {
 	if c.LeaseTimeout < 0 {
 		bad("LeaseTimeout %v is negative", c.LeaseTimeout)
 	}
+	if c.ReserveTimeout < 0 {
+		bad("ReserveTimeout %v is negative", c.ReserveTimeout)
+	}
 	if c.MaxLease < c.LeaseTimeout {
 		bad("MaxLease %v is shorter than LeaseTimeout %v", c.MaxLease, c.LeaseTimeout)
 	}
@@ -257,6 +284,11 @@ type Tier struct {
 
 	zmu     sync.Mutex
 	zombies map[*block]struct{} // unlinked blocks still pinned
+
+	rmu           sync.Mutex
+	reservations  map[*Reservation]struct{} // open reservations (reserve.go)
+	reservedBytes atomic.Int64              // their footprint: never evictable
+	reclaimed     atomic.Int64              // reservations reclaimed after their deadline
 
 	namespaces sync.Map // string → *nsState
 	nextNS     atomic.Uint32
@@ -350,6 +382,8 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		policy:    cfg.Policy(),
 		byID:      make(map[uint64]*block),
 		zombies:   make(map[*block]struct{}),
+
+		reservations: make(map[*Reservation]struct{}),
 	}
 	t.skipFunc = t.skip
 	for i := range t.shards {

@@ -17,8 +17,8 @@ type Lease struct {
 	t        *Tier
 	b        *block
 	gen      uint32
-	deadline int64 // unix nanoseconds
-	internal bool  // counted in shard.ops (Get)
+	deadline atomic.Int64 // unix nanoseconds; moved by Renew
+	internal bool         // counted in shard.ops (Get)
 	done     atomic.Bool
 }
 
@@ -70,7 +70,8 @@ func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, 
 	if internal {
 		sh.ops++
 	}
-	*l = Lease{t: t, b: b, gen: b.gen, deadline: deadline, internal: internal}
+	*l = Lease{t: t, b: b, gen: b.gen, internal: internal}
+	l.deadline.Store(deadline)
 	// Record the read for the policy; hand a full batch over outside the
 	// shard lock.
 	var batch [touchBatch]uint64
@@ -163,7 +164,43 @@ func (l *Lease) Location() (arena int, offset, length int64) {
 
 // Deadline returns the time after which the lease no longer protects the
 // bytes.
-func (l *Lease) Deadline() time.Time { return time.Unix(0, l.deadline) }
+func (l *Lease) Deadline() time.Time { return time.Unix(0, l.deadline.Load()) }
+
+// Expired reports whether the lease's deadline has passed (by the tier's
+// clock). The bytes of an expired lease may be reclaimed at any moment.
+func (l *Lease) Expired() bool { return l.t.now() >= l.deadline.Load() }
+
+// Renew extends the lease to lease from now (≤ 0 means LeaseTimeout; capped
+// at MaxLease) and returns the new deadline. A lease that was released or
+// whose deadline has passed cannot be renewed: cache.ErrLeaseExpired (even
+// when its block happens to be still in place, so that the outcome does not
+// depend on the timing of reclamation).
+func (l *Lease) Renew(lease time.Duration) (time.Time, error) {
+	t := l.t
+	if lease <= 0 {
+		lease = t.cfg.LeaseTimeout
+	}
+	lease = min(lease, t.cfg.MaxLease)
+	b := l.b
+	sh := b.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := t.clk.Now()
+	switch {
+	case l.done.Load():
+		return time.Time{}, fmt.Errorf("%w: lease already released", cache.ErrLeaseExpired)
+	case b.gen != l.gen || now.UnixNano() >= l.deadline.Load():
+		return time.Time{}, fmt.Errorf("%w: lease deadline passed before renewal", cache.ErrLeaseExpired)
+	}
+	d := now.Add(lease).UnixNano()
+	if d > l.deadline.Load() {
+		l.deadline.Store(d)
+	}
+	if d > b.leaseExp.Load() {
+		b.leaseExp.Store(d)
+	}
+	return time.Unix(0, l.deadline.Load()), nil
+}
 
 // Release unpins the block. Safe to call twice (the second call does
 // nothing). It returns cache.ErrLeaseExpired when the lease expired and the

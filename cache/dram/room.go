@@ -37,6 +37,7 @@ func (t *Tier) makeRoom(size, foot int64) (int64, error) {
 	defer t.evictMu.Unlock()
 	now := t.now()
 	t.reapZombies(now)
+	t.reapReservations(now)
 	if !t.couldFit(foot, now) {
 		if reserved {
 			t.used.Add(-foot)
@@ -71,10 +72,11 @@ func (t *Tier) couldFit(foot, now int64) bool {
 	for i := range t.shards {
 		pinned += t.shards[i].pinned.Load()
 	}
+	pinned += t.reservedBytes.Load()
 	if foot <= t.cfg.Capacity-pinned {
 		return true
 	}
-	pinned = 0
+	pinned = t.reservedBytes.Load()
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
