@@ -174,7 +174,7 @@ func DefaultConfig() Config {
 		Policy:       evict.NewLRU,
 
 		ReserveTimeout: 30 * time.Second,
-		Clock:        clock.Real{},
+		Clock:          clock.Real{},
 	}
 }
 
