@@ -13,8 +13,10 @@ uses its own namespaces, so tests do not depend on each other.
 """
 
 import hashlib
+import mmap
 import os
 import sys
+import time
 import unittest
 import uuid
 
@@ -23,18 +25,30 @@ from thrift.transport import TSocket, TTransport
 
 from tidepool import Tidepool
 from tidepool.ttypes import (
+    AbortRequest,
+    AcquireRequest,
     BatchExistsRequest,
     BatchGetRequest,
     BatchPutRequest,
     ClearRequest,
+    CommitItem,
+    CommitRequest,
     DeleteRequest,
     ErrorCode,
     ExistsRequest,
     GetRequest,
     HelloRequest,
     LookupRequest,
+    Member,
+    MembersRequest,
+    PrefetchRequest,
     PutItem,
     PutRequest,
+    ReleaseRequest,
+    RenewRequest,
+    ReserveItem,
+    ReserveRequest,
+    Scope,
     StatsRequest,
     TidepoolError,
 )
@@ -51,6 +65,37 @@ SOCKET_TIMEOUT_MS = 30000
 
 def code_name(code):
     return ErrorCode._VALUES_TO_NAMES.get(code, str(code))
+
+
+def _crc32c_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), the checksum every tidepool block carries."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def as_i32(u):
+    """The IDL carries checksums as i32: the same 32 bits, signed."""
+    return u - (1 << 32) if u >= 1 << 31 else u
+
+
+def field_name(struct, field_id):
+    """Python attribute of a struct field, looked up by its Thrift id."""
+    return {spec[0]: spec[2] for spec in struct.thrift_spec if spec}[field_id]
 
 
 def payload(n, seed):
@@ -346,6 +391,9 @@ class InteropCases:
         self.assertTidepoolError(
             ErrorCode.BATCH_TOO_LARGE, self.client.BatchExists, BatchExistsRequest(ns=ns, keys=over)
         )
+        self.assertTidepoolError(
+            ErrorCode.BATCH_TOO_LARGE, self.client.Lookup, LookupRequest(ns=ns, keys=over)
+        )
         # Nothing of the refused BatchPut was stored.
         self.assertMissing(ns, over[0])
 
@@ -353,6 +401,174 @@ class InteropCases:
         resp = self.client.BatchGet(BatchGetRequest(ns=ns, keys=over[:max_batch]))
         self.assertEqual(len(resp.results), max_batch)
         self.assertTrue(all(r.code == ErrorCode.NOT_FOUND for r in resp.results))
+
+    # ---- Scope, durable puts, Prefetch, Members -----------------------------
+
+    def test_local_scope(self):
+        ns = self.new_ns()
+        self.put(ns, b"sc-0", b"v0")
+        for scope in (Scope.DEFAULT, Scope.LOCAL):
+            name = Scope._VALUES_TO_NAMES[scope]
+            with self.subTest(name):
+                resp = self.client.Get(GetRequest(ns=ns, key=b"sc-0", scope=scope))
+                self.assertTrue(resp.found and resp.value == b"v0")
+                resp = self.client.Exists(ExistsRequest(ns=ns, key=b"sc-0", scope=scope))
+                self.assertTrue(resp.present)
+                resp = self.client.Lookup(LookupRequest(ns=ns, keys=[b"sc-0", b"sc-1"], scope=scope))
+                self.assertEqual(resp.matched, 1)
+
+    def test_durable_put(self):
+        if "ssd" not in [t.name for t in self.hello().tiers]:
+            self.skipTest("server has no ssd tier")
+        ns = self.new_ns()
+        value = payload(8 * KiB, 30)
+        resp = self.client.Put(PutRequest(ns=ns, key=b"d-0", value=value, durable=True))
+        self.assertFalse(resp.existed)
+        self.assertFound(ns, b"d-0", value)
+        resp = self.client.BatchPut(
+            BatchPutRequest(ns=ns, items=[PutItem(key=b"d-1", value=value)], durable=True)
+        )
+        self.assertEqual([r.code for r in resp.results], [ErrorCode.OK])
+        self.assertFound(ns, b"d-1", value)
+
+    def test_prefetch(self):
+        ns = self.new_ns()
+        self.put(ns, b"pf-0", b"v")
+        keys = [b"pf-0", b"pf-missing"]
+        queued = self.client.Prefetch(PrefetchRequest(ns=ns, keys=keys)).queued
+        self.assertGreaterEqual(queued, 0)
+        self.assertLessEqual(queued, len(keys))
+        self.assertFound(ns, b"pf-0", b"v")
+
+    def test_members(self):
+        node_id = self.hello().node_id
+        members = self.client.Members(MembersRequest()).members
+        self.assertGreaterEqual(len(members), 1)
+        is_self = field_name(Member, 6)
+        mine = [m for m in members if getattr(m, is_self)]
+        self.assertEqual(len(mine), 1, "exactly one member is this node")
+        self.assertEqual(mine[0].name, node_id)
+        self.assertTrue(mine[0].state)
+
+    # ---- zero copy: Reserve/Commit/Abort, Acquire/Renew/Release ------------
+
+    def shared_arenas(self):
+        """{id: ArenaInfo} from Hello; skips when the server shares none."""
+        arenas = self.hello().arenas
+        if not arenas:
+            self.skipTest("server advertises no shared arenas (zero-copy off)")
+        for a in arenas:
+            self.assertTrue(os.path.isabs(a.path), a.path)
+            self.assertGreater(a.size, 0)
+        return {a.id: a for a in arenas}
+
+    def map_arena(self, arena, writable):
+        f = open(arena.path, "r+b" if writable else "rb")
+        self.addCleanup(f.close)
+        m = mmap.mmap(
+            f.fileno(), arena.size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        )
+        self.addCleanup(m.close)
+        return m
+
+    def slot_view(self, arenas, maps, slot, writable=False):
+        """(mapping, start, end) of a slot, after checking it fits its arena."""
+        self.assertIn(slot.arena, arenas, "slot in an arena Hello did not list")
+        arena = arenas[slot.arena]
+        self.assertGreaterEqual(slot.offset, 0)
+        self.assertLessEqual(slot.offset + slot.length, arena.size)
+        key = (slot.arena, writable)
+        if key not in maps:
+            maps[key] = self.map_arena(arena, writable)
+        return maps[key], slot.offset, slot.offset + slot.length
+
+    def reserve(self, ns, values):
+        items = [ReserveItem(key=k, size=len(v), depth=i) for i, (k, v) in enumerate(values)]
+        return self.client.Reserve(ReserveRequest(ns=ns, items=items)).results
+
+    def test_reserve_commit(self):
+        arenas, maps = self.shared_arenas(), {}
+        ns = self.new_ns()
+        values = [(b"zc-0", payload(4 * KiB, 40)), (b"zc-1", payload(64 * KiB + 3, 41))]
+        results = self.reserve(ns, values)
+        self.assertEqual(len(results), len(values))
+        commits = []
+        for i, ((key, value), r) in enumerate(zip(values, results)):
+            self.assertEqual(r.code, ErrorCode.OK, "%r: %s %r" % (key, code_name(r.code), r.message))
+            self.assertEqual(r.slot.length, len(value))
+            self.assertGreater(r.deadline_unix_ms, int(time.time() * 1000) - 1000)
+            m, start, end = self.slot_view(arenas, maps, r.slot, writable=True)
+            m[start:end] = value
+            # The first item sends its checksum, the second lets the server compute it.
+            if i == 0:
+                commits.append(CommitItem(token=r.token, has_checksum=True, checksum=as_i32(crc32c(value))))
+            else:
+                commits.append(CommitItem(token=r.token, has_checksum=False))
+        # Reserved is not yet visible.
+        self.assertMissing(ns, b"zc-0")
+        resp = self.client.Commit(CommitRequest(items=commits))
+        self.assertEqual([code_name(r.code) for r in resp.results], ["OK", "OK"])
+        for key, value in values:
+            self.assertFound(ns, key, value)
+        # Reserving a key that exists: EXISTS, nothing to write.
+        again = self.reserve(ns, values[:1])
+        self.assertEqual(again[0].code, ErrorCode.EXISTS, code_name(again[0].code))
+
+    def test_commit_checksum_mismatch(self):
+        arenas, maps = self.shared_arenas(), {}
+        ns = self.new_ns()
+        value = payload(4 * KiB, 42)
+        (r,) = self.reserve(ns, [(b"bad-crc", value)])
+        self.assertEqual(r.code, ErrorCode.OK, code_name(r.code))
+        m, start, end = self.slot_view(arenas, maps, r.slot, writable=True)
+        m[start:end] = value
+        wrong = as_i32(crc32c(value) ^ 1)
+        resp = self.client.Commit(CommitRequest(items=[CommitItem(token=r.token, has_checksum=True, checksum=wrong)]))
+        self.assertEqual(resp.results[0].code, ErrorCode.CHECKSUM_MISMATCH, code_name(resp.results[0].code))
+        self.assertMissing(ns, b"bad-crc")
+
+    def test_abort(self):
+        self.shared_arenas()
+        ns = self.new_ns()
+        (r,) = self.reserve(ns, [(b"aborted", payload(1 * KiB, 43))])
+        self.assertEqual(r.code, ErrorCode.OK, code_name(r.code))
+        resp = self.client.Abort(AbortRequest(tokens=[r.token]))
+        self.assertEqual(resp.results[0].code, ErrorCode.OK, code_name(resp.results[0].code))
+        self.assertMissing(ns, b"aborted")
+        # An aborted reservation cannot be committed.
+        resp = self.client.Commit(CommitRequest(items=[CommitItem(token=r.token)]))
+        self.assertNotEqual(resp.results[0].code, ErrorCode.OK)
+        self.assertMissing(ns, b"aborted")
+
+    def test_acquire_renew_release(self):
+        arenas, maps = self.shared_arenas(), {}
+        ns = self.new_ns()
+        values = {b"aq-0": payload(4 * KiB, 44), b"aq-1": payload(256 * KiB + 1, 45)}
+        for key, value in values.items():
+            self.put(ns, key, value)
+        keys = [b"aq-0", b"aq-missing", b"aq-1"]
+        resp = self.client.Acquire(AcquireRequest(ns=ns, keys=keys))
+        self.assertEqual(len(resp.results), len(keys))
+        self.assertGreater(resp.deadline_unix_ms, int(time.time() * 1000))
+        leases = []
+        for key, lease in zip(keys, resp.results):
+            if key not in values:
+                self.assertEqual(lease.code, ErrorCode.NOT_FOUND, code_name(lease.code))
+                continue
+            self.assertEqual(lease.code, ErrorCode.OK, "%r: %s" % (key, code_name(lease.code)))
+            self.assertTrue(lease.tier)
+            self.assertEqual(lease.slot.length, len(values[key]))
+            m, start, end = self.slot_view(arenas, maps, lease.slot)
+            self.assertTrue(m[start:end] == values[key], "%r: arena bytes differ" % key)
+            self.assertEqual(lease.checksum, as_i32(crc32c(values[key])))
+            leases.append(lease.lease_id)
+        resp = self.client.Renew(RenewRequest(lease_ids=leases, lease_ms=5000))
+        self.assertEqual([code_name(r.code) for r in resp.results], ["OK"] * len(leases))
+        resp = self.client.Release(ReleaseRequest(lease_ids=leases))
+        self.assertEqual([code_name(r.code) for r in resp.results], ["OK"] * len(leases))
+        # Released blocks can still be read and deleted.
+        self.assertFound(ns, b"aq-1", values[b"aq-1"])
+        self.assertTrue(self.client.Delete(DeleteRequest(ns=ns, key=b"aq-0")).deleted)
 
 
 class BufferedTransportTest(InteropCases, unittest.TestCase):
