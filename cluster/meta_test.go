@@ -12,7 +12,7 @@ func fullMeta() Meta {
 	return Meta{
 		NodeID: "tidepool-7f9c-0", PeerAddr: "10.1.2.3:7951", TransferAddr: "10.1.2.3:7950",
 		Zone: "us-east-1a", Protocol: ProtocolVersion, Leaving: true,
-		RDMA: &RDMAEndpoint{GID: [16]byte{0xfe, 0x80, 15: 1}, LID: 7, Port: 1},
+		RDMA:  &RDMAEndpoint{GID: [16]byte{0xfe, 0x80, 15: 1}, LID: 7, Port: 1},
 		Tiers: []TierUsage{{TierGPU, 80 << 30, 1 << 30}, {TierDRAM, 256 << 30, 3}, {TierSSD, 4 << 40, 0}},
 	}
 }
