@@ -1,0 +1,559 @@
+package proxy
+
+// The zero-copy calls (DESIGN.md §4, docs/zerocopy.md): the engine maps the
+// DRAM tier's arena files, writes reserved slots in place and reads pinned
+// blocks in place; only small control messages cross the socket.
+//
+// The proxy keeps two tables of handles, by random 63-bit id: open
+// reservations (token → *dram.Reservation) and held leases (lease id →
+// *dram.Lease). An id leaves its table at Commit/Abort/Release, or when it
+// is found past its deadline. Expiry needs no goroutine: every zero-copy
+// call sweeps the tables when the last sweep is older than sweepEvery, and
+// ZeroCopyStats sweeps always (so a metrics scrape keeps the counters and
+// the tables current on an idle node). The memory itself never waits for a
+// sweep: an expired lease no longer protects its block from eviction, and
+// the tier reclaims expired reservations when a put needs room.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"weak"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
+)
+
+// Errors of the zero-copy calls. Both id errors map to LEASE_EXPIRED.
+var (
+	// ErrNoReservation: the token is unknown, was already committed or
+	// aborted, or its deadline passed.
+	ErrNoReservation = errors.New("proxy: unknown or expired reservation token")
+	// ErrNoLease: the lease id is unknown, was already released, or its
+	// deadline passed.
+	ErrNoLease = errors.New("proxy: lease not held")
+	// ErrNoArenas: the store has no shared arenas (no DRAM tier).
+	ErrNoArenas = errors.New("proxy: the store has no shared arenas")
+)
+
+// ArenaLayoutVersion is the version of the arena layout that Hello reports:
+// a slot is the byte range [offset, offset+length) of arena file `arena`,
+// holding exactly the value's bytes (no header), and the checksum is the
+// CRC-32C (Castagnoli) of those bytes. Clients refuse other versions.
+const ArenaLayoutVersion = 1
+
+// ZeroCopyStore is what the zero-copy calls need from the store: the DRAM
+// tier's shared arenas. *dram.Tier satisfies it; a tiered store forwards to
+// its DRAM tier, and its Acquire should bring blocks from slower tiers into
+// DRAM first (else the proxy does it through Get, Reserve and Commit).
+type ZeroCopyStore interface {
+	Arenas() []dram.ArenaInfo
+	Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (*dram.Reservation, error)
+	Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*dram.Lease, error)
+}
+
+var _ ZeroCopyStore = (*dram.Tier)(nil)
+
+// reaper is implemented by stores that free expired reservations and leases
+// on demand (*dram.Tier); the sweep calls it.
+type reaper interface{ Reap() int }
+
+// sweepEvery is the least time between two sweeps of the handle tables by
+// the zero-copy calls.
+const sweepEvery = 250 * time.Millisecond
+
+// maxHandles bounds each table, so that a runaway client cannot grow the
+// sidecar's heap without bound (each lease also pins DRAM).
+const maxHandles = 1 << 20
+
+// Slot is where a reserved or pinned block's bytes lie in the shared arenas.
+type Slot struct {
+	Arena  int
+	Offset int64
+	Length int64
+}
+
+// ReserveItem is one slot asked for by Reserve.
+type ReserveItem struct {
+	Key   []byte
+	Size  int64
+	Depth int32
+}
+
+// ReserveResult is one item of Reserve: Err is nil (write Size bytes at
+// Slot, then Commit Token before Deadline), cache.ErrExists (the key is
+// present: nothing to write), or the item's error.
+type ReserveResult struct {
+	Slot     Slot
+	Token    int64
+	Deadline time.Time
+	Err      error
+}
+
+// CommitItem is one reservation to publish. When HasChecksum, Checksum is
+// the CRC-32C of the bytes written and is verified; else the server
+// computes it.
+type CommitItem struct {
+	Token       int64
+	Checksum    uint32
+	HasChecksum bool
+}
+
+// AcquireResult is one key of Acquire: Err is nil (the block is pinned at
+// Slot until Release or Deadline), cache.ErrNotFound, or the item's error.
+type AcquireResult struct {
+	Slot     Slot
+	LeaseID  int64
+	Info     cache.Info
+	Deadline time.Time
+	Err      error
+}
+
+// ZeroCopyStats is a snapshot of the zero-copy counters.
+type ZeroCopyStats struct {
+	LiveReservations int64 // open reservations (gauge)
+	LiveLeases       int64 // held leases (gauge)
+	Reserved         int64 // slots reserved
+	Committed        int64 // reservations published
+	CommitExists     int64 // commits that found the key already stored
+	Aborted          int64 // reservations aborted by the client
+	// ReservationsReclaimed counts reservations dropped because their
+	// deadline passed before Commit or Abort.
+	ReservationsReclaimed int64
+	Acquired              int64 // leases granted
+	Released              int64 // leases released in time
+	Renewed               int64 // lease renewals
+	// LeaseExpirations counts leases whose deadline passed before Release
+	// (found by a sweep, a late Release or a late Renew).
+	LeaseExpirations int64
+}
+
+// zcState is a proxy's zero-copy state.
+type zcState struct {
+	mu           sync.Mutex
+	reservations map[int64]*dram.Reservation
+	leases       map[int64]*dram.Lease
+	lastSweep    time.Time
+
+	reserved, committed, commitExists, aborted, reclaimed     atomic.Int64
+	acquired, released, renewed, leaseExpirations, liveLeases atomic.Int64
+	liveReservations                                          atomic.Int64
+}
+
+// zcStates holds each Proxy's zcState, keyed weakly so that a collected
+// Proxy takes its state with it. (A field of Proxy would do as well; this
+// keeps the zero-copy code out of proxy.go.)
+var zcStates sync.Map // weak.Pointer[Proxy] → *zcState
+
+func (p *Proxy) zc() *zcState {
+	k := weak.Make(p)
+	if v, ok := zcStates.Load(k); ok {
+		return v.(*zcState)
+	}
+	s := &zcState{reservations: map[int64]*dram.Reservation{}, leases: map[int64]*dram.Lease{}}
+	v, loaded := zcStates.LoadOrStore(k, s)
+	if !loaded {
+		runtime.AddCleanup(p, func(k weak.Pointer[Proxy]) { zcStates.Delete(k) }, k)
+	}
+	return v.(*zcState)
+}
+
+// zeroCopyStore returns the store's zero-copy view, and the state.
+func (p *Proxy) zeroCopyStore() (ZeroCopyStore, *zcState, error) {
+	zs, ok := p.store.(ZeroCopyStore)
+	if !ok {
+		return nil, nil, ErrNoArenas
+	}
+	s := p.zc()
+	s.maybeSweep(p.store)
+	return zs, s, nil
+}
+
+// Arenas describes the shared arena files for Hello (nil when the store has
+// none) and the layout version.
+func (p *Proxy) Arenas() ([]dram.ArenaInfo, int) {
+	zs, ok := p.store.(ZeroCopyStore)
+	if !ok {
+		return nil, ArenaLayoutVersion
+	}
+	return zs.Arenas(), ArenaLayoutVersion
+}
+
+// newID returns a random positive id not in use (s.mu held): ids are hard
+// to guess, so that one client cannot release another's lease by accident
+// or on purpose.
+func newID[T any](m map[int64]T) int64 {
+	for {
+		id := rand.Int64()
+		if _, taken := m[id]; id != 0 && !taken {
+			return id
+		}
+	}
+}
+
+func (s *zcState) maybeSweep(store Store) {
+	s.mu.Lock()
+	due := time.Since(s.lastSweep) >= sweepEvery
+	s.mu.Unlock()
+	if due {
+		s.sweep(store)
+	}
+}
+
+// sweep drops expired handles from the tables and lets the store reap.
+func (s *zcState) sweep(store Store) {
+	var rs []*dram.Reservation
+	var ls []*dram.Lease
+	s.mu.Lock()
+	s.lastSweep = time.Now()
+	for id, r := range s.reservations {
+		if r.Expired() {
+			delete(s.reservations, id)
+			rs = append(rs, r)
+		}
+	}
+	for id, l := range s.leases {
+		if l.Expired() {
+			delete(s.leases, id)
+			ls = append(ls, l)
+		}
+	}
+	s.mu.Unlock()
+	for _, r := range rs {
+		_ = r.Abort() // may have been reclaimed by the tier already
+	}
+	for _, l := range ls {
+		_ = l.Release()
+	}
+	s.reclaimed.Add(int64(len(rs)))
+	s.liveReservations.Add(-int64(len(rs)))
+	s.leaseExpirations.Add(int64(len(ls)))
+	s.liveLeases.Add(-int64(len(ls)))
+	if r, ok := store.(reaper); ok {
+		r.Reap()
+	}
+}
+
+// ZeroCopyStats sweeps the handle tables and returns the counters.
+func (p *Proxy) ZeroCopyStats() ZeroCopyStats {
+	s := p.zc()
+	s.sweep(p.store)
+	return ZeroCopyStats{
+		LiveReservations:      s.liveReservations.Load(),
+		LiveLeases:            s.liveLeases.Load(),
+		Reserved:              s.reserved.Load(),
+		Committed:             s.committed.Load(),
+		CommitExists:          s.commitExists.Load(),
+		Aborted:               s.aborted.Load(),
+		ReservationsReclaimed: s.reclaimed.Load(),
+		Acquired:              s.acquired.Load(),
+		Released:              s.released.Load(),
+		Renewed:               s.renewed.Load(),
+		LeaseExpirations:      s.leaseExpirations.Load(),
+	}
+}
+
+func checkDuration(name string, d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%w: %s %v is negative", ErrInvalidArgument, name, d)
+	}
+	return nil
+}
+
+func checkIDs(p *Proxy, n int) error {
+	if n == 0 {
+		return nil
+	}
+	return p.checkBatch(n)
+}
+
+// Reserve allocates slots for blocks of ns that the caller writes in place
+// and then publishes with Commit (or frees with Abort) before their
+// deadline (ttl ≤ 0: the store's default). A request-level problem is
+// returned as err; per-item outcomes are in results, in order.
+func (p *Proxy) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl time.Duration, durable bool) ([]ReserveResult, error) {
+	if err := p.checkBatch(len(items)); err != nil {
+		return nil, err
+	}
+	if err := checkDuration("reservation ttl", ttl); err != nil {
+		return nil, err
+	}
+	if err := p.admitNamespace(ns); err != nil {
+		return nil, err
+	}
+	zs, s, err := p.zeroCopyStore()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ReserveResult, len(items))
+	for i, it := range items {
+		res := &out[i]
+		if res.Err = p.checkKey(it.Key); res.Err != nil {
+			continue
+		}
+		switch {
+		case it.Size < 0:
+			res.Err = fmt.Errorf("%w: size %d is negative", ErrInvalidArgument, it.Size)
+			continue
+		case it.Size > p.cfg.MaxValueBytes:
+			res.Err = fmt.Errorf("%w: reservation of %d bytes, limit %d", cache.ErrTooLarge, it.Size, p.cfg.MaxValueBytes)
+			continue
+		}
+		r, err := zs.Reserve(ctx, ns, it.Key, it.Size, cache.PutOptions{Depth: it.Depth, Durable: durable}, ttl)
+		if err != nil {
+			res.Err = err
+			continue
+		}
+		s.mu.Lock()
+		if len(s.reservations) >= maxHandles {
+			s.mu.Unlock()
+			_ = r.Abort()
+			res.Err = fmt.Errorf("%w: %d reservations open", cache.ErrNoSpace, maxHandles)
+			continue
+		}
+		id := newID(s.reservations)
+		s.reservations[id] = r
+		s.mu.Unlock()
+		s.reserved.Add(1)
+		s.liveReservations.Add(1)
+		a, off, n := r.Location()
+		*res = ReserveResult{Slot: Slot{Arena: a, Offset: off, Length: n}, Token: id, Deadline: r.Deadline()}
+	}
+	return out, nil
+}
+
+// takeReservation removes a token from the table.
+func (s *zcState) takeReservation(token int64) (*dram.Reservation, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.reservations[token]
+	if ok {
+		delete(s.reservations, token)
+		s.liveReservations.Add(-1)
+	}
+	return r, ok
+}
+
+// Commit publishes reserved slots. Per item: nil, cache.ErrExists (the key
+// was stored meanwhile; the slot is freed), ErrNoReservation (unknown,
+// already committed or aborted, or expired token), cache.ErrChecksum (the
+// bytes do not match the checksum given; the slot is freed).
+func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error) {
+	if err := checkIDs(p, len(items)); err != nil {
+		return nil, err
+	}
+	_, s, err := p.zeroCopyStore()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, len(items))
+	for i, it := range items {
+		r, ok := s.takeReservation(it.Token)
+		if !ok {
+			out[i] = fmt.Errorf("%w: token %d", ErrNoReservation, it.Token)
+			continue
+		}
+		existed, err := r.Commit(ctx, it.Checksum, it.HasChecksum)
+		switch {
+		case errors.Is(err, cache.ErrLeaseExpired):
+			s.reclaimed.Add(1)
+			out[i] = fmt.Errorf("%w: token %d: %w", ErrNoReservation, it.Token, err)
+		case err != nil:
+			out[i] = err
+		case existed:
+			s.commitExists.Add(1)
+			out[i] = cache.ErrExists
+		default:
+			s.committed.Add(1)
+		}
+	}
+	return out, nil
+}
+
+// Abort frees reserved slots. Per item: nil or ErrNoReservation.
+func (p *Proxy) Abort(ctx context.Context, tokens []int64) ([]error, error) {
+	if err := checkIDs(p, len(tokens)); err != nil {
+		return nil, err
+	}
+	_, s, err := p.zeroCopyStore()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, len(tokens))
+	for i, tok := range tokens {
+		r, ok := s.takeReservation(tok)
+		if !ok {
+			out[i] = fmt.Errorf("%w: token %d", ErrNoReservation, tok)
+			continue
+		}
+		if err := r.Abort(); err != nil {
+			s.reclaimed.Add(1)
+			out[i] = fmt.Errorf("%w: token %d: %w", ErrNoReservation, tok, err)
+			continue
+		}
+		s.aborted.Add(1)
+	}
+	return out, nil
+}
+
+// Acquire pins blocks of ns in the shared arenas for lease (≤ 0: the
+// store's default; capped by it), bringing a block found in a slower tier
+// into DRAM first. Per key: nil (pinned at Slot: Release it before
+// Deadline), cache.ErrNotFound, or the item's error. The caller MUST
+// Release every lease it gets, or let it expire.
+func (p *Proxy) Acquire(ctx context.Context, ns string, keys [][]byte, lease time.Duration, scope Scope) ([]AcquireResult, error) {
+	if err := p.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	if err := checkDuration("lease", lease); err != nil {
+		return nil, err
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	zs, s, err := p.zeroCopyStore()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]AcquireResult, len(keys))
+	for i, k := range keys {
+		res := &out[i]
+		if res.Err = p.checkKey(k); res.Err != nil {
+			continue
+		}
+		l, err := zs.Acquire(ctx, ns, k, lease)
+		if errors.Is(err, cache.ErrNotFound) && p.fillDRAM(ctx, zs, ns, k, scope) {
+			l, err = zs.Acquire(ctx, ns, k, lease)
+		}
+		if err != nil {
+			res.Err = err
+			continue
+		}
+		s.mu.Lock()
+		if len(s.leases) >= maxHandles {
+			s.mu.Unlock()
+			_ = l.Release()
+			res.Err = fmt.Errorf("%w: %d leases held", cache.ErrNoSpace, maxHandles)
+			continue
+		}
+		id := newID(s.leases)
+		s.leases[id] = l
+		s.mu.Unlock()
+		s.acquired.Add(1)
+		s.liveLeases.Add(1)
+		a, off, n := l.Location()
+		*res = AcquireResult{Slot: Slot{Arena: a, Offset: off, Length: n}, LeaseID: id, Info: l.Info(), Deadline: l.Deadline()}
+	}
+	return out, nil
+}
+
+// fillDRAM copies a block that the store's DRAM tier misses but the store
+// (a slower tier) has into DRAM, and reports whether it is there now. A
+// store that is the DRAM tier alone has nothing more to offer.
+func (p *Proxy) fillDRAM(ctx context.Context, zs ZeroCopyStore, ns string, key []byte, scope Scope) bool {
+	if _, single := p.store.(*dram.Tier); single {
+		return false
+	}
+	v, info, err := p.Get(ctx, ns, key, scope)
+	if err != nil {
+		return false
+	}
+	r, err := zs.Reserve(ctx, ns, key, int64(len(v)), cache.PutOptions{Depth: info.Depth}, 0)
+	if errors.Is(err, cache.ErrExists) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	copy(r.Bytes(), v)
+	_, err = r.Commit(ctx, cache.Checksum(v), true)
+	return err == nil
+}
+
+// takeLease removes a lease id from the table.
+func (s *zcState) takeLease(id int64) (*dram.Lease, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.leases[id]
+	if ok {
+		delete(s.leases, id)
+		s.liveLeases.Add(-1)
+	}
+	return l, ok
+}
+
+// Release unpins leased blocks. Per item: nil, ErrNoLease (unknown or
+// already released id), or cache.ErrLeaseExpired (released after its
+// deadline: bytes read through it since may be wrong; the pin is dropped
+// all the same).
+func (p *Proxy) Release(ctx context.Context, ids []int64) ([]error, error) {
+	if err := checkIDs(p, len(ids)); err != nil {
+		return nil, err
+	}
+	_, s, err := p.zeroCopyStore()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, len(ids))
+	for i, id := range ids {
+		l, ok := s.takeLease(id)
+		if !ok {
+			out[i] = fmt.Errorf("%w: lease %d (unknown, released or expired)", ErrNoLease, id)
+			continue
+		}
+		expired := l.Expired()
+		if err := l.Release(); err != nil || expired {
+			s.leaseExpirations.Add(1)
+			out[i] = fmt.Errorf("%w: lease %d released after its deadline", cache.ErrLeaseExpired, id)
+			continue
+		}
+		s.released.Add(1)
+	}
+	return out, nil
+}
+
+// Renew extends leases to lease from now (≤ 0: the store's default).
+// Per item: nil, ErrNoLease, or cache.ErrLeaseExpired (the deadline had
+// passed: the lease is dropped). deadline is the earliest new deadline of
+// the renewed leases (zero when none was).
+func (p *Proxy) Renew(ctx context.Context, ids []int64, lease time.Duration) (results []error, deadline time.Time, err error) {
+	if err := checkIDs(p, len(ids)); err != nil {
+		return nil, time.Time{}, err
+	}
+	if err := checkDuration("lease", lease); err != nil {
+		return nil, time.Time{}, err
+	}
+	_, s, err := p.zeroCopyStore()
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	out := make([]error, len(ids))
+	for i, id := range ids {
+		s.mu.Lock()
+		l, ok := s.leases[id]
+		s.mu.Unlock()
+		if !ok {
+			out[i] = fmt.Errorf("%w: lease %d (unknown, released or expired)", ErrNoLease, id)
+			continue
+		}
+		d, err := l.Renew(lease)
+		if err != nil {
+			if l2, ok := s.takeLease(id); ok && l2 == l {
+				_ = l.Release()
+				s.leaseExpirations.Add(1)
+			}
+			out[i] = fmt.Errorf("lease %d: %w", id, err)
+			continue
+		}
+		s.renewed.Add(1)
+		if deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return out, deadline, nil
+}
