@@ -97,7 +97,9 @@ func DefaultConfig() Config {
 // Validate reports every problem of c at once.
 func (c Config) Validate() error {
 	var errs []error
-	bad := func(f string, a ...any) { errs = append(errs, fmt.Errorf("%w: "+f, append([]any{ErrInvalidConfig}, a...)...)) }
+	bad := func(f string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+f, append([]any{ErrInvalidConfig}, a...)...))
+	}
 	known := false
 	for _, o := range Ops {
 		known = known || c.Op == o
