@@ -1,0 +1,245 @@
+// Package replay drives real sidecars with a Mooncake-format request trace
+// (internal/trace) the way inference engines would, and measures the prefix
+// hit rate exactly as the traces README defines it: per request, the blocks
+// of the longest prefix already cached count as hits; the rate is hit
+// blocks over all blocks.
+//
+// Per request, on the node the router picks: Lookup the request's chained
+// block keys; count the matched prefix as hits; Fetch the matched blocks
+// (an engine loads the cached prefix, which is also what tells the
+// sidecar's eviction policy the blocks were used); then Store the missing
+// blocks with their depth, as an engine does after prefill. Requests run one
+// after another, so a run is deterministic for a given cluster state.
+//
+// The package knows nothing of the wire: a Node is an adapter over the
+// engine API client (cmd/tidepool builds it), and the block key function is
+// injected (protocol.BlockKey in the CLI).
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/internal/trace"
+)
+
+// ErrInvalidConfig is wrapped by every Config.Validate error.
+var ErrInvalidConfig = errors.New("replay: invalid config")
+
+// Node is one sidecar as the replay uses it.
+type Node interface {
+	// Lookup returns how many leading keys are present.
+	Lookup(ctx context.Context, keys [][]byte) (int, error)
+	// Fetch reads the blocks of keys; it returns the bytes read and, of
+	// those, the bytes that came from another node.
+	Fetch(ctx context.Context, keys [][]byte) (bytes, remote int64, err error)
+	// Store writes value under each key, keys[i] at chain depth
+	// firstDepth+i, in order. Keys already present are no-ops. It returns
+	// the bytes newly stored and the number of keys that failed.
+	Store(ctx context.Context, keys [][]byte, firstDepth int, value []byte) (stored int64, failed int, err error)
+}
+
+// Route is how a request picks its node.
+type Route string
+
+// The routes.
+const (
+	// RouteRoundRobin sends request i to node i mod N.
+	RouteRoundRobin Route = "round-robin"
+	// RoutePrefix asks every node for its longest cached prefix and sends
+	// the request to the longest (ties: round-robin order).
+	RoutePrefix Route = "prefix"
+)
+
+// KeyFunc returns the key of a block from its parent's key (nil for the
+// first block) and its trace id.
+type KeyFunc func(parent []byte, id uint64) []byte
+
+// Config configures a replay.
+type Config struct {
+	// Route picks each request's node. Default RouteRoundRobin.
+	Route Route
+	// BlockBytes is the payload stored per block. Default 4096.
+	BlockBytes int
+	// Key makes the chained block keys. Required.
+	Key KeyFunc
+	// NoFetch skips reading the hit prefix (then only puts tell the
+	// sidecars' policies about use). Default false.
+	NoFetch bool
+	// Speed honours the trace timestamps scaled by 1/Speed (2 = twice as
+	// fast); 0 ignores them and replays back to back. Default 0.
+	Speed float64
+	// Progress, if set, is called after each request with the count done.
+	Progress func(done, total int)
+}
+
+// DefaultConfig returns round-robin routing, 4 KiB blocks, timestamps
+// ignored; Key must still be set.
+func DefaultConfig() Config {
+	return Config{Route: RouteRoundRobin, BlockBytes: 4096}
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(f string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+f, append([]any{ErrInvalidConfig}, a...)...))
+	}
+	if c.Route != RouteRoundRobin && c.Route != RoutePrefix {
+		bad("unknown route %q (want %q or %q)", c.Route, RouteRoundRobin, RoutePrefix)
+	}
+	if c.BlockBytes < 1 {
+		bad("block bytes %d < 1", c.BlockBytes)
+	}
+	if c.Key == nil {
+		bad("no key function")
+	}
+	if c.Speed < 0 {
+		bad("speed %g < 0", c.Speed)
+	}
+	return errors.Join(errs...)
+}
+
+// NodeResult is one node's share of a replay.
+type NodeResult struct {
+	Requests  int64   `json:"requests"`
+	Blocks    int64   `json:"blocks"`
+	HitBlocks int64   `json:"hit_blocks"`
+	HitRate   float64 `json:"hit_rate"`
+}
+
+// Result is the outcome of a replay. The JSON names are the stable
+// interface of `tidepool replay --json`.
+type Result struct {
+	Requests  int64   `json:"requests"`
+	Blocks    int64   `json:"blocks"`
+	HitBlocks int64   `json:"hit_blocks"`
+	HitRate   float64 `json:"hit_rate"`
+	// BytesFetched is what the hit prefixes read; BytesRemote the part of
+	// it that crossed between nodes; BytesStored what the puts added.
+	BytesFetched int64        `json:"bytes_fetched"`
+	BytesRemote  int64        `json:"bytes_between_nodes"`
+	BytesStored  int64        `json:"bytes_stored"`
+	FailedPuts   int64        `json:"failed_puts"`
+	Seconds      float64      `json:"seconds"`
+	Nodes        []NodeResult `json:"nodes"`
+}
+
+func rate(hit, all int64) float64 {
+	if all == 0 {
+		return 0
+	}
+	return float64(hit) / float64(all)
+}
+
+// ChainKeys returns the chained keys of ids, appending to buf.
+func ChainKeys(key KeyFunc, ids []uint64, buf [][]byte) [][]byte {
+	buf = buf[:0]
+	var parent []byte
+	for _, id := range ids {
+		k := key(parent, id)
+		buf = append(buf, k)
+		parent = k
+	}
+	return buf
+}
+
+// Run replays reqs against nodes and returns the measured hit rates. Any
+// call error ends the replay (failed puts of single blocks are counted, not
+// fatal); the partial result is returned with it.
+func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	if len(nodes) == 0 {
+		return Result{}, fmt.Errorf("%w: no nodes", ErrInvalidConfig)
+	}
+	res := Result{Nodes: make([]NodeResult, len(nodes))}
+	value := make([]byte, cfg.BlockBytes)
+	for i := range value {
+		value[i] = byte(i*131 + 7)
+	}
+	var keys [][]byte
+	matched := make([]int, len(nodes))
+	start := time.Now()
+	finish := func(err error) (Result, error) {
+		res.Seconds = time.Since(start).Seconds()
+		res.HitRate = rate(res.HitBlocks, res.Blocks)
+		for i := range res.Nodes {
+			res.Nodes[i].HitRate = rate(res.Nodes[i].HitBlocks, res.Nodes[i].Blocks)
+		}
+		return res, err
+	}
+	for i, r := range reqs {
+		if err := ctx.Err(); err != nil {
+			return finish(err)
+		}
+		if cfg.Speed > 0 {
+			at := start.Add(time.Duration(float64(r.Timestamp) * float64(time.Millisecond) / cfg.Speed))
+			if d := time.Until(at); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return finish(ctx.Err())
+				case <-t.C:
+				}
+			}
+		}
+		keys = ChainKeys(cfg.Key, r.HashIDs, keys)
+		at := i % len(nodes)
+		var hit int
+		if len(keys) > 0 {
+			if cfg.Route == RoutePrefix && len(nodes) > 1 {
+				best := -1
+				for j := range nodes {
+					n := (at + j) % len(nodes)
+					m, err := nodes[n].Lookup(ctx, keys)
+					if err != nil {
+						return finish(fmt.Errorf("replay: request %d: lookup on node %d: %w", i, n, err))
+					}
+					matched[n] = m
+					if best < 0 || m > matched[best] {
+						best = n
+					}
+				}
+				at, hit = best, matched[best]
+			} else {
+				m, err := nodes[at].Lookup(ctx, keys)
+				if err != nil {
+					return finish(fmt.Errorf("replay: request %d: lookup on node %d: %w", i, at, err))
+				}
+				hit = m
+			}
+		}
+		nr := &res.Nodes[at]
+		nr.Requests++
+		nr.Blocks += int64(len(keys))
+		nr.HitBlocks += int64(hit)
+		res.Requests++
+		res.Blocks += int64(len(keys))
+		res.HitBlocks += int64(hit)
+		if hit > 0 && !cfg.NoFetch {
+			b, remote, err := nodes[at].Fetch(ctx, keys[:hit])
+			if err != nil {
+				return finish(fmt.Errorf("replay: request %d: fetch on node %d: %w", i, at, err))
+			}
+			res.BytesFetched += b
+			res.BytesRemote += remote
+		}
+		if hit < len(keys) {
+			stored, failed, err := nodes[at].Store(ctx, keys[hit:], hit, value)
+			if err != nil {
+				return finish(fmt.Errorf("replay: request %d: store on node %d: %w", i, at, err))
+			}
+			res.BytesStored += stored
+			res.FailedPuts += int64(failed)
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(i+1, len(reqs))
+		}
+	}
+	return finish(nil)
+}
