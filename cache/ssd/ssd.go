@@ -87,10 +87,13 @@ func (e *entry) info() cache.Info {
 
 type nsStats struct {
 	blocks, bytes                int64
-	hits, misses, puts, evictons int64
+	hits, misses, puts, evictions int64
 }
 
-// Tier is the SSD tier. Safe for concurrent use.
+// Tier is the SSD tier. Safe for concurrent use. It runs no goroutine of
+// its own except a background compaction started on demand (see
+// Config.CompactAfter), which Close aborts and waits for; RocksDB runs its
+// own flush and compaction threads.
 type Tier struct {
 	cfg Config
 	lg  *zap.Logger
@@ -291,7 +294,7 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 	ss.puts++
 	var dropped int64
 	for _, v := range victims {
-		t.nsLocked(v.ns).evictons++
+		t.nsLocked(v.ns).evictions++
 		dropped += v.size
 	}
 	t.mu.Unlock()
@@ -510,7 +513,7 @@ func (t *Tier) Stats() cache.Stats {
 	for name, s := range t.nss {
 		nss = append(nss, cache.NamespaceStats{
 			Namespace: name, Blocks: s.blocks, Bytes: s.bytes, Hits: s.hits,
-			Misses: s.misses, Puts: s.puts, Evictions: s.evictons,
+			Misses: s.misses, Puts: s.puts, Evictions: s.evictions,
 		})
 	}
 	t.mu.Unlock()
