@@ -86,7 +86,7 @@ func (e *entry) info() cache.Info {
 }
 
 type nsStats struct {
-	blocks, bytes                int64
+	blocks, bytes                 int64
 	hits, misses, puts, evictions int64
 }
 
