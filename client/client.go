@@ -89,6 +89,7 @@ func DefaultConfig(socket string) Config {
 // Client calls one sidecar. Safe for concurrent use.
 type Client struct {
 	kc kclient.Client
+	zc zeroCopy // the mapped arenas (zerocopy.go)
 }
 
 // New connects lazily to the sidecar at socket with the default config.
@@ -133,6 +134,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 
 // Close releases the client's connections. Safe to call twice.
 func (c *Client) Close() error {
+	c.zc.close()
 	err := c.kc.(interface{ Close() error }).Close()
 	if err != nil && strings.Contains(err.Error(), "already closed") {
 		return nil

@@ -32,6 +32,9 @@ var codeTable = []struct {
 	{context.DeadlineExceeded, tp.ErrorCode_UNAVAILABLE},
 	{proxy.ErrUnknownNamespace, tp.ErrorCode_UNKNOWN_NAMESPACE},
 	{proxy.ErrBatchTooLarge, tp.ErrorCode_BATCH_TOO_LARGE},
+	{proxy.ErrNoReservation, tp.ErrorCode_LEASE_EXPIRED},
+	{proxy.ErrNoLease, tp.ErrorCode_LEASE_EXPIRED},
+	{proxy.ErrNoArenas, tp.ErrorCode_UNAVAILABLE},
 }
 
 // Code returns the protocol code for err: OK for nil, INTERNAL for errors

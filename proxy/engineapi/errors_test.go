@@ -29,6 +29,9 @@ func TestCodeTable(t *testing.T) {
 		context.DeadlineExceeded:  tp.ErrorCode_UNAVAILABLE,
 		proxy.ErrUnknownNamespace: tp.ErrorCode_UNKNOWN_NAMESPACE,
 		proxy.ErrBatchTooLarge:    tp.ErrorCode_BATCH_TOO_LARGE,
+		proxy.ErrNoReservation:    tp.ErrorCode_LEASE_EXPIRED,
+		proxy.ErrNoLease:          tp.ErrorCode_LEASE_EXPIRED,
+		proxy.ErrNoArenas:         tp.ErrorCode_UNAVAILABLE,
 	}
 	if len(want) != len(codeTable) {
 		t.Fatalf("table has %d rows, test covers %d", len(codeTable), len(want))

@@ -54,6 +54,11 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 	for _, t := range st.Tiers {
 		resp.Tiers = append(resp.Tiers, &tp.TierInfo{Name: t.Name, CapacityBytes: t.CapacityBytes, UsedBytes: t.UsedBytes, Blocks: t.Blocks})
 	}
+	arenas, layout := h.p.Arenas()
+	resp.LayoutVersion = int32(layout)
+	for i, a := range arenas {
+		resp.Arenas = append(resp.Arenas, &tp.ArenaInfo{Id: int32(i), Path: a.Path, Size: a.Size})
+	}
 	return resp, nil
 }
 

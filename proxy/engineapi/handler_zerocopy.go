@@ -3,35 +3,117 @@ package engineapi
 import (
 	"context"
 	"errors"
+	"time"
 
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
-// The zero-copy calls are being implemented (issue 4); until then they
-// answer UNAVAILABLE with a clear message and change nothing.
-var errZeroCopyPending = errors.Join(proxy.ErrClosed, errors.New("zero-copy calls are not enabled in this build"))
+// The zero-copy calls (docs/zerocopy.md): thin conversions to the proxy's
+// Reserve/Commit/Abort/Acquire/Release/Renew. Request-level problems are
+// raised as TidepoolError; per-item outcomes travel in the results.
+
+var errNilItem = errors.Join(proxy.ErrInvalidArgument, errors.New("nil item"))
+
+func ms(n int32) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func slot(s proxy.Slot) *tp.Slot {
+	return &tp.Slot{Arena: int32(s.Arena), Offset: s.Offset, Length: s.Length}
+}
 
 func (h *handler) Reserve(ctx context.Context, req *tp.ReserveRequest) (*tp.ReserveResponse, error) {
-	return nil, toThrift(errZeroCopyPending)
+	items := make([]proxy.ReserveItem, len(req.Items))
+	for i, it := range req.Items {
+		if it == nil {
+			return nil, toThrift(errNilItem)
+		}
+		items[i] = proxy.ReserveItem{Key: it.Key, Size: it.Size, Depth: it.Depth}
+	}
+	res, err := h.p.Reserve(ctx, req.Ns, items, ms(req.TtlMs), req.Durable)
+	if err != nil {
+		return nil, toThrift(err)
+	}
+	out := &tp.ReserveResponse{Results: make([]*tp.Reservation, len(res))}
+	for i, r := range res {
+		if r.Err != nil {
+			out.Results[i] = &tp.Reservation{Code: Code(r.Err), Message: r.Err.Error(), Slot: &tp.Slot{}}
+			continue
+		}
+		out.Results[i] = &tp.Reservation{Code: tp.ErrorCode_OK, Slot: slot(r.Slot), Token: r.Token, DeadlineUnixMs: r.Deadline.UnixMilli()}
+	}
+	return out, nil
 }
 
 func (h *handler) Commit(ctx context.Context, req *tp.CommitRequest) (*tp.CommitResponse, error) {
-	return nil, toThrift(errZeroCopyPending)
+	items := make([]proxy.CommitItem, len(req.Items))
+	for i, it := range req.Items {
+		if it == nil {
+			return nil, toThrift(errNilItem)
+		}
+		items[i] = proxy.CommitItem{Token: it.Token, Checksum: uint32(it.Checksum), HasChecksum: it.HasChecksum}
+	}
+	res, err := h.p.Commit(ctx, items)
+	if err != nil {
+		return nil, toThrift(err)
+	}
+	return &tp.CommitResponse{Results: itemResults(res)}, nil
 }
 
 func (h *handler) Abort(ctx context.Context, req *tp.AbortRequest) (*tp.AbortResponse, error) {
-	return nil, toThrift(errZeroCopyPending)
+	res, err := h.p.Abort(ctx, req.Tokens)
+	if err != nil {
+		return nil, toThrift(err)
+	}
+	return &tp.AbortResponse{Results: itemResults(res)}, nil
 }
 
 func (h *handler) Acquire(ctx context.Context, req *tp.AcquireRequest) (*tp.AcquireResponse, error) {
-	return nil, toThrift(errZeroCopyPending)
+	res, err := h.p.Acquire(ctx, req.Ns, req.Keys, ms(req.LeaseMs), scope(req.Scope))
+	if err != nil {
+		return nil, toThrift(err)
+	}
+	out := &tp.AcquireResponse{Results: make([]*tp.Lease, len(res))}
+	var deadline time.Time
+	for i, r := range res {
+		if r.Err != nil {
+			out.Results[i] = &tp.Lease{Code: Code(r.Err), Slot: &tp.Slot{}}
+			continue
+		}
+		out.Results[i] = &tp.Lease{Code: tp.ErrorCode_OK, Slot: slot(r.Slot), LeaseId: r.LeaseID, Checksum: int32(r.Info.Checksum), Tier: r.Info.Tier}
+		if deadline.IsZero() || r.Deadline.Before(deadline) {
+			deadline = r.Deadline
+		}
+	}
+	if !deadline.IsZero() {
+		out.DeadlineUnixMs = deadline.UnixMilli()
+	}
+	return out, nil
 }
 
 func (h *handler) Release(ctx context.Context, req *tp.ReleaseRequest) (*tp.ReleaseResponse, error) {
-	return nil, toThrift(errZeroCopyPending)
+	res, err := h.p.Release(ctx, req.LeaseIds)
+	if err != nil {
+		return nil, toThrift(err)
+	}
+	return &tp.ReleaseResponse{Results: itemResults(res)}, nil
 }
 
 func (h *handler) Renew(ctx context.Context, req *tp.RenewRequest) (*tp.RenewResponse, error) {
-	return nil, toThrift(errZeroCopyPending)
+	res, deadline, err := h.p.Renew(ctx, req.LeaseIds, ms(req.LeaseMs))
+	if err != nil {
+		return nil, toThrift(err)
+	}
+	out := &tp.RenewResponse{Results: itemResults(res)}
+	if !deadline.IsZero() {
+		out.DeadlineUnixMs = deadline.UnixMilli()
+	}
+	return out, nil
+}
+
+func itemResults(errs []error) []*tp.ItemStatus {
+	out := make([]*tp.ItemStatus, len(errs))
+	for i, e := range errs {
+		out[i] = itemResult(e)
+	}
+	return out
 }

@@ -1,0 +1,554 @@
+package client
+
+// Zero-copy calls (docs/zerocopy.md). The sidecar's DRAM tier lives in
+// arena files in a directory both containers of the pod mount; Hello lists
+// them. The client maps each file read-only (MAP_SHARED) on first use and
+// reads leased blocks in place; it writes a reserved slot with pwrite on the
+// arena file (or, with WriteMmap, through a MAP_SHARED mapping of just the
+// slot's pages), so no block byte crosses the socket.
+
+import (
+	"context"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+)
+
+// ArenaLayoutVersion is the arena layout this client understands (see
+// proxy.ArenaLayoutVersion): a slot holds exactly the value's bytes, and
+// checksums are CRC-32C.
+const ArenaLayoutVersion = 1
+
+// CodeLeaseExpired is answered for unknown, used or expired tokens and
+// lease ids.
+const CodeLeaseExpired = tp.ErrorCode_LEASE_EXPIRED
+
+// CodeChecksum is answered when bytes do not match their CRC-32C.
+const CodeChecksum = tp.ErrorCode_CHECKSUM_MISMATCH
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Slot is where a block's bytes lie in the shared arenas.
+type Slot struct {
+	Arena  int32
+	Offset int64
+	Length int64
+}
+
+// ReserveItem asks for one slot.
+type ReserveItem struct {
+	Key   []byte
+	Size  int64
+	Depth int32
+}
+
+// Reservation is one item of Reserve. Code is CodeOK (write Size bytes at
+// Slot, then Commit Token before Deadline), CodeExists (the key is present:
+// nothing to write) or the item's error.
+type Reservation struct {
+	Code     ErrorCode
+	Message  string
+	Slot     Slot
+	Token    int64
+	Deadline time.Time
+}
+
+// CommitItem publishes one reservation; Checksum (CRC-32C of the bytes
+// written) is verified by the server when HasChecksum.
+type CommitItem struct {
+	Token       int64
+	Checksum    uint32
+	HasChecksum bool
+}
+
+// Lease is one key of Acquire. Code is CodeOK (the block is pinned at Slot
+// until Release or the deadline), CodeNotFound or the item's error.
+type Lease struct {
+	Code     ErrorCode
+	Slot     Slot
+	LeaseID  int64
+	Checksum uint32
+	Tier     string
+}
+
+func fromSlot(s *tp.Slot) Slot {
+	if s == nil {
+		return Slot{}
+	}
+	return Slot{Arena: s.Arena, Offset: s.Offset, Length: s.Length}
+}
+
+func statusErrors(res []*tp.ItemStatus) []error {
+	out := make([]error, len(res))
+	for i, s := range res {
+		if s != nil && s.Code != CodeOK {
+			out[i] = &Error{Code: s.Code, Message: s.Message}
+		}
+	}
+	return out
+}
+
+func fromMs(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// Reserve allocates slots for blocks of ns; ttl ≤ 0 means the server's
+// default. Each OK reservation MUST be committed or aborted before its
+// deadline.
+func (c *Client) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl time.Duration) ([]Reservation, error) {
+	req := &tp.ReserveRequest{Ns: ns, Items: make([]*tp.ReserveItem, len(items)), TtlMs: int32(ttl.Milliseconds())}
+	for i, it := range items {
+		req.Items[i] = &tp.ReserveItem{Key: it.Key, Size: it.Size, Depth: it.Depth}
+	}
+	var res tp.TidepoolReserveResult
+	if err := c.call(ctx, "Reserve", &tp.TidepoolReserveArgs{Req: req}, &res); err != nil {
+		return nil, err
+	}
+	r := res.GetSuccess()
+	out := make([]Reservation, len(r.Results))
+	for i, x := range r.Results {
+		if x != nil {
+			out[i] = Reservation{Code: x.Code, Message: x.Message, Slot: fromSlot(x.Slot), Token: x.Token, Deadline: fromMs(x.DeadlineUnixMs)}
+		}
+	}
+	return out, nil
+}
+
+// Commit publishes reservations; per item nil, CodeExists (stored
+// meanwhile; the slot was freed), CodeLeaseExpired or CodeChecksum.
+func (c *Client) Commit(ctx context.Context, items []CommitItem) ([]error, error) {
+	req := &tp.CommitRequest{Items: make([]*tp.CommitItem, len(items))}
+	for i, it := range items {
+		req.Items[i] = &tp.CommitItem{Token: it.Token, Checksum: int32(it.Checksum), HasChecksum: it.HasChecksum}
+	}
+	var res tp.TidepoolCommitResult
+	if err := c.call(ctx, "Commit", &tp.TidepoolCommitArgs{Req: req}, &res); err != nil {
+		return nil, err
+	}
+	return statusErrors(res.GetSuccess().Results), nil
+}
+
+// Abort frees reservations; per item nil or CodeLeaseExpired.
+func (c *Client) Abort(ctx context.Context, tokens []int64) ([]error, error) {
+	var res tp.TidepoolAbortResult
+	if err := c.call(ctx, "Abort", &tp.TidepoolAbortArgs{Req: &tp.AbortRequest{Tokens: tokens}}, &res); err != nil {
+		return nil, err
+	}
+	return statusErrors(res.GetSuccess().Results), nil
+}
+
+// Acquire pins blocks of ns for lease (≤ 0: the server's default) and
+// returns where they are, and the earliest deadline. Every OK lease MUST be
+// released (or left to expire; its bytes must not be read after deadline).
+func (c *Client) Acquire(ctx context.Context, ns string, keys [][]byte, lease time.Duration) ([]Lease, time.Time, error) {
+	var res tp.TidepoolAcquireResult
+	req := &tp.AcquireRequest{Ns: ns, Keys: keys, LeaseMs: int32(lease.Milliseconds())}
+	if err := c.call(ctx, "Acquire", &tp.TidepoolAcquireArgs{Req: req}, &res); err != nil {
+		return nil, time.Time{}, err
+	}
+	r := res.GetSuccess()
+	out := make([]Lease, len(r.Results))
+	for i, x := range r.Results {
+		if x != nil {
+			out[i] = Lease{Code: x.Code, Slot: fromSlot(x.Slot), LeaseID: x.LeaseId, Checksum: uint32(x.Checksum), Tier: x.Tier}
+		}
+	}
+	return out, fromMs(r.DeadlineUnixMs), nil
+}
+
+// Release unpins leases; per item nil or CodeLeaseExpired (not held, or
+// released after its deadline: bytes read through it may be wrong).
+func (c *Client) Release(ctx context.Context, ids []int64) ([]error, error) {
+	var res tp.TidepoolReleaseResult
+	if err := c.call(ctx, "Release", &tp.TidepoolReleaseArgs{Req: &tp.ReleaseRequest{LeaseIds: ids}}, &res); err != nil {
+		return nil, err
+	}
+	return statusErrors(res.GetSuccess().Results), nil
+}
+
+// Renew extends leases to lease from now and returns the earliest new
+// deadline; per item nil or CodeLeaseExpired.
+func (c *Client) Renew(ctx context.Context, ids []int64, lease time.Duration) ([]error, time.Time, error) {
+	var res tp.TidepoolRenewResult
+	req := &tp.RenewRequest{LeaseIds: ids, LeaseMs: int32(lease.Milliseconds())}
+	if err := c.call(ctx, "Renew", &tp.TidepoolRenewArgs{Req: req}, &res); err != nil {
+		return nil, time.Time{}, err
+	}
+	r := res.GetSuccess()
+	return statusErrors(r.Results), fromMs(r.DeadlineUnixMs), nil
+}
+
+// WriteMode says how PutFrom writes a reserved slot.
+type WriteMode int
+
+const (
+	// WritePwrite copies with pwrite(2) on the arena file (the default:
+	// the fastest measured, see docs/zerocopy.md).
+	WritePwrite WriteMode = iota
+	// WriteMmap maps the slot's pages read-write (MAP_SHARED) for the
+	// copy and unmaps them after.
+	WriteMmap
+)
+
+// arenaMap is one arena file mapped read-only, plus a descriptor opened
+// read-write for writing reserved slots.
+type arenaMap struct {
+	path string
+	size int64
+	ino  uint64
+	mem  []byte // PROT_READ, MAP_SHARED
+	rw   *os.File
+}
+
+// zeroCopy is a client's view of the arenas, made on first use.
+//
+// Locks: mu serializes (re)mapping; rw guards the lifetime
+// of the mappings: a copy holds it shared, a remap or Close exclusively
+// (mu → rw).
+type zeroCopy struct {
+	mu     sync.Mutex
+	mode   atomic.Int32 // WriteMode
+	rw     sync.RWMutex
+	arenas []*arenaMap // guarded by rw
+	closed bool        // guarded by rw
+}
+
+// SetWriteMode chooses how PutFrom writes slots (benchmarks compare them).
+func (c *Client) SetWriteMode(m WriteMode) {
+	c.zc.mode.Store(int32(m))
+}
+
+// errNoArenas reports a server that offers no arenas or that this host
+// cannot map (the client does not share the sidecar's volume).
+func errNoArenas(format string, args ...any) error {
+	return &Error{Code: CodeUnavailable, Message: "zero-copy: " + fmt.Sprintf(format, args...)}
+}
+
+// mapArenas maps the arenas listed by Hello unless they are mapped
+// already; with remap it replaces the current mappings (the server
+// restarted and made new files).
+func (c *Client) mapArenas(ctx context.Context, remap bool) error {
+	z := &c.zc
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.rw.RLock()
+	have, closed := z.arenas != nil, z.closed
+	z.rw.RUnlock()
+	if closed {
+		return errNoArenas("client closed")
+	}
+	if have && !remap {
+		return nil
+	}
+	h, err := c.Hello(ctx)
+	if err != nil {
+		return err
+	}
+	if len(h.Arenas) == 0 {
+		return errNoArenas("the server offers no shared arenas")
+	}
+	if h.LayoutVersion != ArenaLayoutVersion {
+		return errNoArenas("arena layout version %d, this client knows %d", h.LayoutVersion, ArenaLayoutVersion)
+	}
+	var out []*arenaMap
+	fail := func(err error) error {
+		for _, a := range out {
+			a.close()
+		}
+		return err
+	}
+	for i, ai := range h.Arenas {
+		if ai == nil || int(ai.Id) != i || ai.Size <= 0 {
+			return fail(errNoArenas("malformed arena list"))
+		}
+		a, err := openArena(ai.Path, ai.Size)
+		if err != nil {
+			return fail(errNoArenas("%v (is the arena directory shared with this container?)", err))
+		}
+		out = append(out, a)
+	}
+	z.rw.Lock()
+	defer z.rw.Unlock()
+	if z.closed {
+		return fail(errNoArenas("client closed"))
+	}
+	for _, a := range z.arenas {
+		a.close()
+	}
+	z.arenas = out
+	return nil
+}
+
+// withArenas maps the arenas if needed and runs fn while they stay mapped.
+func (c *Client) withArenas(ctx context.Context, fn func([]*arenaMap) error) error {
+	if err := c.mapArenas(ctx, false); err != nil {
+		return err
+	}
+	z := &c.zc
+	z.rw.RLock()
+	defer z.rw.RUnlock()
+	if z.closed || z.arenas == nil {
+		return errNoArenas("client closed")
+	}
+	return fn(z.arenas)
+}
+
+func openArena(path string, size int64) (*arenaMap, error) {
+	rw, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	st, err := rw.Stat()
+	if err != nil {
+		rw.Close()
+		return nil, err
+	}
+	if st.Size() < size {
+		rw.Close()
+		return nil, fmt.Errorf("arena %s is %d bytes, Hello says %d", path, st.Size(), size)
+	}
+	var ino uint64
+	if s, ok := st.Sys().(*syscall.Stat_t); ok {
+		ino = s.Ino
+	}
+	mem, err := syscall.Mmap(int(rw.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		rw.Close()
+		return nil, fmt.Errorf("mmap %s: %w", path, err)
+	}
+	return &arenaMap{path: path, size: size, ino: ino, mem: mem, rw: rw}, nil
+}
+
+// stale reports whether the file at a.path is no longer the mapped one.
+func (a *arenaMap) stale() bool {
+	var st syscall.Stat_t
+	if err := syscall.Stat(a.path, &st); err != nil {
+		return true
+	}
+	return st.Ino != a.ino
+}
+
+func (a *arenaMap) close() {
+	if a.mem != nil {
+		_ = syscall.Munmap(a.mem)
+		a.mem = nil
+	}
+	if a.rw != nil {
+		a.rw.Close()
+		a.rw = nil
+	}
+}
+
+// close unmaps the arenas; called by Client.Close.
+func (z *zeroCopy) close() {
+	z.rw.Lock()
+	defer z.rw.Unlock()
+	z.closed = true
+	for _, a := range z.arenas {
+		a.close()
+	}
+	z.arenas = nil
+}
+
+// view returns the read-only bytes of s.
+func view(arenas []*arenaMap, s Slot) ([]byte, error) {
+	if s.Arena < 0 || int(s.Arena) >= len(arenas) || s.Offset < 0 || s.Length < 0 || s.Offset+s.Length > arenas[s.Arena].size {
+		return nil, &Error{Code: CodeInternal, Message: fmt.Sprintf("zero-copy: slot %+v outside the arenas", s)}
+	}
+	return arenas[s.Arena].mem[s.Offset : s.Offset+s.Length : s.Offset+s.Length], nil
+}
+
+// ReadSlot copies the bytes of a slot (of a lease the caller holds) into
+// dst, which must be at least s.Length long, and returns their CRC-32C,
+// mapping the arenas on first use.
+func (c *Client) ReadSlot(ctx context.Context, s Slot, dst []byte) (crc uint32, err error) {
+	if int64(len(dst)) < s.Length {
+		return 0, &Error{Code: CodeTooLarge, Message: fmt.Sprintf("zero-copy: slot of %d bytes, buffer of %d", s.Length, len(dst))}
+	}
+	err = c.withArenas(ctx, func(arenas []*arenaMap) error {
+		src, err := view(arenas, s)
+		if err != nil {
+			return err
+		}
+		crc = copyCRC(dst, src)
+		return nil
+	})
+	return crc, err
+}
+
+// WriteSlot writes src (exactly s.Length bytes) into a slot the caller
+// reserved and returns its CRC-32C, for Commit.
+func (c *Client) WriteSlot(ctx context.Context, s Slot, src []byte) (crc uint32, err error) {
+	if int64(len(src)) != s.Length {
+		return 0, &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf("zero-copy: slot of %d bytes, %d to write", s.Length, len(src))}
+	}
+	err = c.withArenas(ctx, func(arenas []*arenaMap) error {
+		var err error
+		crc, err = c.writeSlot(arenas, s, src)
+		return err
+	})
+	return crc, err
+}
+
+// copyChunk is the piece copied before it is checksummed, so that the
+// checksum reads it from cache.
+const copyChunk = 32 << 10
+
+// copyCRC copies src to dst and returns the CRC-32C of the bytes.
+func copyCRC(dst, src []byte) uint32 {
+	var crc uint32
+	for len(src) > 0 {
+		n := min(len(src), copyChunk)
+		copy(dst[:n], src[:n])
+		crc = crc32.Update(crc, castagnoli, dst[:n])
+		dst, src = dst[n:], src[n:]
+	}
+	return crc
+}
+
+// writeSlot writes buf into a reserved slot and returns its CRC-32C.
+func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, error) {
+	if _, err := view(arenas, s); err != nil {
+		return 0, err
+	}
+	a := arenas[s.Arena]
+	if WriteMode(c.zc.mode.Load()) == WriteMmap {
+		pg := int64(os.Getpagesize())
+		start := s.Offset &^ (pg - 1)
+		end := (s.Offset + s.Length + pg - 1) &^ (pg - 1)
+		if end == start {
+			return crc32.Checksum(buf, castagnoli), nil
+		}
+		mem, err := syscall.Mmap(int(a.rw.Fd()), start, int(end-start), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_POPULATE)
+		if err != nil {
+			return 0, fmt.Errorf("tidepool: zero-copy: mmap slot: %w", err)
+		}
+		crc := copyCRC(mem[s.Offset-start:s.Offset-start+s.Length], buf)
+		if err := syscall.Munmap(mem); err != nil {
+			return 0, fmt.Errorf("tidepool: zero-copy: munmap slot: %w", err)
+		}
+		return crc, nil
+	}
+	crc := crc32.Checksum(buf, castagnoli)
+	if _, err := a.rw.WriteAt(buf, s.Offset); err != nil {
+		return 0, fmt.Errorf("tidepool: zero-copy: write slot: %w", err)
+	}
+	return crc, nil
+}
+
+// PutFrom stores buf under key without sending it over the socket: Reserve,
+// copy into the slot in the shared arena, Commit with the CRC-32C computed
+// here (the server verifies it). Semantics as Put: existed is true when the
+// key was already present (nothing was written).
+func (c *Client) PutFrom(ctx context.Context, ns string, key, buf []byte, depth int32) (existed bool, err error) {
+	if err := c.mapArenas(ctx, false); err != nil {
+		return false, err
+	}
+	rs, err := c.Reserve(ctx, ns, []ReserveItem{{Key: key, Size: int64(len(buf)), Depth: depth}}, 0)
+	if err != nil {
+		return false, err
+	}
+	if len(rs) != 1 {
+		return false, &Error{Code: CodeInternal, Message: "zero-copy: malformed Reserve answer"}
+	}
+	r := rs[0]
+	switch r.Code {
+	case CodeOK:
+	case CodeExists:
+		return true, nil
+	default:
+		return false, &Error{Code: r.Code, Message: r.Message}
+	}
+	crc, err := c.WriteSlot(ctx, r.Slot, buf)
+	if err != nil {
+		c.Abort(ctx, []int64{r.Token})
+		c.remapIfStale(ctx)
+		return false, err
+	}
+	cs, err := c.Commit(ctx, []CommitItem{{Token: r.Token, Checksum: crc, HasChecksum: true}})
+	if err != nil {
+		return false, err
+	}
+	if len(cs) != 1 {
+		return false, &Error{Code: CodeInternal, Message: "zero-copy: malformed Commit answer"}
+	}
+	switch CodeOf(cs[0]) {
+	case CodeOK:
+		return false, nil
+	case CodeExists:
+		return true, nil
+	case CodeChecksum:
+		c.remapIfStale(ctx) // the server restarted with new arena files
+	}
+	return false, cs[0]
+}
+
+// remapIfStale remaps the arenas when a file was replaced (server restart)
+// and reports whether it did.
+func (c *Client) remapIfStale(ctx context.Context) bool {
+	z := &c.zc
+	z.rw.RLock()
+	stale := false
+	for _, a := range z.arenas {
+		if a.stale() {
+			stale = true
+			break
+		}
+	}
+	z.rw.RUnlock()
+	return stale && c.mapArenas(ctx, true) == nil
+}
+
+// GetInto copies the block of key into buf without it crossing the socket:
+// Acquire, copy from the shared arena, verify the CRC-32C, Release.
+// Semantics as Get: found is false on a miss. n is the block's size; when
+// buf is shorter, GetInto copies nothing and returns CodeTooLarge with n
+// set, so the caller can retry with a larger buffer.
+func (c *Client) GetInto(ctx context.Context, ns string, key, buf []byte) (n int, found bool, err error) {
+	if err := c.mapArenas(ctx, false); err != nil {
+		return 0, false, err
+	}
+	for attempt := 0; ; attempt++ {
+		ls, _, err := c.Acquire(ctx, ns, [][]byte{key}, 0)
+		if err != nil {
+			return 0, false, err
+		}
+		if len(ls) != 1 {
+			return 0, false, &Error{Code: CodeInternal, Message: "zero-copy: malformed Acquire answer"}
+		}
+		l := ls[0]
+		switch l.Code {
+		case CodeOK:
+		case CodeNotFound:
+			return 0, false, nil
+		default:
+			return 0, false, &Error{Code: l.Code, Message: "zero-copy: acquire failed"}
+		}
+		n = int(l.Slot.Length)
+		crc, rerr := c.ReadSlot(ctx, l.Slot, buf)
+		rel, err := c.Release(ctx, []int64{l.LeaseID})
+		switch {
+		case err != nil:
+			return 0, false, err
+		case rerr != nil:
+			return n, false, rerr
+		case len(rel) == 1 && rel[0] != nil:
+			// Released after the deadline: the copy may be of reused bytes.
+			return 0, false, rel[0]
+		case crc == l.Checksum:
+			return n, true, nil
+		case attempt == 0 && c.remapIfStale(ctx):
+			continue
+		}
+		return 0, false, &Error{Code: CodeChecksum, Message: fmt.Sprintf("zero-copy: block of %d bytes has CRC-32C %08x in the arena, %08x expected", n, crc, l.Checksum)}
+	}
+}
