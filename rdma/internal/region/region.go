@@ -29,10 +29,17 @@ type Table struct {
 	m     map[rdma.RegionID]*entry
 	next  atomic.Uint64
 	bytes atomic.Uint64
+	keys  func() uint32
 }
 
-// NewTable returns an empty table.
-func NewTable() *Table { return &Table{m: make(map[rdma.RegionID]*entry)} }
+// NewTable returns an empty table whose region keys are random.
+func NewTable() *Table { return NewTableWithKeys(rand.Uint32) }
+
+// NewTableWithKeys returns an empty table drawing region keys from keys (a
+// test seam: fuzzers need predictable keys).
+func NewTableWithKeys(keys func() uint32) *Table {
+	return &Table{m: make(map[rdma.RegionID]*entry), keys: keys}
+}
 
 // Register adds buf and returns its descriptor.
 func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
@@ -40,7 +47,7 @@ func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
 		return rdma.RegionDesc{}, fmt.Errorf("rdma: register a nil buffer")
 	}
 	id := rdma.RegionID(t.next.Add(1))
-	e := &entry{buf: buf, key: rand.Uint32()}
+	e := &entry{buf: buf, key: t.keys()}
 	t.mu.Lock()
 	t.m[id] = e
 	t.mu.Unlock()
