@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -46,11 +45,6 @@ func (t *Transport) acceptLoop() {
 	}
 }
 
-// scratch holds write payloads until their checksum is verified.
-var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 1<<20); return &b }}
-
-const maxPooledScratch = 16 << 20
-
 func (t *Transport) serveConn(nc net.Conn) {
 	defer t.wg.Done()
 	defer func() {
@@ -67,11 +61,14 @@ func (t *Transport) serveConn(nc net.Conn) {
 }
 
 type server struct {
-	t    *Transport
-	nc   net.Conn
-	br   *bufio.Reader
-	rhdr [frame.HeaderSize]byte
-	whdr [frame.HeaderSize]byte
+	t  *Transport
+	nc net.Conn
+	br *bufio.Reader
+	// scratch holds a write chunk until its checksum is verified; kept per
+	// connection (up to 2*ChunkSize) so that the hot path allocates nothing.
+	scratch []byte
+	rhdr    [frame.HeaderSize]byte
+	whdr    [frame.HeaderSize]byte
 }
 
 func (s *server) loop() error {
@@ -147,16 +144,16 @@ func (s *server) loop() error {
 // request already failed (*werr).
 func (s *server) writeChunk(h frame.Header, werr *error) error {
 	_ = s.nc.SetReadDeadline(time.Now().Add(s.t.cfg.IOTimeout))
-	bp := scratch.Get().(*[]byte)
-	defer func() {
-		if cap(*bp) <= maxPooledScratch {
-			scratch.Put(bp)
-		}
-	}()
-	if cap(*bp) < int(h.Length) {
-		*bp = make([]byte, h.Length)
+	var buf []byte
+	switch {
+	case int(h.Length) <= cap(s.scratch):
+		buf = s.scratch[:h.Length]
+	case int(h.Length) <= 2*s.t.cfg.ChunkSize:
+		s.scratch = make([]byte, h.Length)
+		buf = s.scratch
+	default: // a peer with bigger chunks: do not keep that much per connection
+		buf = make([]byte, h.Length)
 	}
-	buf := (*bp)[:h.Length]
 	if _, err := io.ReadFull(s.br, buf); err != nil {
 		return err
 	}

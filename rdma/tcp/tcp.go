@@ -58,7 +58,10 @@ type Config struct {
 	// MaxConnsPerPeer bounds the connections, hence concurrent transfers, of
 	// one Peer handle; more callers wait. Default 16.
 	MaxConnsPerPeer int
-	// ChunkSize is the payload bytes per frame. Default 1 MiB; at most
+	// ChunkSize is the payload bytes per frame. Default 256 KiB (small
+	// enough that a chunk stays in cache between socket, checksum and
+	// region copy: 1 MiB chunks cost ~1.5x the CPU per byte of writes with
+	// 16 callers on loopback); at most
 	// frame.MaxLength.
 	ChunkSize int
 	// MaxTransfer bounds Op.Len in bytes. Default 1 GiB.
@@ -78,7 +81,7 @@ func DefaultConfig() Config {
 	return Config{
 		ListenAddr:      ":7950",
 		MaxConnsPerPeer: 16,
-		ChunkSize:       1 << 20,
+		ChunkSize:       256 << 10,
 		MaxTransfer:     1 << 30,
 		DialTimeout:     3 * time.Second,
 		IOTimeout:       30 * time.Second,
