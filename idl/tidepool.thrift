@@ -358,7 +358,7 @@ struct Member {
     3: string gossip_addr,
     4: string peer_addr,
     5: string zone,
-    6: bool self,
+    6: bool is_self,
 }
 
 struct MembersResponse {

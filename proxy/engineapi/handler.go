@@ -197,7 +197,7 @@ func (h *handler) Members(ctx context.Context, req *tp.MembersRequest) (*tp.Memb
 	ms := h.p.Members(ctx)
 	out := &tp.MembersResponse{Members: make([]*tp.Member, len(ms))}
 	for i, m := range ms {
-		out.Members[i] = &tp.Member{Name: m.Name, State: m.State, GossipAddr: m.GossipAddr, PeerAddr: m.PeerAddr, Zone: m.Zone, Self: m.Self}
+		out.Members[i] = &tp.Member{Name: m.Name, State: m.State, GossipAddr: m.GossipAddr, PeerAddr: m.PeerAddr, Zone: m.Zone, IsSelf: m.Self}
 	}
 	return out, nil
 }

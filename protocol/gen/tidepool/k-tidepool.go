@@ -9394,7 +9394,7 @@ func (p *Member) FastReadField6(buf []byte) (int, error) {
 		offset += l
 		_field = v
 	}
-	p.Self = _field
+	p.IsSelf = _field
 	return offset, nil
 }
 
@@ -9468,7 +9468,7 @@ func (p *Member) fastWriteField5(buf []byte, w thrift.NocopyWriter) int {
 func (p *Member) fastWriteField6(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.BOOL, 6)
-	offset += thrift.Binary.WriteBool(buf[offset:], p.Self)
+	offset += thrift.Binary.WriteBool(buf[offset:], p.IsSelf)
 	return offset
 }
 

@@ -2391,7 +2391,7 @@ type Member struct {
 	GossipAddr string `thrift:"gossip_addr,3" frugal:"3,default,string" json:"gossip_addr"`
 	PeerAddr   string `thrift:"peer_addr,4" frugal:"4,default,string" json:"peer_addr"`
 	Zone       string `thrift:"zone,5" frugal:"5,default,string" json:"zone"`
-	Self       bool   `thrift:"self,6" frugal:"6,default,bool" json:"self"`
+	IsSelf     bool   `thrift:"is_self,6" frugal:"6,default,bool" json:"is_self"`
 }
 
 func NewMember() *Member {
@@ -2421,8 +2421,8 @@ func (p *Member) GetZone() (v string) {
 	return p.Zone
 }
 
-func (p *Member) GetSelf() (v bool) {
-	return p.Self
+func (p *Member) GetIsSelf() (v bool) {
+	return p.IsSelf
 }
 func (p *Member) SetName(val string) {
 	p.Name = val
@@ -2439,8 +2439,8 @@ func (p *Member) SetPeerAddr(val string) {
 func (p *Member) SetZone(val string) {
 	p.Zone = val
 }
-func (p *Member) SetSelf(val bool) {
-	p.Self = val
+func (p *Member) SetIsSelf(val bool) {
+	p.IsSelf = val
 }
 
 func (p *Member) String() string {
@@ -2456,7 +2456,7 @@ var fieldIDToName_Member = map[int16]string{
 	3: "gossip_addr",
 	4: "peer_addr",
 	5: "zone",
-	6: "self",
+	6: "is_self",
 }
 
 type MembersResponse struct {
