@@ -33,6 +33,8 @@ commands:
   delete    remove a block:           tidepool delete [--ns NS] KEY
   clear     remove a namespace:       tidepool clear --ns NS
   stat      tiers and namespaces:     tidepool stat [--ns NS]
+  bench     load generator:           tidepool bench --op get --size 1MiB --concurrency 16
+  replay    replay a request trace:   tidepool replay --trace FILE --nodes 1 --capacity-tokens 3M
   version   print the version
 
 Client commands take --socket (env TIDEPOOL_SOCKET), --ns (env TIDEPOOL_NS),
@@ -54,6 +56,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdServe(rest, stdout, stderr)
 	case "put", "get", "exists", "lookup", "delete", "clear", "stat":
 		return cmdClient(cmd, rest, stdin, stdout, stderr)
+	case "bench":
+		return cmdBench(rest, stdout, stderr)
+	case "replay":
+		return cmdReplay(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "tidepool %s (%s)\n", version, goVersion)
 		return 0

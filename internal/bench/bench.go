@@ -201,12 +201,16 @@ func Run(ctx context.Context, cfg Config, eng Engine) (Report, error) {
 	if cfg.ProgressEvery == 0 {
 		cfg.ProgressEvery = time.Second
 	}
-	limit := cfg.Duration
-	if limit <= 0 {
-		limit = 24 * time.Hour
+	// The duration ends the loop, not the calls: a call in flight when time
+	// is up completes normally (its latency counts), so the end of a run
+	// never shows up as a burst of cancelled calls. ctx still cancels
+	// everything.
+	var stopped atomic.Bool
+	if cfg.Ops <= 0 || cfg.Duration > 0 {
+		t := time.AfterFunc(cfg.Duration, func() { stopped.Store(true) })
+		defer t.Stop()
 	}
-	rctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
+	rctx := ctx
 
 	val := Value(cfg.Size)
 	nonce := time.Now().UnixNano()
@@ -225,7 +229,7 @@ func Run(ctx context.Context, cfg Config, eng Engine) (Report, error) {
 			r := rand.New(rand.NewSource(cfg.Seed*1_000_003 + int64(w)))
 			keys := make([][]byte, cfg.Batch)
 			var seq int64
-			for rctx.Err() == nil {
+			for !stopped.Load() && rctx.Err() == nil {
 				if cfg.Ops > 0 && issued.Add(1) > cfg.Ops {
 					return
 				}
@@ -271,7 +275,7 @@ func Run(ctx context.Context, cfg Config, eng Engine) (Report, error) {
 				}
 				lat := time.Since(t0)
 				if err != nil && rctx.Err() != nil {
-					return // cut off by the end of the run: not a failure
+					return // cancelled: not a failure of the sidecar
 				}
 				h.Record(lat.Nanoseconds())
 				c.ops.Add(1)

@@ -49,7 +49,10 @@ const (
 	// RouteRoundRobin sends request i to node i mod N.
 	RouteRoundRobin Route = "round-robin"
 	// RoutePrefix asks every node for its longest cached prefix and sends
-	// the request to the longest (ties: round-robin order).
+	// the request to the longest among the nodes that are not overloaded
+	// (routed more than LoadSlack above the mean so far); ties go in
+	// round-robin order. Without the load bound every request sharing a
+	// system prompt would go to the first node that cached it.
 	RoutePrefix Route = "prefix"
 )
 
@@ -71,6 +74,9 @@ type Config struct {
 	// Speed honours the trace timestamps scaled by 1/Speed (2 = twice as
 	// fast); 0 ignores them and replays back to back. Default 0.
 	Speed float64
+	// LoadSlack is how far above the mean request count a node may be and
+	// still receive requests under RoutePrefix (0.25 = 25 %). Default 0.25.
+	LoadSlack float64
 	// Progress, if set, is called after each request with the count done.
 	Progress func(done, total int)
 }
@@ -78,7 +84,7 @@ type Config struct {
 // DefaultConfig returns round-robin routing, 4 KiB blocks, timestamps
 // ignored; Key must still be set.
 func DefaultConfig() Config {
-	return Config{Route: RouteRoundRobin, BlockBytes: 4096}
+	return Config{Route: RouteRoundRobin, BlockBytes: 4096, LoadSlack: 0.25}
 }
 
 // Validate reports every problem of c at once.
@@ -95,6 +101,9 @@ func (c Config) Validate() error {
 	}
 	if c.Key == nil {
 		bad("no key function")
+	}
+	if c.LoadSlack < 0 {
+		bad("load slack %g < 0", c.LoadSlack)
 	}
 	if c.Speed < 0 {
 		bad("speed %g < 0", c.Speed)
@@ -194,6 +203,7 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 		if len(keys) > 0 {
 			if cfg.Route == RoutePrefix && len(nodes) > 1 {
 				best := -1
+				limit := float64(res.Requests)/float64(len(nodes))*(1+cfg.LoadSlack) + 1
 				for j := range nodes {
 					n := (at + j) % len(nodes)
 					m, err := nodes[n].Lookup(ctx, keys)
@@ -201,9 +211,15 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 						return finish(fmt.Errorf("replay: request %d: lookup on node %d: %w", i, n, err))
 					}
 					matched[n] = m
+					if float64(res.Nodes[n].Requests) > limit {
+						continue
+					}
 					if best < 0 || m > matched[best] {
 						best = n
 					}
+				}
+				if best < 0 {
+					best = at
 				}
 				at, hit = best, matched[best]
 			} else {

@@ -156,6 +156,11 @@ func TestPrefixRouting(t *testing.T) {
 			t.Fatal(err)
 		}
 		if route == RoutePrefix {
+			for i, n := range r.Nodes {
+				if float64(n.Requests) > float64(len(reqs))/4*1.25+2 {
+					t.Fatalf("node %d got %d of %d requests: load bound not kept", i, n.Requests, len(reqs))
+				}
+			}
 			for i, n := range nodes {
 				if l := n.(*fakeNode).lookups; l != len(reqs) {
 					t.Fatalf("node %d got %d lookups, want one per request (%d)", i, l, len(reqs))

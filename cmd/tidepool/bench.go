@@ -1,0 +1,355 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/internal/bench"
+	"github.com/tidepool-kv/tidepool/internal/units"
+)
+
+const benchUsage = `usage: tidepool bench [flags]
+
+Load generator over the engine API. N callers repeat one operation for a
+duration (or an op count) and the run ends with ops/s, bytes/s, latency
+percentiles (p50/p90/p99/p99.9, HDR histogram) and errors.
+
+  tidepool bench --op get --size 1MiB --concurrency 16 --duration 10s
+  tidepool bench --op put --size 64KiB --json
+  tidepool bench --op get --size 4KiB --concurrency 1,4,16,64 --plot lat.png
+
+Operations: put (a new key per call), get (random key of --keys prefilled
+ones), mixed (--ratio gets, the rest puts), lookup (--batch consecutive keys),
+batch-get (--batch random keys). --zero-copy moves values through the shared
+arenas (PutFrom/GetInto) instead of the socket. --remote SOCKET prefills the
+keys through another node of the cluster and reads them through --socket with
+cluster scope (keys owned by another node).
+
+flags:
+`
+
+type benchFlags struct {
+	socket, ns, op, size, conc, remote, scope, plot, progress string
+	keys, batch                                               int
+	duration, timeout                                         time.Duration
+	ops                                                       int64
+	ratio                                                     float64
+	zeroCopy, json, noPrefill                                 bool
+}
+
+// zeroCopier is the zero-copy part of the Go client (client/zerocopy.go).
+type zeroCopier interface {
+	PutFrom(ctx context.Context, ns string, key, buf []byte, depth int32) (existed bool, err error)
+	GetInto(ctx context.Context, ns string, key, buf []byte) (n int, found bool, err error)
+}
+
+// benchEngine adapts the client to bench.Engine.
+type benchEngine struct {
+	c     *client.Client
+	zc    zeroCopier // nil: inline
+	ns    string
+	scope client.Scope
+	bufs  sync.Pool // *[]byte of size bytes, for GetInto
+	size  int
+}
+
+func (e *benchEngine) Put(ctx context.Context, key, value []byte) error {
+	if e.zc != nil {
+		_, err := e.zc.PutFrom(ctx, e.ns, key, value, 0)
+		return err
+	}
+	_, err := e.c.Put(ctx, e.ns, key, value, 0)
+	return err
+}
+
+func (e *benchEngine) Get(ctx context.Context, key []byte) (int, bool, error) {
+	if e.zc != nil {
+		bp, _ := e.bufs.Get().(*[]byte)
+		if bp == nil {
+			b := make([]byte, e.size)
+			bp = &b
+		}
+		defer e.bufs.Put(bp)
+		return e.zc.GetInto(ctx, e.ns, key, *bp)
+	}
+	v, found, err := e.c.GetScope(ctx, e.ns, key, e.scope)
+	return len(v), found, err
+}
+
+func (e *benchEngine) Lookup(ctx context.Context, keys [][]byte) (int, error) {
+	return e.c.LookupScope(ctx, e.ns, keys, e.scope)
+}
+
+func (e *benchEngine) BatchGet(ctx context.Context, keys [][]byte) (int64, int, error) {
+	res, err := e.c.BatchGetScope(ctx, e.ns, keys, e.scope)
+	if err != nil {
+		return 0, 0, err
+	}
+	var n int64
+	miss := 0
+	for i, r := range res {
+		switch r.Code {
+		case client.CodeOK:
+			n += int64(len(r.Value))
+		case client.CodeNotFound:
+			miss++
+		default:
+			return n, miss, fmt.Errorf("batch-get item %d: %s", i, r.Code)
+		}
+	}
+	return n, miss, nil
+}
+
+// parseInts parses "1,4,16".
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// progressPrinter returns a bench progress callback writing to w: a bar
+// redrawn in place on a terminal, a plain line per period otherwise.
+func progressPrinter(w io.Writer, mode, label string) (func(bench.Progress), func()) {
+	if mode == "auto" {
+		mode = "plain"
+		if isTerminal(w) {
+			mode = "bar"
+		}
+	}
+	switch mode {
+	case "none":
+		return nil, func() {}
+	case "bar":
+		return func(p bench.Progress) {
+				fmt.Fprintf(w, "\r%s %s", label, bench.ProgressLine(p, 30))
+			}, func() {
+				fmt.Fprintln(w)
+			}
+	default:
+		return func(p bench.Progress) {
+			fmt.Fprintf(w, "%s %s\n", label, bench.ProgressLine(p, 0))
+		}, func() {}
+	}
+}
+
+func cmdBench(args []string, stdout, stderr io.Writer) int {
+	var f benchFlags
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
+	fs.StringVar(&f.socket, "socket", envOr("TIDEPOOL_SOCKET", defaultSocket()), "sidecar socket (env TIDEPOOL_SOCKET)")
+	fs.StringVar(&f.ns, "ns", envOr("TIDEPOOL_NS", "bench"), "namespace (env TIDEPOOL_NS)")
+	fs.StringVar(&f.op, "op", "get", "operation: put, get, mixed, lookup, batch-get")
+	fs.StringVar(&f.size, "size", "4KiB", "value size (4096, 64KiB, 1MiB)")
+	fs.IntVar(&f.keys, "keys", 1000, "keys that reads draw from (prefilled before the run)")
+	fs.StringVar(&f.conc, "concurrency", "16", "concurrent callers; a list (1,4,16) runs one benchmark per value")
+	fs.DurationVar(&f.duration, "duration", 10*time.Second, "length of each run (ignored when --ops is set)")
+	fs.Int64Var(&f.ops, "ops", 0, "total calls per run instead of a duration")
+	fs.Float64Var(&f.ratio, "ratio", 0.9, "mixed: fraction of gets")
+	fs.IntVar(&f.batch, "batch", 16, "keys per call of lookup and batch-get")
+	fs.BoolVar(&f.zeroCopy, "zero-copy", false, "move values through the shared arenas instead of the socket (put, get, mixed)")
+	fs.StringVar(&f.remote, "remote", "", "socket of another node: prefill there, read here with cluster scope")
+	fs.StringVar(&f.scope, "scope", "", "read scope: local, cluster or default (default: local, cluster with --remote)")
+	fs.BoolVar(&f.noPrefill, "no-prefill", false, "skip storing the key set before read runs")
+	fs.BoolVar(&f.json, "json", false, "print one JSON object (a {\"runs\": [...]} object for a sweep)")
+	fs.StringVar(&f.plot, "plot", "", "write latency percentiles against concurrency to this PNG")
+	fs.StringVar(&f.progress, "progress", "auto", "progress on stderr: auto (bar on a terminal, else lines), bar, plain, none")
+	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tidepool bench: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "tidepool bench: "+format+"\n", a...)
+		return exitUsage
+	}
+	size, err := units.ParseBytes(f.size)
+	if err != nil || size < 1 || size > 1<<30 {
+		return usageErr("bad --size %q", f.size)
+	}
+	concs, err := parseInts(f.conc)
+	if err != nil {
+		return usageErr("--concurrency: %v", err)
+	}
+	scope := client.ScopeLocal
+	switch f.scope {
+	case "":
+		if f.remote != "" {
+			scope = client.ScopeCluster
+		}
+	case "local":
+	case "cluster":
+		scope = client.ScopeCluster
+	case "default":
+		scope = client.ScopeDefault
+	default:
+		return usageErr("--scope must be local, cluster or default, not %q", f.scope)
+	}
+	if f.progress != "auto" && f.progress != "bar" && f.progress != "plain" && f.progress != "none" {
+		return usageErr("--progress must be auto, bar, plain or none")
+	}
+	base := bench.DefaultConfig()
+	base.Op, base.Size, base.Keys, base.Duration, base.Ops = bench.Op(f.op), int(size), f.keys, f.duration, f.ops
+	base.ReadRatio, base.Batch = f.ratio, f.batch
+	if f.ops > 0 {
+		base.Duration = 0
+	}
+	for _, c := range concs {
+		cfg := base
+		cfg.Concurrency = c
+		if err := cfg.Validate(); err != nil {
+			return usageErr("%v", err)
+		}
+	}
+	if f.zeroCopy && (base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
+		return usageErr("--zero-copy applies to put, get and mixed")
+	}
+	if f.zeroCopy && f.remote != "" {
+		return usageErr("--zero-copy reads local arenas; it cannot be combined with --remote")
+	}
+
+	maxConc := 0
+	for _, c := range concs {
+		maxConc = max(maxConc, c)
+	}
+	ccfg := client.DefaultConfig(f.socket)
+	ccfg.Timeout, ccfg.MaxIdleConns = f.timeout, maxConc+4
+	ccfg.MaxResponseBytes = max(ccfg.MaxResponseBytes, int(size)*f.batch+(1<<20))
+	c, err := client.NewWithConfig(ccfg)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	defer c.Close()
+	eng := &benchEngine{c: c, ns: f.ns, scope: scope, size: int(size)}
+	mode := "inline"
+	if f.zeroCopy {
+		zc, ok := any(c).(zeroCopier)
+		if !ok {
+			fmt.Fprintln(stderr, "tidepool bench: --zero-copy: this build's client has no zero-copy calls (PutFrom/GetInto)")
+			return exitError
+		}
+		eng.zc, mode = zc, "zero-copy"
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	hctx, cancel := context.WithTimeout(ctx, f.timeout)
+	hello, err := c.Hello(hctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "tidepool bench: cannot reach the sidecar at %s: %v\n", f.socket, err)
+		return exitError
+	}
+	if hello.Limits != nil && size > hello.Limits.MaxValueBytes {
+		return usageErr("--size %s exceeds the sidecar's max_value_size %s", f.size, units.FormatBytes(hello.Limits.MaxValueBytes))
+	}
+	if hello.Limits != nil && f.batch > int(hello.Limits.MaxBatch) && (base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
+		return usageErr("--batch %d exceeds the sidecar's max_batch %d", f.batch, hello.Limits.MaxBatch)
+	}
+
+	if base.Op != bench.OpPut && !f.noPrefill {
+		var pre bench.Engine = eng
+		if f.remote != "" {
+			rc, err := client.NewWithConfig(client.Config{Socket: f.remote, Timeout: f.timeout, MaxIdleConns: 16})
+			if err != nil {
+				return usageErr("--remote: %v", err)
+			}
+			defer rc.Close()
+			pre = &benchEngine{c: rc, ns: f.ns, scope: client.ScopeLocal, size: int(size)}
+		}
+		start := time.Now()
+		if err := bench.Prefill(ctx, pre, int(size), f.keys, min(16, maxConc+1)); err != nil {
+			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
+			return exitError
+		}
+		if f.progress != "none" {
+			fmt.Fprintf(stderr, "prefilled %d keys of %s in %.2fs\n", f.keys, bench.FormatSize(size), time.Since(start).Seconds())
+		}
+	}
+
+	var reps []bench.Report
+	failed := false
+	for _, conc := range concs {
+		cfg := base
+		cfg.Concurrency = conc
+		label := fmt.Sprintf("%s %s c=%d", cfg.Op, bench.FormatSize(size), conc)
+		var done func()
+		cfg.Progress, done = progressPrinter(stderr, f.progress, label)
+		rep, err := bench.Run(ctx, cfg, eng)
+		done()
+		rep.Mode = mode
+		if scope == client.ScopeCluster {
+			rep.Scope = "cluster"
+			if f.remote != "" {
+				rep.Scope = "remote"
+			}
+		}
+		reps = append(reps, rep)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
+			failed = true
+			break
+		}
+		if rep.Errors > 0 {
+			failed = true
+		}
+		if !f.json {
+			rep.WriteText(stdout)
+		}
+	}
+	if f.json {
+		enc := json.NewEncoder(stdout)
+		if len(reps) == 1 {
+			enc.Encode(reps[0])
+		} else {
+			enc.Encode(struct {
+				Runs []bench.Report `json:"runs"`
+			}{reps})
+		}
+	}
+	if f.plot != "" {
+		if err := plotLatency(f.plot, reps); err != nil {
+			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
+			return exitError
+		}
+		if !f.json {
+			fmt.Fprintf(stdout, "plot written to %s\n", f.plot)
+		}
+	}
+	if failed {
+		return exitError
+	}
+	return exitOK
+}

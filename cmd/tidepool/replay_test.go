@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/internal/sim"
+	"github.com/tidepool-kv/tidepool/internal/trace"
+)
+
+// replayTraceRequests is how many trace requests the replay tests use.
+const replayTraceRequests = 300
+
+// firstRequests loads the first n requests of the shared conversation trace,
+// skipping the test when the trace is not there.
+func firstRequests(t *testing.T, n int) (string, []trace.Request) {
+	t.Helper()
+	path, err := sim.FindTrace(sim.ConversationTrace)
+	if err != nil {
+		t.Skipf("replay test needs the Mooncake conversation trace: %v", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	reqs, err := trace.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, reqs[:min(n, len(reqs))]
+}
+
+// runTP runs the tidepool binary and returns stdout, failing on a non-zero
+// exit.
+func runTP(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(binPath, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("tidepool %v: %v\nstdout:\n%s\nstderr:\n%s", args, err, out.String(), errb.String())
+	}
+	return out.Bytes()
+}
+
+// unboundedHits is an independent computation of the prefix hit count of a
+// cache that never evicts: per request, the leading ids already seen.
+func unboundedHits(reqs []trace.Request) (hits, blocks int64) {
+	seen := map[uint64]bool{}
+	for _, r := range reqs {
+		i := 0
+		for i < len(r.HashIDs) && seen[r.HashIDs[i]] {
+			i++
+		}
+		hits += int64(i)
+		blocks += int64(len(r.HashIDs))
+		for _, id := range r.HashIDs {
+			seen[id] = true
+		}
+	}
+	return hits, blocks
+}
+
+// TestReplayMatchesIndependentCount replays the first requests of the trace
+// against real sidecars and checks the measured hit rate against
+// computations done here: exactly, for a cache that never evicts (counted
+// directly) and for an LRU sidecar whose capacity is exact in blocks
+// (internal/sim with the same policy); within bounds for the prefix policy.
+func TestReplayMatchesIndependentCount(t *testing.T) {
+	path, reqs := firstRequests(t, replayTraceRequests)
+	uniq := map[uint64]bool{}
+	for _, r := range reqs {
+		for _, id := range r.HashIDs {
+			uniq[id] = true
+		}
+	}
+	wantHits, wantBlocks := unboundedHits(reqs)
+	if wantHits == 0 || len(uniq) < 1000 {
+		t.Fatalf("trace sample too small: %d hits, %d distinct blocks", wantHits, len(uniq))
+	}
+	const blockTokens = trace.BlockTokens
+	tests := []struct {
+		name   string
+		policy string
+		blocks int // per-node capacity in blocks
+		// exact: hit blocks must equal want; else within [lo, hi].
+		exact  bool
+		want   func() int64
+		lo, hi float64
+	}{
+		{"never evicts", "lru", len(uniq) + 100, true, func() int64 { return wantHits }, 0, 0},
+		{"lru evicting", "lru", 320, true, func() int64 {
+			r, err := sim.Run(reqs, sim.Config{CapacityBlocks: 320, Nodes: 1}, evict.NewLRU)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.HitBlocks
+		}, 0, 0},
+		{"prefix evicting", "prefix", 320, false, nil, 0.005, float64(wantHits) / float64(wantBlocks)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := runTP(t, "replay", "--trace", path, "--requests", fmt.Sprint(replayTraceRequests),
+				"--nodes", "1", "--capacity-tokens", fmt.Sprint(tc.blocks*blockTokens), "--block-bytes", "4KiB",
+				"--policy", tc.policy, "--json", "--progress", "none")
+			var got replayRun
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			if got.Requests != int64(len(reqs)) || got.Blocks != wantBlocks || got.CapacityBlocks != int64(tc.blocks) {
+				t.Fatalf("replayed %d requests / %d blocks at %d blocks capacity, want %d / %d at %d",
+					got.Requests, got.Blocks, got.CapacityBlocks, len(reqs), wantBlocks, tc.blocks)
+			}
+			if len(got.BlocksAtEnd) != 1 || got.BlocksAtEnd[0] > int64(tc.blocks) {
+				t.Fatalf("sidecar holds %v blocks, capacity %d", got.BlocksAtEnd, tc.blocks)
+			}
+			if got.FailedPuts != 0 {
+				t.Fatalf("%d failed puts", got.FailedPuts)
+			}
+			if tc.exact {
+				if want := tc.want(); got.HitBlocks != want {
+					t.Fatalf("sidecar hit %d of %d blocks (%.4f), independent count %d (%.4f)",
+						got.HitBlocks, got.Blocks, got.HitRate, want, float64(want)/float64(got.Blocks))
+				}
+			} else if got.HitRate < tc.lo || got.HitRate > tc.hi {
+				t.Fatalf("hit rate %.4f outside [%.4f, %.4f]", got.HitRate, tc.lo, tc.hi)
+			}
+			t.Logf("%s: hit rate %.4f (%d of %d blocks), %d blocks at end, %.2fs",
+				tc.name, got.HitRate, got.HitBlocks, got.Blocks, got.BlocksAtEnd[0], got.Seconds)
+		})
+	}
+}
+
+// TestReplayAgainstSockets drives two running sidecars given by socket,
+// with longest-prefix routing, and checks per-node figures add up; an
+// unbounded cache split over two nodes can never beat one.
+func TestReplayAgainstSockets(t *testing.T) {
+	path, reqs := firstRequests(t, replayTraceRequests)
+	a, b := startDaemon(t, "--eviction-policy", "lru"), startDaemon(t, "--eviction-policy", "lru")
+	out := runTP(t, "replay", "--trace", path, "--requests", fmt.Sprint(replayTraceRequests),
+		"--sockets", a.socket+","+b.socket, "--route", "prefix", "--block-bytes", "1KiB", "--json", "--progress", "none")
+	var got replayRun
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	hits, blocks := unboundedHits(reqs)
+	if len(got.Nodes) != 2 || got.Blocks != blocks || got.HitBlocks > hits || got.HitBlocks == 0 {
+		t.Fatalf("got %+v; one unbounded cache hits %d of %d", got.Result, hits, blocks)
+	}
+	if got.Nodes[0].Requests+got.Nodes[1].Requests != int64(len(reqs)) ||
+		got.Nodes[0].HitBlocks+got.Nodes[1].HitBlocks != got.HitBlocks || got.Nodes[0].Requests == 0 || got.Nodes[1].Requests == 0 {
+		t.Fatalf("per-node figures %+v do not add up", got.Nodes)
+	}
+	if got.BytesStored <= 0 || got.BytesStored > (got.Blocks-got.HitBlocks)*1024 {
+		t.Fatalf("stored %d bytes for %d missed blocks of 1 KiB", got.BytesStored, got.Blocks-got.HitBlocks)
+	}
+}
+
+func TestReplaySweepPlotAndErrors(t *testing.T) {
+	path, _ := firstRequests(t, replayTraceRequests)
+	png := filepath.Join(t.TempDir(), "hit.png")
+	out := runTP(t, "replay", "--trace", path, "--requests", "2000", "--sim", "--capacity-tokens", "200k,500k,1M",
+		"--policy", "lru,prefix", "--references", "--json", "--plot", png)
+	var sweep struct{ Runs []replayRun }
+	if err := json.Unmarshal(out, &sweep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(sweep.Runs) != 2*3+2*3 {
+		t.Fatalf("%d runs, want 12", len(sweep.Runs))
+	}
+	for _, r := range sweep.Runs {
+		if !r.Simulated || r.HitRate <= 0 || r.HitRate > 0.5 {
+			t.Fatalf("run %+v", r)
+		}
+	}
+	checkPNG(t, png)
+
+	for _, args := range [][]string{
+		{"replay", "--policy", "fifo"},
+		{"replay", "--route", "random"},
+		{"replay", "--sim", "--route", "prefix"},
+		{"replay", "--sockets", "/a,/b", "--policy", "lru,prefix"},
+		{"replay", "--capacity-tokens", "lots"},
+	} {
+		cmd := exec.Command(binPath, args...)
+		if out, err := cmd.CombinedOutput(); err == nil || cmd.ProcessState.ExitCode() != exitUsage {
+			t.Errorf("%v: exit %v, want usage error\n%s", args, err, out)
+		}
+	}
+}
+
+// checkPNG fails unless path is a non-trivial PNG file.
+func checkPNG(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 5000 || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Fatalf("%s: %d bytes, not a plot PNG", path, len(b))
+	}
+}
+
+func TestFootprintMatchesDRAMClasses(t *testing.T) {
+	for size, want := range map[int64]int64{1: 512, 512: 512, 513: 640, 4096: 4096, 4097: 5120, 16 << 10: 16 << 10, 32 << 10: 32 << 10, 32<<10 + 1: 64 << 10, 1 << 20: 1 << 20, 1<<20 + 1: 1<<20 + 64<<10} {
+		if got := footprint(size); got != want {
+			t.Errorf("footprint(%d) = %d, want %d", size, got, want)
+		}
+	}
+}
