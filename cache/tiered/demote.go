@@ -1,0 +1,348 @@
+package tiered
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+)
+
+// item is one demotion waiting for the writer. value is the store's own
+// copy; it is never modified once queued.
+type item struct {
+	fk        string
+	ns        string
+	key       []byte
+	value     []byte
+	info      cache.Info
+	low       bool
+	cancelled bool // guarded by qmu: deleted meanwhile, do not write
+}
+
+// onEvict is the DRAM tier's OnEvict: it runs under DRAM's eviction mutex
+// and must not block or call into the DRAM tier. It copies the block into
+// the queue unless the SSD already holds it or the queue is full.
+func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
+	fk := fkey(ns, key)
+	s.untrack(fk)
+	if s.ssd == nil {
+		return
+	}
+	if _, ok := s.ssd.Stat(context.Background(), ns, key); ok {
+		return // promoted or durable: already below
+	}
+	size := int64(len(value))
+	s.qmu.Lock()
+	if _, ok := s.pending[fk]; ok {
+		s.qmu.Unlock()
+		return
+	}
+	if s.qstop || len(s.queue) >= s.cfg.QueueBlocks || s.qbytes+size > s.cfg.QueueBytes {
+		s.qmu.Unlock()
+		s.demotionsDropped.Add(1)
+		return
+	}
+	s.qbytes += size
+	s.qmu.Unlock()
+
+	// Copy outside qmu (a MiB copy takes tens of µs); the bytes were
+	// reserved above so the bound holds.
+	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: append([]byte(nil), value...), info: info}
+	it.info.Tier = ssd.TierName
+	s.qmu.Lock()
+	if _, ok := s.pending[fk]; ok || s.qstop {
+		s.qbytes -= size
+		s.qmu.Unlock()
+		if s.qstop {
+			s.demotionsDropped.Add(1)
+		}
+		return
+	}
+	s.pending[fk] = it
+	s.queue = append(s.queue, it)
+	s.qmu.Unlock()
+	s.qcond.Signal()
+}
+
+// writer drains the queue into the SSD tier until stopWriter.
+func (s *Store) writer() {
+	defer s.writerWG.Done()
+	ctx := context.Background()
+	for {
+		s.qmu.Lock()
+		for len(s.queue) == 0 && !s.qstop {
+			s.qcond.Wait()
+		}
+		if len(s.queue) == 0 {
+			s.qmu.Unlock()
+			return
+		}
+		it := s.queue[0]
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		s.qmu.Unlock()
+
+		if s.hookWrite != nil {
+			s.hookWrite()
+		}
+		s.demoteMu.Lock()
+		s.qmu.Lock()
+		skip := it.cancelled
+		s.qmu.Unlock()
+		var err error
+		if !skip {
+			_, err = s.ssd.Put(ctx, it.ns, it.key, it.value, cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low})
+		}
+		s.demoteMu.Unlock()
+		switch {
+		case skip:
+		case err != nil:
+			s.demotionErrors.Add(1)
+			s.lg.Debug("demotion failed", zap.Error(err))
+		default:
+			s.demotions.Add(1)
+		}
+		s.qmu.Lock()
+		if s.pending[it.fk] == it {
+			delete(s.pending, it.fk)
+		}
+		s.qbytes -= int64(len(it.value))
+		s.qmu.Unlock()
+		s.qcond.Broadcast() // wake drain
+	}
+}
+
+// cancel marks the queued demotions matching fn as cancelled (the writer
+// skips them) and removes them from the read path; it returns how many.
+func (s *Store) cancel(fn func(fk string, it *item) bool) int {
+	n := 0
+	s.qmu.Lock()
+	for fk, it := range s.pending {
+		if fn(fk, it) {
+			it.cancelled = true
+			delete(s.pending, fk)
+			n++
+		}
+	}
+	s.qmu.Unlock()
+	return n
+}
+
+// drain waits until the queue is empty or deadline passes.
+func (s *Store) drain(deadline time.Time) {
+	t := time.AfterFunc(time.Until(deadline), func() {
+		s.qmu.Lock()
+		s.qmu.Unlock()
+		s.qcond.Broadcast()
+	})
+	defer t.Stop()
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for len(s.pending) > 0 && time.Now().Before(deadline) {
+		s.qcond.Wait()
+	}
+}
+
+// stopWriter stops the writer after the item it is writing; what is still
+// queued is dropped and counted.
+func (s *Store) stopWriter() {
+	s.qmu.Lock()
+	s.qstop = true
+	left := len(s.queue)
+	for _, it := range s.queue {
+		delete(s.pending, it.fk)
+		s.qbytes -= int64(len(it.value))
+	}
+	s.queue = nil
+	s.qmu.Unlock()
+	s.qcond.Broadcast()
+	s.writerWG.Wait()
+	if left > 0 {
+		s.demotionsDropped.Add(int64(left))
+		s.lg.Warn("demotions dropped at close", zap.Int("blocks", left))
+	}
+}
+
+// WaitIdle waits until the demotion queue is empty (every demotion so far
+// written or failed), or ctx ends.
+func (s *Store) WaitIdle(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		s.qmu.Lock()
+		s.qmu.Unlock()
+		s.qcond.Broadcast()
+	})
+	defer stop()
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for len(s.pending) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		s.qcond.Wait()
+	}
+	return nil
+}
+
+// --- reads below DRAM ------------------------------------------------------
+
+// flight is one read of a block below DRAM shared by concurrent misses.
+type flight struct {
+	done  chan struct{}
+	value []byte
+	info  cache.Info
+	err   error
+}
+
+// fetch returns the bytes of (ns, key) from the demotion queue or SSD and
+// promotes them into DRAM. Concurrent fetches of one key share one read;
+// the leader re-checks DRAM first (a flight that just ended promoted it).
+// The returned slice is shared: callers copy it.
+func (s *Store) fetch(ctx context.Context, ns string, key []byte) ([]byte, cache.Info, error) {
+	fk := fkey(ns, key)
+	s.fmu.Lock()
+	if f := s.flights[fk]; f != nil {
+		s.fmu.Unlock()
+		select {
+		case <-f.done:
+			return f.value, f.info, f.err
+		case <-ctx.Done():
+			return nil, cache.Info{}, ctx.Err()
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	s.flights[fk] = f
+	s.fmu.Unlock()
+
+	f.value, f.info, f.err = s.readBelow(ctx, fk, ns, key)
+
+	s.fmu.Lock()
+	delete(s.flights, fk)
+	s.fmu.Unlock()
+	close(f.done)
+	return f.value, f.info, f.err
+}
+
+func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte) ([]byte, cache.Info, error) {
+	// Re-check DRAM inside the flight: a flight that ended between our
+	// miss and now has promoted the block.
+	if v, info, err := s.dram.Get(ctx, ns, key, nil); err == nil {
+		return v, info, nil
+	}
+	s.qmu.Lock()
+	it := s.pending[fk]
+	s.qmu.Unlock()
+	var v []byte
+	var info cache.Info
+	if it != nil {
+		v, info = it.value, it.info
+		s.queueHits.Add(1)
+	} else {
+		var err error
+		s.ssdReads.Add(1)
+		v, info, err = s.ssd.Get(ctx, ns, key, nil)
+		if err != nil {
+			return nil, cache.Info{}, err
+		}
+	}
+	s.promote(ctx, ns, key, v, info)
+	return v, info, nil
+}
+
+// promote copies a block read below into DRAM. Failure (DRAM pinned full)
+// is not an error: the read is served anyway.
+func (s *Store) promote(ctx context.Context, ns string, key, v []byte, info cache.Info) {
+	if s.closed.Load() {
+		return
+	}
+	opts := cache.PutOptions{Depth: info.Depth}
+	s.track(ns, key, opts)
+	existed, err := s.dram.Put(ctx, ns, key, v, opts)
+	switch {
+	case err != nil:
+		s.untrack(fkey(ns, key))
+		if !errors.Is(err, cache.ErrNoSpace) && !errors.Is(err, cache.ErrClosed) {
+			s.lg.Debug("promotion failed", zap.Error(err))
+		}
+	case !existed:
+		s.promotions.Add(1)
+	}
+}
+
+// --- prefetch and watermarks ----------------------------------------------
+
+type prefetchReq struct {
+	ns  string
+	key []byte
+}
+
+// Prefetch queues the keys of ns that are below DRAM (in SSD or in the
+// demotion queue) to be promoted into DRAM in the background, and returns
+// how many it queued. Keys already in DRAM, absent keys, and keys that do
+// not fit the prefetch queue (counted in PrefetchDropped) are not queued.
+// ctx bounds only the call, not the background work.
+func (s *Store) Prefetch(ctx context.Context, ns string, keys [][]byte) int {
+	if s.ssd == nil || s.closed.Load() {
+		return 0
+	}
+	n := 0
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			break
+		}
+		if _, ok := s.dram.Stat(ctx, ns, k); ok {
+			continue
+		}
+		if _, ok := s.Stat(ctx, ns, k); !ok {
+			continue
+		}
+		select {
+		case s.prefetchCh <- prefetchReq{ns: ns, key: append([]byte(nil), k...)}:
+			n++
+			s.prefetchQueued.Add(1)
+		default:
+			s.prefetchDropped.Add(1)
+		}
+	}
+	return n
+}
+
+func (s *Store) prefetcher() {
+	defer s.bg.Done()
+	ctx := context.Background()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case r := <-s.prefetchCh:
+			if _, ok := s.dram.Stat(ctx, r.ns, r.key); ok {
+				continue
+			}
+			_, _, _ = s.fetch(ctx, r.ns, r.key)
+		}
+	}
+}
+
+// watermarks evicts DRAM down to the low watermark whenever it is above
+// the high one.
+func (s *Store) watermarks(ev evicter) {
+	defer s.bg.Done()
+	tk := time.NewTicker(s.cfg.WatermarkInterval)
+	defer tk.Stop()
+	capacity := float64(s.cfg.DRAM.Capacity)
+	high, low := int64(capacity*s.cfg.HighWatermark), int64(capacity*s.cfg.LowWatermark)
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tk.C:
+		}
+		st := s.dram.Stats()
+		if len(st.Tiers) > 0 && st.Tiers[0].UsedBytes > high {
+			s.watermarkEvictions.Add(int64(ev.EvictTo(low)))
+		}
+	}
+}

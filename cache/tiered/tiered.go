@@ -1,0 +1,626 @@
+// Package tiered composes tidepool's DRAM tier and (optionally) its SSD
+// tier into one block store with the method set the proxy needs (Put, Get,
+// Stat, Delete, Clear, Stats) plus Prefetch and the zero-copy calls, which
+// it forwards to the DRAM tier.
+//
+// # Movement between tiers
+//
+//   - Put lands in DRAM. A durable put (cache.PutOptions.Durable) is first
+//     written through to SSD with its WAL synced, then put in DRAM.
+//   - Demotion: the DRAM tier calls the store for each block it evicts
+//     (dram.Config.OnEvict, under DRAM's eviction mutex). The store copies
+//     the bytes into a bounded queue (QueueBlocks, QueueBytes) and returns;
+//     a full queue drops the demotion and counts it (DemotionsDropped): a
+//     Put never waits for the SSD. Blocks the SSD tier already holds are
+//     not queued. One background writer drains the queue into SSD. A block
+//     waiting in the queue is still served (Get, Stat) from the queue.
+//   - Promotion: a Get that misses DRAM reads SSD and copies the block into
+//     DRAM (the copy stays in SSD too: the tiers are inclusive, so evicting
+//     a promoted block again costs no write). Concurrent misses of one key
+//     share one SSD read and one promotion (a flight per key, re-checked
+//     inside the flight). A promotion may evict a DRAM victim, which is
+//     demoted like any other.
+//   - Prefetch queues keys present in SSD (and absent from DRAM) to be
+//     promoted by background workers; a full prefetch queue drops keys.
+//   - Watermarks: when the DRAM tier offers EvictTo (see evicter), a
+//     background loop evicts down to LowWatermark whenever DRAM use exceeds
+//     HighWatermark, so that puts rarely evict inline. Without it the loop
+//     is not started and demotion happens at eviction time only.
+//   - Close stops the background work, drains the demotion queue, then
+//     (StopSpillTimeout > 0) copies every DRAM block the SSD lacks into SSD,
+//     closes SSD (which flushes its memtables) and finally DRAM. After a
+//     clean Close the SSD holds every block the store held, within the
+//     timeout and SSD capacity.
+//
+// What survives kill -9 and a clean stop in each mode is in docs/ssd.md.
+//
+// # Locks
+//
+// Lock order: dram's evictMu → qmu; demoteMu → (ssd's locks); fmu and kmu
+// are leaves. OnEvict runs under dram's evictMu and takes only qmu and the
+// SSD tier's index lock (ssd.Stat); it never calls into the DRAM tier.
+// demoteMu is held by the writer across "check the item is still wanted,
+// write it to SSD" and by Delete and Clear around their SSD delete, so that
+// a demotion racing with a delete never resurrects the block.
+package tiered
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+)
+
+// Config configures a Store. Zero values of the fields marked "default"
+// take that default.
+type Config struct {
+	// DRAM configures the DRAM tier. Its OnEvict must be nil: the store
+	// sets it.
+	DRAM dram.Config
+	// SSD configures the SSD tier; nil runs DRAM only (durable puts are
+	// then accepted and not persisted, as cache.PutOptions documents).
+	SSD *ssd.Config
+	// QueueBlocks bounds the demotion queue in blocks (default 1024).
+	QueueBlocks int
+	// QueueBytes bounds the demotion queue in value bytes, held on the Go
+	// heap while they wait (default 256 MiB).
+	QueueBytes int64
+	// HighWatermark and LowWatermark are fractions of the DRAM capacity:
+	// above High, the background loop evicts (demotes) down to Low. Used
+	// only when the DRAM tier offers EvictTo. 0 disables. Defaults 0.95
+	// and 0.85.
+	HighWatermark, LowWatermark float64
+	// WatermarkInterval is how often the loop checks DRAM use
+	// (default 50 ms).
+	WatermarkInterval time.Duration
+	// PrefetchQueue bounds the keys waiting to be prefetched (default 4096).
+	PrefetchQueue int
+	// PrefetchWorkers is how many goroutines promote prefetched keys
+	// (default 2).
+	PrefetchWorkers int
+	// StopSpillTimeout bounds how long Close spends draining the demotion
+	// queue and copying DRAM blocks the SSD lacks into SSD. 0 disables the
+	// copy (the queue is still drained for up to 10 s). Default 0; serve
+	// sets it.
+	StopSpillTimeout time.Duration
+}
+
+// DefaultConfig returns the defaults: a default DRAM tier and no SSD tier.
+func DefaultConfig() Config {
+	return Config{
+		DRAM:              dram.DefaultConfig(),
+		QueueBlocks:       1024,
+		QueueBytes:        256 << 20,
+		HighWatermark:     0.95,
+		LowWatermark:      0.85,
+		WatermarkInterval: 50 * time.Millisecond,
+		PrefetchQueue:     4096,
+		PrefetchWorkers:   2,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.QueueBlocks == 0 {
+		c.QueueBlocks = d.QueueBlocks
+	}
+	if c.QueueBytes == 0 {
+		c.QueueBytes = d.QueueBytes
+	}
+	if c.WatermarkInterval == 0 {
+		c.WatermarkInterval = d.WatermarkInterval
+	}
+	if c.PrefetchQueue == 0 {
+		c.PrefetchQueue = d.PrefetchQueue
+	}
+	if c.PrefetchWorkers == 0 {
+		c.PrefetchWorkers = d.PrefetchWorkers
+	}
+	return c
+}
+
+// Validate reports every problem of c at once, the tiers' included.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("tiered: config: "+format, args...))
+	}
+	if err := c.DRAM.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.DRAM.OnEvict != nil {
+		bad("DRAM.OnEvict must be nil (the store sets it)")
+	}
+	if c.SSD != nil {
+		if err := c.SSD.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.QueueBlocks < 0 {
+		bad("QueueBlocks %d is negative", c.QueueBlocks)
+	}
+	if c.QueueBytes < 0 {
+		bad("QueueBytes %d is negative", c.QueueBytes)
+	}
+	if c.HighWatermark < 0 || c.HighWatermark > 1 || c.LowWatermark < 0 || c.LowWatermark > 1 {
+		bad("watermarks %g/%g must be in [0, 1]", c.HighWatermark, c.LowWatermark)
+	} else if c.HighWatermark > 0 && c.LowWatermark >= c.HighWatermark {
+		bad("LowWatermark %g must be below HighWatermark %g", c.LowWatermark, c.HighWatermark)
+	}
+	if c.WatermarkInterval < 0 {
+		bad("WatermarkInterval %v is negative", c.WatermarkInterval)
+	}
+	if c.PrefetchQueue < 0 || c.PrefetchWorkers < 0 {
+		bad("PrefetchQueue %d and PrefetchWorkers %d must not be negative", c.PrefetchQueue, c.PrefetchWorkers)
+	}
+	if c.StopSpillTimeout < 0 {
+		bad("StopSpillTimeout %v is negative", c.StopSpillTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+// evicter is what the watermark loop needs from the DRAM tier: evict
+// policy victims (calling OnEvict for each) until the used bytes are at
+// most target, returning how many were evicted. The loop runs only when
+// *dram.Tier implements it.
+type evicter interface {
+	EvictTo(target int64) int
+}
+
+// Store is the tiered block store. Safe for concurrent use.
+type Store struct {
+	cfg  Config
+	lg   *zap.Logger
+	dram *dram.Tier
+	ssd  *ssd.Tier // nil: DRAM only
+
+	// Demotion queue (demote.go).
+	qmu       sync.Mutex
+	qcond     *sync.Cond
+	queue     []*item
+	pending   map[string]*item // queued or being written, by flight key
+	qbytes    int64
+	qstop     bool
+	demoteMu  sync.Mutex
+	writerWG  sync.WaitGroup
+	hookWrite func() // test seam: called by the writer before each SSD write
+
+	// Keys believed to be in DRAM, for the spill at Close (dram has no
+	// iterator). Entries may be stale; the spill re-checks.
+	kmu  sync.Mutex
+	keys map[string]keyRef
+
+	// Read flights: concurrent misses of one key share one SSD read.
+	fmu     sync.Mutex
+	flights map[string]*flight
+
+	// Prefetch and watermark goroutines.
+	prefetchCh chan prefetchReq
+	stop       chan struct{}
+	bg         sync.WaitGroup
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+
+	promotions, demotions, demotionsDropped, demotionErrors atomic.Int64
+	queueHits, ssdReads, prefetchQueued, prefetchDropped    atomic.Int64
+	spilled, spillMissed, watermarkEvictions                atomic.Int64
+	durablePuts                                             atomic.Int64
+}
+
+type keyRef struct {
+	ns    string
+	key   string
+	depth int32
+	low   bool
+}
+
+// fkey is the map key of (ns, key): uvarint(len(ns)) ‖ ns ‖ key.
+func fkey(ns string, key []byte) string {
+	b := make([]byte, 0, binary.MaxVarintLen64+len(ns)+len(key))
+	b = binary.AppendUvarint(b, uint64(len(ns)))
+	b = append(b, ns...)
+	b = append(b, key...)
+	return string(b)
+}
+
+// New validates cfg and opens the tiers: the SSD tier first (it may take a
+// while to rebuild its index), then DRAM.
+func New(cfg Config, lg *zap.Logger) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	s := &Store{
+		cfg:     cfg,
+		lg:      lg.Named("cache.tiered"),
+		pending: make(map[string]*item),
+		keys:    make(map[string]keyRef),
+		flights: make(map[string]*flight),
+		stop:    make(chan struct{}),
+	}
+	s.qcond = sync.NewCond(&s.qmu)
+	if cfg.SSD != nil {
+		st, err := ssd.New(*cfg.SSD, lg)
+		if err != nil {
+			return nil, err
+		}
+		s.ssd = st
+	}
+	dcfg := cfg.DRAM
+	dcfg.OnEvict = s.onEvict
+	dt, err := dram.New(dcfg, lg)
+	if err != nil {
+		if s.ssd != nil {
+			s.ssd.Close()
+		}
+		return nil, err
+	}
+	s.dram = dt
+	s.prefetchCh = make(chan prefetchReq, cfg.PrefetchQueue)
+	if s.ssd != nil {
+		s.writerWG.Add(1)
+		go s.writer()
+		for range cfg.PrefetchWorkers {
+			s.bg.Add(1)
+			go s.prefetcher()
+		}
+		if ev, ok := any(s.dram).(evicter); ok && cfg.HighWatermark > 0 {
+			s.bg.Add(1)
+			go s.watermarks(ev)
+		}
+	}
+	return s, nil
+}
+
+// DRAM returns the DRAM tier (for its arenas and zero-copy calls).
+func (s *Store) DRAM() *dram.Tier { return s.dram }
+
+// SSD returns the SSD tier, or nil when the store runs DRAM only.
+func (s *Store) SSD() *ssd.Tier { return s.ssd }
+
+func (s *Store) track(ns string, key []byte, opts cache.PutOptions) {
+	if s.ssd == nil {
+		return
+	}
+	s.kmu.Lock()
+	s.keys[fkey(ns, key)] = keyRef{ns: ns, key: string(key), depth: opts.Depth, low: opts.LowPriority}
+	s.kmu.Unlock()
+}
+
+func (s *Store) untrack(fk string) {
+	if s.ssd == nil {
+		return
+	}
+	s.kmu.Lock()
+	delete(s.keys, fk)
+	s.kmu.Unlock()
+}
+
+// Put stores value under (ns, key) in DRAM. A key present in any tier is
+// left as it is (existed = true). With opts.Durable and an SSD tier, the
+// block is written to SSD with its WAL synced before Put returns, then put
+// in DRAM; an SSD failure fails the put. When DRAM cannot make room (every
+// block pinned) a non-durable put goes to SSD directly. Errors are the
+// tiers' (cache.ErrInvalidKey, cache.ErrTooLarge, cache.ErrNoSpace,
+// cache.ErrUnavailable, cache.ErrClosed).
+func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	if s.closed.Load() {
+		return false, cache.ErrClosed
+	}
+	if s.ssd == nil {
+		return s.dram.Put(ctx, ns, key, value, opts)
+	}
+	fk := fkey(ns, key)
+	if opts.Durable {
+		sExisted, err := s.ssd.Put(ctx, ns, key, value, opts)
+		if err != nil {
+			return false, err
+		}
+		s.durablePuts.Add(1)
+		if sExisted {
+			return true, nil
+		}
+		s.track(ns, key, opts)
+		if _, err := s.dram.Put(ctx, ns, key, value, opts); err != nil {
+			s.untrack(fk)
+			s.lg.Debug("durable put kept in ssd only", zap.Error(err))
+		}
+		return false, nil
+	}
+	if _, ok := s.ssd.Stat(ctx, ns, key); ok {
+		return true, nil
+	}
+	s.qmu.Lock()
+	_, queued := s.pending[fk]
+	s.qmu.Unlock()
+	if queued {
+		return true, nil
+	}
+	s.track(ns, key, opts)
+	existed, err = s.dram.Put(ctx, ns, key, value, opts)
+	if err != nil {
+		s.untrack(fk)
+		if errors.Is(err, cache.ErrNoSpace) {
+			// DRAM is pinned full: the block can still be cached below.
+			return s.ssd.Put(ctx, ns, key, value, opts)
+		}
+	}
+	return existed, err
+}
+
+// Get copies the value of (ns, key) into dst (see dram.Tier.Get) from the
+// fastest tier that has it: DRAM, the demotion queue, then SSD. A block
+// read from SSD (or the queue) is promoted into DRAM. Bytes are verified
+// against their checksum in every tier; a bad block is a miss
+// (cache.ErrNotFound, wrapped with cache.ErrChecksum).
+func (s *Store) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]byte, cache.Info, error) {
+	out, info, err := s.dram.Get(ctx, ns, key, dst)
+	if err == nil || s.ssd == nil || !(errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrChecksum)) {
+		return out, info, err
+	}
+	if s.closed.Load() {
+		return nil, cache.Info{}, cache.ErrClosed
+	}
+	v, info, err := s.fetch(ctx, ns, key)
+	if err != nil {
+		return nil, cache.Info{}, err
+	}
+	if int(cap(dst)) >= len(v) {
+		dst = dst[:len(v)]
+	} else {
+		dst = make([]byte, len(v))
+	}
+	copy(dst, v)
+	return dst, info, nil
+}
+
+// Stat returns the Info of (ns, key) from the first tier that has it
+// (Info.Tier says which; a block waiting in the demotion queue reports
+// "ssd").
+func (s *Store) Stat(ctx context.Context, ns string, key []byte) (cache.Info, bool) {
+	if info, ok := s.dram.Stat(ctx, ns, key); ok || s.ssd == nil {
+		return info, ok
+	}
+	s.qmu.Lock()
+	it := s.pending[fkey(ns, key)]
+	s.qmu.Unlock()
+	if it != nil {
+		return it.info, true
+	}
+	return s.ssd.Stat(ctx, ns, key)
+}
+
+// Delete removes (ns, key) from every tier (and from the demotion queue)
+// and reports whether any held it.
+func (s *Store) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
+	if s.closed.Load() {
+		return false, cache.ErrClosed
+	}
+	if s.ssd == nil {
+		return s.dram.Delete(ctx, ns, key)
+	}
+	fk := fkey(ns, key)
+	queued := s.cancel(func(k string, _ *item) bool { return k == fk })
+	s.untrack(fk)
+	d, err := s.dram.Delete(ctx, ns, key)
+	if err != nil {
+		return d, err
+	}
+	s.demoteMu.Lock()
+	sd, err := s.ssd.Delete(ctx, ns, key)
+	s.demoteMu.Unlock()
+	return d || sd || queued > 0, err
+}
+
+// Clear removes every block of ns from every tier and returns how many
+// copies were removed: a block held in both DRAM and SSD counts twice.
+func (s *Store) Clear(ctx context.Context, ns string) (int64, error) {
+	if s.closed.Load() {
+		return 0, cache.ErrClosed
+	}
+	if s.ssd == nil {
+		return s.dram.Clear(ctx, ns)
+	}
+	queued := s.cancel(func(_ string, it *item) bool { return it.ns == ns })
+	s.kmu.Lock()
+	for k, r := range s.keys {
+		if r.ns == ns {
+			delete(s.keys, k)
+		}
+	}
+	s.kmu.Unlock()
+	n, err := s.dram.Clear(ctx, ns)
+	if err != nil {
+		return n, err
+	}
+	s.demoteMu.Lock()
+	m, err := s.ssd.Clear(ctx, ns)
+	s.demoteMu.Unlock()
+	return n + m + int64(queued), err
+}
+
+// Stats returns the tiers' counters (dram, then ssd) and per-namespace
+// counters summed over the tiers: Blocks and Bytes count copies (a block
+// in both tiers counts twice); Hits are reads served by either tier;
+// Misses and Evictions are the SSD tier's (a DRAM miss served by SSD is a
+// hit, a DRAM eviction is a demotion) when there is one; Puts are DRAM's.
+func (s *Store) Stats() cache.Stats {
+	st := s.dram.Stats()
+	if s.ssd == nil {
+		return st
+	}
+	ss := s.ssd.Stats()
+	st.Tiers = append(st.Tiers, ss.Tiers...)
+	byNS := map[string]*cache.NamespaceStats{}
+	for i := range st.Namespaces {
+		n := &st.Namespaces[i]
+		n.Misses, n.Evictions = 0, 0
+		byNS[n.Namespace] = n
+	}
+	var extra []cache.NamespaceStats
+	for _, n := range ss.Namespaces {
+		if d := byNS[n.Namespace]; d != nil {
+			d.Blocks += n.Blocks
+			d.Bytes += n.Bytes
+			d.Hits += n.Hits
+			d.Misses = n.Misses
+			d.Evictions = n.Evictions
+			continue
+		}
+		n.Puts = 0
+		extra = append(extra, n)
+	}
+	st.Namespaces = append(st.Namespaces, extra...)
+	slices.SortFunc(st.Namespaces, func(a, b cache.NamespaceStats) int { return strings.Compare(a.Namespace, b.Namespace) })
+	return st
+}
+
+// Movement is a snapshot of the store's movement counters.
+type Movement struct {
+	// Promotions counts blocks copied from SSD (or the demotion queue)
+	// into DRAM by a read or a prefetch.
+	Promotions int64
+	// Demotions counts evicted DRAM blocks written to SSD.
+	Demotions int64
+	// DemotionsDropped counts evicted DRAM blocks not written to SSD: the
+	// queue was full, or the store was closing.
+	DemotionsDropped int64
+	// DemotionErrors counts demotions the SSD tier refused (degraded,
+	// no space).
+	DemotionErrors int64
+	// QueueBlocks and QueueBytes are the demotions waiting now.
+	QueueBlocks, QueueBytes int64
+	// QueueHits counts reads served from the demotion queue.
+	QueueHits int64
+	// SSDReads counts reads of the SSD tier by the store (one per flight:
+	// concurrent misses of one key share one).
+	SSDReads int64
+	// PrefetchQueued and PrefetchDropped count keys queued by Prefetch and
+	// keys dropped because the prefetch queue was full.
+	PrefetchQueued, PrefetchDropped int64
+	// DurablePuts counts puts written through to SSD.
+	DurablePuts int64
+	// Spilled counts DRAM blocks copied to SSD by Close; SpillMissed those
+	// it could not copy (timeout, SSD refused).
+	Spilled, SpillMissed int64
+	// WatermarkEvictions counts blocks evicted ahead of need.
+	WatermarkEvictions int64
+	// Watermarks is true when the watermark loop runs.
+	Watermarks bool
+	// SSD is the SSD tier's health (nil without an SSD tier).
+	SSD *ssd.Health
+}
+
+// Movement returns the movement counters and the SSD tier's health.
+func (s *Store) Movement() Movement {
+	s.qmu.Lock()
+	qb, qn := s.qbytes, int64(len(s.pending))
+	s.qmu.Unlock()
+	m := Movement{
+		Promotions:         s.promotions.Load(),
+		Demotions:          s.demotions.Load(),
+		DemotionsDropped:   s.demotionsDropped.Load(),
+		DemotionErrors:     s.demotionErrors.Load(),
+		QueueBlocks:        qn,
+		QueueBytes:         qb,
+		QueueHits:          s.queueHits.Load(),
+		SSDReads:           s.ssdReads.Load(),
+		PrefetchQueued:     s.prefetchQueued.Load(),
+		PrefetchDropped:    s.prefetchDropped.Load(),
+		DurablePuts:        s.durablePuts.Load(),
+		Spilled:            s.spilled.Load(),
+		SpillMissed:        s.spillMissed.Load(),
+		WatermarkEvictions: s.watermarkEvictions.Load(),
+	}
+	if s.ssd != nil {
+		_, m.Watermarks = any(s.dram).(evicter)
+		m.Watermarks = m.Watermarks && s.cfg.HighWatermark > 0
+		h := s.ssd.Health()
+		m.SSD = &h
+	}
+	return m
+}
+
+// Close stops the store: background work stops, the demotion queue is
+// drained, DRAM blocks the SSD lacks are copied into it (when
+// StopSpillTimeout > 0), then the SSD tier is closed (flushing it) and the
+// DRAM tier. Callers must have stopped calling the store. Safe to call
+// twice.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+		s.bg.Wait()
+		var errs []error
+		if s.ssd != nil {
+			wait := s.cfg.StopSpillTimeout
+			if wait <= 0 {
+				wait = 10 * time.Second
+			}
+			deadline := time.Now().Add(wait)
+			s.drain(deadline)
+			s.stopWriter()
+			if s.cfg.StopSpillTimeout > 0 {
+				s.spill(deadline)
+			}
+			errs = append(errs, s.ssd.Close())
+		}
+		errs = append(errs, s.dram.Close())
+		s.closeErr = errors.Join(errs...)
+		m := s.Movement()
+		s.lg.Info("tiered store closed", zap.Int64("demotions", m.Demotions),
+			zap.Int64("demotions_dropped", m.DemotionsDropped), zap.Int64("promotions", m.Promotions),
+			zap.Int64("spilled", m.Spilled), zap.Int64("spill_missed", m.SpillMissed))
+	})
+	return s.closeErr
+}
+
+// spill copies DRAM blocks the SSD lacks into SSD until deadline.
+func (s *Store) spill(deadline time.Time) {
+	s.kmu.Lock()
+	refs := make([]keyRef, 0, len(s.keys))
+	for _, r := range s.keys {
+		refs = append(refs, r)
+	}
+	s.kmu.Unlock()
+	ctx := context.Background()
+	var buf []byte
+	for i, r := range refs {
+		if time.Now().After(deadline) {
+			s.spillMissed.Add(int64(len(refs) - i))
+			s.lg.Warn("stop spill timed out", zap.Int("left", len(refs)-i))
+			return
+		}
+		key := []byte(r.key)
+		if _, ok := s.ssd.Stat(ctx, r.ns, key); ok {
+			continue
+		}
+		v, _, err := s.dram.Get(ctx, r.ns, key, buf)
+		if err != nil {
+			continue // evicted or deleted since: nothing to spill
+		}
+		buf = v
+		if _, err := s.ssd.Put(ctx, r.ns, key, v, cache.PutOptions{Depth: r.depth, LowPriority: r.low}); err != nil {
+			s.spillMissed.Add(1)
+			continue
+		}
+		s.spilled.Add(1)
+	}
+}

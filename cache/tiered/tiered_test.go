@@ -1,0 +1,479 @@
+package tiered
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+)
+
+const mib = 1 << 20
+
+// testConfig is a small store: DRAM of dramCap bytes, an SSD tier of 1 GiB
+// in ssdDir (empty: no SSD tier).
+func testConfig(t testing.TB, dramCap int64, ssdDir string) Config {
+	cfg := DefaultConfig()
+	cfg.DRAM = dram.DefaultConfig()
+	cfg.DRAM.Dir = t.TempDir()
+	cfg.DRAM.Capacity = dramCap
+	cfg.DRAM.ArenaSize = 0
+	cfg.DRAM.MaxValueSize = 4 * mib
+	cfg.DRAM.ArenaSize = dramCap
+	cfg.DRAM.LazyFault = true
+	cfg.QueueBytes = 64 * mib
+	if ssdDir != "" {
+		sc := ssd.DefaultConfig()
+		sc.Dir = ssdDir
+		sc.Capacity = 1 << 30
+		sc.WriteBufferSize = 8 * mib
+		sc.MaxWriteBuffers = 3
+		sc.BlobFileSize = 16 * mib
+		sc.BackgroundJobs = 2
+		sc.MinFreeBytes = 0
+		sc.MaxValueSize = 4 * mib
+		cfg.SSD = &sc
+	}
+	return cfg
+}
+
+func newStore(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	s, err := New(cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// value returns n deterministic pseudo-random bytes for seed.
+func value(seed uint64, n int) []byte {
+	b := make([]byte, n)
+	r := rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24)})
+	r.Read(b)
+	return b
+}
+
+func key(i int) []byte { return fmt.Appendf(nil, "block-%06d", i) }
+
+var ctx = context.Background()
+
+func waitIdle(t testing.TB, s *Store) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.WaitIdle(c); err != nil {
+		t.Fatalf("WaitIdle: %v", err)
+	}
+}
+
+// poll waits for cond with a deadline.
+func poll(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	base := testConfig(t, 8*mib, t.TempDir())
+	tests := []struct {
+		name string
+		mod  func(c *Config)
+		want string
+	}{
+		{"ok", func(c *Config) {}, ""},
+		{"no ssd", func(c *Config) { c.SSD = nil }, ""},
+		{"on evict set", func(c *Config) { c.DRAM.OnEvict = func(string, []byte, []byte, cache.Info) {} }, "OnEvict"},
+		{"watermarks inverted", func(c *Config) { c.HighWatermark, c.LowWatermark = 0.5, 0.8 }, "LowWatermark"},
+		{"negative queue", func(c *Config) { c.QueueBlocks = -1 }, "QueueBlocks"},
+		{"bad tiers", func(c *Config) { c.DRAM.Dir = ""; sc := *c.SSD; sc.Dir = ""; c.SSD = &sc }, "Dir"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			tc.mod(&c)
+			err := c.Validate()
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !bytes.Contains([]byte(err.Error()), []byte(tc.want))) {
+				t.Fatalf("Validate = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestSpillReadBack stores 256 MiB through a 32 MiB DRAM tier and reads
+// every byte back: most blocks come from SSD and are promoted.
+func TestSpillReadBack(t *testing.T) {
+	const n, size = 256, 1 * mib
+	s := newStore(t, testConfig(t, 32*mib, t.TempDir()))
+	start := time.Now()
+	for i := range n {
+		if existed, err := s.Put(ctx, "ns", key(i), value(uint64(i), size), cache.PutOptions{Depth: int32(i % 8)}); err != nil || existed {
+			t.Fatalf("put %d: existed=%v err=%v", i, existed, err)
+		}
+		if i%16 == 15 {
+			waitIdle(t, s) // keep the queue from overflowing: this test wants every block
+		}
+	}
+	waitIdle(t, s)
+	wrote := time.Since(start)
+	m := s.Movement()
+	if m.DemotionsDropped != 0 || m.DemotionErrors != 0 {
+		t.Fatalf("dropped %d, errors %d", m.DemotionsDropped, m.DemotionErrors)
+	}
+	ds := s.dram.Stats().Tiers[0]
+	if m.Demotions != ds.Evictions || m.Demotions < n-32 {
+		t.Fatalf("demotions %d, dram evictions %d", m.Demotions, ds.Evictions)
+	}
+	start = time.Now()
+	var buf []byte
+	for _, i := range rand.New(rand.NewPCG(1, 2)).Perm(n) {
+		v, info, err := s.Get(ctx, "ns", key(i), buf)
+		if err != nil {
+			t.Fatalf("get %d: %v", i, err)
+		}
+		if !bytes.Equal(v, value(uint64(i), size)) || info.Size != size || info.Depth != int32(i%8) {
+			t.Fatalf("block %d: wrong bytes or info %+v", i, info)
+		}
+		buf = v
+	}
+	read := time.Since(start)
+	m = s.Movement()
+	if m.Promotions < n-32 || m.SSDReads != m.Promotions {
+		t.Fatalf("promotions %d, ssd reads %d", m.Promotions, m.SSDReads)
+	}
+	st := s.Stats()
+	if len(st.Tiers) != 2 || st.Tiers[0].Name != "dram" || st.Tiers[1].Name != "ssd" || st.Tiers[1].Blocks != n {
+		t.Fatalf("stats tiers %+v", st.Tiers)
+	}
+	if len(st.Namespaces) != 1 || st.Namespaces[0].Hits != n || st.Namespaces[0].Puts < n {
+		t.Fatalf("stats namespaces %+v", st.Namespaces)
+	}
+	t.Logf("wrote %d MiB in %v, read back in %v; %+v", n*size/mib, wrote, read, m)
+}
+
+// TestPromotion: a block evicted from DRAM is served from SSD and comes
+// back to DRAM.
+func TestPromotion(t *testing.T) {
+	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+	for i := range 8 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	info, ok := s.Stat(ctx, "ns", key(0))
+	if !ok || info.Tier != ssd.TierName {
+		t.Fatalf("block 0 before read: %+v %v", info, ok)
+	}
+	v, _, err := s.Get(ctx, "ns", key(0), nil)
+	if err != nil || !bytes.Equal(v, value(0, mib)) {
+		t.Fatalf("get: %v", err)
+	}
+	if info, ok := s.Stat(ctx, "ns", key(0)); !ok || info.Tier != dram.TierName {
+		t.Fatalf("block 0 after read: %+v %v", info, ok)
+	}
+	if m := s.Movement(); m.Promotions != 1 || m.SSDReads != 1 {
+		t.Fatalf("movement %+v", m)
+	}
+	// Still in SSD (inclusive): evicting it again writes nothing.
+	if _, ok := s.ssd.Stat(ctx, "ns", key(0)); !ok {
+		t.Fatal("promoted block left the ssd tier")
+	}
+	if _, _, err := s.Get(ctx, "ns", []byte("absent"), nil); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("absent: %v", err)
+	}
+	// Put of a key only SSD holds is a no-op.
+	if existed, err := s.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{}); err != nil || !existed {
+		t.Fatalf("re-put of a demoted key: %v %v", existed, err)
+	}
+}
+
+// TestDroppedDemotions: with the writer stuck, evictions beyond the queue
+// bound are dropped and counted, and puts do not wait.
+func TestDroppedDemotions(t *testing.T) {
+	cfg := testConfig(t, 4*mib, t.TempDir())
+	cfg.QueueBlocks = 2
+	s, err := New(cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	defer release()
+	s.hookWrite = func() { <-gate }
+
+	const n = 20
+	for i := range n {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := s.Movement()
+	evicted := s.dram.Stats().Tiers[0].Evictions
+	// One item may be with the writer (blocked), two queued.
+	if m.DemotionsDropped < evicted-3 || m.DemotionsDropped == 0 {
+		t.Fatalf("evicted %d, dropped %d, queue %d", evicted, m.DemotionsDropped, m.QueueBlocks)
+	}
+	// A queued block is still served, from the queue.
+	var queued int
+	for i := range n {
+		if info, ok := s.Stat(ctx, "ns", key(i)); ok && info.Tier == ssd.TierName {
+			queued = i
+			break
+		}
+	}
+	release()
+	waitIdle(t, s)
+	m = s.Movement()
+	if m.Demotions+m.DemotionsDropped != evicted {
+		t.Fatalf("demotions %d + dropped %d != evicted %d", m.Demotions, m.DemotionsDropped, evicted)
+	}
+	if v, _, err := s.Get(ctx, "ns", key(queued), nil); err != nil || !bytes.Equal(v, value(uint64(queued), mib)) {
+		t.Fatalf("queued block %d: %v", queued, err)
+	}
+}
+
+// TestQueueServesAndDeleteCancels: a block waiting in the queue is served
+// from it, and deleting it means the writer never writes it.
+func TestQueueServesAndDeleteCancels(t *testing.T) {
+	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+	gate := make(chan struct{})
+	s.hookWrite = func() { <-gate }
+	for i := range 8 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Block 0 is with the writer (blocked); the next are queued.
+	poll(t, "writer to take an item", func() bool { return s.Movement().QueueBlocks >= 2 })
+	var inQueue []int
+	for i := range 8 {
+		if info, ok := s.Stat(ctx, "ns", key(i)); ok && info.Tier == ssd.TierName {
+			inQueue = append(inQueue, i)
+		}
+	}
+	if len(inQueue) < 2 {
+		t.Fatalf("queued blocks: %v", inQueue)
+	}
+	for _, i := range inQueue {
+		if ok, err := s.Delete(ctx, "ns", key(i)); !ok || err != nil {
+			t.Fatalf("delete %d: %v %v", i, ok, err)
+		}
+	}
+	close(gate)
+	waitIdle(t, s)
+	for _, i := range inQueue {
+		if _, ok := s.Stat(ctx, "ns", key(i)); ok {
+			t.Fatalf("deleted block %d came back", i)
+		}
+		if _, _, err := s.Get(ctx, "ns", key(i), nil); !errors.Is(err, cache.ErrNotFound) {
+			t.Fatalf("deleted block %d: %v", i, err)
+		}
+	}
+	if n, err := s.Clear(ctx, "ns"); err != nil || n == 0 {
+		t.Fatalf("clear: %d %v", n, err)
+	}
+	if st := s.Stats(); st.Tiers[0].Blocks != 0 || st.Tiers[1].Blocks != 0 {
+		t.Fatalf("after clear: %+v", st.Tiers)
+	}
+}
+
+// TestConcurrentMissesOneRead: many concurrent Gets of a block in SSD only
+// cost one SSD read and one promotion.
+func TestConcurrentMissesOneRead(t *testing.T) {
+	s := newStore(t, testConfig(t, 16*mib, t.TempDir()))
+	want := value(7, 4*mib)
+	if _, err := s.Put(ctx, "ns", key(7), want, cache.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := s.dram.Delete(ctx, "ns", key(7)); !ok {
+		t.Fatal("durable put not in dram")
+	}
+	const g = 32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errs := make(chan error, g)
+	for range g {
+		wg.Go(func() {
+			<-start
+			v, _, err := s.Get(ctx, "ns", key(7), nil)
+			if err == nil && !bytes.Equal(v, want) {
+				err = errors.New("wrong bytes")
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := s.Movement(); m.SSDReads != 1 || m.Promotions != 1 {
+		t.Fatalf("ssd reads %d, promotions %d", m.SSDReads, m.Promotions)
+	}
+}
+
+// TestDurableWritesThrough: a durable put is in SSD when Put returns.
+func TestDurableWritesThrough(t *testing.T) {
+	s := newStore(t, testConfig(t, 8*mib, t.TempDir()))
+	if _, err := s.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.ssd.Stat(ctx, "ns", key(1)); !ok {
+		t.Fatal("durable block not in ssd")
+	}
+	if info, ok := s.Stat(ctx, "ns", key(1)); !ok || info.Tier != dram.TierName {
+		t.Fatalf("durable block not in dram: %+v", info)
+	}
+	if existed, err := s.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); err != nil || !existed {
+		t.Fatalf("second durable put: %v %v", existed, err)
+	}
+	// DRAM only: durable is accepted and ignored.
+	d := newStore(t, testConfig(t, 8*mib, ""))
+	if _, err := d.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	if d.Prefetch(ctx, "ns", [][]byte{key(1)}) != 0 || d.Movement().SSD != nil {
+		t.Fatal("dram-only store prefetched or reports an ssd")
+	}
+}
+
+// TestCloseSpillsAndReopens: a clean Close copies DRAM into SSD, and a new
+// store on the same directory serves every block.
+func TestCloseSpillsAndReopens(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, 16*mib, dir)
+	cfg.StopSpillTimeout = 30 * time.Second
+	s, err := New(cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 24 // 8 demoted, 16 in DRAM only at Close
+	for i := range n {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{Depth: int32(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if _, err := s.Put(ctx, "ns", key(99), []byte("x"), cache.PutOptions{}); !errors.Is(err, cache.ErrClosed) {
+		t.Fatalf("put after close: %v", err)
+	}
+	if m := s.Movement(); m.Spilled == 0 || m.SpillMissed != 0 || m.Spilled+m.Demotions != n {
+		t.Fatalf("movement at close %+v", m)
+	}
+
+	cfg2 := testConfig(t, 16*mib, dir)
+	r := newStore(t, cfg2)
+	if b, _, _ := r.SSD().Recovered(); b != n {
+		t.Fatalf("recovered %d blocks, want %d", b, n)
+	}
+	for i := range n {
+		v, info, err := r.Get(ctx, "ns", key(i), nil)
+		if err != nil || !bytes.Equal(v, value(uint64(i), mib)) || info.Depth != int32(i) {
+			t.Fatalf("block %d after reopen: %v %+v", i, err, info)
+		}
+	}
+}
+
+// TestPrefetch promotes SSD blocks into DRAM in the background.
+func TestPrefetch(t *testing.T) {
+	s := newStore(t, testConfig(t, 8*mib, t.TempDir()))
+	for i := range 4 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{Durable: true}); err != nil {
+			t.Fatal(err)
+		}
+		s.dram.Delete(ctx, "ns", key(i))
+	}
+	s.Put(ctx, "ns", key(10), value(10, mib), cache.PutOptions{})
+	keys := [][]byte{key(0), key(1), key(2), key(3), key(10), []byte("absent")}
+	if n := s.Prefetch(ctx, "ns", keys); n != 4 {
+		t.Fatalf("queued %d, want 4", n)
+	}
+	poll(t, "prefetch", func() bool { return s.Movement().Promotions == 4 })
+	for i := range 4 {
+		if info, ok := s.dram.Stat(ctx, "ns", key(i)); !ok || info.Tier != dram.TierName {
+			t.Fatalf("block %d not in dram after prefetch", i)
+		}
+	}
+}
+
+// TestZeroCopyForwarding: Acquire promotes from SSD; Reserve refuses a key
+// held below.
+func TestZeroCopyForwarding(t *testing.T) {
+	s := newStore(t, testConfig(t, 8*mib, t.TempDir()))
+	if len(s.Arenas()) == 0 {
+		t.Fatal("no arenas")
+	}
+	want := value(3, mib)
+	s.Put(ctx, "ns", key(3), want, cache.PutOptions{Durable: true})
+	s.dram.Delete(ctx, "ns", key(3))
+	if _, err := s.Reserve(ctx, "ns", key(3), mib, cache.PutOptions{}, 0); !errors.Is(err, cache.ErrExists) {
+		t.Fatalf("reserve of a key in ssd: %v", err)
+	}
+	l, err := s.Acquire(ctx, "ns", key(3), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(l.Bytes(), want) {
+		t.Fatal("acquired bytes differ")
+	}
+	l.Release()
+	if _, err := s.Acquire(ctx, "ns", []byte("absent"), time.Second); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("acquire absent: %v", err)
+	}
+}
+
+// TestDiskBudget: writing 5× the SSD capacity through the store keeps the
+// SSD's accounted bytes under its capacity and its files near it.
+func TestDiskBudget(t *testing.T) {
+	cfg := testConfig(t, 8*mib, t.TempDir())
+	cfg.SSD.Capacity = 32 * mib
+	cfg.SSD.BlobFileSize = 4 * mib
+	cfg.SSD.WriteBufferSize = 4 * mib
+	s := newStore(t, cfg)
+	for i := range 160 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if i%8 == 7 {
+			waitIdle(t, s)
+		}
+		if used := s.Stats().Tiers[1].UsedBytes; used > cfg.SSD.Capacity {
+			t.Fatalf("ssd used %d > capacity", used)
+		}
+	}
+	waitIdle(t, s)
+	if err := s.SSD().Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	limit := cfg.SSD.Capacity*3/2 + int64(cfg.SSD.BlobFileSize)
+	poll(t, "disk bytes under budget", func() bool { return s.Movement().SSD.DiskBytes <= limit })
+	if st := s.Stats().Tiers[1]; st.Evictions == 0 {
+		t.Fatalf("ssd never evicted: %+v", st)
+	}
+}

@@ -1,0 +1,47 @@
+package tiered
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
+)
+
+// Arenas forwards to the DRAM tier (zero-copy clients map these files).
+func (s *Store) Arenas() []dram.ArenaInfo { return s.dram.Arenas() }
+
+// Reserve forwards to the DRAM tier (see dram.Tier.Reserve). A key the
+// SSD tier holds is reported as cache.ErrExists, as a Put would. The
+// committed block is an ordinary DRAM block: it is demoted when evicted
+// and spilled at Close. opts.Durable is not honoured by the zero-copy
+// path (the commit happens in the DRAM tier, below this store).
+func (s *Store) Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (*dram.Reservation, error) {
+	if s.closed.Load() {
+		return nil, cache.ErrClosed
+	}
+	if s.ssd != nil {
+		if _, ok := s.ssd.Stat(ctx, ns, key); ok {
+			return nil, cache.ErrExists
+		}
+	}
+	s.track(ns, key, opts)
+	return s.dram.Reserve(ctx, ns, key, size, opts, ttl)
+}
+
+// Acquire pins (ns, key) in the DRAM tier (see dram.Tier.Acquire),
+// promoting it from SSD or the demotion queue first when DRAM misses.
+func (s *Store) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*dram.Lease, error) {
+	l, err := s.dram.Acquire(ctx, ns, key, lease)
+	if s.ssd == nil || !errors.Is(err, cache.ErrNotFound) || s.closed.Load() {
+		return l, err
+	}
+	if _, _, ferr := s.fetch(ctx, ns, key); ferr != nil {
+		return nil, err
+	}
+	return s.dram.Acquire(ctx, ns, key, lease)
+}
+
+// Reap forwards to the DRAM tier.
+func (s *Store) Reap() int { return s.dram.Reap() }
