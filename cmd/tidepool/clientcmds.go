@@ -30,6 +30,7 @@ type clientFlags struct {
 	json    bool
 	timeout time.Duration
 	depth   int
+	durable bool
 	out     string
 	nsSet   bool // --ns or TIDEPOOL_NS given (stat then shows one namespace)
 }
@@ -52,6 +53,7 @@ func cmdClient(cmd string, args []string, stdin io.Reader, stdout, stderr io.Wri
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "call timeout")
 	if cmd == "put" {
 		fs.IntVar(&f.depth, "depth", 0, "position of the block in its prefix chain (0 = first)")
+		fs.BoolVar(&f.durable, "durable", false, "write the block through to the SSD tier (WAL synced) before answering")
 	}
 	if cmd == "get" {
 		fs.StringVar(&f.out, "o", "", "write the value to this file instead of stdout")
@@ -169,7 +171,7 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		if err != nil {
 			return exitError, fmt.Errorf("reading value: %w", err)
 		}
-		existed, err := c.Put(ctx, f.ns, keys[0], value, int32(f.depth))
+		existed, err := c.PutWith(ctx, f.ns, keys[0], value, client.PutOptions{Depth: int32(f.depth), Durable: f.durable})
 		if err != nil {
 			return exitError, err
 		}

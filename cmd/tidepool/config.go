@@ -46,6 +46,11 @@ type Config struct {
 	LogFormat      string        // json or console
 	NodeID         string        // this sidecar's name
 	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
+
+	SSDCapacity      int64         // SSD tier budget in bytes; 0 disables the tier
+	SSDMinFree       int64         // free-space floor of data_dir's filesystem (SSD degraded below)
+	DemotionQueue    int64         // bytes of evicted DRAM blocks waiting to be written to SSD
+	StopSpillTimeout time.Duration // how long a clean stop spends copying DRAM into SSD; 0 disables
 }
 
 // setting binds one Config field to its YAML key, flag and variable.
@@ -144,6 +149,10 @@ var settings = []setting{
 	stringSetting("log_format", "json or console", func(c *Config) *string { return &c.LogFormat }),
 	stringSetting("node_id", "this sidecar's name (default: host name)", func(c *Config) *string { return &c.NodeID }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
+	sizeSetting("ssd_capacity", "SSD tier budget under data_dir/ssd (capped by the disk's free space at start); 0 disables the SSD tier", func(c *Config) *int64 { return &c.SSDCapacity }),
+	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
+	sizeSetting("demotion_queue", "bytes of evicted DRAM blocks that may wait to be written to SSD (more are dropped)", func(c *Config) *int64 { return &c.DemotionQueue }),
+	durationSetting("stop_spill_timeout", "on a clean stop, how long to spend copying DRAM blocks into SSD; 0 disables", func(c *Config) *time.Duration { return &c.StopSpillTimeout }),
 }
 
 // runtimeDir is where the socket lives by default: $XDG_RUNTIME_DIR/tidepool,
@@ -214,6 +223,11 @@ func DefaultConfig() Config {
 		LogFormat:      "console",
 		NodeID:         host,
 		DrainTimeout:   10 * time.Second,
+
+		SSDCapacity:      16 << 30,
+		SSDMinFree:       1 << 30,
+		DemotionQueue:    256 << 20,
+		StopSpillTimeout: 30 * time.Second,
 	}
 }
 
@@ -268,6 +282,21 @@ func (c Config) Validate() error {
 	}
 	if c.DrainTimeout <= 0 {
 		bad("drain_timeout %s: must be positive", c.DrainTimeout)
+	}
+	if c.SSDCapacity != 0 && c.SSDCapacity < 64<<20 {
+		bad("ssd_capacity %s: 0 (no SSD tier) or at least 64MiB", units.FormatBytes(c.SSDCapacity))
+	}
+	if c.SSDCapacity > 0 && c.MaxValueSize > c.SSDCapacity {
+		bad("max_value_size %s exceeds ssd_capacity %s", units.FormatBytes(c.MaxValueSize), units.FormatBytes(c.SSDCapacity))
+	}
+	if c.SSDMinFree < 0 {
+		bad("ssd_min_free %s: must not be negative", units.FormatBytes(c.SSDMinFree))
+	}
+	if c.DemotionQueue < c.MaxValueSize {
+		bad("demotion_queue %s: at least max_value_size %s", units.FormatBytes(c.DemotionQueue), units.FormatBytes(c.MaxValueSize))
+	}
+	if c.StopSpillTimeout < 0 {
+		bad("stop_spill_timeout %s: must not be negative", c.StopSpillTimeout)
 	}
 	if _, ok := policies[c.EvictionPolicy]; !ok {
 		bad("eviction_policy %q: prefix or lru", c.EvictionPolicy)

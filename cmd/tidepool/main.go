@@ -8,6 +8,7 @@
 //	tidepool delete KEY               remove a block
 //	tidepool clear                    remove every block of a namespace
 //	tidepool stat                     tiers and namespaces
+//	tidepool prefetch KEY...          bring blocks from SSD into DRAM
 //	tidepool version                  print the version
 package main
 
@@ -26,13 +27,14 @@ usage: tidepool <command> [flags] [args]
 
 commands:
   serve     run the sidecar (no flags: embedded defaults)
-  put       store a block:            tidepool put [--ns NS] KEY [FILE|-]
+  put       store a block:            tidepool put [--ns NS] [--durable] KEY [FILE|-]
   get       fetch a block:            tidepool get [--ns NS] [-o FILE] KEY
   exists    presence of blocks:       tidepool exists [--ns NS] KEY...
   lookup    longest present prefix:   tidepool lookup [--ns NS] KEY...
   delete    remove a block:           tidepool delete [--ns NS] KEY
   clear     remove a namespace:       tidepool clear --ns NS
   stat      tiers and namespaces:     tidepool stat [--ns NS]
+  prefetch  SSD blocks into DRAM:     tidepool prefetch [--ns NS] KEY...
   bench     load generator:           tidepool bench --op get --size 1MiB --concurrency 16
   replay    replay a request trace:   tidepool replay --trace FILE --nodes 1 --capacity-tokens 3M
   version   print the version
@@ -56,6 +58,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdServe(rest, stdout, stderr)
 	case "put", "get", "exists", "lookup", "delete", "clear", "stat":
 		return cmdClient(cmd, rest, stdin, stdout, stderr)
+	case "prefetch":
+		return cmdPrefetch(rest, stdout, stderr)
 	case "bench":
 		return cmdBench(rest, stdout, stderr)
 	case "replay":

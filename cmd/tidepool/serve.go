@@ -14,7 +14,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
@@ -83,21 +82,16 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		return err
 	}
 
-	dcfg := dram.DefaultConfig()
-	dcfg.Dir = cfg.ArenaDir
-	dcfg.Capacity = cfg.DRAMCapacity
-	dcfg.ArenaSize = min(cfg.ArenaSize, cfg.DRAMCapacity)
-	dcfg.MaxValueSize = cfg.MaxValueSize
-	dcfg.MaxKeySize = cfg.MaxKeySize
-	dcfg.LeaseTimeout = cfg.LeaseTimeout
-	dcfg.Policy = policies[cfg.EvictionPolicy]
-	tier, err := dram.New(dcfg, lg.Named("cache.dram"))
+	store, err := openStore(cfg, lg)
 	if err != nil {
-		return fmt.Errorf("dram tier: %w", err)
+		return err
 	}
 	defer func() {
-		if cerr := tier.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("closing dram tier: %w", cerr)
+		// After the engine API server (closed below, before this runs):
+		// the store drains its demotion queue, spills DRAM into SSD, then
+		// closes SSD and DRAM.
+		if cerr := store.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing the store: %w", cerr)
 		}
 	}()
 
@@ -108,12 +102,13 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	pcfg.MaxBatch = cfg.MaxBatch
 	pcfg.Namespaces = cfg.Namespaces
 	pcfg.MaxNamespaces = cfg.MaxNamespaces
-	p, err := proxy.New(pcfg, tier, lg.Named("proxy"))
+	p, err := proxy.New(pcfg, store, lg.Named("proxy"))
 	if err != nil {
 		return err
 	}
 
-	m := newMetrics(tier.Stats, lg.Named("metrics"))
+	m := newMetrics(store.Stats, lg.Named("metrics"))
+	m.reg.MustRegister(newMovementCollector(store))
 	if cfg.MetricsAddr != "" {
 		if err := m.listen(cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
@@ -151,6 +146,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		zap.String("metrics", metricsURL),
 		zap.String("node_id", cfg.NodeID))
 	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", version, cfg.Socket, metricsURL)
+	reportRecovery(store, lg, stdout)
 
 	select {
 	case <-ctx.Done():

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/cache/tiered"
+	"github.com/tidepool-kv/tidepool/internal/units"
+	"github.com/tidepool-kv/tidepool/proxy"
+)
+
+// ssdDir is where the SSD tier lives under data_dir.
+func ssdDir(dataDir string) string { return filepath.Join(dataDir, "ssd") }
+
+// openStore builds the block store: the DRAM tier, and the SSD tier under
+// data_dir/ssd unless ssd_capacity is 0, composed by cache/tiered.
+func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
+	tc := tiered.DefaultConfig()
+	tc.DRAM = dram.DefaultConfig()
+	tc.DRAM.Dir = cfg.ArenaDir
+	tc.DRAM.Capacity = cfg.DRAMCapacity
+	tc.DRAM.ArenaSize = min(cfg.ArenaSize, cfg.DRAMCapacity)
+	tc.DRAM.MaxValueSize = cfg.MaxValueSize
+	tc.DRAM.MaxKeySize = cfg.MaxKeySize
+	tc.DRAM.LeaseTimeout = cfg.LeaseTimeout
+	tc.DRAM.Policy = policies[cfg.EvictionPolicy]
+	tc.QueueBytes = cfg.DemotionQueue
+	tc.StopSpillTimeout = cfg.StopSpillTimeout
+	if capacity, err := ssdCapacity(cfg, lg); err != nil {
+		return nil, err
+	} else if capacity > 0 {
+		sc := ssd.DefaultConfig()
+		sc.Dir = ssdDir(cfg.DataDir)
+		sc.Capacity = capacity
+		sc.MaxValueSize = cfg.MaxValueSize
+		sc.MaxKeySize = cfg.MaxKeySize
+		sc.MaxNamespaceSize = proxy.DefaultConfig().MaxNamespaceBytes
+		sc.MinFreeBytes = cfg.SSDMinFree
+		sc.Policy = policies[cfg.EvictionPolicy]
+		tc.SSD = &sc
+	}
+	s, err := tiered.New(tc, lg)
+	if err != nil {
+		return nil, fmt.Errorf("block store: %w", err)
+	}
+	return s, nil
+}
+
+// ssdCapacity is ssd_capacity capped by what the disk can hold: the free
+// space of data_dir's filesystem plus what the tier already uses there,
+// less ssd_min_free. 0: no SSD tier.
+func ssdCapacity(cfg Config, lg *zap.Logger) (int64, error) {
+	if cfg.SSDCapacity == 0 {
+		return 0, nil
+	}
+	dir := ssdDir(cfg.DataDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, fmt.Errorf("data_dir: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("data_dir: statfs: %w", err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	var used int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				used += fi.Size()
+			}
+		}
+		return nil
+	})
+	room := free + used - cfg.SSDMinFree
+	if room >= cfg.SSDCapacity {
+		return cfg.SSDCapacity, nil
+	}
+	if room < 64<<20 || room < cfg.MaxValueSize {
+		lg.Warn("not enough disk for the ssd tier: running DRAM only",
+			zap.String("dir", dir), zap.String("free", units.FormatBytes(free)),
+			zap.String("ssd_min_free", units.FormatBytes(cfg.SSDMinFree)))
+		return 0, nil
+	}
+	lg.Warn("ssd_capacity capped by the free disk space",
+		zap.String("ssd_capacity", units.FormatBytes(cfg.SSDCapacity)), zap.String("capped_to", units.FormatBytes(room)))
+	return room, nil
+}
+
+// reportRecovery logs and prints what the SSD tier found on disk.
+func reportRecovery(s *tiered.Store, lg *zap.Logger, stdout io.Writer) {
+	t := s.SSD()
+	if t == nil {
+		fmt.Fprintln(stdout, "ssd tier disabled (DRAM only)")
+		return
+	}
+	blocks, bytes, took := t.Recovered()
+	lg.Info("ssd tier recovered", zap.Int64("blocks", blocks), zap.Int64("bytes", bytes), zap.Duration("took", took))
+	fmt.Fprintf(stdout, "ssd tier: recovered %d blocks (%s) in %s\n", blocks, units.FormatBytes(bytes), took.Round(100_000))
+}
+
+// movementCollector exports the tiered store's movement counters and the
+// SSD tier's health at scrape time.
+type movementCollector struct {
+	s *tiered.Store
+
+	promotions, demotions, dropped, demoteErrs, qBlocks, qBytes, pfQueued, pfDropped *prometheus.Desc
+	degraded, degradedEvents, diskBytes, writeErrs, readErrs, recBlocks, recBytes    *prometheus.Desc
+}
+
+func newMovementCollector(s *tiered.Store) *movementCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &movementCollector{
+		s:              s,
+		promotions:     d("tidepool_promotions_total", "Blocks copied from SSD (or the demotion queue) into DRAM by a read or a prefetch."),
+		demotions:      d("tidepool_demotions_total", "Blocks evicted from DRAM and written to SSD."),
+		dropped:        d("tidepool_demotions_dropped_total", "Blocks evicted from DRAM and not written to SSD because the demotion queue was full."),
+		demoteErrs:     d("tidepool_demotion_errors_total", "Demotions the SSD tier refused (degraded, no space)."),
+		qBlocks:        d("tidepool_demotion_queue_blocks", "Evicted DRAM blocks waiting to be written to SSD."),
+		qBytes:         d("tidepool_demotion_queue_bytes", "Bytes of evicted DRAM blocks waiting to be written to SSD."),
+		pfQueued:       d("tidepool_prefetch_queued_total", "Keys queued by Prefetch to be promoted into DRAM."),
+		pfDropped:      d("tidepool_prefetch_dropped_total", "Keys Prefetch dropped because its queue was full."),
+		degraded:       d("tidepool_ssd_degraded", "1 while the SSD tier refuses new blocks (disk full or failing), else 0."),
+		degradedEvents: d("tidepool_ssd_degraded_events_total", "Entries of the SSD tier into degraded mode."),
+		diskBytes:      d("tidepool_ssd_disk_bytes", "Size of the SSD tier's live SST and blob files."),
+		writeErrs:      d("tidepool_ssd_write_errors_total", "Failed writes and flushes of the SSD tier."),
+		readErrs:       d("tidepool_ssd_read_errors_total", "SSD reads that failed in RocksDB (counted as checksum failures too)."),
+		recBlocks:      d("tidepool_ssd_recovered_blocks", "Blocks the SSD tier found on disk at start."),
+		recBytes:       d("tidepool_ssd_recovered_bytes", "Value bytes the SSD tier found on disk at start."),
+	}
+}
+
+func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
+		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes} {
+		ch <- d
+	}
+}
+
+func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
+	mv := c.s.Movement()
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	m := prometheus.MustNewConstMetric
+	ch <- m(c.promotions, ctr, float64(mv.Promotions))
+	ch <- m(c.demotions, ctr, float64(mv.Demotions))
+	ch <- m(c.dropped, ctr, float64(mv.DemotionsDropped))
+	ch <- m(c.demoteErrs, ctr, float64(mv.DemotionErrors))
+	ch <- m(c.qBlocks, g, float64(mv.QueueBlocks))
+	ch <- m(c.qBytes, g, float64(mv.QueueBytes))
+	ch <- m(c.pfQueued, ctr, float64(mv.PrefetchQueued))
+	ch <- m(c.pfDropped, ctr, float64(mv.PrefetchDropped))
+	if h := mv.SSD; h != nil {
+		deg := 0.0
+		if h.Degraded {
+			deg = 1
+		}
+		blocks, bytes, _ := c.s.SSD().Recovered()
+		ch <- m(c.degraded, g, deg)
+		ch <- m(c.degradedEvents, ctr, float64(h.DegradedEvents))
+		ch <- m(c.diskBytes, g, float64(h.DiskBytes))
+		ch <- m(c.writeErrs, ctr, float64(h.WriteErrors))
+		ch <- m(c.readErrs, ctr, float64(h.ReadErrors))
+		ch <- m(c.recBlocks, g, float64(blocks))
+		ch <- m(c.recBytes, g, float64(bytes))
+	}
+}
