@@ -477,3 +477,38 @@ func TestDiskBudget(t *testing.T) {
 		t.Fatalf("ssd never evicted: %+v", st)
 	}
 }
+
+type fakeEvicter struct{ targets chan int64 }
+
+func (f fakeEvicter) EvictTo(target int64) int {
+	select {
+	case f.targets <- target:
+	default:
+	}
+	return 1
+}
+
+// TestWatermarkLoop: above the high watermark, the loop asks the DRAM tier
+// to evict down to the low one. (The real DRAM tier does not offer EvictTo
+// yet; the loop is tested against a fake.)
+func TestWatermarkLoop(t *testing.T) {
+	cfg := testConfig(t, 8*mib, t.TempDir())
+	cfg.HighWatermark, cfg.LowWatermark = 0.5, 0.25
+	cfg.WatermarkInterval = time.Millisecond
+	s := newStore(t, cfg)
+	ev := fakeEvicter{targets: make(chan int64, 1)}
+	s.bg.Add(1)
+	go s.watermarks(ev)
+	for i := range 5 {
+		s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{})
+	}
+	select {
+	case target := <-ev.targets:
+		if target != 2*mib {
+			t.Fatalf("EvictTo(%d), want %d", target, 2*mib)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watermark loop did not evict")
+	}
+	poll(t, "counter", func() bool { return s.Movement().WatermarkEvictions > 0 })
+}

@@ -172,3 +172,10 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- m(c.recBytes, g, float64(bytes))
 	}
 }
+
+// The proxy finds Prefetch and the zero-copy calls by type assertion.
+var (
+	_ proxy.Store         = (*tiered.Store)(nil)
+	_ proxy.Prefetcher    = (*tiered.Store)(nil)
+	_ proxy.ZeroCopyStore = (*tiered.Store)(nil)
+)
