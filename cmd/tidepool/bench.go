@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,7 +35,9 @@ percentiles (p50/p90/p99/p99.9, HDR histogram) and errors.
 
 Operations: put (a new key per call), get (random key of --keys prefilled
 ones), mixed (--ratio gets, the rest puts), lookup (--batch consecutive keys),
-batch-get (--batch random keys). --zero-copy moves values through the shared
+batch-get (--batch random keys). Raw limits, without the sidecar: memcpy
+(copy a value between buffers), socket-copy (1-byte request, value-sized
+reply over a Unix stream socket pair). --zero-copy moves values through the shared
 arenas (PutFrom/GetInto) instead of the socket. --remote SOCKET prefills the
 keys through another node of the cluster and reads them through --socket with
 cluster scope (keys owned by another node).
@@ -168,7 +172,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
 	fs.StringVar(&f.socket, "socket", envOr("TIDEPOOL_SOCKET", defaultSocket()), "sidecar socket (env TIDEPOOL_SOCKET)")
 	fs.StringVar(&f.ns, "ns", envOr("TIDEPOOL_NS", "bench"), "namespace (env TIDEPOOL_NS)")
-	fs.StringVar(&f.op, "op", "get", "operation: put, get, mixed, lookup, batch-get")
+	fs.StringVar(&f.op, "op", "get", "operation: put, get, mixed, lookup, batch-get; raw limits: memcpy, socket-copy")
 	fs.StringVar(&f.size, "size", "4KiB", "value size (4096, 64KiB, 1MiB)")
 	fs.IntVar(&f.keys, "keys", 1000, "keys that reads draw from (prefilled before the run)")
 	fs.StringVar(&f.conc, "concurrency", "16", "concurrent callers; a list (1,4,16) runs one benchmark per value")
@@ -219,6 +223,14 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 	}
 	if f.progress != "auto" && f.progress != "bar" && f.progress != "plain" && f.progress != "none" {
 		return usageErr("--progress must be auto, bar, plain or none")
+	}
+	if f.op == rawMemcpy || f.op == rawSocketCopy {
+		base := bench.DefaultConfig()
+		base.Size, base.Keys, base.Duration, base.Ops = int(size), 1, f.duration, f.ops
+		if f.ops > 0 {
+			base.Duration = 0
+		}
+		return runRaw(&f, base, concs, stdout, stderr)
 	}
 	base := bench.DefaultConfig()
 	base.Op, base.Size, base.Keys, base.Duration, base.Ops = bench.Op(f.op), int(size), f.keys, f.duration, f.ops
@@ -329,6 +341,11 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 			rep.WriteText(stdout)
 		}
 	}
+	return finishBench(&f, reps, failed, stdout, stderr)
+}
+
+// finishBench prints the JSON and the plot of a sweep.
+func finishBench(f *benchFlags, reps []bench.Report, failed bool, stdout, stderr io.Writer) int {
 	if f.json {
 		enc := json.NewEncoder(stdout)
 		if len(reps) == 1 {
@@ -352,4 +369,141 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	return exitOK
+}
+
+// Raw limits: operations that move the same bytes without the sidecar, so
+// a run can put the engine API's figures next to what the machine can do.
+const (
+	rawMemcpy     = "memcpy"      // copy a value between two buffers
+	rawSocketCopy = "socket-copy" // a 1-byte request, then a value-sized reply over a Unix stream socket
+)
+
+// rawRingBytes is the source the raw limits copy from, cycled value by
+// value: larger than any CPU cache, so reads come from memory as the
+// sidecar's do.
+const rawRingBytes = 256 << 20
+
+// rawEngine runs a raw limit as bench.Engine.Get.
+type rawEngine struct {
+	op    string
+	size  int
+	ring  []byte
+	next  atomic.Int64
+	bufs  chan []byte
+	pairs chan *rawPair
+}
+
+// rawPair is a Unix socket pair whose far end answers each byte it reads
+// with size bytes.
+type rawPair struct {
+	near, far *os.File
+	done      chan struct{}
+}
+
+func newRawEngine(op string, size, concurrency int) (*rawEngine, error) {
+	e := &rawEngine{op: op, size: size, ring: make([]byte, max(rawRingBytes/size, 1)*size), bufs: make(chan []byte, concurrency), pairs: make(chan *rawPair, concurrency)}
+	for i := 0; i < len(e.ring); i += 4096 {
+		e.ring[i] = byte(i >> 12) // fault the pages in before timing
+	}
+	for range concurrency {
+		e.bufs <- make([]byte, size)
+		if op != rawSocketCopy {
+			continue
+		}
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		p := &rawPair{near: os.NewFile(uintptr(fds[0]), "near"), far: os.NewFile(uintptr(fds[1]), "far"), done: make(chan struct{})}
+		go func() {
+			defer close(p.done)
+			one := make([]byte, 1)
+			for {
+				if _, err := io.ReadFull(p.far, one); err != nil {
+					return
+				}
+				if _, err := p.far.Write(e.src()); err != nil {
+					return
+				}
+			}
+		}()
+		e.pairs <- p
+	}
+	return e, nil
+}
+
+// src returns the next value-sized piece of the ring.
+func (e *rawEngine) src() []byte {
+	n := int64(len(e.ring) / e.size)
+	i := int((e.next.Add(1) % n)) * e.size
+	return e.ring[i : i+e.size]
+}
+
+// Close ends the socket pairs.
+func (e *rawEngine) Close() {
+	for {
+		select {
+		case p := <-e.pairs:
+			p.near.Close()
+			<-p.done
+			p.far.Close()
+		default:
+			return
+		}
+	}
+}
+
+func (e *rawEngine) Get(ctx context.Context, _ []byte) (int, bool, error) {
+	buf := <-e.bufs
+	defer func() { e.bufs <- buf }()
+	if e.op == rawMemcpy {
+		return copy(buf, e.src()), true, nil
+	}
+	p := <-e.pairs
+	defer func() { e.pairs <- p }()
+	if _, err := p.near.Write([]byte{1}); err != nil {
+		return 0, false, err
+	}
+	n, err := io.ReadFull(p.near, buf)
+	return n, err == nil, err
+}
+
+func (e *rawEngine) Put(context.Context, []byte, []byte) error { return errors.New("raw: no put") }
+func (e *rawEngine) Lookup(context.Context, [][]byte) (int, error) {
+	return 0, errors.New("raw: no lookup")
+}
+func (e *rawEngine) BatchGet(context.Context, [][]byte) (int64, int, error) {
+	return 0, 0, errors.New("raw: no batch-get")
+}
+
+// runRaw runs a raw-limit sweep and prints it like a benchmark.
+func runRaw(f *benchFlags, base bench.Config, concs []int, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var reps []bench.Report
+	for _, conc := range concs {
+		eng, err := newRawEngine(f.op, base.Size, conc)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
+			return exitError
+		}
+		cfg := base
+		cfg.Op, cfg.Concurrency = bench.OpGet, conc
+		var done func()
+		cfg.Progress, done = progressPrinter(stderr, f.progress, fmt.Sprintf("%s %s c=%d", f.op, bench.FormatSize(int64(base.Size)), conc))
+		rep, err := bench.Run(ctx, cfg, eng)
+		done()
+		eng.Close()
+		rep.Op, rep.Mode = bench.Op(f.op), "raw limit"
+		reps = append(reps, rep)
+		if err != nil {
+			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
+			return exitError
+		}
+		if !f.json {
+			rep.WriteText(stdout)
+		}
+	}
+	return finishBench(f, reps, false, stdout, stderr)
 }

@@ -239,6 +239,7 @@ func startSidecars(ctx context.Context, n int, dramBytes, maxValue int64, policy
 			// be a multiple of 64 KiB.
 			"--arena-size", fmt.Sprint(dramBytes &^ (64<<10 - 1)),
 			"--eviction-policy", policy,
+			"--ssd-capacity", "0", // DRAM only: capacity in blocks is exact
 			"--metrics-addr", "",
 			"--log-level", "warn",
 			"--node-id", fmt.Sprintf("replay-%d", i),
