@@ -385,6 +385,20 @@ func (c *Client) ReadSlot(ctx context.Context, s Slot, dst []byte) (crc uint32, 
 	return crc, err
 }
 
+// ViewSlot calls fn with the bytes of a slot (of a lease the caller holds)
+// in the read-only mapping, without a copy: for example to hand them to a
+// GPU copy. b is valid only during fn and must not be modified or kept.
+func (c *Client) ViewSlot(ctx context.Context, s Slot, fn func(b []byte)) error {
+	return c.withArenas(ctx, func(arenas []*arenaMap) error {
+		b, err := view(arenas, s)
+		if err != nil {
+			return err
+		}
+		fn(b)
+		return nil
+	})
+}
+
 // WriteSlot writes src (exactly s.Length bytes) into a slot the caller
 // reserved and returns its CRC-32C, for Commit.
 func (c *Client) WriteSlot(ctx context.Context, s Slot, src []byte) (crc uint32, err error) {

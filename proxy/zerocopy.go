@@ -452,12 +452,14 @@ func (p *Proxy) Acquire(ctx context.Context, ns string, keys [][]byte, lease tim
 	return out, nil
 }
 
-// fillDRAM copies a block that the store's DRAM tier misses but the store
-// (a slower tier) has into DRAM, and reports whether it is there now. A
-// store that is the DRAM tier alone has nothing more to offer.
+// fillDRAM copies a block that the store's Acquire missed but Get finds
+// (another node, for a clustered Get, or a slower tier of a store whose
+// Acquire does not promote) into DRAM, and reports whether it is there now.
+// A store that is the DRAM tier alone has nothing more to offer, and a
+// local-scope read was answered by the store's Acquire already.
 func (p *Proxy) fillDRAM(ctx context.Context, zs ZeroCopyStore, ns string, key []byte, scope Scope) bool {
-	if _, single := p.store.(*dram.Tier); single {
-		return false
+	if _, single := p.store.(*dram.Tier); single || scope == ScopeLocal {
+		return false // nothing beyond DRAM, or the store's Acquire looked already
 	}
 	v, info, err := p.Get(ctx, ns, key, scope)
 	if err != nil {

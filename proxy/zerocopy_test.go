@@ -350,7 +350,7 @@ func TestZeroCopyAcquireFromSlowerTier(t *testing.T) {
 	f := newZC(t, 4<<20, func(t *dram.Tier) Store {
 		return &slowStore{Tier: t, slow: map[string][]byte{"ns/s": val}}
 	})
-	ac, err := f.p.Acquire(bg, "ns", [][]byte{[]byte("s"), []byte("none")}, 0, ScopeLocal)
+	ac, err := f.p.Acquire(bg, "ns", [][]byte{[]byte("s"), []byte("none")}, 0, ScopeCluster)
 	if err != nil || ac[0].Err != nil || !errors.Is(ac[1].Err, cache.ErrNotFound) {
 		t.Fatalf("Acquire = %v %+v", err, ac)
 	}

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Tests of the tidepool Python client against a real `tidepool serve`.
+
+Run through scripts/test-python-client.sh, which starts the server and sets:
+
+  TIDEPOOL_SOCKET           the server's Unix socket (required)
+  TIDEPOOL_MAX_VALUE_BYTES  its --max-value-size in bytes
+  TIDEPOOL_DRAM_CAPACITY    its --dram-capacity in bytes
+
+Each test uses its own namespace and clears it afterwards.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import unittest
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG_ROOT = os.path.dirname(HERE)
+sys.path.insert(0, PKG_ROOT)
+
+import tidepool  # noqa: E402
+from tidepool import ErrorCode  # noqa: E402
+
+KiB = 1024
+MiB = 1024 * KiB
+SOCKET = os.environ.get("TIDEPOOL_SOCKET", "")
+MAX_VALUE = int(os.environ.get("TIDEPOOL_MAX_VALUE_BYTES", str(2 * MiB)))
+CAPACITY = int(os.environ.get("TIDEPOOL_DRAM_CAPACITY", str(64 * MiB)))
+
+
+def payload(n, seed):
+    """Deterministic bytes, cheap to make in pure Python."""
+    unit = bytes((seed * 31 + i * 7) & 0xFF for i in range(251))
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+def poll(cond, timeout=10.0, what="condition"):
+    """Waits for cond() with a deadline (no fixed sleeps as waits)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.02)
+
+
+@unittest.skipUnless(SOCKET, "TIDEPOOL_SOCKET is not set; run scripts/test-python-client.sh")
+class ClientTest(unittest.TestCase):
+    framed = True
+
+    def setUp(self):
+        self.c = tidepool.Client(SOCKET, framed=self.framed)
+        self.addCleanup(self.c.close)
+        self.ns = "pyclient/" + uuid.uuid4().hex[:12]
+        self.addCleanup(lambda: self.c.clear(self.ns))
+
+    def test_hello_arenas(self):
+        h = self.c.hello()
+        self.assertEqual(h.layout_version, tidepool.ARENA_LAYOUT_VERSION)
+        self.assertTrue(h.arenas)
+        for i, a in enumerate(h.arenas):
+            self.assertEqual(a.id, i)
+            self.assertTrue(os.path.isabs(a.path))
+            st = os.stat(a.path)
+            self.assertEqual(st.st_mode & 0o777, 0o600, "arena files keep other users out")
+            self.assertGreaterEqual(st.st_size, a.size)
+
+    def test_inline_and_lookup(self):
+        tokens = list(range(64))
+        keys = tidepool.chain_keys(tokens, 16)
+        self.assertEqual(self.c.lookup(self.ns, keys), 0)
+        codes = self.c.batch_put(self.ns, [(k, payload(1000, i), i) for i, k in enumerate(keys[:2])])
+        self.assertEqual(codes, [tidepool.OK] * 2)
+        self.assertTrue(self.c.put(self.ns, keys[0], b"other"))  # exists: no-op
+        self.assertEqual(self.c.lookup(self.ns, keys), 2)
+        self.assertEqual(self.c.get(self.ns, keys[1]), payload(1000, 1))
+        self.assertIsNone(self.c.get(self.ns, keys[3]))
+        self.assertEqual(self.c.batch_get(self.ns, keys[:3]), [payload(1000, 0), payload(1000, 1), None])
+        self.assertEqual([p.present for p in self.c.batch_exists(self.ns, keys)], [True, True, False, False])
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.put(self.ns, b"", b"x")
+        self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+
+    def test_zero_copy_round_trip(self):
+        sizes = [0, 1, 4 * KiB, 64 * KiB + 3, MAX_VALUE]
+        items = [(b"zc-%d" % i, payload(n, i), i) for i, n in enumerate(sizes)]
+        self.assertEqual(self.c.batch_put_from(self.ns, items), [tidepool.OK] * len(items))
+        # Same semantics as put: a second put of a key is EXISTS.
+        self.assertEqual(self.c.batch_put_from(self.ns, items[:1]), [tidepool.EXISTS])
+        self.assertTrue(self.c.put_from(self.ns, items[1][0], items[1][1]))
+        # Inline reads see what was written in place.
+        for k, v, _ in items:
+            self.assertEqual(self.c.get(self.ns, k), v)
+        bufs = [bytearray(n + 5) for n in sizes] + [bytearray(10)]
+        got = self.c.batch_get_into(self.ns, [k for k, _, _ in items] + [b"missing"], bufs)
+        self.assertEqual(got, sizes + [None])
+        for (k, v, _), buf, n in zip(items, bufs, sizes):
+            self.assertEqual(bytes(buf[:n]), v, k)
+        # Verified copies (pure-Python CRC on a small block).
+        buf = bytearray(4 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"zc-2", buf, verify=True), 4 * KiB)
+        self.assertFalse(self.c.put_from(self.ns, b"zc-v", payload(3000, 9), verify=True))
+        self.assertEqual(self.c.get(self.ns, b"zc-v"), payload(3000, 9))
+        self.assertIsNone(self.c.get_into(self.ns, b"nope", buf))
+        # A short buffer: TOO_LARGE, and no lease is left behind.
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get_into(self.ns, b"zc-3", bytearray(10))
+        self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
+        self.assertEqual(self.c.delete(self.ns, b"zc-3"), True)
+
+    def test_views_and_writable_slots(self):
+        value = payload(100 * KiB + 7, 5)
+        (r,) = self.c.reserve(self.ns, [(b"w", len(value))])
+        self.assertEqual(r.code, tidepool.OK, r.message)
+        with self.c.writable_slot(r.slot) as view:
+            self.assertEqual(len(view), len(value))
+            view[:] = value
+        self.assertEqual(self.c.commit([(r.token, None)]), [tidepool.OK])
+        leases, deadline_ms = self.c.acquire(self.ns, [b"w"], lease_ms=5000)
+        self.assertGreater(deadline_ms, time.time() * 1000)
+        (lease,) = leases
+        self.assertEqual(lease.code, tidepool.OK)
+        self.assertEqual(lease.tier, "dram")
+        view = self.c.slot_view(lease.slot)
+        try:
+            self.assertEqual(bytes(view), value)
+            self.assertTrue(view.readonly)
+            with self.assertRaises(TypeError):
+                view[0] = 1
+        finally:
+            view.release()
+        self.assertEqual(lease.checksum, tidepool.crc32c(value))
+        codes, _ = self.c.renew([lease.lease_id], 5000)
+        self.assertEqual(codes, [tidepool.OK])
+        self.assertEqual(self.c.release([lease.lease_id]), [tidepool.OK])
+
+    # ---- bad input: each gets a clear error or is cleaned up by deadline ---
+
+    def test_commit_unknown_and_double(self):
+        self.assertEqual(self.c.commit([12345]), [ErrorCode.LEASE_EXPIRED])
+        (r,) = self.c.reserve(self.ns, [(b"d", 10)])
+        self.c.write_slot(r.slot, b"0123456789")
+        self.assertEqual(self.c.commit([(r.token, tidepool.crc32c(b"0123456789"))]), [tidepool.OK])
+        self.assertEqual(self.c.commit([r.token]), [ErrorCode.LEASE_EXPIRED])
+        self.assertEqual(self.c.abort([r.token]), [ErrorCode.LEASE_EXPIRED])
+
+    def test_commit_wrong_checksum(self):
+        (r,) = self.c.reserve(self.ns, [(b"crc", 10)])
+        self.c.write_slot(r.slot, b"0123456789")
+        self.assertEqual(self.c.commit([(r.token, 1)]), [ErrorCode.CHECKSUM_MISMATCH])
+        self.assertIsNone(self.c.get(self.ns, b"crc"))
+
+    def test_release_not_held(self):
+        self.assertEqual(self.c.release([987654321]), [ErrorCode.LEASE_EXPIRED])
+        self.c.put(self.ns, b"r", b"v")
+        (lease,), _ = self.c.acquire(self.ns, [b"r"])
+        self.assertEqual(self.c.release([lease.lease_id, lease.lease_id]), [tidepool.OK, ErrorCode.LEASE_EXPIRED])
+        codes, _ = self.c.renew([lease.lease_id])
+        self.assertEqual(codes, [ErrorCode.LEASE_EXPIRED])
+
+    def test_reserve_too_large_and_no_space(self):
+        (r,) = self.c.reserve(self.ns, [(b"big", MAX_VALUE + 1)])
+        self.assertEqual(r.code, ErrorCode.TOO_LARGE, r.message)
+        (r,) = self.c.reserve(self.ns, [(b"neg", -1)])
+        self.assertEqual(r.code, ErrorCode.INVALID_ARGUMENT, r.message)
+        n = CAPACITY // MAX_VALUE + 2
+        rs = self.c.reserve(self.ns, [(b"fill-%d" % i, MAX_VALUE) for i in range(n)])
+        codes = [r.code for r in rs]
+        self.assertIn(ErrorCode.NO_SPACE, codes, "reservations beyond the tier's free space")
+        self.assertNotIn(ErrorCode.INTERNAL, codes)
+        ok = [r.token for r in rs if r.code == tidepool.OK]
+        self.assertEqual(self.c.abort(ok), [tidepool.OK] * len(ok))
+        # Aborted space is usable again.
+        self.assertFalse(self.c.put_from(self.ns, b"after", payload(MAX_VALUE, 3)))
+
+    def test_reserve_and_disconnect(self):
+        other = tidepool.Client(SOCKET, framed=self.framed)
+        (r,) = other.reserve(self.ns, [(b"abandoned", 1000)], ttl_ms=200)
+        self.assertEqual(r.code, tidepool.OK)
+        other.close()  # disconnects without commit or abort
+
+        # After its deadline the token is unusable and nothing was published.
+        poll(lambda: time.time() * 1000 > r.deadline_ms + 20, what="the reservation deadline")
+        self.assertEqual(self.c.commit([r.token]), [ErrorCode.LEASE_EXPIRED])
+        self.assertIsNone(self.c.get(self.ns, b"abandoned"))
+        (r2,) = self.c.reserve(self.ns, [(b"abandoned", 10)])
+        self.assertEqual(r2.code, tidepool.OK)
+        self.c.abort([r2.token])
+
+    def dram_used(self):
+        return {t.name: t.used_bytes for t in self.c.stats().tiers}["dram"]
+
+    def test_dying_client_with_leases(self):
+        """A process that maps the arenas, pins a block and dies: the block's
+        memory stays pinned only until the lease expires, and other clients'
+        blocks are not affected."""
+        mine = payload(64 * KiB, 11)
+        self.c.put(self.ns, b"mine", mine)
+        self.c.put_from(self.ns, b"pinned", payload(MAX_VALUE, 12))
+        script = textwrap.dedent("""
+            import os, sys
+            sys.path.insert(0, %r)
+            import tidepool
+            c = tidepool.Client(%r)
+            (l,), _ = c.acquire(%r, [b"pinned"], lease_ms=3000)
+            assert l.code == tidepool.OK, l
+            v = c.slot_view(l.slot)
+            assert len(v) == %d
+            os._exit(3)  # dies holding the lease and the mapping
+        """) % (PKG_ROOT, SOCKET, self.ns, MAX_VALUE)
+        t0 = time.monotonic()
+        rc = subprocess.run([sys.executable, "-c", script], timeout=60).returncode
+        self.assertEqual(rc, 3)
+        # Deleting a pinned block unlinks it at once, but its memory stays
+        # until the last lease ends: here, the dead client's deadline.
+        self.assertTrue(self.c.delete(self.ns, b"pinned"))
+        self.assertIsNone(self.c.get(self.ns, b"pinned"))
+        used = self.dram_used()
+        if time.monotonic() - t0 < 2.0:  # the 3 s lease surely still lives
+            self.c.release([])  # a zero-copy call: the server sweeps expired leases
+            self.assertGreaterEqual(self.dram_used(), used, "memory of a live lease was freed")
+
+        def freed():
+            self.c.release([])
+            return self.dram_used() <= used - MAX_VALUE
+
+        poll(freed, timeout=30, what="the dead client's lease to expire and free its block")
+        self.assertEqual(self.c.get(self.ns, b"mine"), mine, "another client's block changed")
+
+
+class BufferedClientTest(ClientTest):
+    framed = False
+
+
+if __name__ == "__main__":
+    unittest.main()

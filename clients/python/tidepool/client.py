@@ -1,0 +1,405 @@
+"""The engine-side client of a tidepool sidecar (see README.md).
+
+One Client holds one connection; it is not thread-safe (Thrift transports are
+not): give each thread or process its own Client. The arena mappings made
+for the zero-copy calls belong to the Client and go away with close().
+"""
+
+import collections
+import contextlib
+import mmap
+import os
+
+from thrift.protocol import TBinaryProtocol
+from thrift.transport import TSocket, TTransport
+
+from .checksum import FAST as CRC_FAST
+from .checksum import crc32c, from_i32, to_i32
+from .gen import Tidepool
+from .gen import ttypes as T
+
+ARENA_LAYOUT_VERSION = 1
+CLIENT_VERSION = 1
+
+ErrorCode = T.ErrorCode
+Scope = T.Scope
+
+OK = ErrorCode.OK
+NOT_FOUND = ErrorCode.NOT_FOUND
+EXISTS = ErrorCode.EXISTS
+
+
+def code_name(code):
+    return ErrorCode._VALUES_TO_NAMES.get(code, str(code))
+
+
+class Error(Exception):
+    """An error answered by the server (or found by the client), with its
+    ErrorCode."""
+
+    def __init__(self, code, message=""):
+        super().__init__("tidepool: %s: %s" % (code_name(code), message))
+        self.code = code
+        self.message = message
+
+
+Slot = collections.namedtuple("Slot", "arena offset length")
+Reservation = collections.namedtuple("Reservation", "code message slot token deadline_ms")
+Lease = collections.namedtuple("Lease", "code slot lease_id checksum tier")
+Presence = collections.namedtuple("Presence", "present tier node_id")
+
+
+def _slot(s):
+    return Slot(s.arena, s.offset, s.length) if s is not None else Slot(0, 0, 0)
+
+
+def _codes(results):
+    return [r.code for r in results]
+
+
+class _Arena:
+    """One arena file: mapped read-only, and a descriptor to write slots."""
+
+    def __init__(self, path, size):
+        self.path = path
+        self.size = size
+        self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            st = os.fstat(self.fd)
+            if st.st_size < size:
+                raise Error(ErrorCode.UNAVAILABLE, "arena %s is %d bytes, Hello says %d" % (path, st.st_size, size))
+            self.ino = st.st_ino
+            self.map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.view = memoryview(self.map)
+
+    def stale(self):
+        try:
+            return os.stat(self.path).st_ino != self.ino
+        except OSError:
+            return True
+
+    def close(self):
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)
+
+
+class Client:
+    """A connection to the sidecar's Unix socket (binary protocol; framed
+    transport by default, buffered with framed=False)."""
+
+    def __init__(self, socket_path, framed=True, timeout=30.0, client_name="tidepool-py"):
+        sock = TSocket.TSocket(unix_socket=socket_path)
+        sock.setTimeout(int(timeout * 1000))
+        if framed:
+            self._transport = TTransport.TFramedTransport(sock)
+        else:
+            self._transport = TTransport.TBufferedTransport(sock)
+        try:
+            proto = TBinaryProtocol.TBinaryProtocolAccelerated(self._transport)
+        except Exception:  # pragma: no cover - no fastbinary
+            proto = TBinaryProtocol.TBinaryProtocol(self._transport)
+        self._c = Tidepool.Client(proto)
+        self._name = client_name
+        self._arenas = None
+        self._transport.open()
+
+    def close(self):
+        """Unmaps the arenas and closes the connection. Views returned by
+        slot_view must have been released first."""
+        self._unmap()
+        self._transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, fn, req):
+        try:
+            return fn(req)
+        except T.TidepoolError as e:
+            raise Error(e.code, e.message) from None
+
+    # ---- inline calls ------------------------------------------------------
+
+    def hello(self):
+        """HelloResponse: server version, limits, tiers, arenas."""
+        return self._call(self._c.Hello, T.HelloRequest(client_version=CLIENT_VERSION, client_name=self._name))
+
+    def put(self, ns, key, value, depth=0):
+        """Stores one block; returns True when the key existed (a no-op)."""
+        return self._call(self._c.Put, T.PutRequest(ns=ns, key=key, value=bytes(value), depth=depth)).existed
+
+    def batch_put(self, ns, items):
+        """items: (key, value) or (key, value, depth). Returns one ErrorCode
+        per item (OK, EXISTS, ...)."""
+        req = T.BatchPutRequest(ns=ns, items=[
+            T.PutItem(key=it[0], value=bytes(it[1]), depth=it[2] if len(it) > 2 else 0) for it in items])
+        return _codes(self._call(self._c.BatchPut, req).results)
+
+    def get(self, ns, key, scope=Scope.DEFAULT):
+        """The block's bytes, or None on a miss."""
+        r = self._call(self._c.Get, T.GetRequest(ns=ns, key=key, scope=scope))
+        return r.value if r.found else None
+
+    def batch_get(self, ns, keys, scope=Scope.DEFAULT):
+        """One bytes or None (miss) per key; other per-item errors raise."""
+        out = []
+        for r in self._call(self._c.BatchGet, T.BatchGetRequest(ns=ns, keys=list(keys), scope=scope)).results:
+            if r.code == OK:
+                out.append(r.value)
+            elif r.code == NOT_FOUND:
+                out.append(None)
+            else:
+                raise Error(r.code, "batch get item")
+        return out
+
+    def exists(self, ns, key, scope=Scope.DEFAULT):
+        r = self._call(self._c.Exists, T.ExistsRequest(ns=ns, key=key, scope=scope))
+        return Presence(r.present, r.tier, r.node_id)
+
+    def batch_exists(self, ns, keys, scope=Scope.DEFAULT):
+        rs = self._call(self._c.BatchExists, T.BatchExistsRequest(ns=ns, keys=list(keys), scope=scope)).results
+        return [Presence(r.present, r.tier, r.node_id) for r in rs]
+
+    def lookup(self, ns, keys, scope=Scope.DEFAULT):
+        """How many leading keys of a chain are present (the longest cached
+        prefix, in blocks)."""
+        return self._call(self._c.Lookup, T.LookupRequest(ns=ns, keys=list(keys), scope=scope)).matched
+
+    def prefetch(self, ns, keys, scope=Scope.DEFAULT):
+        return self._call(self._c.Prefetch, T.PrefetchRequest(ns=ns, keys=list(keys), scope=scope)).queued
+
+    def delete(self, ns, key):
+        return self._call(self._c.Delete, T.DeleteRequest(ns=ns, key=key)).deleted
+
+    def clear(self, ns):
+        return self._call(self._c.Clear, T.ClearRequest(ns=ns)).removed
+
+    def stats(self, ns=""):
+        return self._call(self._c.Stats, T.StatsRequest(ns=ns))
+
+    # ---- zero-copy primitives ----------------------------------------------
+
+    def reserve(self, ns, items, ttl_ms=0, durable=False):
+        """items: (key, size) or (key, size, depth). One Reservation per
+        item; code OK means: write `size` bytes at `slot`, then commit
+        `token` before `deadline_ms`."""
+        req = T.ReserveRequest(ns=ns, ttl_ms=ttl_ms, durable=durable, items=[
+            T.ReserveItem(key=it[0], size=it[1], depth=it[2] if len(it) > 2 else 0) for it in items])
+        return [Reservation(r.code, r.message, _slot(r.slot), r.token, r.deadline_unix_ms)
+                for r in self._call(self._c.Reserve, req).results]
+
+    def commit(self, items):
+        """items: token, or (token, crc32c or None). One ErrorCode per item:
+        OK, EXISTS (stored meanwhile; slot freed), LEASE_EXPIRED (unknown,
+        used or expired token), CHECKSUM_MISMATCH."""
+        req = T.CommitRequest(items=[])
+        for it in items:
+            token, crc = (it, None) if isinstance(it, int) else it
+            req.items.append(T.CommitItem(token=token, has_checksum=crc is not None,
+                                          checksum=to_i32(crc) if crc is not None else 0))
+        return _codes(self._call(self._c.Commit, req).results)
+
+    def abort(self, tokens):
+        return _codes(self._call(self._c.Abort, T.AbortRequest(tokens=list(tokens))).results)
+
+    def acquire(self, ns, keys, lease_ms=0, scope=Scope.DEFAULT):
+        """Pins blocks; returns ([Lease], deadline_ms). Every OK lease MUST
+        be released (or left to expire: then its bytes must not be read)."""
+        r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=list(keys), lease_ms=lease_ms, scope=scope))
+        return [Lease(x.code, _slot(x.slot), x.lease_id, from_i32(x.checksum), x.tier) for x in r.results], \
+            r.deadline_unix_ms
+
+    def release(self, lease_ids):
+        """One ErrorCode per id: OK, or LEASE_EXPIRED (not held, or released
+        after its deadline: bytes read through it may be wrong)."""
+        return _codes(self._call(self._c.Release, T.ReleaseRequest(lease_ids=list(lease_ids))).results)
+
+    def renew(self, lease_ids, lease_ms=0):
+        """Returns (codes, earliest new deadline_ms)."""
+        r = self._call(self._c.Renew, T.RenewRequest(lease_ids=list(lease_ids), lease_ms=lease_ms))
+        return _codes(r.results), r.deadline_unix_ms
+
+    # ---- arenas ------------------------------------------------------------
+
+    def _map(self, remap=False):
+        if self._arenas is not None and not remap:
+            return self._arenas
+        h = self.hello()
+        if not h.arenas:
+            raise Error(ErrorCode.UNAVAILABLE, "the server offers no shared arenas")
+        if h.layout_version != ARENA_LAYOUT_VERSION:
+            raise Error(ErrorCode.UNAVAILABLE, "arena layout version %d, this client knows %d"
+                        % (h.layout_version, ARENA_LAYOUT_VERSION))
+        arenas = []
+        try:
+            for i, a in enumerate(h.arenas):
+                if a.id != i:
+                    raise Error(ErrorCode.UNAVAILABLE, "malformed arena list")
+                arenas.append(_Arena(a.path, a.size))
+        except OSError as e:
+            for a in arenas:
+                a.close()
+            raise Error(ErrorCode.UNAVAILABLE,
+                        "cannot map %s (is the arena directory shared with this container?)" % e) from None
+        self._unmap()
+        self._arenas = arenas
+        return arenas
+
+    def _unmap(self):
+        if self._arenas:
+            for a in self._arenas:
+                a.close()
+        self._arenas = None
+
+    def _remap_if_stale(self):
+        if self._arenas and any(a.stale() for a in self._arenas):
+            self._map(remap=True)
+            return True
+        return False
+
+    def _arena(self, slot):
+        arenas = self._map()
+        if not 0 <= slot.arena < len(arenas) or slot.offset < 0 or slot.length < 0 \
+                or slot.offset + slot.length > arenas[slot.arena].size:
+            raise Error(ErrorCode.INTERNAL, "slot %r outside the arenas" % (slot,))
+        return arenas[slot.arena]
+
+    def slot_view(self, slot):
+        """Read-only memoryview of a slot, without a copy. Valid while the
+        lease that returned the slot is held; release() it before close()."""
+        a = self._arena(slot)
+        return a.view[slot.offset:slot.offset + slot.length]
+
+    def write_slot(self, slot, data):
+        """Writes data (exactly slot.length bytes) into a reserved slot with
+        pwrite on the arena file."""
+        a = self._arena(slot)
+        mv = memoryview(data).cast("B")
+        if len(mv) != slot.length:
+            raise Error(ErrorCode.INVALID_ARGUMENT, "slot of %d bytes, %d to write" % (slot.length, len(mv)))
+        off, done = slot.offset, 0
+        while done < len(mv):
+            done += os.pwrite(a.fd, mv[done:], off + done)
+
+    @contextlib.contextmanager
+    def writable_slot(self, slot):
+        """Context manager yielding a writable memoryview of a reserved slot
+        (a MAP_SHARED mapping of just its pages), for writing in place, for
+        example torch.frombuffer(view, dtype=torch.uint8).copy_(gpu_tensor).
+        Commit after the block."""
+        a = self._arena(slot)
+        start = slot.offset - slot.offset % mmap.ALLOCATIONGRANULARITY
+        length = slot.offset + slot.length - start
+        if slot.length == 0:
+            yield memoryview(bytearray())
+            return
+        m = mmap.mmap(a.fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+        mv = memoryview(m)
+        try:
+            view = mv[slot.offset - start:]
+            try:
+                yield view
+            finally:
+                view.release()
+        finally:
+            mv.release()
+            m.close()
+
+    # ---- zero-copy helpers (same semantics as put/get) ---------------------
+
+    def batch_put_from(self, ns, items, verify=None, ttl_ms=0):
+        """items: (key, buffer) or (key, buffer, depth). Reserve all, write
+        each slot in place, commit all: two round trips per batch, no block
+        bytes on the socket. Returns one ErrorCode per item (OK, EXISTS, or
+        the item's error). verify (default: when a fast CRC-32C is installed)
+        sends the client's checksum for the server to check; else the server
+        computes it from the arena."""
+        if verify is None:
+            verify = CRC_FAST
+        items = list(items)
+        bufs = [memoryview(it[1]).cast("B") for it in items]
+        self._map()
+        rs = self.reserve(ns, [(it[0], len(b), it[2] if len(it) > 2 else 0) for it, b in zip(items, bufs)], ttl_ms)
+        codes = [r.code for r in rs]
+        commits, where = [], []
+        try:
+            for i, (r, b) in enumerate(zip(rs, bufs)):
+                if r.code != OK:
+                    continue
+                self.write_slot(r.slot, b)
+                commits.append((r.token, crc32c(b) if verify else None))
+                where.append(i)
+        except BaseException:
+            self.abort([r.token for r in rs if r.code == OK])
+            raise
+        if commits:
+            for i, code in zip(where, self.commit(commits)):
+                codes[i] = code
+        return codes
+
+    def put_from(self, ns, key, buf, depth=0, verify=None):
+        """Zero-copy put; returns True when the key existed (as put)."""
+        (code,) = self.batch_put_from(ns, [(key, buf, depth)], verify=verify)
+        if code == EXISTS:
+            return True
+        if code != OK:
+            raise Error(code, "put_from")
+        return False
+
+    def batch_get_into(self, ns, keys, buffers, verify=None, scope=Scope.DEFAULT):
+        """Copies each block into its buffer (any writable buffer) straight
+        from the shared arena: acquire all, copy, release all, two round
+        trips per batch. Returns, per key, the block's size or None on a
+        miss. A buffer too short raises Error(TOO_LARGE) after every lease
+        is released; verify (default: when a fast CRC-32C is installed)
+        checks each copy against the block's checksum."""
+        if verify is None:
+            verify = CRC_FAST
+        keys = list(keys)
+        if len(buffers) != len(keys):
+            raise ValueError("one buffer per key")
+        self._map()
+        leases, _ = self.acquire(ns, keys, scope=scope)
+        out, err = [None] * len(keys), None
+        held = [l.lease_id for l in leases if l.code == OK]
+        try:
+            for i, (l, buf) in enumerate(zip(leases, buffers)):
+                if l.code == NOT_FOUND:
+                    continue
+                if l.code != OK:
+                    err = err or Error(l.code, "acquire of key %d" % i)
+                    continue
+                dst = memoryview(buf).cast("B")
+                n = l.slot.length
+                if n > len(dst):
+                    err = err or Error(ErrorCode.TOO_LARGE, "block %d is %d bytes, buffer %d" % (i, n, len(dst)))
+                    continue
+                src = self.slot_view(l.slot)
+                try:
+                    dst[:n] = src
+                finally:
+                    src.release()
+                if verify and crc32c(dst[:n]) != l.checksum:
+                    err = err or Error(ErrorCode.CHECKSUM_MISMATCH, "block %d" % i)
+                    continue
+                out[i] = n
+        finally:
+            rel = self.release(held) if held else []
+        if any(c != OK for c in rel):
+            raise Error(ErrorCode.LEASE_EXPIRED, "a lease expired during the copy; retry")
+        if err is not None:
+            if err.code == ErrorCode.CHECKSUM_MISMATCH and self._remap_if_stale():
+                return self.batch_get_into(ns, keys, buffers, verify, scope)
+            raise err
+        return out
+
+    def get_into(self, ns, key, buf, verify=None):
+        """Zero-copy get into buf; returns the size, or None on a miss."""
+        return self.batch_get_into(ns, [key], [buf], verify=verify)[0]
