@@ -46,6 +46,7 @@ test: deps
 	$(GO) vet ./... || rc=1
 	$(MAKE) --no-print-directory test-go || rc=1
 	scripts/test-python.sh || rc=1
+	scripts/test-python-client.sh || rc=1
 	if ((rc != 0)); then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi
 	exit $$rc
 
