@@ -334,6 +334,7 @@ type Cluster struct {
 	resync   atomic.Bool    // a hand-off was dropped
 	kick     chan struct{}  // wakes the loop for a resync
 	ml       atomic.Pointer[memberlist.Memberlist]
+	addr     atomic.Pointer[string] // advertised gossip address, set by Start
 	started  atomic.Bool
 	closed   atomic.Bool
 	stop     chan struct{}
@@ -441,6 +442,9 @@ func (c *Cluster) Start(ctx context.Context) error {
 		c.closed.Store(true)
 		return fmt.Errorf("cluster: start gossip on %s:%d: %w", c.cfg.BindAddr, c.cfg.BindPort, err)
 	}
+	n := ml.LocalNode() // read once: memberlist rewrites it on updates
+	addr := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	c.addr.Store(&addr)
 	c.ml.Store(ml)
 	c.lg.Info("gossip started", zap.String("node", c.cfg.NodeName), zap.String("addr", c.Addr()))
 	if len(c.cfg.Join) == 0 {
@@ -518,12 +522,10 @@ func (c *Cluster) resolve(ctx context.Context, entries []string) ([]string, erro
 // Addr is this node's advertised gossip address (host:port), "" before
 // Start. Use it in other nodes' Join.
 func (c *Cluster) Addr() string {
-	ml := c.ml.Load()
-	if ml == nil {
-		return ""
+	if a := c.addr.Load(); a != nil {
+		return *a
 	}
-	n := ml.LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	return ""
 }
 
 // LocalMeta returns this node's current metadata.
@@ -627,10 +629,22 @@ func (c *Cluster) announceLeaving(ml *memberlist.Memberlist, timeout time.Durati
 	var failed atomic.Int64
 	sem := make(chan struct{}, 32)
 	deadline := time.After(timeout)
-	for _, n := range ml.Members() {
-		if n.Name == c.cfg.NodeName {
+	// Targets come from our own table: the *Node values memberlist.Members
+	// returns are updated by memberlist without a lock we can take.
+	var targets []*memberlist.Node
+	c.mu.RLock()
+	for _, m := range c.members {
+		if m.Local || !m.State.Live() && m.State != StateLeaving {
 			continue
 		}
+		host, port, err := net.SplitHostPort(m.Addr)
+		p, perr := strconv.ParseUint(port, 10, 16)
+		if ip := net.ParseIP(host); err == nil && perr == nil && ip != nil {
+			targets = append(targets, &memberlist.Node{Name: m.Name, Addr: ip, Port: uint16(p)})
+		}
+	}
+	c.mu.RUnlock()
+	for _, n := range targets {
 		select {
 		case sem <- struct{}{}:
 		case <-deadline:
@@ -858,6 +872,9 @@ func (c *Cluster) resyncTable() {
 	}
 	now := time.Now()
 	seen := map[string]bool{}
+	// Only after a dropped hand-off: memberlist may update these nodes while
+	// we copy them (it offers no locked accessor), so this path is best
+	// effort; the next join/update event corrects any torn read.
 	for _, n := range ml.Members() {
 		seen[n.Name] = true
 		c.apply(nodeEvent{kind: EventUpdate, name: n.Name, addr: n.Address(), meta: slices.Clone(n.Meta), at: now})
