@@ -706,6 +706,24 @@ func (c *Cluster) Members() []Member {
 	return out
 }
 
+// Member returns the member called name, if this node knows it (in any
+// state, itself included).
+func (c *Cluster) Member(name string) (Member, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	m, ok := c.members[name]
+	if !ok {
+		return Member{}, false
+	}
+	return copyMember(*m), true
+}
+
+// Ring places keys on the current live members (LiveNames of Members).
+// Build a new one after each membership event.
+func (c *Cluster) Ring(cfg RingConfig) (*Ring, error) {
+	return NewRing(LiveNames(c.Members()), cfg)
+}
+
 // LiveNames returns the sorted names of the members that should own keys
 // (State.Live), the input NewRing wants.
 func LiveNames(ms []Member) []string {

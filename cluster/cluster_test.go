@@ -227,6 +227,19 @@ func TestFiveNodes(t *testing.T) {
 	if got := LiveNames(seed.Members()); !slices.Equal(got, []string{"n0", "n1", "n2"}) {
 		t.Fatalf("live after leave and failure: %v", got)
 	}
+	ring, err := seed.Ring(DefaultRingConfig())
+	if err != nil || !slices.Equal(ring.Members(), []string{"n0", "n1", "n2"}) {
+		t.Fatalf("Ring() = %v, %v", ring, err)
+	}
+	if m, ok := seed.Member(ring.Owner([]byte("k"))); !ok || m.Meta.PeerAddr != "127.0.0.1:1" || !m.State.Live() {
+		t.Fatalf("Member(owner) = %+v, %v", m, ok)
+	}
+	if m, ok := seed.Member("n3"); !ok || m.State != StateFailed {
+		t.Fatalf("Member(n3) = %+v, %v", m, ok)
+	}
+	if _, ok := seed.Member("nobody"); ok {
+		t.Fatal("Member(nobody) found")
+	}
 
 	// The subscriber saw joins, the update, the leaving, left and failed.
 	seen := map[string]bool{}
