@@ -397,3 +397,25 @@ func FuzzDecodeUserMsg(f *testing.F) {
 		}
 	})
 }
+
+// TestResyncAfterDroppedHandoff simulates lost delegate notifications: the
+// loop must rebuild its table from memberlist.
+func TestResyncAfterDroppedHandoff(t *testing.T) {
+	a := startNode(t, "a", nil)
+	startNode(t, "b", nil, a.Addr())
+	startNode(t, "c", nil, a.Addr())
+	waitFor(t, 10*time.Second, "3 live members at a", func() bool { return liveCount(a) == 3 })
+	a.mu.Lock()
+	delete(a.members, "b")
+	a.members["ghost"] = &Member{Name: "ghost", State: StateAlive, Meta: Meta{NodeID: "ghost"}}
+	a.mu.Unlock()
+	a.handoffDrops.Add(1)
+	a.resync.Store(true)
+	a.kick <- struct{}{}
+	waitFor(t, 10*time.Second, "resynced table at a", func() bool {
+		return stateOf(a, "b") == StateAlive && stateOf(a, "ghost") == StateFailed
+	})
+	if s := a.Stats(); s.HandoffDrops != 1 || s.Live != 3 {
+		t.Fatalf("stats after resync: %+v", s)
+	}
+}
