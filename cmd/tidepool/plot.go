@@ -76,7 +76,7 @@ func savePlotY(path, title, xlabel, ylabel string, logX, logY bool, yMax float64
 	p.X.Tick.Marker = dataTicks(ss)
 	if logY {
 		p.Y.Scale = plot.LogScale{}
-		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Tick.Marker = microTicks{}
 	}
 	for i, s := range ss {
 		if len(s.xy) == 0 {
@@ -147,7 +147,7 @@ func plotLatency(path string, reps []bench.Report) error {
 	}
 	title += " — latency percentiles vs concurrency"
 	logX := reps[len(reps)-1].Concurrency >= 4*reps[0].Concurrency
-	return savePlot(path, title, "concurrent callers", "latency (µs, log scale)", logX, true, ss)
+	return savePlot(path, title, "concurrent callers", "latency (log scale)", logX, true, ss)
 }
 
 // hitPoint is one replay result for the hit-rate plot.
@@ -187,4 +187,27 @@ func plotHitRate(path, title string, pts []hitPoint, dashed map[string]bool) err
 		ss = append(ss, s)
 	}
 	return savePlot(path, title, "capacity per node (million tokens, log scale)", "prefix hit rate", maxX >= 4*minX, false, ss)
+}
+
+// microTicks are log ticks for a latency axis in microseconds, labelled
+// "10 µs", "1 ms", "1 s".
+type microTicks struct{}
+
+func (microTicks) Ticks(min, max float64) []plot.Tick {
+	ts := plot.LogTicks{Prec: -1}.Ticks(min, max)
+	for i := range ts {
+		if ts[i].Label == "" {
+			continue
+		}
+		v := ts[i].Value
+		switch {
+		case v >= 1e6:
+			ts[i].Label = strconv.FormatFloat(v/1e6, 'g', 3, 64) + " s"
+		case v >= 1e3:
+			ts[i].Label = strconv.FormatFloat(v/1e3, 'g', 3, 64) + " ms"
+		default:
+			ts[i].Label = strconv.FormatFloat(v, 'g', 3, 64) + " µs"
+		}
+	}
+	return ts
 }
