@@ -3,6 +3,7 @@ package tiered
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -217,7 +218,9 @@ func (s *Store) fetch(ctx context.Context, ns string, key []byte) ([]byte, cache
 	s.flights[fk] = f
 	s.fmu.Unlock()
 
-	f.value, f.info, f.err = s.readBelow(ctx, fk, ns, key)
+	// The flight serves every waiter: the leader's cancellation must not
+	// fail the others (each waiter still honours its own ctx above).
+	f.value, f.info, f.err = s.readBelow(context.WithoutCancel(ctx), fk, ns, key)
 
 	s.fmu.Lock()
 	delete(s.flights, fk)
@@ -240,6 +243,8 @@ func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte) ([]byt
 	if it != nil {
 		v, info = it.value, it.info
 		s.queueHits.Add(1)
+		c, _ := s.nsQueueHits.LoadOrStore(ns, new(atomic.Int64))
+		c.(*atomic.Int64).Add(1)
 	} else {
 		var err error
 		s.ssdReads.Add(1)

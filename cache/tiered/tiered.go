@@ -219,6 +219,7 @@ type Store struct {
 	queueHits, ssdReads, prefetchQueued, prefetchDropped    atomic.Int64
 	spilled, spillMissed, watermarkEvictions                atomic.Int64
 	durablePuts                                             atomic.Int64
+	nsQueueHits                                             sync.Map // ns → *atomic.Int64
 }
 
 type keyRef struct {
@@ -458,7 +459,8 @@ func (s *Store) Clear(ctx context.Context, ns string) (int64, error) {
 
 // Stats returns the tiers' counters (dram, then ssd) and per-namespace
 // counters summed over the tiers: Blocks and Bytes count copies (a block
-// in both tiers counts twice); Hits are reads served by either tier;
+// in both tiers counts twice); Hits are reads served by either tier or by
+// the demotion queue (concurrent misses sharing one read count once);
 // Misses and Evictions are the SSD tier's (a DRAM miss served by SSD is a
 // hit, a DRAM eviction is a demotion) when there is one; Puts are DRAM's.
 func (s *Store) Stats() cache.Stats {
@@ -488,6 +490,11 @@ func (s *Store) Stats() cache.Stats {
 		extra = append(extra, n)
 	}
 	st.Namespaces = append(st.Namespaces, extra...)
+	for i := range st.Namespaces {
+		if v, ok := s.nsQueueHits.Load(st.Namespaces[i].Namespace); ok {
+			st.Namespaces[i].Hits += v.(*atomic.Int64).Load()
+		}
+	}
 	slices.SortFunc(st.Namespaces, func(a, b cache.NamespaceStats) int { return strings.Compare(a.Namespace, b.Namespace) })
 	return st
 }

@@ -153,8 +153,8 @@ func TestSpillReadBack(t *testing.T) {
 	}
 	read := time.Since(start)
 	m = s.Movement()
-	if m.Promotions < n-32 || m.SSDReads != m.Promotions {
-		t.Fatalf("promotions %d, ssd reads %d", m.Promotions, m.SSDReads)
+	if m.Promotions < n-32 || m.SSDReads+m.QueueHits != m.Promotions {
+		t.Fatalf("promotions %d, ssd reads %d, queue hits %d", m.Promotions, m.SSDReads, m.QueueHits)
 	}
 	st := s.Stats()
 	if len(st.Tiers) != 2 || st.Tiers[0].Name != "dram" || st.Tiers[1].Name != "ssd" || st.Tiers[1].Blocks != n {

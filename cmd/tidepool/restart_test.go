@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tidepool-kv/tidepool/client"
 )
 
@@ -240,4 +242,39 @@ func TestRestartAfterKill9(t *testing.T) {
 		t.Errorf("checksum failures after kill -9:\n%s", body)
 	}
 	t.Logf("recovered %d blocks; %d of %d best-effort blocks survived kill -9", recovered, kept, n/2)
+}
+
+// TestMovementMetricsDocumented: every metric of the movement collector
+// is in docs/metrics.md.
+func TestMovementMetricsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.ArenaDir = t.TempDir()
+	cfg.DataDir = t.TempDir()
+	cfg.DRAMCapacity = 8 << 20
+	cfg.MaxValueSize = 1 << 20
+	cfg.SSDCapacity = 64 << 20
+	cfg.SSDMinFree = 0
+	s, err := openStore(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newMovementCollector(s))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) < 15 {
+		t.Fatalf("only %d movement metrics gathered", len(mfs))
+	}
+	for _, mf := range mfs {
+		if !strings.Contains(string(doc), "`"+mf.GetName()+"`") {
+			t.Errorf("docs/metrics.md does not document %s", mf.GetName())
+		}
+	}
 }

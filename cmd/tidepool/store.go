@@ -24,6 +24,9 @@ func ssdDir(dataDir string) string { return filepath.Join(dataDir, "ssd") }
 // openStore builds the block store: the DRAM tier, and the SSD tier under
 // data_dir/ssd unless ssd_capacity is 0, composed by cache/tiered.
 func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
+	if lg == nil {
+		lg = zap.NewNop()
+	}
 	tc := tiered.DefaultConfig()
 	tc.DRAM = dram.DefaultConfig()
 	tc.DRAM.Dir = cfg.ArenaDir
