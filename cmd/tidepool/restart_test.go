@@ -278,3 +278,65 @@ func TestMovementMetricsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartWithoutStopSpill: with stop_spill_timeout 0 a clean stop
+// drains the demotion queue but does not copy DRAM into SSD: after the
+// restart, blocks that were in SSD (demoted or durable) are served
+// identical, blocks that were only in DRAM are missing.
+func TestRestartWithoutStopSpill(t *testing.T) {
+	dataDir := t.TempDir()
+	d, _ := startServeIn(t, dataDir, "--stop-spill-timeout", "0")
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	const n = 48
+	for i := range n {
+		if _, err := c.PutWith(ctx, "ns", rkey(i), restartValue(i, 1<<20), client.PutOptions{Durable: i%8 == 0}); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = rkey(i)
+	}
+	res, err := c.BatchExists(ctx, "ns", keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.stop(t, syscall.SIGTERM)
+
+	d2, _ := startServeIn(t, dataDir)
+	c2, err := client.New(d2.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	var inSSD, dramOnly int
+	for i := range n {
+		v, found, err := c2.Get(ctx, "ns", rkey(i))
+		if err != nil {
+			t.Fatalf("block %d: %v", i, err)
+		}
+		if found && !bytes.Equal(v, restartValue(i, 1<<20)) {
+			t.Fatalf("block %d: wrong bytes", i)
+		}
+		// Durable blocks are in SSD whatever tier Exists reported.
+		below := res[i].Tier == "ssd" || i%8 == 0
+		switch {
+		case below && !found:
+			t.Fatalf("block %d (tier %q before the stop) lost", i, res[i].Tier)
+		case !below && found:
+			t.Fatalf("block %d was only in DRAM but came back", i)
+		case below:
+			inSSD++
+		default:
+			dramOnly++
+		}
+	}
+	if inSSD == 0 || dramOnly == 0 {
+		t.Fatalf("%d blocks in SSD, %d in DRAM only: the test needs both", inSSD, dramOnly)
+	}
+}
