@@ -140,6 +140,7 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	known map[string]bool // namespaces that have been written
+	route *router         // nil on a single node (remote.go)
 }
 
 // New validates cfg and returns a Proxy over store.
@@ -257,7 +258,47 @@ func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	if err := p.admitNamespace(ns); err != nil {
 		return false, err
 	}
+	r := p.router()
+	if r != nil && !r.owns(ns, key) {
+		opts.LowPriority = true // a copy of a block owned elsewhere
+	}
+	existed, err = p.store.Put(ctx, ns, key, value, opts)
+	if err != nil || r == nil {
+		return existed, err
+	}
+	return existed, r.push(ctx, ns, []PutItem{{Key: key, Value: value, Opts: opts}}, syncReplicas(ctx))
+}
+
+// PutLocal stores one block in this node's tiers only, as an owned block:
+// what a peer's push (replication) lands as. It is never pushed on.
+func (p *Proxy) PutLocal(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	if err := p.checkKey(key); err != nil {
+		return false, err
+	}
+	if err := p.checkValue(value); err != nil {
+		return false, err
+	}
+	if err := p.admitNamespace(ns); err != nil {
+		return false, err
+	}
+	opts.LowPriority = false
 	return p.store.Put(ctx, ns, key, value, opts)
+}
+
+type syncKey struct{}
+
+// WithSyncReplicas asks the Put or BatchPut made with ctx to wait until
+// that many owners stored each block (0: push in the background).
+func WithSyncReplicas(ctx context.Context, n int) context.Context {
+	if n <= 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, syncKey{}, n)
+}
+
+func syncReplicas(ctx context.Context) int {
+	n, _ := ctx.Value(syncKey{}).(int)
+	return n
 }
 
 // PutItem is one block of a BatchPut.
@@ -280,6 +321,8 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		return nil, err
 	}
 	results = make([]error, len(items))
+	r := p.router()
+	var stored []PutItem
 	for i, it := range items {
 		if err := p.checkKey(it.Key); err != nil {
 			results[i] = err
@@ -289,12 +332,23 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 			results[i] = err
 			continue
 		}
+		if r != nil && !r.owns(ns, it.Key) {
+			it.Opts.LowPriority = true
+		}
 		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
 		switch {
 		case err != nil:
 			results[i] = err
 		case existed:
 			results[i] = cache.ErrExists
+		}
+		if err == nil && r != nil {
+			stored = append(stored, it)
+		}
+	}
+	if r != nil && len(stored) > 0 {
+		if err := r.push(ctx, ns, stored, syncReplicas(ctx)); err != nil {
+			return results, err
 		}
 	}
 	return results, nil
@@ -309,7 +363,13 @@ func (p *Proxy) Get(ctx context.Context, ns string, key []byte, scope Scope) ([]
 	if err := p.checkKey(key); err != nil {
 		return nil, cache.Info{}, err
 	}
-	return p.store.Get(ctx, ns, key, nil)
+	v, info, err := p.store.Get(ctx, ns, key, nil)
+	if r := p.clusterRouter(scope); r != nil && errors.Is(err, cache.ErrNotFound) {
+		if ferr := r.fetch(ctx, ns, [][]byte{key})[0]; ferr == nil {
+			return p.store.Get(ctx, ns, key, nil)
+		}
+	}
+	return v, info, err
 }
 
 // GetResult is one block of a BatchGet: Err is nil, cache.ErrNotFound or
@@ -329,12 +389,26 @@ func (p *Proxy) BatchGet(ctx context.Context, ns string, keys [][]byte, scope Sc
 		return nil, err
 	}
 	out := make([]GetResult, len(keys))
+	var missed [][]byte
+	var missedIdx []int
 	for i, k := range keys {
 		if err := p.checkKey(k); err != nil {
 			out[i].Err = err
 			continue
 		}
 		out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, k, nil)
+		if errors.Is(out[i].Err, cache.ErrNotFound) {
+			missed = append(missed, k)
+			missedIdx = append(missedIdx, i)
+		}
+	}
+	if r := p.clusterRouter(scope); r != nil && len(missed) > 0 {
+		for j, ferr := range r.fetch(ctx, ns, missed) {
+			if ferr == nil {
+				i := missedIdx[j]
+				out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, keys[i], nil)
+			}
+		}
 	}
 	return out, nil
 }
@@ -348,6 +422,13 @@ func (p *Proxy) Exists(ctx context.Context, ns string, key []byte, scope Scope) 
 		return cache.Info{}, false, err
 	}
 	info, ok := p.store.Stat(ctx, ns, key)
+	if r := p.clusterRouter(scope); r != nil && !ok {
+		present := []bool{false}
+		r.lookupRemote(ctx, ns, [][]byte{key}, present)
+		if present[0] {
+			return cache.Info{Tier: "remote"}, true, nil
+		}
+	}
 	return info, ok, nil
 }
 
@@ -367,12 +448,23 @@ func (p *Proxy) BatchExists(ctx context.Context, ns string, keys [][]byte, scope
 		return nil, err
 	}
 	out := make([]ExistsResult, len(keys))
+	present := make([]bool, len(keys))
 	for i, k := range keys {
 		if err := p.checkKey(k); err != nil {
 			out[i].Err = err
+			present[i] = true // do not ask anyone about an invalid key
 			continue
 		}
 		out[i].Info, out[i].Present = p.store.Stat(ctx, ns, k)
+		present[i] = out[i].Present
+	}
+	if r := p.clusterRouter(scope); r != nil {
+		r.lookupRemote(ctx, ns, keys, present)
+		for i := range out {
+			if present[i] && !out[i].Present && out[i].Err == nil {
+				out[i].Present, out[i].Info = true, cache.Info{Tier: "remote"}
+			}
+		}
 	}
 	return out, nil
 }
@@ -391,8 +483,25 @@ func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scop
 			return 0, fmt.Errorf("key %d: %w", i, err)
 		}
 	}
+	local := len(keys)
 	for i, k := range keys {
 		if _, ok := p.store.Stat(ctx, ns, k); !ok {
+			local = i
+			break
+		}
+	}
+	r := p.clusterRouter(scope)
+	if r == nil || local == len(keys) {
+		return local, nil
+	}
+	// Ask the owners about the rest of the chain, all at once.
+	present := make([]bool, len(keys))
+	for i := 0; i < local; i++ {
+		present[i] = true
+	}
+	r.lookupRemote(ctx, ns, keys, present)
+	for i, ok := range present {
+		if !ok {
 			return i, nil
 		}
 	}
@@ -470,5 +579,8 @@ func (p *Proxy) Prefetch(ctx context.Context, ns string, keys [][]byte, scope Sc
 
 // Members returns the cluster view; a single node lists itself.
 func (p *Proxy) Members(ctx context.Context) []MemberInfo {
+	if r := p.router(); r != nil {
+		return r.c.Members()
+	}
 	return []MemberInfo{{Name: p.cfg.NodeID, State: "alive", Self: true}}
 }

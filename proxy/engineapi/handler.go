@@ -63,6 +63,7 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 }
 
 func (h *handler) Put(ctx context.Context, req *tp.PutRequest) (*tp.PutResponse, error) {
+	ctx = proxy.WithSyncReplicas(ctx, int(req.SyncReplicas))
 	existed, err := h.p.Put(ctx, req.Ns, req.Key, req.Value, cache.PutOptions{Depth: req.Depth, Durable: req.Durable})
 	if err != nil {
 		return nil, toThrift(err)
@@ -78,7 +79,7 @@ func (h *handler) BatchPut(ctx context.Context, req *tp.BatchPutRequest) (*tp.Ba
 		}
 		items[i] = proxy.PutItem{Key: it.Key, Value: it.Value, Opts: cache.PutOptions{Depth: it.Depth, Durable: req.Durable}}
 	}
-	res, err := h.p.BatchPut(ctx, req.Ns, items)
+	res, err := h.p.BatchPut(proxy.WithSyncReplicas(ctx, int(req.SyncReplicas)), req.Ns, items)
 	if err != nil {
 		return nil, toThrift(err)
 	}

@@ -1,0 +1,98 @@
+// tidepool peer API: what sidecars call on each other over TCP. Control
+// messages only; block bytes move through the transfer layer (rdma/): the
+// owner pins a block and names where it lies (a registered region of its
+// DRAM arenas), and the requester pulls the bytes into its own arena.
+//
+// Every request carries the caller's cluster label and protocol version and,
+// when the cluster is configured with one, the shared token; a mismatch is
+// refused with UNAVAILABLE before anything else is done.
+
+namespace go peer
+
+struct Auth {
+    1: string node_id,
+    2: string cluster_label,
+    3: i32 protocol_version,
+    4: string token,
+}
+
+// Where a pinned block lies on the owner: transport endpoint, registered
+// region, offset and length inside it.
+struct RemoteSlot {
+    1: string transport_addr,
+    2: i64 region_id,
+    3: i64 region_len,
+    4: i32 region_key,
+    5: i64 region_addr,
+    6: i64 offset,
+    7: i64 length,
+}
+
+struct LookupRequest {
+    1: Auth auth,
+    2: string ns,
+    3: list<binary> keys,
+}
+
+struct LookupResponse {
+    // Per key: present in the owner's local tiers.
+    1: list<bool> present,
+}
+
+struct AcquireRequest {
+    1: Auth auth,
+    2: string ns,
+    3: list<binary> keys,
+    4: i32 lease_ms,
+}
+
+struct AcquireItem {
+    // 0 = OK, else an ErrorCode of tidepool.thrift (NOT_FOUND, ...).
+    1: i32 code,
+    2: string message,
+    3: RemoteSlot slot,
+    4: i64 lease_id,
+    5: i32 checksum,
+    6: i32 depth,
+}
+
+struct AcquireResponse {
+    1: list<AcquireItem> items,
+}
+
+struct ReleaseRequest {
+    1: Auth auth,
+    2: list<i64> lease_ids,
+}
+
+struct ReleaseResponse {}
+
+struct PutItem {
+    1: binary key,
+    2: binary value,
+    3: i32 depth,
+    4: i32 checksum,
+}
+
+struct PutRequest {
+    1: Auth auth,
+    2: string ns,
+    3: list<PutItem> items,
+}
+
+struct PutResponse {
+    // Per item: 0 = stored or already present, else an ErrorCode.
+    1: list<i32> codes,
+}
+
+exception PeerError {
+    1: i32 code,
+    2: string message,
+}
+
+service TidepoolPeer {
+    LookupResponse Lookup(1: LookupRequest req) throws (1: PeerError err),
+    AcquireResponse Acquire(1: AcquireRequest req) throws (1: PeerError err),
+    ReleaseResponse Release(1: ReleaseRequest req) throws (1: PeerError err),
+    PutResponse Put(1: PutRequest req) throws (1: PeerError err),
+}
