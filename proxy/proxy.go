@@ -494,10 +494,15 @@ func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scop
 	if r == nil || local == len(keys) {
 		return local, nil
 	}
-	// Ask the owners about the rest of the chain, all at once.
+	// Ask the owners about the rest of the chain, all at once; blocks held
+	// here past the first local miss count too.
 	present := make([]bool, len(keys))
-	for i := 0; i < local; i++ {
-		present[i] = true
+	for i := range present {
+		if i < local {
+			present[i] = true
+		} else if i > local {
+			_, present[i] = p.store.Stat(ctx, ns, keys[i])
+		}
 	}
 	r.lookupRemote(ctx, ns, keys, present)
 	for i, ok := range present {
