@@ -344,7 +344,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.policies, "policy", "prefix", "eviction policy of the local sidecars: prefix or lru; a list sweeps")
 	fs.StringVar(&f.policies, "policies", "prefix", "alias of --policy")
 	fs.StringVar(&f.ns, "ns", "replay", "namespace")
-	fs.Float64Var(&f.loadSlack, "load-slack", 0.25, "prefix routing: a node more than this fraction above the mean request count gets no requests")
+	fs.Float64Var(&f.loadSlack, "load-slack", 0.25, "prefix routing load band: a node this fraction above the mean request count gets no request, one this far below gets the next")
 	fs.Float64Var(&f.speed, "speed", 0, "honour timestamps, scaled: 1 real time, 10 ten times faster; 0 ignores them")
 	fs.BoolVar(&f.noFetch, "no-fetch", false, "do not read the hit prefix (engines do; reads also tell eviction what was used)")
 	fs.BoolVar(&f.simulate, "sim", false, "run the offline simulator (internal/sim) instead of sidecars; results are labelled simulated")

@@ -49,10 +49,12 @@ const (
 	// RouteRoundRobin sends request i to node i mod N.
 	RouteRoundRobin Route = "round-robin"
 	// RoutePrefix asks every node for its longest cached prefix and sends
-	// the request to the longest among the nodes that are not overloaded
-	// (routed more than LoadSlack above the mean so far); ties go in
-	// round-robin order. Without the load bound every request sharing a
-	// system prompt would go to the first node that cached it.
+	// the request to the longest among the nodes whose request count is
+	// within LoadSlack of the mean so far; a node below that band gets the
+	// request first (among such nodes, the longest prefix). Ties go in
+	// round-robin order. Without the band every request sharing a system
+	// prompt would go to the first node that cached it, and a node that
+	// missed the start would never warm up.
 	RoutePrefix Route = "prefix"
 )
 
@@ -74,8 +76,9 @@ type Config struct {
 	// Speed honours the trace timestamps scaled by 1/Speed (2 = twice as
 	// fast); 0 ignores them and replays back to back. Default 0.
 	Speed float64
-	// LoadSlack is how far above the mean request count a node may be and
-	// still receive requests under RoutePrefix (0.25 = 25 %). Default 0.25.
+	// LoadSlack is the load band of RoutePrefix: a node more than this
+	// fraction above the mean request count gets no request, one more than
+	// this fraction below it gets the next (0.25 = 25 %). Default 0.25.
 	LoadSlack float64
 	// Progress, if set, is called after each request with the count done.
 	Progress func(done, total int)
@@ -202,8 +205,11 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 		var hit int
 		if len(keys) > 0 {
 			if cfg.Route == RoutePrefix && len(nodes) > 1 {
-				best := -1
-				limit := float64(res.Requests)/float64(len(nodes))*(1+cfg.LoadSlack) + 1
+				// Longest prefix among the nodes within the load band; a node
+				// below the band (a cold one) is served first.
+				mean := float64(res.Requests) / float64(len(nodes))
+				hiLoad, loLoad := mean*(1+cfg.LoadSlack)+1, mean*(1-cfg.LoadSlack)-1
+				best, bestCold := -1, -1
 				for j := range nodes {
 					n := (at + j) % len(nodes)
 					m, err := nodes[n].Lookup(ctx, keys)
@@ -211,12 +217,16 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 						return finish(fmt.Errorf("replay: request %d: lookup on node %d: %w", i, n, err))
 					}
 					matched[n] = m
-					if float64(res.Nodes[n].Requests) > limit {
-						continue
+					load := float64(res.Nodes[n].Requests)
+					if load < loLoad && (bestCold < 0 || m > matched[bestCold]) {
+						bestCold = n
 					}
-					if best < 0 || m > matched[best] {
+					if load <= hiLoad && (best < 0 || m > matched[best]) {
 						best = n
 					}
+				}
+				if bestCold >= 0 {
+					best = bestCold
 				}
 				if best < 0 {
 					best = at

@@ -157,8 +157,8 @@ func TestPrefixRouting(t *testing.T) {
 		}
 		if route == RoutePrefix {
 			for i, n := range r.Nodes {
-				if float64(n.Requests) > float64(len(reqs))/4*1.25+2 {
-					t.Fatalf("node %d got %d of %d requests: load bound not kept", i, n.Requests, len(reqs))
+				if mean := float64(len(reqs)) / 4; float64(n.Requests) > mean*1.25+2 || float64(n.Requests) < mean*0.75-2 {
+					t.Fatalf("node %d got %d of %d requests: load band not kept", i, n.Requests, len(reqs))
 				}
 			}
 			for i, n := range nodes {
