@@ -1,0 +1,62 @@
+package peerapi
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/rdma"
+)
+
+// RegisterArenas registers each arena's memory with t, in arena order: the
+// descriptors it returns are indexed like dram.Tier.Arenas and are what
+// ServerConfig.Regions and ClientConfig.Regions take (one registration
+// serves both). On error nothing stays registered.
+//
+// Lifetime: the arena memory must stay mapped until DeregisterArenas
+// returns. Shut down in this order: close the peer API server and client,
+// DeregisterArenas (it waits for in-flight transfers), close the transport,
+// then close the DRAM tier (which unmaps the arenas).
+func RegisterArenas(t rdma.Transport, mems [][]byte) ([]rdma.RegionDesc, error) {
+	if t == nil {
+		return nil, errors.New("peerapi: nil transport")
+	}
+	out := make([]rdma.RegionDesc, 0, len(mems))
+	for i, m := range mems {
+		if len(m) == 0 {
+			_ = DeregisterArenas(t, out)
+			return nil, fmt.Errorf("peerapi: arena %d has no memory", i)
+		}
+		d, err := t.Register(m)
+		if err != nil {
+			_ = DeregisterArenas(t, out)
+			return nil, fmt.Errorf("peerapi: register arena %d: %w", i, err)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// DeregisterArenas removes the regions RegisterArenas made, waiting for
+// in-flight transfers; after it returns the transport no longer touches the
+// arenas.
+func DeregisterArenas(t rdma.Transport, regions []rdma.RegionDesc) error {
+	var errs []error
+	for _, d := range regions {
+		if err := t.Deregister(d.ID); err != nil && !errors.Is(err, rdma.ErrUnknownRegion) && !errors.Is(err, rdma.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// TierArenaMems returns the memory of every arena of t (dram.Tier.ArenaMem),
+// in arena order, for RegisterArenas.
+func TierArenaMems(t *dram.Tier) [][]byte {
+	n := len(t.Arenas())
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = t.ArenaMem(i)
+	}
+	return out
+}

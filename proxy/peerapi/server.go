@@ -1,0 +1,370 @@
+// Package peerapi is the Thrift edge of the peer API (idl/peer.thrift): the
+// Kitex server a sidecar answers its peers with, over a *proxy.Proxy, and
+// the client that implements proxy.Peers. Control messages travel over
+// Kitex; block bytes move through the transfer layer (rdma/): the owner pins
+// a block (Acquire) and names where it lies in its registered arenas, the
+// requester reserves a slot in its own arenas, pulls the bytes with a
+// one-sided Read, verifies the CRC-32C on commit and releases the pin.
+package peerapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/cloudwego/kitex/pkg/remote/codec"
+	"github.com/cloudwego/kitex/pkg/rpcinfo"
+	"github.com/cloudwego/kitex/server"
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
+	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/rdma"
+)
+
+// refusedMessage is the message of the UNAVAILABLE PeerError that answers
+// a call with the wrong credentials.
+const refusedMessage = "peer credentials refused (cluster label, protocol version or token)"
+
+// Credentials are what every call carries (client) and checks (server).
+type Credentials struct {
+	// NodeID is this node's name, sent with every call (informational).
+	NodeID string
+	// Label is the cluster label; a call with another label is refused.
+	// Default "" (the label must then be empty on both sides).
+	Label string
+	// Token is the shared secret; a call with another token is refused
+	// (compared in constant time). Default "" (no token).
+	Token string
+}
+
+func (c Credentials) auth() *peer.Auth {
+	return &peer.Auth{NodeId: c.NodeID, ClusterLabel: c.Label, ProtocolVersion: int32(cluster.ProtocolVersion), Token: c.Token}
+}
+
+// ServerConfig configures the peer API server.
+type ServerConfig struct {
+	Credentials
+	// Transport serves the transfers out of the registered arenas; its Addr
+	// is what Acquire answers as the transport address. Required.
+	Transport rdma.Transport
+	// Regions are the registered arenas, indexed like dram.Tier.Arenas
+	// (RegisterArenas). Required.
+	Regions []rdma.RegionDesc
+	// MaxRequestBytes bounds one framed request (a Put carries block bytes
+	// inline). Default 256 MiB.
+	MaxRequestBytes int
+	// DrainTimeout bounds how long Close waits for in-flight calls.
+	// Default 10 s.
+	DrainTimeout time.Duration
+	// MaxLease caps the lease a peer may ask for in Acquire. Default 30 s.
+	MaxLease time.Duration
+}
+
+// DefaultServerConfig returns the defaults documented on ServerConfig.
+func DefaultServerConfig() ServerConfig {
+	return ServerConfig{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxLease: 30 * time.Second}
+}
+
+func (c ServerConfig) withDefaults() ServerConfig {
+	d := DefaultServerConfig()
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = d.MaxRequestBytes
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = d.DrainTimeout
+	}
+	if c.MaxLease == 0 {
+		c.MaxLease = d.MaxLease
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults).
+func (c ServerConfig) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.Transport == nil {
+		errs = append(errs, errors.New("peerapi: Transport is required"))
+	}
+	if len(c.Regions) == 0 {
+		errs = append(errs, errors.New("peerapi: Regions is empty (register the arenas with RegisterArenas)"))
+	}
+	if c.MaxRequestBytes < 0 {
+		errs = append(errs, fmt.Errorf("peerapi: MaxRequestBytes %d is negative", c.MaxRequestBytes))
+	}
+	if c.DrainTimeout < 0 {
+		errs = append(errs, fmt.Errorf("peerapi: DrainTimeout %v is negative", c.DrainTimeout))
+	}
+	if c.MaxLease < 0 {
+		errs = append(errs, fmt.Errorf("peerapi: MaxLease %v is negative", c.MaxLease))
+	}
+	return errors.Join(errs...)
+}
+
+// ServerStats is a snapshot of the server's counters.
+type ServerStats struct {
+	Refused  int64 // calls refused for their credentials
+	Lookups  int64 // keys looked up
+	Acquired int64 // blocks pinned for peers
+	Released int64 // leases released by peers
+	Puts     int64 // blocks stored from pushes
+	PutFails int64 // pushed blocks refused (checksum, space, ...)
+}
+
+// Server serves the peer API over a TCP listener.
+type Server struct {
+	cfg   ServerConfig
+	lg    *zap.Logger
+	h     *handler
+	svr   server.Server
+	ready chan struct{}
+	done  chan struct{}
+
+	startOnce, closeOnce sync.Once
+	closeErr             error
+}
+
+// NewServer makes a Kitex server for p on ln. The server owns ln from now on.
+func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Server, error) {
+	if p == nil || ln == nil {
+		return nil, errors.New("peerapi: nil proxy or listener")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("peerapi: invalid server config: %w", err)
+	}
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	lg = lg.Named("peerapi")
+	sum := sha256.Sum256([]byte(cfg.Token))
+	h := &handler{p: p, cfg: cfg, lg: lg, tokenSum: sum, addr: cfg.Transport.Addr()}
+	s := &Server{
+		cfg: cfg, lg: lg, h: h,
+		ready: make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	s.svr = tidepoolpeer.NewServer(h,
+		server.WithListener(ln),
+		server.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxRequestBytes)),
+		server.WithExitWaitTime(cfg.DrainTimeout),
+		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-peer"}),
+	)
+	return s, nil
+}
+
+// Start serves in the background. Ready is closed once the server runs.
+func (s *Server) Start(ctx context.Context) error {
+	s.startOnce.Do(func() {
+		go func() {
+			defer close(s.done)
+			close(s.ready)
+			if err := s.svr.Run(); err != nil {
+				s.lg.Error("peer api server stopped", zap.Error(err))
+			}
+		}()
+	})
+	return nil
+}
+
+// Ready is closed when the server accepts calls.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Done is closed when the server has stopped.
+func (s *Server) Done() <-chan struct{} { return s.done }
+
+// Close stops accepting, drains in-flight calls (up to DrainTimeout) and
+// closes the listener. Safe to call twice.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		started := true
+		s.startOnce.Do(func() { started = false; close(s.ready); close(s.done) })
+		s.closeErr = s.svr.Stop()
+		if started {
+			<-s.done
+		}
+	})
+	return s.closeErr
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() ServerStats {
+	h := s.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.stats
+}
+
+// handler implements peer.TidepoolPeer.
+type handler struct {
+	p        *proxy.Proxy
+	cfg      ServerConfig
+	lg       *zap.Logger
+	tokenSum [32]byte
+	addr     string
+
+	mu    sync.Mutex
+	stats ServerStats
+}
+
+var _ peer.TidepoolPeer = (*handler)(nil)
+
+func (h *handler) count(f func(*ServerStats)) {
+	h.mu.Lock()
+	f(&h.stats)
+	h.mu.Unlock()
+}
+
+// check refuses a call whose credentials do not match; nothing else is
+// looked at first.
+func (h *handler) check(a *peer.Auth) *peer.PeerError {
+	ok := a != nil && a.ClusterLabel == h.cfg.Label && a.ProtocolVersion == int32(cluster.ProtocolVersion)
+	if a != nil {
+		sum := sha256.Sum256([]byte(a.Token))
+		if subtle.ConstantTimeCompare(sum[:], h.tokenSum[:]) != 1 {
+			ok = false
+		}
+	}
+	if ok {
+		return nil
+	}
+	h.count(func(s *ServerStats) { s.Refused++ })
+	node := ""
+	if a != nil {
+		node = a.NodeId
+	}
+	h.lg.Warn("peer call refused", zap.String("node", node))
+	return &peer.PeerError{Code: codeUnavailable, Message: refusedMessage}
+}
+
+// Lookup reports, per key, whether this node holds the block locally.
+func (h *handler) Lookup(ctx context.Context, req *peer.LookupRequest) (*peer.LookupResponse, error) {
+	if e := h.check(req.GetAuth()); e != nil {
+		return nil, e
+	}
+	res, err := h.p.BatchExists(ctx, req.Ns, req.Keys, proxy.ScopeLocal)
+	if err != nil {
+		return nil, peerErr(err)
+	}
+	out := &peer.LookupResponse{Present: make([]bool, len(res))}
+	for i, r := range res {
+		out.Present[i] = r.Err == nil && r.Present
+	}
+	h.count(func(s *ServerStats) { s.Lookups += int64(len(res)) })
+	return out, nil
+}
+
+// Acquire pins local blocks for a peer and says where they lie.
+func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.AcquireResponse, error) {
+	if e := h.check(req.GetAuth()); e != nil {
+		return nil, e
+	}
+	lease := time.Duration(req.LeaseMs) * time.Millisecond
+	if lease < 0 {
+		lease = 0
+	}
+	lease = min(lease, h.cfg.MaxLease)
+	res, err := h.p.Acquire(ctx, req.Ns, req.Keys, lease, proxy.ScopeLocal)
+	if err != nil {
+		return nil, peerErr(err)
+	}
+	out := &peer.AcquireResponse{Items: make([]*peer.AcquireItem, len(res))}
+	var got int64
+	var orphans []int64
+	for i, r := range res {
+		it := &peer.AcquireItem{}
+		out.Items[i] = it
+		if r.Err != nil {
+			it.Code, it.Message = toCode(r.Err), r.Err.Error()
+			continue
+		}
+		if r.Slot.Arena < 0 || r.Slot.Arena >= len(h.cfg.Regions) {
+			// An arena the transport does not know: unpin and refuse.
+			orphans = append(orphans, r.LeaseID)
+			err := fmt.Errorf("%w: arena %d is not registered for transfers", cache.ErrUnavailable, r.Slot.Arena)
+			it.Code, it.Message = toCode(err), err.Error()
+			continue
+		}
+		d := h.cfg.Regions[r.Slot.Arena]
+		it.Slot = &peer.RemoteSlot{
+			TransportAddr: h.addr,
+			RegionId:      int64(d.ID),
+			RegionLen:     int64(d.Len),
+			RegionKey:     int32(d.Key),
+			RegionAddr:    int64(d.Addr),
+			Offset:        r.Slot.Offset,
+			Length:        r.Slot.Length,
+		}
+		it.LeaseId = r.LeaseID
+		it.Checksum = int32(r.Info.Checksum)
+		it.Depth = r.Info.Depth
+		got++
+	}
+	if len(orphans) > 0 {
+		_, _ = h.p.Release(ctx, orphans)
+	}
+	h.count(func(s *ServerStats) { s.Acquired += got })
+	return out, nil
+}
+
+// Release unpins blocks a peer has read.
+func (h *handler) Release(ctx context.Context, req *peer.ReleaseRequest) (*peer.ReleaseResponse, error) {
+	if e := h.check(req.GetAuth()); e != nil {
+		return nil, e
+	}
+	res, err := h.p.Release(ctx, req.LeaseIds)
+	if err != nil {
+		return nil, peerErr(err)
+	}
+	var n int64
+	for _, e := range res {
+		if e == nil {
+			n++
+		}
+	}
+	h.count(func(s *ServerStats) { s.Released += n })
+	return &peer.ReleaseResponse{}, nil
+}
+
+// Put stores pushed blocks as owned blocks, each verified against its
+// checksum first.
+func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutResponse, error) {
+	if e := h.check(req.GetAuth()); e != nil {
+		return nil, e
+	}
+	if max := h.p.Config().MaxBatch; len(req.Items) > max {
+		return nil, peerErr(fmt.Errorf("%w: %d items, limit %d", proxy.ErrBatchTooLarge, len(req.Items), max))
+	}
+	out := &peer.PutResponse{Codes: make([]int32, len(req.Items))}
+	var ok, failed int64
+	for i, it := range req.Items {
+		if it == nil {
+			out.Codes[i] = toCode(proxy.ErrInvalidArgument)
+			failed++
+			continue
+		}
+		if sum := cache.Checksum(it.Value); sum != uint32(it.Checksum) {
+			out.Codes[i] = toCode(cache.ErrChecksum)
+			failed++
+			continue
+		}
+		_, err := h.p.PutLocal(ctx, req.Ns, it.Key, it.Value, cache.PutOptions{Depth: it.Depth})
+		out.Codes[i] = toCode(err)
+		if err != nil {
+			failed++
+		} else {
+			ok++
+		}
+	}
+	h.count(func(s *ServerStats) { s.Puts += ok; s.PutFails += failed })
+	return out, nil
+}
