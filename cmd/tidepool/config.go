@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -44,7 +45,16 @@ type Config struct {
 	MetricsAddr    string        // loopback HTTP address for /metrics, /healthz, /readyz; empty disables
 	LogLevel       string        // debug, info, warn, error
 	LogFormat      string        // json or console
-	NodeID         string        // this sidecar's name
+	NodeID         string        // this sidecar's name (node_name)
+	GossipAddr     string        // host:port of gossip (memberlist); empty: single node
+	AdvertiseAddr  string        // host or host:port peers use to reach gossip; empty: derived
+	PeerAddr       string        // host:port of the peer API (TCP)
+	TransferAddr   string        // host:port of the block transfer layer (TCP)
+	Join           []string      // addresses or DNS names of members to join
+	Replicas       int           // owners per block (R)
+	GossipKeyFile  string        // file holding the gossip encryption key
+	ClusterLabel   string        // cluster label; peers with another are refused
+	PeerTokenFile  string        // file holding the peer API shared token
 	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
 
 	SSDCapacity      int64         // SSD tier budget in bytes; 0 disables the tier
@@ -147,7 +157,26 @@ var settings = []setting{
 	stringSetting("metrics_addr", "loopback HTTP address for /metrics, /healthz, /readyz; empty disables", func(c *Config) *string { return &c.MetricsAddr }),
 	stringSetting("log_level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
 	stringSetting("log_format", "json or console", func(c *Config) *string { return &c.LogFormat }),
-	stringSetting("node_id", "this sidecar's name (default: host name)", func(c *Config) *string { return &c.NodeID }),
+	stringSetting("node_name", "this sidecar's name in the cluster and in responses (default: host name)", func(c *Config) *string { return &c.NodeID }),
+	stringSetting("gossip_addr", "host:port for gossip (TCP and UDP); empty runs a single node", func(c *Config) *string { return &c.GossipAddr }),
+	stringSetting("advertise_addr", "address peers use to reach this node's gossip (default: derived from gossip_addr)", func(c *Config) *string { return &c.AdvertiseAddr }),
+	stringSetting("peer_addr", "host:port of the peer API (TCP), required with gossip_addr", func(c *Config) *string { return &c.PeerAddr }),
+	stringSetting("transfer_addr", "host:port of the block transfer layer (TCP), required with gossip_addr", func(c *Config) *string { return &c.TransferAddr }),
+	{"join", "comma-separated addresses or DNS names of cluster members to join",
+		func(c *Config) string { return strings.Join(c.Join, ",") },
+		func(c *Config, v string) error {
+			c.Join = nil
+			for _, a := range strings.Split(v, ",") {
+				if a = strings.TrimSpace(a); a != "" {
+					c.Join = append(c.Join, a)
+				}
+			}
+			return nil
+		}},
+	intSetting("replicas", "owners per block (R)", func(c *Config) *int { return &c.Replicas }),
+	stringSetting("gossip_key_file", "file holding the gossip encryption key (16, 24 or 32 bytes, raw or base64)", func(c *Config) *string { return &c.GossipKeyFile }),
+	stringSetting("cluster_label", "cluster label; peers with another label are refused", func(c *Config) *string { return &c.ClusterLabel }),
+	stringSetting("peer_token_file", "file holding the shared token the peer API requires", func(c *Config) *string { return &c.PeerTokenFile }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
 	sizeSetting("ssd_capacity", "SSD tier budget under data_dir/ssd (capped by the disk's free space at start); 0 disables the SSD tier", func(c *Config) *int64 { return &c.SSDCapacity }),
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
@@ -222,6 +251,7 @@ func DefaultConfig() Config {
 		LogLevel:       "info",
 		LogFormat:      "console",
 		NodeID:         host,
+		Replicas:       1,
 		DrainTimeout:   10 * time.Second,
 
 		SSDCapacity:      16 << 30,
@@ -300,6 +330,21 @@ func (c Config) Validate() error {
 	}
 	if _, ok := policies[c.EvictionPolicy]; !ok {
 		bad("eviction_policy %q: prefix or lru", c.EvictionPolicy)
+	}
+	if c.Replicas < 1 || c.Replicas > 8 {
+		bad("replicas %d: must be in [1, 8]", c.Replicas)
+	}
+	if c.GossipAddr != "" {
+		for name, a := range map[string]string{"gossip_addr": c.GossipAddr, "peer_addr": c.PeerAddr, "transfer_addr": c.TransferAddr} {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				bad("%s %q: want host:port (%v)", name, a, err)
+			}
+		}
+		if c.NodeID == "" {
+			bad("node_name: empty")
+		}
+	} else if len(c.Join) > 0 {
+		bad("join needs gossip_addr")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
