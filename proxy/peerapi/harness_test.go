@@ -1,0 +1,198 @@
+package peerapi_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/clusterview"
+	"github.com/tidepool-kv/tidepool/proxy/peerapi"
+	"github.com/tidepool-kv/tidepool/rdma"
+	"github.com/tidepool-kv/tidepool/rdma/tcp"
+)
+
+// node is one sidecar assembled from real components on loopback: a DRAM
+// tier, a proxy, gossip membership, the cluster view, the rdma/tcp
+// transport with the arenas registered, and the peer API server and client.
+type node struct {
+	name    string
+	tier    *dram.Tier
+	p       *proxy.Proxy
+	c       *cluster.Cluster
+	view    *clusterview.View
+	tr      *tcp.Transport
+	regions []rdma.RegionDesc
+	srv     *peerapi.Server
+	cli     *peerapi.Client
+	cred    peerapi.Credentials
+	closed  bool
+}
+
+type nodeOpts struct {
+	label, token string
+	fetchTimeout time.Duration
+	capacity     int64
+}
+
+func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
+	t.Helper()
+	ctx := context.Background()
+	if o.capacity == 0 {
+		o.capacity = 64 << 20
+	}
+	if o.fetchTimeout == 0 {
+		o.fetchTimeout = 3 * time.Second
+	}
+	n := &node{name: name, cred: peerapi.Credentials{NodeID: name, Label: o.label, Token: o.token}}
+	var err error
+	n.tier, err = dram.New(dram.Config{Dir: t.TempDir(), Capacity: o.capacity, ArenaSize: 16 << 20, MaxValueSize: 4 << 20, LazyFault: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg := proxy.DefaultConfig()
+	pcfg.NodeID = name
+	if n.p, err = proxy.New(pcfg, n.tier, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n.tr, err = tcp.New(tcp.DefaultLocalConfig(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n.regions, err = peerapi.RegisterArenas(n.tr, peerapi.TierArenaMems(n.tier)); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ccfg := cluster.DefaultLocalConfig(name)
+	ccfg.Label = o.label
+	ccfg.Join = join
+	ccfg.Meta = cluster.Meta{PeerAddr: ln.Addr().String(), TransferAddr: n.tr.Addr()}
+	if n.c, err = cluster.New(ccfg, nil); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := n.c.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	if n.view, err = clusterview.New(n.c, clusterview.DefaultConfig(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.view.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n.srv, err = peerapi.NewServer(peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions}, n.p, ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-n.srv.Ready()
+	n.cli, err = peerapi.NewClient(peerapi.ClientConfig{
+		Credentials: n.cred, Resolve: n.view.Addrs, Store: n.tier, Transport: n.tr, Regions: n.regions,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.p.AttachCluster(n.view, n.cli, proxy.RouteConfig{FetchTimeout: o.fetchTimeout}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.close)
+	return n
+}
+
+// close shuts the node down in the documented order: routing, API server
+// and client, the view and membership, the arenas' registrations, the
+// transport, then the tier.
+func (n *node) close() {
+	if n.closed {
+		return
+	}
+	n.closed = true
+	n.p.DetachCluster(time.Second)
+	n.srv.Close()
+	n.cli.Close()
+	n.view.Close()
+	n.c.Close()
+	peerapi.DeregisterArenas(n.tr, n.regions)
+	n.tr.Close()
+	n.tier.Close()
+}
+
+// newCluster starts size nodes joined to the first and waits until every
+// view places keys on all of them.
+func newCluster(t testing.TB, size int, o nodeOpts) []*node {
+	t.Helper()
+	nodes := []*node{newNode(t, "n0", o)}
+	for i := 1; i < size; i++ {
+		nodes = append(nodes, newNode(t, fmt.Sprintf("n%d", i), o, nodes[0].c.Addr()))
+	}
+	waitFor(t, 10*time.Second, "views converge", func() bool {
+		for _, n := range nodes {
+			if n.view.Stats().Members != size {
+				return false
+			}
+		}
+		return true
+	})
+	return nodes
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		<-tick.C
+	}
+}
+
+// keyOwnedBy returns a key (with the prefix) whose first owner is owner,
+// by every node's view.
+func keyOwnedBy(t testing.TB, nodes []*node, ns, prefix, owner string) []byte {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		k := []byte(fmt.Sprintf("%s-%d", prefix, i))
+		ok := true
+		for _, n := range nodes {
+			if n.view.Owners(ns, k)[0] != owner {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return k
+		}
+	}
+	t.Fatalf("no key owned by %s", owner)
+	return nil
+}
+
+func (n *node) stats(node string) peerapi.PeerStats {
+	for _, s := range n.cli.Stats() {
+		if s.Node == node {
+			return s
+		}
+	}
+	return peerapi.PeerStats{Node: node}
+}
+
+func value(seed byte, size int) []byte {
+	v := make([]byte, size)
+	for i := range v {
+		v[i] = seed + byte(i*7) + byte(i>>9)
+	}
+	return v
+}
