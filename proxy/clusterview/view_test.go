@@ -1,0 +1,200 @@
+package clusterview
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/internal/clock"
+)
+
+func startNode(t *testing.T, name string, join ...string) *cluster.Cluster {
+	t.Helper()
+	cfg := cluster.DefaultLocalConfig(name)
+	cfg.Join = join
+	cfg.Meta = cluster.Meta{PeerAddr: "127.0.0.1:1" + name[1:], TransferAddr: "127.0.0.1:2" + name[1:], Zone: "z-" + name}
+	c, err := cluster.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		ok   bool
+	}{
+		{"defaults", DefaultConfig(), true},
+		{"zero takes defaults", Config{}, true},
+		{"no grace", Config{Grace: -1}, true},
+		{"bad ring", Config{Ring: cluster.RingConfig{Partitions: -1, LoadFactor: 0.5, Replicas: 1}}, false},
+		{"negative resync", Config{Resync: -time.Second}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+				t.Fatalf("Validate() = %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+	if _, err := New(nil, Config{}, nil); err == nil {
+		t.Fatal("New(nil cluster) succeeded")
+	}
+}
+
+// TestViewFollowsMembership: a join moves some keys to the new node; during
+// the grace period Owners lists the previous owner after the new one, then
+// only the new one. Members and Addrs come from the node metadata.
+func TestViewFollowsMembership(t *testing.T) {
+	a := startNode(t, "n1")
+	b := startNode(t, "n2", a.Addr())
+	clk := clock.NewFake(time.Unix(1e9, 0))
+	v, err := New(a, Config{Grace: time.Minute, Clock: clk, Resync: 50 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if err := v.Start(context.Background()); err == nil {
+		t.Fatal("second Start succeeded")
+	}
+	waitFor(t, "two members", func() bool { return v.Stats().Members == 2 })
+	if v.Self() != "n1" || v.Replicas() != 1 {
+		t.Fatalf("self %q replicas %d", v.Self(), v.Replicas())
+	}
+	const ns = "m"
+	before := map[string]string{}
+	for i := 0; i < 300; i++ {
+		k := fmt.Sprint("k", i)
+		o := v.Owners(ns, []byte(k))
+		if len(o) != 1 {
+			t.Fatalf("owners %v", o)
+		}
+		before[k] = o[0]
+	}
+	c := startNode(t, "n3", a.Addr())
+	waitFor(t, "three members", func() bool { return v.Stats().Members == 3 })
+	moved := 0
+	for k, old := range before {
+		o := v.Owners(ns, []byte(k))
+		switch {
+		case o[0] == old:
+			if len(o) != 1 {
+				t.Fatalf("%s: unmoved key lists %v", k, o)
+			}
+		default:
+			if o[0] == "n3" {
+				moved++
+			}
+			if !slices.Equal(o, []string{o[0], old}) {
+				t.Fatalf("%s: owners %v, want [%s %s]", k, o, o[0], old)
+			}
+		}
+	}
+	if moved < 50 || moved > 150 {
+		t.Fatalf("%d of 300 keys moved on the third join", moved)
+	}
+	if g := v.Stats().GraceUntil; !g.Equal(clk.Now().Add(time.Minute)) {
+		t.Fatalf("grace until %v", g)
+	}
+	clk.Advance(time.Minute)
+	for k := range before {
+		if o := v.Owners(ns, []byte(k)); len(o) != 1 {
+			t.Fatalf("%s: after the grace period owners %v", k, o)
+		}
+	}
+	// The namespace is part of the placement key.
+	diff := 0
+	for i := 0; i < 100; i++ {
+		k := []byte(fmt.Sprint("k", i))
+		if v.Owners("x", k)[0] != v.Owners("y", k)[0] {
+			diff++
+		}
+	}
+	if diff == 0 {
+		t.Fatal("namespaces do not change placement")
+	}
+
+	ms := v.Members()
+	if len(ms) != 3 || ms[0].Name != "n1" || !ms[0].Self || ms[1].Self || ms[1].State != "alive" || ms[1].PeerAddr != "127.0.0.1:12" || ms[2].Zone != "z-n3" || ms[1].GossipAddr != b.Addr() {
+		t.Fatalf("members %+v", ms)
+	}
+	if p, x, ok := v.Addrs("n2"); !ok || p != "127.0.0.1:12" || x != "127.0.0.1:22" {
+		t.Fatalf("addrs n2 = %q %q %v", p, x, ok)
+	}
+	if _, _, ok := v.Addrs("nope"); ok {
+		t.Fatal("unknown node resolved")
+	}
+
+	// A failed node leaves the ring; its keys' previous owner is listed
+	// second during the grace period.
+	c.Close()
+	waitFor(t, "the failure seen", func() bool { return v.Stats().Members == 2 })
+	for _, m := range v.Members() {
+		if m.Name == "n3" && m.State != "failed" {
+			t.Fatalf("n3 state %q", m.State)
+		}
+	}
+	for k := range before {
+		o := v.Owners(ns, []byte(k))
+		if o[0] == "n3" || (len(o) == 2 && o[1] != "n3") {
+			t.Fatalf("%s: owners %v after n3 failed", k, o)
+		}
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReplicas: R owners, distinct, from a view that was never started
+// (the node alone) and then from a started one.
+func TestReplicas(t *testing.T) {
+	a := startNode(t, "n1")
+	startNode(t, "n2", a.Addr())
+	startNode(t, "n3", a.Addr())
+	rc := cluster.DefaultRingConfig()
+	rc.Replicas = 2
+	v, err := New(a, Config{Ring: rc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if err := v.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "three members", func() bool { return v.Stats().Members == 3 })
+	for i := 0; i < 100; i++ {
+		o := v.Owners("ns", []byte(fmt.Sprint(i)))
+		if len(o) < 2 || o[0] == o[1] {
+			t.Fatalf("owners %v", o)
+		}
+	}
+}
