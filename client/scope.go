@@ -57,3 +57,34 @@ func (c *Client) BatchGetScope(ctx context.Context, ns string, keys [][]byte, sc
 	}
 	return out, nil
 }
+
+// PresentScope reports, per key, whether the block is present in scope
+// (BatchExists reduced to booleans).
+func (c *Client) PresentScope(ctx context.Context, ns string, keys [][]byte, scope Scope) ([]bool, error) {
+	var res tp.TidepoolBatchExistsResult
+	if err := c.call(ctx, "BatchExists", &tp.TidepoolBatchExistsArgs{Req: &tp.BatchExistsRequest{Ns: ns, Keys: keys, Scope: scope}}, &res); err != nil {
+		return nil, err
+	}
+	r := res.GetSuccess()
+	out := make([]bool, len(r.Results))
+	for i, e := range r.Results {
+		out[i] = e != nil && e.Present
+	}
+	return out, nil
+}
+
+// AliveMembers returns how many members of the sidecar's cluster view are
+// alive (1 on a single node).
+func (c *Client) AliveMembers(ctx context.Context) (int, error) {
+	var res tp.TidepoolMembersResult
+	if err := c.call(ctx, "Members", &tp.TidepoolMembersArgs{Req: &tp.MembersRequest{}}, &res); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range res.GetSuccess().Members {
+		if m != nil && m.State == "alive" {
+			n++
+		}
+	}
+	return n, nil
+}

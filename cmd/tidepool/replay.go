@@ -54,7 +54,7 @@ type replayFlags struct {
 	tracePath, sockets, capacities, blockBytes, route, scope, policies, ns, plot, progress string
 	nodes, requests, blockTokens                                                           int
 	speed, loadSlack                                                                       float64
-	json, simulate, references, noFetch                                                    bool
+	json, simulate, references, noFetch, withSim                                           bool
 	timeout                                                                                time.Duration
 }
 
@@ -117,21 +117,28 @@ func (n *sidecarNode) Lookup(ctx context.Context, keys [][]byte) (int, error) {
 	return total, nil
 }
 
-// localTier reports whether a GetItem's tier is one of this node's own.
-func localTier(t string) bool { return t == "" || t == "dram" || t == "ssd" || t == "gpu" }
-
+// Fetch reads the hit prefix. In cluster scope it first asks which of
+// those blocks the node holds itself: the others are fetched from their
+// owners by the read, and their bytes count as moved between nodes.
 func (n *sidecarNode) Fetch(ctx context.Context, keys [][]byte) (int64, int64, error) {
 	var b, remote int64
 	for len(keys) > 0 {
 		k := keys[:min(len(keys), n.maxBatch)]
+		var local []bool
+		if n.scope == client.ScopeCluster {
+			var err error
+			if local, err = n.c.PresentScope(ctx, n.ns, k, client.ScopeLocal); err != nil {
+				return b, remote, err
+			}
+		}
 		res, err := n.c.BatchGetScope(ctx, n.ns, k, n.scope)
 		if err != nil {
 			return b, remote, err
 		}
-		for _, r := range res {
+		for i, r := range res {
 			if r.Code == client.CodeOK {
 				b += int64(len(r.Value))
-				if !localTier(r.Tier) {
+				if local != nil && i < len(local) && !local[i] {
 					remote += int64(len(r.Value))
 				}
 			}
@@ -242,16 +249,17 @@ func startSidecars(ctx context.Context, n int, dramBytes, maxValue int64, policy
 			"--ssd-capacity", "0", // DRAM only: capacity in blocks is exact
 			"--metrics-addr", "",
 			"--log-level", "warn",
-			"--node-id", fmt.Sprintf("replay-%d", i),
+			"--node-name", fmt.Sprintf("replay-%d", i),
 		}
 		if cluster {
 			gossip, err1 := freeAddr()
 			peer, err2 := freeAddr()
-			if err := errors.Join(err1, err2); err != nil {
+			transfer, err3 := freeAddr()
+			if err := errors.Join(err1, err2, err3); err != nil {
 				stopAll()
 				return nil, nil, err
 			}
-			args = append(args, "--node-name", fmt.Sprintf("replay-%d", i), "--gossip-addr", gossip, "--peer-addr", peer)
+			args = append(args, "--gossip-addr", gossip, "--peer-addr", peer, "--transfer-addr", transfer)
 			if joinAddr != "" {
 				args = append(args, "--join", joinAddr)
 			} else {
@@ -298,7 +306,42 @@ func startSidecars(ctx context.Context, n int, dramBytes, maxValue int64, policy
 			return nil, nil, ctx.Err()
 		}
 	}
+	if cluster {
+		if err := waitMembers(ctx, nodes); err != nil {
+			stopAll()
+			return nil, nil, err
+		}
+	}
 	return nodes, stopAll, nil
+}
+
+// waitMembers polls every node until it sees all of them alive (30 s).
+func waitMembers(ctx context.Context, nodes []*localSidecar) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for i, s := range nodes {
+		c, err := client.New(s.socket)
+		if err != nil {
+			return err
+		}
+		for {
+			n, err := c.AliveMembers(ctx)
+			if err == nil && n == len(nodes) {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				c.Close()
+				return fmt.Errorf("node %d sees %d of %d members alive after 30s (%v): does this build's serve form a cluster from --gossip-addr/--join?", i, n, len(nodes), err)
+			}
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		c.Close()
+	}
+	return nil
 }
 
 // stop sends SIGTERM, waits (SIGKILL after 15 s) and removes the temp dir.
@@ -348,6 +391,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&f.speed, "speed", 0, "honour timestamps, scaled: 1 real time, 10 ten times faster; 0 ignores them")
 	fs.BoolVar(&f.noFetch, "no-fetch", false, "do not read the hit prefix (engines do; reads also tell eviction what was used)")
 	fs.BoolVar(&f.simulate, "sim", false, "run the offline simulator (internal/sim) instead of sidecars; results are labelled simulated")
+	fs.BoolVar(&f.withSim, "with-sim", false, "also run the simulator for every sidecar run (plotted dashed, labelled simulated)")
 	fs.BoolVar(&f.references, "references", false, "with --sim: add the offline optimum (Belady) and the unbounded cache")
 	fs.BoolVar(&f.json, "json", false, "print one JSON object (a {\"runs\": [...]} object for a sweep)")
 	fs.StringVar(&f.plot, "plot", "", "write hit rate against capacity (one line per policy) to this PNG")
@@ -399,6 +443,12 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	if f.references && !f.simulate {
 		return usageErr("--references needs --sim")
+	}
+	if f.withSim && f.simulate {
+		return usageErr("--with-sim compares sidecars with the simulator; drop --sim")
+	}
+	if f.withSim && f.sockets != "" {
+		return usageErr("--with-sim needs the sidecars replay starts itself (their policy and capacity are known)")
 	}
 	var sockets []string
 	if f.sockets != "" {
@@ -480,6 +530,18 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 			if !f.json {
 				writeReplayText(stdout, run)
 			}
+			if f.withSim {
+				srun := run
+				srun.Simulated, srun.BlocksAtEnd = true, nil
+				if srun.Result, err = simulateRun(reqs, nodes, run.CapacityBlocks, f.scope, pol); err != nil {
+					fmt.Fprintf(stderr, "tidepool replay: %s simulated: %v\n", label, err)
+					return exitError
+				}
+				runs = append(runs, srun)
+				if !f.json {
+					writeReplayText(stdout, srun)
+				}
+			}
 		}
 	}
 	if f.references {
@@ -524,8 +586,12 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 		dashed := map[string]bool{}
 		for _, r := range runs {
 			name := r.Policy
-			if r.Simulated && !f.references {
+			switch {
+			case f.withSim && r.Simulated:
 				name += " (simulated)"
+				dashed[name] = true
+			case f.withSim:
+				name += " (sidecars)"
 			}
 			if f.references && (name == refBelady || name == refUnbounded) {
 				dashed[name] = true
@@ -535,6 +601,8 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 		how := "real sidecars"
 		if f.simulate {
 			how = "simulated"
+		} else if f.withSim {
+			how = "real sidecars vs simulator"
 		}
 		title := fmt.Sprintf("Prefix hit rate, %s (%d requests), %d node(s), %s scope, %s", filepath.Base(tracePath), len(reqs), nodes, f.scope, how)
 		if err := plotHitRate(f.plot, title, pts, dashed); err != nil {

@@ -70,9 +70,13 @@ func unboundedHits(reqs []trace.Request) (hits, blocks int64) {
 
 // TestReplayMatchesIndependentCount replays the first requests of the trace
 // against real sidecars and checks the measured hit rate against
-// computations done here: exactly, for a cache that never evicts (counted
-// directly) and for an LRU sidecar whose capacity is exact in blocks
-// (internal/sim with the same policy); within bounds for the prefix policy.
+// computations done here: exactly for a cache that never evicts (counted
+// directly); for an LRU sidecar whose capacity is exact in blocks, against
+// internal/sim with the same policy and capacity within 0.2 % of the blocks
+// (they usually agree exactly, but the sidecar's recency is not strictly
+// sequential: reads reach the policy in per-shard batches, and a block
+// still pinned by a read lease is skipped by eviction); within bounds for
+// the prefix policy.
 func TestReplayMatchesIndependentCount(t *testing.T) {
 	path, reqs := firstRequests(t, replayTraceRequests)
 	uniq := map[uint64]bool{}
@@ -90,20 +94,21 @@ func TestReplayMatchesIndependentCount(t *testing.T) {
 		name   string
 		policy string
 		blocks int // per-node capacity in blocks
-		// exact: hit blocks must equal want; else within [lo, hi].
-		exact  bool
-		want   func() int64
-		lo, hi float64
+		// exact: hit blocks must equal want (near: within 0.2 % of the
+		// blocks); else the hit rate must lie within [lo, hi].
+		exact, near bool
+		want        func() int64
+		lo, hi      float64
 	}{
-		{"never evicts", "lru", len(uniq) + 100, true, func() int64 { return wantHits }, 0, 0},
-		{"lru evicting", "lru", 320, true, func() int64 {
+		{"never evicts", "lru", len(uniq) + 100, true, false, func() int64 { return wantHits }, 0, 0},
+		{"lru evicting", "lru", 320, false, true, func() int64 {
 			r, err := sim.Run(reqs, sim.Config{CapacityBlocks: 320, Nodes: 1}, evict.NewLRU)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return r.HitBlocks
 		}, 0, 0},
-		{"prefix evicting", "prefix", 320, false, nil, 0.005, float64(wantHits) / float64(wantBlocks)},
+		{"prefix evicting", "prefix", 320, false, false, nil, 0.005, float64(wantHits) / float64(wantBlocks)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,6 +134,12 @@ func TestReplayMatchesIndependentCount(t *testing.T) {
 					t.Fatalf("sidecar hit %d of %d blocks (%.4f), independent count %d (%.4f)",
 						got.HitBlocks, got.Blocks, got.HitRate, want, float64(want)/float64(got.Blocks))
 				}
+			} else if tc.near {
+				want := tc.want()
+				if d := got.HitBlocks - want; d*d > (got.Blocks/500)*(got.Blocks/500) {
+					t.Fatalf("sidecar hit %d of %d blocks, simulator %d: more than 0.2%% apart", got.HitBlocks, got.Blocks, want)
+				}
+				t.Logf("%s: sidecar %d hit blocks, simulator %d", tc.name, got.HitBlocks, want)
 			} else if got.HitRate < tc.lo || got.HitRate > tc.hi {
 				t.Fatalf("hit rate %.4f outside [%.4f, %.4f]", got.HitRate, tc.lo, tc.hi)
 			}
