@@ -37,6 +37,7 @@ type nodeOpts struct {
 	label, token string
 	fetchTimeout time.Duration
 	capacity     int64
+	prefault     bool // fault the arena pages in at start
 }
 
 func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
@@ -50,7 +51,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	n := &node{name: name, cred: peerapi.Credentials{NodeID: name, Label: o.label, Token: o.token}}
 	var err error
-	n.tier, err = dram.New(dram.Config{Dir: t.TempDir(), Capacity: o.capacity, ArenaSize: 16 << 20, MaxValueSize: 4 << 20, LazyFault: true}, nil)
+	n.tier, err = dram.New(dram.Config{Dir: t.TempDir(), Capacity: o.capacity, ArenaSize: 16 << 20, MaxValueSize: 4 << 20, LazyFault: !o.prefault}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

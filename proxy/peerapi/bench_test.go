@@ -1,0 +1,193 @@
+package peerapi_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/proxy"
+)
+
+// rawReadServer is the baseline: a plain Go TCP stream copy with the shape
+// of a pull (the client sends one byte, the server answers size bytes), as
+// rdma/tcp's benchmark does.
+func rawReadServer(b *testing.B, size int) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	b.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf, one := make([]byte, size), make([]byte, 1)
+				for {
+					if _, err := io.ReadFull(c, one); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// cpuTime is the user+system CPU time of this process so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runConc runs total operations over conc goroutines and returns the time.
+func runConc(total, conc int, op func(worker int) error) (time.Duration, error) {
+	var wg sync.WaitGroup
+	errs := make(chan error, conc)
+	start := time.Now()
+	for w := 0; w < conc; w++ {
+		n := total / conc
+		if w < total%conc {
+			n++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < n; i++ {
+				if err := op(w); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return time.Since(start), <-errs
+}
+
+// BenchmarkRemoteGet: a Get of a 1 MiB block held by the other of two
+// nodes on loopback, with 16 callers (each op deletes the local copy first,
+// so every Get is a remote fetch: peer Acquire, rdma/tcp pull into a
+// reserved slot, CRC-verified commit, the local read into a new buffer,
+// lease release; "fetch" stops before the local read),
+// against a raw Go TCP stream copy of 1 MiB with 16 connections in the same
+// run:
+//
+//	go test -run XXX -bench RemoteGet -benchtime 400x ./proxy/peerapi/
+//
+// MB/s is the tidepool remote Get; raw-MB/s the baseline; ratio = tidepool
+// / raw (target >= 0.7).
+func BenchmarkRemoteGet(b *testing.B) {
+	b.Run("get", func(b *testing.B) { benchRemote(b, false) })
+	b.Run("fetch", func(b *testing.B) { benchRemote(b, true) })
+}
+
+// benchRemote times remote Gets, or (fetchOnly) the peer client's Fetch
+// alone: the block lands in the local store, without the Get's copy out.
+func benchRemote(b *testing.B, fetchOnly bool) {
+	const size, conc, ns = 1 << 20, 16, "bench"
+	nodes := newCluster(b, 2, nodeOpts{capacity: 96 << 20, fetchTimeout: 10 * time.Second, prefault: true})
+	a, owner := nodes[0], nodes[1]
+	ctx := context.Background()
+	keys := make([][]byte, conc)
+	for w := range keys {
+		keys[w] = keyOwnedBy(b, nodes, ns, fmt.Sprint("w", w), owner.name)
+		if _, err := owner.p.PutLocal(ctx, ns, keys[w], value(byte(w), size), cache.PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	get := func(w int) error {
+		a.p.Delete(ctx, ns, keys[w])
+		if fetchOnly {
+			res, err := a.cli.Fetch(ctx, owner.name, ns, keys[w:w+1])
+			if err == nil {
+				err = res[0]
+			}
+			return err
+		}
+		v, _, err := a.p.Get(ctx, ns, keys[w], proxy.ScopeCluster)
+		if err == nil && len(v) != size {
+			err = fmt.Errorf("got %d bytes", len(v))
+		}
+		return err
+	}
+	// Warm the connections.
+	if _, err := runConc(conc, conc, get); err != nil {
+		b.Fatal(err)
+	}
+	raddr := rawReadServer(b, size)
+	conns := make([]net.Conn, conc)
+	bufs := make([][]byte, conc)
+	for w := range conns {
+		c, err := net.Dial("tcp", raddr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { c.Close() })
+		conns[w], bufs[w] = c, make([]byte, size)
+	}
+	raw := func(w int) error {
+		if _, err := conns[w].Write(bufs[w][:1]); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(conns[w], bufs[w])
+		return err
+	}
+
+	b.SetBytes(size)
+	b.ResetTimer()
+	// Interleave rounds so that both see the same machine load.
+	var tpTime, rawTime, tpCPU, rawCPU time.Duration
+	const round = 64
+	for done := 0; done < b.N; done += round {
+		n := min(round, b.N-done)
+		c0 := cpuTime()
+		d, err := runConc(n, conc, get)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tpTime += d
+		b.StopTimer()
+		c1 := cpuTime()
+		d, err = runConc(n, conc, raw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rawTime += d
+		rawCPU += cpuTime() - c1
+		tpCPU += c1 - c0
+		b.StartTimer()
+	}
+	b.StopTimer()
+	mb := float64(b.N) * size / 1e6
+	b.ReportMetric(mb/rawTime.Seconds(), "raw-MB/s")
+	b.ReportMetric(rawTime.Seconds()/tpTime.Seconds(), "ratio")
+	// Both ends run in this process: CPU per MiB counts sender and receiver.
+	b.ReportMetric(float64(tpCPU.Microseconds())/float64(b.N), "cpu-µs/MiB")
+	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N), "raw-cpu-µs/MiB")
+	st := a.stats(owner.name)
+	if st.FetchedBlocks < int64(b.N) {
+		b.Fatalf("only %d remote fetches for %d gets", st.FetchedBlocks, b.N)
+	}
+}
