@@ -6,6 +6,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -31,6 +32,8 @@ type series struct {
 	name   string
 	xy     plotter.XYs
 	dashed bool
+	// colorKey: series with the same key share a colour (default: name).
+	colorKey string
 }
 
 // savePlot draws series as lines with points and writes a PNG.
@@ -78,15 +81,24 @@ func savePlotY(path, title, xlabel, ylabel string, logX, logY bool, yMax float64
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = microTicks{}
 	}
-	for i, s := range ss {
+	colors := map[string]color.Color{}
+	for _, s := range ss {
 		if len(s.xy) == 0 {
 			continue
+		}
+		key := s.colorKey
+		if key == "" {
+			key = s.name
+		}
+		c, ok := colors[key]
+		if !ok {
+			c = palette[len(colors)%len(palette)]
+			colors[key] = c
 		}
 		l, pts, err := plotter.NewLinePoints(s.xy)
 		if err != nil {
 			return fmt.Errorf("plot %s: %w", s.name, err)
 		}
-		c := palette[i%len(palette)]
 		l.Color, pts.Color = c, c
 		l.Width = vg.Points(1.8)
 		pts.Shape = draw.CircleGlyph{}
@@ -178,7 +190,11 @@ func plotHitRate(path, title string, pts []hitPoint, dashed map[string]bool) err
 	for _, name := range order {
 		ps := by[name]
 		sort.Slice(ps, func(i, j int) bool { return ps[i].CapacityTokens < ps[j].CapacityTokens })
-		s := series{name: name, dashed: dashed[name]}
+		key, _, _ := strings.Cut(name, " (")
+		if dashed[name] && key == name {
+			key = ""
+		}
+		s := series{name: name, dashed: dashed[name], colorKey: key}
 		for _, p := range ps {
 			x := float64(p.CapacityTokens) / 1e6
 			minX, maxX = math.Min(minX, x), math.Max(maxX, x)
