@@ -1,0 +1,91 @@
+//go:build linux
+
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/client"
+)
+
+// TestZeroCopyRestart: after the sidecar restarts (new arena files), the
+// client notices its mappings are stale and remaps; PutFrom and GetInto
+// keep working.
+func TestZeroCopyRestart(t *testing.T) {
+	dir, err := os.MkdirTemp("", "tpzr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ctx := context.Background()
+	stop := runSidecar(t, dir, 16<<20)
+	c, err := client.New(filepath.Join(dir, "tp.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	val := randBlock(5)
+	if _, err := c.PutFrom(ctx, "ns", []byte("a"), val, 0); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	runSidecar(t, dir, 16<<20)
+	// Poll until the new server answers (the client redials).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := c.Hello(ctx)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("restarted sidecar not answering: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if existed, err := c.PutFrom(ctx, "ns", []byte("b"), val, 0); existed || err != nil {
+		t.Fatalf("PutFrom after a restart: %v %v", existed, err)
+	}
+	buf := make([]byte, len(val))
+	if n, found, err := c.GetInto(ctx, "ns", []byte("b"), buf); err != nil || !found || n != len(val) || !bytes.Equal(buf, val) {
+		t.Fatalf("GetInto after a restart: %d %v %v", n, found, err)
+	}
+	if _, found, err := c.GetInto(ctx, "ns", []byte("a"), buf); found || err != nil {
+		t.Fatalf("a block of the old run: %v %v", found, err)
+	}
+}
+
+// TestZeroCopyNoSharedArenas: a client that cannot open the arena files
+// (another container without the shared volume) gets UNAVAILABLE, and the
+// inline calls still work.
+func TestZeroCopyNoSharedArenas(t *testing.T) {
+	c := startSidecar(t, 16<<20)
+	ctx := context.Background()
+	h, err := c.Hello(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hide the files from this client (as if the volume were not mounted).
+	for _, a := range h.Arenas {
+		if err := os.Chmod(a.Path, 0); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Chmod(a.Path, 0o600)
+	}
+	if os.Geteuid() == 0 {
+		for _, a := range h.Arenas {
+			os.Rename(a.Path, a.Path+".hidden")
+			defer os.Rename(a.Path+".hidden", a.Path)
+		}
+	}
+	if _, err := c.PutFrom(ctx, "ns", []byte("k"), []byte("v"), 0); client.CodeOf(err) != client.CodeUnavailable {
+		t.Fatalf("PutFrom without the arenas = %v", err)
+	}
+	if _, err := c.Put(ctx, "ns", []byte("k"), []byte("v"), 0); err != nil {
+		t.Fatalf("inline Put: %v", err)
+	}
+}
