@@ -2,12 +2,15 @@ package peerapi
 
 import (
 	"errors"
+	"net"
 	"strings"
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/rdma/inproc"
 )
 
 // TestCodeRoundTrip: every domain error a peer answers with comes back as
@@ -74,4 +77,43 @@ func TestConfigValidate(t *testing.T) {
 			t.Fatalf("client Validate() = %v, want a problem with %s", err, want)
 		}
 	}
+}
+
+// TestServerCloseUnstarted: Close without Start returns, twice.
+func TestServerCloseUnstarted(t *testing.T) {
+	tier, err := dram.New(dram.Config{Dir: t.TempDir(), Capacity: 1 << 20, LazyFault: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close()
+	p, err := proxy.New(proxy.DefaultConfig(), tier, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	icfg := inproc.DefaultConfig()
+	icfg.Network = inproc.NewNetwork()
+	tr, err := inproc.New(icfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	regions, err := RegisterArenas(tr, TierArenaMems(tier))
+	if err != nil || len(regions) != 1 {
+		t.Fatal(regions, err)
+	}
+	defer DeregisterArenas(tr, regions)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(ServerConfig{Transport: tr, Regions: regions}, p, ln, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-s.Done()
 }
