@@ -218,9 +218,9 @@ type zeroCopy struct {
 	mu       sync.Mutex
 	mode     atomic.Int32 // WriteMode
 	noVerify atomic.Bool  // GetInto skips the CRC-32C check
-	rw     sync.RWMutex
-	arenas []*arenaMap // guarded by rw
-	closed bool        // guarded by rw
+	rw       sync.RWMutex
+	arenas   []*arenaMap // guarded by rw
+	closed   bool        // guarded by rw
 }
 
 // SetWriteMode chooses how PutFrom writes slots (benchmarks compare them).
