@@ -218,6 +218,7 @@ type zeroCopy struct {
 	mu       sync.Mutex
 	mode     atomic.Int32 // WriteMode
 	noVerify atomic.Bool  // GetInto skips the CRC-32C check
+	rel      releaser
 	rw       sync.RWMutex
 	arenas   []*arenaMap // guarded by rw
 	closed   bool        // guarded by rw
@@ -234,6 +235,94 @@ func (c *Client) SetWriteMode(m WriteMode) {
 // bounds GetInto's speed (see docs/zerocopy.md). Lease expiry during the
 // copy is detected by Release either way.
 func (c *Client) SetVerifyReads(v bool) { c.zc.noVerify.Store(!v) }
+
+// leaseMargin is how long before its deadline a lease must still be when
+// GetInto's copy ends for the release to be left to the background.
+const leaseMargin = 100 * time.Millisecond
+
+// releaseBatch is the most lease ids in one background Release (under the
+// server's default max_batch).
+const releaseBatch = 256
+
+// releaser releases the leases of GetInto in the background, batching the
+// ids queued while a Release is in flight into the next one: one round trip
+// per GetInto instead of two. Close releases what is queued.
+type releaser struct {
+	mu      sync.Mutex
+	ids     []int64
+	kick    chan struct{} // buffered 1: ids are queued
+	done    chan struct{} // closed by stop
+	exited  chan struct{} // closed when the goroutine ends
+	started bool
+	stopped bool
+}
+
+// add queues id, starting the goroutine on first use. After stop the
+// release is synchronous.
+func (r *releaser) add(c *Client, id int64) {
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		c.Release(context.Background(), []int64{id})
+		return
+	}
+	if !r.started {
+		r.started = true
+		r.kick = make(chan struct{}, 1)
+		r.done = make(chan struct{})
+		r.exited = make(chan struct{})
+		go r.loop(c)
+	}
+	r.ids = append(r.ids, id)
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *releaser) loop(c *Client) {
+	defer close(r.exited)
+	for {
+		select {
+		case <-r.kick:
+		case <-r.done:
+			r.flush(c)
+			return
+		}
+		r.flush(c)
+	}
+}
+
+// flush releases every queued id. Failures need no handling: an id that
+// could not be released expires at its deadline.
+func (r *releaser) flush(c *Client) {
+	for {
+		r.mu.Lock()
+		n := min(len(r.ids), releaseBatch)
+		batch := append([]int64(nil), r.ids[:n]...)
+		r.ids = r.ids[n:]
+		r.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c.Release(ctx, batch)
+		cancel()
+	}
+}
+
+// stop releases what is queued and ends the goroutine. Safe to call twice.
+func (r *releaser) stop() {
+	r.mu.Lock()
+	started, stopped := r.started, r.stopped
+	r.stopped = true
+	r.mu.Unlock()
+	if started && !stopped {
+		close(r.done)
+		<-r.exited
+	}
+}
 
 // errNoArenas reports a server that offers no arenas or that this host
 // cannot map (the client does not share the sidecar's volume).
@@ -358,6 +447,7 @@ func (a *arenaMap) close() {
 
 // close unmaps the arenas; called by Client.Close.
 func (z *zeroCopy) close() {
+	z.rel.stop()
 	z.rw.Lock()
 	defer z.rw.Unlock()
 	z.closed = true
@@ -554,7 +644,11 @@ func (c *Client) remapIfStale(ctx context.Context) bool {
 }
 
 // GetInto copies the block of key into buf without it crossing the socket:
-// Acquire, copy from the shared arena, verify the CRC-32C, Release.
+// Acquire, copy from the shared arena, verify the CRC-32C (unless
+// SetVerifyReads(false)), Release. The release goes in the background,
+// batched with other GetIntos' (one round trip per call), when the copy
+// ended well before the lease deadline; else it is synchronous and a lease
+// that expired during the copy fails the call with CodeLeaseExpired.
 // Semantics as Get: found is false on a miss. n is the block's size; when
 // buf is shorter, GetInto copies nothing and returns CodeTooLarge with n
 // set, so the caller can retry with a larger buffer.
@@ -563,7 +657,7 @@ func (c *Client) GetInto(ctx context.Context, ns string, key, buf []byte) (n int
 		return 0, false, err
 	}
 	for attempt := 0; ; attempt++ {
-		ls, _, err := c.Acquire(ctx, ns, [][]byte{key}, 0)
+		ls, deadline, err := c.Acquire(ctx, ns, [][]byte{key}, 0)
 		if err != nil {
 			return 0, false, err
 		}
@@ -587,10 +681,17 @@ func (c *Client) GetInto(ctx context.Context, ns string, key, buf []byte) (n int
 		} else {
 			rerr = c.copySlot(ctx, l.Slot, buf)
 		}
-		rel, err := c.Release(ctx, []int64{l.LeaseID})
-		switch {
-		case err != nil:
+		// The lease protected the bytes if the copy ended before its
+		// deadline (same host, same clock; the deadline is rounded down to
+		// the millisecond): then the release can go in the background,
+		// batched with others. Else release now and trust the server.
+		var rel []error
+		if time.Until(deadline) > leaseMargin {
+			c.zc.rel.add(c, l.LeaseID)
+		} else if rel, err = c.Release(ctx, []int64{l.LeaseID}); err != nil {
 			return 0, false, err
+		}
+		switch {
 		case rerr != nil:
 			return n, false, rerr
 		case len(rel) == 1 && rel[0] != nil:

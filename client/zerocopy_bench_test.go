@@ -53,7 +53,7 @@ func startSidecar(tb testing.TB, capacity int64) *client.Client {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { os.RemoveAll(dir) })
-	stop := runSidecar(tb, dir, capacity)
+	stop, _ := runSidecar(tb, dir, capacity)
 	c, err := client.New(filepath.Join(dir, "tp.sock"))
 	if err != nil {
 		tb.Fatal(err)
@@ -66,7 +66,7 @@ func startSidecar(tb testing.TB, capacity int64) *client.Client {
 }
 
 // runSidecar serves dir/tp.sock with arenas in dir/arenas until stop.
-func runSidecar(tb testing.TB, dir string, capacity int64) (stop func()) {
+func runSidecar(tb testing.TB, dir string, capacity int64) (stop func(), p *proxy.Proxy) {
 	tb.Helper()
 	dcfg := dram.DefaultConfig()
 	dcfg.Dir = filepath.Join(dir, "arenas")
@@ -79,7 +79,7 @@ func runSidecar(tb testing.TB, dir string, capacity int64) (stop func()) {
 	}
 	pcfg := proxy.DefaultConfig()
 	pcfg.MaxValueBytes = 8 << 20
-	p, err := proxy.New(pcfg, tier, nil)
+	p, err = proxy.New(pcfg, tier, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func runSidecar(tb testing.TB, dir string, capacity int64) (stop func()) {
 		})
 	}
 	tb.Cleanup(stop)
-	return stop
+	return stop, p
 }
 
 func init() { klog.SetOutput(io.Discard) }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ func TestZeroCopyRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	ctx := context.Background()
-	stop := runSidecar(t, dir, 16<<20)
+	stop, _ := runSidecar(t, dir, 16<<20)
 	c, err := client.New(filepath.Join(dir, "tp.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -87,5 +88,47 @@ func TestZeroCopyNoSharedArenas(t *testing.T) {
 	}
 	if _, err := c.Put(ctx, "ns", []byte("k"), []byte("v"), 0); err != nil {
 		t.Fatalf("inline Put: %v", err)
+	}
+}
+
+// TestGetIntoReleasesLeases: GetInto releases its leases in the background,
+// batched; Close releases what is still queued.
+func TestGetIntoReleasesLeases(t *testing.T) {
+	dir, err := os.MkdirTemp("", "tpzl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	_, p := runSidecar(t, dir, 16<<20)
+	c, err := client.New(filepath.Join(dir, "tp.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	val := randBlock(2)[:100<<10]
+	if _, err := c.PutFrom(ctx, "ns", []byte("k"), val, 0); err != nil {
+		t.Fatal(err)
+	}
+	const callers, each = 8, 25
+	var wg sync.WaitGroup
+	for g := 0; g < callers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, len(val))
+			for i := 0; i < each; i++ {
+				if n, found, err := c.GetInto(ctx, "ns", []byte("k"), buf); err != nil || !found || n != len(val) || !bytes.Equal(buf, val) {
+					t.Errorf("GetInto: %d %v %v", n, found, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	c.Close()
+	c.Close()
+	st := p.ZeroCopyStats()
+	if st.LiveLeases != 0 || st.Acquired != callers*each || st.Released != callers*each || st.LeaseExpirations != 0 {
+		t.Fatalf("after Close: %+v", st)
 	}
 }
