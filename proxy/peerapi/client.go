@@ -172,7 +172,7 @@ type Client struct {
 var _ proxy.Peers = (*Client)(nil)
 
 // NewClient validates cfg and returns a client; connections are made on
-// first use.
+// first use. lg is used as given; nil is a no-op.
 func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -182,7 +182,7 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 		lg = zap.NewNop()
 	}
 	return &Client{
-		cfg: cfg, lg: lg.Named("peerapi.client"), auth: cfg.Credentials.auth(),
+		cfg: cfg, lg: lg, auth: cfg.Credentials.auth(),
 		apis: map[string]tidepoolpeer.Client{}, xfers: map[string]rdma.Peer{}, counters: map[string]*peerCounters{},
 	}, nil
 }

@@ -134,6 +134,7 @@ type Server struct {
 }
 
 // NewServer makes a Kitex server for p on ln. The server owns ln from now on.
+// lg is used as given (name it, e.g. lg.Named("peerapi")); nil is a no-op.
 func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Server, error) {
 	if p == nil || ln == nil {
 		return nil, errors.New("peerapi: nil proxy or listener")
@@ -145,7 +146,6 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	lg = lg.Named("peerapi")
 	sum := sha256.Sum256([]byte(cfg.Token))
 	h := &handler{p: p, cfg: cfg, lg: lg, tokenSum: sum, addr: cfg.Transport.Addr()}
 	s := &Server{
