@@ -9,7 +9,12 @@ import (
 	"testing"
 	"time"
 
+	kclient "github.com/cloudwego/kitex/client"
+
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
+	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 )
@@ -212,6 +217,38 @@ func TestCluster(t *testing.T) {
 		}
 		if _, ok, _ := a.p.Exists(ctx, ns, []byte("evil"), proxy.ScopeLocal); ok {
 			t.Fatal("a refused push was stored")
+		}
+	})
+
+	t.Run("PushChecksumVerified", func(t *testing.T) {
+		addr, _, _ := c.view.Addrs(a.name)
+		kc, err := tidepoolpeer.NewClient("tidepool-peer", kclient.WithHostPorts(addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer kc.(interface{ Close() error }).Close()
+		good, bad := []byte("good"), []byte("bad")
+		res, err := kc.Put(ctx, &peer.PutRequest{
+			Auth: &peer.Auth{NodeId: "raw", ProtocolVersion: int32(cluster.ProtocolVersion)}, Ns: ns,
+			Items: []*peer.PutItem{
+				{Key: []byte("pv-good"), Value: good, Checksum: int32(cache.Checksum(good))},
+				{Key: []byte("pv-bad"), Value: bad, Checksum: int32(cache.Checksum(bad) ^ 1)},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Codes) != 2 || res.Codes[0] != 0 || res.Codes[1] != 7 {
+			t.Fatalf("codes %v, want [0 7] (OK, CHECKSUM_MISMATCH)", res.Codes)
+		}
+		if _, ok, _ := a.p.Exists(ctx, ns, []byte("pv-bad"), proxy.ScopeLocal); ok {
+			t.Fatal("a block with a wrong checksum was stored")
+		}
+		// Another protocol version is refused like another label.
+		_, err = kc.Lookup(ctx, &peer.LookupRequest{Auth: &peer.Auth{ProtocolVersion: 99}, Ns: ns, Keys: chain[:1]})
+		var pe *peer.PeerError
+		if !errors.As(err, &pe) || pe.Code != 8 {
+			t.Fatalf("lookup with protocol 99: %v, want PeerError code 8", err)
 		}
 	})
 
