@@ -211,3 +211,20 @@ func TestValidateAndErrors(t *testing.T) {
 		t.Fatalf("cancelled: %v", err)
 	}
 }
+
+func TestSpeedHonoursTimestamps(t *testing.T) {
+	reqs := []trace.Request{{Timestamp: 0, HashIDs: []uint64{1}}, {Timestamp: 200, HashIDs: []uint64{1, 2}}}
+	cfg := DefaultConfig()
+	cfg.Key, cfg.Speed = testKey, 2 // the second request 100 ms after the first
+	r, err := Run(context.Background(), cfg, reqs, []Node{newFakeNode(0)})
+	if err != nil || r.HitBlocks != 1 {
+		t.Fatalf("%+v, %v", r, err)
+	}
+	if r.Seconds < 0.1 {
+		t.Fatalf("replay at speed 2 took %.3fs, want at least 0.1s", r.Seconds)
+	}
+	cfg.Speed = 0
+	if r, _ = Run(context.Background(), cfg, reqs, []Node{newFakeNode(0)}); r.Seconds >= 0.1 {
+		t.Fatalf("replay ignoring timestamps took %.3fs", r.Seconds)
+	}
+}
