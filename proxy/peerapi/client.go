@@ -162,9 +162,9 @@ type Client struct {
 
 	mu       sync.Mutex
 	closed   bool
-	apis     map[string]tidepoolpeer.Client // by peer API address
-	xfers    map[string]rdma.Peer           // by transfer address
-	counters map[string]*peerCounters       // by node
+	apis     map[string]*apiConn      // by peer API address
+	xfers    map[string]rdma.Peer     // by transfer address
+	counters map[string]*peerCounters // by node
 
 	releases sync.WaitGroup // asynchronous lease releases
 }
@@ -183,7 +183,7 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	}
 	return &Client{
 		cfg: cfg, lg: lg, auth: cfg.Credentials.auth(),
-		apis: map[string]tidepoolpeer.Client{}, xfers: map[string]rdma.Peer{}, counters: map[string]*peerCounters{},
+		apis: map[string]*apiConn{}, xfers: map[string]rdma.Peer{}, counters: map[string]*peerCounters{},
 	}, nil
 }
 
@@ -200,14 +200,12 @@ func (c *Client) Close() error {
 	c.releases.Wait()
 	c.mu.Lock()
 	apis, xfers := c.apis, c.xfers
-	c.apis, c.xfers = map[string]tidepoolpeer.Client{}, map[string]rdma.Peer{}
+	c.apis, c.xfers = map[string]*apiConn{}, map[string]rdma.Peer{}
 	c.mu.Unlock()
 	var errs []error
 	for _, kc := range apis {
-		if cl, ok := kc.(interface{ Close() error }); ok {
-			if err := cl.Close(); err != nil && !strings.Contains(err.Error(), "already closed") {
-				errs = append(errs, err)
-			}
+		if err := kc.Close(); err != nil && !strings.Contains(err.Error(), "already closed") {
+			errs = append(errs, err)
 		}
 	}
 	for _, p := range xfers {
@@ -246,7 +244,7 @@ func (c *Client) Stats() []PeerStats {
 
 // api returns the Kitex client for node's peer API and its transfer
 // address.
-func (c *Client) api(node string) (tidepoolpeer.Client, string, error) {
+func (c *Client) api(node string) (*apiConn, string, error) {
 	addr, xfer, ok := c.cfg.Resolve(node)
 	if !ok || addr == "" {
 		return nil, "", fmt.Errorf("%w: %q", ErrUnknownNode, node)
@@ -259,7 +257,8 @@ func (c *Client) api(node string) (tidepoolpeer.Client, string, error) {
 	if kc, ok := c.apis[addr]; ok {
 		return kc, xfer, nil
 	}
-	kc, err := tidepoolpeer.NewClient("tidepool-peer",
+	kc, err := kclient.NewClient(tidepoolpeer.NewServiceInfoForClient(),
+		kclient.WithDestService("tidepool-peer"),
 		kclient.WithHostPorts(addr),
 		kclient.WithRPCTimeout(c.cfg.Timeout),
 		kclient.WithConnectTimeout(c.cfg.ConnectTimeout),
@@ -274,8 +273,9 @@ func (c *Client) api(node string) (tidepoolpeer.Client, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("peerapi: client for %s: %w", addr, err)
 	}
-	c.apis[addr] = kc
-	return kc, xfer, nil
+	a := &apiConn{kc: kc}
+	c.apis[addr] = a
+	return a, xfer, nil
 }
 
 // xfer returns the transfer handle for addr, connecting once.
@@ -501,7 +501,7 @@ func (c *Client) pull(ctx context.Context, ns string, key []byte, it *peer.Acqui
 }
 
 // release gives the owner's pins back in one call, in the background.
-func (c *Client) release(node string, kc tidepoolpeer.Client, ids []int64) {
+func (c *Client) release(node string, kc *apiConn, ids []int64) {
 	if len(ids) == 0 {
 		return
 	}
