@@ -33,6 +33,20 @@ type clientFlags struct {
 	durable bool
 	out     string
 	nsSet   bool // --ns or TIDEPOOL_NS given (stat then shows one namespace)
+	scope   string
+}
+
+// scopeOf converts --scope.
+func scopeOf(s string) (client.Scope, error) {
+	switch s {
+	case "", "default":
+		return client.ScopeDefault, nil
+	case "local":
+		return client.ScopeLocal, nil
+	case "cluster":
+		return client.ScopeCluster, nil
+	}
+	return 0, fmt.Errorf("%w: --scope %q: local or cluster", errUsage, s)
 }
 
 func envOr(k, def string) string {
@@ -51,6 +65,9 @@ func cmdClient(cmd string, args []string, stdin io.Reader, stdout, stderr io.Wri
 	fs.BoolVar(&f.hexKeys, "hex", false, "keys are hex-encoded bytes instead of UTF-8 strings")
 	fs.BoolVar(&f.json, "json", false, "machine-readable output")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "call timeout")
+	if cmd == "get" || cmd == "exists" || cmd == "lookup" {
+		fs.StringVar(&f.scope, "scope", "", "where to look: local (this sidecar) or cluster (also the owners); default: cluster on a clustered node")
+	}
 	if cmd == "put" {
 		fs.IntVar(&f.depth, "depth", 0, "position of the block in its prefix chain (0 = first)")
 		fs.BoolVar(&f.durable, "durable", false, "write the block through to the SSD tier (WAL synced) before answering")
@@ -111,7 +128,7 @@ func parseKeys(args []string, cmd string, hexKeys bool) ([][]byte, error) {
 			return nil, errors.New("want at least one KEY")
 		}
 		raw = args
-	case "clear", "stat":
+	case "clear", "stat", "members":
 		if len(args) != 0 {
 			return nil, fmt.Errorf("takes no arguments (got %q)", args[0])
 		}
@@ -185,7 +202,11 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		return exitOK, nil
 
 	case "get":
-		value, found, err := c.Get(ctx, f.ns, keys[0])
+		scope, err := scopeOf(f.scope)
+		if err != nil {
+			return exitUsage, err
+		}
+		value, found, err := c.GetScope(ctx, f.ns, keys[0], scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -211,7 +232,11 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		return exitOK, nil
 
 	case "exists":
-		res, err := c.BatchExists(ctx, f.ns, keys)
+		scope, err := scopeOf(f.scope)
+		if err != nil {
+			return exitUsage, err
+		}
+		res, err := c.BatchExistsScope(ctx, f.ns, keys, scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -243,7 +268,11 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		return exitOK, nil
 
 	case "lookup":
-		n, err := c.Lookup(ctx, f.ns, keys)
+		scope, err := scopeOf(f.scope)
+		if err != nil {
+			return exitUsage, err
+		}
+		n, err := c.LookupScope(ctx, f.ns, keys, scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -280,6 +309,25 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 			cc.printJSON(map[string]any{"ns": f.ns, "removed": n})
 		} else {
 			fmt.Fprintf(cc.stdout, "removed %d blocks from %s\n", n, f.ns)
+		}
+		return exitOK, nil
+
+	case "members":
+		ms, err := c.Members(ctx)
+		if err != nil {
+			return exitError, err
+		}
+		if f.json {
+			cc.printJSON(ms)
+			return exitOK, nil
+		}
+		fmt.Fprintf(cc.stdout, "%-24s %-8s %-22s %-22s %s\n", "NAME", "STATE", "GOSSIP", "PEER API", "ZONE")
+		for _, m := range ms {
+			name := m.Name
+			if m.Self {
+				name += " (self)"
+			}
+			fmt.Fprintf(cc.stdout, "%-24s %-8s %-22s %-22s %s\n", name, m.State, m.GossipAddr, m.PeerAddr, m.Zone)
 		}
 		return exitOK, nil
 

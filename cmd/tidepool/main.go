@@ -34,6 +34,7 @@ commands:
   delete    remove a block:           tidepool delete [--ns NS] KEY
   clear     remove a namespace:       tidepool clear --ns NS
   stat      tiers and namespaces:     tidepool stat [--ns NS]
+  members   the cluster view:         tidepool members [--json]
   prefetch  SSD blocks into DRAM:     tidepool prefetch [--ns NS] KEY...
   bench     load generator:           tidepool bench --op get --size 1MiB --concurrency 16
   replay    replay a request trace:   tidepool replay --trace FILE --nodes 1 --capacity-tokens 3M
@@ -56,7 +57,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "serve":
 		return cmdServe(rest, stdout, stderr)
-	case "put", "get", "exists", "lookup", "delete", "clear", "stat":
+	case "put", "get", "exists", "lookup", "delete", "clear", "stat", "members":
 		return cmdClient(cmd, rest, stdin, stdout, stderr)
 	case "prefetch":
 		return cmdPrefetch(rest, stdout, stderr)

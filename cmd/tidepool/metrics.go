@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
 
@@ -149,5 +150,87 @@ func (m *metrics) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		m.srv.Shutdown(ctx)
+	}
+}
+
+// routeCollector exports the cluster routing, peer and membership counters.
+type routeCollector struct {
+	p  *proxy.Proxy
+	cn *clusterNode
+
+	members, lookups, fetches, remoteHits, fetchFails, pushes, pushFails, pushDrops, queue, coalesced *prometheus.Desc
+	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                  *prometheus.Desc
+}
+
+func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
+	d := prometheus.NewDesc
+	peer := []string{"peer"}
+	return &routeCollector{p: p, cn: cn,
+		members:     d("tidepool_cluster_members", "Members of the cluster view by state.", []string{"state"}, nil),
+		lookups:     d("tidepool_remote_lookups_total", "Keys asked of their owners by cluster-scope Lookup and Exists.", nil, nil),
+		fetches:     d("tidepool_remote_fetches_total", "Keys fetched from other nodes after a local miss.", nil, nil),
+		remoteHits:  d("tidepool_remote_hits_total", "Remote fetches that found their block.", nil, nil),
+		fetchFails:  d("tidepool_remote_fetch_failures_total", "Remote fetches that failed (node down, transfer error, checksum).", nil, nil),
+		pushes:      d("tidepool_pushes_total", "Blocks pushed to their owners.", nil, nil),
+		pushFails:   d("tidepool_push_failures_total", "Pushes to owners that failed.", nil, nil),
+		pushDrops:   d("tidepool_pushes_dropped_total", "Pushes dropped because the push queue was full.", nil, nil),
+		queue:       d("tidepool_push_queue_depth", "Push batches waiting.", nil, nil),
+		coalesced:   d("tidepool_coalesced_misses_total", "Misses that joined another caller's fetch of the same key.", nil, nil),
+		peerFetches: d("tidepool_peer_fetches_total", "Blocks fetched from the peer.", peer, nil),
+		peerBytes:   d("tidepool_peer_fetch_bytes_total", "Bytes fetched from the peer.", peer, nil),
+		peerFails:   d("tidepool_peer_failures_total", "Failed calls to the peer.", peer, nil),
+		peerLatency: d("tidepool_peer_fetch_seconds_total", "Time spent in successful Fetch calls to the peer.", peer, nil),
+		xferIn:      d("tidepool_transfer_bytes_in_total", "Bytes the transfer layer received (pulled by this node or written into it).", nil, nil),
+		xferOut:     d("tidepool_transfer_bytes_out_total", "Bytes the transfer layer sent (read by peers or pushed by this node).", nil, nil),
+	}
+}
+
+func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.members, c.lookups, c.fetches, c.remoteHits, c.fetchFails, c.pushes, c.pushFails, c.pushDrops, c.queue, c.coalesced,
+		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut} {
+		ch <- d
+	}
+}
+
+func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	m := prometheus.MustNewConstMetric
+	states := map[string]int{}
+	for _, mem := range c.p.Members(context.Background()) {
+		states[mem.State]++
+	}
+	for st, n := range states {
+		ch <- m(c.members, g, float64(n), st)
+	}
+	rs := c.p.RouteStats()
+	ch <- m(c.lookups, ctr, float64(rs.RemoteLookups))
+	ch <- m(c.fetches, ctr, float64(rs.RemoteFetches))
+	ch <- m(c.remoteHits, ctr, float64(rs.RemoteHits))
+	ch <- m(c.fetchFails, ctr, float64(rs.FetchFailures))
+	ch <- m(c.pushes, ctr, float64(rs.Pushes))
+	ch <- m(c.pushFails, ctr, float64(rs.PushFailures))
+	ch <- m(c.pushDrops, ctr, float64(rs.PushesDropped))
+	ch <- m(c.queue, g, float64(rs.PushQueueDepth))
+	ch <- m(c.coalesced, ctr, float64(rs.CoalescedMisses))
+	if c.cn == nil {
+		return
+	}
+	if c.cn.pcli != nil {
+		for _, ps := range c.cn.pcli.Stats() {
+			ch <- m(c.peerFetches, ctr, float64(ps.FetchedBlocks), ps.Node)
+			ch <- m(c.peerBytes, ctr, float64(ps.FetchedBytes), ps.Node)
+			ch <- m(c.peerFails, ctr, float64(ps.Failures), ps.Node)
+			ch <- m(c.peerLatency, ctr, ps.FetchLatency.Seconds(), ps.Node)
+		}
+	}
+	if c.cn.tr != nil {
+		st := c.cn.tr.Stats()
+		var in, out uint64
+		for _, ps := range st.Peers {
+			in += ps.BytesIn
+			out += ps.BytesOut
+		}
+		ch <- m(c.xferIn, ctr, float64(in+st.Serve.BytesIn))
+		ch <- m(c.xferOut, ctr, float64(out+st.Serve.BytesOut))
 	}
 }

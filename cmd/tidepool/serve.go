@@ -11,6 +11,7 @@ import (
 	"os/user"
 	"strconv"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -116,6 +117,17 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		defer m.close()
 	}
 
+	var cn *clusterNode
+	if cfg.GossipAddr != "" {
+		if cn, err = startCluster(ctx, cfg, store, p, lg); err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+		m.reg.MustRegister(newRouteCollector(p, cn))
+		// Runs before the store closes (deferred earlier): the arenas are
+		// deregistered from the transfer layer first.
+		defer cn.close(cfg.DrainTimeout)
+	}
+
 	ln, err := engineapi.Listen(cfg.Socket, cfg.SocketMode, gid)
 	if err != nil {
 		return err
@@ -157,6 +169,8 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		err = fmt.Errorf("metrics server stopped: %w", merr)
 	}
 	m.ready.Store(false)
+	// A member leaves before it shuts down, so that peers stop routing here.
+	cn.leave(5 * time.Second)
 	if cerr := srv.Close(); cerr != nil {
 		lg.Warn("engine API server close", zap.Error(cerr))
 	}

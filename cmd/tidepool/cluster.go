@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache/tiered"
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/clusterview"
+	"github.com/tidepool-kv/tidepool/proxy/peerapi"
+	"github.com/tidepool-kv/tidepool/rdma"
+	"github.com/tidepool-kv/tidepool/rdma/tcp"
+)
+
+// clusterNode is what a clustered sidecar runs beside its engine API: the
+// transfer layer with the DRAM arenas registered, the peer API server and
+// client, membership and the placement view. Built by startCluster, torn
+// down by close in reverse order.
+type clusterNode struct {
+	lg      *zap.Logger
+	p       *proxy.Proxy
+	tr      *tcp.Transport
+	regions []rdma.RegionDesc
+	psrv    *peerapi.Server
+	pcli    *peerapi.Client
+	c       *cluster.Cluster
+	view    *clusterview.View
+}
+
+// readSecret reads a key or token file: raw bytes, or base64 text, with
+// surrounding white space ignored.
+func readSecret(path string) ([]byte, error) {
+	if path == "" {
+		return nil, nil
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	raw = bytes.TrimSpace(raw)
+	if dec, err := base64.StdEncoding.DecodeString(string(raw)); err == nil && len(dec) > 0 {
+		switch len(dec) {
+		case 16, 24, 32:
+			return dec, nil
+		}
+	}
+	return raw, nil
+}
+
+// hostFor picks the host peers should dial for a listener bound to bind:
+// the bound host when it is concrete, else the host of the gossip address
+// that memberlist advertises.
+func hostFor(bind net.Addr, gossipAdvertised string) string {
+	host, _, _ := net.SplitHostPort(bind.String())
+	if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+		return host
+	}
+	h, _, _ := net.SplitHostPort(gossipAdvertised)
+	return h
+}
+
+func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy.Proxy, lg *zap.Logger) (n *clusterNode, err error) {
+	n = &clusterNode{lg: lg.Named("cluster"), p: p}
+	defer func() {
+		if err != nil {
+			n.close(0)
+			n = nil
+		}
+	}()
+	key, err := readSecret(cfg.GossipKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("gossip_key_file: %w", err)
+	}
+	if key != nil && len(key) != 16 && len(key) != 24 && len(key) != 32 {
+		return nil, fmt.Errorf("gossip_key_file: key is %d bytes; want 16, 24 or 32", len(key))
+	}
+	token, err := readSecret(cfg.PeerTokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("peer_token_file: %w", err)
+	}
+	creds := peerapi.Credentials{NodeID: cfg.NodeID, Label: cfg.ClusterLabel, Token: string(token)}
+
+	// Transfer layer, with every DRAM arena registered.
+	tcfg := tcp.DefaultConfig()
+	tcfg.ListenAddr = cfg.TransferAddr
+	if n.tr, err = tcp.New(tcfg, lg.Named("rdma")); err != nil {
+		return nil, fmt.Errorf("transfer_addr: %w", err)
+	}
+	if n.regions, err = peerapi.RegisterArenas(n.tr, peerapi.TierArenaMems(store.DRAM())); err != nil {
+		return nil, err
+	}
+
+	// Membership.
+	host, portStr, err := net.SplitHostPort(cfg.GossipAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip_addr: %w", err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("gossip_addr: port %q: %w", portStr, err)
+	}
+	ccfg := cluster.DefaultConfig()
+	ccfg.NodeName = cfg.NodeID
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	ccfg.BindAddr, ccfg.BindPort = host, port
+	if cfg.AdvertiseAddr != "" {
+		ah, ap, err := net.SplitHostPort(cfg.AdvertiseAddr)
+		if err != nil {
+			ah, ap = cfg.AdvertiseAddr, ""
+		}
+		ccfg.AdvertiseAddr = ah
+		if ap != "" {
+			ccfg.AdvertisePort, _ = strconv.Atoi(ap)
+		}
+	}
+	ccfg.Join = cfg.Join
+	ccfg.SecretKey = key
+	ccfg.Label = cfg.ClusterLabel
+	ccfg.LogOutput = zapWriter{lg: lg.Named("memberlist")}
+	ccfg.Meta = cluster.Meta{NodeID: cfg.NodeID, Protocol: cluster.ProtocolVersion}
+	if n.c, err = cluster.New(ccfg, lg.Named("cluster")); err != nil {
+		return nil, err
+	}
+
+	// Peer API.
+	pln, err := net.Listen("tcp", cfg.PeerAddr)
+	if err != nil {
+		return nil, fmt.Errorf("peer_addr: %w", err)
+	}
+	scfg := peerapi.DefaultServerConfig()
+	scfg.Credentials = creds
+	scfg.Transport = n.tr
+	scfg.Regions = n.regions
+	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
+	scfg.DrainTimeout = cfg.DrainTimeout
+	if n.psrv, err = peerapi.NewServer(scfg, p, pln, lg.Named("peerapi")); err != nil {
+		pln.Close()
+		return nil, err
+	}
+	if err := n.psrv.Start(ctx); err != nil {
+		return nil, err
+	}
+
+	if err := n.c.Start(ctx); err != nil {
+		return nil, err
+	}
+	// Now that gossip knows its advertised address, announce where the peer
+	// API and the transfer layer are reachable.
+	gossip := n.c.Addr()
+	_, pport, _ := net.SplitHostPort(pln.Addr().String())
+	_, tport, _ := net.SplitHostPort(n.tr.Addr())
+	meta := n.c.LocalMeta()
+	meta.PeerAddr = net.JoinHostPort(hostFor(pln.Addr(), gossip), pport)
+	meta.TransferAddr = net.JoinHostPort(hostFor(mustAddr(n.tr.Addr()), gossip), tport)
+	if err := n.c.UpdateMeta(ctx, meta); err != nil {
+		return nil, fmt.Errorf("announcing addresses: %w", err)
+	}
+
+	vcfg := clusterview.DefaultConfig()
+	vcfg.Ring.Replicas = cfg.Replicas
+	if n.view, err = clusterview.New(n.c, vcfg, lg.Named("clusterview")); err != nil {
+		return nil, err
+	}
+	if err := n.view.Start(ctx); err != nil {
+		return nil, err
+	}
+	ccl := peerapi.DefaultClientConfig()
+	ccl.Credentials = creds
+	ccl.Resolve = n.view.Addrs
+	ccl.Store = store
+	ccl.Transport = n.tr
+	ccl.Regions = n.regions
+	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {
+		return nil, err
+	}
+	if err := p.AttachCluster(n.view, n.pcli, proxy.DefaultRouteConfig()); err != nil {
+		return nil, err
+	}
+	n.lg.Info("cluster joined",
+		zap.String("node_name", cfg.NodeID), zap.String("gossip", gossip),
+		zap.String("peer_api", meta.PeerAddr), zap.String("transfer", meta.TransferAddr),
+		zap.Int("members", len(n.c.Members())), zap.Int("replicas", cfg.Replicas))
+	return n, nil
+}
+
+func mustAddr(hostport string) net.Addr {
+	a, err := net.ResolveTCPAddr("tcp", hostport)
+	if err != nil {
+		return &net.TCPAddr{}
+	}
+	return a
+}
+
+// leave announces a graceful leave so that peers stop routing here; the
+// node keeps serving its peers until close.
+func (n *clusterNode) leave(timeout time.Duration) {
+	if n == nil || n.c == nil {
+		return
+	}
+	if err := n.c.Leave(timeout); err != nil && !errors.Is(err, cluster.ErrClosed) {
+		n.lg.Warn("leaving the cluster", zap.Error(err))
+	}
+}
+
+// close stops routing, then the peer API, membership and the transfer
+// layer (deregistering the arenas before the store closes them). Safe on a
+// partly built node.
+func (n *clusterNode) close(pushDrain time.Duration) {
+	if n == nil {
+		return
+	}
+	if n.p != nil {
+		n.p.DetachCluster(pushDrain)
+	}
+	if n.psrv != nil {
+		n.psrv.Close()
+	}
+	if n.view != nil {
+		n.view.Close()
+	}
+	if n.c != nil {
+		n.c.Close()
+	}
+	if n.pcli != nil {
+		n.pcli.Close()
+	}
+	if n.tr != nil {
+		if len(n.regions) > 0 {
+			peerapi.DeregisterArenas(n.tr, n.regions)
+		}
+		n.tr.Close()
+	}
+}
