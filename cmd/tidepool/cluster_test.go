@@ -144,7 +144,7 @@ func TestThreeProcessCluster(t *testing.T) {
 	hot := make([][]byte, n)
 	for i := range hot {
 		hot[i] = make([]byte, 128<<10+i)
-		rand.New(rand.NewSource(int64(1000+i))).Read(hot[i])
+		rand.New(rand.NewSource(int64(1000 + i))).Read(hot[i])
 		f := filepath.Join(dir, fmt.Sprint("hot", i))
 		os.WriteFile(f, hot[i], 0o600)
 		if _, errs, code := b.d.tp(t, nil, "put", "--ns", "hot", fmt.Sprintf("hot-%d", i), f); code != 0 {

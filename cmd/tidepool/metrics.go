@@ -159,7 +159,7 @@ type routeCollector struct {
 	cn *clusterNode
 
 	members, lookups, fetches, remoteHits, fetchFails, pushes, pushFails, pushDrops, queue, coalesced *prometheus.Desc
-	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                  *prometheus.Desc
+	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                   *prometheus.Desc
 }
 
 func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
