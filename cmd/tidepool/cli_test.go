@@ -48,6 +48,13 @@ type daemon struct {
 
 func startDaemon(t *testing.T, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonWith(t, nil, extra...)
+}
+
+// startDaemonWith starts `tidepool serve` under a command prefix (such as
+// `ip netns exec NS`), with extra flags.
+func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
+	t.Helper()
 	sockDir, err := os.MkdirTemp("", "tpcli")
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +70,8 @@ func startDaemon(t *testing.T, extra ...string) *daemon {
 		"--metrics-addr", "127.0.0.1:0",
 		"--log-level", "info",
 	}, extra...)
-	d.cmd = exec.Command(binPath, args...)
+	argv := append(append(append([]string{}, prefix...), binPath), args...)
+	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stderr = d.stderr
 	stdout, err := d.cmd.StdoutPipe()
 	if err != nil {
