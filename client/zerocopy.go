@@ -191,12 +191,20 @@ func (c *Client) Renew(ctx context.Context, ids []int64, lease time.Duration) ([
 type WriteMode int
 
 const (
-	// WritePwrite copies with pwrite(2) on the arena file (the default:
-	// the fastest measured, see docs/zerocopy.md).
+	// WritePwrite copies with pwrite(2) on the arena file, after
+	// checksumming the source (the default: it writes nothing outside the
+	// slot and needs no writable mapping).
 	WritePwrite WriteMode = iota
-	// WriteMmap maps the slot's pages read-write (MAP_SHARED) for the
-	// copy and unmaps them after.
+	// WriteMmap maps the slot's pages read-write (MAP_SHARED) for a copy
+	// with the checksum fused in, and unmaps them after (slow: map, fault
+	// and unmap per put; see docs/zerocopy.md).
 	WriteMmap
+	// WriteMapped keeps a read-write MAP_SHARED mapping of each whole arena
+	// and copies into the slot with the checksum fused in (the fastest).
+	// The process then has every arena mapped writable, so a stray write
+	// of its own can damage other blocks: the trust is that of the
+	// read-write descriptor the other modes hold, with less margin.
+	WriteMapped
 )
 
 // arenaMap is one arena file mapped read-only, plus a descriptor opened
@@ -207,6 +215,21 @@ type arenaMap struct {
 	ino  uint64
 	mem  []byte // PROT_READ, MAP_SHARED
 	rw   *os.File
+
+	wonce sync.Once
+	wmem  []byte // PROT_READ|PROT_WRITE, MAP_SHARED (WriteMapped), made on first use
+	werr  error
+}
+
+// writable returns the read-write mapping of the whole arena.
+func (a *arenaMap) writable() ([]byte, error) {
+	a.wonce.Do(func() {
+		a.wmem, a.werr = syscall.Mmap(int(a.rw.Fd()), 0, int(a.size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+		if a.werr != nil {
+			a.werr = fmt.Errorf("tidepool: zero-copy: mmap %s writable: %w", a.path, a.werr)
+		}
+	})
+	return a.wmem, a.werr
 }
 
 // zeroCopy is a client's view of the arenas, made on first use.
@@ -435,6 +458,10 @@ func (a *arenaMap) stale() bool {
 }
 
 func (a *arenaMap) close() {
+	if a.wmem != nil {
+		_ = syscall.Munmap(a.wmem)
+		a.wmem = nil
+	}
 	if a.mem != nil {
 		_ = syscall.Munmap(a.mem)
 		a.mem = nil
@@ -547,7 +574,14 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 		return 0, err
 	}
 	a := arenas[s.Arena]
-	if WriteMode(c.zc.mode.Load()) == WriteMmap {
+	switch WriteMode(c.zc.mode.Load()) {
+	case WriteMapped:
+		mem, err := a.writable()
+		if err != nil {
+			return 0, err
+		}
+		return copyCRC(mem[s.Offset:s.Offset+s.Length], buf), nil
+	case WriteMmap:
 		pg := int64(os.Getpagesize())
 		start := s.Offset &^ (pg - 1)
 		end := (s.Offset + s.Length + pg - 1) &^ (pg - 1)

@@ -327,7 +327,7 @@ func BenchmarkZeroCopy(b *testing.B) {
 	for _, mode := range []struct {
 		name string
 		m    client.WriteMode
-	}{{"pwrite", client.WritePwrite}, {"mmap", client.WriteMmap}} {
+	}{{"pwrite", client.WritePwrite}, {"mmap", client.WriteMmap}, {"mapped", client.WriteMapped}} {
 		b.Run("PutFrom-"+mode.name, func(b *testing.B) {
 			c := startSidecar(b, benchCapacity) // evicts as it goes
 			c.SetWriteMode(mode.m)

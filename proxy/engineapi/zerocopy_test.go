@@ -243,7 +243,7 @@ func TestZeroCopyHelperProcess(t *testing.T) {
 func TestZeroCopyGoHelpers(t *testing.T) {
 	ts := startServer(t, serverOpts{capacity: 16 << 20, maxValue: 4 << 20})
 	ctx := context.Background()
-	for _, mode := range []client.WriteMode{client.WritePwrite, client.WriteMmap} {
+	for _, mode := range []client.WriteMode{client.WritePwrite, client.WriteMmap, client.WriteMapped} {
 		t.Run(fmt.Sprint("mode", mode), func(t *testing.T) {
 			ts.c.SetWriteMode(mode)
 			ns := fmt.Sprint("ns", mode)
