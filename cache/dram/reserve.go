@@ -197,6 +197,7 @@ func (t *Tier) publish(b *block, key string) (existed bool, err error) {
 	b.linked = true
 	m[key] = b
 	t.pmu.Lock()
+	b.id = t.policyID(nss.id, key)
 	t.policy.Admit(b.entry())
 	t.byID[b.id] = b
 	t.pmu.Unlock()

@@ -2,6 +2,7 @@ package dram
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"hash/maphash"
@@ -109,6 +110,7 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 	b.linked = true
 	m[b.key] = b
 	t.pmu.Lock()
+	b.id = t.policyID(nss.id, b.key)
 	t.policy.Admit(b.entry())
 	t.byID[b.id] = b
 	t.pmu.Unlock()
@@ -333,4 +335,24 @@ func (t *Tier) revokeLocked(sh *shard, b *block) {
 	b.gen++
 	b.pins.Store(0)
 	sh.pinned.Add(-b.foot)
+}
+
+// policyID returns the id under which the policy knows (namespace, key): a
+// hash of both, so that a block evicted and stored again keeps its history
+// in policies that remember ids after Remove (evict.NewPrefix counts reuse
+// that way; a fresh id per admission made it no better than LRU). Hashed
+// ids have the top bit set; on the rare collision with a block present now
+// it falls back to a sequential id (top bit clear). Called under pmu.
+func (t *Tier) policyID(nsID uint32, key string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], nsID)
+	h.Write(b[:])
+	h.WriteString(key)
+	id := h.Sum64() | 1<<63
+	for t.byID[id] != nil {
+		id = t.nextID.Add(1) &^ (1 << 63)
+	}
+	return id
 }
