@@ -15,6 +15,7 @@ package proxy
 // the tier reclaims expired reservations when a put needs room.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
@@ -133,10 +136,18 @@ type ZeroCopyStats struct {
 	LeaseExpirations int64
 }
 
+// reserved is an open reservation with what a cluster push needs.
+type reserved struct {
+	r    *dram.Reservation
+	ns   string
+	key  []byte
+	opts cache.PutOptions
+}
+
 // zcState is a proxy's zero-copy state.
 type zcState struct {
 	mu           sync.Mutex
-	reservations map[int64]*dram.Reservation
+	reservations map[int64]*reserved
 	leases       map[int64]*dram.Lease
 	lastSweep    time.Time
 
@@ -155,7 +166,7 @@ func (p *Proxy) zc() *zcState {
 	if v, ok := zcStates.Load(k); ok {
 		return v.(*zcState)
 	}
-	s := &zcState{reservations: map[int64]*dram.Reservation{}, leases: map[int64]*dram.Lease{}}
+	s := &zcState{reservations: map[int64]*reserved{}, leases: map[int64]*dram.Lease{}}
 	v, loaded := zcStates.LoadOrStore(k, s)
 	if !loaded {
 		runtime.AddCleanup(p, func(k weak.Pointer[Proxy]) { zcStates.Delete(k) }, k)
@@ -211,10 +222,10 @@ func (s *zcState) sweep(store Store) {
 	var ls []*dram.Lease
 	s.mu.Lock()
 	s.lastSweep = time.Now()
-	for id, r := range s.reservations {
-		if r.Expired() {
+	for id, e := range s.reservations {
+		if e.r.Expired() {
 			delete(s.reservations, id)
-			rs = append(rs, r)
+			rs = append(rs, e.r)
 		}
 	}
 	for id, l := range s.leases {
@@ -304,7 +315,11 @@ func (p *Proxy) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl
 			res.Err = fmt.Errorf("%w: reservation of %d bytes, limit %d", cache.ErrTooLarge, it.Size, p.cfg.MaxValueBytes)
 			continue
 		}
-		r, err := zs.Reserve(ctx, ns, it.Key, it.Size, cache.PutOptions{Depth: it.Depth, Durable: durable}, ttl)
+		opts := cache.PutOptions{Depth: it.Depth, Durable: durable}
+		if rt := p.router(); rt != nil && !rt.owns(ns, it.Key) {
+			opts.LowPriority = true // a copy of a block owned elsewhere, as in Put
+		}
+		r, err := zs.Reserve(ctx, ns, it.Key, it.Size, opts, ttl)
 		if err != nil {
 			res.Err = err
 			continue
@@ -317,7 +332,7 @@ func (p *Proxy) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl
 			continue
 		}
 		id := newID(s.reservations)
-		s.reservations[id] = r
+		s.reservations[id] = &reserved{r: r, ns: ns, key: bytes.Clone(it.Key), opts: opts}
 		s.mu.Unlock()
 		s.reserved.Add(1)
 		s.liveReservations.Add(1)
@@ -328,7 +343,7 @@ func (p *Proxy) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl
 }
 
 // takeReservation removes a token from the table.
-func (s *zcState) takeReservation(token int64) (*dram.Reservation, bool) {
+func (s *zcState) takeReservation(token int64) (*reserved, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.reservations[token]
@@ -352,13 +367,28 @@ func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error)
 		return nil, err
 	}
 	out := make([]error, len(items))
+	rt := p.router()
+	var pushes map[string][]PutItem // ns → committed blocks for their owners
 	for i, it := range items {
-		r, ok := s.takeReservation(it.Token)
+		e, ok := s.takeReservation(it.Token)
 		if !ok {
 			out[i] = fmt.Errorf("%w: token %d", ErrNoReservation, it.Token)
 			continue
 		}
+		r := e.r
+		var value []byte
+		if rt != nil && !r.Expired() {
+			// The slot is still reserved (stable, not evictable): copy it
+			// for the owners now, since once published it may be evicted.
+			value = bytes.Clone(r.Bytes())
+		}
 		existed, err := r.Commit(ctx, it.Checksum, it.HasChecksum)
+		if err == nil && !existed && value != nil {
+			if pushes == nil {
+				pushes = map[string][]PutItem{}
+			}
+			pushes[e.ns] = append(pushes[e.ns], PutItem{Key: e.key, Value: value, Opts: e.opts})
+		}
 		switch {
 		case errors.Is(err, cache.ErrLeaseExpired):
 			s.reclaimed.Add(1)
@@ -370,6 +400,13 @@ func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error)
 			out[i] = cache.ErrExists
 		default:
 			s.committed.Add(1)
+		}
+	}
+	// Like any put: committed blocks go to their owners (in the background
+	// unless the call asks for synchronous replicas).
+	for ns, its := range pushes {
+		if err := rt.push(ctx, ns, its, syncReplicas(ctx)); err != nil {
+			p.lg.Debug("push of committed blocks failed", zap.String("ns", ns), zap.Error(err))
 		}
 	}
 	return out, nil
@@ -386,12 +423,12 @@ func (p *Proxy) Abort(ctx context.Context, tokens []int64) ([]error, error) {
 	}
 	out := make([]error, len(tokens))
 	for i, tok := range tokens {
-		r, ok := s.takeReservation(tok)
+		e, ok := s.takeReservation(tok)
 		if !ok {
 			out[i] = fmt.Errorf("%w: token %d", ErrNoReservation, tok)
 			continue
 		}
-		if err := r.Abort(); err != nil {
+		if err := e.r.Abort(); err != nil {
 			s.reclaimed.Add(1)
 			out[i] = fmt.Errorf("%w: token %d: %w", ErrNoReservation, tok, err)
 			continue
@@ -465,7 +502,11 @@ func (p *Proxy) fillDRAM(ctx context.Context, zs ZeroCopyStore, ns string, key [
 	if err != nil {
 		return false
 	}
-	r, err := zs.Reserve(ctx, ns, key, int64(len(v)), cache.PutOptions{Depth: info.Depth}, 0)
+	opts := cache.PutOptions{Depth: info.Depth}
+	if rt := p.router(); rt != nil && !rt.owns(ns, key) {
+		opts.LowPriority = true // a copy of a block owned elsewhere
+	}
+	r, err := zs.Reserve(ctx, ns, key, int64(len(v)), opts, 0)
 	if errors.Is(err, cache.ErrExists) {
 		return true
 	}

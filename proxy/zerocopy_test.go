@@ -416,3 +416,38 @@ func TestZeroCopyConcurrent(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestZeroCopyCommitPushesToOwners: a committed block goes to its owners
+// like any put (here synchronously, with WithSyncReplicas).
+func TestZeroCopyCommitPushesToOwners(t *testing.T) {
+	a := newZC(t, 4<<20, nil)
+	b := newZC(t, 4<<20, nil)
+	nodes := map[string]*Proxy{"a": a.p, "b": b.p}
+	for name, p := range nodes {
+		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.DetachCluster(0) })
+	}
+	fc := &fakeCluster{nodes: []string{"a", "b"}}
+	var key []byte
+	for i := 0; key == nil; i++ {
+		if k := []byte(fmt.Sprint("k", i)); fc.Owners("ns", k)[0] == "b" {
+			key = k
+		}
+	}
+	val := value("pushed", 100<<10)
+	rs, err := a.p.Reserve(bg, "ns", []ReserveItem{{Key: key, Size: int64(len(val))}}, 0, false)
+	if err != nil || rs[0].Err != nil {
+		t.Fatal(err, rs)
+	}
+	a.writeSlot(t, rs[0].Slot, val)
+	cs, err := a.p.Commit(WithSyncReplicas(bg, 1), []CommitItem{{Token: rs[0].Token, Checksum: cache.Checksum(val), HasChecksum: true}})
+	if err != nil || cs[0] != nil {
+		t.Fatal(err, cs)
+	}
+	got, _, err := b.p.Get(bg, "ns", key, ScopeLocal)
+	if err != nil || !bytes.Equal(got, val) {
+		t.Fatalf("owner b after the commit on a: %v", err)
+	}
+}
