@@ -130,9 +130,6 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccfg.Label = cfg.ClusterLabel
 	ccfg.LogOutput = zapWriter{lg: lg.Named("memberlist")}
 	ccfg.Meta = cluster.Meta{NodeID: cfg.NodeID, Protocol: cluster.ProtocolVersion}
-	if n.c, err = cluster.New(ccfg, lg.Named("cluster")); err != nil {
-		return nil, err
-	}
 
 	// Peer API.
 	pln, err := net.Listen("tcp", cfg.PeerAddr)
@@ -153,19 +150,31 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 		return nil, err
 	}
 
+	// Announce where the peer API and the transfer layer are reachable. When
+	// they are bound to concrete hosts the first announcement carries them;
+	// otherwise the host is known only once gossip has picked the address it
+	// advertises, and an update follows.
+	_, pport, _ := net.SplitHostPort(pln.Addr().String())
+	_, tport, _ := net.SplitHostPort(n.tr.Addr())
+	announce := func(gossip string) (string, string) {
+		return net.JoinHostPort(hostFor(pln.Addr(), gossip), pport), net.JoinHostPort(hostFor(mustAddr(n.tr.Addr()), gossip), tport)
+	}
+	if ph, th := hostFor(pln.Addr(), ""), hostFor(mustAddr(n.tr.Addr()), ""); ph != "" && th != "" {
+		ccfg.Meta.PeerAddr, ccfg.Meta.TransferAddr = announce("")
+	}
+	if n.c, err = cluster.New(ccfg, lg.Named("cluster")); err != nil {
+		return nil, err
+	}
 	if err := n.c.Start(ctx); err != nil {
 		return nil, err
 	}
-	// Now that gossip knows its advertised address, announce where the peer
-	// API and the transfer layer are reachable.
 	gossip := n.c.Addr()
-	_, pport, _ := net.SplitHostPort(pln.Addr().String())
-	_, tport, _ := net.SplitHostPort(n.tr.Addr())
 	meta := n.c.LocalMeta()
-	meta.PeerAddr = net.JoinHostPort(hostFor(pln.Addr(), gossip), pport)
-	meta.TransferAddr = net.JoinHostPort(hostFor(mustAddr(n.tr.Addr()), gossip), tport)
-	if err := n.c.UpdateMeta(ctx, meta); err != nil {
-		return nil, fmt.Errorf("announcing addresses: %w", err)
+	if pa, ta := announce(gossip); meta.PeerAddr != pa || meta.TransferAddr != ta {
+		meta.PeerAddr, meta.TransferAddr = pa, ta
+		if err := n.c.UpdateMeta(ctx, meta); err != nil {
+			return nil, fmt.Errorf("announcing addresses: %w", err)
+		}
 	}
 
 	vcfg := clusterview.DefaultConfig()
