@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/proxy"
 )
 
 func parse(t *testing.T, args []string, env []string) (Config, error) {
@@ -123,6 +125,18 @@ func TestMetricsDocumented(t *testing.T) {
 		return cache.Stats{Tiers: []cache.TierStats{{Name: "dram"}}, Namespaces: []cache.NamespaceStats{{Namespace: "ns"}}}
 	}, nil)
 	m.calls.WithLabelValues("Put", "OK").Observe(0.001)
+	dc := dram.DefaultConfig()
+	dc.Dir, dc.Capacity, dc.ArenaSize = t.TempDir(), 1<<20, 1<<20
+	tier, err := dram.New(dc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close()
+	p, err := proxy.New(proxy.DefaultConfig(), tier, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil))
 	mfs, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +152,7 @@ func TestMetricsDocumented(t *testing.T) {
 			t.Errorf("docs/metrics.md does not document %s", name)
 		}
 	}
-	if n < 16 {
+	if n < 35 {
 		t.Fatalf("only %d tidepool metrics gathered", n)
 	}
 }

@@ -234,3 +234,49 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- m(c.xferOut, ctr, float64(out+st.Serve.BytesOut))
 	}
 }
+
+// zeroCopyCollector exports the zero-copy counters of the proxy.
+type zeroCopyCollector struct {
+	p                                                                       *proxy.Proxy
+	leasesLive, resLive, leaseExp, resReclaimed, leases, releases, renewals *prometheus.Desc
+	reservations, commits, aborts                                           *prometheus.Desc
+}
+
+func newZeroCopyCollector(p *proxy.Proxy) *zeroCopyCollector {
+	d := prometheus.NewDesc
+	return &zeroCopyCollector{p: p,
+		leasesLive:   d("tidepool_zerocopy_leases_live", "Leases (pinned blocks) held by engines now.", nil, nil),
+		resLive:      d("tidepool_zerocopy_reservations_live", "Reserved slots not yet committed or aborted.", nil, nil),
+		leaseExp:     d("tidepool_zerocopy_lease_expirations_total", "Leases whose deadline passed before Release (the pin was dropped).", nil, nil),
+		resReclaimed: d("tidepool_zerocopy_reservations_reclaimed_total", "Reservations reclaimed because their deadline passed before Commit or Abort.", nil, nil),
+		leases:       d("tidepool_zerocopy_leases_total", "Leases granted by Acquire.", nil, nil),
+		releases:     d("tidepool_zerocopy_releases_total", "Leases released in time.", nil, nil),
+		renewals:     d("tidepool_zerocopy_renewals_total", "Lease renewals.", nil, nil),
+		reservations: d("tidepool_zerocopy_reservations_total", "Slots reserved.", nil, nil),
+		commits:      d("tidepool_zerocopy_commits_total", "Reservations committed, by result (ok, exists).", []string{"result"}, nil),
+		aborts:       d("tidepool_zerocopy_aborts_total", "Reservations aborted by the engine.", nil, nil),
+	}
+}
+
+func (c *zeroCopyCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.leasesLive, c.resLive, c.leaseExp, c.resReclaimed, c.leases, c.releases, c.renewals, c.reservations, c.commits, c.aborts} {
+		ch <- d
+	}
+}
+
+func (c *zeroCopyCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.p.ZeroCopyStats()
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	m := prometheus.MustNewConstMetric
+	ch <- m(c.leasesLive, g, float64(s.LiveLeases))
+	ch <- m(c.resLive, g, float64(s.LiveReservations))
+	ch <- m(c.leaseExp, ctr, float64(s.LeaseExpirations))
+	ch <- m(c.resReclaimed, ctr, float64(s.ReservationsReclaimed))
+	ch <- m(c.leases, ctr, float64(s.Acquired))
+	ch <- m(c.releases, ctr, float64(s.Released))
+	ch <- m(c.renewals, ctr, float64(s.Renewed))
+	ch <- m(c.reservations, ctr, float64(s.Reserved))
+	ch <- m(c.commits, ctr, float64(s.Committed-s.CommitExists), "ok")
+	ch <- m(c.commits, ctr, float64(s.CommitExists), "exists")
+	ch <- m(c.aborts, ctr, float64(s.Aborted))
+}
