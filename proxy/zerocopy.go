@@ -495,10 +495,16 @@ func (p *Proxy) Acquire(ctx context.Context, ns string, keys [][]byte, lease tim
 // A store that is the DRAM tier alone has nothing more to offer, and a
 // local-scope read was answered by the store's Acquire already.
 func (p *Proxy) fillDRAM(ctx context.Context, zs ZeroCopyStore, ns string, key []byte, scope Scope) bool {
-	if _, single := p.store.(*dram.Tier); single || scope == ScopeLocal {
-		return false // nothing beyond DRAM, or the store's Acquire looked already
+	if scope == ScopeLocal {
+		return false // the store's Acquire looked already
 	}
-	v, info, err := p.Get(ctx, ns, key, scope)
+	if r := p.clusterRouter(scope); r != nil && r.fetch(ctx, ns, [][]byte{key})[0] == nil {
+		return true // fetched from its owner straight into the DRAM arenas
+	}
+	if _, single := p.store.(*dram.Tier); single {
+		return false // nothing beyond DRAM here
+	}
+	v, info, err := p.Get(ctx, ns, key, ScopeLocal)
 	if err != nil {
 		return false
 	}
