@@ -329,7 +329,10 @@ func TestRestartWithoutStopSpill(t *testing.T) {
 		case below && !found:
 			t.Fatalf("block %d (tier %q before the stop) lost", i, res[i].Tier)
 		case !below && found:
-			t.Fatalf("block %d was only in DRAM but came back", i)
+			// In DRAM when Exists answered, demoted since by the watermark
+			// loop: in SSD at the stop, so it is served (right bytes, checked
+			// above).
+			inSSD++
 		case below:
 			inSSD++
 		default:
