@@ -131,7 +131,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"batch put too large", func(p *Proxy) error { _, err := p.BatchPut(ctx, "ns", make([]PutItem, 5)); return err }, ErrBatchTooLarge},
 		{"batch get too large", func(p *Proxy) error { _, err := p.BatchGet(ctx, "ns", make([][]byte, 5), ScopeDefault); return err }, ErrBatchTooLarge},
 		{"lookup too large", func(p *Proxy) error { _, err := p.Lookup(ctx, "ns", make([][]byte, 5), ScopeDefault); return err }, ErrBatchTooLarge},
-		{"lookup bad key", func(p *Proxy) error { _, err := p.Lookup(ctx, "ns", [][]byte{[]byte("a"), nil}, ScopeDefault); return err }, ErrInvalidArgument},
+		{"lookup bad key", func(p *Proxy) error {
+			_, err := p.Lookup(ctx, "ns", [][]byte{[]byte("a"), nil}, ScopeDefault)
+			return err
+		}, ErrInvalidArgument},
 		{"get empty key", func(p *Proxy) error { _, _, err := p.Get(ctx, "ns", nil, ScopeDefault); return err }, ErrInvalidArgument},
 		{"delete long key", func(p *Proxy) error { _, err := p.Delete(ctx, "ns", long); return err }, ErrInvalidArgument},
 		{"clear empty ns", func(p *Proxy) error { _, err := p.Clear(ctx, ""); return err }, ErrInvalidArgument},
