@@ -469,19 +469,28 @@ func (p *Proxy) BatchExists(ctx context.Context, ns string, keys [][]byte, scope
 	return out, nil
 }
 
-// Lookup returns the number of leading keys that are present: the longest
-// cached prefix of a chain. Every key is validated before any is looked up.
-func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scope) (int, error) {
+// checkAllKeys validates a batch whose keys must all be valid (Lookup,
+// Prefetch): its size, the namespace, then every key.
+func (p *Proxy) checkAllKeys(ns string, keys [][]byte) error {
 	if err := p.checkBatch(len(keys)); err != nil {
-		return 0, err
+		return err
 	}
 	if err := p.checkNamespace(ns); err != nil {
-		return 0, err
+		return err
 	}
 	for i, k := range keys {
 		if err := p.checkKey(k); err != nil {
-			return 0, fmt.Errorf("key %d: %w", i, err)
+			return fmt.Errorf("key %d: %w", i, err)
 		}
+	}
+	return nil
+}
+
+// Lookup returns the number of leading keys that are present: the longest
+// cached prefix of a chain. Every key is validated before any is looked up.
+func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scope) (int, error) {
+	if err := p.checkAllKeys(ns, keys); err != nil {
+		return 0, err
 	}
 	local := len(keys)
 	for i, k := range keys {
@@ -564,16 +573,8 @@ func (p *Proxy) Stats(ctx context.Context, ns string) (cache.Stats, error) {
 // background and returns how many it queued; keys already there, and stores
 // with a single tier, queue nothing.
 func (p *Proxy) Prefetch(ctx context.Context, ns string, keys [][]byte, scope Scope) (int, error) {
-	if err := p.checkBatch(len(keys)); err != nil {
+	if err := p.checkAllKeys(ns, keys); err != nil {
 		return 0, err
-	}
-	if err := p.checkNamespace(ns); err != nil {
-		return 0, err
-	}
-	for i, k := range keys {
-		if err := p.checkKey(k); err != nil {
-			return 0, fmt.Errorf("key %d: %w", i, err)
-		}
 	}
 	pf, ok := p.store.(Prefetcher)
 	if !ok {

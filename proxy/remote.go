@@ -254,45 +254,35 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	// tried at its next owner (previous membership) one by one.
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
-	var wg sync.WaitGroup
-	for node, idx := range leaders {
-		wg.Add(1)
-		go func(node string, idx []int) {
-			defer wg.Done()
-			batch := make([][]byte, len(idx))
-			for j, i := range idx {
-				batch[j] = keys[i]
+	perNode(leaders, keys, func(node string, idx []int, batch [][]byte) {
+		r.remoteFetches.Add(int64(len(idx)))
+		res, err := r.peers.Fetch(ctx, node, ns, batch)
+		for j, i := range idx {
+			e := err
+			if e == nil {
+				e = res[j]
 			}
-			r.remoteFetches.Add(int64(len(idx)))
-			res, err := r.peers.Fetch(ctx, node, ns, batch)
-			for j, i := range idx {
-				e := err
-				if e == nil {
-					e = res[j]
-				}
-				if e != nil && !errors.Is(e, cache.ErrNotFound) {
-					r.fetchFailures.Add(1)
-					r.lg.Debug("remote fetch failed", zap.String("node", node), zap.Error(e))
-				}
-				if e != nil {
-					// Try the other owners of this key, in order.
-					for _, next := range r.remoteOwners(ns, keys[i])[1:] {
-						r.remoteFetches.Add(1)
-						rr, ferr := r.peers.Fetch(ctx, next, ns, [][]byte{keys[i]})
-						if ferr == nil && rr[0] == nil {
-							e = nil
-							break
-						}
+			if e != nil && !errors.Is(e, cache.ErrNotFound) {
+				r.fetchFailures.Add(1)
+				r.lg.Debug("remote fetch failed", zap.String("node", node), zap.Error(e))
+			}
+			if e != nil {
+				// Try the other owners of this key, in order.
+				for _, next := range r.remoteOwners(ns, keys[i])[1:] {
+					r.remoteFetches.Add(1)
+					rr, ferr := r.peers.Fetch(ctx, next, ns, [][]byte{keys[i]})
+					if ferr == nil && rr[0] == nil {
+						e = nil
+						break
 					}
 				}
-				if e == nil {
-					r.remoteHits.Add(1)
-				}
-				errs[i] = e
 			}
-		}(node, idx)
-	}
-	wg.Wait()
+			if e == nil {
+				r.remoteHits.Add(1)
+			}
+			errs[i] = e
+		}
+	})
 	for j, f := range mine {
 		f.err = errs[mineIdx[j]]
 		fk := ns + "\x00" + string(keys[mineIdx[j]])
@@ -312,6 +302,24 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	return errs
 }
 
+// perNode calls fn for each node's group of key indexes, in parallel, with
+// the keys of the group, and returns when every call has.
+func perNode(groups map[string][]int, keys [][]byte, fn func(node string, idx []int, batch [][]byte)) {
+	var wg sync.WaitGroup
+	for node, idx := range groups {
+		batch := make([][]byte, len(idx))
+		for j, i := range idx {
+			batch[j] = keys[i]
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(node, idx, batch)
+		}()
+	}
+	wg.Wait()
+}
+
 // lookupRemote asks owners whether they hold keys, batched per owner in
 // parallel. present[i] is set for keys some owner holds.
 func (r *router) lookupRemote(ctx context.Context, ns string, keys [][]byte, present []bool) {
@@ -328,31 +336,21 @@ func (r *router) lookupRemote(ctx context.Context, ns string, keys [][]byte, pre
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for node, idx := range byNode {
-		wg.Add(1)
-		go func(node string, idx []int) {
-			defer wg.Done()
-			batch := make([][]byte, len(idx))
-			for j, i := range idx {
-				batch[j] = keys[i]
+	perNode(byNode, keys, func(node string, idx []int, batch [][]byte) {
+		r.remoteLookups.Add(int64(len(idx)))
+		res, err := r.peers.Lookup(ctx, node, ns, batch)
+		if err != nil {
+			r.lg.Debug("remote lookup failed", zap.String("node", node), zap.Error(err))
+			return
+		}
+		mu.Lock()
+		for j, i := range idx {
+			if j < len(res) && res[j] {
+				present[i] = true
 			}
-			r.remoteLookups.Add(int64(len(idx)))
-			res, err := r.peers.Lookup(ctx, node, ns, batch)
-			if err != nil {
-				r.lg.Debug("remote lookup failed", zap.String("node", node), zap.Error(err))
-				return
-			}
-			mu.Lock()
-			for j, i := range idx {
-				if j < len(res) && res[j] {
-					present[i] = true
-				}
-			}
-			mu.Unlock()
-		}(node, idx)
-	}
-	wg.Wait()
+		}
+		mu.Unlock()
+	})
 }
 
 // push sends items to the owners of their keys: synchronously when sync is
