@@ -8,6 +8,8 @@
 # always stops the server. The server log is printed when anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/wait-ready.sh
+source scripts/lib/wait-ready.sh
 
 PYTHON=${PYTHON:-/usr/bin/python3}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-60}
@@ -65,34 +67,7 @@ bin/tidepool serve \
 	</dev/null >"$log" 2>&1 &
 pid=$!
 
-# Ready when the socket exists and accepts a connection (bounded poll).
-probe() {
-	"$PYTHON" - "$sock" <<'PY'
-import socket, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.settimeout(1.0)
-try:
-    s.connect(sys.argv[1])
-except OSError:
-    sys.exit(1)
-finally:
-    s.close()
-PY
-}
-deadline=$((SECONDS + READY_TIMEOUT_S))
-until [[ -S "$sock" ]] && probe; do
-	if ! kill -0 "$pid" 2>/dev/null; then
-		wait "$pid" && st=0 || st=$?
-		pid=
-		echo "test-python: server exited (status $st) before it was ready" >&2
-		exit 1
-	fi
-	if ((SECONDS >= deadline)); then
-		echo "test-python: server not ready after ${READY_TIMEOUT_S}s" >&2
-		exit 1
-	fi
-	sleep 0.1
-done
+wait_ready test-python || exit 1
 echo "test-python: server ready (pid $pid)"
 
 PYTHONPATH="$tmp/gen${PYTHONPATH:+:$PYTHONPATH}" \
