@@ -94,6 +94,12 @@ type Config struct {
 	// Tombstone is how long left and failed members stay in Members.
 	// Default 10 min.
 	Tombstone time.Duration
+	// ReconnectInterval is how often this node tries to join members it
+	// holds as failed (not left), so that a healed network partition merges
+	// back: memberlist itself never probes a node it declared dead. 0 takes
+	// the default, 10 s; negative disables. Attempts stop when the member's
+	// tombstone expires.
+	ReconnectInterval time.Duration
 	// LogOutput receives memberlist's own log lines (bridge it to zap in
 	// cmd/). Default: discarded.
 	LogOutput io.Writer
@@ -122,6 +128,7 @@ func DefaultConfig() Config {
 		DeadNodeReclaimTime: 10 * time.Second,
 		EventBuffer:         4096,
 		Tombstone:           10 * time.Minute,
+		ReconnectInterval:   10 * time.Second,
 	}
 }
 
@@ -142,6 +149,7 @@ func DefaultLocalConfig(name string) Config {
 	c.RetransmitMult = 3
 	c.IndirectChecks = 2
 	c.DeadNodeReclaimTime = time.Second
+	c.ReconnectInterval = 500 * time.Millisecond
 	return c
 }
 
@@ -339,6 +347,7 @@ type Cluster struct {
 	closed   atomic.Bool
 	stop     chan struct{}
 	loopDone chan struct{}
+	reconn   sync.WaitGroup // the reconnect loop
 
 	mu      sync.RWMutex // guards members, subs, seq
 	members map[string]*Member
@@ -447,6 +456,13 @@ func (c *Cluster) Start(ctx context.Context) error {
 	c.addr.Store(&addr)
 	c.ml.Store(ml)
 	c.lg.Info("gossip started", zap.String("node", c.cfg.NodeName), zap.String("addr", c.Addr()))
+	if iv := c.cfg.ReconnectInterval; iv >= 0 {
+		if iv == 0 {
+			iv = DefaultConfig().ReconnectInterval
+		}
+		c.reconn.Add(1)
+		go c.reconnect(iv)
+	}
 	if len(c.cfg.Join) == 0 {
 		return nil
 	}
@@ -463,6 +479,44 @@ func (c *Cluster) Start(ctx context.Context) error {
 		case <-c.stop:
 			return ErrClosed
 		case <-time.After(c.cfg.JoinRetryInterval):
+		}
+	}
+}
+
+// reconnect periodically joins members held as failed, one at a time, so
+// that the two sides of a healed partition merge again (serf's reconnect).
+// A member that left gracefully is never contacted again.
+func (c *Cluster) reconnect(every time.Duration) {
+	defer c.reconn.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		ml := c.ml.Load()
+		if ml == nil || c.closed.Load() {
+			continue
+		}
+		var addrs []string
+		c.mu.RLock()
+		for _, m := range c.members {
+			if m.State == StateFailed && !m.Local && m.Addr != "" {
+				addrs = append(addrs, m.Addr)
+			}
+		}
+		c.mu.RUnlock()
+		for _, a := range addrs {
+			select {
+			case <-c.stop:
+				return
+			default:
+			}
+			if n, err := ml.Join([]string{a}); err == nil && n > 0 {
+				c.lg.Info("reconnected to a failed member", zap.String("addr", a))
+			}
 		}
 	}
 }
@@ -683,6 +737,7 @@ func (c *Cluster) Close() error {
 			close(c.stop)
 		}
 		<-c.loopDone
+		c.reconn.Wait()
 	}
 	c.mu.Lock()
 	for s := range c.subs {

@@ -76,7 +76,8 @@ func nsMember(t *testing.T, name, ip, join string) *clusterMember {
 // TestPartition cuts one node off the other two with a network namespace
 // link going down: both sides notice, reads on the majority side return the
 // right bytes or a miss (never wrong bytes, never a hang), and the cut-off
-// node keeps serving what it holds itself.
+// node keeps serving what it holds itself. When the link comes back, the
+// two sides merge into one view again (the cluster's reconnect loop).
 func TestPartition(t *testing.T) {
 	if testing.Short() {
 		t.Skip("partition test skipped in -short mode")
@@ -131,6 +132,19 @@ func TestPartition(t *testing.T) {
 		got, _, code := n3.d.tp(t, nil, "get", "--ns", "p", "--scope", "local", fmt.Sprintf("k%d", i))
 		if code != 0 || !bytes.Equal([]byte(got), vals[i]) {
 			t.Fatalf("p3 lost k%d during the partition (code %d)", i, code)
+		}
+	}
+
+	// Heal: both sides merge back into one view.
+	if err := ipCmd("-n", hostA.name, "link", "set", linkA, "up"); err != nil {
+		t.Fatal(err)
+	}
+	waitView(t, n1.d, "p1", "p2", "p3")
+	waitView(t, n3.d, "p1", "p2", "p3")
+	for i := range vals {
+		got, _, code := n1.d.tp(t, nil, "get", "--ns", "p", "--timeout", "10s", fmt.Sprintf("k%d", i))
+		if code == 0 && !bytes.Equal([]byte(got), vals[i]) {
+			t.Fatalf("wrong bytes for k%d after the partition healed", i)
 		}
 	}
 }
