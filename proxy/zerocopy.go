@@ -377,13 +377,23 @@ func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error)
 		}
 		r := e.r
 		var value []byte
-		if rt != nil && !r.Expired() {
+		if (rt != nil || e.opts.Durable) && !r.Expired() {
 			// The slot is still reserved (stable, not evictable): copy it
-			// for the owners now, since once published it may be evicted.
+			// for the owners and the persistent tier now, since once
+			// published it may be evicted.
 			value = bytes.Clone(r.Bytes())
 		}
 		existed, err := r.Commit(ctx, it.Checksum, it.HasChecksum)
-		if err == nil && !existed && value != nil {
+		if err == nil && !existed && e.opts.Durable && value != nil {
+			// A durable reservation is acknowledged only once the block is
+			// on persistent storage, as a durable Put is: the store writes
+			// it through (its DRAM copy is already there, so that half is a
+			// no-op). A store without a persistent tier ignores Durable.
+			if _, perr := p.store.Put(ctx, e.ns, e.key, value, e.opts); perr != nil {
+				err = fmt.Errorf("committed, but not made durable: %w", perr)
+			}
+		}
+		if err == nil && !existed && value != nil && rt != nil {
 			if pushes == nil {
 				pushes = map[string][]PutItem{}
 			}
