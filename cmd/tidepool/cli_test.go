@@ -44,6 +44,7 @@ type daemon struct {
 	metrics string // host:port
 	stderr  *bytes.Buffer
 	exited  chan error
+	lines   chan string // standard output after the first line
 }
 
 func startDaemon(t *testing.T, extra ...string) *daemon {
@@ -52,7 +53,8 @@ func startDaemon(t *testing.T, extra ...string) *daemon {
 }
 
 // startDaemonWith starts `tidepool serve` under a command prefix (such as
-// `ip netns exec NS`), with extra flags.
+// `ip netns exec NS`), with extra flags (a flag given again in extra
+// overrides the default here), and returns once it printed its first line.
 func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "tpcli")
@@ -60,7 +62,7 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &bytes.Buffer{}, exited: make(chan error, 1)}
+	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &bytes.Buffer{}, exited: make(chan error, 1), lines: make(chan string, 16)}
 	args := append([]string{"serve",
 		"--socket", d.socket,
 		"--data-dir", t.TempDir(),
@@ -83,23 +85,23 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 	go func() { d.exited <- d.cmd.Wait() }()
 	t.Cleanup(func() {
 		d.cmd.Process.Kill()
-		<-d.exited
+		err := <-d.exited
+		d.exited <- err
 		if t.Failed() {
 			t.Logf("server stderr:\n%s", d.stderr.String())
 		}
 	})
-	lines := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			select {
-			case lines <- sc.Text():
+			case d.lines <- sc.Text():
 			default:
 			}
 		}
 	}()
 	select {
-	case line := <-lines:
+	case line := <-d.lines:
 		if !strings.Contains(line, "serving on socket "+d.socket) {
 			t.Fatalf("unexpected first line %q", line)
 		}
@@ -107,6 +109,7 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 			d.metrics = m[1]
 		}
 	case err := <-d.exited:
+		d.exited <- err // for the cleanup
 		t.Fatalf("serve exited early: %v\n%s", err, d.stderr.String())
 	case <-time.After(30 * time.Second):
 		t.Fatalf("serve did not report ready\n%s", d.stderr.String())
@@ -256,16 +259,7 @@ func TestCLIEndToEnd(t *testing.T) {
 	}
 
 	// SIGTERM: graceful exit, socket removed.
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-d.exited:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v\n%s", err, d.stderr.String())
-		}
-		d.exited <- nil // for the cleanup
-	case <-time.After(20 * time.Second):
-		t.Fatal("no exit after SIGTERM")
-	}
+	d.stop(t, syscall.SIGTERM)
 	if _, err := os.Stat(d.socket); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind after graceful exit: %v", err)
 	}

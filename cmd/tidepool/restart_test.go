@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -26,70 +23,25 @@ import (
 // read from its second line of output.
 func startServeIn(t *testing.T, dataDir string, extra ...string) (*daemon, int) {
 	t.Helper()
-	sockDir, err := os.MkdirTemp("", "tprs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &bytes.Buffer{}, exited: make(chan error, 1)}
-	args := append([]string{"serve",
-		"--socket", d.socket,
+	d := startDaemon(t, append([]string{
 		"--data-dir", dataDir,
-		"--arena-dir", t.TempDir(),
 		"--dram-capacity", "32MiB",
 		"--max-value-size", "4MiB",
 		"--ssd-capacity", "1GiB",
 		"--ssd-min-free", "0",
-		"--metrics-addr", "127.0.0.1:0",
-		"--log-level", "info",
-	}, extra...)
-	d.cmd = exec.Command(binPath, args...)
-	d.cmd.Stderr = d.stderr
-	stdout, err := d.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	}, extra...)...)
+	var line string
+	select {
+	case line = <-d.lines:
+	case err := <-d.exited:
+		d.exited <- err // for the cleanup
+		t.Fatalf("serve exited early: %v\n%s", err, d.stderr.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("serve did not print its recovery line\n%s", d.stderr.String())
 	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.exited <- d.cmd.Wait() }()
-	t.Cleanup(func() {
-		d.cmd.Process.Kill()
-		err := <-d.exited
-		d.exited <- err
-		if t.Failed() {
-			t.Logf("server stderr:\n%s", d.stderr.String())
-		}
-	})
-	lines := make(chan string, 2)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for n := 0; sc.Scan(); n++ {
-			if n < 2 {
-				lines <- sc.Text()
-			}
-		}
-	}()
-	var got []string
-	for len(got) < 2 {
-		select {
-		case line := <-lines:
-			got = append(got, line)
-		case err := <-d.exited:
-			t.Fatalf("serve exited early: %v\n%s", err, d.stderr.String())
-		case <-time.After(60 * time.Second):
-			t.Fatalf("serve did not report ready (lines %q)\n%s", got, d.stderr.String())
-		}
-	}
-	if !strings.Contains(got[0], "serving on socket "+d.socket) {
-		t.Fatalf("unexpected first line %q", got[0])
-	}
-	if m := regexp.MustCompile(`http://([0-9.:]+)/metrics`).FindStringSubmatch(got[0]); m != nil {
-		d.metrics = m[1]
-	}
-	m := regexp.MustCompile(`^ssd tier: recovered (\d+) blocks \(.*\) in `).FindStringSubmatch(got[1])
+	m := regexp.MustCompile(`^ssd tier: recovered (\d+) blocks \(.*\) in `).FindStringSubmatch(line)
 	if m == nil {
-		t.Fatalf("unexpected second line %q", got[1])
+		t.Fatalf("unexpected second line %q", line)
 	}
 	n, _ := strconv.Atoi(m[1])
 	return d, n
