@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,14 +149,9 @@ func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error)
 // Stats implements rdma.Transport.
 func (t *Transport) Stats() rdma.Stats {
 	n, b := t.table.Len()
-	s := rdma.Stats{Regions: n, RegionBytes: b, Serve: t.serve.Snapshot()}
 	t.mu.Lock()
-	for _, c := range t.peers {
-		s.Peers = append(s.Peers, c.Snapshot())
-	}
-	t.mu.Unlock()
-	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Addr < s.Peers[j].Addr })
-	return s
+	defer t.mu.Unlock()
+	return counters.TransportStats(n, b, &t.serve, t.peers)
 }
 
 // Close detaches the transport: peers can no longer reach it and in-flight

@@ -28,7 +28,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -194,14 +193,9 @@ func (t *Transport) Deregister(id rdma.RegionID) error { return t.table.Deregist
 // Stats implements rdma.Transport.
 func (t *Transport) Stats() rdma.Stats {
 	n, b := t.table.Len()
-	s := rdma.Stats{Regions: n, RegionBytes: b, Serve: t.serve.Snapshot()}
 	t.mu.Lock()
-	for _, c := range t.peers {
-		s.Peers = append(s.Peers, c.Snapshot())
-	}
-	t.mu.Unlock()
-	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Addr < s.Peers[j].Addr })
-	return s
+	defer t.mu.Unlock()
+	return counters.TransportStats(n, b, &t.serve, t.peers)
 }
 
 // Close stops the listener, breaks served connections and closes every Peer

@@ -2,6 +2,7 @@
 package counters
 
 import (
+	"sort"
 	"sync/atomic"
 	"time"
 
@@ -102,4 +103,16 @@ func (s *Serve) Snapshot() rdma.ServeStats {
 		BytesOut: s.bytesOut.Load(),
 		Conns:    int(s.conns.Load()),
 	}
+}
+
+// TransportStats assembles a transport's snapshot from its region totals,
+// serve counters and per-peer counters (peers sorted by address). The
+// caller holds whatever lock guards peers.
+func TransportStats(regions int, regionBytes uint64, serve *Serve, peers map[string]*Peer) rdma.Stats {
+	s := rdma.Stats{Regions: regions, RegionBytes: regionBytes, Serve: serve.Snapshot()}
+	for _, c := range peers {
+		s.Peers = append(s.Peers, c.Snapshot())
+	}
+	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Addr < s.Peers[j].Addr })
+	return s
 }
