@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/clock"
 )
 
 // Cluster is the proxy's view of the cluster: who owns a key. Implemented
@@ -56,11 +57,107 @@ type RouteConfig struct {
 	PushQueue int
 	// PushWorkers drain the queue. Default 4.
 	PushWorkers int
+
+	// RebalanceRate bounds, in bytes per second, what the rebalancer pushes
+	// to new owners after a membership change (rebalance.go). 0 turns the
+	// rebalancer off (new owners then fill lazily only). Default 64 MiB/s.
+	RebalanceRate int64
+	// RebalanceDelay is how long after the last membership change a pass
+	// starts: changes in a burst make one pass, and the placement view has
+	// rebuilt its ring by then. Default 2 s.
+	RebalanceDelay time.Duration
+	// RebalanceMaxBytes bounds the bytes one pass plans to move, hottest
+	// first; the rest fills lazily. 0: no bound. Default 1 GiB.
+	RebalanceMaxBytes int64
+
+	// HotThreshold is how many fetches of one block from other nodes,
+	// within about HotWindow, make the next fetch keep it as a hot replica:
+	// a full-priority copy instead of a low-priority one (hot.go). 0 turns
+	// hot replication off. Default 3.
+	HotThreshold int
+	// HotWindow is the counting window of HotThreshold (fetches are counted
+	// over the current and the previous window). Default 1 min.
+	HotWindow time.Duration
+	// HotTTL is how long a hot replica keeps full priority; it is then
+	// demoted to a low-priority copy. Default 10 min.
+	HotTTL time.Duration
+	// HotMaxReplicas bounds the live hot replicas. Default 256.
+	HotMaxReplicas int
+	// HotMaxBytes bounds their bytes. Default 1 GiB.
+	HotMaxBytes int64
+	// HotTracked bounds the blocks whose fetches are counted in one window
+	// (memory bound). Default 65536.
+	HotTracked int
+
+	// Clock times windows and TTLs. Default: the real clock.
+	Clock clock.Clock
 }
 
 // DefaultRouteConfig returns the defaults documented on RouteConfig.
 func DefaultRouteConfig() RouteConfig {
-	return RouteConfig{FetchTimeout: 5 * time.Second, PushQueue: 1024, PushWorkers: 4}
+	return RouteConfig{
+		FetchTimeout: 5 * time.Second, PushQueue: 1024, PushWorkers: 4,
+		RebalanceRate: 64 << 20, RebalanceDelay: 2 * time.Second, RebalanceMaxBytes: 1 << 30,
+		HotThreshold: 3, HotWindow: time.Minute, HotTTL: 10 * time.Minute, HotMaxReplicas: 256,
+		HotMaxBytes: 1 << 30, HotTracked: 65536,
+	}
+}
+
+// withDefaults fills the zero fields that have a default; RebalanceRate,
+// RebalanceMaxBytes and HotThreshold keep 0 (off, no bound).
+func (c RouteConfig) withDefaults() RouteConfig {
+	d := DefaultRouteConfig()
+	if c.FetchTimeout == 0 {
+		c.FetchTimeout = d.FetchTimeout
+	}
+	if c.PushQueue == 0 {
+		c.PushQueue = d.PushQueue
+	}
+	if c.PushWorkers == 0 {
+		c.PushWorkers = d.PushWorkers
+	}
+	if c.RebalanceDelay == 0 {
+		c.RebalanceDelay = d.RebalanceDelay
+	}
+	if c.HotWindow == 0 {
+		c.HotWindow = d.HotWindow
+	}
+	if c.HotTTL == 0 {
+		c.HotTTL = d.HotTTL
+	}
+	if c.HotMaxReplicas == 0 {
+		c.HotMaxReplicas = d.HotMaxReplicas
+	}
+	if c.HotMaxBytes == 0 {
+		c.HotMaxBytes = d.HotMaxBytes
+	}
+	if c.HotTracked == 0 {
+		c.HotTracked = d.HotTracked
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults) at once.
+func (c RouteConfig) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"FetchTimeout", int64(c.FetchTimeout)}, {"PushQueue", int64(c.PushQueue)}, {"PushWorkers", int64(c.PushWorkers)},
+		{"RebalanceRate", c.RebalanceRate}, {"RebalanceDelay", int64(c.RebalanceDelay)}, {"RebalanceMaxBytes", c.RebalanceMaxBytes},
+		{"HotThreshold", int64(c.HotThreshold)}, {"HotWindow", int64(c.HotWindow)}, {"HotTTL", int64(c.HotTTL)},
+		{"HotMaxReplicas", int64(c.HotMaxReplicas)}, {"HotMaxBytes", c.HotMaxBytes}, {"HotTracked", int64(c.HotTracked)},
+	} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("proxy: route %s is negative", f.name))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // RouteStats is a snapshot of the routing counters.
@@ -74,6 +171,9 @@ type RouteStats struct {
 	PushesDropped   int64 // pushes dropped because the queue was full
 	PushQueueDepth  int64 // batches waiting now
 	CoalescedMisses int64 // misses that joined another caller's fetch
+
+	Rebalance RebalanceStats // rebalance.go
+	Hot       HotStats       // hot.go
 }
 
 type pushJob struct {
@@ -86,8 +186,11 @@ type pushJob struct {
 type router struct {
 	c     Cluster
 	peers Peers
+	store Store
 	cfg   RouteConfig
 	lg    *zap.Logger
+	hot   *hotTracker // nil: hot replication off
+	rebal *rebalancer // nil: rebalancer off
 
 	queue   chan pushJob
 	stop    chan struct{}
@@ -111,22 +214,18 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 	if c == nil || peers == nil {
 		return errors.New("proxy: nil cluster or peers")
 	}
-	def := DefaultRouteConfig()
-	if cfg.FetchTimeout <= 0 {
-		cfg.FetchTimeout = def.FetchTimeout
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
-	if cfg.PushQueue <= 0 {
-		cfg.PushQueue = def.PushQueue
-	}
-	if cfg.PushWorkers <= 0 {
-		cfg.PushWorkers = def.PushWorkers
-	}
-	r := &router{c: c, peers: peers, cfg: cfg, lg: p.lg.Named("route"),
+	cfg = cfg.withDefaults()
+	r := &router{c: c, peers: peers, store: p.store, cfg: cfg, lg: p.lg.Named("route"),
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: map[string]*fetchFlight{}}
 	for i := 0; i < cfg.PushWorkers; i++ {
 		r.workers.Add(1)
 		go r.pushWorker()
 	}
+	r.startHot()
+	r.startRebalancer()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.route != nil {
@@ -139,7 +238,8 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 }
 
 // DetachCluster stops routing; queued pushes are finished first for up to
-// timeout. Safe to call when none is attached.
+// timeout, a running rebalance pass is cancelled and hot replicas stay as
+// they are. Safe to call when none is attached.
 func (p *Proxy) DetachCluster(timeout time.Duration) {
 	p.mu.Lock()
 	r := p.route
@@ -174,6 +274,7 @@ func (p *Proxy) RouteStats() RouteStats {
 		RemoteLookups: r.remoteLookups.Load(), RemoteFetches: r.remoteFetches.Load(), RemoteHits: r.remoteHits.Load(),
 		FetchFailures: r.fetchFailures.Load(), Pushes: r.pushes.Load(), PushFailures: r.pushFailures.Load(),
 		PushesDropped: r.pushesDropped.Load(), PushQueueDepth: int64(len(r.queue)), CoalescedMisses: r.coalesced.Load(),
+		Rebalance: r.rebal.stats(), Hot: r.hot.stats(),
 	}
 }
 
@@ -215,11 +316,14 @@ func (r *router) owns(ns string, key []byte) bool {
 
 // fetch brings keys that missed locally into the local store, asking each
 // key's owners in order; one fetch per key at a time (concurrent misses on
-// one key join the flight). Per key: nil (now local) or why not.
+// one key join the flight). A key fetched often is kept as a hot replica
+// (hot.go). Per key: nil (now local) or why not.
 func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	errs := make([]error, len(keys))
-	// Group by first remote owner; keys with no remote owner miss.
-	leaders := map[string][]int{}
+	// Group by first remote owner (and by hot or not); keys with no remote
+	// owner miss.
+	groups := map[fetchGroup][]int{}
+	hot := make([]bool, len(keys))
 	var waits []struct {
 		i int
 		f *fetchFlight
@@ -248,44 +352,34 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 		r.fmu.Unlock()
 		mine = append(mine, f)
 		mineIdx = append(mineIdx, i)
-		leaders[owners[0]] = append(leaders[owners[0]], i)
+		hot[i] = r.hot.note(fk)
+		g := fetchGroup{node: owners[0], hot: hot[i]}
+		groups[g] = append(groups[g], i)
 	}
 	// Ask each first owner for its keys in parallel; a key it lacks is
 	// tried at its next owner (previous membership) one by one.
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
-	perNode(leaders, keys, func(node string, idx []int, batch [][]byte) {
-		r.remoteFetches.Add(int64(len(idx)))
-		res, err := r.peers.Fetch(ctx, node, ns, batch)
+	var wg sync.WaitGroup
+	for g, idx := range groups {
+		batch := make([][]byte, len(idx))
 		for j, i := range idx {
-			e := err
-			if e == nil {
-				e = res[j]
-			}
-			if e != nil && !errors.Is(e, cache.ErrNotFound) {
-				r.fetchFailures.Add(1)
-				r.lg.Debug("remote fetch failed", zap.String("node", node), zap.Error(e))
-			}
-			if e != nil {
-				// Try the other owners of this key, in order.
-				for _, next := range r.remoteOwners(ns, keys[i])[1:] {
-					r.remoteFetches.Add(1)
-					rr, ferr := r.peers.Fetch(ctx, next, ns, [][]byte{keys[i]})
-					if ferr == nil && rr[0] == nil {
-						e = nil
-						break
-					}
-				}
-			}
-			if e == nil {
-				r.remoteHits.Add(1)
-			}
-			errs[i] = e
+			batch[j] = keys[i]
 		}
-	})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.fetchFrom(ctx, g, ns, keys, idx, batch, errs)
+		}()
+	}
+	wg.Wait()
 	for j, f := range mine {
-		f.err = errs[mineIdx[j]]
-		fk := ns + "\x00" + string(keys[mineIdx[j]])
+		i := mineIdx[j]
+		f.err = errs[i]
+		fk := ns + "\x00" + string(keys[i])
+		if hot[i] {
+			r.hot.done(ctx, fk, ns, keys[i], errs[i] == nil, r.store)
+		}
 		r.fmu.Lock()
 		delete(r.flights, fk)
 		r.fmu.Unlock()
@@ -300,6 +394,52 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 		}
 	}
 	return errs
+}
+
+// fetchGroup is the keys of one fetch call: one node, hot or not.
+type fetchGroup struct {
+	node string
+	hot  bool
+}
+
+// fetchFrom fetches batch (keys[idx]) from g.node and sets errs[idx[j]];
+// a key the node cannot give is tried at its other owners one by one.
+func (r *router) fetchFrom(ctx context.Context, g fetchGroup, ns string, keys [][]byte, idx []int, batch [][]byte, errs []error) {
+	r.remoteFetches.Add(int64(len(idx)))
+	res, err := r.fetchCall(ctx, g.node, ns, batch, g.hot)
+	for j, i := range idx {
+		e := err
+		if e == nil {
+			e = res[j]
+		}
+		if e != nil && !errors.Is(e, cache.ErrNotFound) {
+			r.fetchFailures.Add(1)
+			r.lg.Debug("remote fetch failed", zap.String("node", g.node), zap.Error(e))
+		}
+		if e != nil {
+			// Try the other owners of this key, in order.
+			for _, next := range r.remoteOwners(ns, keys[i])[1:] {
+				r.remoteFetches.Add(1)
+				rr, ferr := r.fetchCall(ctx, next, ns, [][]byte{keys[i]}, g.hot)
+				if ferr == nil && rr[0] == nil {
+					e = nil
+					break
+				}
+			}
+		}
+		if e == nil {
+			r.remoteHits.Add(1)
+		}
+		errs[i] = e
+	}
+}
+
+// fetchCall is one Fetch, or FetchHot for blocks to keep as hot replicas.
+func (r *router) fetchCall(ctx context.Context, node, ns string, keys [][]byte, hot bool) ([]error, error) {
+	if hf, ok := r.peers.(HotFetcher); ok && hot {
+		return hf.FetchHot(ctx, node, ns, keys)
+	}
+	return r.peers.Fetch(ctx, node, ns, keys)
 }
 
 // perNode calls fn for each node's group of key indexes, in parallel, with

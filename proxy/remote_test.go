@@ -37,10 +37,13 @@ func (c *fakeCluster) Members() []MemberInfo {
 }
 
 type fakePeers struct {
-	self    string
-	nodes   map[string]*Proxy
-	fetches atomic.Int64
-	gate    chan struct{} // when set, Fetch waits on it
+	self       string
+	nodes      map[string]*Proxy
+	fetches    atomic.Int64  // keys fetched (hot or not)
+	hotFetches atomic.Int64  // keys fetched as hot replicas
+	pushes     atomic.Int64  // items pushed
+	gate       chan struct{} // when set, Fetch waits on it
+	onPush     func(PutItem) // when set, called for each pushed item
 }
 
 func (f *fakePeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
@@ -52,6 +55,16 @@ func (f *fakePeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) 
 }
 
 func (f *fakePeers) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
+	return f.fetch(ctx, node, ns, keys, true)
+}
+
+// FetchHot implements HotFetcher: the copies are kept at full priority.
+func (f *fakePeers) FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
+	f.hotFetches.Add(int64(len(keys)))
+	return f.fetch(ctx, node, ns, keys, false)
+}
+
+func (f *fakePeers) fetch(ctx context.Context, node, ns string, keys [][]byte, low bool) ([]error, error) {
 	f.fetches.Add(int64(len(keys)))
 	if f.gate != nil {
 		<-f.gate
@@ -63,12 +76,18 @@ func (f *fakePeers) Fetch(ctx context.Context, node, ns string, keys [][]byte) (
 			out[i] = err
 			continue
 		}
-		_, out[i] = f.nodes[f.self].store.Put(ctx, ns, k, v, cache.PutOptions{Depth: info.Depth, LowPriority: true})
+		_, out[i] = f.nodes[f.self].store.Put(ctx, ns, k, v, cache.PutOptions{Depth: info.Depth, LowPriority: low})
 	}
 	return out, nil
 }
 
 func (f *fakePeers) Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error) {
+	f.pushes.Add(int64(len(items)))
+	if f.onPush != nil {
+		for _, it := range items {
+			f.onPush(it)
+		}
+	}
 	out := make([]error, len(items))
 	for i, it := range items {
 		_, out[i] = f.nodes[node].PutLocal(ctx, ns, it.Key, it.Value, it.Opts)
