@@ -132,6 +132,7 @@ type PeerStats struct {
 	Fetches       int64         // Fetch calls
 	FetchedBlocks int64         // blocks brought in (or found local meanwhile)
 	FetchedBytes  int64         // bytes pulled
+	HotFetched    int64         // keys asked with FetchHot (kept as hot replicas)
 	Misses        int64         // keys the peer did not hold
 	Failures      int64         // keys or calls that failed (transfer, checksum, RPC)
 	ChecksumFails int64         // fetched blocks whose bytes failed their CRC
@@ -150,7 +151,7 @@ func (s PeerStats) MeanFetchLatency() time.Duration {
 }
 
 type peerCounters struct {
-	fetches, blocks, bytes, misses, failures, csum, lookups, pushes, pushFails, latency atomic.Int64
+	fetches, blocks, bytes, hot, misses, failures, csum, lookups, pushes, pushFails, latency atomic.Int64
 }
 
 // Client makes peer API calls and moves fetched bytes; it implements
@@ -169,7 +170,10 @@ type Client struct {
 	releases sync.WaitGroup // asynchronous lease releases
 }
 
-var _ proxy.Peers = (*Client)(nil)
+var (
+	_ proxy.Peers      = (*Client)(nil)
+	_ proxy.HotFetcher = (*Client)(nil)
+)
 
 // NewClient validates cfg and returns a client; connections are made on
 // first use. lg is used as given; nil is a no-op.
@@ -231,7 +235,7 @@ func (c *Client) Stats() []PeerStats {
 	out := make([]PeerStats, 0, len(c.counters))
 	for node, pc := range c.counters {
 		out = append(out, PeerStats{
-			Node: node, Fetches: pc.fetches.Load(), FetchedBlocks: pc.blocks.Load(), FetchedBytes: pc.bytes.Load(),
+			Node: node, Fetches: pc.fetches.Load(), FetchedBlocks: pc.blocks.Load(), FetchedBytes: pc.bytes.Load(), HotFetched: pc.hot.Load(),
 			Misses: pc.misses.Load(), Failures: pc.failures.Load(), ChecksumFails: pc.csum.Load(),
 			Lookups: pc.lookups.Load(), Pushes: pc.pushes.Load(), PushFailures: pc.pushFails.Load(),
 			FetchLatency: time.Duration(pc.latency.Load()),
@@ -383,6 +387,17 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 // wrong bytes), then the owner's pins are released in one call. Per key:
 // nil (local now), cache.ErrNotFound, or the error.
 func (c *Client) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
+	return c.fetch(ctx, node, ns, keys, true)
+}
+
+// FetchHot is Fetch, but the blocks are committed as full-priority copies
+// (the proxy's hot replicas); it implements proxy.HotFetcher.
+func (c *Client) FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
+	c.stats(node).hot.Add(int64(len(keys)))
+	return c.fetch(ctx, node, ns, keys, false)
+}
+
+func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low bool) ([]error, error) {
 	start := time.Now()
 	pc := c.stats(node)
 	pc.fetches.Add(1)
@@ -432,7 +447,7 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]e
 		sem <- struct{}{}
 		go func(i int, it *peer.AcquireItem) {
 			defer func() { <-sem; wg.Done() }()
-			n, err := c.pull(ctx, ns, keys[i], it, resolvedXfer)
+			n, err := c.pull(ctx, ns, keys[i], it, resolvedXfer, low)
 			errs[i] = err
 			switch {
 			case err == nil:
@@ -454,12 +469,12 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]e
 
 // pull moves one acquired block into a reserved local slot and commits it.
 // It returns the bytes pulled.
-func (c *Client) pull(ctx context.Context, ns string, key []byte, it *peer.AcquireItem, resolvedXfer string) (int64, error) {
+func (c *Client) pull(ctx context.Context, ns string, key []byte, it *peer.AcquireItem, resolvedXfer string, low bool) (int64, error) {
 	s := it.Slot
 	if s == nil || s.Length < 0 || s.Offset < 0 || s.RegionLen < 0 || s.Offset > s.RegionLen || s.Length > s.RegionLen-s.Offset {
 		return 0, fmt.Errorf("%w: bad slot %v", ErrProtocol, s)
 	}
-	r, err := c.cfg.Store.Reserve(ctx, ns, key, s.Length, cache.PutOptions{Depth: it.Depth, LowPriority: true}, c.cfg.ReserveTTL)
+	r, err := c.cfg.Store.Reserve(ctx, ns, key, s.Length, cache.PutOptions{Depth: it.Depth, LowPriority: low}, c.cfg.ReserveTTL)
 	if errors.Is(err, cache.ErrExists) {
 		return 0, nil // stored locally meanwhile
 	}

@@ -30,6 +30,7 @@ type node struct {
 	srv     *peerapi.Server
 	cli     *peerapi.Client
 	cred    peerapi.Credentials
+	unwatch func()
 	closed  bool
 }
 
@@ -38,6 +39,9 @@ type nodeOpts struct {
 	fetchTimeout time.Duration
 	capacity     int64
 	prefault     bool // fault the arena pages in at start
+	// route, when set, is the routing config (rebalancer, hot replicas);
+	// fetchTimeout still applies.
+	route *proxy.RouteConfig
 }
 
 func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
@@ -102,9 +106,15 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.p.AttachCluster(n.view, n.cli, proxy.RouteConfig{FetchTimeout: o.fetchTimeout}); err != nil {
+	rcfg := proxy.RouteConfig{}
+	if o.route != nil {
+		rcfg = *o.route
+	}
+	rcfg.FetchTimeout = o.fetchTimeout
+	if err := n.p.AttachCluster(n.view, n.cli, rcfg); err != nil {
 		t.Fatal(err)
 	}
+	n.unwatch = peerapi.WatchMembership(n.c, n.p)
 	t.Cleanup(n.close)
 	return n
 }
@@ -117,6 +127,7 @@ func (n *node) close() {
 		return
 	}
 	n.closed = true
+	n.unwatch()
 	n.p.DetachCluster(time.Second)
 	n.srv.Close()
 	n.cli.Close()
