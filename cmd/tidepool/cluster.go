@@ -35,6 +35,7 @@ type clusterNode struct {
 	pcli    *peerapi.Client
 	c       *cluster.Cluster
 	view    *clusterview.View
+	unwatch func() // stops feeding membership changes to the rebalancer
 }
 
 // readSecret reads a key or token file: raw bytes, or base64 text, with
@@ -194,9 +195,14 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {
 		return nil, err
 	}
-	if err := p.AttachCluster(n.view, n.pcli, proxy.DefaultRouteConfig()); err != nil {
+	rcfg := proxy.DefaultRouteConfig()
+	rcfg.RebalanceRate, rcfg.RebalanceDelay, rcfg.RebalanceMaxBytes = cfg.RebalanceRate, cfg.RebalanceDelay, cfg.RebalanceMaxBytes
+	rcfg.HotThreshold, rcfg.HotWindow, rcfg.HotTTL = cfg.HotThreshold, cfg.HotWindow, cfg.HotTTL
+	rcfg.HotMaxReplicas, rcfg.HotMaxBytes = cfg.HotMaxReplicas, cfg.HotMaxBytes
+	if err := p.AttachCluster(n.view, n.pcli, rcfg); err != nil {
 		return nil, err
 	}
+	n.unwatch = peerapi.WatchMembership(n.c, p)
 	n.lg.Info("cluster joined",
 		zap.String("node_name", cfg.NodeID), zap.String("gossip", gossip),
 		zap.String("peer_api", meta.PeerAddr), zap.String("transfer", meta.TransferAddr),
@@ -229,6 +235,9 @@ func (n *clusterNode) leave(timeout time.Duration) {
 func (n *clusterNode) close(pushDrain time.Duration) {
 	if n == nil {
 		return
+	}
+	if n.unwatch != nil {
+		n.unwatch()
 	}
 	if n.p != nil {
 		n.p.DetachCluster(pushDrain)

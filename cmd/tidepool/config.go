@@ -57,6 +57,15 @@ type Config struct {
 	PeerTokenFile  string        // file holding the peer API shared token
 	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
 
+	RebalanceRate     int64         // bytes/s the rebalancer pushes to new owners; 0 disables
+	RebalanceDelay    time.Duration // quiet time after a membership change before a pass
+	RebalanceMaxBytes int64         // most bytes one pass moves; 0: no bound
+	HotThreshold      int           // fetches within hot_window that make a block a hot replica; 0 disables
+	HotWindow         time.Duration // counting window of hot_threshold
+	HotTTL            time.Duration // how long a hot replica keeps full priority
+	HotMaxReplicas    int           // most hot replicas at once
+	HotMaxBytes       int64         // most bytes of hot replicas at once
+
 	SSDCapacity      int64         // SSD tier budget in bytes; 0 disables the tier
 	SSDMinFree       int64         // free-space floor of data_dir's filesystem (SSD degraded below)
 	DemotionQueue    int64         // bytes of evicted DRAM blocks waiting to be written to SSD
@@ -178,6 +187,14 @@ var settings = []setting{
 	stringSetting("cluster_label", "cluster label; peers with another label are refused", func(c *Config) *string { return &c.ClusterLabel }),
 	stringSetting("peer_token_file", "file holding the shared token the peer API requires", func(c *Config) *string { return &c.PeerTokenFile }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
+	sizeSetting("rebalance_rate", "bytes per second the rebalancer pushes to new owners after a membership change; 0 disables it", func(c *Config) *int64 { return &c.RebalanceRate }),
+	durationSetting("rebalance_delay", "quiet time after the last membership change before a rebalance pass starts", func(c *Config) *time.Duration { return &c.RebalanceDelay }),
+	sizeSetting("rebalance_max_bytes", "most bytes one rebalance pass moves, hottest first; 0: no bound", func(c *Config) *int64 { return &c.RebalanceMaxBytes }),
+	intSetting("hot_threshold", "fetches of one block from other nodes within hot_window that keep it as a hot replica; 0 disables", func(c *Config) *int { return &c.HotThreshold }),
+	durationSetting("hot_window", "counting window of hot_threshold", func(c *Config) *time.Duration { return &c.HotWindow }),
+	durationSetting("hot_ttl", "how long a hot replica keeps full priority before it is demoted to a low-priority copy", func(c *Config) *time.Duration { return &c.HotTTL }),
+	intSetting("hot_max_replicas", "most hot replicas held at once", func(c *Config) *int { return &c.HotMaxReplicas }),
+	sizeSetting("hot_max_bytes", "most bytes of hot replicas held at once", func(c *Config) *int64 { return &c.HotMaxBytes }),
 	sizeSetting("ssd_capacity", "SSD tier budget under data_dir/ssd (capped by the disk's free space at start); 0 disables the SSD tier", func(c *Config) *int64 { return &c.SSDCapacity }),
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
 	sizeSetting("demotion_queue", "bytes of evicted DRAM blocks that may wait to be written to SSD (more are dropped)", func(c *Config) *int64 { return &c.DemotionQueue }),
@@ -253,6 +270,15 @@ func DefaultConfig() Config {
 		NodeID:         host,
 		Replicas:       1,
 		DrainTimeout:   10 * time.Second,
+
+		RebalanceRate:     64 << 20,
+		RebalanceDelay:    2 * time.Second,
+		RebalanceMaxBytes: 1 << 30,
+		HotThreshold:      3,
+		HotWindow:         time.Minute,
+		HotTTL:            10 * time.Minute,
+		HotMaxReplicas:    256,
+		HotMaxBytes:       1 << 30,
 
 		SSDCapacity:      16 << 30,
 		SSDMinFree:       1 << 30,
@@ -333,6 +359,21 @@ func (c Config) Validate() error {
 	}
 	if c.Replicas < 1 || c.Replicas > 8 {
 		bad("replicas %d: must be in [1, 8]", c.Replicas)
+	}
+	if c.RebalanceRate < 0 || c.RebalanceMaxBytes < 0 {
+		bad("rebalance_rate %s, rebalance_max_bytes %s: must not be negative", units.FormatBytes(c.RebalanceRate), units.FormatBytes(c.RebalanceMaxBytes))
+	}
+	if c.RebalanceDelay <= 0 {
+		bad("rebalance_delay %s: must be positive", c.RebalanceDelay)
+	}
+	if c.HotThreshold < 0 {
+		bad("hot_threshold %d: must not be negative", c.HotThreshold)
+	}
+	if c.HotWindow <= 0 || c.HotTTL <= 0 {
+		bad("hot_window %s, hot_ttl %s: must be positive", c.HotWindow, c.HotTTL)
+	}
+	if c.HotMaxReplicas < 1 || c.HotMaxBytes < 1 {
+		bad("hot_max_replicas %d, hot_max_bytes %s: must be positive", c.HotMaxReplicas, units.FormatBytes(c.HotMaxBytes))
 	}
 	if c.GossipAddr != "" {
 		for name, a := range map[string]string{"gossip_addr": c.GossipAddr, "peer_addr": c.PeerAddr, "transfer_addr": c.TransferAddr} {

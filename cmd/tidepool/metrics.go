@@ -160,6 +160,9 @@ type routeCollector struct {
 
 	members, lookups, fetches, remoteHits, fetchFails, pushes, pushFails, pushDrops, queue, coalesced *prometheus.Desc
 	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                   *prometheus.Desc
+
+	rbPasses, rbCancelled, rbRunning, rbPlanned, rbPlannedBytes, rbMoved, rbMovedBytes, rbSkipped, rbFailed, rbDemoted *prometheus.Desc
+	hotCreated, hotEvicted, hotRefused, hotLive, hotBytes, peerHot                                                     *prometheus.Desc
 }
 
 func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
@@ -182,12 +185,31 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 		peerLatency: d("tidepool_peer_fetch_seconds_total", "Time spent in successful Fetch calls to the peer.", peer, nil),
 		xferIn:      d("tidepool_transfer_bytes_in_total", "Bytes the transfer layer received (pulled by this node or written into it).", nil, nil),
 		xferOut:     d("tidepool_transfer_bytes_out_total", "Bytes the transfer layer sent (read by peers or pushed by this node).", nil, nil),
+
+		rbPasses:       d("tidepool_rebalance_passes_total", "Rebalance passes started after membership changes.", nil, nil),
+		rbCancelled:    d("tidepool_rebalance_passes_cancelled_total", "Rebalance passes cut short by a newer membership change or shutdown.", nil, nil),
+		rbRunning:      d("tidepool_rebalance_running", "1 while a rebalance pass runs.", nil, nil),
+		rbPlanned:      d("tidepool_rebalance_planned_blocks_total", "Block moves to new owners planned by rebalance passes.", nil, nil),
+		rbPlannedBytes: d("tidepool_rebalance_planned_bytes_total", "Bytes of the planned block moves.", nil, nil),
+		rbMoved:        d("tidepool_rebalance_moved_blocks_total", "Blocks pushed to their new owners by the rebalancer.", nil, nil),
+		rbMovedBytes:   d("tidepool_rebalance_moved_bytes_total", "Bytes pushed to new owners by the rebalancer.", nil, nil),
+		rbSkipped:      d("tidepool_rebalance_skipped_total", "Planned moves skipped: the new owner had the block, or it left this node meanwhile.", nil, nil),
+		rbFailed:       d("tidepool_rebalance_failed_total", "Planned moves whose push failed.", nil, nil),
+		rbDemoted:      d("tidepool_rebalance_demoted_total", "Moved blocks this node no longer owns, kept as low-priority copies.", nil, nil),
+		hotCreated:     d("tidepool_hot_replicas_created_total", "Blocks fetched often enough to be kept as full-priority hot replicas.", nil, nil),
+		hotEvicted:     d("tidepool_hot_replicas_evicted_total", "Hot replicas ended, by reason: expired (demoted to a low-priority copy after hot_ttl) or lost (evicted or deleted first).", []string{"reason"}, nil),
+		hotRefused:     d("tidepool_hot_replicas_refused_total", "Hot promotions refused because hot_max_replicas or hot_max_bytes was reached.", nil, nil),
+		hotLive:        d("tidepool_hot_replicas_live", "Hot replicas held now.", nil, nil),
+		hotBytes:       d("tidepool_hot_replica_bytes", "Bytes of the hot replicas held now.", nil, nil),
+		peerHot:        d("tidepool_peer_hot_fetches_total", "Keys fetched from the peer to be kept as hot replicas.", peer, nil),
 	}
 }
 
 func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.lookups, c.fetches, c.remoteHits, c.fetchFails, c.pushes, c.pushFails, c.pushDrops, c.queue, c.coalesced,
-		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut} {
+		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut,
+		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted,
+		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot} {
 		ch <- d
 	}
 }
@@ -212,6 +234,27 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.pushDrops, ctr, float64(rs.PushesDropped))
 	ch <- m(c.queue, g, float64(rs.PushQueueDepth))
 	ch <- m(c.coalesced, ctr, float64(rs.CoalescedMisses))
+	rb, hot := rs.Rebalance, rs.Hot
+	running := 0.0
+	if rb.Running {
+		running = 1
+	}
+	ch <- m(c.rbPasses, ctr, float64(rb.Passes))
+	ch <- m(c.rbCancelled, ctr, float64(rb.Cancelled))
+	ch <- m(c.rbRunning, g, running)
+	ch <- m(c.rbPlanned, ctr, float64(rb.PlannedBlocks))
+	ch <- m(c.rbPlannedBytes, ctr, float64(rb.PlannedBytes))
+	ch <- m(c.rbMoved, ctr, float64(rb.MovedBlocks))
+	ch <- m(c.rbMovedBytes, ctr, float64(rb.MovedBytes))
+	ch <- m(c.rbSkipped, ctr, float64(rb.Skipped))
+	ch <- m(c.rbFailed, ctr, float64(rb.Failed))
+	ch <- m(c.rbDemoted, ctr, float64(rb.Demoted))
+	ch <- m(c.hotCreated, ctr, float64(hot.Created))
+	ch <- m(c.hotEvicted, ctr, float64(hot.Expired), "expired")
+	ch <- m(c.hotEvicted, ctr, float64(hot.Lost), "lost")
+	ch <- m(c.hotRefused, ctr, float64(hot.Full))
+	ch <- m(c.hotLive, g, float64(hot.Live))
+	ch <- m(c.hotBytes, g, float64(hot.LiveBytes))
 	if c.cn == nil {
 		return
 	}
@@ -221,6 +264,7 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- m(c.peerBytes, ctr, float64(ps.FetchedBytes), ps.Node)
 			ch <- m(c.peerFails, ctr, float64(ps.Failures), ps.Node)
 			ch <- m(c.peerLatency, ctr, ps.FetchLatency.Seconds(), ps.Node)
+			ch <- m(c.peerHot, ctr, float64(ps.HotFetched), ps.Node)
 		}
 	}
 	if c.cn.tr != nil {
