@@ -64,7 +64,7 @@ type Config struct {
 	HotWindow         time.Duration // counting window of hot_threshold
 	HotTTL            time.Duration // how long a hot replica keeps full priority
 	HotMaxReplicas    int           // most hot replicas at once
-	HotMaxBytes       int64         // most bytes of hot replicas at once
+	HotMaxBytes       int64         // most bytes of hot replicas at once; 0: dram_capacity/16
 
 	SSDCapacity      int64         // SSD tier budget in bytes; 0 disables the tier
 	SSDMinFree       int64         // free-space floor of data_dir's filesystem (SSD degraded below)
@@ -194,7 +194,7 @@ var settings = []setting{
 	durationSetting("hot_window", "counting window of hot_threshold", func(c *Config) *time.Duration { return &c.HotWindow }),
 	durationSetting("hot_ttl", "how long a hot replica keeps full priority before it is demoted to a low-priority copy", func(c *Config) *time.Duration { return &c.HotTTL }),
 	intSetting("hot_max_replicas", "most hot replicas held at once", func(c *Config) *int { return &c.HotMaxReplicas }),
-	sizeSetting("hot_max_bytes", "most bytes of hot replicas held at once", func(c *Config) *int64 { return &c.HotMaxBytes }),
+	sizeSetting("hot_max_bytes", "most bytes of hot replicas held at once; 0: a sixteenth of dram_capacity", func(c *Config) *int64 { return &c.HotMaxBytes }),
 	sizeSetting("ssd_capacity", "SSD tier budget under data_dir/ssd (capped by the disk's free space at start); 0 disables the SSD tier", func(c *Config) *int64 { return &c.SSDCapacity }),
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
 	sizeSetting("demotion_queue", "bytes of evicted DRAM blocks that may wait to be written to SSD (more are dropped)", func(c *Config) *int64 { return &c.DemotionQueue }),
@@ -278,7 +278,6 @@ func DefaultConfig() Config {
 		HotWindow:         time.Minute,
 		HotTTL:            10 * time.Minute,
 		HotMaxReplicas:    256,
-		HotMaxBytes:       1 << 30,
 
 		SSDCapacity:      16 << 30,
 		SSDMinFree:       1 << 30,
@@ -372,8 +371,8 @@ func (c Config) Validate() error {
 	if c.HotWindow <= 0 || c.HotTTL <= 0 {
 		bad("hot_window %s, hot_ttl %s: must be positive", c.HotWindow, c.HotTTL)
 	}
-	if c.HotMaxReplicas < 1 || c.HotMaxBytes < 1 {
-		bad("hot_max_replicas %d, hot_max_bytes %s: must be positive", c.HotMaxReplicas, units.FormatBytes(c.HotMaxBytes))
+	if c.HotMaxReplicas < 1 || c.HotMaxBytes < 0 {
+		bad("hot_max_replicas %d: must be positive; hot_max_bytes %s: must not be negative", c.HotMaxReplicas, units.FormatBytes(c.HotMaxBytes))
 	}
 	if c.GossipAddr != "" {
 		for name, a := range map[string]string{"gossip_addr": c.GossipAddr, "peer_addr": c.PeerAddr, "transfer_addr": c.TransferAddr} {
