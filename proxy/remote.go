@@ -3,8 +3,11 @@ package proxy
 // Routing across sidecars (DESIGN.md §6). A proxy with a cluster attached
 // answers reads from its own tiers first and asks the owners of the keys it
 // misses, batched per owner and in parallel; a fetched block is kept as a
-// low-priority copy. Puts are stored locally and pushed to their owners
-// through a bounded background queue (or synchronously when asked).
+// low-priority copy, or at full priority when it is fetched often (hot
+// replicas, hot.go). Puts are stored locally and pushed to their owners
+// through a bounded background queue (or synchronously when asked). After a
+// membership change a rate-limited rebalancer pushes the hot blocks this
+// node owned to their new owners (rebalance.go).
 
 import (
 	"context"
@@ -209,7 +212,10 @@ type fetchFlight struct {
 }
 
 // AttachCluster makes the proxy route across the cluster. Call it once,
-// before serving; DetachCluster (or Close) stops the push workers.
+// before serving; DetachCluster stops the push workers, the rebalancer and
+// the hot replica sweeper. cfg is validated (RouteConfig.Validate) and its
+// zero fields take their defaults, except that a zero RebalanceRate or
+// HotThreshold leaves that feature off.
 func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 	if c == nil || peers == nil {
 		return errors.New("proxy: nil cluster or peers")
