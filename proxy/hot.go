@@ -24,10 +24,11 @@ import (
 
 // HotFetcher is implemented by Peers that can keep fetched blocks at full
 // priority (proxy/peerapi's Client). With Peers that do not, hot
-// replication is off.
+// replication is off and blocks this node owns are fetched as copies.
 type HotFetcher interface {
-	// FetchHot is Fetch, but the blocks are committed as full-priority
-	// copies (hot replicas): evicted like owned blocks, not before them.
+	// FetchHot is Fetch, but the blocks are committed at full priority
+	// (hot replicas, and blocks this node owns): evicted like owned
+	// blocks, not before them.
 	FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error)
 }
 

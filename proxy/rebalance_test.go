@@ -291,3 +291,36 @@ func TestRouteConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestLazyFillKeepsOwnedBlocks: a new owner that fetches a block it now
+// owns from the previous owner keeps it at full priority (an owned block,
+// not a copy), so the rebalancer finds it held and skips it.
+func TestLazyFillKeepsOwnedBlocks(t *testing.T) {
+	const ns = "ns"
+	s, fx, peers := newMovingCluster(t, RouteConfig{}, []string{"a", "b"}, []string{"a"})
+	ctx := context.Background()
+	var key []byte
+	for i := 0; key == nil; i++ {
+		if k := []byte(fmt.Sprint("k", i)); rendezvous([]string{"a", "b"}, ns, k, 1)[0] == "b" {
+			key = k
+		}
+	}
+	v := value("lazy", 8<<10)
+	if _, err := fx["a"].p.Put(ctx, ns, key, v, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.set([]string{"a", "b"})
+	got, _, err := fx["b"].p.Get(ctx, ns, key, ScopeCluster)
+	if err != nil || string(got) != string(v) {
+		t.Fatalf("lazy fill on the new owner: %v", err)
+	}
+	if low, ok := lowPriority(fx["b"].tier, ns, key); !ok || low {
+		t.Fatalf("new owner holds the block: %v, low priority %v; want owned", ok, low)
+	}
+	if n := peers["b"].hotFetches.Load(); n != 1 {
+		t.Fatalf("%d full-priority fetches, want 1", n)
+	}
+	if st := fx["b"].p.RouteStats().Hot; st.Created != 0 {
+		t.Fatalf("an owned block counted as a hot replica: %+v", st)
+	}
+}

@@ -322,12 +322,14 @@ func (r *router) owns(ns string, key []byte) bool {
 
 // fetch brings keys that missed locally into the local store, asking each
 // key's owners in order; one fetch per key at a time (concurrent misses on
-// one key join the flight). A key fetched often is kept as a hot replica
-// (hot.go). Per key: nil (now local) or why not.
+// one key join the flight). A fetched block is kept as a low-priority copy,
+// except when this node owns it (a new owner filling lazily from the
+// previous one) or it is fetched often (a hot replica, hot.go): those are
+// kept at full priority. Per key: nil (now local) or why not.
 func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	errs := make([]error, len(keys))
-	// Group by first remote owner (and by hot or not); keys with no remote
-	// owner miss.
+	// Group by first remote owner (and by kept at full priority or not);
+	// keys with no remote owner miss.
 	groups := map[fetchGroup][]int{}
 	hot := make([]bool, len(keys))
 	var waits []struct {
@@ -358,8 +360,11 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 		r.fmu.Unlock()
 		mine = append(mine, f)
 		mineIdx = append(mineIdx, i)
-		hot[i] = r.hot.note(fk)
-		g := fetchGroup{node: owners[0], hot: hot[i]}
+		owned := r.owns(ns, k)
+		if !owned {
+			hot[i] = r.hot.note(fk)
+		}
+		g := fetchGroup{node: owners[0], keep: owned || hot[i]}
 		groups[g] = append(groups[g], i)
 	}
 	// Ask each first owner for its keys in parallel; a key it lacks is
@@ -402,17 +407,18 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	return errs
 }
 
-// fetchGroup is the keys of one fetch call: one node, hot or not.
+// fetchGroup is the keys of one fetch call: one node, and whether the
+// blocks are kept at full priority.
 type fetchGroup struct {
 	node string
-	hot  bool
+	keep bool
 }
 
 // fetchFrom fetches batch (keys[idx]) from g.node and sets errs[idx[j]];
 // a key the node cannot give is tried at its other owners one by one.
 func (r *router) fetchFrom(ctx context.Context, g fetchGroup, ns string, keys [][]byte, idx []int, batch [][]byte, errs []error) {
 	r.remoteFetches.Add(int64(len(idx)))
-	res, err := r.fetchCall(ctx, g.node, ns, batch, g.hot)
+	res, err := r.fetchCall(ctx, g.node, ns, batch, g.keep)
 	for j, i := range idx {
 		e := err
 		if e == nil {
@@ -426,7 +432,7 @@ func (r *router) fetchFrom(ctx context.Context, g fetchGroup, ns string, keys []
 			// Try the other owners of this key, in order.
 			for _, next := range r.remoteOwners(ns, keys[i])[1:] {
 				r.remoteFetches.Add(1)
-				rr, ferr := r.fetchCall(ctx, next, ns, [][]byte{keys[i]}, g.hot)
+				rr, ferr := r.fetchCall(ctx, next, ns, [][]byte{keys[i]}, g.keep)
 				if ferr == nil && rr[0] == nil {
 					e = nil
 					break
@@ -440,9 +446,10 @@ func (r *router) fetchFrom(ctx context.Context, g fetchGroup, ns string, keys []
 	}
 }
 
-// fetchCall is one Fetch, or FetchHot for blocks to keep as hot replicas.
-func (r *router) fetchCall(ctx context.Context, node, ns string, keys [][]byte, hot bool) ([]error, error) {
-	if hf, ok := r.peers.(HotFetcher); ok && hot {
+// fetchCall is one Fetch, or FetchHot for blocks to keep at full priority
+// (when the peers can).
+func (r *router) fetchCall(ctx context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
+	if hf, ok := r.peers.(HotFetcher); ok && keep {
 		return hf.FetchHot(ctx, node, ns, keys)
 	}
 	return r.peers.Fetch(ctx, node, ns, keys)

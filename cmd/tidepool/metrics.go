@@ -201,7 +201,7 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 		hotRefused:     d("tidepool_hot_replicas_refused_total", "Hot promotions refused because hot_max_replicas or hot_max_bytes was reached.", nil, nil),
 		hotLive:        d("tidepool_hot_replicas_live", "Hot replicas held now.", nil, nil),
 		hotBytes:       d("tidepool_hot_replica_bytes", "Bytes of the hot replicas held now.", nil, nil),
-		peerHot:        d("tidepool_peer_hot_fetches_total", "Keys fetched from the peer to be kept as hot replicas.", peer, nil),
+		peerHot:        d("tidepool_peer_hot_fetches_total", "Keys fetched from the peer at full priority (hot replicas, or blocks this node owns).", peer, nil),
 	}
 }
 

@@ -132,7 +132,7 @@ type PeerStats struct {
 	Fetches       int64         // Fetch calls
 	FetchedBlocks int64         // blocks brought in (or found local meanwhile)
 	FetchedBytes  int64         // bytes pulled
-	HotFetched    int64         // keys asked with FetchHot (kept as hot replicas)
+	HotFetched    int64         // keys asked with FetchHot (kept at full priority)
 	Misses        int64         // keys the peer did not hold
 	Failures      int64         // keys or calls that failed (transfer, checksum, RPC)
 	ChecksumFails int64         // fetched blocks whose bytes failed their CRC
@@ -390,8 +390,9 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]e
 	return c.fetch(ctx, node, ns, keys, true)
 }
 
-// FetchHot is Fetch, but the blocks are committed as full-priority copies
-// (the proxy's hot replicas); it implements proxy.HotFetcher.
+// FetchHot is Fetch, but the blocks are committed at full priority: the
+// proxy's hot replicas, and blocks this node owns (a new owner filling
+// lazily from the previous one). It implements proxy.HotFetcher.
 func (c *Client) FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
 	c.stats(node).hot.Add(int64(len(keys)))
 	return c.fetch(ctx, node, ns, keys, false)
