@@ -420,10 +420,14 @@ func (t *Tier) bytes(off, size int64) []byte {
 	return a[o : o+size : o+size]
 }
 
+// closeWait bounds how long Close waits for requests using arena memory.
+var closeWait = 30 * time.Second
+
 // Close stops the tier: new requests fail with cache.ErrClosed, requests in
-// flight finish, then the arenas are unmapped, closed and removed. Leases
-// still held lose their bytes (Lease.Bytes must not be used after Close).
-// Safe to call twice.
+// flight finish (and pins are released; past 30 s Close gives up waiting,
+// logs it, and leaves the arenas mapped), then the arenas are unmapped,
+// closed and removed. Leases still held lose their bytes (Lease.Bytes must
+// not be used after Close). Safe to call twice.
 func (t *Tier) Close() error {
 	if !t.closed.CompareAndSwap(false, true) {
 		return nil
@@ -434,6 +438,13 @@ func (t *Tier) Close() error {
 		sh.closed = true
 		sh.mu.Unlock()
 	}
+	// In-flight copies end in microseconds; pins (Pin) end when their
+	// socket write does, which the engine API's drain bounds. Past
+	// closeWait something holds a pin it will never release: the arenas
+	// stay mapped then (a write still reading them must not fault) and
+	// only their files go.
+	deadline := time.Now().Add(closeWait)
+	held := 0
 	for i := range t.shards {
 		sh := &t.shards[i]
 		for {
@@ -443,13 +454,25 @@ func (t *Tier) Close() error {
 			if n == 0 {
 				break
 			}
+			if time.Now().After(deadline) {
+				held += n
+				break
+			}
 			runtime.Gosched()
-			time.Sleep(50 * time.Microsecond) // in-flight copies end in microseconds
+			time.Sleep(50 * time.Microsecond)
 		}
 	}
 	var errs []error
 	for _, a := range t.arenas {
+		if held > 0 {
+			a.mem = nil // leave it mapped
+		}
 		errs = append(errs, a.close())
+	}
+	if held > 0 {
+		t.lg.Error("dram tier closed with arena memory still in use; arenas left mapped",
+			zap.Int("requests", held), zap.Duration("waited", closeWait))
+		errs = append(errs, fmt.Errorf("dram: closed with %d requests still using arena memory", held))
 	}
 	t.lg.Info("dram tier closed")
 	return errors.Join(errs...)

@@ -38,15 +38,17 @@ func (t *Tier) Acquire(ctx context.Context, ns string, key []byte, lease time.Du
 	}
 	lease = min(lease, t.cfg.MaxLease)
 	l := new(Lease)
-	if err := t.acquire(l, t.namespace(ns), key, lease, false); err != nil {
+	if err := t.acquire(l, t.namespace(ns), key, lease, false, false); err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
 // acquire pins (nss, key) into l and counts the read. internal marks a pin
-// held by the tier itself for a copy (Get): Close waits for those.
-func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, internal bool) error {
+// held by the tier itself for a copy (Get, Pin): Close waits for those.
+// quietMiss leaves a miss uncounted, for a caller that reads on elsewhere
+// through a path that counts it (Pin, then Get).
+func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, internal, quietMiss bool) error {
 	sh := t.shardFor(nss.id, key)
 	deadline := t.clk.Now().Add(lease).UnixNano()
 	sh.mu.Lock()
@@ -57,8 +59,10 @@ func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, 
 	b, ok := sh.m[nss.id][string(key)]
 	if !ok {
 		sh.mu.Unlock()
-		t.misses.Add(1)
-		nss.misses.Add(1)
+		if !quietMiss {
+			t.misses.Add(1)
+			nss.misses.Add(1)
+		}
 		return fmt.Errorf("%w: dram", cache.ErrNotFound)
 	}
 	if b.pins.Add(1) == 1 {

@@ -172,7 +172,7 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		return nil, cache.Info{}, err
 	}
 	var l Lease
-	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true); err != nil {
+	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true, false); err != nil {
 		return nil, cache.Info{}, err
 	}
 	b := l.b

@@ -45,3 +45,13 @@ func (s *Store) Acquire(ctx context.Context, ns string, key []byte, lease time.D
 
 // Reap forwards to the DRAM tier.
 func (s *Store) Reap() int { return s.dram.Reap() }
+
+// Pin forwards to the DRAM tier (see dram.Tier.Pin: the value in place,
+// checksum verified, pinned until Release). It does not look in the SSD
+// tier: on a miss the caller falls back to Get, which promotes.
+func (s *Store) Pin(ctx context.Context, ns string, key []byte) (*dram.Lease, error) {
+	if s.closed.Load() {
+		return nil, cache.ErrClosed
+	}
+	return s.dram.Pin(ctx, ns, key)
+}

@@ -91,7 +91,7 @@ func (h *handler) BatchPut(ctx context.Context, req *tp.BatchPutRequest) (*tp.Ba
 }
 
 func (h *handler) Get(ctx context.Context, req *tp.GetRequest) (*tp.GetResponse, error) {
-	v, info, err := h.p.Get(ctx, req.Ns, req.Key, scope(req.Scope))
+	v, info, err := h.p.GetPinned(ctx, req.Ns, req.Key, scope(req.Scope), pinsFrom(ctx))
 	if errors.Is(err, cache.ErrNotFound) {
 		return &tp.GetResponse{Found: false}, nil
 	}
@@ -102,7 +102,7 @@ func (h *handler) Get(ctx context.Context, req *tp.GetRequest) (*tp.GetResponse,
 }
 
 func (h *handler) BatchGet(ctx context.Context, req *tp.BatchGetRequest) (*tp.BatchGetResponse, error) {
-	res, err := h.p.BatchGet(ctx, req.Ns, req.Keys, scope(req.Scope))
+	res, err := h.p.BatchGetPinned(ctx, req.Ns, req.Keys, scope(req.Scope), pinsFrom(ctx))
 	if err != nil {
 		return nil, toThrift(err)
 	}

@@ -71,6 +71,9 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		server.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxRequestBytes)),
 		server.WithExitWaitTime(cfg.DrainTimeout),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool"}),
+		// Get and BatchGet answer from the arenas in place; the tracer
+		// releases the pins once the reply is written (pins.go).
+		server.WithTracer(newPinTracer(lg)),
 	}
 	if cfg.Observer != nil {
 		opts = append(opts, server.WithMiddleware(observe(cfg.Observer)))

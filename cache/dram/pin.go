@@ -1,0 +1,49 @@
+package dram
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// pinLease is the deadline of a Pin: far enough never to pass, so that a pin
+// is never revoked and its bytes are never reused while it is held.
+const pinLease = 100 * 365 * 24 * time.Hour
+
+// Pin is Get without the copy, for a caller that copies the bytes out itself
+// (a socket write straight from the arena): it pins (ns, key), verifies the
+// block's checksum over its bytes in place and returns the lease, whose
+// Bytes are the value. A hit counts as a read; a miss is not counted, as
+// the caller goes on to Get (or a slower tier), which counts it.
+//
+// Unlike Acquire's lease, a pin does not expire: the block is neither
+// evicted nor reclaimed until Release, and Close waits for every pin to be
+// released before it unmaps the arenas. The caller MUST Release it as soon
+// as the copy is done (for a socket write: once the write has completed or
+// failed). Errors: as Get.
+func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
+	if err := t.checkKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	l := new(Lease)
+	if err := t.acquire(l, t.namespace(ns), key, pinLease, true, true); err != nil {
+		return nil, err
+	}
+	b := l.b
+	if sum := cache.Checksum(l.Bytes()); sum != b.crc {
+		_ = t.release(l)
+		t.csumFails.Add(1)
+		t.lg.Error("checksum mismatch", zap.String("ns", ns), zap.String("key", hex.EncodeToString(key)),
+			zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum))
+		return nil, fmt.Errorf("%w: dram block of %d bytes", cache.ErrChecksum, b.size)
+	}
+	return l, nil
+}

@@ -1,0 +1,122 @@
+package dram
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// TestPin: the bytes in place, verified; a miss is not counted; a pin
+// outlives any lease deadline (eviction and reclamation skip it), a delete
+// while pinned frees the block at Release, and a flipped bit is reported.
+func TestPin(t *testing.T) {
+	cfg, fc := testConfig(t, 4<<20)
+	tr := newTier(t, cfg)
+	val := pattern("k", 1<<20)
+	if _, err := tr.Put(ctx, "ns", []byte("k"), val, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Pin(ctx, "ns", []byte("nope")); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("Pin of a missing key: %v", err)
+	}
+	if st := tr.Stats().Tiers[0]; st.Misses != 0 {
+		t.Fatalf("a Pin miss was counted: %+v", st)
+	}
+	l, err := tr.Pin(ctx, "ns", []byte("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(l.Bytes(), val) || l.Info().Size != int64(len(val)) {
+		t.Fatal("Pin returned other bytes")
+	}
+	if st := tr.Stats().Tiers[0]; st.Hits != 1 {
+		t.Fatalf("a Pin hit was not counted: %+v", st)
+	}
+	// Far past every lease deadline, fill the tier: the pinned block stays.
+	fc.Advance(time.Hour)
+	for i := 0; i < 8; i++ {
+		tr.Put(ctx, "fill", []byte{byte(i)}, pattern("f", 1<<20), cache.PutOptions{})
+	}
+	if !bytes.Equal(l.Bytes(), val) {
+		t.Fatal("a pinned block was reclaimed")
+	}
+	// Deleted while pinned: gone from the index, freed at Release.
+	if ok, err := tr.Delete(ctx, "ns", []byte("k")); !ok || err != nil {
+		t.Fatalf("Delete: %v %v", ok, err)
+	}
+	used := tr.Stats().Tiers[0].UsedBytes
+	if err := l.Release(); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if after := tr.Stats().Tiers[0].UsedBytes; after != used-l.b.foot {
+		t.Fatalf("used %d -> %d after releasing a deleted pinned block of %d", used, after, l.b.foot)
+	}
+
+	// A flipped bit: ErrChecksum, counted, nothing pinned.
+	if _, err := tr.Put(ctx, "ns", []byte("c"), val, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l, err = tr.Pin(ctx, "ns", []byte("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ai, off, _ := l.Location()
+	l.Release()
+	tr.arenas[ai].mem[off+4242] ^= 0x10
+	if _, err := tr.Pin(ctx, "ns", []byte("c")); !errors.Is(err, cache.ErrChecksum) {
+		t.Fatalf("Pin of a corrupt block: %v", err)
+	}
+	if st := tr.Stats().Tiers[0]; st.ChecksumFailures != 1 {
+		t.Fatalf("ChecksumFailures = %d", st.ChecksumFailures)
+	}
+}
+
+// TestCloseWaitsForPins: Close waits for a pin's Release; with a pin never
+// released it gives up after closeWait, reports it and leaves the memory
+// mapped (a writer still reading it must not fault).
+func TestCloseWaitsForPins(t *testing.T) {
+	cfg, _ := testConfig(t, 4<<20)
+	tr, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	val := pattern("k", 100000)
+	tr.Put(ctx, "ns", []byte("k"), val, cache.PutOptions{})
+	l, err := tr.Pin(ctx, "ns", []byte("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- tr.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a pin was held", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	l.Release()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+
+	defer func(d time.Duration) { closeWait = d }(closeWait)
+	closeWait = 20 * time.Millisecond
+	tr, err = New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.Put(ctx, "ns", []byte("k"), val, cache.PutOptions{})
+	l, err = tr.Pin(ctx, "ns", []byte("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inPlace := l.Bytes() // as a socket write holds it
+	if err := tr.Close(); err == nil {
+		t.Fatal("Close with a pin never released reported nothing")
+	}
+	if !bytes.Equal(inPlace, val) {
+		t.Fatal("the pinned bytes changed after Close")
+	}
+}

@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
+)
+
+// pinner is implemented by stores that hand out a block's bytes in place
+// (*dram.Tier, *tiered.Store): see dram.Tier.Pin.
+type pinner interface {
+	Pin(ctx context.Context, ns string, key []byte) (*dram.Lease, error)
+}
+
+// Pins holds the pins taken by one request's GetPinned / BatchGetPinned
+// calls, so that the values they returned can be written to a socket
+// straight from the DRAM arenas. Release drops them all; it MUST be called
+// once the answer has been written (or has failed to be). The zero value is
+// ready to use. Safe for concurrent use.
+type Pins struct {
+	mu sync.Mutex
+	ls []*dram.Lease
+}
+
+func (ps *Pins) add(l *dram.Lease) {
+	ps.mu.Lock()
+	ps.ls = append(ps.ls, l)
+	ps.mu.Unlock()
+}
+
+// Len reports how many pins are held.
+func (ps *Pins) Len() int {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return len(ps.ls)
+}
+
+// Release unpins every block pinned so far; after it the values returned
+// through ps must not be read. Safe to call twice.
+func (ps *Pins) Release() error {
+	ps.mu.Lock()
+	ls := ps.ls
+	ps.ls = nil
+	ps.mu.Unlock()
+	var errs []error
+	for _, l := range ls {
+		if err := l.Release(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// GetPinned is Get without the copy out of the DRAM tier: when the block is
+// there, the value returned is its bytes in place (checksum verified),
+// pinned in pins until pins.Release, and must not be modified. Otherwise
+// (another tier, another node, a store without arenas, a checksum mismatch
+// in DRAM) it is Get, whose value the caller owns. A nil pins is Get.
+func (p *Proxy) GetPinned(ctx context.Context, ns string, key []byte, scope Scope, pins *Pins) ([]byte, cache.Info, error) {
+	if pins == nil {
+		return p.Get(ctx, ns, key, scope)
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return nil, cache.Info{}, err
+	}
+	if err := p.checkKey(key); err != nil {
+		return nil, cache.Info{}, err
+	}
+	if v, info, ok := p.pin(ctx, ns, key, pins); ok {
+		return v, info, nil
+	}
+	return p.Get(ctx, ns, key, scope)
+}
+
+// pin pins (ns, key) in place into pins when the store can and has it.
+func (p *Proxy) pin(ctx context.Context, ns string, key []byte, pins *Pins) ([]byte, cache.Info, bool) {
+	pn, ok := p.store.(pinner)
+	if !ok {
+		return nil, cache.Info{}, false
+	}
+	l, err := pn.Pin(ctx, ns, key)
+	if err != nil {
+		// A miss, a checksum mismatch (Get then reads the SSD copy, if
+		// any, and reports the mismatch otherwise) or an error that Get
+		// reports the same way.
+		return nil, cache.Info{}, false
+	}
+	pins.add(l)
+	return l.Bytes(), l.Info(), true
+}
+
+// BatchGetPinned is BatchGet with GetPinned's values: blocks in the DRAM
+// tier come back in place, pinned in pins. A nil pins is BatchGet.
+func (p *Proxy) BatchGetPinned(ctx context.Context, ns string, keys [][]byte, scope Scope, pins *Pins) ([]GetResult, error) {
+	if pins == nil {
+		return p.BatchGet(ctx, ns, keys, scope)
+	}
+	if err := p.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	out := make([]GetResult, len(keys))
+	var rest [][]byte
+	var restIdx []int
+	for i, k := range keys {
+		if err := p.checkKey(k); err != nil {
+			out[i].Err = err
+			continue
+		}
+		if v, info, ok := p.pin(ctx, ns, k, pins); ok {
+			out[i] = GetResult{Value: v, Info: info}
+			continue
+		}
+		rest = append(rest, k)
+		restIdx = append(restIdx, i)
+	}
+	if len(rest) == 0 {
+		return out, nil
+	}
+	res, err := p.BatchGet(ctx, ns, rest, scope)
+	if err != nil {
+		return nil, err
+	}
+	for j, r := range res {
+		out[restIdx[j]] = r
+	}
+	return out, nil
+}
