@@ -74,6 +74,7 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		// Get and BatchGet answer from the arenas in place; the tracer
 		// releases the pins once the reply is written (pins.go).
 		server.WithTracer(newPinTracer(lg)),
+		server.WithBoundHandler(sockBufHandler{}),
 	}
 	if cfg.Observer != nil {
 		opts = append(opts, server.WithMiddleware(observe(cfg.Observer)))
