@@ -55,14 +55,12 @@ func (ps *Pins) Release() error {
 }
 
 // GetPinned is Get without the copy out of the DRAM tier: when the block is
-// there, the value returned is its bytes in place (checksum verified),
-// pinned in pins until pins.Release, and must not be modified. Otherwise
-// (another tier, another node, a store without arenas, a checksum mismatch
-// in DRAM) it is Get, whose value the caller owns. A nil pins is Get.
+// there (or lands there from its owner), the value returned is its bytes in
+// place (checksum verified), pinned in pins until pins.Release, and must
+// not be modified. Otherwise (the SSD tier, a store without arenas, a
+// checksum mismatch in DRAM) it is a copy that the caller owns. A nil pins
+// is Get.
 func (p *Proxy) GetPinned(ctx context.Context, ns string, key []byte, scope Scope, pins *Pins) ([]byte, cache.Info, error) {
-	if pins == nil {
-		return p.Get(ctx, ns, key, scope)
-	}
 	if err := p.checkNamespace(ns); err != nil {
 		return nil, cache.Info{}, err
 	}
@@ -72,11 +70,25 @@ func (p *Proxy) GetPinned(ctx context.Context, ns string, key []byte, scope Scop
 	if v, info, ok := p.pin(ctx, ns, key, pins); ok {
 		return v, info, nil
 	}
-	return p.Get(ctx, ns, key, scope)
+	v, info, err := p.store.Get(ctx, ns, key, nil)
+	if r := p.clusterRouter(scope); r != nil && errors.Is(err, cache.ErrNotFound) {
+		if ferr := r.fetch(ctx, ns, [][]byte{key})[0]; ferr == nil {
+			// Fetched into the DRAM arenas.
+			if v, info, ok := p.pin(ctx, ns, key, pins); ok {
+				return v, info, nil
+			}
+			return p.store.Get(ctx, ns, key, nil)
+		}
+	}
+	return v, info, err
 }
 
-// pin pins (ns, key) in place into pins when the store can and has it.
+// pin pins (ns, key) in place into pins when pins is not nil and the store
+// can and has it.
 func (p *Proxy) pin(ctx context.Context, ns string, key []byte, pins *Pins) ([]byte, cache.Info, bool) {
+	if pins == nil {
+		return nil, cache.Info{}, false
+	}
 	pn, ok := p.store.(pinner)
 	if !ok {
 		return nil, cache.Info{}, false
@@ -95,9 +107,6 @@ func (p *Proxy) pin(ctx context.Context, ns string, key []byte, pins *Pins) ([]b
 // BatchGetPinned is BatchGet with GetPinned's values: blocks in the DRAM
 // tier come back in place, pinned in pins. A nil pins is BatchGet.
 func (p *Proxy) BatchGetPinned(ctx context.Context, ns string, keys [][]byte, scope Scope, pins *Pins) ([]GetResult, error) {
-	if pins == nil {
-		return p.BatchGet(ctx, ns, keys, scope)
-	}
 	if err := p.checkBatch(len(keys)); err != nil {
 		return nil, err
 	}
@@ -105,8 +114,8 @@ func (p *Proxy) BatchGetPinned(ctx context.Context, ns string, keys [][]byte, sc
 		return nil, err
 	}
 	out := make([]GetResult, len(keys))
-	var rest [][]byte
-	var restIdx []int
+	var missed [][]byte
+	var missedIdx []int
 	for i, k := range keys {
 		if err := p.checkKey(k); err != nil {
 			out[i].Err = err
@@ -116,18 +125,24 @@ func (p *Proxy) BatchGetPinned(ctx context.Context, ns string, keys [][]byte, sc
 			out[i] = GetResult{Value: v, Info: info}
 			continue
 		}
-		rest = append(rest, k)
-		restIdx = append(restIdx, i)
+		out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, k, nil)
+		if errors.Is(out[i].Err, cache.ErrNotFound) {
+			missed = append(missed, k)
+			missedIdx = append(missedIdx, i)
+		}
 	}
-	if len(rest) == 0 {
-		return out, nil
-	}
-	res, err := p.BatchGet(ctx, ns, rest, scope)
-	if err != nil {
-		return nil, err
-	}
-	for j, r := range res {
-		out[restIdx[j]] = r
+	if r := p.clusterRouter(scope); r != nil && len(missed) > 0 {
+		for j, ferr := range r.fetch(ctx, ns, missed) {
+			if ferr != nil {
+				continue
+			}
+			i := missedIdx[j]
+			if v, info, ok := p.pin(ctx, ns, keys[i], pins); ok {
+				out[i] = GetResult{Value: v, Info: info}
+				continue
+			}
+			out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, keys[i], nil)
+		}
 	}
 	return out, nil
 }

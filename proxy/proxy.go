@@ -357,19 +357,7 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 // Get returns a copy of one block's bytes, verified against its checksum.
 // A miss returns cache.ErrNotFound.
 func (p *Proxy) Get(ctx context.Context, ns string, key []byte, scope Scope) ([]byte, cache.Info, error) {
-	if err := p.checkNamespace(ns); err != nil {
-		return nil, cache.Info{}, err
-	}
-	if err := p.checkKey(key); err != nil {
-		return nil, cache.Info{}, err
-	}
-	v, info, err := p.store.Get(ctx, ns, key, nil)
-	if r := p.clusterRouter(scope); r != nil && errors.Is(err, cache.ErrNotFound) {
-		if ferr := r.fetch(ctx, ns, [][]byte{key})[0]; ferr == nil {
-			return p.store.Get(ctx, ns, key, nil)
-		}
-	}
-	return v, info, err
+	return p.GetPinned(ctx, ns, key, scope, nil)
 }
 
 // GetResult is one block of a BatchGet: Err is nil, cache.ErrNotFound or
@@ -382,35 +370,7 @@ type GetResult struct {
 
 // BatchGet returns several blocks of one namespace, in order.
 func (p *Proxy) BatchGet(ctx context.Context, ns string, keys [][]byte, scope Scope) ([]GetResult, error) {
-	if err := p.checkBatch(len(keys)); err != nil {
-		return nil, err
-	}
-	if err := p.checkNamespace(ns); err != nil {
-		return nil, err
-	}
-	out := make([]GetResult, len(keys))
-	var missed [][]byte
-	var missedIdx []int
-	for i, k := range keys {
-		if err := p.checkKey(k); err != nil {
-			out[i].Err = err
-			continue
-		}
-		out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, k, nil)
-		if errors.Is(out[i].Err, cache.ErrNotFound) {
-			missed = append(missed, k)
-			missedIdx = append(missedIdx, i)
-		}
-	}
-	if r := p.clusterRouter(scope); r != nil && len(missed) > 0 {
-		for j, ferr := range r.fetch(ctx, ns, missed) {
-			if ferr == nil {
-				i := missedIdx[j]
-				out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, keys[i], nil)
-			}
-		}
-	}
-	return out, nil
+	return p.BatchGetPinned(ctx, ns, keys, scope, nil)
 }
 
 // Exists reports whether a block is present, and where.
