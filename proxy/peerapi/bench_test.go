@@ -99,13 +99,27 @@ func runConc(total, conc int, op func(worker int) error) (time.Duration, error) 
 // MB/s is the tidepool remote Get; raw-MB/s the baseline; ratio = tidepool
 // / raw (target >= 0.7).
 func BenchmarkRemoteGet(b *testing.B) {
-	b.Run("get", func(b *testing.B) { benchRemote(b, false) })
-	b.Run("fetch", func(b *testing.B) { benchRemote(b, true) })
+	b.Run("get", func(b *testing.B) { benchRemote(b, remoteGetPinned) })
+	b.Run("get-copy", func(b *testing.B) { benchRemote(b, remoteGetCopy) })
+	b.Run("fetch", func(b *testing.B) { benchRemote(b, remoteFetch) })
 }
 
-// benchRemote times remote Gets, or (fetchOnly) the peer client's Fetch
-// alone: the block lands in the local store, without the Get's copy out.
-func benchRemote(b *testing.B, fetchOnly bool) {
+type remoteMode int
+
+const (
+	// remoteGetPinned: the engine API's Get (proxy.GetPinned), the fetched
+	// block answered in place in the DRAM arena, pinned until the reply
+	// would be written.
+	remoteGetPinned remoteMode = iota
+	// remoteGetCopy: proxy.Get, which copies the block out of the arena.
+	remoteGetCopy
+	// remoteFetch: the peer client's Fetch alone (the block lands in the
+	// local store).
+	remoteFetch
+)
+
+// benchRemote times remote Gets of blocks owned by the other node.
+func benchRemote(b *testing.B, mode remoteMode) {
 	const size, conc, ns = 1 << 20, 16, "bench"
 	nodes := newCluster(b, 2, nodeOpts{capacity: 96 << 20, fetchTimeout: 10 * time.Second, prefault: true})
 	a, owner := nodes[0], nodes[1]
@@ -119,10 +133,21 @@ func benchRemote(b *testing.B, fetchOnly bool) {
 	}
 	get := func(w int) error {
 		a.p.Delete(ctx, ns, keys[w])
-		if fetchOnly {
+		switch mode {
+		case remoteFetch:
 			res, err := a.cli.Fetch(ctx, owner.name, ns, keys[w:w+1])
 			if err == nil {
 				err = res[0]
+			}
+			return err
+		case remoteGetPinned:
+			var pins proxy.Pins
+			v, _, err := a.p.GetPinned(ctx, ns, keys[w], proxy.ScopeCluster, &pins)
+			if err == nil && (len(v) != size || pins.Len() != 1) {
+				err = fmt.Errorf("got %d bytes, %d pins", len(v), pins.Len())
+			}
+			if rerr := pins.Release(); err == nil {
+				err = rerr
 			}
 			return err
 		}
