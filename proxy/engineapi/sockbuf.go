@@ -5,7 +5,7 @@ import (
 	"net"
 
 	"github.com/cloudwego/kitex/pkg/remote"
-	"golang.org/x/sys/unix"
+	"syscall"
 )
 
 // replySendBuffer is the send buffer asked for each engine connection
@@ -25,7 +25,7 @@ var _ remote.InboundHandler = sockBufHandler{}
 
 func (sockBufHandler) OnActive(ctx context.Context, conn net.Conn) (context.Context, error) {
 	if fc, ok := conn.(interface{ Fd() int }); ok {
-		_ = unix.SetsockoptInt(fc.Fd(), unix.SOL_SOCKET, unix.SO_SNDBUF, replySendBuffer)
+		_ = syscall.SetsockoptInt(fc.Fd(), syscall.SOL_SOCKET, syscall.SO_SNDBUF, replySendBuffer)
 	}
 	return ctx, nil
 }
