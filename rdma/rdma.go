@@ -95,6 +95,15 @@ type Op struct {
 	Remote    RegionDesc
 	RemoteOff uint64
 	Len       uint64
+	// Sum, when SumKnown, is the CRC-32C the initiator expects of the Len
+	// bytes (a block's stored checksum). The transfer is then checked once,
+	// end to end, where the bytes land — Read checks the local bytes,
+	// Write has the owner check the remote ones — and fails with
+	// ErrChecksum on a mismatch, instead of each chunk being checksummed
+	// by the sender and again by the receiver. Without it the transport
+	// checksums what it moves on its own (tcp: per chunk).
+	Sum      uint32
+	SumKnown bool
 }
 
 // String renders an op for error messages.

@@ -120,3 +120,34 @@ func TestCloseWaitsForPins(t *testing.T) {
 		t.Fatal("the pinned bytes changed after Close")
 	}
 }
+
+// TestCommitChecked: the block is published with the caller's checksum,
+// not a recomputed one; should that checksum be wrong, the first read out
+// reports the mismatch (a read never returns bytes that fail it).
+func TestCommitChecked(t *testing.T) {
+	cfg, _ := testConfig(t, 4<<20)
+	tr := newTier(t, cfg)
+	val := pattern("v", 70000)
+	for _, tc := range []struct {
+		key string
+		crc uint32
+		ok  bool
+	}{{"right", cache.Checksum(val), true}, {"wrong", cache.Checksum(val) ^ 1, false}} {
+		r, err := tr.Reserve(ctx, "ns", []byte(tc.key), int64(len(val)), cache.PutOptions{}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(r.Bytes(), val)
+		if _, err := r.CommitChecked(ctx, tc.crc); err != nil {
+			t.Fatal(err)
+		}
+		info, ok := tr.Stat(ctx, "ns", []byte(tc.key))
+		if !ok || info.Checksum != tc.crc {
+			t.Fatalf("%s: stored checksum %08x, want %08x", tc.key, info.Checksum, tc.crc)
+		}
+		v, _, err := tr.Get(ctx, "ns", []byte(tc.key), nil)
+		if tc.ok != (err == nil) || tc.ok && !bytes.Equal(v, val) || !tc.ok && !errors.Is(err, cache.ErrChecksum) {
+			t.Fatalf("%s: Get = %d bytes, %v", tc.key, len(v), err)
+		}
+	}
+}

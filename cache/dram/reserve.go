@@ -127,6 +127,18 @@ func (r *Reservation) free() {
 // reclaimed), cache.ErrChecksum (the bytes do not match crc),
 // cache.ErrClosed.
 func (r *Reservation) Commit(ctx context.Context, crc uint32, hasCRC bool) (existed bool, err error) {
+	return r.commit(ctx, crc, hasCRC, false)
+}
+
+// CommitChecked publishes the block with crc as its checksum without
+// checksumming the slot again: for bytes that were already checked against
+// crc as they landed (a transfer verified end to end, rdma.Op.SumKnown).
+// Otherwise as Commit.
+func (r *Reservation) CommitChecked(ctx context.Context, crc uint32) (existed bool, err error) {
+	return r.commit(ctx, crc, true, true)
+}
+
+func (r *Reservation) commit(ctx context.Context, crc uint32, hasCRC, checked bool) (existed bool, err error) {
 	t := r.t
 	if !r.claim() {
 		return false, fmt.Errorf("%w: reservation already committed, aborted or reclaimed", cache.ErrLeaseExpired)
@@ -146,10 +158,15 @@ func (r *Reservation) Commit(ctx context.Context, crc uint32, hasCRC bool) (exis
 		sh.mu.Unlock()
 		return false, cache.ErrClosed // the arenas are going away with the slot
 	}
-	sh.ops++
-	sh.mu.Unlock()
-	sum := cache.Checksum(t.bytes(b.off, b.size))
-	t.opDone(sh)
+	sum := crc
+	if !checked {
+		sh.ops++
+		sh.mu.Unlock()
+		sum = cache.Checksum(t.bytes(b.off, b.size))
+		t.opDone(sh)
+	} else {
+		sh.mu.Unlock()
+	}
 	if hasCRC && sum != crc {
 		r.free()
 		return false, fmt.Errorf("%w: committed %d bytes have CRC-32C %08x, the client sent %08x", cache.ErrChecksum, b.size, sum, crc)

@@ -86,7 +86,17 @@ func (o Op) String() string {
 const (
 	// FlagLast marks the final chunk of a write or of read data.
 	FlagLast uint8 = 1 << 0
-	flagMask       = FlagLast
+	// FlagSummed marks a transfer checked end to end against a CRC-32C
+	// that the initiator holds (a block's stored checksum) instead of
+	// chunk by chunk: on an OpRead request it asks the owner to send the
+	// data chunks without their CRC (OpReadData chunks then carry the flag
+	// and CRC 0, and the initiator checks the whole read); on OpWrite
+	// chunks the CRC field is 0 except on the last chunk, where it is the
+	// expected CRC-32C of the whole write, which the owner checks. Peers
+	// that predate the flag refuse it (ErrFlags): the transfer fails, it
+	// never passes unchecked.
+	FlagSummed uint8 = 1 << 1
+	flagMask         = FlagLast | FlagSummed
 )
 
 // Status is the result carried by a response frame.
@@ -160,6 +170,13 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Checksum returns the CRC-32C of b (the payload checksum of a frame).
 func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// UpdateChecksum extends crc with b: the CRC-32C of a transfer taken
+// chunk by chunk (FlagSummed).
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+
+// Summed reports whether FlagSummed is set.
+func (h Header) Summed() bool { return h.Flags&FlagSummed != 0 }
 
 // Encode writes h into dst, which must hold HeaderSize bytes, and returns
 // dst[:HeaderSize]. Encode does not validate h; Decode does on the other end.

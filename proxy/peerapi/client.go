@@ -501,16 +501,28 @@ func (c *Client) pull(ctx context.Context, ns string, key []byte, it *peer.Acqui
 			Local: c.cfg.Regions[arena].ID, LocalOff: uint64(off),
 			Remote:    rdma.RegionDesc{ID: rdma.RegionID(s.RegionId), Len: uint64(s.RegionLen), Key: uint32(s.RegionKey), Addr: uint64(s.RegionAddr)},
 			RemoteOff: uint64(s.Offset), Len: uint64(n),
+			// Checked once, end to end, against the owner's stored
+			// CRC-32C as the bytes land: a transfer error and a block
+			// damaged on the owner both fail the read.
+			Sum: uint32(it.Checksum), SumKnown: true,
 		}
 		if err := p.Read(ctx, op); err != nil {
 			_ = r.Abort()
 			if errors.Is(err, rdma.ErrPeerLost) || errors.Is(err, rdma.ErrClosed) || errors.Is(err, rdma.ErrUnreachable) || errors.Is(err, rdma.ErrProtocol) {
 				c.dropXfer(addr, p)
 			}
+			if errors.Is(err, rdma.ErrChecksum) {
+				// The landed bytes do not match the owner's CRC-32C.
+				return 0, fmt.Errorf("peerapi: read from %s: %w: %w", addr, cache.ErrChecksum, err)
+			}
 			return 0, fmt.Errorf("peerapi: read from %s: %w: %w", addr, cache.ErrUnavailable, err)
 		}
 	}
-	if _, err := r.Commit(ctx, uint32(it.Checksum), true); err != nil {
+	commit := r.CommitChecked // the read verified the bytes against it.Checksum
+	if n == 0 {
+		commit = func(ctx context.Context, crc uint32) (bool, error) { return r.Commit(ctx, crc, true) }
+	}
+	if _, err := commit(ctx, uint32(it.Checksum)); err != nil {
 		return 0, fmt.Errorf("peerapi: commit fetched block: %w", err)
 	}
 	return n, nil

@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
 	"github.com/tidepool-kv/tidepool/rdma/internal/counters"
 	"github.com/tidepool-kv/tidepool/rdma/internal/region"
@@ -248,6 +249,7 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		return fmt.Errorf("remote: %w", err)
 	}
 	chunk := uint64(p.t.cfg.ChunkSize)
+	var sum uint32 // CRC-32C of the bytes landed so far, for op.SumKnown
 	for done := uint64(0); done < op.Len || (op.Len == 0 && done == 0); {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -257,7 +259,7 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		}
 		n := min(chunk, op.Len-done)
 		last := done+n == op.Len
-		if err := p.copyChunk(r, op, done, n, write, last); err != nil {
+		if err := p.copyChunk(r, op, done, n, write, last, &sum); err != nil {
 			r.serve.Error()
 			return err
 		}
@@ -266,10 +268,15 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		}
 		done += n
 	}
+	if op.SumKnown && sum != op.Sum {
+		return fmt.Errorf("%w: crc %08x, want %08x", rdma.ErrChecksum, sum, op.Sum)
+	}
 	return nil
 }
 
-func (p *peer) copyChunk(r *Transport, op rdma.Op, done, n uint64, write, last bool) error {
+// copyChunk moves one chunk and, for op.SumKnown, extends *sum with the
+// bytes where they landed.
+func (p *peer) copyChunk(r *Transport, op rdma.Op, done, n uint64, write, last bool, sum *uint32) error {
 	ls, err := p.t.table.Acquire(op.Local, 0, false, op.LocalOff+done, n)
 	if err != nil {
 		return err
@@ -280,12 +287,17 @@ func (p *peer) copyChunk(r *Transport, op rdma.Op, done, n uint64, write, last b
 		return fmt.Errorf("remote: %w", err)
 	}
 	defer rs.Release()
+	landed := ls.B
 	if write {
 		copy(rs.B, ls.B)
 		r.serve.Applied(n, last)
+		landed = rs.B
 	} else {
 		copy(ls.B, rs.B)
 		r.serve.Sent(n, last)
+	}
+	if op.SumKnown {
+		*sum = frame.UpdateChecksum(*sum, landed)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
@@ -33,6 +34,7 @@ func Run(t *testing.T, mk func(t *testing.T) (a, b rdma.Transport)) {
 		fn   func(*testing.T, rdma.Transport, rdma.Transport)
 	}{
 		{"RoundTrip", testRoundTrip},
+		{"EndToEndSum", testEndToEndSum},
 		{"OutOfRange", testOutOfRange},
 		{"UnknownRegion", testUnknownRegion},
 		{"Concurrent", testConcurrent},
@@ -140,6 +142,59 @@ func testRoundTrip(t *testing.T, a, b rdma.Transport) {
 			}
 			if err := b.Deregister(rd.ID); err != nil {
 				t.Fatalf("Deregister: %v", err)
+			}
+		})
+	}
+}
+
+// testEndToEndSum: a transfer whose CRC-32C the initiator states
+// (Op.SumKnown) succeeds when the bytes match it, at sizes that span several
+// chunks, and fails with ErrChecksum when they do not; the connection keeps
+// working after a mismatch.
+func testEndToEndSum(t *testing.T, a, b rdma.Transport) {
+	p := connect(t, a, b)
+	for i, n := range []int{0, 1, 5000, 1 << 20, 3<<20 + 7} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			src := random(n, uint64(100+i))
+			dst := make([]byte, n)
+			back := make([]byte, n)
+			ls, rd, lb := register(t, a, src), register(t, b, dst), register(t, a, back)
+			defer func() {
+				_ = a.Deregister(ls.ID)
+				_ = a.Deregister(lb.ID)
+				_ = b.Deregister(rd.ID)
+			}()
+			sum := frame.Checksum(src)
+			op := rdma.Op{Local: ls.ID, Remote: rd, Len: uint64(n), Sum: sum, SumKnown: true}
+			if err := p.Write(ctxT(t), op); err != nil {
+				t.Fatalf("Write with the right sum: %v", err)
+			}
+			if !bytes.Equal(dst, src) {
+				t.Fatal("Write: remote bytes differ")
+			}
+			op.Local = lb.ID
+			if err := p.Read(ctxT(t), op); err != nil {
+				t.Fatalf("Read with the right sum: %v", err)
+			}
+			if !bytes.Equal(back, src) {
+				t.Fatal("Read: local bytes differ")
+			}
+			bad := op
+			bad.Sum = sum ^ 1
+			if err := p.Read(ctxT(t), bad); !errors.Is(err, rdma.ErrChecksum) {
+				t.Fatalf("Read with a wrong sum: %v, want ErrChecksum", err)
+			}
+			bad.Local = ls.ID
+			if err := p.Write(ctxT(t), bad); !errors.Is(err, rdma.ErrChecksum) {
+				t.Fatalf("Write with a wrong sum: %v, want ErrChecksum", err)
+			}
+			// Still usable, with and without a sum.
+			if err := p.Read(ctxT(t), op); err != nil {
+				t.Fatalf("Read after a mismatch: %v", err)
+			}
+			op.SumKnown = false
+			if err := p.Read(ctxT(t), op); err != nil {
+				t.Fatalf("unsummed Read after a mismatch: %v", err)
 			}
 		})
 	}

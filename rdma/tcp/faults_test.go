@@ -242,6 +242,12 @@ func FuzzServeConn(f *testing.F) {
 	f.Add(w(frame.Header{Op: frame.OpWrite, Flags: frame.FlagLast, Region: 1, Key: key, Offset: 8}, []byte("hello")), uint16(7))
 	f.Add(append(w(frame.Header{Op: frame.OpWrite, Region: 1, Key: key}, []byte("ab")),
 		w(frame.Header{Op: frame.OpWrite, Flags: frame.FlagLast, Region: 1, Key: key, Offset: 2}, []byte("cd"))...), uint16(50))
+	// Summed (end-to-end checked) writes and reads, and a write that mixes.
+	f.Add(append(w(frame.Header{Op: frame.OpWrite, Flags: frame.FlagSummed, Region: 1, Key: key}, []byte("ab")),
+		w(frame.Header{Op: frame.OpWrite, Flags: frame.FlagLast | frame.FlagSummed, Region: 1, Key: key, Offset: 2}, []byte("cd"))...), uint16(60))
+	f.Add(append(w(frame.Header{Op: frame.OpWrite, Flags: frame.FlagSummed, Region: 1, Key: key}, []byte("ab")),
+		w(frame.Header{Op: frame.OpWrite, Flags: frame.FlagLast, Region: 1, Key: key, Offset: 2}, []byte("cd"))...), uint16(10))
+	f.Add(w(frame.Header{Op: frame.OpRead, Flags: frame.FlagSummed, Region: 1, Key: key, Offset: 100, Length: 300}, nil), uint16(5))
 	f.Add(w(frame.Header{Op: frame.OpRead, Region: 1, Key: key, Offset: 4000, Length: 200}, nil), uint16(1))
 	f.Add(w(frame.Header{Op: frame.OpRead, Region: 9, Key: key, Length: 1}, nil), uint16(3))
 	f.Add([]byte("garbage"), uint16(2))

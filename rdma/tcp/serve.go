@@ -89,6 +89,7 @@ func (s *server) loop() error {
 		inWrite bool
 		wid     uint64
 		werr    error
+		w       writeSum // of a summed write request
 	)
 	for {
 		timeout := s.t.cfg.IdleTimeout
@@ -104,10 +105,13 @@ func (s *server) loop() error {
 		case h.Op == frame.OpWrite:
 			if !inWrite {
 				inWrite, wid, werr = true, h.RequestID, nil
+				w = writeSum{summed: h.Summed()}
 			} else if h.RequestID != wid {
 				return fmt.Errorf("write chunk for request %d inside request %d", h.RequestID, wid)
+			} else if h.Summed() != w.summed {
+				return fmt.Errorf("write request %d mixes summed and unsummed chunks", wid)
 			}
-			if err := s.writeChunk(h, &werr); err != nil {
+			if err := s.writeChunk(h, &werr, &w); err != nil {
 				return err
 			}
 			if !h.Last() {
@@ -140,10 +144,40 @@ func (s *server) loop() error {
 	}
 }
 
+// writeSum is the state of a summed write request (frame.FlagSummed): its
+// chunks land in the region as they come, and the CRC-32C of the whole
+// write is checked against the one on its last chunk.
+type writeSum struct {
+	summed bool
+	crc    uint32
+}
+
 // writeChunk reads one write payload, verifies it and applies it unless the
-// request already failed (*werr).
-func (s *server) writeChunk(h frame.Header, werr *error) error {
+// request already failed (*werr). A summed chunk is read straight into the
+// region and checked with the whole write at its last chunk.
+func (s *server) writeChunk(h frame.Header, werr *error, w *writeSum) error {
 	_ = s.nc.SetReadDeadline(time.Now().Add(s.t.cfg.IOTimeout))
+	if w.summed && *werr == nil {
+		span, err := s.t.table.Acquire(rdma.RegionID(h.Region), h.Key, true, h.Offset, uint64(h.Length))
+		if err == nil {
+			_, err := io.ReadFull(s.br, span.B)
+			if err == nil {
+				w.crc = frame.UpdateChecksum(w.crc, span.B)
+			}
+			span.Release()
+			if err != nil {
+				return err
+			}
+			if h.Last() && w.crc != h.CRC {
+				*werr = fmt.Errorf("%w: write ending at offset %d: crc %08x, want %08x",
+					rdma.ErrChecksum, h.Offset+uint64(h.Length), w.crc, h.CRC)
+				return nil
+			}
+			s.t.serve.Applied(uint64(h.Length), h.Last())
+			return nil
+		}
+		*werr = err // the payload is read and dropped below
+	}
 	var buf []byte
 	switch {
 	case int(h.Length) <= cap(s.scratch):
@@ -157,7 +191,7 @@ func (s *server) writeChunk(h frame.Header, werr *error) error {
 	if _, err := io.ReadFull(s.br, buf); err != nil {
 		return err
 	}
-	if *werr != nil {
+	if *werr != nil || w.summed {
 		return nil
 	}
 	if frame.Checksum(buf) != h.CRC {
@@ -192,9 +226,14 @@ func (s *server) read(h frame.Header) error {
 		}
 		last := done+m == h.Length
 		r := frame.Header{Op: frame.OpReadData, RequestID: h.RequestID, Region: h.Region, Key: h.Key,
-			Offset: off, Length: m, CRC: frame.Checksum(span.B)}
+			Offset: off, Length: m}
+		if h.Summed() {
+			r.Flags = frame.FlagSummed // the initiator checks the whole read
+		} else {
+			r.CRC = frame.Checksum(span.B)
+		}
 		if last {
-			r.Flags = frame.FlagLast
+			r.Flags |= frame.FlagLast
 		}
 		err = s.respond(r, span.B)
 		span.Release()

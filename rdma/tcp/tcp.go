@@ -527,10 +527,18 @@ func (c *conn) write(id uint64, op rdma.Op, local []byte, chunk int) (bool, erro
 		last := done+m == len(local)
 		h := frame.Header{
 			Op: frame.OpWrite, RequestID: id, Region: uint64(op.Remote.ID), Key: op.Remote.Key,
-			Offset: op.RemoteOff + uint64(done), Length: uint32(m), CRC: frame.Checksum(payload),
+			Offset: op.RemoteOff + uint64(done), Length: uint32(m),
+		}
+		switch {
+		case !op.SumKnown:
+			h.CRC = frame.Checksum(payload)
+		case last:
+			h.Flags, h.CRC = frame.FlagSummed, op.Sum // the owner checks the whole write
+		default:
+			h.Flags = frame.FlagSummed
 		}
 		if last {
-			h.Flags = frame.FlagLast
+			h.Flags |= frame.FlagLast
 		}
 		bufs := net.Buffers{frame.Encode(c.hdr[:], h), payload}
 		if _, err := bufs.WriteTo(c.nc); err != nil {
@@ -555,10 +563,14 @@ func (c *conn) write(id uint64, op rdma.Op, local []byte, chunk int) (bool, erro
 }
 
 func (c *conn) read(id uint64, op rdma.Op, local []byte) (bool, error) {
+	var sum uint32 // of the bytes read so far, when op.SumKnown
 	for seg := 0; ; {
 		l := min(frame.MaxLength, len(local)-seg)
 		base := op.RemoteOff + uint64(seg)
 		h := frame.Header{Op: frame.OpRead, RequestID: id, Region: uint64(op.Remote.ID), Key: op.Remote.Key, Offset: base, Length: uint32(l)}
+		if op.SumKnown {
+			h.Flags = frame.FlagSummed // checked here, once, against op.Sum
+		}
 		if _, err := c.nc.Write(frame.Encode(c.hdr[:], h)); err != nil {
 			return false, lost(err)
 		}
@@ -577,7 +589,12 @@ func (c *conn) read(id uint64, op rdma.Op, local []byte) (bool, error) {
 			if _, err := io.ReadFull(c.br, dst); err != nil {
 				return false, lost(err)
 			}
-			if frame.Checksum(dst) != r.CRC {
+			switch {
+			case r.Summed() != op.SumKnown:
+				return false, fmt.Errorf("%w: read chunk at %d: summed %v, asked %v", rdma.ErrProtocol, r.Offset, r.Summed(), op.SumKnown)
+			case op.SumKnown:
+				sum = frame.UpdateChecksum(sum, dst)
+			case frame.Checksum(dst) != r.CRC:
 				return false, fmt.Errorf("%w: read chunk at %d len %d", rdma.ErrChecksum, r.Offset, r.Length)
 			}
 			got += int(r.Length)
@@ -590,6 +607,9 @@ func (c *conn) read(id uint64, op rdma.Op, local []byte) (bool, error) {
 		}
 		seg += l
 		if seg == len(local) {
+			if op.SumKnown && sum != op.Sum {
+				return true, fmt.Errorf("%w: read of %d bytes: crc %08x, want %08x", rdma.ErrChecksum, len(local), sum, op.Sum)
+			}
 			return true, nil
 		}
 	}
