@@ -44,6 +44,10 @@ struct AcquireRequest {
     2: string ns,
     3: list<binary> keys,
     4: i32 lease_ms,
+    // Leases of earlier Acquires that the caller is done with, released
+    // before this call pins anything (a Release riding along, to save a
+    // round trip per fetch). Unknown or expired ids are ignored.
+    5: optional list<i64> release,
 }
 
 struct AcquireItem {

@@ -168,7 +168,27 @@ type Client struct {
 	counters map[string]*peerCounters // by node
 
 	releases sync.WaitGroup // asynchronous lease releases
+	// pending holds, per node, owner leases this client is done with, not
+	// yet released: the next Acquire to that node carries them, or a
+	// Release call does after releaseDelay.
+	pending map[string]*pendingRelease
 }
+
+// pendingRelease is one node's leases waiting to be released.
+type pendingRelease struct {
+	kc    *apiConn
+	ids   []int64
+	timer *time.Timer
+}
+
+// releaseDelay is how long finished leases wait for an Acquire to the same
+// node to carry them before a Release call of their own. Short against any
+// lease, long against the gap between a busy node's fetches.
+const releaseDelay = 20 * time.Millisecond
+
+// maxRide bounds the lease ids one Acquire carries (the owner's batch limit
+// applies to them).
+const maxRide = 256
 
 var (
 	_ proxy.Peers      = (*Client)(nil)
@@ -188,6 +208,7 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	return &Client{
 		cfg: cfg, lg: lg, auth: cfg.Credentials.auth(),
 		apis: map[string]*apiConn{}, xfers: map[string]rdma.Peer{}, counters: map[string]*peerCounters{},
+		pending: map[string]*pendingRelease{},
 	}, nil
 }
 
@@ -200,7 +221,14 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	nodes := make([]string, 0, len(c.pending))
+	for node := range c.pending {
+		nodes = append(nodes, node)
+	}
 	c.mu.Unlock()
+	for _, node := range nodes {
+		c.flushRelease(node, true)
+	}
 	c.releases.Wait()
 	c.mu.Lock()
 	apis, xfers := c.apis, c.xfers
@@ -408,8 +436,10 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 		return nil, err
 	}
 	lease := max(c.cfg.Lease.Milliseconds(), 1)
-	res, err := kc.Acquire(ctx, &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1))})
+	ride := c.takeReleases(node)
+	res, err := kc.Acquire(ctx, &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride})
 	if err != nil {
+		c.release(node, kc, ride) // may not have reached the owner
 		pc.failures.Add(1)
 		return nil, callErr(node, err)
 	}
@@ -528,27 +558,93 @@ func (c *Client) pull(ctx context.Context, ns string, key []byte, it *peer.Acqui
 	return n, nil
 }
 
-// release gives the owner's pins back in one call, in the background.
+// release queues the owner's pins for release: the next Acquire to node
+// carries them, or a Release call does, in the background, after
+// releaseDelay.
 func (c *Client) release(node string, kc *apiConn, ids []int64) {
 	if len(ids) == 0 {
 		return
 	}
 	c.mu.Lock()
-	closed := c.closed
-	if !closed {
-		c.releases.Add(1)
+	defer c.mu.Unlock()
+	if c.closed {
+		c.releases.Add(1) // Close is flushing: send them now
+		go func() {
+			defer c.releases.Done()
+			c.sendRelease(node, kc, ids)
+		}()
+		return
 	}
+	p := c.pending[node]
+	if p == nil {
+		p = &pendingRelease{}
+		c.pending[node] = p
+	}
+	p.kc = kc
+	p.ids = append(p.ids, ids...)
+	if p.timer == nil {
+		p.timer = time.AfterFunc(releaseDelay, func() { c.flushRelease(node, false) })
+	}
+}
+
+// takeReleases removes up to maxRide queued lease ids of node, for an
+// Acquire to carry.
+func (c *Client) takeReleases(node string) []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pending[node]
+	if p == nil || len(p.ids) == 0 {
+		return nil
+	}
+	n := min(len(p.ids), maxRide)
+	ids := append([]int64(nil), p.ids[:n]...)
+	p.ids = append(p.ids[:0], p.ids[n:]...)
+	return ids
+}
+
+// flushRelease sends node's queued lease ids in a Release call: in the
+// background from the timer, synchronously from Close (wait).
+func (c *Client) flushRelease(node string, wait bool) {
+	c.mu.Lock()
+	p := c.pending[node]
+	if p == nil {
+		c.mu.Unlock()
+		return
+	}
+	ids, kc := p.ids, p.kc
+	p.ids = nil
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	if len(ids) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.releases.Add(1)
 	c.mu.Unlock()
-	if closed {
-		return // the pins expire with their lease
+	if wait {
+		defer c.releases.Done()
+		c.sendRelease(node, kc, ids)
+		return
 	}
 	go func() {
 		defer c.releases.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
-		defer cancel()
-		if _, err := kc.Release(ctx, &peer.ReleaseRequest{Auth: c.auth, LeaseIds: ids}); err != nil {
-			// The pins expire with their lease anyway.
-			c.lg.Debug("lease release failed", zap.String("node", node), zap.Error(err))
-		}
+		c.sendRelease(node, kc, ids)
 	}()
+}
+
+// sendRelease makes one Release call; on failure the pins expire with
+// their lease.
+func (c *Client) sendRelease(node string, kc *apiConn, ids []int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+	defer cancel()
+	for len(ids) > 0 {
+		n := min(len(ids), maxRide)
+		if _, err := kc.Release(ctx, &peer.ReleaseRequest{Auth: c.auth, LeaseIds: ids[:n]}); err != nil {
+			c.lg.Debug("lease release failed", zap.String("node", node), zap.Error(err))
+			return
+		}
+		ids = ids[n:]
+	}
 }

@@ -268,6 +268,20 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 	if e := h.check(req.GetAuth()); e != nil {
 		return nil, e
 	}
+	if ids := req.Release; len(ids) > 0 {
+		// Releases riding along (Client.release): as Release, but a
+		// refusal (too many ids) must not fail the Acquire; those pins
+		// expire with their lease.
+		if res, err := h.p.Release(ctx, ids); err == nil {
+			var n int64
+			for _, e := range res {
+				if e == nil {
+					n++
+				}
+			}
+			h.count(func(s *ServerStats) { s.Released += n })
+		}
+	}
 	lease := time.Duration(req.LeaseMs) * time.Millisecond
 	if lease < 0 {
 		lease = 0

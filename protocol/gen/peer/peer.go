@@ -236,6 +236,7 @@ type AcquireRequest struct {
 	Ns      string   `thrift:"ns,2" frugal:"2,default,string" json:"ns"`
 	Keys    [][]byte `thrift:"keys,3" frugal:"3,default,list<binary>" json:"keys"`
 	LeaseMs int32    `thrift:"lease_ms,4" frugal:"4,default,i32" json:"lease_ms"`
+	Release []int64  `thrift:"release,5,optional" frugal:"5,optional,list<i64>" json:"release,omitempty"`
 }
 
 func NewAcquireRequest() *AcquireRequest {
@@ -265,6 +266,15 @@ func (p *AcquireRequest) GetKeys() (v [][]byte) {
 func (p *AcquireRequest) GetLeaseMs() (v int32) {
 	return p.LeaseMs
 }
+
+var AcquireRequest_Release_DEFAULT []int64
+
+func (p *AcquireRequest) GetRelease() (v []int64) {
+	if !p.IsSetRelease() {
+		return AcquireRequest_Release_DEFAULT
+	}
+	return p.Release
+}
 func (p *AcquireRequest) SetAuth(val *Auth) {
 	p.Auth = val
 }
@@ -277,9 +287,16 @@ func (p *AcquireRequest) SetKeys(val [][]byte) {
 func (p *AcquireRequest) SetLeaseMs(val int32) {
 	p.LeaseMs = val
 }
+func (p *AcquireRequest) SetRelease(val []int64) {
+	p.Release = val
+}
 
 func (p *AcquireRequest) IsSetAuth() bool {
 	return p.Auth != nil
+}
+
+func (p *AcquireRequest) IsSetRelease() bool {
+	return p.Release != nil
 }
 
 func (p *AcquireRequest) String() string {
@@ -294,6 +311,7 @@ var fieldIDToName_AcquireRequest = map[int16]string{
 	2: "ns",
 	3: "keys",
 	4: "lease_ms",
+	5: "release",
 }
 
 type AcquireItem struct {
