@@ -3,8 +3,10 @@ package ssd
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/linxGnu/grocksdb"
 )
@@ -51,6 +53,22 @@ type store struct {
 	// its buffer, once as large as a block, is not allocated and
 	// page-faulted again for each MiB-sized put.
 	wb *grocksdb.WriteBatch
+
+	// Every write runs on one goroutine locked to its OS thread (applyLoop):
+	// RocksDB copies block bytes into memtable memory that it mallocs in
+	// the writing thread, and glibc serves each thread from its own arena.
+	// Writes from whatever thread the caller's goroutine happened to run on
+	// spread the memtables over many arenas, each keeping its own freed
+	// memory, so most memtable memory was fresh and page-faulted again; one
+	// thread reuses one arena's memory.
+	applyCh   chan applyReq
+	applyErr  chan error
+	applyDone chan struct{}
+}
+
+type applyReq struct {
+	b       *batch
+	durable bool
 }
 
 // openStore opens (creating if needed) the database in cfg.Dir.
@@ -70,7 +88,18 @@ func openStore(cfg *Config) (_ *store, err error) {
 	// RocksDB (memtable full, shutdown), so a crash never leaves block bytes
 	// without their metadata (space nobody could find again).
 	s.opts.SetAtomicFlush(true)
-	s.opts.SetMaxBackgroundJobs(cfg.BackgroundJobs)
+	// Half of the background threads (at least one) flush memtables, the
+	// rest compact. RocksDB's own split gives flushes a quarter, which is
+	// one thread for 4 jobs: that one thread computing blob CRCs and
+	// copying blob bytes into the page cache was what bounded the write
+	// rate; with two, two memtables are written out at once (on 2 vCPUs:
+	// 1 GiB of puts + flush from ~350-430 to ~420-570 MB/s, docs/ssd.md).
+	// Flushes of a full memtable all have the same reason, so concurrent
+	// atomic flushes do not meet the RocksDB 7.8 assertion described at
+	// store.flush.
+	flushes := max(1, cfg.BackgroundJobs/2)
+	s.opts.SetMaxBackgroundFlushes(flushes)
+	s.opts.SetMaxBackgroundCompactions(max(1, cfg.BackgroundJobs-flushes))
 	s.opts.SetBytesPerSync(1 << 20)
 	s.opts.SetWALBytesPerSync(1 << 20)
 	s.opts.SetMaxTotalWalSize(cfg.WriteBufferSize * 2)
@@ -84,6 +113,11 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.metaOpts = grocksdb.NewDefaultOptions()
 	s.metaOpts.SetCompression(grocksdb.NoCompression)
 	s.metaOpts.SetWriteBufferSize(8 << 20)
+	// atomic_flush makes every flush switch the meta memtable together with
+	// the data one: with RocksDB's default of 2 meta memtables, writes
+	// stopped as soon as a second flush was queued, however many data
+	// memtables were allowed.
+	s.metaOpts.SetMaxWriteBufferNumber(cfg.MaxWriteBuffers)
 
 	s.dataOpts = grocksdb.NewDefaultOptions()
 	s.dataOpts.SetCompression(grocksdb.NoCompression)
@@ -129,7 +163,22 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.compact = grocksdb.NewCompactRangeOptions()
 	s.compact.SetExclusiveManualCompaction(false)
 	s.wb = grocksdb.NewWriteBatch()
+	s.applyCh = make(chan applyReq)
+	s.applyErr = make(chan error)
+	s.applyDone = make(chan struct{})
+	go s.applyLoop()
 	return s, nil
+}
+
+// applyLoop performs every write of the store on one OS thread (see
+// store.applyCh). It ends when close closes applyCh; the locked thread
+// exits with it.
+func (s *store) applyLoop() {
+	runtime.LockOSThread()
+	defer close(s.applyDone)
+	for r := range s.applyCh {
+		s.applyErr <- s.applyNow(r.b, r.durable)
+	}
 }
 
 // close releases every RocksDB object; safe on a partly opened store and
@@ -138,6 +187,11 @@ func openStore(cfg *Config) (_ *store, err error) {
 func (s *store) close() {
 	if s == nil {
 		return
+	}
+	if s.applyCh != nil {
+		close(s.applyCh)
+		<-s.applyDone
+		s.applyCh = nil
 	}
 	for _, cf := range []**grocksdb.ColumnFamilyHandle{&s.cfData, &s.cfMeta, &s.cfDef} {
 		if *cf != nil {
@@ -199,8 +253,14 @@ type blockPut struct {
 
 // apply writes b atomically. durable writes go through the WAL and fsync it
 // before returning; the others skip the WAL (see docs/ssd.md). Callers
-// serialize apply (it reuses one WriteBatch).
+// serialize apply (it reuses one WriteBatch and one reply channel).
 func (s *store) apply(b *batch, durable bool) error {
+	s.applyCh <- applyReq{b: b, durable: durable}
+	return <-s.applyErr
+}
+
+// applyNow is apply on the write thread.
+func (s *store) applyNow(b *batch, durable bool) error {
 	wb := s.wb
 	wb.Clear()
 	for _, k := range b.dels {
@@ -275,11 +335,51 @@ func (s *store) scanMeta(fn func(key, rec []byte)) error {
 // between the two leaves at worst metadata without bytes (found and dropped
 // on read) rather than bytes without metadata (space lost until a rebuild).
 // Flushes started by RocksDB itself are atomic across both families.
+//
+// Callers hold Tier.wmu, so no write can queue a flush meanwhile. The
+// flushes RocksDB already queued must be finished first: librocksdb 7.8
+// keeps the flush reason per column family, and a manual flush of one
+// family queued beside an automatic flush of both gives that automatic
+// flush two different reasons, which a RocksDB assertion turns into an
+// abort of the process (Debian builds it with assertions on; fixed
+// upstream in RocksDB 8.0, facebook/rocksdb#11111).
 func (s *store) flush() error {
+	s.waitFlushesIdle()
 	if err := s.db.FlushCF(s.cfMeta, s.fo); err != nil {
 		return err
 	}
 	return s.db.FlushCF(s.cfData, s.fo)
+}
+
+// flushIdleTimeout bounds waitFlushesIdle; reached only if RocksDB stops
+// flushing without reporting a background error.
+const flushIdleTimeout = time.Minute
+
+// waitFlushesIdle waits until no memtable flush is queued or running, or
+// RocksDB reports a background error (its queued flushes will not run then),
+// or flushIdleTimeout. RocksDB has no call to wait for its queue, so this
+// polls two properties every millisecond; a flush of a full memtable takes
+// tens of milliseconds or more.
+func (s *store) waitFlushesIdle() {
+	deadline := time.Now().Add(flushIdleTimeout)
+	for time.Now().Before(deadline) {
+		// Pending first, then running: a queued flush stops being pending
+		// only once its job runs, so this order cannot miss one.
+		pending := false
+		for _, cf := range []*grocksdb.ColumnFamilyHandle{s.cfDef, s.cfMeta, s.cfData} {
+			if n, ok := s.db.GetIntPropertyCF("rocksdb.mem-table-flush-pending", cf); ok && n > 0 {
+				pending = true
+			}
+		}
+		running, _ := s.db.GetIntProperty("rocksdb.num-running-flushes")
+		if !pending && running == 0 {
+			return
+		}
+		if n, ok := s.db.GetIntProperty("rocksdb.background-errors"); ok && n > 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // compactData compacts the whole data family so that blob references of
