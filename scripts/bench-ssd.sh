@@ -18,6 +18,10 @@
 # Targets: tier write >= 70% of fio write, tier read >= 60% of fio read.
 # Row "wbuf" is a reference: fio's buffered write (direct=0, final fsync),
 # which is how RocksDB writes blob files; its ratio is tier write / it.
+# Before each measured step the script runs sync(1), so that the writeback
+# and the discards (the root filesystem of the development VM is mounted
+# with "discard": deleting 1 GiB costs the disk ~0.5 s) left by the previous
+# step are not charged to the next one, whichever side it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +42,7 @@ fi
 # fio_mbps RW [DIRECT]: runs one fio job and prints its bandwidth in MB/s
 # (10^6 bytes/s).
 fio_mbps() {
+	sync
 	fio --name="tidepool-$1" --directory="$DIR" --filename=fio.dat \
 		--rw="$1" --bs=1M --size="${SIZE_MIB}M" --direct="${2:-1}" --ioengine=psync \
 		--numjobs=1 --end_fsync=1 --output-format=terse --terse-version=3 |
@@ -56,6 +61,7 @@ for round in $(seq 1 "$ROUNDS"); do
 	rm -f "$DIR/fio.dat"
 	fb=$(fio_mbps write 0) # buffered write + fsync: what the tier's flush does
 	rm -f "$DIR/fio.dat"
+	sync
 	out=$(cd "$DIR" && TIDEPOOL_SSD_BENCH_DIR="$DIR" TIDEPOOL_SSD_BENCH_DIRECT=1 \
 		./ssd.test -test.run '^$' -test.bench '^BenchmarkSSD$' -test.benchtime "${SIZE_MIB}x" -test.count 1)
 	tw=$(awk '/^BenchmarkSSD\/write/ { for (i = 1; i <= NF; i++) if ($(i+1) == "MB/s") print $i }' <<<"$out")
