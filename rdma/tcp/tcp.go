@@ -15,6 +15,12 @@
 //     straight from the region. The initiator reads each chunk into its
 //     local region and verifies the checksum; a mismatch fails the call
 //     with rdma.ErrChecksum.
+//   - Summed (rdma.Op.SumKnown, frame.FlagSummed): the transfer is checked
+//     once, end to end, against the CRC-32C the initiator holds, where the
+//     bytes land: a summed read's chunks come without a CRC and the
+//     initiator checksums the whole read; a summed write's chunks go
+//     straight into the region and the owner checks the whole write
+//     against the CRC on its last chunk.
 //
 // A new connection starts with an OpHello/OpHelloAck exchange, so a peer
 // speaking another frame version is refused at connect time.
