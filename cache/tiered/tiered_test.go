@@ -501,13 +501,15 @@ func (f fakeEvicter) EvictTo(target int64) int {
 }
 
 // TestWatermarkLoop: above the high watermark, the loop asks the DRAM tier
-// to evict down to the low one. (The real DRAM tier does not offer EvictTo
-// yet; the loop is tested against a fake.)
+// to evict down to the low one. The loop under test runs against a fake
+// evicter; the store is opened without watermarks so that its own loop
+// (against the real DRAM tier) cannot evict first, then given them.
 func TestWatermarkLoop(t *testing.T) {
 	cfg := testConfig(t, 8*mib, t.TempDir())
-	cfg.HighWatermark, cfg.LowWatermark = 0.5, 0.25
+	cfg.HighWatermark, cfg.LowWatermark = 0, 0
 	cfg.WatermarkInterval = time.Millisecond
 	s := newStore(t, cfg)
+	s.cfg.HighWatermark, s.cfg.LowWatermark = 0.5, 0.25
 	ev := fakeEvicter{targets: make(chan int64, 1)}
 	s.bg.Add(1)
 	go s.watermarks(ev)
