@@ -335,6 +335,9 @@ type block struct {
 	depth int32
 	low   bool
 	shard *shard
+	// landed is when (tier clock, unix ns) the bytes were checked against
+	// crc in place as they landed (Reservation.CommitChecked); 0 if not.
+	landed int64
 
 	// Guarded by shard.mu; pins and leaseExp are also read without it by
 	// the eviction skip function (a hint, re-checked under the lock).

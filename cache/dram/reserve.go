@@ -172,6 +172,9 @@ func (r *Reservation) commit(ctx context.Context, crc uint32, hasCRC, checked bo
 		return false, fmt.Errorf("%w: committed %d bytes have CRC-32C %08x, the client sent %08x", cache.ErrChecksum, b.size, sum, crc)
 	}
 	b.crc = sum
+	if checked {
+		b.landed = t.now()
+	}
 	b.id = t.nextID.Add(1)
 	existed, err = t.publish(b, r.key)
 	t.reservedBytes.Add(-b.foot)
