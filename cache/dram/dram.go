@@ -336,8 +336,9 @@ type block struct {
 	low   bool
 	shard *shard
 	// landed is when (tier clock, unix ns) the bytes were checked against
-	// crc in place as they landed (Reservation.CommitChecked); 0 if not.
-	landed int64
+	// crc in place as they landed (Reservation.CommitChecked); 0 if not, or
+	// once the first Pin used that check (Pin swaps it to 0).
+	landed atomic.Int64
 
 	// Guarded by shard.mu; pins and leaseExp are also read without it by
 	// the eviction skip function (a hint, re-checked under the lock).

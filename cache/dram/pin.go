@@ -11,13 +11,14 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 )
 
-// landedFresh: a block whose bytes were checked in place as they landed
-// (CommitChecked: a transfer verified end to end against the block's
-// CRC-32C) less than this long ago is not checksummed again by Pin. That is
-// the fetch-then-answer path of a remote Get: its bytes were verified where
-// they lie microseconds earlier. The window is of the order of the reply
-// write that follows any Pin, which a stray write could race just the same.
-const landedFresh = 10 * time.Millisecond
+// landedFresh: the first Pin of a block whose bytes were checked in place as
+// they landed (CommitChecked: a transfer verified end to end against the
+// block's CRC-32C) less than this long ago does not checksum them again.
+// That is the fetch-then-answer path of a remote Get, whose bytes were
+// verified where they lie moments earlier (milliseconds; the window only
+// bounds a fetch that nobody read at once, e.g. under heavy load). Every
+// later Pin, and any Pin after the window, checks.
+const landedFresh = time.Second
 
 // pinLease is the deadline of a Pin: far enough never to pass, so that a pin
 // is never revoked and its bytes are never reused while it is held.
@@ -29,8 +30,9 @@ const pinLease = 100 * 365 * 24 * time.Hour
 // Bytes are the value. A hit counts as a read; a miss is not counted, as
 // the caller goes on to Get (or a slower tier), which counts it.
 //
-// A block committed with CommitChecked less than landedFresh (10 ms) ago is
-// not checksummed again: it was checked in place as it landed.
+// The first Pin of a block committed with CommitChecked less than
+// landedFresh (1 s) ago does not checksum it again: it was checked in place
+// as it landed.
 //
 // Unlike Acquire's lease, a pin does not expire: the block is neither
 // evicted nor reclaimed until Release, and Close waits for every pin to be
@@ -49,7 +51,7 @@ func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
 		return nil, err
 	}
 	b := l.b
-	if b.landed != 0 && t.now()-b.landed < int64(landedFresh) {
+	if at := b.landed.Swap(0); at != 0 && t.now()-at < int64(landedFresh) {
 		return l, nil // checked in place as it landed, a moment ago
 	}
 	if sum := cache.Checksum(l.Bytes()); sum != b.crc {

@@ -153,8 +153,9 @@ func TestCommitChecked(t *testing.T) {
 }
 
 // TestPinLandedFresh: a block checked in place as it landed
-// (CommitChecked) is not checksummed again by a Pin within landedFresh;
-// after that window Pin verifies it as any other.
+// (CommitChecked) is not checksummed again by its first Pin within
+// landedFresh; later Pins, and a first Pin after that window, verify it as
+// any other.
 func TestPinLandedFresh(t *testing.T) {
 	cfg, fc := testConfig(t, 4<<20)
 	tr := newTier(t, cfg)
@@ -167,7 +168,8 @@ func TestPinLandedFresh(t *testing.T) {
 	if _, err := r.CommitChecked(ctx, cache.Checksum(val)); err != nil {
 		t.Fatal(err)
 	}
-	l, err := tr.Pin(ctx, "ns", []byte("f"))
+	info, _ := tr.Stat(ctx, "ns", []byte("f"))
+	l, err := tr.Acquire(ctx, "ns", []byte("f"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,13 +177,33 @@ func TestPinLandedFresh(t *testing.T) {
 	l.Release()
 	tr.arenas[ai].mem[off+99] ^= 1 // damaged after landing
 	l, err = tr.Pin(ctx, "ns", []byte("f"))
-	if err != nil {
-		t.Fatalf("Pin within the landing window: %v", err)
+	if err != nil || l.Info().Checksum != info.Checksum {
+		t.Fatalf("first Pin within the landing window: %v", err)
 	}
 	l.Release()
-	fc.Advance(landedFresh)
 	if _, err := tr.Pin(ctx, "ns", []byte("f")); !errors.Is(err, cache.ErrChecksum) {
-		t.Fatalf("Pin after the landing window: %v, want ErrChecksum", err)
+		t.Fatalf("second Pin: %v, want ErrChecksum", err)
+	}
+
+	// A first Pin after the window checks.
+	r, err = tr.Reserve(ctx, "ns", []byte("h"), int64(len(val)), cache.PutOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(r.Bytes(), val)
+	if _, err := r.CommitChecked(ctx, cache.Checksum(val)); err != nil {
+		t.Fatal(err)
+	}
+	l, err = tr.Acquire(ctx, "ns", []byte("h"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ai, off, _ = l.Location()
+	l.Release()
+	tr.arenas[ai].mem[off+7] ^= 1
+	fc.Advance(landedFresh)
+	if _, err := tr.Pin(ctx, "ns", []byte("h")); !errors.Is(err, cache.ErrChecksum) {
+		t.Fatalf("first Pin after the landing window: %v, want ErrChecksum", err)
 	}
 	// Commit (the engine's two-phase put) does not skip: its CRC is of
 	// the slot, but nothing checked it against the writer's.

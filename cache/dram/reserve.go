@@ -173,7 +173,7 @@ func (r *Reservation) commit(ctx context.Context, crc uint32, hasCRC, checked bo
 	}
 	b.crc = sum
 	if checked {
-		b.landed = t.now()
+		b.landed.Store(t.now())
 	}
 	b.id = t.nextID.Add(1)
 	existed, err = t.publish(b, r.key)
