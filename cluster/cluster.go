@@ -144,7 +144,7 @@ func DefaultLocalConfig(name string) Config {
 	c.ProbeTimeout = 150 * time.Millisecond
 	c.SuspicionMult = 3
 	c.GossipInterval = 50 * time.Millisecond
-	c.PushPullInterval = time.Second
+	c.PushPullInterval = 500 * time.Millisecond
 	c.TCPTimeout = time.Second
 	c.RetransmitMult = 3
 	c.IndirectChecks = 2
