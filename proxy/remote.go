@@ -377,6 +377,11 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 		for j, i := range idx {
 			batch[j] = keys[i]
 		}
+		if len(groups) == 1 {
+			// One owner (a single Get's miss): ask it from here.
+			r.fetchFrom(ctx, g, ns, keys, idx, batch, errs)
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -457,6 +457,20 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 	}
 	errs := make([]error, len(keys))
 	var leases []int64
+	pullOne := func(i int, it *peer.AcquireItem) {
+		n, err := c.pull(ctx, ns, keys[i], it, resolvedXfer, low)
+		errs[i] = err
+		switch {
+		case err == nil:
+			pc.blocks.Add(1)
+			pc.bytes.Add(n)
+		case errors.Is(err, cache.ErrChecksum):
+			pc.csum.Add(1)
+			pc.failures.Add(1)
+		default:
+			pc.failures.Add(1)
+		}
+	}
 	sem := make(chan struct{}, max(c.cfg.Parallel, 1))
 	var wg sync.WaitGroup
 	for i, it := range res.Items {
@@ -474,22 +488,15 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 			continue
 		}
 		leases = append(leases, it.LeaseId)
+		if len(res.Items) == 1 {
+			pullOne(i, it) // one block: pull it from here
+			continue
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func(i int, it *peer.AcquireItem) {
 			defer func() { <-sem; wg.Done() }()
-			n, err := c.pull(ctx, ns, keys[i], it, resolvedXfer, low)
-			errs[i] = err
-			switch {
-			case err == nil:
-				pc.blocks.Add(1)
-				pc.bytes.Add(n)
-			case errors.Is(err, cache.ErrChecksum):
-				pc.csum.Add(1)
-				pc.failures.Add(1)
-			default:
-				pc.failures.Add(1)
-			}
+			pullOne(i, it)
 		}(i, it)
 	}
 	wg.Wait()
