@@ -2,11 +2,7 @@ package dram
 
 import (
 	"context"
-	"encoding/hex"
-	"fmt"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
 )
@@ -56,10 +52,7 @@ func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
 	}
 	if sum := cache.Checksum(l.Bytes()); sum != b.crc {
 		_ = t.release(l)
-		t.csumFails.Add(1)
-		t.lg.Error("checksum mismatch", zap.String("ns", ns), zap.String("key", hex.EncodeToString(key)),
-			zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum))
-		return nil, fmt.Errorf("%w: dram block of %d bytes", cache.ErrChecksum, b.size)
+		return nil, t.checksumMismatch(ns, key, b, sum)
 	}
 	return l, nil
 }

@@ -187,12 +187,18 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		return nil, cache.Info{}, err
 	}
 	if sum != b.crc {
-		t.csumFails.Add(1)
-		t.lg.Error("checksum mismatch", zap.String("ns", ns), zap.String("key", hex.EncodeToString(key)),
-			zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum))
-		return nil, cache.Info{}, fmt.Errorf("%w: dram block of %d bytes", cache.ErrChecksum, b.size)
+		return nil, cache.Info{}, t.checksumMismatch(ns, key, b, sum)
 	}
 	return dst, b.info(), nil
+}
+
+// checksumMismatch counts and logs a read of b whose bytes have CRC-32C
+// sum, and returns the error the read reports.
+func (t *Tier) checksumMismatch(ns string, key []byte, b *block, sum uint32) error {
+	t.csumFails.Add(1)
+	t.lg.Error("checksum mismatch", zap.String("ns", ns), zap.String("key", hex.EncodeToString(key)),
+		zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum))
+	return fmt.Errorf("%w: dram block of %d bytes", cache.ErrChecksum, b.size)
 }
 
 // Stat returns the Info of (ns, key) and whether it is present. It neither
