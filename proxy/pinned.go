@@ -67,20 +67,22 @@ func (p *Proxy) GetPinned(ctx context.Context, ns string, key []byte, scope Scop
 	if err := p.checkKey(key); err != nil {
 		return nil, cache.Info{}, err
 	}
-	if v, info, ok := p.pin(ctx, ns, key, pins); ok {
-		return v, info, nil
-	}
-	v, info, err := p.store.Get(ctx, ns, key, nil)
+	v, info, err := p.local(ctx, ns, key, pins)
 	if r := p.clusterRouter(scope); r != nil && errors.Is(err, cache.ErrNotFound) {
 		if ferr := r.fetch(ctx, ns, [][]byte{key})[0]; ferr == nil {
-			// Fetched into the DRAM arenas.
-			if v, info, ok := p.pin(ctx, ns, key, pins); ok {
-				return v, info, nil
-			}
-			return p.store.Get(ctx, ns, key, nil)
+			return p.local(ctx, ns, key, pins) // fetched into the DRAM arenas
 		}
 	}
 	return v, info, err
+}
+
+// local reads (ns, key) from this node's tiers: pinned in place into pins
+// when it can (pin), else a copy (Store.Get).
+func (p *Proxy) local(ctx context.Context, ns string, key []byte, pins *Pins) ([]byte, cache.Info, error) {
+	if v, info, ok := p.pin(ctx, ns, key, pins); ok {
+		return v, info, nil
+	}
+	return p.store.Get(ctx, ns, key, nil)
 }
 
 // pin pins (ns, key) in place into pins when pins is not nil and the store
@@ -121,11 +123,7 @@ func (p *Proxy) BatchGetPinned(ctx context.Context, ns string, keys [][]byte, sc
 			out[i].Err = err
 			continue
 		}
-		if v, info, ok := p.pin(ctx, ns, k, pins); ok {
-			out[i] = GetResult{Value: v, Info: info}
-			continue
-		}
-		out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, k, nil)
+		out[i].Value, out[i].Info, out[i].Err = p.local(ctx, ns, k, pins)
 		if errors.Is(out[i].Err, cache.ErrNotFound) {
 			missed = append(missed, k)
 			missedIdx = append(missedIdx, i)
@@ -133,15 +131,10 @@ func (p *Proxy) BatchGetPinned(ctx context.Context, ns string, keys [][]byte, sc
 	}
 	if r := p.clusterRouter(scope); r != nil && len(missed) > 0 {
 		for j, ferr := range r.fetch(ctx, ns, missed) {
-			if ferr != nil {
-				continue
+			if ferr == nil {
+				i := missedIdx[j]
+				out[i].Value, out[i].Info, out[i].Err = p.local(ctx, ns, keys[i], pins)
 			}
-			i := missedIdx[j]
-			if v, info, ok := p.pin(ctx, ns, keys[i], pins); ok {
-				out[i] = GetResult{Value: v, Info: info}
-				continue
-			}
-			out[i].Value, out[i].Info, out[i].Err = p.store.Get(ctx, ns, keys[i], nil)
 		}
 	}
 	return out, nil

@@ -37,7 +37,7 @@ func (t *pinTracer) Start(ctx context.Context) context.Context {
 // Finish implements stats.Tracer: the reply is written (or failed), so the
 // pinned bytes can go.
 func (t *pinTracer) Finish(ctx context.Context) {
-	ps, _ := ctx.Value(pinsKey{}).(*proxy.Pins)
+	ps := pinsFrom(ctx)
 	if ps == nil {
 		return
 	}
