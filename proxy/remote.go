@@ -371,24 +371,9 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	// tried at its next owner (previous membership) one by one.
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
-	var wg sync.WaitGroup
-	for g, idx := range groups {
-		batch := make([][]byte, len(idx))
-		for j, i := range idx {
-			batch[j] = keys[i]
-		}
-		if len(groups) == 1 {
-			// One owner (a single Get's miss): ask it from here.
-			r.fetchFrom(ctx, g, ns, keys, idx, batch, errs)
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.fetchFrom(ctx, g, ns, keys, idx, batch, errs)
-		}()
-	}
-	wg.Wait()
+	perNode(groups, keys, func(g fetchGroup, idx []int, batch [][]byte) {
+		r.fetchFrom(ctx, g, ns, keys, idx, batch, errs)
+	})
 	for j, f := range mine {
 		i := mineIdx[j]
 		f.err = errs[i]
@@ -460,19 +445,25 @@ func (r *router) fetchCall(ctx context.Context, node, ns string, keys [][]byte, 
 	return r.peers.Fetch(ctx, node, ns, keys)
 }
 
-// perNode calls fn for each node's group of key indexes, in parallel, with
-// the keys of the group, and returns when every call has.
-func perNode(groups map[string][]int, keys [][]byte, fn func(node string, idx []int, batch [][]byte)) {
+// perNode calls fn for each group of key indexes (one per node, or per node
+// and kind of fetch), in parallel, with the keys of the group, and returns
+// when every call has. A single group (a single Get's miss) is asked from
+// the calling goroutine.
+func perNode[G comparable](groups map[G][]int, keys [][]byte, fn func(g G, idx []int, batch [][]byte)) {
 	var wg sync.WaitGroup
-	for node, idx := range groups {
+	for g, idx := range groups {
 		batch := make([][]byte, len(idx))
 		for j, i := range idx {
 			batch[j] = keys[i]
 		}
+		if len(groups) == 1 {
+			fn(g, idx, batch)
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			fn(node, idx, batch)
+			fn(g, idx, batch)
 		}()
 	}
 	wg.Wait()
