@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
+	"github.com/tidepool-kv/tidepool/rdma/internal/region"
 )
 
 // ---- owner side: serving one-sided transfers into and out of regions ----
@@ -160,21 +161,7 @@ func (s *server) writeChunk(h frame.Header, werr *error, w *writeSum) error {
 	if w.summed && *werr == nil {
 		span, err := s.t.table.Acquire(rdma.RegionID(h.Region), h.Key, true, h.Offset, uint64(h.Length))
 		if err == nil {
-			_, err := io.ReadFull(s.br, span.B)
-			if err == nil {
-				w.crc = frame.UpdateChecksum(w.crc, span.B)
-			}
-			span.Release()
-			if err != nil {
-				return err
-			}
-			if h.Last() && w.crc != h.CRC {
-				*werr = fmt.Errorf("%w: write ending at offset %d: crc %08x, want %08x",
-					rdma.ErrChecksum, h.Offset+uint64(h.Length), w.crc, h.CRC)
-				return nil
-			}
-			s.t.serve.Applied(uint64(h.Length), h.Last())
-			return nil
+			return s.writeSummed(h, span, werr, w)
 		}
 		*werr = err // the payload is read and dropped below
 	}
@@ -205,6 +192,26 @@ func (s *server) writeChunk(h frame.Header, werr *error, w *writeSum) error {
 	}
 	copy(span.B, buf)
 	span.Release()
+	s.t.serve.Applied(uint64(h.Length), h.Last())
+	return nil
+}
+
+// writeSummed reads a summed write chunk straight into its region span and,
+// at the last chunk, checks the CRC-32C of the whole write.
+func (s *server) writeSummed(h frame.Header, span region.Span, werr *error, w *writeSum) error {
+	_, err := io.ReadFull(s.br, span.B)
+	if err == nil {
+		w.crc = frame.UpdateChecksum(w.crc, span.B)
+	}
+	span.Release()
+	if err != nil {
+		return err
+	}
+	if h.Last() && w.crc != h.CRC {
+		*werr = fmt.Errorf("%w: write ending at offset %d: crc %08x, want %08x",
+			rdma.ErrChecksum, h.Offset+uint64(h.Length), w.crc, h.CRC)
+		return nil
+	}
 	s.t.serve.Applied(uint64(h.Length), h.Last())
 	return nil
 }
