@@ -555,11 +555,12 @@ func (c *Client) pull(ctx context.Context, ns string, key []byte, it *peer.Acqui
 			return 0, fmt.Errorf("peerapi: read from %s: %w: %w", addr, cache.ErrUnavailable, err)
 		}
 	}
-	commit := r.CommitChecked // the read verified the bytes against it.Checksum
-	if n == 0 {
-		commit = func(ctx context.Context, crc uint32) (bool, error) { return r.Commit(ctx, crc, true) }
+	if n > 0 {
+		_, err = r.CommitChecked(ctx, uint32(it.Checksum)) // the read checked the bytes
+	} else {
+		_, err = r.Commit(ctx, uint32(it.Checksum), true)
 	}
-	if _, err := commit(ctx, uint32(it.Checksum)); err != nil {
+	if err != nil {
 		return 0, fmt.Errorf("peerapi: commit fetched block: %w", err)
 	}
 	return n, nil
@@ -576,10 +577,7 @@ func (c *Client) release(node string, kc *apiConn, ids []int64) {
 	defer c.mu.Unlock()
 	if c.closed {
 		c.releases.Add(1) // Close is flushing: send them now
-		go func() {
-			defer c.releases.Done()
-			c.sendRelease(node, kc, ids)
-		}()
+		go c.sendRelease(node, kc, ids)
 		return
 	}
 	p := c.pending[node]
@@ -631,19 +629,16 @@ func (c *Client) flushRelease(node string, wait bool) {
 	c.releases.Add(1)
 	c.mu.Unlock()
 	if wait {
-		defer c.releases.Done()
 		c.sendRelease(node, kc, ids)
-		return
+	} else {
+		go c.sendRelease(node, kc, ids)
 	}
-	go func() {
-		defer c.releases.Done()
-		c.sendRelease(node, kc, ids)
-	}()
 }
 
-// sendRelease makes one Release call; on failure the pins expire with
-// their lease.
+// sendRelease releases ids in Release calls of at most maxRide; on failure
+// the pins expire with their lease. It marks one c.releases as done.
 func (c *Client) sendRelease(node string, kc *apiConn, ids []int64) {
+	defer c.releases.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
 	for len(ids) > 0 {

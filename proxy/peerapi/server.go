@@ -268,19 +268,11 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 	if e := h.check(req.GetAuth()); e != nil {
 		return nil, e
 	}
-	if ids := req.Release; len(ids) > 0 {
+	if len(req.Release) > 0 {
 		// Releases riding along (Client.release): as Release, but a
 		// refusal (too many ids) must not fail the Acquire; those pins
 		// expire with their lease.
-		if res, err := h.p.Release(ctx, ids); err == nil {
-			var n int64
-			for _, e := range res {
-				if e == nil {
-					n++
-				}
-			}
-			h.count(func(s *ServerStats) { s.Released += n })
-		}
+		_ = h.release(ctx, req.Release)
 	}
 	lease := time.Duration(req.LeaseMs) * time.Millisecond
 	if lease < 0 {
@@ -335,9 +327,17 @@ func (h *handler) Release(ctx context.Context, req *peer.ReleaseRequest) (*peer.
 	if e := h.check(req.GetAuth()); e != nil {
 		return nil, e
 	}
-	res, err := h.p.Release(ctx, req.LeaseIds)
-	if err != nil {
+	if err := h.release(ctx, req.LeaseIds); err != nil {
 		return nil, peerErr(err)
+	}
+	return &peer.ReleaseResponse{}, nil
+}
+
+// release unpins leases granted to peers and counts those released.
+func (h *handler) release(ctx context.Context, ids []int64) error {
+	res, err := h.p.Release(ctx, ids)
+	if err != nil {
+		return err
 	}
 	var n int64
 	for _, e := range res {
@@ -346,7 +346,7 @@ func (h *handler) Release(ctx context.Context, req *peer.ReleaseRequest) (*peer.
 		}
 	}
 	h.count(func(s *ServerStats) { s.Released += n })
-	return &peer.ReleaseResponse{}, nil
+	return nil
 }
 
 // Put stores pushed blocks as owned blocks, each verified against its
