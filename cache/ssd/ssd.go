@@ -173,7 +173,8 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		zap.Int64("recovered_blocks", blocks),
 		zap.Int64("recovered_bytes", bytes),
 		zap.Duration("took", t.recTook),
-		zap.Int64("capacity", cfg.Capacity))
+		zap.Int64("capacity", cfg.Capacity),
+		zap.String("rocksdb_crc32c", rocksCRC()))
 	return t, nil
 }
 

@@ -1,0 +1,15 @@
+//go:build !(linux && amd64)
+
+package ssd
+
+import "hash/crc32"
+
+// Elsewhere librocksdb keeps its own CRC-32C (see crc32c_amd64.go).
+
+func rocksCRC() string { return "librocksdb" }
+
+func rocksCRCCalls() uint64 { return 0 }
+
+func rocksCRCExtend(crc uint32, p []byte) uint32 {
+	return crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), p)
+}
