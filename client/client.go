@@ -129,7 +129,9 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	return &Client{kc: kc}, nil
+	c := &Client{kc: kc}
+	c.initZeroCopy()
+	return c, nil
 }
 
 // Close releases the client's connections. Safe to call twice.

@@ -8,6 +8,7 @@ package client
 // slot's pages), so no block byte crosses the socket.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/crc32"
@@ -241,10 +242,114 @@ type zeroCopy struct {
 	mu       sync.Mutex
 	mode     atomic.Int32 // WriteMode
 	noVerify atomic.Bool  // GetInto skips the CRC-32C check
+	maxBatch atomic.Int32 // the server's max batch (Hello); 0: not known yet
 	rel      releaser
 	rw       sync.RWMutex
 	arenas   []*arenaMap // guarded by rw
 	closed   bool        // guarded by rw
+
+	// The control calls of GetInto and PutFrom, coalesced (coalesce.go).
+	acquires combiner[[]byte, acquired]
+	reserves combiner[ReserveItem, Reservation]
+	commits  combiner[CommitItem, error]
+}
+
+// acquired is one key's answer of a coalesced Acquire.
+type acquired struct {
+	Lease
+	deadline time.Time // the earliest deadline of the call's leases
+}
+
+// defaultBatch is the most items in one coalesced call while the server's
+// max batch is not known (it is from the first GetInto or PutFrom on).
+const defaultBatch = 256
+
+// commitWidth is how many coalesced Commits may be in flight at once (see
+// docs/zerocopy.md: the server checksums every committed byte, serially
+// within one call).
+const commitWidth = 1
+
+// initZeroCopy sets up the coalesced calls of c.
+func (c *Client) initZeroCopy() {
+	z := &c.zc
+	maxBatch := func() int {
+		if n := int(z.maxBatch.Load()); n > 0 {
+			return n
+		}
+		return defaultBatch
+	}
+	z.acquires = combiner[[]byte, acquired]{
+		name:  "Acquire",
+		width: 1,
+		call: func(ctx context.Context, k flightKey, keys [][]byte) ([]acquired, error) {
+			ls, deadline, err := c.Acquire(ctx, k.ns, keys, k.d)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]acquired, len(ls))
+			for i, l := range ls {
+				out[i] = acquired{Lease: l, deadline: deadline}
+			}
+			return out, nil
+		},
+		clone: bytes.Clone,
+		undo: func(res []acquired) {
+			for _, a := range res {
+				if a.Code == CodeOK {
+					z.rel.add(c, a.LeaseID)
+				}
+			}
+		},
+		max: maxBatch,
+	}
+	z.reserves = combiner[ReserveItem, Reservation]{
+		name:  "Reserve",
+		width: 1,
+		call: func(ctx context.Context, k flightKey, items []ReserveItem) ([]Reservation, error) {
+			return c.Reserve(ctx, k.ns, items, k.d)
+		},
+		clone: func(it ReserveItem) ReserveItem {
+			it.Key = bytes.Clone(it.Key)
+			return it
+		},
+		undo: func(res []Reservation) {
+			var tokens []int64
+			for _, r := range res {
+				if r.Code == CodeOK {
+					tokens = append(tokens, r.Token)
+				}
+			}
+			c.abortQuietly(tokens)
+		},
+		max: maxBatch,
+	}
+	z.commits = combiner[CommitItem, error]{
+		name:  "Commit",
+		width: commitWidth,
+		call: func(ctx context.Context, _ flightKey, items []CommitItem) ([]error, error) {
+			return c.Commit(ctx, items)
+		},
+		drop: func(items []CommitItem) {
+			tokens := make([]int64, len(items))
+			for i, it := range items {
+				tokens[i] = it.Token
+			}
+			c.abortQuietly(tokens)
+		},
+		max: maxBatch,
+	}
+}
+
+// abortQuietly aborts reservations nobody waits for any more. Failures need
+// no handling: a reservation that could not be aborted expires at its
+// deadline.
+func (c *Client) abortQuietly(tokens []int64) {
+	if len(tokens) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.Abort(ctx, tokens)
 }
 
 // SetWriteMode chooses how PutFrom writes slots (benchmarks compare them).
@@ -378,6 +483,9 @@ func (c *Client) mapArenas(ctx context.Context, remap bool) error {
 	}
 	if h.LayoutVersion != ArenaLayoutVersion {
 		return errNoArenas("arena layout version %d, this client knows %d", h.LayoutVersion, ArenaLayoutVersion)
+	}
+	if h.Limits != nil && h.Limits.MaxBatch > 0 {
+		z.maxBatch.Store(h.Limits.MaxBatch)
 	}
 	var out []*arenaMap
 	fail := func(err error) error {
@@ -608,7 +716,12 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 // PutFrom stores buf under key without sending it over the socket: Reserve,
 // copy into the slot in the shared arena, Commit with the CRC-32C computed
 // here (the server verifies it). Semantics as Put: existed is true when the
-// key was already present (nothing was written).
+// key was already present (nothing was written). Concurrent PutFroms share
+// their round trips: a Reserve (Commit) that finds another of the same
+// namespace (any Commit) of this client in flight waits for it and goes
+// out batched with the others queued meanwhile (coalesce.go); one that
+// finds none goes out at once. A caller whose ctx ends while queued
+// returns its error at once; a reservation it would have got is aborted.
 func (c *Client) PutFrom(ctx context.Context, ns string, key, buf []byte, depth int32) (existed bool, err error) {
 	if err := c.mapArenas(ctx, false); err != nil {
 		return false, err
@@ -624,14 +737,10 @@ func (c *Client) PutFrom(ctx context.Context, ns string, key, buf []byte, depth 
 }
 
 func (c *Client) putFrom(ctx context.Context, ns string, key, buf []byte, depth int32) (existed bool, err error) {
-	rs, err := c.Reserve(ctx, ns, []ReserveItem{{Key: key, Size: int64(len(buf)), Depth: depth}}, 0)
+	r, err := c.zc.reserves.do(ctx, flightKey{ns: ns}, ReserveItem{Key: key, Size: int64(len(buf)), Depth: depth})
 	if err != nil {
 		return false, err
 	}
-	if len(rs) != 1 {
-		return false, &Error{Code: CodeInternal, Message: "zero-copy: malformed Reserve answer"}
-	}
-	r := rs[0]
 	switch r.Code {
 	case CodeOK:
 	case CodeExists:
@@ -645,20 +754,17 @@ func (c *Client) putFrom(ctx context.Context, ns string, key, buf []byte, depth 
 		c.remapIfStale(ctx)
 		return false, err
 	}
-	cs, err := c.Commit(ctx, []CommitItem{{Token: r.Token, Checksum: crc, HasChecksum: true}})
+	cerr, err := c.zc.commits.do(ctx, flightKey{}, CommitItem{Token: r.Token, Checksum: crc, HasChecksum: true})
 	if err != nil {
 		return false, err
 	}
-	if len(cs) != 1 {
-		return false, &Error{Code: CodeInternal, Message: "zero-copy: malformed Commit answer"}
-	}
-	switch CodeOf(cs[0]) {
+	switch CodeOf(cerr) {
 	case CodeOK:
 		return false, nil
 	case CodeExists:
 		return true, nil
 	}
-	return false, cs[0]
+	return false, cerr
 }
 
 // remapIfStale remaps the arenas when a file was replaced (server restart)
@@ -685,20 +791,22 @@ func (c *Client) remapIfStale(ctx context.Context) bool {
 // that expired during the copy fails the call with CodeLeaseExpired.
 // Semantics as Get: found is false on a miss. n is the block's size; when
 // buf is shorter, GetInto copies nothing and returns CodeTooLarge with n
-// set, so the caller can retry with a larger buffer.
+// set, so the caller can retry with a larger buffer. Concurrent GetIntos
+// share their Acquires: one that finds an Acquire of the same namespace of
+// this client in flight waits for it and goes out batched with the others
+// queued meanwhile (coalesce.go); one that finds none goes out at once. A
+// caller whose ctx ends while queued returns its error at once; a lease it
+// would have got is released.
 func (c *Client) GetInto(ctx context.Context, ns string, key, buf []byte) (n int, found bool, err error) {
 	if err := c.mapArenas(ctx, false); err != nil {
 		return 0, false, err
 	}
 	for attempt := 0; ; attempt++ {
-		ls, deadline, err := c.Acquire(ctx, ns, [][]byte{key}, 0)
+		l, err := c.zc.acquires.do(ctx, flightKey{ns: ns}, key)
 		if err != nil {
 			return 0, false, err
 		}
-		if len(ls) != 1 {
-			return 0, false, &Error{Code: CodeInternal, Message: "zero-copy: malformed Acquire answer"}
-		}
-		l := ls[0]
+		deadline := l.deadline
 		switch l.Code {
 		case CodeOK:
 		case CodeNotFound:
