@@ -102,7 +102,9 @@ func TestCombiner(t *testing.T) {
 			name: "malformed answer", max: 100, queued: 3,
 			answer:  func([]int) fakeAnswer { return fakeAnswer{res: []int{1}} },
 			batches: [][]int{{1, 2, 3}},
-			want:    func(int) result { return result{err: &Error{Code: CodeInternal, Message: "zero-copy: malformed Fake answer"}} },
+			want: func(int) result {
+				return result{err: &Error{Code: CodeInternal, Message: "zero-copy: malformed Fake answer"}}
+			},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
