@@ -68,6 +68,12 @@ func startSidecar(tb testing.TB, capacity int64) *client.Client {
 // runSidecar serves dir/tp.sock with arenas in dir/arenas until stop.
 func runSidecar(tb testing.TB, dir string, capacity int64) (stop func(), p *proxy.Proxy) {
 	tb.Helper()
+	return runSidecarWith(tb, dir, capacity, engineapi.DefaultConfig())
+}
+
+// runSidecarWith is runSidecar with the engine API configured by ecfg.
+func runSidecarWith(tb testing.TB, dir string, capacity int64, ecfg engineapi.Config) (stop func(), p *proxy.Proxy) {
+	tb.Helper()
 	dcfg := dram.DefaultConfig()
 	dcfg.Dir = filepath.Join(dir, "arenas")
 	dcfg.Capacity = capacity
@@ -87,7 +93,7 @@ func runSidecar(tb testing.TB, dir string, capacity int64) (stop func(), p *prox
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv, err := engineapi.NewServer(engineapi.DefaultConfig(), p, ln, nil)
+	srv, err := engineapi.NewServer(ecfg, p, ln, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
