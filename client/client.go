@@ -79,11 +79,21 @@ type Config struct {
 	MaxIdleConns int
 	// MaxResponseBytes bounds one framed response. Default 1 GiB.
 	MaxResponseBytes int
+	// ZeroCopyInFlight is how many Acquire calls of GetInto, and how many
+	// Reserve calls of PutFrom, the client keeps in flight per namespace;
+	// callers that find that many in flight queue, and go out together in
+	// one batched call when one returns (docs/zerocopy.md). Default 1, the
+	// most batching. Raise it when GetInto often reads blocks from the SSD
+	// tier or another node: the server brings a call's blocks into DRAM one
+	// after the other. Commit calls of PutFrom may be in flight up to this
+	// or GOMAXPROCS, whichever is more (the server checksums a call's blocks
+	// one after the other).
+	ZeroCopyInFlight int
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig(socket string) Config {
-	return Config{Socket: socket, Timeout: 30 * time.Second, ConnectTimeout: time.Second, MaxIdleConns: 64, MaxResponseBytes: 1 << 30}
+	return Config{Socket: socket, Timeout: 30 * time.Second, ConnectTimeout: time.Second, MaxIdleConns: 64, MaxResponseBytes: 1 << 30, ZeroCopyInFlight: 1}
 }
 
 // Client calls one sidecar. Safe for concurrent use.
@@ -113,6 +123,9 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	if cfg.MaxResponseBytes <= 0 {
 		cfg.MaxResponseBytes = def.MaxResponseBytes
 	}
+	if cfg.ZeroCopyInFlight <= 0 {
+		cfg.ZeroCopyInFlight = def.ZeroCopyInFlight
+	}
 	kc, err := kclient.NewClient(tpsvc.NewServiceInfoForClient(),
 		kclient.WithDestService("tidepool"),
 		kclient.WithHostPorts(cfg.Socket),
@@ -130,7 +143,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	c := &Client{kc: kc}
-	c.initZeroCopy()
+	c.initZeroCopy(cfg.ZeroCopyInFlight)
 	return c, nil
 }
 

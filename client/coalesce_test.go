@@ -27,10 +27,14 @@ type fakeAnswer struct {
 }
 
 func newFakeCombiner(max int) (*combiner[int, int], *fakeCalls) {
+	return newFakeCombinerWidth(max, 1)
+}
+
+func newFakeCombinerWidth(max, width int) (*combiner[int, int], *fakeCalls) {
 	f := &fakeCalls{entered: make(chan []int), answers: make(chan fakeAnswer)}
 	cb := &combiner[int, int]{
 		name:  "Fake",
-		width: 1,
+		width: width,
 		call: func(ctx context.Context, _ flightKey, reqs []int) ([]int, error) {
 			f.entered <- slices.Clone(reqs)
 			a := <-f.answers
@@ -244,5 +248,42 @@ func TestCombinerGroups(t *testing.T) {
 		if r := <-done; r.err != nil || r.res != 10 {
 			t.Fatalf("answer %+v", r)
 		}
+	}
+}
+
+// TestCombinerWidth: up to width calls of a group go out at once; the next
+// item queues.
+func TestCombinerWidth(t *testing.T) {
+	cb, f := newFakeCombinerWidth(100, 2)
+	k := flightKey{ns: "ns"}
+	done := make(chan result, 3)
+	for i := 1; i <= 2; i++ {
+		go func() {
+			r, err := cb.do(context.Background(), k, i)
+			done <- result{r, err}
+		}()
+		<-f.entered
+	}
+	go func() {
+		r, err := cb.do(context.Background(), k, 3)
+		done <- result{r, err}
+	}()
+	waitFor(t, "the third item queued", func() bool { return cb.queued() == 1 })
+	f.answers <- echo([]int{1})
+	if got := <-f.entered; !slices.Equal(got, []int{3}) {
+		t.Fatalf("batch %v", got)
+	}
+	f.answers <- echo([]int{3})
+	f.answers <- echo([]int{2})
+	sum := 0
+	for i := 0; i < 3; i++ {
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		sum += r.res
+	}
+	if sum != 60 {
+		t.Errorf("answers sum to %d, want 60", sum)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -264,13 +265,9 @@ type acquired struct {
 // max batch is not known (it is from the first GetInto or PutFrom on).
 const defaultBatch = 256
 
-// commitWidth is how many coalesced Commits may be in flight at once (see
-// docs/zerocopy.md: the server checksums every committed byte, serially
-// within one call).
-const commitWidth = 1
-
-// initZeroCopy sets up the coalesced calls of c.
-func (c *Client) initZeroCopy() {
+// initZeroCopy sets up the coalesced calls of c, with at most inFlight
+// Acquire or Reserve calls in flight per namespace (Config.ZeroCopyInFlight).
+func (c *Client) initZeroCopy(inFlight int) {
 	z := &c.zc
 	maxBatch := func() int {
 		if n := int(z.maxBatch.Load()); n > 0 {
@@ -280,7 +277,7 @@ func (c *Client) initZeroCopy() {
 	}
 	z.acquires = combiner[[]byte, acquired]{
 		name:  "Acquire",
-		width: 1,
+		width: inFlight,
 		call: func(ctx context.Context, k flightKey, keys [][]byte) ([]acquired, error) {
 			ls, deadline, err := c.Acquire(ctx, k.ns, keys, k.d)
 			if err != nil {
@@ -304,7 +301,7 @@ func (c *Client) initZeroCopy() {
 	}
 	z.reserves = combiner[ReserveItem, Reservation]{
 		name:  "Reserve",
-		width: 1,
+		width: inFlight,
 		call: func(ctx context.Context, k flightKey, items []ReserveItem) ([]Reservation, error) {
 			return c.Reserve(ctx, k.ns, items, k.d)
 		},
@@ -324,8 +321,11 @@ func (c *Client) initZeroCopy() {
 		max: maxBatch,
 	}
 	z.commits = combiner[CommitItem, error]{
-		name:  "Commit",
-		width: commitWidth,
+		name: "Commit",
+		// The server checksums every committed byte, one block after the
+		// other within a call: one Commit in flight would put every
+		// PutFrom's server-side CRC pass on one core.
+		width: max(inFlight, runtime.GOMAXPROCS(0)),
 		call: func(ctx context.Context, _ flightKey, items []CommitItem) ([]error, error) {
 			return c.Commit(ctx, items)
 		},
