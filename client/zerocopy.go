@@ -717,11 +717,12 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 // copy into the slot in the shared arena, Commit with the CRC-32C computed
 // here (the server verifies it). Semantics as Put: existed is true when the
 // key was already present (nothing was written). Concurrent PutFroms share
-// their round trips: a Reserve (Commit) that finds another of the same
-// namespace (any Commit) of this client in flight waits for it and goes
-// out batched with the others queued meanwhile (coalesce.go); one that
-// finds none goes out at once. A caller whose ctx ends while queued
-// returns its error at once; a reservation it would have got is aborted.
+// their round trips (coalesce.go): a Reserve that finds
+// Config.ZeroCopyInFlight Reserves of its namespace in flight (a Commit:
+// that or GOMAXPROCS Commits) queues, and goes out batched with the others
+// queued meanwhile when one returns; one that finds fewer goes out at
+// once. A caller whose ctx ends while queued returns its error at once; a
+// reservation it would have got is aborted.
 func (c *Client) PutFrom(ctx context.Context, ns string, key, buf []byte, depth int32) (existed bool, err error) {
 	if err := c.mapArenas(ctx, false); err != nil {
 		return false, err
@@ -792,11 +793,11 @@ func (c *Client) remapIfStale(ctx context.Context) bool {
 // Semantics as Get: found is false on a miss. n is the block's size; when
 // buf is shorter, GetInto copies nothing and returns CodeTooLarge with n
 // set, so the caller can retry with a larger buffer. Concurrent GetIntos
-// share their Acquires: one that finds an Acquire of the same namespace of
-// this client in flight waits for it and goes out batched with the others
-// queued meanwhile (coalesce.go); one that finds none goes out at once. A
-// caller whose ctx ends while queued returns its error at once; a lease it
-// would have got is released.
+// share their Acquires (coalesce.go): one that finds
+// Config.ZeroCopyInFlight Acquires of its namespace in flight queues, and
+// goes out batched with the others queued meanwhile when one returns; one
+// that finds fewer goes out at once. A caller whose ctx ends while queued
+// returns its error at once; a lease it would have got is released.
 func (c *Client) GetInto(ctx context.Context, ns string, key, buf []byte) (n int, found bool, err error) {
 	if err := c.mapArenas(ctx, false); err != nil {
 		return 0, false, err
