@@ -260,6 +260,7 @@ func BenchmarkZeroCopy(b *testing.B) {
 	b.Run("GetInto", func(b *testing.B) {
 		c := startSidecar(b, benchCapacity)
 		fill(b, c, "bench")
+		st := c.CoalesceStats()
 		runParallel(b, func(g, i int) error {
 			n, found, err := c.GetInto(ctx, "bench", key(i), bufs[g])
 			if err == nil && (!found || n != benchBlock) {
@@ -267,11 +268,13 @@ func BenchmarkZeroCopy(b *testing.B) {
 			}
 			return err
 		})
+		reportBatches(b, st, c.CoalesceStats())
 	})
 	b.Run("GetInto-noverify", func(b *testing.B) {
 		c := startSidecar(b, benchCapacity)
 		c.SetVerifyReads(false)
 		fill(b, c, "bench")
+		st := c.CoalesceStats()
 		runParallel(b, func(g, i int) error {
 			n, found, err := c.GetInto(ctx, "bench", key(i), bufs[g])
 			if err == nil && (!found || n != benchBlock) {
@@ -279,6 +282,7 @@ func BenchmarkZeroCopy(b *testing.B) {
 			}
 			return err
 		})
+		reportBatches(b, st, c.CoalesceStats())
 	})
 	for _, batch := range []int{1, 8} {
 		// Acquire a batch, read each block in place (a copy out, as an
@@ -342,6 +346,7 @@ func BenchmarkZeroCopy(b *testing.B) {
 			for k := range srcs {
 				srcs[k] = randBlock(int64(k))
 			}
+			st := c.CoalesceStats()
 			runParallel(b, func(g, i int) error {
 				existed, err := c.PutFrom(ctx, "bench", []byte(fmt.Sprint(i)), srcs[key(i)[0]], 0)
 				if err == nil && existed {
@@ -349,6 +354,7 @@ func BenchmarkZeroCopy(b *testing.B) {
 				}
 				return err
 			})
+			reportBatches(b, st, c.CoalesceStats())
 		})
 	}
 	b.Run("Put-inline", func(b *testing.B) {
@@ -366,4 +372,17 @@ func BenchmarkZeroCopy(b *testing.B) {
 			return err
 		})
 	})
+}
+
+// reportBatches reports the mean batch of the coalesced calls made between
+// two snapshots of the client's counters.
+func reportBatches(b *testing.B, from, to client.CoalesceStats) {
+	for _, k := range []struct {
+		unit     string
+		from, to client.CallStats
+	}{{"keys/Acquire", from.Acquire, to.Acquire}, {"items/Reserve", from.Reserve, to.Reserve}, {"items/Commit", from.Commit, to.Commit}} {
+		if calls := k.to.Calls - k.from.Calls; calls > 0 {
+			b.ReportMetric(float64(k.to.Items-k.from.Items)/float64(calls), k.unit)
+		}
+	}
 }
