@@ -258,7 +258,7 @@ type CallStats struct {
 	Calls   int64 // round trips
 	Items   int64 // items sent in them (Items/Calls: the mean batch)
 	Waited  int64 // items that queued behind a call in flight
-	Dropped int64 // items whose caller's context ended while queued
+	Dropped int64 // items whose caller left while queued: dropped unsent, or answer undone
 }
 
 func (cb *combiner[Req, Res]) stats() CallStats {
