@@ -81,18 +81,6 @@ func startGated(t *testing.T, capacity int64) (*client.Client, *proxy.Proxy, *ca
 	return c, p, g
 }
 
-// waitUntil polls cond until it holds or a deadline passes.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func sized(seed int64, n int) []byte {
 	b := make([]byte, n)
 	rand.New(rand.NewSource(seed)).Read(b)
@@ -257,11 +245,11 @@ func TestCoalesceAbandonAcquire(t *testing.T) {
 	defer cancelQueued()
 	buf := make([]byte, len(val))
 	leaveInFlight := goGetInto(ctxInFlight, c, "ns", "k", make([]byte, len(val)))
-	waitUntil(t, "1 queued", func() bool { return queued(c, 0) == 1 })
+	client.WaitFor(t, "1 queued", func() bool { return queued(c, 0) == 1 })
 	stay := goGetInto(ctx, c, "ns", "k", buf)
-	waitUntil(t, "2 queued", func() bool { return queued(c, 0) == 2 })
+	client.WaitFor(t, "2 queued", func() bool { return queued(c, 0) == 2 })
 	leaveQueued := goGetInto(ctxQueued, c, "ns", "k", make([]byte, len(val)))
-	waitUntil(t, "3 queued", func() bool { return queued(c, 0) == 3 })
+	client.WaitFor(t, "3 queued", func() bool { return queued(c, 0) == 3 })
 	cancelQueued()
 	if r := <-leaveQueued; !errors.Is(r.err, context.Canceled) || r.found {
 		t.Fatalf("left while queued: %+v", r)
@@ -286,7 +274,7 @@ func TestCoalesceAbandonAcquire(t *testing.T) {
 	if st.Calls != 2 || st.Items != 3 || st.Dropped != 2 {
 		t.Errorf("client stats %+v, want 2 calls of 3 items, 2 dropped", st)
 	}
-	waitUntil(t, "every lease released", func() bool {
+	client.WaitFor(t, "every lease released", func() bool {
 		zs := p.ZeroCopyStats()
 		return zs.LiveLeases == 0 && zs.Released-before.Released == 3
 	})
@@ -312,11 +300,11 @@ func TestCoalesceAbandonReserve(t *testing.T) {
 	ctxQueued, cancelQueued := context.WithCancel(ctx)
 	defer cancelQueued()
 	leaveInFlight := goPutFrom(ctxInFlight, c, "leave-in-flight", vals["leave-in-flight"])
-	waitUntil(t, "1 queued", func() bool { return queued(c, 1) == 1 })
+	client.WaitFor(t, "1 queued", func() bool { return queued(c, 1) == 1 })
 	stay := goPutFrom(ctx, c, "stay", vals["stay"])
-	waitUntil(t, "2 queued", func() bool { return queued(c, 1) == 2 })
+	client.WaitFor(t, "2 queued", func() bool { return queued(c, 1) == 2 })
 	leaveQueued := goPutFrom(ctxQueued, c, "leave-queued", vals["leave-queued"])
-	waitUntil(t, "3 queued", func() bool { return queued(c, 1) == 3 })
+	client.WaitFor(t, "3 queued", func() bool { return queued(c, 1) == 3 })
 	cancelQueued()
 	if r := <-leaveQueued; !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("left while queued: %+v", r)
@@ -334,7 +322,7 @@ func TestCoalesceAbandonReserve(t *testing.T) {
 			t.Errorf("%s: %+v", name, r)
 		}
 	}
-	waitUntil(t, "every reservation committed or aborted", func() bool {
+	client.WaitFor(t, "every reservation committed or aborted", func() bool {
 		return p.ZeroCopyStats().LiveReservations == 0
 	})
 	zs := p.ZeroCopyStats()
@@ -365,7 +353,7 @@ func TestCoalesceAbandonCommit(t *testing.T) {
 	ctxQueued, cancelQueued := context.WithCancel(ctx)
 	defer cancelQueued()
 	leave := goPutFrom(ctxQueued, c, "leave", sized(-1, 5000))
-	waitUntil(t, "1 queued", func() bool { return queued(c, 2) == 1 })
+	client.WaitFor(t, "1 queued", func() bool { return queued(c, 2) == 1 })
 	cancelQueued()
 	if r := <-leave; !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("left while queued: %+v", r)
@@ -379,7 +367,7 @@ func TestCoalesceAbandonCommit(t *testing.T) {
 			t.Fatalf("lead %d: %+v", i, r)
 		}
 	}
-	waitUntil(t, "the reservation aborted", func() bool {
+	client.WaitFor(t, "the reservation aborted", func() bool {
 		zs := p.ZeroCopyStats()
 		return zs.LiveReservations == 0 && zs.Aborted == 1
 	})
@@ -403,7 +391,7 @@ func TestCoalesceSharedError(t *testing.T) {
 	var waiters []chan callResult
 	for i := 0; i < 4; i++ {
 		waiters = append(waiters, goGetInto(ctx, c, bad, fmt.Sprint("k", i), make([]byte, 10)))
-		waitUntil(t, "queued", func() bool { return queued(c, 0) == i+1 })
+		client.WaitFor(t, "queued", func() bool { return queued(c, 0) == i+1 })
 	}
 	g.pass <- struct{}{}
 	<-g.entered

@@ -5,3 +5,7 @@ package client
 func Queued(c *Client) (acquire, reserve, commit int) {
 	return c.zc.acquires.queued(), c.zc.reserves.queued(), c.zc.commits.queued()
 }
+
+// WaitFor polls cond until it holds or a deadline passes (the package's
+// test helper, for the external tests).
+var WaitFor = waitFor
