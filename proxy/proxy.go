@@ -51,6 +51,13 @@ const (
 	ScopeCluster
 )
 
+// PrefixCounter is implemented by stores that count the present prefix of
+// a key list in one pass (the tiered store and the DRAM tier): how many of
+// keys, from the first, are present, as Stat would say key by key.
+type PrefixCounter interface {
+	PresentPrefix(ctx context.Context, ns string, keys [][]byte) int
+}
+
 // Prefetcher is implemented by stores that can bring blocks into their
 // fastest tier in the background (the tiered store). Prefetch returns how
 // many keys it queued.
@@ -452,13 +459,7 @@ func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scop
 	if err := p.checkAllKeys(ns, keys); err != nil {
 		return 0, err
 	}
-	local := len(keys)
-	for i, k := range keys {
-		if _, ok := p.store.Stat(ctx, ns, k); !ok {
-			local = i
-			break
-		}
-	}
+	local := p.presentPrefix(ctx, ns, keys)
 	r := p.clusterRouter(scope)
 	if r == nil || local == len(keys) {
 		return local, nil
@@ -480,6 +481,20 @@ func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scop
 		}
 	}
 	return len(keys), nil
+}
+
+// presentPrefix returns how many of keys, from the first, this node holds:
+// in one pass where the store offers it (PrefixCounter), else key by key.
+func (p *Proxy) presentPrefix(ctx context.Context, ns string, keys [][]byte) int {
+	if pc, ok := p.store.(PrefixCounter); ok {
+		return pc.PresentPrefix(ctx, ns, keys)
+	}
+	for i, k := range keys {
+		if _, ok := p.store.Stat(ctx, ns, k); !ok {
+			return i
+		}
+	}
+	return len(keys)
 }
 
 // Delete removes one block; deleted is false when it was absent.

@@ -853,3 +853,46 @@ func TestCloseWhileBusy(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestPresentPrefix: the present prefix of a key list, as Stat says key by
+// key, without counting reads.
+func TestPresentPrefix(t *testing.T) {
+	cfg, _ := testConfig(t, 4<<20)
+	tr := newTier(t, cfg)
+	putN(t, tr, "m1", 4, 100, cache.PutOptions{}) // k0..k3
+	keys := func(names ...string) [][]byte {
+		out := make([][]byte, len(names))
+		for i, n := range names {
+			out[i] = []byte(n)
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		ns   string
+		keys [][]byte
+		want int
+	}{
+		{"none asked", "m1", nil, 0},
+		{"all present", "m1", keys("k0", "k1", "k2", "k3"), 4},
+		{"first missing", "m1", keys("x", "k0"), 0},
+		{"gap", "m1", keys("k0", "k1", "x", "k3"), 2},
+		{"unknown namespace", "m2", keys("k0"), 0},
+		{"empty key", "m1", keys("k0", ""), 1},
+		{"key too long", "m1", [][]byte{[]byte("k0"), make([]byte, 1000)}, 1},
+	}
+	before := tr.Stats().Tiers[0]
+	for _, c := range cases {
+		if got := tr.PresentPrefix(ctx, c.ns, c.keys); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+	if after := tr.Stats().Tiers[0]; after.Hits != before.Hits || after.Misses != before.Misses {
+		t.Errorf("PresentPrefix counted reads: %+v -> %+v", before, after)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if got := tr.PresentPrefix(cctx, "m1", keys("k0")); got != 0 {
+		t.Errorf("cancelled context: %d", got)
+	}
+}

@@ -224,6 +224,35 @@ func (t *Tier) Stat(ctx context.Context, ns string, key []byte) (cache.Info, boo
 	return b.info(), true
 }
 
+// PresentPrefix returns how many of keys, from the first, are present: the
+// index of the first missing (or invalid) key, or len(keys). It resolves
+// the namespace once and holds each key's shard lock only for the index
+// lookup: the path of Lookup, which asks about hundreds of keys per call.
+// Like Stat it neither pins nor counts as a read.
+func (t *Tier) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int {
+	if ctx.Err() != nil {
+		return 0
+	}
+	nss := t.lookupNamespace(ns)
+	if nss == nil {
+		return 0
+	}
+	for i, key := range keys {
+		if t.checkKey(key) != nil {
+			return i
+		}
+		sh := t.shardFor(nss.id, key)
+		sh.mu.Lock()
+		_, ok := sh.m[nss.id][string(key)]
+		ok = ok && !sh.closed
+		sh.mu.Unlock()
+		if !ok {
+			return i
+		}
+	}
+	return len(keys)
+}
+
 // Delete removes (ns, key) and reports whether it was present. A pinned
 // block leaves the index at once; its memory is freed when the last lease
 // is released or expires. OnEvict is not called.

@@ -408,6 +408,22 @@ func (s *Store) Stat(ctx context.Context, ns string, key []byte) (cache.Info, bo
 	return s.ssd.Stat(ctx, ns, key)
 }
 
+// PresentPrefix returns how many of keys, from the first, are present in
+// some tier: the DRAM tier answers for as many as it holds in one pass, and
+// the keys from its first miss on are asked of each tier in turn, as Stat.
+func (s *Store) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int {
+	n := s.dram.PresentPrefix(ctx, ns, keys)
+	if s.ssd == nil {
+		return n
+	}
+	for ; n < len(keys); n++ {
+		if _, ok := s.Stat(ctx, ns, keys[n]); !ok {
+			break
+		}
+	}
+	return n
+}
+
 // Delete removes (ns, key) from every tier (and from the demotion queue)
 // and reports whether any held it.
 func (s *Store) Delete(ctx context.Context, ns string, key []byte) (bool, error) {

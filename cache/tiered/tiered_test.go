@@ -526,3 +526,32 @@ func TestWatermarkLoop(t *testing.T) {
 	}
 	poll(t, "counter", func() bool { return s.Movement().WatermarkEvictions > 0 })
 }
+
+// TestPresentPrefix: the present prefix counts blocks in DRAM and, past
+// the first DRAM miss, blocks on SSD.
+func TestPresentPrefix(t *testing.T) {
+	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+	for i := range 8 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	if info, ok := s.Stat(ctx, "ns", key(0)); !ok || info.Tier != ssd.TierName {
+		t.Fatalf("block 0 should be on SSD only: %+v %v", info, ok)
+	}
+	all := make([][]byte, 8)
+	for i := range all {
+		all[i] = key(i)
+	}
+	if got := s.PresentPrefix(ctx, "ns", all); got != 8 {
+		t.Fatalf("all 8 (DRAM and SSD): %d", got)
+	}
+	withGap := [][]byte{key(7), key(0), []byte("absent"), key(1)}
+	if got := s.PresentPrefix(ctx, "ns", withGap); got != 2 {
+		t.Fatalf("prefix before the gap: %d, want 2", got)
+	}
+	if got := s.PresentPrefix(ctx, "other", all); got != 0 {
+		t.Fatalf("unknown namespace: %d", got)
+	}
+}
