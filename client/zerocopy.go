@@ -664,9 +664,10 @@ func (c *Client) WriteSlot(ctx context.Context, s Slot, src []byte) (crc uint32,
 // checksum reads it from cache.
 const copyChunk = 32 << 10
 
-// copyCRC copies src to dst and returns the CRC-32C of the bytes.
-func copyCRC(dst, src []byte) uint32 {
-	var crc uint32
+// copyCRCChunked copies src to dst a chunk at a time, checksumming each
+// chunk after its copy, and returns the CRC-32C of the bytes continued from
+// crc (copyCRC, where the one-pass copyCRC3 is not available, and its tail).
+func copyCRCChunked(crc uint32, dst, src []byte) uint32 {
 	for len(src) > 0 {
 		n := min(len(src), copyChunk)
 		copy(dst[:n], src[:n])
@@ -688,7 +689,10 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 		if err != nil {
 			return 0, err
 		}
-		return copyCRC(mem[s.Offset:s.Offset+s.Length], buf), nil
+		// Chunked, not copyCRC: into arena memory that is not in cache,
+		// copy's wide stores beat copyCRC3's 8-byte ones (WriteMapped
+		// measured 20-21 % of memcpy with copyCRC against 22-24 %).
+		return copyCRCChunked(0, mem[s.Offset:s.Offset+s.Length], buf), nil
 	case WriteMmap:
 		pg := int64(os.Getpagesize())
 		start := s.Offset &^ (pg - 1)
@@ -700,7 +704,7 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 		if err != nil {
 			return 0, fmt.Errorf("tidepool: zero-copy: mmap slot: %w", err)
 		}
-		crc := copyCRC(mem[s.Offset-start:s.Offset-start+s.Length], buf)
+		crc := copyCRCChunked(0, mem[s.Offset-start:s.Offset-start+s.Length], buf)
 		if err := syscall.Munmap(mem); err != nil {
 			return 0, fmt.Errorf("tidepool: zero-copy: munmap slot: %w", err)
 		}
