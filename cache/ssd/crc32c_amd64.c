@@ -94,8 +94,7 @@ static uint32_t three(uint32_t s, const unsigned char *p, size_t n, uint32_t t[4
 	return shift(t, shift(t, (uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)c;
 }
 
-// tidepool_crc32c_extend is the CRC-32C of buf[0:n] continued from crc (a
-// finished CRC-32C, 0 for none), as rocksdb::crc32c::Extend.
+// hw_extend is tidepool_crc32c_extend with the crc32 instruction.
 __attribute__((target("sse4.2")))
 static uint32_t hw_extend(uint32_t crc, const unsigned char *p, size_t n) {
 	uint32_t s = ~crc;
@@ -133,8 +132,12 @@ static uint32_t sw_extend(uint32_t crc, const unsigned char *p, size_t n) {
 	return ~s;
 }
 
+// extend_calls counts the calls, so that a test can see librocksdb's
+// checksums come here (one relaxed add next to a pass over the bytes).
 static volatile uint64_t extend_calls;
 
+// tidepool_crc32c_extend is the CRC-32C of buf[0:n] continued from crc (a
+// finished CRC-32C, 0 for none), as rocksdb::crc32c::Extend.
 uint32_t tidepool_crc32c_extend(uint32_t crc, const char *buf, size_t n) {
 	pthread_once(&tables_once, init_tables);
 	__atomic_fetch_add(&extend_calls, 1, __ATOMIC_RELAXED);

@@ -2,7 +2,7 @@
 
 package ssd
 
-import "hash/crc32"
+import "github.com/tidepool-kv/tidepool/cache"
 
 // Elsewhere librocksdb keeps its own CRC-32C (see crc32c_amd64.go).
 
@@ -11,5 +11,5 @@ func rocksCRC() string { return "librocksdb" }
 func rocksCRCCalls() uint64 { return 0 }
 
 func rocksCRCExtend(crc uint32, p []byte) uint32 {
-	return crc32.Update(crc, crc32.MakeTable(crc32.Castagnoli), p)
+	return cache.UpdateChecksum(crc, p)
 }

@@ -2,15 +2,12 @@ package ssd
 
 import (
 	"context"
-	"hash/crc32"
 	"math/rand/v2"
 	"runtime"
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // TestRocksCRCExtend checks the CRC-32C handed to librocksdb against Go's
 // on every length up to past two long three-stream rounds, at every
@@ -32,7 +29,7 @@ func TestRocksCRCExtend(t *testing.T) {
 		for off := 0; off < 8; off++ {
 			for _, n := range lengths {
 				p := buf[off : off+n]
-				if got, want := rocksCRCExtend(init, p), crc32.Update(init, castagnoli, p); got != want {
+				if got, want := rocksCRCExtend(init, p), cache.UpdateChecksum(init, p); got != want {
 					t.Fatalf("init %08x, offset %d, %d bytes: %08x, want %08x", init, off, n, got, want)
 				}
 			}
@@ -77,7 +74,7 @@ func BenchmarkRocksCRC(b *testing.B) {
 	b.Run("go", func(b *testing.B) {
 		b.SetBytes(int64(len(p)))
 		for b.Loop() {
-			crc32.Checksum(p, castagnoli)
+			cache.Checksum(p)
 		}
 	})
 }
