@@ -18,9 +18,10 @@
 // fitted on the trace it replays leak the future in aggregate. The honest
 // checks fit on one part and score another: TestClassOracleSplit (first half
 // of the trace -> second half) and TestClassOracleFold (two folds by
-// conversation, i.e. by the request's second block).
+// conversation, i.e. by the request's second block). TestClassOracleOnline
+// refits the tables as the replay goes, from what it has seen so far.
 //
-// Run (about 8 minutes on 2 vCPUs; COFEAT picks features, default all):
+// Run (about 10 minutes on 2 vCPUs; COFEAT picks features, default all):
 //
 //	cp cache/evict/testdata/experiments/class_oracle_test.go internal/sim/zz_classoracle_test.go
 //	COFEAT=none,len,out,outlen go test -count=1 -v -run 'TestClassOracle' ./internal/sim/ | grep tokens
@@ -433,4 +434,58 @@ func coReplayFold(reqs []trace.Request, capB int, pol evict.Policy, fold func(tr
 		}
 	}
 	return float64(hits) / float64(blocks)
+}
+
+// TestClassOracleOnline: the tables are refitted every 500 requests from
+// the requests replayed so far, as a policy learning from its own history
+// would (before the first fit, at request 2,500, every density is 0 and
+// victims go deepest first). Whole trace and second half scored.
+func TestClassOracleOnline(t *testing.T) {
+	reqs, err := LoadTrace(ConversationTrace)
+	if err != nil {
+		t.Skip(err)
+	}
+	ev := coEvents(reqs, "none")
+	for _, capT := range []int{1_000_000, 3_000_000, 10_000_000} {
+		capB := TokensToBlocks(capT)
+		var empty [coClasses][coBuckets]float64
+		p := newClassOracle(&empty, ev)
+		present := map[uint64]bool{}
+		var hits, blocks, hits2, blocks2 int64
+		for i, r := range reqs {
+			if i >= 2500 && i%500 == 0 {
+				p.hd = coFit(reqs[:i], ev)
+				p.ready = p.ready[:0]
+			}
+			var h int64
+			for _, id := range r.HashIDs {
+				if !present[id] {
+					break
+				}
+				h++
+			}
+			hits += h
+			blocks += int64(len(r.HashIDs))
+			if i >= len(reqs)/2 {
+				hits2 += h
+				blocks2 += int64(len(r.HashIDs))
+			}
+			for d, id := range r.HashIDs {
+				if present[id] {
+					p.Touch(id)
+					continue
+				}
+				p.Admit(evict.Entry{ID: id, Depth: int32(d), Size: trace.BlockTokens})
+				present[id] = true
+				for len(present) > capB {
+					v, _ := p.Victim(noSkip)
+					p.Remove(v)
+					delete(present, v)
+				}
+			}
+		}
+		fmt.Printf("%dM tokens: class oracle, uses x age, refitted online every 500 requests: whole %.4f, second half %.4f (NewPrefix %.4f, %.4f)\n",
+			capT/1_000_000, float64(hits)/float64(blocks), float64(hits2)/float64(blocks2),
+			coReplay(reqs, capB, evict.NewPrefix(), 0), coReplay(reqs, capB, evict.NewPrefix(), len(reqs)/2))
+	}
 }
