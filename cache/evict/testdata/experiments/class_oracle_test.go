@@ -265,10 +265,19 @@ func (p *classOracle) Victim(func(uint64) bool) (uint64, bool) {
 // coReplay replays reqs on one node of capB blocks, as sim.Run does, and
 // returns the hit rate of the requests from index `from` on.
 func coReplay(reqs []trace.Request, capB int, pol evict.Policy, from int) float64 {
+	return coReplayWith(reqs, capB, pol, func(i int, _ trace.Request) bool { return i >= from }, nil)
+}
+
+// coReplayWith is coReplay scoring the requests scored reports, and calling
+// before (when set) ahead of each request.
+func coReplayWith(reqs []trace.Request, capB int, pol evict.Policy, scored func(int, trace.Request) bool, before func(int)) float64 {
 	present := map[uint64]bool{}
 	var hits, blocks int64
 	for i, r := range reqs {
-		if i >= from {
+		if before != nil {
+			before(i)
+		}
+		if scored(i, r) {
 			blocks += int64(len(r.HashIDs))
 			for _, id := range r.HashIDs {
 				if !present[id] {
@@ -351,11 +360,14 @@ func TestClassOracleFold(t *testing.T) {
 		}
 		return int(mix64(r.HashIDs[1]) & 1)
 	}
+	inFold := func(k int) func(int, trace.Request) bool {
+		return func(_ int, r trace.Request) bool { return fold(r) == k }
+	}
 	for _, capT := range []int{1_000_000, 3_000_000} {
 		capB := TokensToBlocks(capT)
 		var base [2]float64
 		for k := range 2 {
-			base[k] = coReplayFold(reqs, capB, evict.NewPrefix(), fold, k)
+			base[k] = coReplayWith(reqs, capB, evict.NewPrefix(), inFold(k), nil)
 		}
 		fmt.Printf("%dM tokens, folds: NewPrefix %.4f %.4f\n", capT/1_000_000, base[0], base[1])
 		for _, f := range coFeatures {
@@ -369,7 +381,7 @@ func TestClassOracleFold(t *testing.T) {
 					}
 					fit = append(fit, r)
 				}
-				got[k] = coReplayFold(reqs, capB, newClassOracle(coFitSparse(reqs, fit, ev), ev), fold, k)
+				got[k] = coReplayWith(reqs, capB, newClassOracle(coFitSparse(reqs, fit, ev), ev), inFold(k), nil)
 			}
 			fmt.Printf("%dM tokens, folds: class oracle, uses x %s, fitted on the other fold: %.4f %.4f\n",
 				capT/1_000_000, f, got[0], got[1])
@@ -406,36 +418,6 @@ func coFitMasked(reqs []trace.Request, ev []int) *[coClasses][coBuckets]float64 
 	return coFitWith(reqs, ev, func(id uint64) bool { return id&(1<<63) == 0 })
 }
 
-func coReplayFold(reqs []trace.Request, capB int, pol evict.Policy, fold func(trace.Request) int, k int) float64 {
-	present := map[uint64]bool{}
-	var hits, blocks int64
-	for _, r := range reqs {
-		if fold(r) == k {
-			blocks += int64(len(r.HashIDs))
-			for _, id := range r.HashIDs {
-				if !present[id] {
-					break
-				}
-				hits++
-			}
-		}
-		for d, id := range r.HashIDs {
-			if present[id] {
-				pol.Touch(id)
-				continue
-			}
-			pol.Admit(evict.Entry{ID: id, Depth: int32(d), Size: trace.BlockTokens})
-			present[id] = true
-			for len(present) > capB {
-				v, _ := pol.Victim(noSkip)
-				pol.Remove(v)
-				delete(present, v)
-			}
-		}
-	}
-	return float64(hits) / float64(blocks)
-}
-
 // TestClassOracleOnline: the tables are refitted every 500 requests from
 // the requests replayed so far, as a policy learning from its own history
 // would (before the first fit, at request 2,500, every density is 0 and
@@ -449,43 +431,20 @@ func TestClassOracleOnline(t *testing.T) {
 	for _, capT := range []int{1_000_000, 3_000_000, 10_000_000} {
 		capB := TokensToBlocks(capT)
 		var empty [coClasses][coBuckets]float64
-		p := newClassOracle(&empty, ev)
-		present := map[uint64]bool{}
-		var hits, blocks, hits2, blocks2 int64
-		for i, r := range reqs {
-			if i >= 2500 && i%500 == 0 {
-				p.hd = coFit(reqs[:i], ev)
-				p.ready = p.ready[:0]
-			}
-			var h int64
-			for _, id := range r.HashIDs {
-				if !present[id] {
-					break
-				}
-				h++
-			}
-			hits += h
-			blocks += int64(len(r.HashIDs))
-			if i >= len(reqs)/2 {
-				hits2 += h
-				blocks2 += int64(len(r.HashIDs))
-			}
-			for d, id := range r.HashIDs {
-				if present[id] {
-					p.Touch(id)
-					continue
-				}
-				p.Admit(evict.Entry{ID: id, Depth: int32(d), Size: trace.BlockTokens})
-				present[id] = true
-				for len(present) > capB {
-					v, _ := p.Victim(noSkip)
-					p.Remove(v)
-					delete(present, v)
+		learn := func(p *classOracle) func(int) {
+			return func(i int) {
+				if i >= 2500 && i%500 == 0 {
+					p.hd = coFit(reqs[:i], ev)
+					p.ready = p.ready[:0]
 				}
 			}
 		}
+		p1 := newClassOracle(&empty, ev)
+		w := coReplayWith(reqs, capB, p1, func(int, trace.Request) bool { return true }, learn(p1))
+		p2 := newClassOracle(&empty, ev)
+		h2 := coReplayWith(reqs, capB, p2, func(i int, _ trace.Request) bool { return i >= len(reqs)/2 }, learn(p2))
 		fmt.Printf("%dM tokens: class oracle, uses x age, refitted online every 500 requests: whole %.4f, second half %.4f (NewPrefix %.4f, %.4f)\n",
-			capT/1_000_000, float64(hits)/float64(blocks), float64(hits2)/float64(blocks2),
+			capT/1_000_000, w, h2,
 			coReplay(reqs, capB, evict.NewPrefix(), 0), coReplay(reqs, capB, evict.NewPrefix(), len(reqs)/2))
 	}
 }
