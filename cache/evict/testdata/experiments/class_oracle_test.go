@@ -10,9 +10,10 @@
 // horizon E of P(next use in (a, E]) / E[space-time held until the next use
 // or E] (LHD's hit density over the concave hull, so that the quiet period
 // before a likely reuse does not doom a block). Victim is the block with the
-// lowest density, deeper first on ties. It remembers every block's use
-// count, also across evictions. Only uses whose next 60,000 accesses lie
-// inside the fitting window count (no false "never used again" at its end).
+// lowest density, deeper first on ties (then the lower id, so that runs
+// repeat exactly). It remembers every block's use count, also across
+// evictions. Only uses whose next 60,000 accesses lie inside the fitting
+// window count (no false "never used again" at its end).
 //
 // Not a shippable policy (it re-ranks every resident block), and tables
 // fitted on the trace it replays leak the future in aggregate. The honest
@@ -21,10 +22,10 @@
 // conversation, i.e. by the request's second block). TestClassOracleOnline
 // refits the tables as the replay goes, from what it has seen so far.
 //
-// Run (about 10 minutes on 2 vCPUs; COFEAT picks features, default all):
+// Run (about 14 minutes on 2 vCPUs; COFEAT picks features, default all):
 //
 //	cp cache/evict/testdata/experiments/class_oracle_test.go internal/sim/zz_classoracle_test.go
-//	COFEAT=none,len,out,outlen go test -count=1 -v -run 'TestClassOracle' ./internal/sim/ | grep tokens
+//	COFEAT=none,len,out,outlen go test -timeout 30m -count=1 -v -run 'TestClassOracle' ./internal/sim/ | grep tokens
 //	rm internal/sim/zz_classoracle_test.go
 package sim
 
@@ -126,15 +127,17 @@ func coClass(uses, f int) int { return min(uses, coMaxUses) + (coMaxUses+1)*f }
 // coFit returns the hull hit density per class and age bucket, from the
 // gaps between consecutive uses of each block in reqs.
 func coFit(reqs []trace.Request, ev []int) *[coClasses][coBuckets]float64 {
-	return coFitWith(reqs, ev, func(uint64) bool { return true })
+	return coFitWith(reqs, ev, func(int) bool { return true })
 }
 
-func coFitWith(reqs []trace.Request, ev []int, keep func(uint64) bool) *[coClasses][coBuckets]float64 {
+// coFitWith is coFit on the requests keep reports; the others still take
+// their place in time (their accesses count toward ages and gaps).
+func coFitWith(reqs []trace.Request, ev []int, keep func(int) bool) *[coClasses][coBuckets]float64 {
 	uses := map[uint64][]int64{}
 	var e int64
-	for _, r := range reqs {
+	for i, r := range reqs {
 		for _, id := range r.HashIDs {
-			if keep(id) {
+			if keep(i) {
 				uses[id] = append(uses[id], e)
 			}
 			e++
@@ -185,7 +188,6 @@ func coFitWith(reqs []trace.Request, ev []int, keep func(uint64) bool) *[coClass
 }
 
 type coEntry struct {
-	uses  int
 	class int
 	last  int64
 	depth int32
@@ -208,23 +210,23 @@ func newClassOracle(hd *[coClasses][coBuckets]float64, ev []int) *classOracle {
 	return &classOracle{hd: hd, ev: ev, m: map[uint64]*coEntry{}, uses: map[uint64]int{}}
 }
 
-func (p *classOracle) use(id uint64) (uses, class int) {
+// use counts a use of id and returns its class after it.
+func (p *classOracle) use(id uint64) int {
 	p.uses[id]++
-	u := p.uses[id]
-	c := coClass(u, p.ev[p.clock])
+	c := coClass(p.uses[id], p.ev[p.clock])
 	p.clock++
-	return u, c
+	return c
 }
 
 func (p *classOracle) Admit(e evict.Entry) {
-	u, c := p.use(e.ID)
-	p.m[e.ID] = &coEntry{uses: u, class: c, last: p.clock, depth: e.Depth}
+	c := p.use(e.ID) // moves the clock: last is the clock after the use
+	p.m[e.ID] = &coEntry{class: c, last: p.clock, depth: e.Depth}
 }
 
 func (p *classOracle) Touch(id uint64) {
-	u, c := p.use(id)
 	x := p.m[id]
-	x.uses, x.class, x.last = u, c, p.clock
+	x.class = p.use(id)
+	x.last = p.clock
 }
 
 func (p *classOracle) Remove(id uint64) { delete(p.m, id) }
@@ -250,7 +252,10 @@ func (p *classOracle) Victim(func(uint64) bool) (uint64, bool) {
 		if all[i].hd != all[j].hd {
 			return all[i].hd < all[j].hd
 		}
-		return all[i].depth > all[j].depth
+		if all[i].depth != all[j].depth {
+			return all[i].depth > all[j].depth
+		}
+		return all[i].id < all[j].id // map order would make runs differ
 	})
 	p.ready, p.at = p.ready[:0], p.clock
 	for i := 0; i < len(all) && i < 32; i++ {
@@ -374,48 +379,13 @@ func TestClassOracleFold(t *testing.T) {
 			ev := coEvents(reqs, f)
 			var got [2]float64
 			for k := range 2 {
-				var fit []trace.Request // the other fold's requests keep their place; this fold's are emptied
-				for _, r := range reqs {
-					if fold(r) == k {
-						r.HashIDs = nil
-					}
-					fit = append(fit, r)
-				}
-				got[k] = coReplayWith(reqs, capB, newClassOracle(coFitSparse(reqs, fit, ev), ev), inFold(k), nil)
+				other := func(i int) bool { return fold(reqs[i]) != k }
+				got[k] = coReplayWith(reqs, capB, newClassOracle(coFitWith(reqs, ev, other), ev), inFold(k), nil)
 			}
 			fmt.Printf("%dM tokens, folds: class oracle, uses x %s, fitted on the other fold: %.4f %.4f\n",
 				capT/1_000_000, f, got[0], got[1])
 		}
 	}
-}
-
-// coFitSparse fits on fit, a copy of reqs with some requests emptied, keeping
-// the event numbering of reqs.
-func coFitSparse(reqs, fit []trace.Request, ev []int) *[coClasses][coBuckets]float64 {
-	var flat []trace.Request
-	var evFit []int
-	e := 0
-	for i, r := range reqs {
-		n := len(r.HashIDs)
-		if len(fit[i].HashIDs) == 0 {
-			// keep time moving: the emptied events become fresh ids nobody reuses
-			ids := make([]uint64, n)
-			for j := range ids {
-				ids[j] = 1<<63 | uint64(e+j)
-			}
-			flat = append(flat, trace.Request{HashIDs: ids})
-		} else {
-			flat = append(flat, r)
-		}
-		evFit = append(evFit, ev[e:e+n]...)
-		e += n
-	}
-	return coFitMasked(flat, evFit)
-}
-
-// coFitMasked is coFit ignoring the placeholder ids coFitSparse makes.
-func coFitMasked(reqs []trace.Request, ev []int) *[coClasses][coBuckets]float64 {
-	return coFitWith(reqs, ev, func(id uint64) bool { return id&(1<<63) == 0 })
 }
 
 // TestClassOracleOnline: the tables are refitted every 500 requests from
