@@ -15,6 +15,11 @@ type Entry struct {
 	Depth int32
 	// LowPriority marks a copy of a block owned by another node.
 	LowPriority bool
+	// Parent is the ID of the previous block of the chain (depth Depth-1)
+	// when HasParent is set. A tier that knows it should pass it; without
+	// it, a policy may take the block admitted just before as the parent.
+	Parent    uint64
+	HasParent bool
 }
 
 // Policy chooses which block a tier evicts next. Implementations are not

@@ -133,7 +133,13 @@ type prefixNode struct {
 	freq  uint32
 	depth int32
 	low   bool
-	idx   int // position in its heap
+	idx   int // position in its heap; -1 once removed
+	// parent is the block this one was chained to when it was admitted
+	// (see link); the link holds while both are tracked and in one class.
+	parent *prefixNode
+	// held is the Victim call (p.victims) that found this block behind a
+	// skipped descendant.
+	held uint64
 }
 
 // prefixHist is what the history remembers of a removed block: its count,
@@ -161,6 +167,11 @@ type prefix struct {
 	seq     uint64
 	// b is the adaptive credit of a block seen once.
 	b float64
+	// prev is the block admitted last, the parent candidate of the next
+	// admission (see link).
+	prev *prefixNode
+	// victims counts Victim calls that had to pass over blocks.
+	victims uint64
 
 	// hist and ring form the history of removed blocks; ringN counts
 	// writes, so slot ringN%len(ring) is the next to overwrite. once counts
@@ -229,6 +240,7 @@ func (p *prefix) Admit(e Entry) {
 	if n, ok := p.nodes[e.ID]; ok {
 		h := p.heapOf(n)
 		n.depth = depth
+		p.prev = n
 		if n.low != e.LowPriority {
 			heap.Remove(h, n.idx)
 			n.low = e.LowPriority
@@ -254,8 +266,47 @@ func (p *prefix) Admit(e Entry) {
 	p.seq++
 	n.seq = p.seq
 	n.h = p.priority(n)
+	if q := p.parentCandidate(e); linkable(q, n) {
+		n.parent = q
+		n.h = min(n.h, q.h)
+	}
+	p.prev = n
 	p.nodes[e.ID] = n
 	heap.Push(p.heapOf(n), n)
+}
+
+// parentCandidate returns the block a new entry may be chained to: the
+// parent the tier names (Entry.HasParent), or else the block admitted just
+// before it. Tiers store a chain's missing blocks in depth order (a
+// BatchPut, or the engine's puts of one request), so without a name the
+// previous admission is that chain's previous block; Touch, Remove and
+// Victim calls in between do not matter. The guess is wrong when another
+// chain's block one level up was admitted just before (two clients' puts
+// interleaved, or a new request right after an unrelated one): the block
+// then ranks below that one, which costs a little hit rate (docs/policy.md)
+// and never breaks the rule for the chains it gets right.
+func (p *prefix) parentCandidate(e Entry) *prefixNode {
+	if e.HasParent {
+		return p.nodes[e.Parent]
+	}
+	return p.prev
+}
+
+// linkable reports whether new block n may be chained to q: q is tracked,
+// in n's class (LowPriority copies go first whatever their chain), and one
+// level shallower.
+func linkable(q, n *prefixNode) bool {
+	return q != nil && q.idx >= 0 && q.low == n.low && q.depth == n.depth-1
+}
+
+// parentOf returns n's chain parent while the link holds: both tracked and
+// in one class. A removed parent (even one admitted again since) ends the
+// link for good; so does a parent that changed class, once n is next read.
+func parentOf(n *prefixNode) *prefixNode {
+	if q := n.parent; q != nil && q.idx >= 0 && q.low == n.low {
+		return q
+	}
+	return nil
 }
 
 // bump counts one more access of n and recomputes its priority.
@@ -270,7 +321,15 @@ func (p *prefix) bump(n *prefixNode) {
 	}
 	p.seq++
 	n.seq = p.seq
-	n.h = p.priority(n)
+	h := p.priority(n)
+	if q := parentOf(n); q != nil {
+		h = min(h, q.h)
+	} else {
+		n.parent = nil
+	}
+	// Never lower a priority (b may have shrunk since): a chained child
+	// stays at or below it.
+	n.h = max(n.h, h)
 }
 
 // adapt moves b after a block that left with count f came back.
@@ -311,6 +370,10 @@ func (p *prefix) Remove(id uint64) {
 	}
 	heap.Remove(h, n.idx)
 	delete(p.nodes, id)
+	n.parent = nil
+	if p.prev == n {
+		p.prev = nil
+	}
 	if !n.low {
 		p.remember(id, n)
 	}
@@ -360,16 +423,34 @@ func (p *prefix) Victim(skip func(id uint64) bool) (uint64, bool) {
 		if skip == nil || !skip((*h)[0].id) {
 			return (*h)[0].id, true
 		}
-		// Pop skipped blocks until one is found, then put them back.
+		// Pop skipped blocks until one is found, then put them back. A
+		// chain's blocks come off the heap tail first, so a skipped
+		// block's parent is still to come: it is passed over too (held),
+		// and so on up the chain, unless nothing else in this class is
+		// left to evict.
+		p.victims++
+		mark := p.victims
 		var held []*prefixNode
+		var fallback *prefixNode
 		id, found := uint64(0), false
 		for h.Len() > 0 {
 			n := heap.Pop(h).(*prefixNode)
 			held = append(held, n)
 			if !skip(n.id) {
-				id, found = n.id, true
-				break
+				if n.held != mark {
+					id, found = n.id, true
+					break
+				}
+				if fallback == nil {
+					fallback = n
+				}
 			}
+			if q := parentOf(n); q != nil {
+				q.held = mark
+			}
+		}
+		if !found && fallback != nil {
+			id, found = fallback.id, true
 		}
 		for _, n := range held {
 			heap.Push(h, n)

@@ -244,7 +244,11 @@ func run(reqs []trace.Request, cfg Config, nodes []*node, next []int64) (Result,
 					n.pol.Touch(id)
 					continue
 				}
-				n.pol.Admit(evict.Entry{ID: id, Size: trace.BlockTokens, Depth: int32(depth), LowPriority: t.low})
+				e := evict.Entry{ID: id, Size: trace.BlockTokens, Depth: int32(depth), LowPriority: t.low}
+				if depth > 0 {
+					e.Parent, e.HasParent = r.HashIDs[depth-1], true
+				}
+				n.pol.Admit(e)
 				n.present[id] = struct{}{}
 				res.Admits++
 				for len(n.present) > cfg.CapacityBlocks {
