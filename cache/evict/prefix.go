@@ -140,6 +140,13 @@ type prefixNode struct {
 	// held is the Victim call (p.victims) that found this block behind a
 	// skipped descendant.
 	held uint64
+	// want is the priority this block would have without its parent's cap,
+	// valid while capped; pending lists the chained children capped at
+	// this block's priority (inPending: this block is in its parent's).
+	want      float64
+	capped    bool
+	inPending bool
+	pending   []*prefixNode
 }
 
 // prefixHist is what the history remembers of a removed block: its count,
@@ -222,6 +229,7 @@ func (p *prefix) rebase() {
 	for i := range p.heaps {
 		for _, n := range p.heaps[i] {
 			n.h -= c
+			n.want -= c
 		}
 	}
 	p.clock = 0
@@ -246,10 +254,11 @@ func (p *prefix) Admit(e Entry) {
 			n.low = e.LowPriority
 			p.bump(n)
 			heap.Push(p.heapOf(n), n)
-			return
+		} else {
+			p.bump(n)
+			heap.Fix(h, n.idx)
 		}
-		p.bump(n)
-		heap.Fix(h, n.idx)
+		p.lift(n)
 		return
 	}
 	n := &prefixNode{id: e.ID, depth: depth, low: e.LowPriority, freq: 1}
@@ -265,11 +274,11 @@ func (p *prefix) Admit(e Entry) {
 	n.last = p.now
 	p.seq++
 	n.seq = p.seq
-	n.h = p.priority(n)
 	if q := p.parentCandidate(e); linkable(q, n) {
 		n.parent = q
-		n.h = min(n.h, q.h)
 	}
+	n.h = math.Inf(-1)
+	p.raise(n, p.priority(n))
 	p.prev = n
 	p.nodes[e.ID] = n
 	heap.Push(p.heapOf(n), n)
@@ -299,14 +308,65 @@ func linkable(q, n *prefixNode) bool {
 	return q != nil && q.idx >= 0 && q.low == n.low && q.depth == n.depth-1
 }
 
-// parentOf returns n's chain parent while the link holds: both tracked and
-// in one class. A removed parent (even one admitted again since) ends the
-// link for good; so does a parent that changed class, once n is next read.
+// parentOf returns n's chain parent while the link holds: both tracked, in
+// one class, one level apart. A removed parent (even one admitted again
+// since) ends the link for good; so does a parent that changed class or
+// depth, once n is next read.
 func parentOf(n *prefixNode) *prefixNode {
-	if q := n.parent; q != nil && q.idx >= 0 && q.low == n.low {
+	if q := n.parent; q != nil && q.idx >= 0 && q.low == n.low && q.depth == n.depth-1 {
 		return q
 	}
 	return nil
+}
+
+// raise sets n's priority to target, or to its chain parent's when that is
+// lower, and never lowers it (b may have shrunk since the last read). A
+// capped block waits in its parent's pending list and gets the rest when
+// the parent goes up (lift): a tier may hand over a chain's reads in any
+// order, and a child read just before its parent must not be left at the
+// parent's old priority. The caller fixes n's heap position.
+func (p *prefix) raise(n *prefixNode, target float64) {
+	q := parentOf(n)
+	if q == nil {
+		n.parent = nil
+		n.h = max(n.h, target)
+		n.capped = false
+		return
+	}
+	if target <= q.h {
+		n.h = max(n.h, target)
+		n.capped = false
+		return
+	}
+	n.h = max(n.h, q.h)
+	n.want, n.capped = target, true
+	if !n.inPending {
+		n.inPending = true
+		q.pending = append(q.pending, n)
+	}
+}
+
+// lift raises the chained children capped at n's priority after it went
+// up, and theirs in turn. Each child re-enters a pending list only while
+// still capped, so a read costs O(log n) amortized.
+func (p *prefix) lift(n *prefixNode) {
+	if len(n.pending) == 0 {
+		return
+	}
+	kids := n.pending
+	n.pending = nil
+	for _, k := range kids {
+		k.inPending = false
+		if k.idx < 0 || !k.capped || parentOf(k) != n {
+			continue
+		}
+		old := k.h
+		p.raise(k, k.want)
+		if k.h > old {
+			heap.Fix(p.heapOf(k), k.idx)
+			p.lift(k)
+		}
+	}
 }
 
 // bump counts one more access of n and recomputes its priority.
@@ -321,15 +381,7 @@ func (p *prefix) bump(n *prefixNode) {
 	}
 	p.seq++
 	n.seq = p.seq
-	h := p.priority(n)
-	if q := parentOf(n); q != nil {
-		h = min(h, q.h)
-	} else {
-		n.parent = nil
-	}
-	// Never lower a priority (b may have shrunk since): a chained child
-	// stays at or below it.
-	n.h = max(n.h, h)
+	p.raise(n, p.priority(n))
 }
 
 // adapt moves b after a block that left with count f came back.
@@ -351,6 +403,7 @@ func (p *prefix) Touch(id uint64) {
 	}
 	p.bump(n)
 	heap.Fix(p.heapOf(n), n.idx)
+	p.lift(n)
 }
 
 // Remove forgets a block and remembers its count in the history. Removing
@@ -370,7 +423,7 @@ func (p *prefix) Remove(id uint64) {
 	}
 	heap.Remove(h, n.idx)
 	delete(p.nodes, id)
-	n.parent = nil
+	n.parent, n.pending = nil, nil
 	if p.prev == n {
 		p.prev = nil
 	}

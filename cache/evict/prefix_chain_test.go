@@ -364,6 +364,11 @@ func TestPrefixFreshChainKeepsHead(t *testing.T) {
 					}
 				}
 			}
+			for id := range uint64(4) {
+				if _, ok := p.nodes[id+1]; !ok {
+					t.Errorf("system prompt block %d, read 100 times, was evicted for blocks seen once", id)
+				}
+			}
 			for c := uint64(1); c <= 2; c++ {
 				res := make([]byte, chain)
 				for d := range uint64(chain) {
@@ -375,6 +380,44 @@ func TestPrefixFreshChainKeepsHead(t *testing.T) {
 				head := len(res) - len(strings.TrimLeft(string(res), "#"))
 				if strings.Contains(string(res[head:]), "#") || (c == 1 && head == 0) {
 					t.Errorf("chain %d: resident blocks by depth %s: want a non-empty prefix", c, res)
+				}
+			}
+		})
+	}
+}
+
+// TestPrefixChainReadOutOfOrder: a tier may hand a chain's reads to the
+// policy in any order (the DRAM tier batches them by index shard). A child
+// read before its parent is capped at the parent's old priority, and must
+// get what its read earned once the parent's read arrives; otherwise a
+// chain read back deepest first would rank as if never read and leave
+// before blocks seen once.
+func TestPrefixChainReadOutOfOrder(t *testing.T) {
+	for _, order := range []string{"head first", "deepest first"} {
+		t.Run(order, func(t *testing.T) {
+			p := newPrefix(defaultPrefixParams)
+			for id := range uint64(4) {
+				p.Admit(Entry{ID: id + 1, Depth: int32(id)})
+			}
+			for i := range uint64(4) {
+				id := i + 1
+				if order == "deepest first" {
+					id = 4 - i
+				}
+				p.Touch(id)
+			}
+			var evicted []uint64
+			for id := uint64(100); id < 110; id++ { // blocks seen once
+				p.Admit(Entry{ID: id})
+				for p.Len() > 10 {
+					v, _ := p.Victim(nil)
+					p.Remove(v)
+					evicted = append(evicted, v)
+				}
+			}
+			for _, v := range evicted {
+				if v < 100 {
+					t.Fatalf("evicted %v: the chain read once went before blocks seen once", evicted)
 				}
 			}
 		})
