@@ -15,12 +15,24 @@ type Entry struct {
 	Depth int32
 	// LowPriority marks a copy of a block owned by another node.
 	LowPriority bool
-	// Parent is the ID of the previous block of the chain (depth Depth-1)
-	// when HasParent is set. A tier that knows it should pass it; without
-	// it, a policy may take the block admitted just before as the parent.
-	Parent    uint64
-	HasParent bool
+	// ParentKind says what the tier knows of the block's parent in its
+	// chain (the block at Depth-1): nothing (ParentUnknown, the zero value:
+	// a policy may guess from the order of admissions), that this tier
+	// holds no parent for it (ParentNone: the chain starts here, as far as
+	// this tier is concerned), or its ID (ParentKnown: Parent).
+	ParentKind ParentKind
+	Parent     uint64
 }
+
+// ParentKind is what Entry.Parent means.
+type ParentKind uint8
+
+// The kinds of parent knowledge.
+const (
+	ParentUnknown ParentKind = iota
+	ParentNone
+	ParentKnown
+)
 
 // Policy chooses which block a tier evicts next. Implementations are not
 // safe for concurrent use: the tier serializes every call under its own lock,

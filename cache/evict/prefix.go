@@ -45,13 +45,23 @@ import (
 //   - Ties, and nearly equal priorities within one request, go to the
 //     deeper block first: a chain is useless beyond its first missing block,
 //     so its tail should go before its head.
+//   - Within a chain that rule is an invariant, whatever the clock does
+//     between two blocks' admissions or reads: a block admitted after its
+//     parent (named in Entry.Parent; or, when the tier says nothing, the
+//     block admitted just before it, if one level shallower and in the
+//     same class) is chained to it, and its H never exceeds the parent's
+//     (it is capped, and lifted again when the parent's H rises). So Victim
+//     never returns a block whose chained child is still tracked, and it
+//     passes over the chain above a skipped (pinned) block unless nothing
+//     else in that class is left. A link ends when either block leaves.
 //
 // LowPriority entries (copies of blocks owned by another node) live in their
 // own heap and are all offered as victims before any normal entry; they
 // neither enter the history nor move b or T.
 //
-// Admit, Touch and Remove cost O(log n); Victim is O(1) plus O(k log n) for
-// k skipped blocks. The history holds up to historyFactor × Len() ids (about
+// Admit, Touch and Remove cost O(log n) amortized (a read may lift the
+// chained children capped at the block's old priority); Victim is O(1)
+// plus O(k log n) for k skipped blocks. The history holds up to historyFactor × Len() ids (about
 // 60 bytes each with the map overhead). Not safe for concurrent use (see
 // Policy).
 func NewPrefix() Policy { return newPrefix(defaultPrefixParams) }
@@ -285,8 +295,8 @@ func (p *prefix) Admit(e Entry) {
 }
 
 // parentCandidate returns the block a new entry may be chained to: the
-// parent the tier names (Entry.HasParent), or else the block admitted just
-// before it. Tiers store a chain's missing blocks in depth order (a
+// parent the tier names (Entry.ParentKind), none when the tier says there is
+// none, or else the block admitted just before it. Tiers store a chain's missing blocks in depth order (a
 // BatchPut, or the engine's puts of one request), so without a name the
 // previous admission is that chain's previous block; Touch, Remove and
 // Victim calls in between do not matter. The guess is wrong when another
@@ -295,8 +305,11 @@ func (p *prefix) Admit(e Entry) {
 // then ranks below that one, which costs a little hit rate (docs/policy.md)
 // and never breaks the rule for the chains it gets right.
 func (p *prefix) parentCandidate(e Entry) *prefixNode {
-	if e.HasParent {
+	switch e.ParentKind {
+	case ParentKnown:
 		return p.nodes[e.Parent]
+	case ParentNone:
+		return nil
 	}
 	return p.prev
 }

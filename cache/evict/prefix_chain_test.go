@@ -25,7 +25,7 @@ type chainModel struct {
 	pinned   map[uint64]bool            // what Victim's skip rejects
 	pending  []uint64                   // reads not yet handed to the policy (a tier batches them)
 	trueLink int                        // links the policy made along true parents
-	named    bool                       // the tier names parents (Entry.HasParent)
+	named    bool                       // the tier names parents (Entry.ParentKind)
 }
 
 func (m *chainModel) skip(id uint64) bool { return m.pinned[id] }
@@ -70,9 +70,12 @@ func (m *chainModel) admit(id uint64, low bool) {
 	}
 	e := Entry{ID: id, Size: 1, Depth: m.depth[id], LowPriority: low}
 	cand := m.last
-	if m.named && m.depth[id] > 0 {
-		e.Parent, e.HasParent = m.parent[id], true
-		cand = m.parent[id]
+	if m.named {
+		e.ParentKind, cand = ParentNone, 0
+		if m.depth[id] > 0 {
+			e.Parent, e.ParentKind = m.parent[id], ParentKnown
+			cand = m.parent[id]
+		}
 	}
 	m.p.Admit(e)
 	if lowQ, ok := m.resident[cand]; ok && cand != 0 && lowQ == low && m.depth[cand] == m.depth[id]-1 {

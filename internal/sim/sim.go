@@ -206,6 +206,22 @@ func targets(cfg Config, at int, id uint64, buf []target) []target {
 	return buf
 }
 
+// chainedAt reports whether node n, storing block id for a request at node
+// at, holds the block's parent as its chain parent: the parent went to n
+// too in this request, and, when n owns the block, n owns the parent (a
+// copy's rank reflects only the requests at n, the owned block's those of
+// the whole cluster).
+func chainedAt(cfg Config, at int, id, parent uint64, n int) bool {
+	if cfg.Scope == ScopeLocal {
+		return true
+	}
+	ownsParent := Owner(parent, cfg.Nodes) == n
+	if Owner(id, cfg.Nodes) == n {
+		return ownsParent
+	}
+	return ownsParent || (cfg.Copies != CopiesNone && at == n)
+}
+
 // run is the replay loop. next, when set, holds the next-use position of
 // every access in event order (see nextUses) and feeds the Belady oracles.
 func run(reqs []trace.Request, cfg Config, nodes []*node, next []int64) (Result, error) {
@@ -245,8 +261,12 @@ func run(reqs []trace.Request, cfg Config, nodes []*node, next []int64) (Result,
 					continue
 				}
 				e := evict.Entry{ID: id, Size: trace.BlockTokens, Depth: int32(depth), LowPriority: t.low}
-				if depth > 0 {
-					e.Parent, e.HasParent = r.HashIDs[depth-1], true
+				// Name the parent when this node holds it as the block's
+				// chain parent (see chainedAt); else the chain starts here
+				// for this node.
+				e.ParentKind = evict.ParentNone
+				if depth > 0 && chainedAt(cfg, at, id, r.HashIDs[depth-1], t.node) {
+					e.Parent, e.ParentKind = r.HashIDs[depth-1], evict.ParentKnown
 				}
 				n.pol.Admit(e)
 				n.present[id] = struct{}{}
