@@ -19,7 +19,9 @@ type Entry struct {
 	// chain (the block at Depth-1): nothing (ParentUnknown, the zero value:
 	// a policy may guess from the order of admissions), that this tier
 	// holds no parent for it (ParentNone: the chain starts here, as far as
-	// this tier is concerned), or its ID (ParentKnown: Parent).
+	// this tier is concerned), or its ID (ParentKnown: Parent, a block this
+	// tier stored or read for the same request just before; if it is gone
+	// by now, the new block is unreachable and NewPrefix evicts it first).
 	ParentKind ParentKind
 	Parent     uint64
 }

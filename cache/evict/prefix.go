@@ -54,6 +54,9 @@ import (
 //     never returns a block whose chained child is still tracked, and it
 //     passes over the chain above a skipped (pinned) block unless nothing
 //     else in that class is left. A link ends when either block leaves.
+//     A block whose parent left just before it came (an orphan: no lookup
+//     reaches it) gets the lowest priority of its class until it is read,
+//     so a chain that pushes itself out of a full tier keeps its head.
 //
 // LowPriority entries (copies of blocks owned by another node) live in their
 // own heap and are all offered as victims before any normal entry; they
@@ -185,8 +188,9 @@ type prefix struct {
 	// b is the adaptive credit of a block seen once.
 	b float64
 	// prev is the block admitted last, the parent candidate of the next
-	// admission (see link).
-	prev *prefixNode
+	// admission (see parentCandidate); gone is that block once removed
+	// (until the next admission), whose child would be an orphan.
+	prev, gone *prefixNode
 	// victims counts Victim calls that had to pass over blocks.
 	victims uint64
 
@@ -284,34 +288,49 @@ func (p *prefix) Admit(e Entry) {
 	n.last = p.now
 	p.seq++
 	n.seq = p.seq
-	if q := p.parentCandidate(e); linkable(q, n) {
+	q, orphan := p.parentCandidate(e, n)
+	n.h = math.Inf(-1)
+	if linkable(q, n) {
 		n.parent = q
 	}
-	n.h = math.Inf(-1)
-	p.raise(n, p.priority(n))
-	p.prev = n
+	if !orphan {
+		p.raise(n, p.priority(n))
+	}
+	p.prev, p.gone = n, nil
 	p.nodes[e.ID] = n
 	heap.Push(p.heapOf(n), n)
 }
 
-// parentCandidate returns the block a new entry may be chained to: the
-// parent the tier names (Entry.ParentKind), none when the tier says there is
-// none, or else the block admitted just before it. Tiers store a chain's missing blocks in depth order (a
-// BatchPut, or the engine's puts of one request), so without a name the
-// previous admission is that chain's previous block; Touch, Remove and
-// Victim calls in between do not matter. The guess is wrong when another
-// chain's block one level up was admitted just before (two clients' puts
-// interleaved, or a new request right after an unrelated one): the block
-// then ranks below that one, which costs a little hit rate (docs/policy.md)
-// and never breaks the rule for the chains it gets right.
-func (p *prefix) parentCandidate(e Entry) *prefixNode {
+// parentCandidate returns the block new entry e (node n) may be chained
+// to: the parent the tier names (Entry.ParentKind), none when the tier
+// says there is none, or else the block admitted just before it. Tiers
+// store a chain's missing blocks in depth order (a BatchPut, or the
+// engine's puts of one request), so without a name the previous admission
+// is that chain's previous block; Touch, Remove and Victim calls in
+// between do not matter. The guess is wrong when another chain's block one
+// level up was admitted just before (two clients' puts interleaved, or a
+// new request right after an unrelated one): the block then ranks below
+// that one, which costs a little hit rate (docs/policy.md) and never
+// breaks the rule for the chains it gets right.
+//
+// orphan reports a block whose parent left just before it came: the named
+// parent is not tracked, or the block admitted just before it (one level
+// up, same class) was removed since, as when a tier evicts a chain's last
+// block to make room for the next. Nothing can reach an orphan through a
+// prefix lookup, so it gets the lowest priority (until it is read) and
+// goes before every other block of its class; the chain's head stays.
+func (p *prefix) parentCandidate(e Entry, n *prefixNode) (q *prefixNode, orphan bool) {
 	switch e.ParentKind {
 	case ParentKnown:
-		return p.nodes[e.Parent]
+		q = p.nodes[e.Parent]
+		return q, q == nil && n.depth > 0
 	case ParentNone:
-		return nil
+		return nil, false
 	}
-	return p.prev
+	if g := p.gone; p.prev == nil && g != nil {
+		return nil, g.low == n.low && g.depth == n.depth-1
+	}
+	return p.prev, false
 }
 
 // linkable reports whether new block n may be chained to q: q is tracked,
@@ -438,7 +457,7 @@ func (p *prefix) Remove(id uint64) {
 	delete(p.nodes, id)
 	n.parent, n.pending = nil, nil
 	if p.prev == n {
-		p.prev = nil
+		p.prev, p.gone = nil, n
 	}
 	if !n.low {
 		p.remember(id, n)

@@ -426,3 +426,50 @@ func TestPrefixChainReadOutOfOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixChainSelfEviction: a chain stored into a tier whose other
+// blocks all outrank it pushes itself out. A tier that makes room before
+// each admission must then evict the chain's own last block for the next
+// one; that next block is an orphan (nothing reaches it through a lookup)
+// and goes first, so the chain keeps its head run, plus at most the last
+// block stored, instead of a growing run of orphans behind a shrinking
+// head.
+func TestPrefixChainSelfEviction(t *testing.T) {
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("parents named %v", named), func(t *testing.T) {
+			const capacity, hot, chain = 60, 50, 30
+			p := newPrefix(defaultPrefixParams)
+			for id := range uint64(hot) { // read twice each: they outrank blocks seen once
+				p.Admit(Entry{ID: id + 1})
+				p.Touch(id + 1)
+				p.Touch(id + 1)
+			}
+			for d := range uint64(chain) {
+				for p.Len() >= capacity {
+					v, _ := p.Victim(nil)
+					if v <= hot {
+						t.Fatalf("block %d of the chain evicted hot block %d", d, v)
+					}
+					p.Remove(v)
+				}
+				e := Entry{ID: 1000 + d, Depth: int32(d)}
+				if named && d > 0 {
+					e.Parent, e.ParentKind = 1000+d-1, ParentKnown
+				}
+				p.Admit(e)
+			}
+			res := make([]byte, chain)
+			for d := range uint64(chain) {
+				res[d] = '.'
+				if _, ok := p.nodes[1000+d]; ok {
+					res[d] = '#'
+				}
+			}
+			head := len(res) - len(strings.TrimLeft(string(res), "#"))
+			if head == 0 || strings.Count(string(res[head:]), "#") > 1 {
+				t.Errorf("chain residency by depth %s: want its head run and at most the last block stored", res)
+			}
+			t.Logf("chain residency by depth %s", res)
+		})
+	}
+}
