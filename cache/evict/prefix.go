@@ -64,9 +64,9 @@ import (
 //
 // Admit, Touch and Remove cost O(log n) amortized (a read may lift the
 // chained children capped at the block's old priority); Victim is O(1)
-// plus O(k log n) for k skipped blocks. The history holds up to historyFactor × Len() ids (about
-// 60 bytes each with the map overhead). Not safe for concurrent use (see
-// Policy).
+// plus O(k log n) for k skipped blocks (and the chains above them). The
+// history holds up to historyFactor × Len() ids (about 60 bytes each with
+// the map overhead). Not safe for concurrent use (see Policy).
 func NewPrefix() Policy { return newPrefix(defaultPrefixParams) }
 
 const (
@@ -148,7 +148,7 @@ type prefixNode struct {
 	low   bool
 	idx   int // position in its heap; -1 once removed
 	// parent is the block this one was chained to when it was admitted
-	// (see link); the link holds while both are tracked and in one class.
+	// (see parentCandidate and parentOf).
 	parent *prefixNode
 	// held is the Victim call (p.victims) that found this block behind a
 	// skipped descendant.
