@@ -69,7 +69,7 @@ type Config struct {
 	// sets it.
 	DRAM dram.Config
 	// SSD configures the SSD tier; nil runs DRAM only (durable puts are
-	// then accepted and not persisted, as cache.PutOptions documents).
+	// then refused with ErrNotDurable: nothing could make them durable).
 	SSD *ssd.Config
 	// QueueBlocks bounds the demotion queue in blocks (default 1024).
 	QueueBlocks int
@@ -314,11 +314,17 @@ func (s *Store) untrack(fk string) {
 	s.kmu.Unlock()
 }
 
+// ErrNotDurable is returned (it matches cache.ErrUnavailable) for a
+// durable put on a store without an SSD tier.
+var ErrNotDurable = fmt.Errorf("%w: tiered: no ssd tier, a durable put cannot be made durable", cache.ErrUnavailable)
+
 // Put stores value under (ns, key) in DRAM. A key present in any tier is
 // left as it is (existed = true). With opts.Durable and an SSD tier, the
 // block is written to SSD with its WAL synced before Put returns, then put
-// in DRAM; an SSD failure fails the put. When DRAM cannot make room (every
-// block pinned) a non-durable put goes to SSD directly. Errors are the
+// in DRAM; an SSD failure (degraded tier: cache.ErrUnavailable) fails the
+// put, and without an SSD tier a durable put fails with ErrNotDurable.
+// When DRAM cannot make room (every block pinned) a non-durable put goes
+// to SSD directly. Errors are the
 // tiers' (cache.ErrInvalidKey, cache.ErrTooLarge, cache.ErrNoSpace,
 // cache.ErrUnavailable, cache.ErrClosed).
 func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
@@ -326,6 +332,9 @@ func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cach
 		return false, cache.ErrClosed
 	}
 	if s.ssd == nil {
+		if opts.Durable {
+			return false, ErrNotDurable
+		}
 		return s.dram.Put(ctx, ns, key, value, opts)
 	}
 	fk := fkey(ns, key)

@@ -360,10 +360,15 @@ func TestDurableWritesThrough(t *testing.T) {
 	if existed, err := s.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); err != nil || !existed {
 		t.Fatalf("second durable put: %v %v", existed, err)
 	}
-	// DRAM only: durable is accepted and ignored.
+	// DRAM only: a durable put cannot be made durable, so it is refused
+	// (it used to be acknowledged and lost at the next stop), and nothing
+	// is stored.
 	d := newStore(t, testConfig(t, 8*mib, ""))
-	if _, err := d.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); err != nil {
-		t.Fatal(err)
+	if _, err := d.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); !errors.Is(err, cache.ErrUnavailable) {
+		t.Fatalf("durable put without an ssd tier: %v, want cache.ErrUnavailable", err)
+	}
+	if _, ok := d.Stat(ctx, "ns", key(1)); ok {
+		t.Fatal("refused durable put stored the block")
 	}
 	if d.Prefetch(ctx, "ns", [][]byte{key(1)}) != 0 || d.Movement().SSD != nil {
 		t.Fatal("dram-only store prefetched or reports an ssd")

@@ -88,10 +88,15 @@ func ssdCapacity(cfg Config, lg *zap.Logger) (int64, error) {
 		return cfg.SSDCapacity, nil
 	}
 	if room < 64<<20 || room < cfg.MaxValueSize {
-		lg.Warn("not enough disk for the ssd tier: running DRAM only",
+		// Not DRAM only: that acknowledged durable puts it could not keep.
+		// The tier opens degraded (or, with no room to open RocksDB, without
+		// a database) and refuses puts until space is freed.
+		capacity := min(cfg.SSDCapacity, max(64<<20, cfg.MaxValueSize))
+		lg.Warn("not enough disk for the ssd tier: it starts degraded",
 			zap.String("dir", dir), zap.String("free", units.FormatBytes(free)),
-			zap.String("ssd_min_free", units.FormatBytes(cfg.SSDMinFree)))
-		return 0, nil
+			zap.String("ssd_min_free", units.FormatBytes(cfg.SSDMinFree)),
+			zap.String("ssd_capacity", units.FormatBytes(capacity)))
+		return capacity, nil
 	}
 	lg.Warn("ssd_capacity capped by the free disk space",
 		zap.String("ssd_capacity", units.FormatBytes(cfg.SSDCapacity)), zap.String("capped_to", units.FormatBytes(room)))
