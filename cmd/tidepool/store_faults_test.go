@@ -194,3 +194,100 @@ func TestServeDiskFull(t *testing.T) {
 	stops++
 	t.Logf("%d clean stops (%d on a full disk), %d starts on a full disk, no abort", stops, stops-1, cycles)
 }
+
+// TestServeQuarantine damages the SSD tier's RocksDB metadata of a stopped
+// sidecar; the next start must move the database aside, serve with an
+// empty SSD tier, say so on /readyz, in metrics and on its recovery line,
+// and keep working (a restart after that is clean).
+func TestServeQuarantine(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, ssdDir string)
+	}{
+		{"flipped byte in an SST", func(t *testing.T, ssdDir string) {
+			ssts, err := filepath.Glob(filepath.Join(ssdDir, "*.sst"))
+			if err != nil || len(ssts) == 0 {
+				t.Fatalf("no SST in %s (%v)", ssdDir, err)
+			}
+			path := ssts[0] // lowest file number
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)/2] ^= 0x40
+			if err := os.WriteFile(path, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"truncated CURRENT", func(t *testing.T, ssdDir string) {
+			if err := os.Truncate(filepath.Join(ssdDir, "CURRENT"), 5); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	ctx := context.Background()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			d, _ := startServeIn(t, dataDir)
+			c, err := client.New(d.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 8 {
+				if _, err := c.PutWith(ctx, "q", rkey(i), restartValue(i, 256<<10), client.PutOptions{Durable: true}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.Close()
+			d.stop(t, syscall.SIGTERM)
+			tc.damage(t, ssdDir(dataDir))
+
+			d, recovered := startServeIn(t, dataDir)
+			if recovered != 0 {
+				t.Fatalf("recovered %d blocks from a damaged database", recovered)
+			}
+			moved, _ := filepath.Glob(ssdDir(dataDir) + ".quarantine-*")
+			if len(moved) != 1 {
+				t.Fatalf("quarantined copies: %v", moved)
+			}
+			if _, err := os.Stat(filepath.Join(moved[0], "CURRENT")); err != nil {
+				t.Fatalf("quarantined copy incomplete: %v", err)
+			}
+			ready := httpGet(t, "http://"+d.metrics+"/readyz")
+			if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd database was corrupt, moved to "+moved[0]) {
+				t.Fatalf("/readyz %q", ready)
+			}
+			if v := scrape(t, d, "tidepool_ssd_quarantined_total", "tidepool_ssd_degraded", "tidepool_ssd_open"); v[0] != 1 || v[1] != 0 || v[2] != 1 {
+				t.Fatalf("quarantined %v, degraded %v, open %v", v[0], v[1], v[2])
+			}
+			if !strings.Contains(d.stderr.String(), "ssd database corrupt: moved aside") {
+				t.Fatal("quarantine not logged")
+			}
+			c, err = client.New(d.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, found, err := c.Get(ctx, "q", rkey(0)); err != nil || found {
+				t.Fatalf("get from the quarantined database: found %v, %v", found, err)
+			}
+			if _, err := c.PutWith(ctx, "q", rkey(100), restartValue(100, 256<<10), client.PutOptions{Durable: true}); err != nil {
+				t.Fatalf("durable put after quarantine: %v", err)
+			}
+			c.Close()
+			d.stop(t, syscall.SIGTERM)
+
+			d, recovered = startServeIn(t, dataDir)
+			if recovered != 1 {
+				t.Fatalf("restart after quarantine recovered %d blocks, want 1", recovered)
+			}
+			if v := scrape(t, d, "tidepool_ssd_quarantined_total"); v[0] != 0 {
+				t.Fatalf("clean restart quarantined again")
+			}
+			if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
+				t.Fatalf("/readyz after a clean restart: %q", ready)
+			}
+			d.stop(t, syscall.SIGTERM)
+		})
+	}
+}
