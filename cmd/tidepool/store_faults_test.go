@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/client"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
 
 // mountTmpfs mounts a tmpfs of size (as mount(8) takes it: "128m") on a
@@ -289,5 +290,79 @@ func TestServeQuarantine(t *testing.T) {
 			}
 			d.stop(t, syscall.SIGTERM)
 		})
+	}
+}
+
+// TestServeDamagedDRAMBlock flips a byte of a block in a real sidecar's
+// DRAM arena file (the arenas are shared file mappings): the read that
+// finds it fails with CHECKSUM_MISMATCH and removes it, so Lookup stops
+// counting it, the next Put stores a good copy and reads serve it again.
+func TestServeDamagedDRAMBlock(t *testing.T) {
+	arenaDir := t.TempDir()
+	d := startDaemon(t, "--arena-dir", arenaDir, "--ssd-capacity", "0")
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	val := restartValue(7, 64<<10)
+	keys := [][]byte{[]byte("a"), []byte("b")}
+	// a holds a prefix of b's value: only b's block holds all of val.
+	bval := val
+	if _, err := c.Put(ctx, "dm", keys[0], val[:len(val)-100], 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, "dm", keys[1], bval, 0); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(arenaDir, "*"))
+	damaged := false
+	for _, path := range files {
+		mem, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		off := bytes.Index(mem, bval)
+		if off < 0 {
+			continue
+		}
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte{mem[off+1000] ^ 0x08}, int64(off+1000)); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		damaged = true
+		break
+	}
+	if !damaged {
+		t.Fatalf("block not found in the arena files %v", files)
+	}
+	if n, err := c.Lookup(ctx, "dm", keys); err != nil || n != 2 {
+		t.Fatalf("Lookup before the read: %d, %v", n, err)
+	}
+	// The read is a miss (or CHECKSUM_MISMATCH), never the wrong bytes.
+	got, found, err := c.Get(ctx, "dm", keys[1])
+	if found || (err != nil && client.CodeOf(err) != tp.ErrorCode_CHECKSUM_MISMATCH) {
+		t.Fatalf("Get of the damaged block: found %v (same bytes %v), %v; want a miss", found, bytes.Equal(got, bval), err)
+	}
+	if n, err := c.Lookup(ctx, "dm", keys); err != nil || n != 1 {
+		t.Fatalf("Lookup after the bad read: %d, %v (want 1: the damaged block is gone)", n, err)
+	}
+	if v := scrape(t, d, `tidepool_tier_checksum_failures_total{tier="dram"}`, `tidepool_tier_blocks{tier="dram"}`); v[0] != 1 || v[1] != 1 {
+		t.Fatalf("checksum failures %v, blocks %v", v[0], v[1])
+	}
+	if existed, err := c.Put(ctx, "dm", keys[1], bval, 0); err != nil || existed {
+		t.Fatalf("re-Put of the damaged block: existed %v, %v", existed, err)
+	}
+	got, found, err = c.Get(ctx, "dm", keys[1])
+	if err != nil || !found || !bytes.Equal(got, bval) {
+		t.Fatalf("Get after the re-Put: found %v, %v", found, err)
+	}
+	if n, err := c.Lookup(ctx, "dm", keys); err != nil || n != 2 {
+		t.Fatalf("Lookup after the re-Put: %d, %v", n, err)
 	}
 }
