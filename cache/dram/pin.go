@@ -43,7 +43,7 @@ func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
 		return nil, err
 	}
 	l := new(Lease)
-	if err := t.acquire(l, t.namespace(ns), key, pinLease, true, true); err != nil {
+	if err := t.acquire(l, t.namespace(ns), key, pinLease, true, countHit); err != nil {
 		return nil, err
 	}
 	b := l.b

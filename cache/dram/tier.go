@@ -53,6 +53,17 @@ func (t *Tier) now() int64 { return t.clk.Now().UnixNano() }
 // after evicting every evictable block; nothing is evicted then),
 // cache.ErrClosed.
 func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, opts, true)
+}
+
+// Promote is Put for a copy of a block read from a slower tier: the same,
+// except that it does not count as a put of the namespace
+// (NamespaceStats.Puts counts blocks stored by callers, not movement).
+func (t *Tier) Promote(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, opts, false)
+}
+
+func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions, countPut bool) (existed bool, err error) {
 	if err := t.checkKey(key); err != nil {
 		return false, err
 	}
@@ -120,7 +131,9 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 	t.bytesIn.Add(size)
 	nss.blocks.Add(1)
 	nss.bytes.Add(size)
-	nss.puts.Add(1)
+	if countPut {
+		nss.puts.Add(1)
+	}
 	return false, nil
 }
 
@@ -172,7 +185,7 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		return nil, cache.Info{}, err
 	}
 	var l Lease
-	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true, false); err != nil {
+	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true, countRead); err != nil {
 		return nil, cache.Info{}, err
 	}
 	b := l.b

@@ -494,11 +494,12 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 	return out, info, nil
 }
 
+// missLocked counts a miss of ns, also for a namespace that has never had
+// a block here: in the store, every read that misses DRAM asks this tier,
+// so its namespace misses are the store's. mu held.
 func (t *Tier) missLocked(ns string) {
 	t.misses.Add(1)
-	if ss := t.nss[ns]; ss != nil {
-		ss.misses++
-	}
+	t.nsLocked(ns).misses++
 }
 
 // Stat returns the metadata of (ns, key) without reading the block.

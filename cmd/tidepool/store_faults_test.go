@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tidepool-kv/tidepool/client"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
@@ -364,5 +365,128 @@ func TestServeDamagedDRAMBlock(t *testing.T) {
 	}
 	if n, err := c.Lookup(ctx, "dm", keys); err != nil || n != 2 {
 		t.Fatalf("Lookup after the re-Put: %d, %v", n, err)
+	}
+}
+
+// TestServeCounters runs a scripted workload against a real sidecar whose
+// blocks are all in SSD only (put, stopped, restarted) and checks every
+// tier, namespace and movement counter it touches, exactly. Before the
+// fix one Get of an SSD-only block counted two DRAM misses and one
+// namespace put.
+func TestServeCounters(t *testing.T) {
+	dataDir := t.TempDir()
+	const size = 64 << 10
+	ctx := context.Background()
+	k := func(i int) []byte { return []byte("c" + strconv.Itoa(i)) }
+	v := func(i int) []byte { return restartValue(i, size) }
+
+	d, _ := startServeIn(t, dataDir)
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := c.PutWith(ctx, "cnt", k(i), v(i), client.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM) // the stop spill puts all four in SSD
+	d, recovered := startServeIn(t, dataDir)
+	if recovered != 4 {
+		t.Fatalf("recovered %d blocks, want 4", recovered)
+	}
+	c, err = client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	get := func(i int, want bool) {
+		t.Helper()
+		got, found, err := c.Get(ctx, "cnt", k(i))
+		if err != nil || found != want || (want && !bytes.Equal(got, v(i))) {
+			t.Fatalf("get %d: found %v (want %v), %v", i, found, want, err)
+		}
+	}
+	get(0, true) // SSD only: a DRAM miss, an SSD hit, a promotion
+	get(0, true) // DRAM hit
+	get(99, false)
+	if _, err := c.PutWith(ctx, "cnt", k(10), v(10), client.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	get(10, true) // DRAM hit
+	if existed, err := c.PutWith(ctx, "cnt", k(10), v(10), client.PutOptions{}); err != nil || !existed {
+		t.Fatalf("second put: existed %v, %v", existed, err)
+	}
+	if ok, err := c.Delete(ctx, "cnt", k(1)); err != nil || !ok {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	get(1, false) // deleted: misses DRAM and SSD
+	if n, err := c.Prefetch(ctx, "cnt", [][]byte{k(2)}); err != nil || n != 1 {
+		t.Fatalf("prefetch: %d, %v", n, err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		p, err := c.Exists(ctx, "cnt", k(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Tier == "dram" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("prefetched block never reached DRAM")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	get(2, true) // DRAM hit (the prefetch's SSD read is not a read of the engine)
+	if _, err := c.PutWith(ctx, "cnt", k(11), v(11), client.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Lookup(ctx, "cnt", [][]byte{k(0), k(2), k(10), k(11)}); err != nil || n != 4 {
+		t.Fatalf("lookup: %d, %v", n, err) // not a read: counts nothing
+	}
+
+	want := []struct {
+		name string
+		v    float64
+	}{
+		{`tidepool_tier_hits_total{tier="dram"}`, 3},   // c0 again, c10, c2
+		{`tidepool_tier_misses_total{tier="dram"}`, 3}, // c0, c99, c1
+		{`tidepool_tier_hits_total{tier="ssd"}`, 1},    // c0
+		{`tidepool_tier_misses_total{tier="ssd"}`, 2},  // c99, c1
+		{`tidepool_tier_blocks{tier="dram"}`, 4},       // c0, c10, c2, c11
+		{`tidepool_tier_blocks{tier="ssd"}`, 4},        // c0, c2, c3, c11
+		{`tidepool_tier_evictions_total{tier="dram"}`, 0},
+		{`tidepool_tier_evictions_total{tier="ssd"}`, 0},
+		{`tidepool_tier_bytes_in_total{tier="dram"}`, 4 * size},  // c0, c2 promoted; c10, c11 put
+		{`tidepool_tier_bytes_out_total{tier="dram"}`, 3 * size}, // its hits
+		{`tidepool_tier_bytes_in_total{tier="ssd"}`, 1 * size},   // c11 (durable)
+		{`tidepool_tier_bytes_out_total{tier="ssd"}`, 2 * size},  // c0, and c2 for the prefetch
+		{`tidepool_tier_checksum_failures_total{tier="dram"}`, 0},
+		{`tidepool_tier_checksum_failures_total{tier="ssd"}`, 0},
+		{`tidepool_namespace_hits_total{namespace="cnt"}`, 4},   // c0 twice, c10, c2
+		{`tidepool_namespace_misses_total{namespace="cnt"}`, 2}, // c99, c1
+		{`tidepool_namespace_puts_total{namespace="cnt"}`, 2},   // c10, c11
+		{`tidepool_namespace_blocks{namespace="cnt"}`, 8},       // copies: 4 in DRAM + 4 in SSD
+		{`tidepool_namespace_bytes{namespace="cnt"}`, 8 * size},
+		{`tidepool_namespace_evictions_total{namespace="cnt"}`, 0},
+		{`tidepool_promotions_total`, 2}, // c0, c2
+		{`tidepool_demotions_total`, 0},
+		{`tidepool_prefetch_queued_total`, 1},
+	}
+	names := make([]string, len(want))
+	for i, w := range want {
+		names[i] = w.name
+	}
+	got := scrape(t, d, names...)
+	bad := false
+	for i, w := range want {
+		if got[i] != w.v {
+			t.Errorf("%s = %v, want %v", w.name, got[i], w.v)
+			bad = true
+		}
+	}
+	if bad {
+		t.FailNow()
 	}
 }
