@@ -5,7 +5,10 @@
 // a column family of its own so that the in-memory index is rebuilt on start
 // without reading block bytes, a byte budget enforced through an
 // evict.Policy, CRC-32C checked on every read, and a degraded mode (no
-// admissions, reads still served) when the disk is full or failing.
+// admissions, reads still served) when the disk is full or failing. A full
+// disk never aborts the process (see openStore and openMinFree), and a
+// database RocksDB finds corrupt at start is moved aside (quarantined)
+// rather than failing New.
 //
 // Its method set is the DRAM tier's (Put, Get, Stat, Delete, Clear, Stats,
 // Close), so a store can demote DRAM evictions into it and promote its hits.

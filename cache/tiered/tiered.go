@@ -6,7 +6,9 @@
 // # Movement between tiers
 //
 //   - Put lands in DRAM. A durable put (cache.PutOptions.Durable) is first
-//     written through to SSD with its WAL synced, then put in DRAM.
+//     written through to SSD with its WAL synced, then put in DRAM; it is
+//     refused (cache.ErrUnavailable) when the SSD tier is degraded or
+//     absent, never acknowledged without being durable.
 //   - Demotion: the DRAM tier calls the store for each block it evicts
 //     (dram.Config.OnEvict, under DRAM's eviction mutex). The store copies
 //     the bytes into a bounded queue (QueueBlocks, QueueBytes) and returns;
