@@ -174,7 +174,8 @@ func (t *Tier) freeBlockMem(b *block) {
 // Get copies the value of (ns, key) into dst (reused when its capacity is
 // enough, else a new slice of exactly the value's size) and returns it with
 // the block's Info. The checksum of the copy is verified: on a mismatch Get
-// returns cache.ErrChecksum and no bytes. Errors: cache.ErrNotFound,
+// removes the block (the next Put stores a good copy), counts a miss and a
+// checksum failure, and returns cache.ErrChecksum and no bytes. Errors: cache.ErrNotFound,
 // cache.ErrInvalidKey, cache.ErrChecksum, cache.ErrLeaseExpired (the copy
 // outlived its lease and the block was reclaimed), cache.ErrClosed.
 func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]byte, cache.Info, error) {
