@@ -896,3 +896,66 @@ func TestPresentPrefix(t *testing.T) {
 		t.Errorf("cancelled context: %d", got)
 	}
 }
+
+// TestChecksumMismatchRemoves: a block whose bytes went bad is removed by
+// the read that finds it (Get or Pin): Stat and PresentPrefix stop
+// reporting it, the read counts as a miss (Get) or not at all (Pin, whose
+// caller goes on to Get), and the next Put stores a good copy.
+func TestChecksumMismatchRemoves(t *testing.T) {
+	read := map[string]func(tr *Tier, key []byte) error{
+		"Get": func(tr *Tier, key []byte) error { _, _, err := tr.Get(ctx, "ns", key, nil); return err },
+		"Pin": func(tr *Tier, key []byte) error {
+			l, err := tr.Pin(ctx, "ns", key)
+			if err == nil {
+				l.Release()
+			}
+			return err
+		},
+	}
+	for name, readFn := range read {
+		t.Run(name, func(t *testing.T) {
+			cfg, _ := testConfig(t, 4<<20)
+			tr := newTier(t, cfg)
+			key := []byte("k")
+			val := pattern("k", 10000)
+			if _, err := tr.Put(ctx, "ns", key, val, cache.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			l, err := tr.Acquire(ctx, "ns", key, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ai, off, _ := l.Location()
+			l.Release()
+			before := tr.Stats()
+			tr.arenas[ai].mem[off+777] ^= 0x40
+			if err := readFn(tr, key); !errors.Is(err, cache.ErrChecksum) {
+				t.Fatalf("read of a corrupt block: %v", err)
+			}
+			if _, ok := tr.Stat(ctx, "ns", key); ok {
+				t.Fatal("corrupt block still reported by Stat")
+			}
+			if n := tr.PresentPrefix(ctx, "ns", [][]byte{key}); n != 0 {
+				t.Fatal("corrupt block still counted by PresentPrefix")
+			}
+			st := tr.Stats()
+			ts, ns := st.Tiers[0], st.Namespaces[0]
+			wantMiss := int64(0)
+			if name == "Get" {
+				wantMiss = 1
+			}
+			if ts.ChecksumFailures != 1 || ts.Hits != before.Tiers[0].Hits || ts.Misses != before.Tiers[0].Misses+wantMiss ||
+				ts.Blocks != 0 || ts.UsedBytes != 0 || ts.BytesOut != before.Tiers[0].BytesOut ||
+				ns.Blocks != 0 || ns.Bytes != 0 || ns.Hits != before.Namespaces[0].Hits || ns.Misses != before.Namespaces[0].Misses+wantMiss {
+				t.Fatalf("counters after the failed read: %+v %+v (before %+v)", ts, ns, before)
+			}
+			if existed, err := tr.Put(ctx, "ns", key, val, cache.PutOptions{}); err != nil || existed {
+				t.Fatalf("re-Put after the bad read: existed %v, %v", existed, err)
+			}
+			got, _, err := tr.Get(ctx, "ns", key, nil)
+			if err != nil || !bytes.Equal(got, val) {
+				t.Fatalf("Get after the re-Put: %v", err)
+			}
+		})
+	}
+}

@@ -33,22 +33,47 @@ func (t *Tier) Acquire(ctx context.Context, ns string, key []byte, lease time.Du
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	return t.acquireLease(ctx, ns, key, lease, countRead)
+}
+
+// AcquireUncounted is Acquire without counting the read (no hit, no miss),
+// for a caller that has counted it already: the store acquiring a block it
+// has just promoted after a counted miss.
+func (t *Tier) AcquireUncounted(ctx context.Context, ns string, key []byte, lease time.Duration) (*Lease, error) {
+	if err := t.checkKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return t.acquireLease(ctx, ns, key, lease, countNone)
+}
+
+func (t *Tier) acquireLease(ctx context.Context, ns string, key []byte, lease time.Duration, count countMode) (*Lease, error) {
 	if lease <= 0 {
 		lease = t.cfg.LeaseTimeout
 	}
 	lease = min(lease, t.cfg.MaxLease)
 	l := new(Lease)
-	if err := t.acquire(l, t.namespace(ns), key, lease, false, false); err != nil {
+	if err := t.acquire(l, t.namespace(ns), key, lease, false, count); err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-// acquire pins (nss, key) into l and counts the read. internal marks a pin
-// held by the tier itself for a copy (Get, Pin): Close waits for those.
-// quietMiss leaves a miss uncounted, for a caller that reads on elsewhere
-// through a path that counts it (Pin, then Get).
-func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, internal, quietMiss bool) error {
+// countMode says what acquire counts.
+type countMode uint8
+
+const (
+	countRead countMode = iota // a hit or a miss
+	countHit                   // a hit; a miss is counted by the caller's next read (Pin, then Get)
+	countNone                  // nothing: the caller counted this read already
+)
+
+// acquire pins (nss, key) into l and counts the read as count says.
+// internal marks a pin held by the tier itself for a copy (Get, Pin):
+// Close waits for those.
+func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, internal bool, count countMode) error {
 	sh := t.shardFor(nss.id, key)
 	deadline := t.clk.Now().Add(lease).UnixNano()
 	sh.mu.Lock()
@@ -59,7 +84,7 @@ func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, 
 	b, ok := sh.m[nss.id][string(key)]
 	if !ok {
 		sh.mu.Unlock()
-		if !quietMiss {
+		if count == countRead {
 			t.misses.Add(1)
 			nss.misses.Add(1)
 		}
@@ -95,9 +120,11 @@ func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, 
 		}
 		t.pmu.Unlock()
 	}
-	t.hits.Add(1)
-	nss.hits.Add(1)
-	t.bytesOut.Add(b.size)
+	if count != countNone {
+		t.hits.Add(1)
+		nss.hits.Add(1)
+		t.bytesOut.Add(b.size)
+	}
 	return nil
 }
 

@@ -34,7 +34,9 @@ const pinLease = 100 * 365 * 24 * time.Hour
 // evicted nor reclaimed until Release, and Close waits for every pin to be
 // released before it unmaps the arenas. The caller MUST Release it as soon
 // as the copy is done (for a socket write: once the write has completed or
-// failed). Errors: as Get.
+// failed). Errors: as Get; a block whose checksum fails is removed, as by
+// Get, and the Pin counts no read (the caller's Get that follows counts the
+// miss).
 func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
 	if err := t.checkKey(key); err != nil {
 		return nil, err
@@ -43,7 +45,7 @@ func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
 		return nil, err
 	}
 	l := new(Lease)
-	if err := t.acquire(l, t.namespace(ns), key, pinLease, true, true); err != nil {
+	if err := t.acquire(l, t.namespace(ns), key, pinLease, true, countHit); err != nil {
 		return nil, err
 	}
 	b := l.b

@@ -53,6 +53,17 @@ func (t *Tier) now() int64 { return t.clk.Now().UnixNano() }
 // after evicting every evictable block; nothing is evicted then),
 // cache.ErrClosed.
 func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, opts, true)
+}
+
+// Promote is Put for a copy of a block read from a slower tier: the same,
+// except that it does not count as a put of the namespace
+// (NamespaceStats.Puts counts blocks stored by callers, not movement).
+func (t *Tier) Promote(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, opts, false)
+}
+
+func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions, countPut bool) (existed bool, err error) {
 	if err := t.checkKey(key); err != nil {
 		return false, err
 	}
@@ -120,7 +131,9 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 	t.bytesIn.Add(size)
 	nss.blocks.Add(1)
 	nss.bytes.Add(size)
-	nss.puts.Add(1)
+	if countPut {
+		nss.puts.Add(1)
+	}
 	return false, nil
 }
 
@@ -161,7 +174,8 @@ func (t *Tier) freeBlockMem(b *block) {
 // Get copies the value of (ns, key) into dst (reused when its capacity is
 // enough, else a new slice of exactly the value's size) and returns it with
 // the block's Info. The checksum of the copy is verified: on a mismatch Get
-// returns cache.ErrChecksum and no bytes. Errors: cache.ErrNotFound,
+// removes the block (the next Put stores a good copy), counts a miss and a
+// checksum failure, and returns cache.ErrChecksum and no bytes. Errors: cache.ErrNotFound,
 // cache.ErrInvalidKey, cache.ErrChecksum, cache.ErrLeaseExpired (the copy
 // outlived its lease and the block was reclaimed), cache.ErrClosed.
 func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]byte, cache.Info, error) {
@@ -172,7 +186,7 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		return nil, cache.Info{}, err
 	}
 	var l Lease
-	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true, false); err != nil {
+	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true, countRead); err != nil {
 		return nil, cache.Info{}, err
 	}
 	b := l.b
@@ -187,18 +201,61 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		return nil, cache.Info{}, err
 	}
 	if sum != b.crc {
+		// Counted as a hit when pinned; it was a miss.
+		t.misses.Add(1)
+		b.ns.misses.Add(1)
 		return nil, cache.Info{}, t.checksumMismatch(ns, key, b, sum)
 	}
 	return dst, b.info(), nil
 }
 
 // checksumMismatch counts and logs a read of b whose bytes have CRC-32C
-// sum, and returns the error the read reports.
+// sum, removes b (so that Stat and Lookup stop reporting it and the next
+// Put stores a good copy), and returns the error the read reports. The
+// caller has released its pin; the read's hit is taken back here.
 func (t *Tier) checksumMismatch(ns string, key []byte, b *block, sum uint32) error {
 	t.csumFails.Add(1)
+	t.hits.Add(-1)
+	b.ns.hits.Add(-1)
+	t.bytesOut.Add(-b.size)
+	removed := t.unlink(b)
 	t.lg.Error("checksum mismatch", zap.String("ns", ns), zap.String("key", hex.EncodeToString(key)),
-		zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum))
-	return fmt.Errorf("%w: dram block of %d bytes", cache.ErrChecksum, b.size)
+		zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum), zap.Bool("removed", removed))
+	return fmt.Errorf("%w: dram block of %d bytes (removed)", cache.ErrChecksum, b.size)
+}
+
+// unlink removes b from the index if it is still there (not deleted,
+// evicted or replaced meanwhile) and reports whether it did. Its memory is
+// freed as Delete frees it (at once, or at the last release of a pin).
+func (t *Tier) unlink(b *block) bool {
+	sh, nss := b.shard, b.ns
+	sh.mu.Lock()
+	m := sh.m[nss.id]
+	if sh.closed || m[b.key] != b {
+		sh.mu.Unlock()
+		return false
+	}
+	t.unlinkLocked(sh, nss, m, b)
+	sh.mu.Unlock()
+	return true
+}
+
+// unlinkLocked removes b, found in m (sh.m[nss.id]), from the index and the
+// policy, counts it, and frees or parks its memory. sh.mu held.
+func (t *Tier) unlinkLocked(sh *shard, nss *nsState, m map[string]*block, b *block) {
+	delete(m, b.key)
+	if len(m) == 0 {
+		delete(sh.m, nss.id)
+	}
+	b.linked = false
+	t.pmu.Lock()
+	t.policy.Remove(b.id)
+	delete(t.byID, b.id)
+	t.pmu.Unlock()
+	t.dropLocked(sh, b, t.now())
+	t.blocks.Add(-1)
+	nss.blocks.Add(-1)
+	nss.bytes.Add(-b.size)
 }
 
 // Stat returns the Info of (ns, key) and whether it is present. It neither
@@ -282,20 +339,8 @@ func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) 
 		sh.mu.Unlock()
 		return false, nil
 	}
-	delete(m, b.key)
-	if len(m) == 0 {
-		delete(sh.m, nss.id)
-	}
-	b.linked = false
-	t.pmu.Lock()
-	t.policy.Remove(b.id)
-	delete(t.byID, b.id)
-	t.pmu.Unlock()
-	t.dropLocked(sh, b, t.now())
+	t.unlinkLocked(sh, nss, m, b)
 	sh.mu.Unlock()
-	t.blocks.Add(-1)
-	nss.blocks.Add(-1)
-	nss.bytes.Add(-b.size)
 	return true, nil
 }
 

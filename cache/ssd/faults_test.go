@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -293,5 +294,129 @@ func TestDiskFull(t *testing.T) {
 	}
 	if err := tr.Flush(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOpenDiskFull opens the tier on a full tmpfs: New must not fail (nor
+// abort in RocksDB), the tier starts degraded without a database, refuses
+// puts, and a put after the probe interval opens the database once space
+// is back, serving what was stored before.
+func TestOpenDiskFull(t *testing.T) {
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	cfg := testConfig(filepath.Join(mnt, "db"))
+	cfg.WriteBufferSize = 2 * mib
+	cfg.MaxWriteBuffers = 2
+	cfg.BlobFileSize = 4 * mib
+	cfg.ProbeInterval = time.Second
+	clk := cfg.Clock.(*clock.Fake)
+	ctx := context.Background()
+	const n, size = 8, 256 << 10
+
+	tr, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		mustPut(t, tr, "of", key(i), value(uint64(i), size), cache.PutOptions{Durable: i%2 == 0})
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	filler := filepath.Join(mnt, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for chunk := make([]byte, 64<<10); ; {
+		if _, err := f.Write(chunk); err != nil {
+			break
+		}
+	}
+	f.Close()
+
+	tr2 := newTier(t, cfg)
+	h := tr2.Health()
+	if !tr2.Degraded() || h.Open || h.DegradedEvents != 1 {
+		t.Fatalf("opened on a full disk: degraded %v, %+v", tr2.Degraded(), h)
+	}
+	if _, err := tr2.Put(ctx, "of", key(100), value(100, size), cache.PutOptions{Durable: true}); !errors.Is(err, cache.ErrUnavailable) {
+		t.Fatalf("durable put without a database: %v", err)
+	}
+	if _, _, err := tr2.Get(ctx, "of", key(0), nil); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("get without a database: %v", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	mustPut(t, tr2, "of", key(100), value(100, size), cache.PutOptions{Durable: true})
+	if h := tr2.Health(); tr2.Degraded() || !h.Open || h.Recoveries != 1 {
+		t.Fatalf("after space came back: degraded %v, %+v", tr2.Degraded(), h)
+	}
+	good, bad := readAll(t, tr2, "of", n, size)
+	if good != n || bad != 0 {
+		t.Fatalf("after reopening: %d good, %d bad of %d", good, bad, n)
+	}
+	mustGet(t, tr2, "of", key(100), value(100, size))
+}
+
+// TestQuarantine damages a closed database; New must move it aside,
+// count it, and open an empty tier that works.
+func TestQuarantine(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+	}{
+		{"truncated CURRENT", func(t *testing.T, dir string) {
+			if err := os.Truncate(filepath.Join(dir, "CURRENT"), 3); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"flipped MANIFEST byte", func(t *testing.T, dir string) {
+			ms, _ := filepath.Glob(filepath.Join(dir, "MANIFEST-*"))
+			if len(ms) == 0 {
+				t.Fatal("no MANIFEST")
+			}
+			b, err := os.ReadFile(ms[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)/2] ^= 0x01
+			if err := os.WriteFile(ms[0], b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(filepath.Join(t.TempDir(), "db"))
+			tr := newTier(t, cfg)
+			for i := range 4 {
+				mustPut(t, tr, "qu", key(i), value(uint64(i), 64<<10), cache.PutOptions{Durable: true})
+			}
+			if err := tr.Close(); err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(t, cfg.Dir)
+
+			tr2 := newTier(t, cfg)
+			h := tr2.Health()
+			if h.Quarantines != 1 || !strings.HasPrefix(h.QuarantinedTo, cfg.Dir+".quarantine-") || !h.Open || tr2.Degraded() {
+				t.Fatalf("health after opening a damaged database: %+v", h)
+			}
+			if _, err := os.Stat(filepath.Join(h.QuarantinedTo, "CURRENT")); err != nil {
+				t.Fatalf("quarantined copy: %v", err)
+			}
+			if blocks, _, _ := tr2.Recovered(); blocks != 0 {
+				t.Fatalf("recovered %d blocks from a damaged database", blocks)
+			}
+			mustPut(t, tr2, "qu", key(9), value(9, 64<<10), cache.PutOptions{Durable: true})
+			mustGet(t, tr2, "qu", key(9), value(9, 64<<10))
+		})
 	}
 }

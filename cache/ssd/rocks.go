@@ -105,6 +105,15 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.opts.SetMaxTotalWalSize(cfg.WriteBufferSize * 2)
 	s.opts.SetKeepLogFileNum(3)
 	s.opts.SetMaxLogFileSize(8 << 20)
+	// RocksDB's info LOG lives in Dir and its writer (EnvLogger in 7.8)
+	// ignores write errors, but the next line written after a failed one
+	// trips an assertion in WritableFileWriter (`sync_without_flush_called_`),
+	// which Debian's librocksdb is built with: on a full disk that aborted
+	// the process at open, at close and once while serving. Only header
+	// lines (at open) and fatal ones are written; open is not attempted
+	// without openMinFree bytes free (see openChecked), so the header
+	// always fits. The tier logs its own disk errors through zap.
+	s.opts.SetInfoLogLevel(grocksdb.FatalInfoLogLevel)
 	s.opts.SetStatsDumpPeriodSec(0)
 	s.opts.SetStatsPersistPeriodSec(0)
 	s.opts.SetUseDirectReads(cfg.DirectReads)

@@ -5,7 +5,10 @@
 // a column family of its own so that the in-memory index is rebuilt on start
 // without reading block bytes, a byte budget enforced through an
 // evict.Policy, CRC-32C checked on every read, and a degraded mode (no
-// admissions, reads still served) when the disk is full or failing.
+// admissions, reads still served) when the disk is full or failing. A full
+// disk never aborts the process (see openStore and openMinFree), and a
+// database RocksDB finds corrupt at start is moved aside (quarantined)
+// rather than failing New.
 //
 // Its method set is the DRAM tier's (Put, Get, Stat, Delete, Clear, Stats,
 // Close), so a store can demote DRAM evictions into it and promote its hits.
@@ -34,8 +37,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -128,6 +133,8 @@ type Tier struct {
 	checksumFailures, readErrors, writeErrors  atomic.Int64
 	degradedEvents, recoveries, stale          atomic.Int64
 	compactions                                atomic.Int64
+	quarantines                                atomic.Int64
+	quarantinedTo                              atomic.Value // string
 
 	// Test seams; nil in production.
 	hookFreeSpace   func(dir string) (int64, error)
@@ -139,6 +146,16 @@ type Tier struct {
 
 // New validates cfg, opens (or creates) the database in cfg.Dir and
 // rebuilds the index from the metadata family.
+//
+// A full disk does not fail New: when the filesystem has less than
+// openMinFree bytes free, or RocksDB cannot open for lack of space, the
+// tier starts degraded and without a database (no blocks; puts refused
+// with cache.ErrUnavailable) and a put after ProbeInterval opens it once
+// space is back. A database RocksDB reports as corrupt (a damaged SST or
+// MANIFEST, a truncated CURRENT) does not fail New either: it is moved
+// aside to Dir + ".quarantine-<UTC time>", logged, counted
+// (Health().Quarantines) and the tier starts empty. Other errors (bad
+// config, the database locked by another process) fail New.
 func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 	if lg == nil {
 		lg = zap.NewNop()
@@ -150,21 +167,16 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		return nil, fmt.Errorf("ssd: create dir: %w", err)
 	}
 	start := time.Now()
-	st, err := openStore(&cfg)
-	if err != nil {
-		return nil, err
-	}
 	t := &Tier{
 		cfg:     cfg,
 		lg:      lg.Named("cache.ssd"),
 		clk:     cfg.Clock,
-		st:      st,
 		flights: make(map[string]*flight),
 		nss:     make(map[string]*nsStats),
 	}
-	blocks, bytes, err := t.rebuild()
+	t.resetIndex()
+	blocks, bytes, err := t.openAtStart()
 	if err != nil {
-		st.close()
 		return nil, err
 	}
 	t.recBlocks, t.recBytes, t.recTook = blocks, bytes, time.Since(start)
@@ -174,8 +186,108 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		zap.Int64("recovered_bytes", bytes),
 		zap.Duration("took", t.recTook),
 		zap.Int64("capacity", cfg.Capacity),
+		zap.Bool("degraded", t.degraded.Load()),
 		zap.String("rocksdb_crc32c", rocksCRC()))
 	return t, nil
+}
+
+// openMinFree is the free space below which the tier does not open (or
+// reopen) RocksDB: opening writes the info LOG header, a MANIFEST, an
+// OPTIONS file and a WAL, and librocksdb 7.8 aborts the process when its
+// info LOG writer is used again after a failed write (see openStore).
+const openMinFree = 4 << 20
+
+// errDiskFull is returned by openChecked when the disk lacks openMinFree.
+var errDiskFull = errors.New("ssd: disk full")
+
+// openChecked opens the store unless the disk is (nearly) full.
+func (t *Tier) openChecked() (*store, error) {
+	if free, ok := t.diskFree(); ok && free < openMinFree {
+		return nil, fmt.Errorf("%w: %d bytes free in %s (opening needs %d)", errDiskFull, free, t.cfg.Dir, openMinFree)
+	}
+	return openStore(&t.cfg)
+}
+
+// openAtStart opens the database and rebuilds the index for New, starting
+// degraded on a full disk and quarantining a corrupt database.
+func (t *Tier) openAtStart() (blocks, bytes int64, err error) {
+	for attempt := 0; ; attempt++ {
+		var st *store
+		st, err = t.openChecked()
+		if err == nil {
+			t.st = st
+			if blocks, bytes, err = t.rebuild(); err == nil {
+				break
+			}
+			t.st = nil
+			st.close()
+		}
+		switch {
+		case isNoSpace(err):
+			t.wmu.Lock()
+			t.degradeLocked("disk full at start: no database open", zap.Error(err))
+			t.wmu.Unlock()
+			return 0, 0, nil
+		case isCorruptStore(err) && attempt == 0:
+			if qerr := t.quarantine(err); qerr != nil {
+				return 0, 0, qerr
+			}
+			continue
+		default:
+			return 0, 0, err
+		}
+	}
+	if free, ok := t.freeSpace(); ok && free < t.cfg.MinFreeBytes {
+		t.wmu.Lock()
+		t.degradeLocked("low free space at start", zap.Int64("free_bytes", free))
+		t.wmu.Unlock()
+	}
+	return blocks, bytes, nil
+}
+
+// quarantine moves the corrupt database in Dir aside and creates an empty
+// Dir. The moved copy is kept for inspection; delete it by hand (it still
+// takes disk space).
+func (t *Tier) quarantine(cause error) error {
+	dir := filepath.Clean(t.cfg.Dir)
+	to := dir + ".quarantine-" + time.Now().UTC().Format("20060102T150405.000Z")
+	if err := os.Rename(dir, to); err != nil {
+		return fmt.Errorf("ssd: quarantine corrupt database (%v): %w", cause, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("ssd: create dir after quarantine: %w", err)
+	}
+	t.quarantines.Add(1)
+	t.quarantinedTo.Store(to)
+	t.lg.Error("ssd database corrupt: moved aside, starting with an empty ssd tier",
+		zap.Error(cause), zap.String("dir", dir), zap.String("moved_to", to))
+	return nil
+}
+
+// isNoSpace reports whether err means the disk is full.
+func isNoSpace(err error) bool {
+	return errors.Is(err, errDiskFull) || errors.Is(err, syscall.ENOSPC) ||
+		(err != nil && strings.Contains(err.Error(), "No space left on device"))
+}
+
+// isCorruptStore reports whether opening or scanning the database failed
+// because RocksDB found its files damaged.
+func isCorruptStore(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Corruption:")
+}
+
+// diskFree returns the bytes available to us on Dir's filesystem (always
+// checked, unlike freeSpace); ok is false when statfs fails.
+func (t *Tier) diskFree() (int64, bool) {
+	if t.hookFreeSpace != nil {
+		n, err := t.hookFreeSpace(t.cfg.Dir)
+		return n, err == nil
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(t.cfg.Dir, &fs); err != nil {
+		return 0, false
+	}
+	return int64(fs.Bavail) * int64(fs.Bsize), true
 }
 
 // Recovered reports what New found on disk: blocks, their value bytes, and
@@ -385,11 +497,12 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 	return out, info, nil
 }
 
+// missLocked counts a miss of ns, also for a namespace that has never had
+// a block here: in the store, every read that misses DRAM asks this tier,
+// so its namespace misses are the store's. mu held.
 func (t *Tier) missLocked(ns string) {
 	t.misses.Add(1)
-	if ss := t.nss[ns]; ss != nil {
-		ss.misses++
-	}
+	t.nsLocked(ns).misses++
 }
 
 // Stat returns the metadata of (ns, key) without reading the block.
@@ -548,6 +661,13 @@ type Health struct {
 	// DiskBytes is the size of the live SST and blob files (RocksDB's
 	// view; excludes WAL, logs and memtables).
 	DiskBytes int64
+	// Open is false while the tier has no database open (the disk was
+	// full at start, or a reopen failed); it is degraded then.
+	Open bool
+	// Quarantines counts corrupt databases New moved aside (0 or 1);
+	// QuarantinedTo is where the last one went.
+	Quarantines   int64
+	QuarantinedTo string
 }
 
 // Health returns the tier's disk state and error counters.
@@ -561,10 +681,13 @@ func (t *Tier) Health() Health {
 		WriteErrors:      t.writeErrors.Load(),
 		StaleEntries:     t.stale.Load(),
 		Compactions:      t.compactions.Load(),
+		Quarantines:      t.quarantines.Load(),
 	}
+	h.QuarantinedTo, _ = t.quarantinedTo.Load().(string)
 	t.dbMu.RLock()
 	if t.st != nil {
 		h.DiskBytes = t.st.diskBytes()
+		h.Open = true
 	}
 	t.dbMu.RUnlock()
 	return h
@@ -645,6 +768,24 @@ func (t *Tier) removeLocked(e *entry) {
 	s.bytes -= e.size
 }
 
+// resetIndex empties the index.
+func (t *Tier) resetIndex() {
+	t.mu.Lock()
+	t.resetIndexLocked(0)
+	t.mu.Unlock()
+}
+
+// resetIndexLocked empties the index, sized for n entries. mu held.
+func (t *Tier) resetIndexLocked(n int) {
+	t.index = make(map[string]*entry, n)
+	t.byID = make(map[uint64]*entry, n)
+	t.policy = t.cfg.Policy()
+	t.used = 0
+	for _, s := range t.nss {
+		s.blocks, s.bytes = 0, 0
+	}
+}
+
 func (t *Tier) restoreLocked(es []*entry) {
 	for _, e := range es {
 		t.insertLocked(e)
@@ -682,13 +823,7 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 	sort.SliceStable(es, func(i, j int) bool { return es[i].access < es[j].access })
 
 	t.mu.Lock()
-	t.index = make(map[string]*entry, len(es))
-	t.byID = make(map[uint64]*entry, len(es))
-	t.policy = t.cfg.Policy()
-	t.used = 0
-	for _, s := range t.nss {
-		s.blocks, s.bytes = 0, 0
-	}
+	t.resetIndexLocked(len(es))
 	for _, e := range es {
 		t.insertLocked(e)
 	}
@@ -861,15 +996,7 @@ func (t *Tier) freeSpace() (int64, bool) {
 	if t.cfg.MinFreeBytes == 0 && t.hookFreeSpace == nil {
 		return 0, false
 	}
-	if t.hookFreeSpace != nil {
-		n, err := t.hookFreeSpace(t.cfg.Dir)
-		return n, err == nil
-	}
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs(t.cfg.Dir, &fs); err != nil {
-		return 0, false
-	}
-	return int64(fs.Bavail) * int64(fs.Bsize), true
+	return t.diskFree()
 }
 
 // degradeLocked enters degraded mode (once; later calls are no-ops). wmu
@@ -938,7 +1065,7 @@ func (t *Tier) reopenLocked() error {
 		t.st.close()
 		t.st = nil
 	}
-	st, err := openStore(&t.cfg)
+	st, err := t.openChecked()
 	if err == nil {
 		t.st = st
 	}

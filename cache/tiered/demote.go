@@ -3,7 +3,6 @@ package tiered
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -203,6 +202,12 @@ type flight struct {
 // the leader re-checks DRAM first (a flight that just ended promoted it).
 // The returned slice is shared: callers copy it.
 func (s *Store) fetch(ctx context.Context, ns string, key []byte) ([]byte, cache.Info, error) {
+	return s.fetchFor(ctx, ns, key, false)
+}
+
+// fetchFor is fetch; prefetch marks a read by the prefetcher, which is not
+// a read of the caller's and is not counted as a hit (see Stats).
+func (s *Store) fetchFor(ctx context.Context, ns string, key []byte, prefetch bool) ([]byte, cache.Info, error) {
 	fk := fkey(ns, key)
 	s.fmu.Lock()
 	if f := s.flights[fk]; f != nil {
@@ -220,7 +225,7 @@ func (s *Store) fetch(ctx context.Context, ns string, key []byte) ([]byte, cache
 
 	// The flight serves every waiter: the leader's cancellation must not
 	// fail the others (each waiter still honours its own ctx above).
-	f.value, f.info, f.err = s.readBelow(context.WithoutCancel(ctx), fk, ns, key)
+	f.value, f.info, f.err = s.readBelow(context.WithoutCancel(ctx), fk, ns, key, prefetch)
 
 	s.fmu.Lock()
 	delete(s.flights, fk)
@@ -229,11 +234,14 @@ func (s *Store) fetch(ctx context.Context, ns string, key []byte) ([]byte, cache
 	return f.value, f.info, f.err
 }
 
-func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte) ([]byte, cache.Info, error) {
+func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte, prefetch bool) ([]byte, cache.Info, error) {
 	// Re-check DRAM inside the flight: a flight that ended between our
-	// miss and now has promoted the block.
-	if v, info, err := s.dram.Get(ctx, ns, key, nil); err == nil {
-		return v, info, nil
+	// miss and now has promoted the block. Stat first, so that the usual
+	// case (still absent) does not count a second DRAM miss.
+	if _, ok := s.dram.Stat(ctx, ns, key); ok {
+		if v, info, err := s.dram.Get(ctx, ns, key, nil); err == nil {
+			return v, info, nil
+		}
 	}
 	s.qmu.Lock()
 	it := s.pending[fk]
@@ -242,15 +250,20 @@ func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte) ([]byt
 	var info cache.Info
 	if it != nil {
 		v, info = it.value, it.info
-		s.queueHits.Add(1)
-		c, _ := s.nsQueueHits.LoadOrStore(ns, new(atomic.Int64))
-		c.(*atomic.Int64).Add(1)
+		if !prefetch {
+			s.queueHits.Add(1)
+			nsCounter(&s.nsQueueHits, ns).Add(1)
+		}
 	} else {
 		var err error
 		s.ssdReads.Add(1)
 		v, info, err = s.ssd.Get(ctx, ns, key, nil)
 		if err != nil {
 			return nil, cache.Info{}, err
+		}
+		if prefetch {
+			s.prefetchReads.Add(1)
+			nsCounter(&s.nsPrefetchReads, ns).Add(1)
 		}
 	}
 	s.promote(ctx, ns, key, v, info)
@@ -265,7 +278,7 @@ func (s *Store) promote(ctx context.Context, ns string, key, v []byte, info cach
 	}
 	opts := cache.PutOptions{Depth: info.Depth}
 	s.track(ns, key, opts)
-	existed, err := s.dram.Put(ctx, ns, key, v, opts)
+	existed, err := s.dram.Promote(ctx, ns, key, v, opts)
 	switch {
 	case err != nil:
 		s.untrack(fkey(ns, key))
@@ -326,7 +339,7 @@ func (s *Store) prefetcher() {
 			if _, ok := s.dram.Stat(ctx, r.ns, r.key); ok {
 				continue
 			}
-			_, _, _ = s.fetch(ctx, r.ns, r.key)
+			_, _, _ = s.fetchFor(ctx, r.ns, r.key, true)
 		}
 	}
 }

@@ -6,7 +6,9 @@
 // # Movement between tiers
 //
 //   - Put lands in DRAM. A durable put (cache.PutOptions.Durable) is first
-//     written through to SSD with its WAL synced, then put in DRAM.
+//     written through to SSD with its WAL synced, then put in DRAM; it is
+//     refused (cache.ErrUnavailable) when the SSD tier is degraded or
+//     absent, never acknowledged without being durable.
 //   - Demotion: the DRAM tier calls the store for each block it evicts
 //     (dram.Config.OnEvict, under DRAM's eviction mutex). The store copies
 //     the bytes into a bounded queue (QueueBlocks, QueueBytes) and returns;
@@ -69,7 +71,7 @@ type Config struct {
 	// sets it.
 	DRAM dram.Config
 	// SSD configures the SSD tier; nil runs DRAM only (durable puts are
-	// then accepted and not persisted, as cache.PutOptions documents).
+	// then refused with ErrNotDurable: nothing could make them durable).
 	SSD *ssd.Config
 	// QueueBlocks bounds the demotion queue in blocks (default 1024).
 	QueueBlocks int
@@ -218,8 +220,24 @@ type Store struct {
 	promotions, demotions, demotionsDropped, demotionErrors atomic.Int64
 	queueHits, ssdReads, prefetchQueued, prefetchDropped    atomic.Int64
 	spilled, spillMissed, watermarkEvictions                atomic.Int64
-	durablePuts                                             atomic.Int64
+	durablePuts, prefetchReads                              atomic.Int64
 	nsQueueHits                                             sync.Map // ns → *atomic.Int64
+	nsPrefetchReads                                         sync.Map // ns → *atomic.Int64: SSD reads by the prefetcher
+	nsSSDPuts                                               sync.Map // ns → *atomic.Int64: puts stored in SSD only
+}
+
+// nsCounter returns the counter of ns in m, creating it.
+func nsCounter(m *sync.Map, ns string) *atomic.Int64 {
+	c, _ := m.LoadOrStore(ns, new(atomic.Int64))
+	return c.(*atomic.Int64)
+}
+
+// nsCount returns the counter of ns in m, 0 if none.
+func nsCount(m *sync.Map, ns string) int64 {
+	if c, ok := m.Load(ns); ok {
+		return c.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 type keyRef struct {
@@ -314,11 +332,17 @@ func (s *Store) untrack(fk string) {
 	s.kmu.Unlock()
 }
 
+// ErrNotDurable is returned (it matches cache.ErrUnavailable) for a
+// durable put on a store without an SSD tier.
+var ErrNotDurable = fmt.Errorf("%w: tiered: no ssd tier, a durable put cannot be made durable", cache.ErrUnavailable)
+
 // Put stores value under (ns, key) in DRAM. A key present in any tier is
 // left as it is (existed = true). With opts.Durable and an SSD tier, the
 // block is written to SSD with its WAL synced before Put returns, then put
-// in DRAM; an SSD failure fails the put. When DRAM cannot make room (every
-// block pinned) a non-durable put goes to SSD directly. Errors are the
+// in DRAM; an SSD failure (degraded tier: cache.ErrUnavailable) fails the
+// put, and without an SSD tier a durable put fails with ErrNotDurable.
+// When DRAM cannot make room (every block pinned) a non-durable put goes
+// to SSD directly. Errors are the
 // tiers' (cache.ErrInvalidKey, cache.ErrTooLarge, cache.ErrNoSpace,
 // cache.ErrUnavailable, cache.ErrClosed).
 func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
@@ -326,6 +350,9 @@ func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cach
 		return false, cache.ErrClosed
 	}
 	if s.ssd == nil {
+		if opts.Durable {
+			return false, ErrNotDurable
+		}
 		return s.dram.Put(ctx, ns, key, value, opts)
 	}
 	fk := fkey(ns, key)
@@ -341,6 +368,7 @@ func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cach
 		s.track(ns, key, opts)
 		if _, err := s.dram.Put(ctx, ns, key, value, opts); err != nil {
 			s.untrack(fk)
+			nsCounter(&s.nsSSDPuts, ns).Add(1)
 			s.lg.Debug("durable put kept in ssd only", zap.Error(err))
 		}
 		return false, nil
@@ -360,7 +388,11 @@ func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cach
 		s.untrack(fk)
 		if errors.Is(err, cache.ErrNoSpace) {
 			// DRAM is pinned full: the block can still be cached below.
-			return s.ssd.Put(ctx, ns, key, value, opts)
+			existed, err = s.ssd.Put(ctx, ns, key, value, opts)
+			if err == nil && !existed {
+				nsCounter(&s.nsSSDPuts, ns).Add(1)
+			}
+			return existed, err
 		}
 	}
 	return existed, err
@@ -474,17 +506,32 @@ func (s *Store) Clear(ctx context.Context, ns string) (int64, error) {
 }
 
 // Stats returns the tiers' counters (dram, then ssd) and per-namespace
-// counters summed over the tiers: Blocks and Bytes count copies (a block
-// in both tiers counts twice); Hits are reads served by either tier or by
-// the demotion queue (concurrent misses sharing one read count once);
-// Misses and Evictions are the SSD tier's (a DRAM miss served by SSD is a
-// hit, a DRAM eviction is a demotion) when there is one; Puts are DRAM's.
+// counters summed over the tiers, so that each read the store serves
+// counts once:
+//   - Blocks and Bytes count copies (a block in both tiers counts twice).
+//   - Hits are reads served by either tier or by the demotion queue; a
+//     read that misses DRAM and is served by SSD is one hit (SSD's).
+//   - Misses are reads no tier could serve (the SSD tier's misses: every
+//     read that misses DRAM asks SSD).
+//   - Puts are blocks stored by Put or a zero-copy commit: DRAM's, plus
+//     those stored in SSD only (DRAM full, or a durable put whose DRAM copy
+//     failed); promotions, demotions and the stop spill are movement, not
+//     puts.
+//   - Evictions are the SSD tier's (a DRAM eviction is a demotion).
+//
+// Reads by Prefetch are not reads of the caller: they count as neither
+// hits nor misses, in the namespace and in the ssd tier figures (the
+// caller's later read of the promoted block is a DRAM hit). Concurrent
+// misses of one key that share one SSD read count one hit.
 func (s *Store) Stats() cache.Stats {
 	st := s.dram.Stats()
 	if s.ssd == nil {
 		return st
 	}
 	ss := s.ssd.Stats()
+	for i := range ss.Tiers {
+		ss.Tiers[i].Hits -= s.prefetchReads.Load()
+	}
 	st.Tiers = append(st.Tiers, ss.Tiers...)
 	byNS := map[string]*cache.NamespaceStats{}
 	for i := range st.Namespaces {
@@ -507,9 +554,9 @@ func (s *Store) Stats() cache.Stats {
 	}
 	st.Namespaces = append(st.Namespaces, extra...)
 	for i := range st.Namespaces {
-		if v, ok := s.nsQueueHits.Load(st.Namespaces[i].Namespace); ok {
-			st.Namespaces[i].Hits += v.(*atomic.Int64).Load()
-		}
+		n := &st.Namespaces[i]
+		n.Hits += nsCount(&s.nsQueueHits, n.Namespace) - nsCount(&s.nsPrefetchReads, n.Namespace)
+		n.Puts += nsCount(&s.nsSSDPuts, n.Namespace)
 	}
 	slices.SortFunc(st.Namespaces, func(a, b cache.NamespaceStats) int { return strings.Compare(a.Namespace, b.Namespace) })
 	return st

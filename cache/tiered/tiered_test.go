@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -360,10 +361,15 @@ func TestDurableWritesThrough(t *testing.T) {
 	if existed, err := s.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); err != nil || !existed {
 		t.Fatalf("second durable put: %v %v", existed, err)
 	}
-	// DRAM only: durable is accepted and ignored.
+	// DRAM only: a durable put cannot be made durable, so it is refused
+	// (it used to be acknowledged and lost at the next stop), and nothing
+	// is stored.
 	d := newStore(t, testConfig(t, 8*mib, ""))
-	if _, err := d.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); err != nil {
-		t.Fatal(err)
+	if _, err := d.Put(ctx, "ns", key(1), value(1, mib), cache.PutOptions{Durable: true}); !errors.Is(err, cache.ErrUnavailable) {
+		t.Fatalf("durable put without an ssd tier: %v, want cache.ErrUnavailable", err)
+	}
+	if _, ok := d.Stat(ctx, "ns", key(1)); ok {
+		t.Fatal("refused durable put stored the block")
 	}
 	if d.Prefetch(ctx, "ns", [][]byte{key(1)}) != 0 || d.Movement().SSD != nil {
 		t.Fatal("dram-only store prefetched or reports an ssd")
@@ -554,4 +560,78 @@ func TestPresentPrefix(t *testing.T) {
 	if got := s.PresentPrefix(ctx, "other", all); got != 0 {
 		t.Fatalf("unknown namespace: %d", got)
 	}
+}
+
+// TestStatsCountEachRead: each read of the store counts once, whichever
+// path serves it (Get, Acquire, after Prefetch), and movement is not
+// counted as puts or reads.
+func TestStatsCountEachRead(t *testing.T) {
+	s := newStore(t, testConfig(t, 8*mib, t.TempDir()))
+	const size = 64 << 10
+	for i := range 3 { // SSD only
+		if _, err := s.ssd.Put(ctx, "ns", key(i), value(uint64(i), size), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type counts struct{ dramHits, dramMisses, ssdHits, ssdMisses, nsHits, nsMisses, nsPuts, promotions int64 }
+	check := func(step string, want counts) {
+		t.Helper()
+		st := s.Stats()
+		var got counts
+		got.dramHits, got.dramMisses = st.Tiers[0].Hits, st.Tiers[0].Misses
+		got.ssdHits, got.ssdMisses = st.Tiers[1].Hits, st.Tiers[1].Misses
+		for _, n := range st.Namespaces {
+			if n.Namespace == "ns" {
+				got.nsHits, got.nsMisses, got.nsPuts = n.Hits, n.Misses, n.Puts
+			}
+		}
+		got.promotions = s.Movement().Promotions
+		if got != want {
+			t.Fatalf("after %s: %+v, want %+v", step, got, want)
+		}
+	}
+	if _, _, err := s.Get(ctx, "ns", key(0), nil); err != nil {
+		t.Fatal(err)
+	}
+	check("a Get of an SSD-only block", counts{0, 1, 1, 0, 1, 0, 0, 1})
+	if _, _, err := s.Get(ctx, "ns", key(0), nil); err != nil {
+		t.Fatal(err)
+	}
+	check("a DRAM hit", counts{1, 1, 1, 0, 2, 0, 0, 1})
+	l, err := s.Acquire(ctx, "ns", key(1), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	check("an Acquire of an SSD-only block", counts{1, 2, 2, 0, 3, 0, 0, 2})
+	if s.Prefetch(ctx, "ns", [][]byte{key(2)}) != 1 {
+		t.Fatal("prefetch queued nothing")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if info, ok := s.Stat(ctx, "ns", key(2)); ok && info.Tier == dram.TierName {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("prefetched block never reached DRAM")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	check("a prefetch", counts{1, 2, 2, 0, 3, 0, 0, 3})
+	if _, _, err := s.Get(ctx, "ns", key(9), nil); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatal(err)
+	}
+	check("a miss", counts{1, 3, 2, 1, 3, 1, 0, 3})
+	if _, _, err := s.Get(ctx, "other", key(9), nil); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if n := s.Stats().Namespaces; n[slices.IndexFunc(n, func(n cache.NamespaceStats) bool { return n.Namespace == "other" })].Misses != 1 {
+		t.Fatalf("miss of a namespace the SSD tier never held: %+v", n)
+	}
+	if _, err := s.Put(ctx, "ns", key(10), value(10, size), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, "ns", key(11), value(11, size), cache.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	check("two puts", counts{1, 4, 2, 2, 3, 1, 2, 3})
 }

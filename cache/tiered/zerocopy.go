@@ -40,7 +40,8 @@ func (s *Store) Acquire(ctx context.Context, ns string, key []byte, lease time.D
 	if _, _, ferr := s.fetch(ctx, ns, key); ferr != nil {
 		return nil, err
 	}
-	return s.dram.Acquire(ctx, ns, key, lease)
+	// The read was counted: a DRAM miss, then a hit below.
+	return s.dram.AcquireUncounted(ctx, ns, key, lease)
 }
 
 // Reap forwards to the DRAM tier.

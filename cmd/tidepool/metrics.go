@@ -89,6 +89,7 @@ type metrics struct {
 	reg      *prometheus.Registry
 	calls    *prometheus.HistogramVec
 	ready    atomic.Bool
+	notes    func() []string // conditions /readyz reports while ready (nil: none)
 	srv      *http.Server
 	ln       net.Listener
 	lg       *zap.Logger
@@ -139,6 +140,11 @@ func (m *metrics) listen(addr string) error {
 			return
 		}
 		w.Write([]byte("ready\n"))
+		if m.notes != nil {
+			for _, n := range m.notes() {
+				w.Write([]byte("degraded: " + n + "\n"))
+			}
+		}
 	})
 	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { m.serveErr <- m.srv.Serve(ln) }()

@@ -110,6 +110,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 
 	m := newMetrics(store.Stats, lg.Named("metrics"))
 	m.reg.MustRegister(newMovementCollector(store))
+	m.notes = func() []string { return storeNotes(store) }
 	m.reg.MustRegister(newZeroCopyCollector(p))
 	if cfg.MetricsAddr != "" {
 		if err := m.listen(cfg.MetricsAddr); err != nil {

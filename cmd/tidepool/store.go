@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -88,10 +89,15 @@ func ssdCapacity(cfg Config, lg *zap.Logger) (int64, error) {
 		return cfg.SSDCapacity, nil
 	}
 	if room < 64<<20 || room < cfg.MaxValueSize {
-		lg.Warn("not enough disk for the ssd tier: running DRAM only",
+		// Not DRAM only: that acknowledged durable puts it could not keep.
+		// The tier opens degraded (or, with no room to open RocksDB, without
+		// a database) and refuses puts until space is freed.
+		capacity := min(cfg.SSDCapacity, max(64<<20, cfg.MaxValueSize))
+		lg.Warn("not enough disk for the ssd tier: it starts degraded",
 			zap.String("dir", dir), zap.String("free", units.FormatBytes(free)),
-			zap.String("ssd_min_free", units.FormatBytes(cfg.SSDMinFree)))
-		return 0, nil
+			zap.String("ssd_min_free", units.FormatBytes(cfg.SSDMinFree)),
+			zap.String("ssd_capacity", units.FormatBytes(capacity)))
+		return capacity, nil
 	}
 	lg.Warn("ssd_capacity capped by the free disk space",
 		zap.String("ssd_capacity", units.FormatBytes(cfg.SSDCapacity)), zap.String("capped_to", units.FormatBytes(room)))
@@ -107,7 +113,33 @@ func reportRecovery(s *tiered.Store, lg *zap.Logger, stdout io.Writer) {
 	}
 	blocks, bytes, took := t.Recovered()
 	lg.Info("ssd tier recovered", zap.Int64("blocks", blocks), zap.Int64("bytes", bytes), zap.Duration("took", took))
-	fmt.Fprintf(stdout, "ssd tier: recovered %d blocks (%s) in %s\n", blocks, units.FormatBytes(bytes), took.Round(100_000))
+	note := ""
+	if n := storeNotes(s); len(n) > 0 {
+		note = " (degraded: " + strings.Join(n, "; ") + ")"
+	}
+	fmt.Fprintf(stdout, "ssd tier: recovered %d blocks (%s) in %s%s\n", blocks, units.FormatBytes(bytes), took.Round(100_000), note)
+}
+
+// storeNotes lists what /readyz reports about the store while the sidecar
+// serves (and so stays ready): an SSD tier that refuses blocks, has no
+// database open, or started empty after quarantining a corrupt one.
+func storeNotes(s *tiered.Store) []string {
+	t := s.SSD()
+	if t == nil {
+		return nil
+	}
+	h := t.Health()
+	var notes []string
+	switch {
+	case !h.Open:
+		notes = append(notes, "ssd tier has no database open (disk full?): puts refused, ssd reads miss")
+	case h.Degraded:
+		notes = append(notes, "ssd tier refuses new blocks (disk full or failing); durable puts refused")
+	}
+	if h.Quarantines > 0 {
+		notes = append(notes, "ssd database was corrupt, moved to "+h.QuarantinedTo+"; started with an empty ssd tier")
+	}
+	return notes
 }
 
 // movementCollector exports the tiered store's movement counters and the
@@ -117,6 +149,7 @@ type movementCollector struct {
 
 	promotions, demotions, dropped, demoteErrs, qBlocks, qBytes, pfQueued, pfDropped *prometheus.Desc
 	degraded, degradedEvents, diskBytes, writeErrs, readErrs, recBlocks, recBytes    *prometheus.Desc
+	ssdOpen, quarantined                                                             *prometheus.Desc
 }
 
 func newMovementCollector(s *tiered.Store) *movementCollector {
@@ -138,12 +171,14 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 		readErrs:       d("tidepool_ssd_read_errors_total", "SSD reads that failed in RocksDB (counted as checksum failures too)."),
 		recBlocks:      d("tidepool_ssd_recovered_blocks", "Blocks the SSD tier found on disk at start."),
 		recBytes:       d("tidepool_ssd_recovered_bytes", "Value bytes the SSD tier found on disk at start."),
+		ssdOpen:        d("tidepool_ssd_open", "1 while the SSD tier has its database open, 0 while it has none (disk full at start, failed reopen)."),
+		quarantined:    d("tidepool_ssd_quarantined_total", "Corrupt SSD databases moved aside at start (the tier then started empty)."),
 	}
 }
 
 func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
-		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes} {
+		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined} {
 		ch <- d
 	}
 }
@@ -173,6 +208,12 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- m(c.readErrs, ctr, float64(h.ReadErrors))
 		ch <- m(c.recBlocks, g, float64(blocks))
 		ch <- m(c.recBytes, g, float64(bytes))
+		open := 0.0
+		if h.Open {
+			open = 1
+		}
+		ch <- m(c.ssdOpen, g, open)
+		ch <- m(c.quarantined, ctr, float64(h.Quarantines))
 	}
 }
 

@@ -1,0 +1,510 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/client"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+)
+
+// mountTmpfs mounts a tmpfs of size (as mount(8) takes it: "128m") on a
+// fresh directory and unmounts it at the end of the test; it skips the test
+// where mounting is not allowed.
+func mountTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	return mnt
+}
+
+// fillDisk appends to a file in dir until the filesystem refuses more
+// bytes and returns its path.
+func fillDisk(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("filling %s: %v", dir, err)
+			}
+			break
+		}
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if free := int64(st.Bavail) * st.Bsize; free != 0 {
+		t.Fatalf("%d bytes still free after filling %s", free, dir)
+	}
+	return path
+}
+
+// scrape returns the value of the sample named exactly name (with its
+// labels, as exposed: `tidepool_tier_hits_total{tier="ssd"}`) in d's
+// /metrics; absent samples fail the test.
+func scrape(t *testing.T, d *daemon, names ...string) []float64 {
+	t.Helper()
+	body := httpGet(t, "http://"+d.metrics+"/metrics")
+	vals := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			vals[line[:i]] = v
+		}
+	}
+	out := make([]float64, len(names))
+	for i, n := range names {
+		v, ok := vals[n]
+		if !ok {
+			t.Fatalf("metric %s not exported", n)
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// TestServeDiskFull runs a real sidecar with its data_dir on a small tmpfs:
+// the disk fills while it serves, it is stopped and started again several
+// times on the full disk, then space is freed. It must never abort (SIGTERM
+// exits 0 every time), must refuse durable puts it cannot make durable, and
+// must serve everything durable again once space is back.
+func TestServeDiskFull(t *testing.T) {
+	mnt := mountTmpfs(t, "160m")
+	dataDir := filepath.Join(mnt, "data")
+	ctx := context.Background()
+	// More than 64 MiB on disk: a start on the full disk opens the tier
+	// (before the fix this aborted in RocksDB's open).
+	const durable = 72
+
+	// Serving while the disk fills.
+	d, _ := startServeIn(t, dataDir)
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range durable {
+		if _, err := c.PutWith(ctx, "df", rkey(i), restartValue(i, 1<<20), client.PutOptions{Durable: true}); err != nil {
+			t.Fatalf("durable put %d: %v", i, err)
+		}
+	}
+	filler := fillDisk(t, mnt)
+	// Best-effort puts go on in DRAM; their demotions hit ENOSPC.
+	for i := 100; i < 160; i++ {
+		if _, err := c.PutWith(ctx, "df", rkey(i), restartValue(i, 1<<20), client.PutOptions{}); err != nil {
+			t.Fatalf("best-effort put %d on a full disk: %v", i, err)
+		}
+	}
+	// Durable puts are refused once RocksDB hits ENOSPC; the WAL's
+	// preallocated space may take a few first, and those must survive.
+	accepted := []int{}
+	for i := 1000; ; i++ {
+		_, err = c.PutWith(ctx, "df", rkey(i), restartValue(i, 1<<20), client.PutOptions{Durable: true})
+		if err == nil {
+			accepted = append(accepted, i)
+			if len(accepted) > 64 {
+				t.Fatal("64 durable puts of 1 MiB accepted on a full disk")
+			}
+			continue
+		}
+		if client.CodeOf(err) != client.CodeUnavailable {
+			t.Fatalf("durable put on a full disk: %v, want UNAVAILABLE", err)
+		}
+		break
+	}
+	t.Logf("%d durable puts accepted on the full disk (space RocksDB had reserved) before the first refusal", len(accepted))
+	if v := scrape(t, d, "tidepool_ssd_degraded"); v[0] != 1 {
+		t.Fatalf("tidepool_ssd_degraded = %v on a full disk", v[0])
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM) // fails the test unless the exit is 0
+	stops := 1
+
+	// Starting and stopping on the full disk.
+	const cycles = 3
+	for cycle := range cycles {
+		fillDisk(t, mnt) // a stop or a start may have freed a little
+		d, _ := startServeIn(t, dataDir)
+		ready := httpGet(t, "http://"+d.metrics+"/readyz")
+		if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier") {
+			t.Fatalf("cycle %d: /readyz %q", cycle, ready)
+		}
+		if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_open"); v[0] != 1 || v[1] != 0 {
+			t.Fatalf("cycle %d: degraded %v, open %v", cycle, v[0], v[1])
+		}
+		c, err := client.New(d.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := rkey(2000 + cycle)
+		if _, err := c.PutWith(ctx, "df", k, restartValue(2000, 1<<20), client.PutOptions{Durable: true}); client.CodeOf(err) != client.CodeUnavailable {
+			t.Fatalf("cycle %d: durable put: %v, want UNAVAILABLE", cycle, err)
+		}
+		if _, found, err := c.Get(ctx, "df", k); err != nil || found {
+			t.Fatalf("cycle %d: refused durable put is readable (found %v, %v)", cycle, found, err)
+		}
+		if _, err := c.PutWith(ctx, "df", k, restartValue(2000, 1<<20), client.PutOptions{}); err != nil {
+			t.Fatalf("cycle %d: best-effort put: %v", cycle, err)
+		}
+		if got, found, err := c.Get(ctx, "df", k); err != nil || !found || !bytes.Equal(got, restartValue(2000, 1<<20)) {
+			t.Fatalf("cycle %d: get of a best-effort block: found %v, %v", cycle, found, err)
+		}
+		c.Close()
+		d.stop(t, syscall.SIGTERM)
+		stops++
+	}
+
+	// Space is back: every durable block is served again, and durable
+	// puts are accepted.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	d, recovered := startServeIn(t, dataDir)
+	if recovered < durable+len(accepted) {
+		t.Fatalf("recovered %d blocks after freeing space, want at least the %d durable ones", recovered, durable+len(accepted))
+	}
+	c, err = client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	kept := accepted
+	for i := range durable {
+		kept = append(kept, i)
+	}
+	for _, i := range kept {
+		got, found, err := c.Get(ctx, "df", rkey(i))
+		if err != nil || !found || !bytes.Equal(got, restartValue(i, 1<<20)) {
+			t.Fatalf("durable block %d after the full disk: found %v, %v", i, found, err)
+		}
+	}
+	if _, err := c.PutWith(ctx, "df", rkey(3000), restartValue(3000, 1<<20), client.PutOptions{Durable: true}); err != nil {
+		t.Fatalf("durable put once space is back: %v", err)
+	}
+	d.stop(t, syscall.SIGTERM)
+	stops++
+	t.Logf("%d clean stops (%d on a full disk), %d starts on a full disk, no abort", stops, stops-1, cycles)
+}
+
+// TestServeQuarantine damages the SSD tier's RocksDB metadata of a stopped
+// sidecar; the next start must move the database aside, serve with an
+// empty SSD tier, say so on /readyz, in metrics and on its recovery line,
+// and keep working (a restart after that is clean).
+func TestServeQuarantine(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, ssdDir string)
+	}{
+		{"flipped byte in an SST", func(t *testing.T, ssdDir string) {
+			ssts, err := filepath.Glob(filepath.Join(ssdDir, "*.sst"))
+			if err != nil || len(ssts) == 0 {
+				t.Fatalf("no SST in %s (%v)", ssdDir, err)
+			}
+			path := ssts[0] // lowest file number
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)/2] ^= 0x40
+			if err := os.WriteFile(path, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"truncated CURRENT", func(t *testing.T, ssdDir string) {
+			if err := os.Truncate(filepath.Join(ssdDir, "CURRENT"), 5); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	ctx := context.Background()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			d, _ := startServeIn(t, dataDir)
+			c, err := client.New(d.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 8 {
+				if _, err := c.PutWith(ctx, "q", rkey(i), restartValue(i, 256<<10), client.PutOptions{Durable: true}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.Close()
+			d.stop(t, syscall.SIGTERM)
+			tc.damage(t, ssdDir(dataDir))
+
+			d, recovered := startServeIn(t, dataDir)
+			if recovered != 0 {
+				t.Fatalf("recovered %d blocks from a damaged database", recovered)
+			}
+			moved, _ := filepath.Glob(ssdDir(dataDir) + ".quarantine-*")
+			if len(moved) != 1 {
+				t.Fatalf("quarantined copies: %v", moved)
+			}
+			if _, err := os.Stat(filepath.Join(moved[0], "CURRENT")); err != nil {
+				t.Fatalf("quarantined copy incomplete: %v", err)
+			}
+			ready := httpGet(t, "http://"+d.metrics+"/readyz")
+			if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd database was corrupt, moved to "+moved[0]) {
+				t.Fatalf("/readyz %q", ready)
+			}
+			if v := scrape(t, d, "tidepool_ssd_quarantined_total", "tidepool_ssd_degraded", "tidepool_ssd_open"); v[0] != 1 || v[1] != 0 || v[2] != 1 {
+				t.Fatalf("quarantined %v, degraded %v, open %v", v[0], v[1], v[2])
+			}
+			if !strings.Contains(d.stderr.String(), "ssd database corrupt: moved aside") {
+				t.Fatal("quarantine not logged")
+			}
+			c, err = client.New(d.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, found, err := c.Get(ctx, "q", rkey(0)); err != nil || found {
+				t.Fatalf("get from the quarantined database: found %v, %v", found, err)
+			}
+			if _, err := c.PutWith(ctx, "q", rkey(100), restartValue(100, 256<<10), client.PutOptions{Durable: true}); err != nil {
+				t.Fatalf("durable put after quarantine: %v", err)
+			}
+			c.Close()
+			d.stop(t, syscall.SIGTERM)
+
+			d, recovered = startServeIn(t, dataDir)
+			if recovered != 1 {
+				t.Fatalf("restart after quarantine recovered %d blocks, want 1", recovered)
+			}
+			if v := scrape(t, d, "tidepool_ssd_quarantined_total"); v[0] != 0 {
+				t.Fatalf("clean restart quarantined again")
+			}
+			if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
+				t.Fatalf("/readyz after a clean restart: %q", ready)
+			}
+			d.stop(t, syscall.SIGTERM)
+		})
+	}
+}
+
+// TestServeDamagedDRAMBlock flips a byte of a block in a real sidecar's
+// DRAM arena file (the arenas are shared file mappings): the read that
+// finds it fails with CHECKSUM_MISMATCH and removes it, so Lookup stops
+// counting it, the next Put stores a good copy and reads serve it again.
+func TestServeDamagedDRAMBlock(t *testing.T) {
+	arenaDir := t.TempDir()
+	d := startDaemon(t, "--arena-dir", arenaDir, "--ssd-capacity", "0")
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	val := restartValue(7, 64<<10)
+	keys := [][]byte{[]byte("a"), []byte("b")}
+	// a holds a prefix of b's value: only b's block holds all of val.
+	bval := val
+	if _, err := c.Put(ctx, "dm", keys[0], val[:len(val)-100], 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, "dm", keys[1], bval, 0); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(arenaDir, "*"))
+	damaged := false
+	for _, path := range files {
+		mem, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		off := bytes.Index(mem, bval)
+		if off < 0 {
+			continue
+		}
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte{mem[off+1000] ^ 0x08}, int64(off+1000)); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		damaged = true
+		break
+	}
+	if !damaged {
+		t.Fatalf("block not found in the arena files %v", files)
+	}
+	if n, err := c.Lookup(ctx, "dm", keys); err != nil || n != 2 {
+		t.Fatalf("Lookup before the read: %d, %v", n, err)
+	}
+	// The read is a miss (or CHECKSUM_MISMATCH), never the wrong bytes.
+	got, found, err := c.Get(ctx, "dm", keys[1])
+	if found || (err != nil && client.CodeOf(err) != tp.ErrorCode_CHECKSUM_MISMATCH) {
+		t.Fatalf("Get of the damaged block: found %v (same bytes %v), %v; want a miss", found, bytes.Equal(got, bval), err)
+	}
+	if n, err := c.Lookup(ctx, "dm", keys); err != nil || n != 1 {
+		t.Fatalf("Lookup after the bad read: %d, %v (want 1: the damaged block is gone)", n, err)
+	}
+	if v := scrape(t, d, `tidepool_tier_checksum_failures_total{tier="dram"}`, `tidepool_tier_blocks{tier="dram"}`); v[0] != 1 || v[1] != 1 {
+		t.Fatalf("checksum failures %v, blocks %v", v[0], v[1])
+	}
+	if existed, err := c.Put(ctx, "dm", keys[1], bval, 0); err != nil || existed {
+		t.Fatalf("re-Put of the damaged block: existed %v, %v", existed, err)
+	}
+	got, found, err = c.Get(ctx, "dm", keys[1])
+	if err != nil || !found || !bytes.Equal(got, bval) {
+		t.Fatalf("Get after the re-Put: found %v, %v", found, err)
+	}
+	if n, err := c.Lookup(ctx, "dm", keys); err != nil || n != 2 {
+		t.Fatalf("Lookup after the re-Put: %d, %v", n, err)
+	}
+}
+
+// TestServeCounters runs a scripted workload against a real sidecar whose
+// blocks are all in SSD only (put, stopped, restarted) and checks every
+// tier, namespace and movement counter it touches, exactly. Before the
+// fix one Get of an SSD-only block counted two DRAM misses and one
+// namespace put.
+func TestServeCounters(t *testing.T) {
+	dataDir := t.TempDir()
+	const size = 64 << 10
+	ctx := context.Background()
+	k := func(i int) []byte { return []byte("c" + strconv.Itoa(i)) }
+	v := func(i int) []byte { return restartValue(i, size) }
+
+	d, _ := startServeIn(t, dataDir)
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := c.PutWith(ctx, "cnt", k(i), v(i), client.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM) // the stop spill puts all four in SSD
+	d, recovered := startServeIn(t, dataDir)
+	if recovered != 4 {
+		t.Fatalf("recovered %d blocks, want 4", recovered)
+	}
+	c, err = client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	get := func(i int, want bool) {
+		t.Helper()
+		got, found, err := c.Get(ctx, "cnt", k(i))
+		if err != nil || found != want || (want && !bytes.Equal(got, v(i))) {
+			t.Fatalf("get %d: found %v (want %v), %v", i, found, want, err)
+		}
+	}
+	get(0, true) // SSD only: a DRAM miss, an SSD hit, a promotion
+	get(0, true) // DRAM hit
+	get(99, false)
+	if _, err := c.PutWith(ctx, "cnt", k(10), v(10), client.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	get(10, true) // DRAM hit
+	if existed, err := c.PutWith(ctx, "cnt", k(10), v(10), client.PutOptions{}); err != nil || !existed {
+		t.Fatalf("second put: existed %v, %v", existed, err)
+	}
+	if ok, err := c.Delete(ctx, "cnt", k(1)); err != nil || !ok {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	get(1, false) // deleted: misses DRAM and SSD
+	if n, err := c.Prefetch(ctx, "cnt", [][]byte{k(2)}); err != nil || n != 1 {
+		t.Fatalf("prefetch: %d, %v", n, err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		p, err := c.Exists(ctx, "cnt", k(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Tier == "dram" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("prefetched block never reached DRAM")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	get(2, true) // DRAM hit (the prefetch's SSD read is not a read of the engine)
+	if _, err := c.PutWith(ctx, "cnt", k(11), v(11), client.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Lookup(ctx, "cnt", [][]byte{k(0), k(2), k(10), k(11)}); err != nil || n != 4 {
+		t.Fatalf("lookup: %d, %v", n, err) // not a read: counts nothing
+	}
+
+	want := []struct {
+		name string
+		v    float64
+	}{
+		{`tidepool_tier_hits_total{tier="dram"}`, 3},   // c0 again, c10, c2
+		{`tidepool_tier_misses_total{tier="dram"}`, 3}, // c0, c99, c1
+		{`tidepool_tier_hits_total{tier="ssd"}`, 1},    // c0
+		{`tidepool_tier_misses_total{tier="ssd"}`, 2},  // c99, c1
+		{`tidepool_tier_blocks{tier="dram"}`, 4},       // c0, c10, c2, c11
+		{`tidepool_tier_blocks{tier="ssd"}`, 4},        // c0, c2, c3, c11
+		{`tidepool_tier_evictions_total{tier="dram"}`, 0},
+		{`tidepool_tier_evictions_total{tier="ssd"}`, 0},
+		{`tidepool_tier_bytes_in_total{tier="dram"}`, 4 * size},  // c0, c2 promoted; c10, c11 put
+		{`tidepool_tier_bytes_out_total{tier="dram"}`, 3 * size}, // its hits
+		{`tidepool_tier_bytes_in_total{tier="ssd"}`, 1 * size},   // c11 (durable)
+		{`tidepool_tier_bytes_out_total{tier="ssd"}`, 2 * size},  // c0, and c2 for the prefetch
+		{`tidepool_tier_checksum_failures_total{tier="dram"}`, 0},
+		{`tidepool_tier_checksum_failures_total{tier="ssd"}`, 0},
+		{`tidepool_namespace_hits_total{namespace="cnt"}`, 4},   // c0 twice, c10, c2
+		{`tidepool_namespace_misses_total{namespace="cnt"}`, 2}, // c99, c1
+		{`tidepool_namespace_puts_total{namespace="cnt"}`, 2},   // c10, c11
+		{`tidepool_namespace_blocks{namespace="cnt"}`, 8},       // copies: 4 in DRAM + 4 in SSD
+		{`tidepool_namespace_bytes{namespace="cnt"}`, 8 * size},
+		{`tidepool_namespace_evictions_total{namespace="cnt"}`, 0},
+		{`tidepool_promotions_total`, 2}, // c0, c2
+		{`tidepool_demotions_total`, 0},
+		{`tidepool_prefetch_queued_total`, 1},
+	}
+	names := make([]string, len(want))
+	for i, w := range want {
+		names[i] = w.name
+	}
+	got := scrape(t, d, names...)
+	bad := false
+	for i, w := range want {
+		if got[i] != w.v {
+			t.Errorf("%s = %v, want %v", w.name, got[i], w.v)
+			bad = true
+		}
+	}
+	if bad {
+		t.FailNow()
+	}
+}
