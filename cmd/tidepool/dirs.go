@@ -52,23 +52,7 @@ func prepareDirs(cfg Config, gid int, lg *zap.Logger) (_ *runDirs, err error) {
 	}()
 	opt := safedir.Options{Trusted: cfg.TrustedDirs}
 
-	data, err := safedir.Ensure(cfg.DataDir, 0o700, -1, opt)
-	if err != nil {
-		return nil, fmt.Errorf("data_dir: %w", err)
-	}
-	if err := d.lock("data_dir", filepath.Join(data, lockName)); err != nil {
-		return nil, err
-	}
-	arena, err := safedir.Ensure(cfg.ArenaDir, 0o700, -1, opt)
-	if err != nil {
-		return nil, fmt.Errorf("arena_dir: %w", err)
-	}
-	if arena != data { // one lock file per directory: a second flock would conflict with the first
-		if err := d.lock("arena_dir", filepath.Join(arena, lockName)); err != nil {
-			return nil, err
-		}
-	}
-
+	// First every directory is checked (and made), then each is locked.
 	// The socket's directory: others may need to reach the socket in it
 	// (socket_mode with group or other bits), and it may be a sticky
 	// directory such as /tmp (the socket cannot be replaced there).
@@ -88,6 +72,23 @@ func prepareDirs(cfg Config, gid int, lg *zap.Logger) (_ *runDirs, err error) {
 	}
 	if cfg.SocketMode&0o070 != 0 {
 		if err := groupCanReach(sockDir, cfg.SocketMode, gid, lg); err != nil {
+			return nil, err
+		}
+	}
+	data, err := safedir.Ensure(cfg.DataDir, 0o700, -1, opt)
+	if err != nil {
+		return nil, fmt.Errorf("data_dir: %w", err)
+	}
+	arena, err := safedir.Ensure(cfg.ArenaDir, 0o700, -1, opt)
+	if err != nil {
+		return nil, fmt.Errorf("arena_dir: %w", err)
+	}
+
+	if err := d.lock("data_dir", filepath.Join(data, lockName)); err != nil {
+		return nil, err
+	}
+	if arena != data { // one lock file per directory: a second flock would conflict with the first
+		if err := d.lock("arena_dir", filepath.Join(arena, lockName)); err != nil {
 			return nil, err
 		}
 	}

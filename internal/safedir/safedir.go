@@ -74,7 +74,7 @@ func Ensure(dir string, perm os.FileMode, gid int, opt Options) (string, error) 
 		if err != nil {
 			return "", fmt.Errorf("safedir: %w", err)
 		}
-		if err := checkChain(real, true, opt); err != nil {
+		if err := checkChain(real, true, opt, dir); err != nil {
 			return "", err
 		}
 		p := real
@@ -100,7 +100,7 @@ func Ensure(dir string, perm os.FileMode, gid int, opt Options) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("safedir: %w", err)
 	}
-	if err := checkChain(real, opt.Shared, opt); err != nil {
+	if err := checkChain(real, opt.Shared, opt, real); err != nil {
 		return "", err
 	}
 	return real, nil
@@ -116,13 +116,13 @@ func Check(dir string, opt Options) error {
 	if err != nil {
 		return fmt.Errorf("safedir: %w", err)
 	}
-	return checkChain(real, opt.Shared, opt)
+	return checkChain(real, opt.Shared, opt, real)
 }
 
 // checkChain checks real (no symbolic links in it) and each parent up to
 // the root or a trusted directory. shared: real itself is judged as a
-// parent.
-func checkChain(real string, shared bool, opt Options) error {
+// parent. Errors name a directory other than of as a parent of of.
+func checkChain(real string, shared bool, opt Options, of string) error {
 	uid := uint32(os.Geteuid())
 	leaf := true
 	for p := real; ; p = filepath.Dir(p) {
@@ -142,12 +142,12 @@ func checkChain(real string, shared bool, opt Options) error {
 					ErrUnsafe, p, st.Uid, st.Mode&0o7777, uid)
 			}
 		} else if (st.Uid != 0 && st.Uid != uid) || (st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0) {
-			what := "a parent of the directory"
-			if leaf {
-				what = "the directory"
+			name := p
+			if p != of {
+				name = p + ", a parent of " + of + ","
 			}
-			return fmt.Errorf("%w: %s (%s %s) is owned by uid %d with mode %04o; it must be owned by root or uid %d and not writable by group or others unless sticky",
-				ErrUnsafe, p, what, real, st.Uid, st.Mode&0o7777, uid)
+			return fmt.Errorf("%w: %s is owned by uid %d with mode %04o; it must be owned by root or uid %d and not writable by group or others unless sticky",
+				ErrUnsafe, name, st.Uid, st.Mode&0o7777, uid)
 		}
 		leaf = false
 		if p == "/" || p == "." {
