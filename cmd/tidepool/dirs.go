@@ -112,18 +112,19 @@ func groupCanReach(sockDir string, mode os.FileMode, gid int, lg *zap.Logger) er
 		return err
 	}
 	if blocked == filepath.Clean(sockDir) {
-		fi, err := os.Stat(sockDir)
-		if err != nil {
-			return fmt.Errorf("socket: %w", err)
+		var st unix.Stat_t
+		if err := unix.Stat(sockDir, &st); err != nil {
+			return fmt.Errorf("socket: stat %s: %w", sockDir, err)
 		}
-		if filepath.Clean(sockDir) != runtimeDir() || int(fi.Sys().(*unix.Stat_t).Uid) != os.Geteuid() {
+		perm := os.FileMode(st.Mode & 0o777)
+		if filepath.Clean(sockDir) != runtimeDir() || int(st.Uid) != os.Geteuid() {
 			return fmt.Errorf("socket: socket_mode %04o lets group %d use the socket, but its directory %s (mode %04o) does not let that group reach it: give the directory to the group with mode 0750, or remove it so that tidepool creates it so",
-				uint32(mode), gid, sockDir, uint32(fi.Mode().Perm()))
+				uint32(mode), gid, sockDir, uint32(perm))
 		}
 		if err := os.Chown(sockDir, -1, gid); err != nil {
 			return fmt.Errorf("socket: give %s to group %d: %w", sockDir, gid, err)
 		}
-		if err := os.Chmod(sockDir, fi.Mode().Perm()|0o050); err != nil {
+		if err := os.Chmod(sockDir, perm|0o050); err != nil {
 			return fmt.Errorf("socket: %w", err)
 		}
 		if blocked, err = safedir.Reachable(sockDir, gid); err != nil || blocked == "" {

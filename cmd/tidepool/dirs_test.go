@@ -283,3 +283,31 @@ func TestSocketGroupReachesSocket(t *testing.T) {
 		t.Fatalf("a process outside the group: exit %d\n%s", code, out)
 	}
 }
+
+// TestSocketGroupExistingDir: an existing socket directory that shuts the
+// socket's group out is refused with an error saying so, unless it is
+// tidepool's own runtime directory (made 0700 by earlier versions), which
+// is opened to the group.
+func TestSocketGroupExistingDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a directory to a group")
+	}
+	b := t.TempDir()
+	os.Mkdir(b+"/mine", 0o700)
+	out, code := serveOnce(t, "--socket", b+"/mine/tp.sock", "--socket-mode", "0660", "--socket-group", "4242",
+		"--data-dir", b+"/d", "--arena-dir", b+"/a")
+	if code == 0 || !strings.Contains(out, "its directory "+b+"/mine (mode 0700) does not let that group reach it") {
+		t.Fatalf("exit %d, want an error about %s/mine:\n%s", code, b, out)
+	}
+
+	t.Setenv("XDG_RUNTIME_DIR", b) // inherited by serve: its runtime dir is b/tidepool
+	os.Mkdir(b+"/tidepool", 0o700)
+	startDaemon(t, "--socket", b+"/tidepool/tidepool.sock", "--socket-mode", "0660", "--socket-group", "4242", "--ssd-capacity", "0")
+	fi, err := os.Stat(b + "/tidepool")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o750 || st.Gid != 4242 {
+		t.Fatalf("runtime dir: mode %v group %d, want 0750 group 4242", fi.Mode(), st.Gid)
+	}
+}
