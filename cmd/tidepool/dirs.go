@@ -75,13 +75,18 @@ func prepareDirs(cfg Config, gid int, lg *zap.Logger) (_ *runDirs, err error) {
 			return nil, err
 		}
 	}
-	data, err := safedir.Ensure(cfg.DataDir, 0o700, -1, opt)
-	if err != nil {
-		return nil, fmt.Errorf("data_dir: %w", err)
-	}
-	arena, err := safedir.Ensure(cfg.ArenaDir, 0o700, -1, opt)
-	if err != nil {
-		return nil, fmt.Errorf("arena_dir: %w", err)
+	var data, arena string
+	for _, x := range []struct {
+		key, dir string
+		real     *string
+	}{{"data_dir", cfg.DataDir, &data}, {"arena_dir", cfg.ArenaDir, &arena}} {
+		abs, err := filepath.Abs(x.dir) // a relative path is relative to the working directory
+		if err == nil {
+			*x.real, err = safedir.Ensure(abs, 0o700, -1, opt)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", x.key, err)
+		}
 	}
 
 	if err := d.lock("data_dir", filepath.Join(data, lockName)); err != nil {
