@@ -151,7 +151,8 @@ func TestDefaultArenaDirPerInstance(t *testing.T) {
 		// Left running: the second starts while the first serves.
 		t.Cleanup(func() {
 			d.stop(t, syscall.SIGTERM)
-			os.RemoveAll(arenaDirs[i]) // only the lock file is left
+			os.RemoveAll(arenaDirs[i])            // only the lock file is left
+			os.Remove(filepath.Dir(arenaDirs[i])) // /dev/shm/tidepool-<uid>, when nothing else is in it
 		})
 	}
 	if arenaDirs[0] == arenaDirs[1] {
