@@ -63,8 +63,13 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &bytes.Buffer{}, exited: make(chan error, 1), lines: make(chan string, 16)}
+	for i := range len(extra) - 1 {
+		if extra[i] == "--socket" {
+			d.socket = extra[i+1] // the last one wins, as in flag parsing
+		}
+	}
 	args := append([]string{"serve",
-		"--socket", d.socket,
+		"--socket", filepath.Join(sockDir, "tp.sock"),
 		"--data-dir", t.TempDir(),
 		"--arena-dir", t.TempDir(),
 		"--dram-capacity", "64MiB",

@@ -31,7 +31,8 @@ type Config struct {
 	SocketMode     os.FileMode   // socket file mode (octal)
 	SocketGroup    string        // group (name or gid) given the socket; empty keeps the process group
 	DataDir        string        // persistent data (SSD tier)
-	ArenaDir       string        // DRAM arena files (tmpfs; shared with the engine)
+	ArenaDir       string        // DRAM arena files (tmpfs; shared with the engine); empty: derived from Socket
+	TrustedDirs    []string      // directories accepted whatever their owner and mode
 	DRAMCapacity   int64         // DRAM tier budget in bytes
 	ArenaSize      int64         // bytes per arena file
 	MaxKeySize     int           // longest key, bytes
@@ -142,7 +143,18 @@ var settings = []setting{
 		}},
 	stringSetting("socket_group", "group (name or numeric gid) given the socket; empty keeps the process's group", func(c *Config) *string { return &c.SocketGroup }),
 	stringSetting("data_dir", "directory for persistent data", func(c *Config) *string { return &c.DataDir }),
-	stringSetting("arena_dir", "directory of the DRAM arena files (use a tmpfs)", func(c *Config) *string { return &c.ArenaDir }),
+	stringSetting("arena_dir", "directory of the DRAM arena files (use a tmpfs); empty: one of this socket's own under /dev/shm", func(c *Config) *string { return &c.ArenaDir }),
+	{"trusted_dirs", "comma-separated directories used whatever their owner and mode (such as a Kubernetes emptyDir mount)",
+		func(c *Config) string { return strings.Join(c.TrustedDirs, ",") },
+		func(c *Config, v string) error {
+			c.TrustedDirs = nil
+			for _, d := range strings.Split(v, ",") {
+				if d = strings.TrimSpace(d); d != "" {
+					c.TrustedDirs = append(c.TrustedDirs, d)
+				}
+			}
+			return nil
+		}},
 	sizeSetting("dram_capacity", "DRAM tier budget (e.g. 512MiB, 4GiB)", func(c *Config) *int64 { return &c.DRAMCapacity }),
 	sizeSetting("arena_size", "size of one DRAM arena file", func(c *Config) *int64 { return &c.ArenaSize }),
 	intSetting("max_key_size", "longest block key in bytes", func(c *Config) *int { return &c.MaxKeySize }),
@@ -214,14 +226,6 @@ func runtimeDir() string {
 // when none is given.
 func defaultSocket() string { return filepath.Join(runtimeDir(), "tidepool.sock") }
 
-// defaultArenaDir prefers /dev/shm (memory), else the runtime dir.
-func defaultArenaDir() string {
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && unix.Access("/dev/shm", unix.W_OK) == nil {
-		return filepath.Join("/dev/shm", fmt.Sprintf("tidepool-%d", os.Getuid()))
-	}
-	return filepath.Join(runtimeDir(), "arenas")
-}
-
 func defaultDataDir() string {
 	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
 		return filepath.Join(d, "tidepool")
@@ -254,7 +258,7 @@ func DefaultConfig() Config {
 		Socket:         defaultSocket(),
 		SocketMode:     0o600,
 		DataDir:        defaultDataDir(),
-		ArenaDir:       defaultArenaDir(),
+		ArenaDir:       defaultArenaDir(defaultSocket()),
 		DRAMCapacity:   defaultDRAMCapacity(),
 		ArenaSize:      256 << 20,
 		MaxKeySize:     128,
@@ -304,6 +308,11 @@ func (c Config) Validate() error {
 	}
 	if c.ArenaDir == "" {
 		bad("arena_dir: empty")
+	}
+	for _, d := range c.TrustedDirs {
+		if !filepath.IsAbs(d) {
+			bad("trusted_dirs %q: must be an absolute path", d)
+		}
 	}
 	if c.DRAMCapacity < 1<<20 {
 		bad("dram_capacity %s: at least 1MiB", units.FormatBytes(c.DRAMCapacity))
@@ -404,6 +413,7 @@ func (c Config) Validate() error {
 // precedence. fs must already be parsed with flags from bindFlags.
 func loadConfig(fs *flag.FlagSet, flagVals map[string]*string, configPath string, environ []string) (Config, error) {
 	c := DefaultConfig()
+	c.ArenaDir = "" // derived from the final socket unless a source sets it
 	env := map[string]string{}
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -437,6 +447,9 @@ func loadConfig(fs *flag.FlagSet, flagVals map[string]*string, configPath string
 	})
 	if err := errors.Join(errs...); err != nil {
 		return c, err
+	}
+	if c.ArenaDir == "" {
+		c.ArenaDir = defaultArenaDir(c.Socket)
 	}
 	return c, c.Validate()
 }

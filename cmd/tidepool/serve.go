@@ -82,6 +82,12 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	if err != nil {
 		return err
 	}
+	// Before anything in the directories is touched; released last.
+	dirs, err := prepareDirs(cfg, gid, lg)
+	if err != nil {
+		return err
+	}
+	defer dirs.Close()
 
 	store, err := openStore(cfg, lg)
 	if err != nil {
