@@ -7,6 +7,45 @@ cd "$(dirname "$0")/.."
 module=$(go list -m)
 out=protocol/gen
 
+# bound_lists DIR: Kitex's generated FastRead makes a list (or set, map)
+# with the length read from the wire before reading any element, so a
+# 50-byte message whose list header claims 2^31-1 items allocates gigabytes
+# (and Kitex has no option to bound it). Every element takes at least one
+# byte of the message, so a length above the bytes left is refused before
+# the make. Deterministic: the same input gives the same output.
+bound_lists() {
+	local f
+	for f in $(find "$1" -name 'k-*.go' | sort); do
+		awk '
+			/^\t*(_, )+size, l, err := thrift\.Binary\.Read(List|Set|Map)Begin\(buf\[offset:\]\)$/ {
+				match($0, /^\t*/)
+				indent = substr($0, 1, RLENGTH)
+				pending = 1
+				print
+				next
+			}
+			pending && $0 == indent "}" {
+				print
+				print indent "if size > len(buf)-offset {"
+				print indent "\treturn offset, thrift.NewProtocolException(thrift.INVALID_DATA, \"container length exceeds the bytes left\")"
+				print indent "}"
+				pending = 0
+				next
+			}
+			{ print }
+		' "$f" >"$f.bound"
+		mv "$f.bound" "$f"
+	done
+	# Fail loudly if Kitex's template changed and a container went unbounded.
+	local begins bounds
+	begins=$(grep -rhoE 'thrift\.Binary\.Read(List|Set|Map)Begin\(' "$1" | wc -l)
+	bounds=$(grep -rhoF 'container length exceeds the bytes left' "$1" | wc -l)
+	if [[ "$begins" != "$bounds" ]]; then
+		echo "gen-idl: bounded $bounds of $begins container reads; update bound_lists" >&2
+		exit 1
+	fi
+}
+
 # gen DEST: generate into a scratch folder first, so that a failed run
 # leaves DEST as it was.
 gen() {
@@ -20,6 +59,8 @@ gen() {
 			exit 1
 		fi
 	done
+	gofmt -w "$work"
+	bound_lists "$work"
 	gofmt -w "$work"
 	grep -rl "$module/$work" "$work" | xargs -r sed -i "s#$module/$work#$module/$dest#g"
 	rm -rf "$dest"

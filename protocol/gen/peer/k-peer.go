@@ -725,6 +725,9 @@ func (p *LookupRequest) FastReadField3(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
 		var _elem []byte
@@ -877,6 +880,9 @@ func (p *LookupResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]bool, 0, size)
 	for i := 0; i < size; i++ {
@@ -1078,6 +1084,9 @@ func (p *AcquireRequest) FastReadField3(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
 		var _elem []byte
@@ -1116,6 +1125,9 @@ func (p *AcquireRequest) FastReadField5(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
 	for i := 0; i < size; i++ {
@@ -1631,6 +1643,9 @@ func (p *AcquireResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*AcquireItem, 0, size)
 	values := make([]AcquireItem, size)
 	for i := 0; i < size; i++ {
@@ -1777,6 +1792,9 @@ func (p *ReleaseRequest) FastReadField2(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
 	for i := 0; i < size; i++ {
@@ -2249,6 +2267,9 @@ func (p *PutRequest) FastReadField3(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*PutItem, 0, size)
 	values := make([]PutItem, size)
 	for i := 0; i < size; i++ {
@@ -2401,6 +2422,9 @@ func (p *PutResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int32, 0, size)
 	for i := 0; i < size; i++ {

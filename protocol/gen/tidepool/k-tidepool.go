@@ -1180,6 +1180,9 @@ func (p *HelloResponse) FastReadField4(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*TierInfo, 0, size)
 	values := make([]TierInfo, size)
 	for i := 0; i < size; i++ {
@@ -1218,6 +1221,9 @@ func (p *HelloResponse) FastReadField6(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ArenaInfo, 0, size)
 	values := make([]ArenaInfo, size)
@@ -2126,6 +2132,9 @@ func (p *BatchPutRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*PutItem, 0, size)
 	values := make([]PutItem, size)
 	for i := 0; i < size; i++ {
@@ -2466,6 +2475,9 @@ func (p *BatchPutResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
 	values := make([]ItemStatus, size)
@@ -3007,6 +3019,9 @@ func (p *BatchGetRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
 		var _elem []byte
@@ -3363,6 +3378,9 @@ func (p *BatchGetResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*GetItem, 0, size)
 	values := make([]GetItem, size)
@@ -3903,6 +3921,9 @@ func (p *BatchExistsRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
 		var _elem []byte
@@ -4071,6 +4092,9 @@ func (p *BatchExistsResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*ExistsResponse, 0, size)
 	values := make([]ExistsResponse, size)
 	for i := 0; i < size; i++ {
@@ -4233,6 +4257,9 @@ func (p *LookupRequest) FastReadField2(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
@@ -5897,6 +5924,9 @@ func (p *StatsResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*TierStats, 0, size)
 	values := make([]TierStats, size)
 	for i := 0; i < size; i++ {
@@ -5921,6 +5951,9 @@ func (p *StatsResponse) FastReadField2(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*NamespaceStats, 0, size)
 	values := make([]NamespaceStats, size)
@@ -6171,6 +6204,9 @@ func (p *PrefetchRequest) FastReadField2(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
@@ -6683,6 +6719,9 @@ func (p *ReserveRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*ReserveItem, 0, size)
 	values := make([]ReserveItem, size)
 	for i := 0; i < size; i++ {
@@ -7154,6 +7193,9 @@ func (p *ReserveResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*Reservation, 0, size)
 	values := make([]Reservation, size)
 	for i := 0; i < size; i++ {
@@ -7462,6 +7504,9 @@ func (p *CommitRequest) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*CommitItem, 0, size)
 	values := make([]CommitItem, size)
 	for i := 0; i < size; i++ {
@@ -7582,6 +7627,9 @@ func (p *CommitResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
 	values := make([]ItemStatus, size)
@@ -7704,6 +7752,9 @@ func (p *AbortRequest) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]int64, 0, size)
 	for i := 0; i < size; i++ {
 		var _elem int64
@@ -7821,6 +7872,9 @@ func (p *AbortResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
 	values := make([]ItemStatus, size)
@@ -7998,6 +8052,9 @@ func (p *AcquireRequest) FastReadField2(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
@@ -8485,6 +8542,9 @@ func (p *AcquireResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]*Lease, 0, size)
 	values := make([]Lease, size)
 	for i := 0; i < size; i++ {
@@ -8636,6 +8696,9 @@ func (p *ReleaseRequest) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([]int64, 0, size)
 	for i := 0; i < size; i++ {
 		var _elem int64
@@ -8753,6 +8816,9 @@ func (p *ReleaseResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
 	values := make([]ItemStatus, size)
@@ -8888,6 +8954,9 @@ func (p *RenewRequest) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
 	for i := 0; i < size; i++ {
@@ -9050,6 +9119,9 @@ func (p *RenewResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
 	values := make([]ItemStatus, size)
@@ -9570,6 +9642,9 @@ func (p *MembersResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*Member, 0, size)
 	values := make([]Member, size)
