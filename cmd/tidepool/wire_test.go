@@ -440,7 +440,7 @@ func TestShutdownUnderLoad(t *testing.T) {
 func shutdownUnderLoad(t *testing.T) {
 	const (
 		writers   = 4
-		perWriter = 64 // 4 x 64 x 256 KiB = 64 MiB through a 32 MiB DRAM tier
+		perWriter = 256 // 4 x 256 x 128 KiB = 128 MiB through a 32 MiB DRAM tier
 		size      = 128 << 10
 		stopAfter = 48 // acknowledged puts before the SIGTERM
 	)
