@@ -46,6 +46,40 @@ bound_lists() {
 	fi
 }
 
+# safe_skip DIR: gopkg's thrift.Binary.Skip indexes a 256-entry table with
+# the field type read from the wire as a signed byte, so a type byte of
+# 0x80 or more (in a field header, or as a list or map element type inside
+# a skipped field) panics with an index out of range. Kitex recovers the
+# panic on its read path, but a decoder must never panic: the generated
+# code calls skipUnknown, which turns that panic into an INVALID_DATA
+# protocol exception.
+safe_skip() {
+	local dir pkg
+	for dir in $(find "$1" -name 'k-*.go' -not -name 'k-skip.go' -exec dirname {} \; | sort -u); do
+		grep -l 'thrift\.Binary\.Skip(' "$dir"/k-*.go >/dev/null 2>&1 || continue
+		sed -i 's/thrift\.Binary\.Skip(/skipUnknown(/g' "$dir"/k-*.go
+		pkg=$(sed -n 's/^package //p' "$dir"/k-consts.go)
+		cat >"$dir/k-skip.go" <<-GO
+			// Code added by scripts/gen-idl.sh (safe_skip). DO NOT EDIT.
+
+			package $pkg
+
+			import "github.com/cloudwego/gopkg/protocol/thrift"
+
+			// skipUnknown skips a field of type t like thrift.Binary.Skip, which
+			// panics on a type byte of 0x80 or more; that is refused instead.
+			func skipUnknown(b []byte, t thrift.TType) (n int, err error) {
+				defer func() {
+					if recover() != nil {
+						n, err = 0, thrift.NewProtocolException(thrift.INVALID_DATA, "invalid field type")
+					}
+				}()
+				return thrift.Binary.Skip(b, t)
+			}
+		GO
+	done
+}
+
 # gen DEST: generate into a scratch folder first, so that a failed run
 # leaves DEST as it was.
 gen() {
@@ -61,6 +95,7 @@ gen() {
 	done
 	gofmt -w "$work"
 	bound_lists "$work"
+	safe_skip "$work"
 	gofmt -w "$work"
 	grep -rl "$module/$work" "$work" | xargs -r sed -i "s#$module/$work#$module/$dest#g"
 	rm -rf "$dest"

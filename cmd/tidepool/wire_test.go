@@ -132,6 +132,9 @@ func TestHostileFramesEngineSocket(t *testing.T) {
 		msg  []byte
 	}{
 		{"method-name", thriftCall("Get", 1<<31-1, nil)},
+		// A field type byte of 0x80 or more made gopkg's Skip index its
+		// type table with a negative number (a panic).
+		{"field-type", thriftCall("Get", -1, []byte{0x0c, 0, 1, 0xfa, 0x30, 0x30, 0, 0})},
 		{"BatchGet", thriftCall("BatchGet", -1, hugeListArgs(2, tString))},
 		{"Lookup", thriftCall("Lookup", -1, hugeListArgs(2, tString))},
 		{"Acquire", thriftCall("Acquire", -1, hugeListArgs(2, tString))},

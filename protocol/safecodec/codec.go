@@ -32,8 +32,9 @@ const thriftVersion1 = 0x80010000
 // Codec is a remote.Codec that checks the Thrift message header before
 // Kitex's default codec decodes it.
 type Codec struct {
-	inner remote.Codec
-	meta  remote.MetaDecoder
+	inner   remote.Codec
+	meta    remote.MetaDecoder
+	maxSize int
 }
 
 var (
@@ -46,7 +47,7 @@ var (
 // MaxMethodNameBytes.
 func New(maxSize int) *Codec {
 	inner := codec.NewDefaultCodecWithSizeLimit(maxSize)
-	return &Codec{inner: inner, meta: inner.(remote.MetaDecoder)}
+	return &Codec{inner: inner, meta: inner.(remote.MetaDecoder), maxSize: maxSize}
 }
 
 // Encode implements remote.Codec.
@@ -93,6 +94,11 @@ func (c *Codec) DecodeMeta(ctx context.Context, msg remote.Message, in remote.By
 // Thrift clients do not know); it is answered with Thrift's standard
 // UNKNOWN_METHOD (1) instead.
 func (c *Codec) DecodePayload(ctx context.Context, msg remote.Message, in remote.ByteBuffer) error {
+	if msg.PayloadLen() == 0 && c.maxSize > 0 {
+		// Unframed ("buffered") Thrift states no length: Kitex's size
+		// limit never sees it, so the reads are counted here.
+		in = &capped{ByteBuffer: in, start: in.ReadLen(), max: c.maxSize}
+	}
 	err := c.meta.DecodePayload(ctx, msg, in)
 	var te *remote.TransError
 	if errors.As(err, &te) && te.TypeID() == remote.UnknownService {
@@ -107,3 +113,61 @@ func (c *Codec) DecodePayload(ctx context.Context, msg remote.Message, in remote
 
 // Name implements remote.Codec.
 func (c *Codec) Name() string { return "tidepool-safe" }
+
+// capped refuses to read more than max bytes past start. It hides the
+// netpoll reader of the buffer it wraps, so that Kitex's skip decoder
+// reads through it too.
+type capped struct {
+	remote.ByteBuffer
+	start, max int
+}
+
+func (c *capped) check(n int) error {
+	if n < 0 || c.ByteBuffer.ReadLen()-c.start+n > c.max {
+		return perrors.NewProtocolErrorWithType(perrors.InvalidData,
+			fmt.Sprintf("safecodec: unframed request exceeds %d bytes", c.max))
+	}
+	return nil
+}
+
+func (c *capped) Next(n int) ([]byte, error) {
+	if err := c.check(n); err != nil {
+		return nil, err
+	}
+	return c.ByteBuffer.Next(n)
+}
+
+func (c *capped) Peek(n int) ([]byte, error) {
+	if err := c.check(n); err != nil {
+		return nil, err
+	}
+	return c.ByteBuffer.Peek(n)
+}
+
+func (c *capped) Skip(n int) error {
+	if err := c.check(n); err != nil {
+		return err
+	}
+	return c.ByteBuffer.Skip(n)
+}
+
+func (c *capped) ReadString(n int) (string, error) {
+	if err := c.check(n); err != nil {
+		return "", err
+	}
+	return c.ByteBuffer.ReadString(n)
+}
+
+func (c *capped) ReadBinary(p []byte) (int, error) {
+	if err := c.check(len(p)); err != nil {
+		return 0, err
+	}
+	return c.ByteBuffer.ReadBinary(p)
+}
+
+func (c *capped) Read(p []byte) (int, error) {
+	if err := c.check(len(p)); err != nil {
+		return 0, err
+	}
+	return c.ByteBuffer.Read(p)
+}

@@ -45,7 +45,7 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -59,7 +59,7 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -73,7 +73,7 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -87,14 +87,14 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -276,7 +276,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -290,7 +290,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -304,7 +304,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -318,7 +318,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -332,7 +332,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -346,7 +346,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -360,14 +360,14 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -639,7 +639,7 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -653,7 +653,7 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -667,14 +667,14 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -849,14 +849,14 @@ func (p *LookupResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -970,7 +970,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -984,7 +984,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -998,7 +998,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1012,7 +1012,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1026,14 +1026,14 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1294,7 +1294,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1308,7 +1308,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1322,7 +1322,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1336,7 +1336,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1350,7 +1350,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1364,14 +1364,14 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1611,14 +1611,14 @@ func (p *AcquireResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1735,7 +1735,7 @@ func (p *ReleaseRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1749,14 +1749,14 @@ func (p *ReleaseRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1889,7 +1889,7 @@ func (p *ReleaseResponse) FastRead(buf []byte) (int, error) {
 		if fieldTypeId == thrift.STOP {
 			break
 		}
-		l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+		l, err = skipUnknown(buf[offset:], fieldTypeId)
 		offset += l
 		if err != nil {
 			goto SkipFieldError
@@ -1948,7 +1948,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1962,7 +1962,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1976,7 +1976,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1990,14 +1990,14 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2181,7 +2181,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2195,7 +2195,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2209,14 +2209,14 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2391,14 +2391,14 @@ func (p *PutResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2512,7 +2512,7 @@ func (p *PeerError) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2526,14 +2526,14 @@ func (p *PeerError) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2655,14 +2655,14 @@ func (p *TidepoolPeerLookupArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2752,7 +2752,7 @@ func (p *TidepoolPeerLookupResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2766,14 +2766,14 @@ func (p *TidepoolPeerLookupResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2899,14 +2899,14 @@ func (p *TidepoolPeerAcquireArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2996,7 +2996,7 @@ func (p *TidepoolPeerAcquireResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3010,14 +3010,14 @@ func (p *TidepoolPeerAcquireResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3143,14 +3143,14 @@ func (p *TidepoolPeerReleaseArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3240,7 +3240,7 @@ func (p *TidepoolPeerReleaseResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3254,14 +3254,14 @@ func (p *TidepoolPeerReleaseResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3387,14 +3387,14 @@ func (p *TidepoolPeerPutArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3484,7 +3484,7 @@ func (p *TidepoolPeerPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3498,14 +3498,14 @@ func (p *TidepoolPeerPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError

@@ -45,7 +45,7 @@ func (p *Limits) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -59,7 +59,7 @@ func (p *Limits) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -73,7 +73,7 @@ func (p *Limits) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -87,14 +87,14 @@ func (p *Limits) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -276,7 +276,7 @@ func (p *TierInfo) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -290,7 +290,7 @@ func (p *TierInfo) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -304,7 +304,7 @@ func (p *TierInfo) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -318,14 +318,14 @@ func (p *TierInfo) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -507,7 +507,7 @@ func (p *ArenaInfo) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -521,7 +521,7 @@ func (p *ArenaInfo) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -535,14 +535,14 @@ func (p *ArenaInfo) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -694,7 +694,7 @@ func (p *Slot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -708,7 +708,7 @@ func (p *Slot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -722,14 +722,14 @@ func (p *Slot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -881,7 +881,7 @@ func (p *HelloRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -895,14 +895,14 @@ func (p *HelloRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1024,7 +1024,7 @@ func (p *HelloResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1038,7 +1038,7 @@ func (p *HelloResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1052,7 +1052,7 @@ func (p *HelloResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1066,7 +1066,7 @@ func (p *HelloResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1080,7 +1080,7 @@ func (p *HelloResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1094,7 +1094,7 @@ func (p *HelloResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1108,14 +1108,14 @@ func (p *HelloResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1435,7 +1435,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1449,7 +1449,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1463,7 +1463,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1477,7 +1477,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1491,7 +1491,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1505,14 +1505,14 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1756,14 +1756,14 @@ func (p *PutResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1855,7 +1855,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1869,7 +1869,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1883,14 +1883,14 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2044,7 +2044,7 @@ func (p *BatchPutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2058,7 +2058,7 @@ func (p *BatchPutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2072,7 +2072,7 @@ func (p *BatchPutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2086,14 +2086,14 @@ func (p *BatchPutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2300,7 +2300,7 @@ func (p *ItemStatus) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2314,14 +2314,14 @@ func (p *ItemStatus) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2444,14 +2444,14 @@ func (p *BatchPutResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2568,7 +2568,7 @@ func (p *GetRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2582,7 +2582,7 @@ func (p *GetRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2596,14 +2596,14 @@ func (p *GetRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2757,7 +2757,7 @@ func (p *GetResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2771,7 +2771,7 @@ func (p *GetResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2785,14 +2785,14 @@ func (p *GetResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2945,7 +2945,7 @@ func (p *BatchGetRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2959,7 +2959,7 @@ func (p *BatchGetRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2973,14 +2973,14 @@ func (p *BatchGetRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3158,7 +3158,7 @@ func (p *GetItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3172,7 +3172,7 @@ func (p *GetItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3186,14 +3186,14 @@ func (p *GetItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3347,14 +3347,14 @@ func (p *BatchGetResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3471,7 +3471,7 @@ func (p *ExistsRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3485,7 +3485,7 @@ func (p *ExistsRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3499,14 +3499,14 @@ func (p *ExistsRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3660,7 +3660,7 @@ func (p *ExistsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3674,7 +3674,7 @@ func (p *ExistsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3688,14 +3688,14 @@ func (p *ExistsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3847,7 +3847,7 @@ func (p *BatchExistsRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3861,7 +3861,7 @@ func (p *BatchExistsRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3875,14 +3875,14 @@ func (p *BatchExistsRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4060,14 +4060,14 @@ func (p *BatchExistsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4184,7 +4184,7 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -4198,7 +4198,7 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -4212,14 +4212,14 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4397,14 +4397,14 @@ func (p *LookupResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4496,7 +4496,7 @@ func (p *DeleteRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -4510,14 +4510,14 @@ func (p *DeleteRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4640,14 +4640,14 @@ func (p *DeleteResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4739,14 +4739,14 @@ func (p *ClearRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4838,14 +4838,14 @@ func (p *ClearResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4937,14 +4937,14 @@ func (p *StatsRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -5036,7 +5036,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5050,7 +5050,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5064,7 +5064,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5078,7 +5078,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5092,7 +5092,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5106,7 +5106,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5120,7 +5120,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5134,7 +5134,7 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5148,14 +5148,14 @@ func (p *TierStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -5487,7 +5487,7 @@ func (p *NamespaceStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5501,7 +5501,7 @@ func (p *NamespaceStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5515,7 +5515,7 @@ func (p *NamespaceStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5529,7 +5529,7 @@ func (p *NamespaceStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5543,7 +5543,7 @@ func (p *NamespaceStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5557,7 +5557,7 @@ func (p *NamespaceStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5571,14 +5571,14 @@ func (p *NamespaceStats) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -5850,7 +5850,7 @@ func (p *StatsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5864,7 +5864,7 @@ func (p *StatsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5878,7 +5878,7 @@ func (p *StatsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -5892,14 +5892,14 @@ func (p *StatsResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -6131,7 +6131,7 @@ func (p *PrefetchRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6145,7 +6145,7 @@ func (p *PrefetchRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6159,14 +6159,14 @@ func (p *PrefetchRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -6344,14 +6344,14 @@ func (p *PrefetchResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -6443,7 +6443,7 @@ func (p *ReserveItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6457,7 +6457,7 @@ func (p *ReserveItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6471,14 +6471,14 @@ func (p *ReserveItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -6631,7 +6631,7 @@ func (p *ReserveRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6645,7 +6645,7 @@ func (p *ReserveRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6659,7 +6659,7 @@ func (p *ReserveRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6673,14 +6673,14 @@ func (p *ReserveRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -6887,7 +6887,7 @@ func (p *Reservation) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6901,7 +6901,7 @@ func (p *Reservation) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6915,7 +6915,7 @@ func (p *Reservation) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6929,7 +6929,7 @@ func (p *Reservation) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -6943,14 +6943,14 @@ func (p *Reservation) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -7161,14 +7161,14 @@ func (p *ReserveResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -7285,7 +7285,7 @@ func (p *CommitItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -7299,7 +7299,7 @@ func (p *CommitItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -7313,14 +7313,14 @@ func (p *CommitItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -7472,14 +7472,14 @@ func (p *CommitRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -7596,14 +7596,14 @@ func (p *CommitResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -7720,14 +7720,14 @@ func (p *AbortRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -7841,14 +7841,14 @@ func (p *AbortResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -7965,7 +7965,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -7979,7 +7979,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -7993,7 +7993,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -8007,14 +8007,14 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -8222,7 +8222,7 @@ func (p *Lease) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -8236,7 +8236,7 @@ func (p *Lease) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -8250,7 +8250,7 @@ func (p *Lease) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -8264,7 +8264,7 @@ func (p *Lease) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -8278,14 +8278,14 @@ func (p *Lease) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -8496,7 +8496,7 @@ func (p *AcquireResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -8510,14 +8510,14 @@ func (p *AcquireResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -8664,14 +8664,14 @@ func (p *ReleaseRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -8785,14 +8785,14 @@ func (p *ReleaseResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -8909,7 +8909,7 @@ func (p *RenewRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -8923,14 +8923,14 @@ func (p *RenewRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -9074,7 +9074,7 @@ func (p *RenewResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9088,14 +9088,14 @@ func (p *RenewResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -9233,7 +9233,7 @@ func (p *MembersRequest) FastRead(buf []byte) (int, error) {
 		if fieldTypeId == thrift.STOP {
 			break
 		}
-		l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+		l, err = skipUnknown(buf[offset:], fieldTypeId)
 		offset += l
 		if err != nil {
 			goto SkipFieldError
@@ -9292,7 +9292,7 @@ func (p *Member) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9306,7 +9306,7 @@ func (p *Member) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9320,7 +9320,7 @@ func (p *Member) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9334,7 +9334,7 @@ func (p *Member) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9348,7 +9348,7 @@ func (p *Member) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9362,14 +9362,14 @@ func (p *Member) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -9611,14 +9611,14 @@ func (p *MembersResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -9735,7 +9735,7 @@ func (p *TidepoolError) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9749,14 +9749,14 @@ func (p *TidepoolError) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -9879,14 +9879,14 @@ func (p *TidepoolHelloArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -9976,7 +9976,7 @@ func (p *TidepoolHelloResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -9990,14 +9990,14 @@ func (p *TidepoolHelloResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10123,14 +10123,14 @@ func (p *TidepoolPutArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10220,7 +10220,7 @@ func (p *TidepoolPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -10234,14 +10234,14 @@ func (p *TidepoolPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10367,14 +10367,14 @@ func (p *TidepoolBatchPutArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10464,7 +10464,7 @@ func (p *TidepoolBatchPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -10478,14 +10478,14 @@ func (p *TidepoolBatchPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10611,14 +10611,14 @@ func (p *TidepoolGetArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10708,7 +10708,7 @@ func (p *TidepoolGetResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -10722,14 +10722,14 @@ func (p *TidepoolGetResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10855,14 +10855,14 @@ func (p *TidepoolBatchGetArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -10952,7 +10952,7 @@ func (p *TidepoolBatchGetResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -10966,14 +10966,14 @@ func (p *TidepoolBatchGetResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11099,14 +11099,14 @@ func (p *TidepoolExistsArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11196,7 +11196,7 @@ func (p *TidepoolExistsResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -11210,14 +11210,14 @@ func (p *TidepoolExistsResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11343,14 +11343,14 @@ func (p *TidepoolBatchExistsArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11440,7 +11440,7 @@ func (p *TidepoolBatchExistsResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -11454,14 +11454,14 @@ func (p *TidepoolBatchExistsResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11587,14 +11587,14 @@ func (p *TidepoolLookupArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11684,7 +11684,7 @@ func (p *TidepoolLookupResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -11698,14 +11698,14 @@ func (p *TidepoolLookupResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11831,14 +11831,14 @@ func (p *TidepoolDeleteArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -11928,7 +11928,7 @@ func (p *TidepoolDeleteResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -11942,14 +11942,14 @@ func (p *TidepoolDeleteResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12075,14 +12075,14 @@ func (p *TidepoolClearArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12172,7 +12172,7 @@ func (p *TidepoolClearResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -12186,14 +12186,14 @@ func (p *TidepoolClearResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12319,14 +12319,14 @@ func (p *TidepoolStatsArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12416,7 +12416,7 @@ func (p *TidepoolStatsResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -12430,14 +12430,14 @@ func (p *TidepoolStatsResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12563,14 +12563,14 @@ func (p *TidepoolPrefetchArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12660,7 +12660,7 @@ func (p *TidepoolPrefetchResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -12674,14 +12674,14 @@ func (p *TidepoolPrefetchResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12807,14 +12807,14 @@ func (p *TidepoolReserveArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -12904,7 +12904,7 @@ func (p *TidepoolReserveResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -12918,14 +12918,14 @@ func (p *TidepoolReserveResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13051,14 +13051,14 @@ func (p *TidepoolCommitArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13148,7 +13148,7 @@ func (p *TidepoolCommitResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -13162,14 +13162,14 @@ func (p *TidepoolCommitResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13295,14 +13295,14 @@ func (p *TidepoolAbortArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13392,7 +13392,7 @@ func (p *TidepoolAbortResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -13406,14 +13406,14 @@ func (p *TidepoolAbortResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13539,14 +13539,14 @@ func (p *TidepoolAcquireArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13636,7 +13636,7 @@ func (p *TidepoolAcquireResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -13650,14 +13650,14 @@ func (p *TidepoolAcquireResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13783,14 +13783,14 @@ func (p *TidepoolReleaseArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -13880,7 +13880,7 @@ func (p *TidepoolReleaseResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -13894,14 +13894,14 @@ func (p *TidepoolReleaseResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -14027,14 +14027,14 @@ func (p *TidepoolRenewArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -14124,7 +14124,7 @@ func (p *TidepoolRenewResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -14138,14 +14138,14 @@ func (p *TidepoolRenewResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -14271,14 +14271,14 @@ func (p *TidepoolMembersArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -14368,7 +14368,7 @@ func (p *TidepoolMembersResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -14382,14 +14382,14 @@ func (p *TidepoolMembersResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
