@@ -72,6 +72,22 @@ func vmRSS(t *testing.T, pid int) int64 {
 	return 0
 }
 
+// goMetric reads one unlabelled metric of d's /metrics.
+func (d *daemon) goMetric(t *testing.T, name string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(httpGet(t, "http://"+d.metrics+"/metrics"), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("/metrics lacks %s", name)
+	return 0
+}
+
 // alive fails the test if d has exited.
 func (d *daemon) alive(t *testing.T) {
 	t.Helper()
@@ -148,8 +164,12 @@ func TestHostileFramesEngineSocket(t *testing.T) {
 				if transport == "framed" {
 					msg = framed(msg)
 				}
+				allocated := d.goMetric(t, "go_memstats_alloc_bytes_total")
 				d.sendHostile(t, msg)
 				d.alive(t)
+				if got := d.goMetric(t, "go_memstats_alloc_bytes_total") - allocated; got > 64<<20 {
+					t.Fatalf("a %d-byte message made the server allocate %.0f bytes", len(msg), got)
+				}
 				if rss := vmRSS(t, pid); rss > base+128<<20 {
 					t.Fatalf("RSS grew from %d to %d bytes", base, rss)
 				}
