@@ -122,6 +122,31 @@ func TestDecodersRefuseContainerLongerThanMessage(t *testing.T) {
 	}
 }
 
+// TestDecodersCapContainerLength: a list of 2^20+1 empty structs is all
+// there (one STOP byte each), yet refused: each would cost its Go size,
+// 64 times the byte it takes.
+func TestDecodersCapContainerLength(t *testing.T) {
+	const n = 1<<20 + 1
+	in := hostileList(2, tStruct, n)
+	in = append(in[:len(in)-1], make([]byte, n+1)...) // n STOP bytes, then the request's STOP
+	msg := tp.NewBatchPutRequest()
+	var err error
+	got := heapAllocated(func() { _, err = msg.FastRead(in) })
+	var pe *thrift.ProtocolException
+	if !errors.As(err, &pe) || pe.TypeID() != thrift.INVALID_DATA {
+		t.Fatalf("FastRead of %d empty items = %v, want an INVALID_DATA protocol exception", n, err)
+	}
+	if got > 64<<10 {
+		t.Fatalf("FastRead allocated %d bytes", got)
+	}
+	// One element fewer is accepted.
+	in = hostileList(2, tStruct, n-1)
+	in = append(in[:len(in)-1], make([]byte, n)...)
+	if _, err := tp.NewBatchPutRequest().FastRead(in); err != nil {
+		t.Fatalf("FastRead of %d empty items: %v", n-1, err)
+	}
+}
+
 // TestHostileSeedsInCorpus keeps the hostile cases in the fuzz corpus, so
 // that `go test` (which runs the seeds) and any fuzzing start from them.
 func TestHostileSeedsInCorpus(t *testing.T) {

@@ -12,7 +12,11 @@ out=protocol/gen
 # 50-byte message whose list header claims 2^31-1 items allocates gigabytes
 # (and Kitex has no option to bound it). Every element takes at least one
 # byte of the message, so a length above the bytes left is refused before
-# the make. Deterministic: the same input gives the same output.
+# the make; so is one above maxContainerLen (k-safe.go), because an element
+# of one byte (an empty struct) still costs its Go size (64 bytes for a
+# PutItem and its pointer), which would let a max_request_size message of
+# STOP bytes allocate 64 times its size. Deterministic: the same input
+# gives the same output.
 bound_lists() {
 	local f
 	for f in $(find "$1" -name 'k-*.go' | sort); do
@@ -26,7 +30,7 @@ bound_lists() {
 			}
 			pending && $0 == indent "}" {
 				print
-				print indent "if size > len(buf)-offset {"
+				print indent "if size > len(buf)-offset || size > maxContainerLen {"
 				print indent "\treturn offset, thrift.NewProtocolException(thrift.INVALID_DATA, \"container length exceeds the bytes left\")"
 				print indent "}"
 				pending = 0
@@ -46,7 +50,8 @@ bound_lists() {
 	fi
 }
 
-# safe_skip DIR: gopkg's thrift.Binary.Skip indexes a 256-entry table with
+# safe_skip DIR (also writes k-safe.go, with bound_lists' maxContainerLen):
+# gopkg's thrift.Binary.Skip indexes a 256-entry table with
 # the field type read from the wire as a signed byte, so a type byte of
 # 0x80 or more (in a field header, or as a list or map element type inside
 # a skipped field) panics with an index out of range. Kitex recovers the
@@ -55,16 +60,21 @@ bound_lists() {
 # protocol exception.
 safe_skip() {
 	local dir pkg
-	for dir in $(find "$1" -name 'k-*.go' -not -name 'k-skip.go' -exec dirname {} \; | sort -u); do
-		grep -l 'thrift\.Binary\.Skip(' "$dir"/k-*.go >/dev/null 2>&1 || continue
+	for dir in $(find "$1" -name 'k-*.go' -not -name 'k-safe.go' -exec dirname {} \; | sort -u); do
 		sed -i 's/thrift\.Binary\.Skip(/skipUnknown(/g' "$dir"/k-*.go
 		pkg=$(sed -n 's/^package //p' "$dir"/k-consts.go)
-		cat >"$dir/k-skip.go" <<-GO
+		cat >"$dir/k-safe.go" <<-GO
 			// Code added by scripts/gen-idl.sh (safe_skip). DO NOT EDIT.
 
 			package $pkg
 
 			import "github.com/cloudwego/gopkg/protocol/thrift"
+
+			// maxContainerLen bounds the length of any list, set or map the
+			// decoders accept (bound_lists): far above any batch the servers
+			// allow (max_batch is at most this), low enough that a list of
+			// empty structs costs at most 64 MiB.
+			const maxContainerLen = 1 << 20
 
 			// skipUnknown skips a field of type t like thrift.Binary.Skip, which
 			// panics on a type byte of 0x80 or more; that is refused instead.

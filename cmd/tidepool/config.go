@@ -326,8 +326,8 @@ func (c Config) Validate() error {
 	if c.MaxValueSize > c.DRAMCapacity && c.DRAMCapacity > 0 {
 		bad("max_value_size %s exceeds dram_capacity %s", units.FormatBytes(c.MaxValueSize), units.FormatBytes(c.DRAMCapacity))
 	}
-	if c.MaxBatch < 1 {
-		bad("max_batch %d: must be positive", c.MaxBatch)
+	if c.MaxBatch < 1 || c.MaxBatch > 1<<20 {
+		bad("max_batch %d: must be between 1 and 1048576 (the longest list the decoders accept)", c.MaxBatch)
 	}
 	if c.MaxRequestSize < c.MaxValueSize+64<<10 {
 		bad("max_request_size %s: must exceed max_value_size by at least 64KiB", units.FormatBytes(c.MaxRequestSize))

@@ -725,7 +725,7 @@ func (p *LookupRequest) FastReadField3(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
@@ -881,7 +881,7 @@ func (p *LookupResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]bool, 0, size)
@@ -1084,7 +1084,7 @@ func (p *AcquireRequest) FastReadField3(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
@@ -1126,7 +1126,7 @@ func (p *AcquireRequest) FastReadField5(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
@@ -1643,7 +1643,7 @@ func (p *AcquireResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*AcquireItem, 0, size)
@@ -1793,7 +1793,7 @@ func (p *ReleaseRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
@@ -2267,7 +2267,7 @@ func (p *PutRequest) FastReadField3(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*PutItem, 0, size)
@@ -2423,7 +2423,7 @@ func (p *PutResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int32, 0, size)

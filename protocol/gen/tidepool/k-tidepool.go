@@ -1180,7 +1180,7 @@ func (p *HelloResponse) FastReadField4(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*TierInfo, 0, size)
@@ -1222,7 +1222,7 @@ func (p *HelloResponse) FastReadField6(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ArenaInfo, 0, size)
@@ -2132,7 +2132,7 @@ func (p *BatchPutRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*PutItem, 0, size)
@@ -2476,7 +2476,7 @@ func (p *BatchPutResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
@@ -3019,7 +3019,7 @@ func (p *BatchGetRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
@@ -3379,7 +3379,7 @@ func (p *BatchGetResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*GetItem, 0, size)
@@ -3921,7 +3921,7 @@ func (p *BatchExistsRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
@@ -4092,7 +4092,7 @@ func (p *BatchExistsResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ExistsResponse, 0, size)
@@ -4258,7 +4258,7 @@ func (p *LookupRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
@@ -5924,7 +5924,7 @@ func (p *StatsResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*TierStats, 0, size)
@@ -5952,7 +5952,7 @@ func (p *StatsResponse) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*NamespaceStats, 0, size)
@@ -6205,7 +6205,7 @@ func (p *PrefetchRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
@@ -6719,7 +6719,7 @@ func (p *ReserveRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ReserveItem, 0, size)
@@ -7193,7 +7193,7 @@ func (p *ReserveResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*Reservation, 0, size)
@@ -7504,7 +7504,7 @@ func (p *CommitRequest) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*CommitItem, 0, size)
@@ -7628,7 +7628,7 @@ func (p *CommitResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
@@ -7752,7 +7752,7 @@ func (p *AbortRequest) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
@@ -7873,7 +7873,7 @@ func (p *AbortResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
@@ -8053,7 +8053,7 @@ func (p *AcquireRequest) FastReadField2(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
@@ -8542,7 +8542,7 @@ func (p *AcquireResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*Lease, 0, size)
@@ -8696,7 +8696,7 @@ func (p *ReleaseRequest) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
@@ -8817,7 +8817,7 @@ func (p *ReleaseResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
@@ -8955,7 +8955,7 @@ func (p *RenewRequest) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
@@ -9120,7 +9120,7 @@ func (p *RenewResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*ItemStatus, 0, size)
@@ -9643,7 +9643,7 @@ func (p *MembersResponse) FastReadField1(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
-	if size > len(buf)-offset {
+	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*Member, 0, size)
