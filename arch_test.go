@@ -21,6 +21,8 @@ type rule struct {
 
 var rules = []rule{
 	{pkg: "protocol/gen", ours: []string{"protocol/gen"}, thirdParty: []string{"github.com/cloudwego/", "github.com/apache/thrift"}},
+	// The guard around Kitex's codec that both Thrift servers use.
+	{pkg: "protocol/safecodec", ours: nil, thirdParty: []string{"github.com/cloudwego/"}},
 	{pkg: "protocol", ours: nil, thirdParty: nil},
 	// The trace simulator drives eviction policies offline (cmd replay uses it).
 	{pkg: "internal/sim", ours: []string{"internal/", "cache"}, thirdParty: nil},

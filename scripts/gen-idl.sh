@@ -7,6 +7,89 @@ cd "$(dirname "$0")/.."
 module=$(go list -m)
 out=protocol/gen
 
+# bound_lists DIR: Kitex's generated FastRead makes a list (or set, map)
+# with the length read from the wire before reading any element, so a
+# 50-byte message whose list header claims 2^31-1 items allocates gigabytes
+# (and Kitex has no option to bound it). Every element takes at least one
+# byte of the message, so a length above the bytes left is refused before
+# the make; so is one above maxContainerLen (k-safe.go), because an element
+# of one byte (an empty struct) still costs its Go size (64 bytes for a
+# PutItem and its pointer), which would let a max_request_size message of
+# STOP bytes allocate 64 times its size. Deterministic: the same input
+# gives the same output.
+bound_lists() {
+	local f
+	for f in $(find "$1" -name 'k-*.go' | sort); do
+		awk '
+			/^\t*(_, )+size, l, err := thrift\.Binary\.Read(List|Set|Map)Begin\(buf\[offset:\]\)$/ {
+				match($0, /^\t*/)
+				indent = substr($0, 1, RLENGTH)
+				pending = 1
+				print
+				next
+			}
+			pending && $0 == indent "}" {
+				print
+				print indent "if size > len(buf)-offset || size > maxContainerLen {"
+				print indent "\treturn offset, thrift.NewProtocolException(thrift.INVALID_DATA, \"container length exceeds the bytes left\")"
+				print indent "}"
+				pending = 0
+				next
+			}
+			{ print }
+		' "$f" >"$f.bound"
+		mv "$f.bound" "$f"
+	done
+	# Fail loudly if Kitex's template changed and a container went unbounded.
+	local begins bounds
+	begins=$(grep -rhoE 'thrift\.Binary\.Read(List|Set|Map)Begin\(' "$1" | wc -l)
+	bounds=$(grep -rhoF 'container length exceeds the bytes left' "$1" | wc -l)
+	if [[ "$begins" != "$bounds" ]]; then
+		echo "gen-idl: bounded $bounds of $begins container reads; update bound_lists" >&2
+		exit 1
+	fi
+}
+
+# safe_skip DIR (also writes k-safe.go, with bound_lists' maxContainerLen):
+# gopkg's thrift.Binary.Skip indexes a 256-entry table with
+# the field type read from the wire as a signed byte, so a type byte of
+# 0x80 or more (in a field header, or as a list or map element type inside
+# a skipped field) panics with an index out of range. Kitex recovers the
+# panic on its read path, but a decoder must never panic: the generated
+# code calls skipUnknown, which turns that panic into an INVALID_DATA
+# protocol exception.
+safe_skip() {
+	local dir pkg
+	for dir in $(find "$1" -name 'k-*.go' -not -name 'k-safe.go' -exec dirname {} \; | sort -u); do
+		sed -i 's/thrift\.Binary\.Skip(/skipUnknown(/g' "$dir"/k-*.go
+		pkg=$(sed -n 's/^package //p' "$dir"/k-consts.go)
+		cat >"$dir/k-safe.go" <<-GO
+			// Code added by scripts/gen-idl.sh (safe_skip). DO NOT EDIT.
+
+			package $pkg
+
+			import "github.com/cloudwego/gopkg/protocol/thrift"
+
+			// maxContainerLen bounds the length of any list, set or map the
+			// decoders accept (bound_lists): far above any batch the servers
+			// allow (max_batch is at most this), low enough that a list of
+			// empty structs costs at most 64 MiB.
+			const maxContainerLen = 1 << 20
+
+			// skipUnknown skips a field of type t like thrift.Binary.Skip, which
+			// panics on a type byte of 0x80 or more; that is refused instead.
+			func skipUnknown(b []byte, t thrift.TType) (n int, err error) {
+				defer func() {
+					if recover() != nil {
+						n, err = 0, thrift.NewProtocolException(thrift.INVALID_DATA, "invalid field type")
+					}
+				}()
+				return thrift.Binary.Skip(b, t)
+			}
+		GO
+	done
+}
+
 # gen DEST: generate into a scratch folder first, so that a failed run
 # leaves DEST as it was.
 gen() {
@@ -20,6 +103,9 @@ gen() {
 			exit 1
 		fi
 	done
+	gofmt -w "$work"
+	bound_lists "$work"
+	safe_skip "$work"
 	gofmt -w "$work"
 	grep -rl "$module/$work" "$work" | xargs -r sed -i "s#$module/$work#$module/$dest#g"
 	rm -rf "$dest"

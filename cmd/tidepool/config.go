@@ -39,6 +39,8 @@ type Config struct {
 	MaxValueSize   int64         // largest value, bytes
 	MaxBatch       int           // most items per batch call
 	MaxRequestSize int64         // largest framed request, bytes
+	EngineMaxConns int           // most engine API connections open at once
+	EngineIdle     time.Duration // engine API connection idle timeout
 	Namespaces     []string      // allow-list of namespaces; empty allows any
 	MaxNamespaces  int           // most namespaces holding data at once
 	LeaseTimeout   time.Duration // longest read pin
@@ -161,6 +163,8 @@ var settings = []setting{
 	sizeSetting("max_value_size", "largest block value", func(c *Config) *int64 { return &c.MaxValueSize }),
 	intSetting("max_batch", "most items in one batch call or lookup", func(c *Config) *int { return &c.MaxBatch }),
 	sizeSetting("max_request_size", "largest framed request accepted", func(c *Config) *int64 { return &c.MaxRequestSize }),
+	intSetting("engine_max_connections", "most engine API connections open at once; more are closed on accept", func(c *Config) *int { return &c.EngineMaxConns }),
+	durationSetting("engine_idle_timeout", "close an engine API connection idle this long", func(c *Config) *time.Duration { return &c.EngineIdle }),
 	{"namespaces", "comma-separated allow-list of namespaces; empty allows any",
 		func(c *Config) string { return strings.Join(c.Namespaces, ",") },
 		func(c *Config, v string) error {
@@ -265,6 +269,8 @@ func DefaultConfig() Config {
 		MaxValueSize:   64 << 20,
 		MaxBatch:       1024,
 		MaxRequestSize: 256 << 20,
+		EngineMaxConns: 1024,
+		EngineIdle:     10 * time.Minute,
 		MaxNamespaces:  64,
 		LeaseTimeout:   5 * time.Second,
 		EvictionPolicy: "prefix",
@@ -329,14 +335,20 @@ func (c Config) Validate() error {
 	if c.MaxValueSize > c.DRAMCapacity && c.DRAMCapacity > 0 {
 		bad("max_value_size %s exceeds dram_capacity %s", units.FormatBytes(c.MaxValueSize), units.FormatBytes(c.DRAMCapacity))
 	}
-	if c.MaxBatch < 1 {
-		bad("max_batch %d: must be positive", c.MaxBatch)
+	if c.MaxBatch < 1 || c.MaxBatch > 1<<20 {
+		bad("max_batch %d: must be between 1 and 1048576 (the longest list the decoders accept)", c.MaxBatch)
 	}
 	if c.MaxRequestSize < c.MaxValueSize+64<<10 {
 		bad("max_request_size %s: must exceed max_value_size by at least 64KiB", units.FormatBytes(c.MaxRequestSize))
 	}
 	if c.MaxRequestSize > 2<<30-1 {
 		bad("max_request_size %s: at most 2GiB", units.FormatBytes(c.MaxRequestSize))
+	}
+	if c.EngineMaxConns < 1 {
+		bad("engine_max_connections %d: must be positive", c.EngineMaxConns)
+	}
+	if c.EngineIdle <= 0 {
+		bad("engine_idle_timeout %s: must be positive", c.EngineIdle)
 	}
 	if c.MaxNamespaces < 1 {
 		bad("max_namespaces %d: must be positive", c.MaxNamespaces)

@@ -330,3 +330,37 @@ func (c *zeroCopyCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.commits, ctr, float64(s.CommitExists), "exists")
 	ch <- m(c.aborts, ctr, float64(s.Aborted))
 }
+
+// engineConnCollector exports the engine API's connection counters.
+type engineConnCollector struct {
+	srv                                         *engineapi.Server
+	active, accepted, refused, idle, acceptErrs *prometheus.Desc
+}
+
+func newEngineConnCollector(srv *engineapi.Server) *engineConnCollector {
+	d := prometheus.NewDesc
+	return &engineConnCollector{srv: srv,
+		active:     d("tidepool_engine_connections", "Engine API connections open now.", nil, nil),
+		accepted:   d("tidepool_engine_connections_accepted_total", "Engine API connections accepted (refused ones included).", nil, nil),
+		refused:    d("tidepool_engine_connections_refused_total", "Engine API connections closed on accept because engine_max_connections were open.", nil, nil),
+		idle:       d("tidepool_engine_connections_idle_closed_total", "Engine API connections closed after engine_idle_timeout without a call.", nil, nil),
+		acceptErrs: d("tidepool_engine_accept_errors_total", "Failed accepts on the engine socket (e.g. EMFILE); accepting backs off and continues.", nil, nil),
+	}
+}
+
+func (c *engineConnCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.active, c.accepted, c.refused, c.idle, c.acceptErrs} {
+		ch <- d
+	}
+}
+
+func (c *engineConnCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.srv.ConnStats()
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	m := prometheus.MustNewConstMetric
+	ch <- m(c.active, g, float64(s.Active))
+	ch <- m(c.accepted, ctr, float64(s.Accepted))
+	ch <- m(c.refused, ctr, float64(s.Refused))
+	ch <- m(c.idle, ctr, float64(s.IdleClosed))
+	ch <- m(c.acceptErrs, ctr, float64(s.AcceptErrors))
+}

@@ -143,12 +143,15 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	scfg := engineapi.DefaultConfig()
 	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
 	scfg.DrainTimeout = cfg.DrainTimeout
+	scfg.MaxConnections = cfg.EngineMaxConns
+	scfg.IdleTimeout = cfg.EngineIdle
 	scfg.Observer = m.observer()
+	// The server owns ln from here, also when NewServer fails.
 	srv, err := engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
 	if err != nil {
-		ln.Close()
 		return err
 	}
+	m.reg.MustRegister(newEngineConnCollector(srv))
 	if err := srv.Start(ctx); err != nil {
 		return err
 	}

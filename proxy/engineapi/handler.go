@@ -6,6 +6,7 @@ package engineapi
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/protocol"
@@ -35,6 +36,12 @@ type handler struct {
 var _ tp.Tidepool = (*handler)(nil)
 
 func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloResponse, error) {
+	if v := req.GetClientVersion(); v != protocol.Version {
+		// One version so far: a client of another speaks calls or fields
+		// this server may read differently, so it is refused up front.
+		return nil, &tp.TidepoolError{Code: tp.ErrorCode_VERSION_MISMATCH,
+			Message: fmt.Sprintf("client speaks engine API version %d; this server speaks %d", v, protocol.Version)}
+	}
 	cfg := h.p.Config()
 	st, err := h.p.Stats(ctx, "")
 	if err != nil {

@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/cloudwego/kitex/pkg/endpoint"
-	"github.com/cloudwego/kitex/pkg/remote/codec"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 	"go.uber.org/zap"
 
+	"github.com/tidepool-kv/tidepool/internal/fdlisten"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	tpsvc "github.com/tidepool-kv/tidepool/protocol/gen/tidepool/tidepool"
+	"github.com/tidepool-kv/tidepool/protocol/safecodec"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
@@ -31,18 +32,43 @@ type Config struct {
 	// DrainTimeout bounds how long Close waits for in-flight calls.
 	// Default 10s.
 	DrainTimeout time.Duration
+	// MaxConnections bounds the engine connections open at once; one
+	// more is closed as soon as it is accepted (and counted as refused).
+	// Default 1024.
+	MaxConnections int
+	// IdleTimeout closes a connection that has carried no request for
+	// this long. Default 10m.
+	IdleTimeout time.Duration
 	// Observer, if set, sees every call.
 	Observer Observer
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second}
+	return Config{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxConnections: 1024, IdleTimeout: 10 * time.Minute}
+}
+
+// ConnStats counts the engine connections.
+type ConnStats struct {
+	// Active is connections open now.
+	Active int64
+	// Accepted is connections accepted since start (refused ones too).
+	Accepted uint64
+	// Refused is connections closed at once because MaxConnections were
+	// open.
+	Refused uint64
+	// IdleClosed is connections closed after IdleTimeout without a call.
+	IdleClosed uint64
+	// AcceptErrors is accept(2) failures (EMFILE and the like), after
+	// each of which accepting backs off and continues.
+	AcceptErrors uint64
 }
 
 // Server serves the engine API over a listener.
 type Server struct {
 	lg    *zap.Logger
+	ln    *fdlisten.Listener
+	conns *connTracker
 	svr   server.Server
 	ready chan struct{}
 	done  chan struct{}
@@ -52,35 +78,59 @@ type Server struct {
 	closeErr  error
 }
 
-// NewServer makes a Kitex server for p on ln. The server owns ln from now on.
+// NewServer makes a Kitex server for p on ln (a Unix or TCP listener).
+// The server owns ln from now on, also when NewServer fails: it closes
+// the descriptor exactly once, after Kitex has stopped using it
+// (internal/fdlisten says why netpoll must not close it).
 func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Server, error) {
-	if p == nil || ln == nil {
-		return nil, errors.New("engineapi: nil proxy or listener")
+	if ln == nil {
+		return nil, errors.New("engineapi: nil listener")
+	}
+	if p == nil {
+		ln.Close()
+		return nil, errors.New("engineapi: nil proxy")
 	}
 	if cfg.MaxRequestBytes <= 0 {
+		ln.Close()
 		return nil, fmt.Errorf("engineapi: max request bytes %d must be positive", cfg.MaxRequestBytes)
 	}
+	def := DefaultConfig()
 	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = DefaultConfig().DrainTimeout
+		cfg.DrainTimeout = def.DrainTimeout
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = def.MaxConnections
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = def.IdleTimeout
 	}
 	if lg == nil {
 		lg = zap.NewNop()
 	}
+	fl, err := fdlisten.New(ln)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("engineapi: %w", err)
+	}
+	conns := newConnTracker(cfg.MaxConnections, cfg.IdleTimeout, lg)
 	opts := []server.Option{
-		server.WithListener(ln),
-		server.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxRequestBytes)),
+		server.WithListener(fl),
+		server.WithCodec(safecodec.New(cfg.MaxRequestBytes)),
 		server.WithExitWaitTime(cfg.DrainTimeout),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool"}),
 		// Get and BatchGet answer from the arenas in place; the tracer
 		// releases the pins once the reply is written (pins.go).
 		server.WithTracer(newPinTracer(lg)),
 		server.WithBoundHandler(sockBufHandler{}),
+		server.WithBoundHandler(conns),
 	}
 	if cfg.Observer != nil {
 		opts = append(opts, server.WithMiddleware(observe(cfg.Observer)))
 	}
 	s := &Server{
 		lg:    lg,
+		ln:    fl,
+		conns: conns,
 		svr:   tpsvc.NewServer(&handler{p: p}, opts...),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
@@ -113,6 +163,7 @@ func observe(obs Observer) endpoint.Middleware {
 
 // Start serves in the background. Ready is closed once the server runs.
 func (s *Server) Start(ctx context.Context) error {
+	s.conns.start()
 	go func() {
 		defer close(s.done)
 		// Kitex's Run blocks until Stop; it listens on the listener given.
@@ -132,11 +183,28 @@ func (s *Server) Ready() <-chan struct{} { return s.ready }
 func (s *Server) Done() <-chan struct{} { return s.done }
 
 // Close stops accepting, drains in-flight calls (up to DrainTimeout) and
-// closes the listener. Safe to call twice.
+// then, Kitex done with it, closes the listening socket: the one close of
+// its descriptor. Safe to call twice.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.closeErr = s.svr.Stop()
 		<-s.done
+		s.conns.close()
+		if err := s.ln.Release(); err != nil && s.closeErr == nil {
+			s.closeErr = fmt.Errorf("engineapi: closing the listener: %w", err)
+		}
 	})
 	return s.closeErr
+}
+
+// ConnStats returns the connection counters.
+func (s *Server) ConnStats() ConnStats {
+	ls := s.ln.Stats()
+	return ConnStats{
+		Active:       s.conns.active.Load(),
+		Accepted:     ls.Accepted,
+		Refused:      s.conns.refused.Load(),
+		IdleClosed:   s.conns.idleClosed.Load(),
+		AcceptErrors: ls.Failed,
+	}
 }

@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cloudwego/kitex/pkg/remote/codec"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 	"go.uber.org/zap"
@@ -26,6 +25,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
+	"github.com/tidepool-kv/tidepool/protocol/safecodec"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
@@ -155,7 +155,7 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 	}
 	s.svr = tidepoolpeer.NewServer(h,
 		server.WithListener(ln),
-		server.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxRequestBytes)),
+		server.WithCodec(safecodec.New(cfg.MaxRequestBytes)),
 		server.WithExitWaitTime(cfg.DrainTimeout),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-peer"}),
 	)

@@ -45,7 +45,7 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -59,7 +59,7 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -73,7 +73,7 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -87,14 +87,14 @@ func (p *Auth) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -276,7 +276,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -290,7 +290,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -304,7 +304,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -318,7 +318,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -332,7 +332,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -346,7 +346,7 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -360,14 +360,14 @@ func (p *RemoteSlot) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -639,7 +639,7 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -653,7 +653,7 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -667,14 +667,14 @@ func (p *LookupRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -724,6 +724,9 @@ func (p *LookupRequest) FastReadField3(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
@@ -846,14 +849,14 @@ func (p *LookupResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -877,6 +880,9 @@ func (p *LookupResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]bool, 0, size)
 	for i := 0; i < size; i++ {
@@ -964,7 +970,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -978,7 +984,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -992,7 +998,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1006,7 +1012,7 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1020,14 +1026,14 @@ func (p *AcquireRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1078,6 +1084,9 @@ func (p *AcquireRequest) FastReadField3(buf []byte) (int, error) {
 	if err != nil {
 		return offset, err
 	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
+	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
 		var _elem []byte
@@ -1116,6 +1125,9 @@ func (p *AcquireRequest) FastReadField5(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
 	for i := 0; i < size; i++ {
@@ -1282,7 +1294,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1296,7 +1308,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1310,7 +1322,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1324,7 +1336,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1338,7 +1350,7 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1352,14 +1364,14 @@ func (p *AcquireItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1599,14 +1611,14 @@ func (p *AcquireResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1630,6 +1642,9 @@ func (p *AcquireResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*AcquireItem, 0, size)
 	values := make([]AcquireItem, size)
@@ -1720,7 +1735,7 @@ func (p *ReleaseRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1734,14 +1749,14 @@ func (p *ReleaseRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -1777,6 +1792,9 @@ func (p *ReleaseRequest) FastReadField2(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int64, 0, size)
 	for i := 0; i < size; i++ {
@@ -1871,7 +1889,7 @@ func (p *ReleaseResponse) FastRead(buf []byte) (int, error) {
 		if fieldTypeId == thrift.STOP {
 			break
 		}
-		l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+		l, err = skipUnknown(buf[offset:], fieldTypeId)
 		offset += l
 		if err != nil {
 			goto SkipFieldError
@@ -1930,7 +1948,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1944,7 +1962,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1958,7 +1976,7 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -1972,14 +1990,14 @@ func (p *PutItem) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2163,7 +2181,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2177,7 +2195,7 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2191,14 +2209,14 @@ func (p *PutRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2248,6 +2266,9 @@ func (p *PutRequest) FastReadField3(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]*PutItem, 0, size)
 	values := make([]PutItem, size)
@@ -2370,14 +2391,14 @@ func (p *PutResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2401,6 +2422,9 @@ func (p *PutResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]int32, 0, size)
 	for i := 0; i < size; i++ {
@@ -2488,7 +2512,7 @@ func (p *PeerError) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2502,14 +2526,14 @@ func (p *PeerError) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2631,14 +2655,14 @@ func (p *TidepoolPeerLookupArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2728,7 +2752,7 @@ func (p *TidepoolPeerLookupResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2742,14 +2766,14 @@ func (p *TidepoolPeerLookupResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2875,14 +2899,14 @@ func (p *TidepoolPeerAcquireArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2972,7 +2996,7 @@ func (p *TidepoolPeerAcquireResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2986,14 +3010,14 @@ func (p *TidepoolPeerAcquireResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3119,14 +3143,14 @@ func (p *TidepoolPeerReleaseArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3216,7 +3240,7 @@ func (p *TidepoolPeerReleaseResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3230,14 +3254,14 @@ func (p *TidepoolPeerReleaseResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3363,14 +3387,14 @@ func (p *TidepoolPeerPutArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -3460,7 +3484,7 @@ func (p *TidepoolPeerPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -3474,14 +3498,14 @@ func (p *TidepoolPeerPutResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
