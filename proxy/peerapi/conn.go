@@ -2,8 +2,15 @@ package peerapi
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
 
+	"github.com/cloudwego/gopkg/bufiox"
 	kclient "github.com/cloudwego/kitex/client"
+
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 )
@@ -71,4 +78,51 @@ func (a *apiConn) Close() error {
 		return c.Close()
 	}
 	return nil
+}
+
+// authDialer dials a peer's API and, with a key, runs the client side of
+// the handshake before Kitex writes anything: a server that cannot prove
+// it holds the cluster secret never sees a call.
+type authDialer struct{ key *peerauth.Key }
+
+func (d authDialer) DialTimeout(network, address string, timeout time.Duration) (net.Conn, error) {
+	deadline := time.Now().Add(timeout)
+	nd := net.Dialer{Deadline: deadline}
+	nc, err := nd.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	if d.key != nil {
+		if err := d.key.Client(nc, peerauth.PurposePeerAPI, deadline); err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("peerapi: %s: %w", address, err)
+		}
+	}
+	return newClientConn(nc), nil
+}
+
+// clientConn is what Kitex's Go net transport expects of a connection
+// (gonet's own is unexported): buffered, closed once.
+type clientConn struct {
+	net.Conn
+	r      *bufiox.DefaultReader
+	w      *bufiox.DefaultWriter
+	closed atomic.Bool
+}
+
+func newClientConn(nc net.Conn) *clientConn {
+	return &clientConn{Conn: nc, r: bufiox.NewDefaultReader(nc), w: bufiox.NewDefaultWriter(nc)}
+}
+
+func (c *clientConn) Reader() *bufiox.DefaultReader { return c.r }
+func (c *clientConn) Writer() *bufiox.DefaultWriter { return c.w }
+func (c *clientConn) Read(b []byte) (int, error)    { return c.r.Read(b) }
+
+// Close closes the connection once.
+func (c *clientConn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return net.ErrClosed
+	}
+	_ = c.r.Release(nil)
+	return c.Conn.Close()
 }

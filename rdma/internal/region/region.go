@@ -4,8 +4,9 @@
 package region
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -30,15 +31,30 @@ type Table struct {
 	next  atomic.Uint64
 	bytes atomic.Uint64
 	keys  func() uint32
+	ids   func() uint64 // nil: sequential
 }
 
-// NewTable returns an empty table whose region keys are random.
-func NewTable() *Table { return NewTableWithKeys(rand.Uint32) }
+// NewTable returns an empty table whose region ids and keys are drawn from
+// crypto/rand: a region is named by 64 random id bits plus 32 random key
+// bits, so a peer cannot guess one it was not told.
+func NewTable() *Table {
+	t := NewTableWithKeys(func() uint32 { return uint32(randUint64()) })
+	t.ids = randUint64
+	return t
+}
 
-// NewTableWithKeys returns an empty table drawing region keys from keys (a
-// test seam: fuzzers need predictable keys).
+// NewTableWithKeys returns an empty table with sequential ids drawing
+// region keys from keys (a test seam: fuzzers need predictable keys).
 func NewTableWithKeys(keys func() uint32) *Table {
 	return &Table{m: make(map[rdma.RegionID]*entry), keys: keys}
+}
+
+func randUint64() uint64 {
+	var b [8]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		panic("region: crypto/rand: " + err.Error()) // never fails on Linux
+	}
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // Register adds buf and returns its descriptor.
@@ -46,9 +62,17 @@ func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
 	if buf == nil {
 		return rdma.RegionDesc{}, fmt.Errorf("rdma: register a nil buffer")
 	}
-	id := rdma.RegionID(t.next.Add(1))
 	e := &entry{buf: buf, key: t.keys()}
 	t.mu.Lock()
+	id := rdma.RegionID(t.next.Add(1))
+	if t.ids != nil {
+		for {
+			id = rdma.RegionID(t.ids())
+			if _, taken := t.m[id]; !taken && id != 0 {
+				break
+			}
+		}
+	}
 	t.m[id] = e
 	t.mu.Unlock()
 	t.bytes.Add(uint64(len(buf)))
