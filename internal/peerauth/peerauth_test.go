@@ -1,0 +1,267 @@
+package peerauth
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func mustKey(t *testing.T, secret, label string) *Key {
+	t.Helper()
+	k, err := NewKey([]byte(secret), label)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+const secret = "0123456789abcdef-cluster-secret"
+
+func TestNewKeyRefusesShortSecret(t *testing.T) {
+	if _, err := NewKey([]byte("short"), ""); !errors.Is(err, ErrSecret) {
+		t.Fatalf("NewKey(short): %v, want ErrSecret", err)
+	}
+}
+
+// TestHandshake: both sides succeed only with the same secret, label and
+// purpose; otherwise both fail (the server never hands the connection out).
+func TestHandshake(t *testing.T) {
+	srv := mustKey(t, secret, "prod")
+	for _, tc := range []struct {
+		name    string
+		client  *Key
+		purpose Purpose
+		ok      bool
+	}{
+		{"same credentials", mustKey(t, secret, "prod"), PurposePeerAPI, true},
+		{"other secret", mustKey(t, secret+"x", "prod"), PurposePeerAPI, false},
+		{"other label", mustKey(t, secret, "staging"), PurposePeerAPI, false},
+		{"other port", mustKey(t, secret, "prod"), PurposeTransfer, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			done := make(chan error, 1)
+			go func() {
+				err := srv.Server(b, PurposePeerAPI, time.Now().Add(5*time.Second))
+				if err != nil {
+					b.Close()
+				}
+				done <- err
+			}()
+			cerr := tc.client.Client(a, tc.purpose, time.Now().Add(5*time.Second))
+			if cerr != nil {
+				a.Close() // as a dialer does
+			}
+			serr := <-done
+			if (cerr == nil) != tc.ok || (serr == nil) != tc.ok {
+				t.Fatalf("client %v, server %v; want success %v", cerr, serr, tc.ok)
+			}
+			if !tc.ok && !errors.Is(serr, ErrRefused) {
+				t.Fatalf("server error %v, want ErrRefused", serr)
+			}
+		})
+	}
+}
+
+func TestMembershipProof(t *testing.T) {
+	k := mustKey(t, secret, "prod")
+	p := k.Proof("member", []byte("node-a"))
+	if !k.Verify("member", []byte("node-a"), p) {
+		t.Fatal("own proof refused")
+	}
+	for _, other := range []struct {
+		k    *Key
+		what string
+		msg  string
+	}{{mustKey(t, secret+"x", "prod"), "member", "node-a"}, {k, "member", "node-b"}, {k, "other", "node-a"}} {
+		if other.k.Verify(other.what, []byte(other.msg), p) {
+			t.Fatalf("proof accepted for %q %q", other.what, other.msg)
+		}
+	}
+}
+
+func listen(t *testing.T, cfg ListenerConfig) *Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewListener(ln, cfg, nil)
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func waitStat(t *testing.T, l *Listener, what string, f func(ListenerStats) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f(l.Stats()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: never; stats %+v", what, l.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestListenerRefusesStrangers: bytes from a client without the secret are
+// never handed to the server; the connection is closed and counted.
+func TestListenerRefusesStrangers(t *testing.T) {
+	l := listen(t, ListenerConfig{Key: mustKey(t, secret, ""), Purpose: PurposePeerAPI})
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	garbage := make([]byte, 4096)
+	for i := range garbage {
+		garbage[i] = 0xff
+	}
+	c.Write(garbage)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, _ := io.Copy(io.Discard, c); n != 0 {
+		t.Fatalf("got %d bytes back", n)
+	}
+	waitStat(t, l, "auth failure counted", func(s ListenerStats) bool { return s.AuthFailures == 1 && s.Active == 0 })
+	if s := l.Stats(); s.Accepted != 0 {
+		t.Fatalf("stranger accepted: %+v", s)
+	}
+}
+
+// TestListenerCapsConnections: with MaxConns open, the next connection is
+// closed at once and counted; once one closes, a new one is served.
+func TestListenerCapsConnections(t *testing.T) {
+	k := mustKey(t, secret, "")
+	l := listen(t, ListenerConfig{Key: k, Purpose: PurposeTransfer, MaxConns: 2})
+	go func() { // the server: hold what is accepted
+		for {
+			if _, err := l.Accept(); err != nil {
+				return
+			}
+		}
+	}()
+	dial := func() (net.Conn, error) {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			return nil, err
+		}
+		return c, k.Client(c, PurposeTransfer, time.Now().Add(5*time.Second))
+	}
+	var held []net.Conn
+	for i := 0; i < 2; i++ {
+		c, err := dial()
+		if err != nil {
+			t.Fatalf("connection %d under the cap: %v", i, err)
+		}
+		held = append(held, c)
+	}
+	c, err := dial()
+	if err == nil {
+		t.Fatal("third connection over a cap of 2 authenticated")
+	}
+	c.Close()
+	waitStat(t, l, "over-limit counted", func(s ListenerStats) bool { return s.OverLimit == 1 })
+	if s := l.Stats(); s.Active != 2 || s.Accepted != 2 {
+		t.Fatalf("stats %+v, want 2 active, 2 accepted", s)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+}
+
+// TestListenerIdleTimeout: an accepted connection that sends nothing is
+// cut by its reader's capped deadline, whatever deadline the server asked.
+func TestListenerIdleTimeout(t *testing.T) {
+	k := mustKey(t, secret, "")
+	l := listen(t, ListenerConfig{Key: k, Purpose: PurposePeerAPI, IdleTimeout: 100 * time.Millisecond})
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := k.Client(c, PurposePeerAPI, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.SetReadDeadline(time.Time{}) // "no deadline" is capped at the idle timeout
+	_, err = sc.Read(make([]byte, 1))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("read on an idle connection: %v, want a timeout", err)
+	}
+	sc.Close()
+	sc.Close() // closed once: the count stays right
+	waitStat(t, l, "released", func(s ListenerStats) bool { return s.Active == 0 })
+}
+
+// TestListenerSurvivesEMFILE: accept failing with "too many open files"
+// backs off and keeps accepting once descriptors are free again.
+func TestListenerSurvivesEMFILE(t *testing.T) {
+	k := mustKey(t, secret, "")
+	l := listen(t, ListenerConfig{Key: k, Purpose: PurposeTransfer})
+	release := exhaustFDs(t, 1)
+	c, err := net.Dial("tcp", l.Addr().String()) // takes the last descriptor
+	if err != nil {
+		release()
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waitStat(t, l, "accept error survived", func(s ListenerStats) bool { return s.AcceptErrors >= 1 })
+	release()
+	if err := k.Client(c, PurposeTransfer, time.Now().Add(10*time.Second)); err != nil {
+		t.Fatalf("handshake after EMFILE: %v", err)
+	}
+	if _, err := l.Accept(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// exhaustFDs lowers RLIMIT_NOFILE and opens files until leave descriptors
+// are left; release closes them and restores the limit.
+func exhaustFDs(t *testing.T, leave int) (release func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := old
+	lim.Cur = uint64(len(ents) + 64)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	var files []*os.File
+	release = func() {
+		for _, f := range files {
+			f.Close()
+		}
+		files = nil
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+	}
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			if !errors.Is(err, syscall.EMFILE) {
+				release()
+				t.Fatal(err)
+			}
+			break
+		}
+		files = append(files, f)
+	}
+	for i := 0; i < leave && len(files) > 0; i++ {
+		files[len(files)-1].Close()
+		files = files[:len(files)-1]
+	}
+	return release
+}
