@@ -82,3 +82,32 @@ func TestDeregisterWaitsForSpans(t *testing.T) {
 		t.Fatalf("Len after Deregister = %d, %d", n, b)
 	}
 }
+
+// TestRegionNamesAreUnguessable: NewTable names regions with random 64-bit
+// ids (not a counter a peer could walk) and random keys, all distinct.
+func TestRegionNamesAreUnguessable(t *testing.T) {
+	tb := NewTable()
+	ids := map[rdma.RegionID]bool{}
+	var high, keys int
+	for i := 0; i < 64; i++ {
+		d, err := tb.Register(make([]byte, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ids[d.ID] || d.ID == 0 {
+			t.Fatalf("id %d repeated or zero", d.ID)
+		}
+		ids[d.ID] = true
+		if d.ID > 1<<32 {
+			high++
+		}
+		if d.Key != 0 {
+			keys++
+		}
+	}
+	// A counter would give 1..64; random ids are above 2^32 with
+	// probability 1-2^-32 each.
+	if high < 60 || keys < 60 {
+		t.Fatalf("%d of 64 ids above 2^32, %d non-zero keys: not random", high, keys)
+	}
+}
