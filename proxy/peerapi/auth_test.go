@@ -1,0 +1,86 @@
+package peerapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/peerapi"
+)
+
+// TestClusterWithSecret: with a cluster secret, peers fetch from each
+// other as before; a client without the secret is refused at the
+// handshake, before the server decodes anything it sends (the server's
+// per-call refusal counter does not move), and a hostile Thrift frame from
+// a stranger is never decoded.
+func TestClusterWithSecret(t *testing.T) {
+	const ns = "llama"
+	nodes := newCluster(t, 2, nodeOpts{label: "prod", secret: "peerapi-test-cluster-secret"})
+	a, b := nodes[0], nodes[1]
+	ctx := context.Background()
+
+	k := keyOwnedBy(t, nodes, ns, "secure", a.name)
+	v := value(9, 200<<10)
+	if _, err := a.p.Put(ctx, ns, k, v, cache.PutOptions{Depth: 1}); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := b.p.Get(ctx, ns, k, proxy.ScopeCluster)
+	if err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("cluster get with the secret: %v (equal %v)", err, bytes.Equal(got, v))
+	}
+
+	// A client with the right label but no secret.
+	cli, err := peerapi.NewClient(peerapi.ClientConfig{
+		Credentials: peerapi.Credentials{NodeID: "intruder", Label: "prod"},
+		Resolve:     b.view.Addrs, Store: b.tier, Transport: b.tr, Regions: b.regions,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	refused, fails := a.srv.Stats().Refused, a.srv.ListenerStats().AuthFailures
+	if _, err := cli.Lookup(ctx, a.name, ns, [][]byte{k}); err == nil {
+		t.Fatal("lookup without the secret succeeded")
+	}
+	if _, err := cli.Push(ctx, a.name, ns, []proxy.PutItem{{Key: []byte("evil"), Value: []byte("x")}}); err == nil {
+		t.Fatal("push without the secret succeeded")
+	}
+	if got := a.srv.Stats().Refused; got != refused {
+		t.Fatalf("the server decoded %d calls from a client without the secret", got-refused)
+	}
+	if _, ok, _ := a.p.Exists(ctx, ns, []byte("evil"), proxy.ScopeLocal); ok {
+		t.Fatal("a push without the secret was stored")
+	}
+
+	// A stranger's hostile frame: a list claiming 2^31-1 elements.
+	addr, _, _ := b.view.Addrs(a.name)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	frame := binary.BigEndian.AppendUint32(nil, 0x7fffffff)
+	frame = binary.BigEndian.AppendUint32(frame, 0x80010001)
+	frame = append(frame, bytes.Repeat([]byte{0x0f, 0x0c, 0x7f, 0xff, 0xff, 0xff}, 16)...)
+	_, _ = c.Write(frame)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, _ := io.Copy(io.Discard, c); n != 0 {
+		t.Fatalf("the server answered a stranger with %d bytes", n)
+	}
+	waitFor(t, 5*time.Second, "the refusals to be counted", func() bool {
+		return a.srv.ListenerStats().AuthFailures >= fails+2
+	})
+	if got := a.srv.Stats().Refused; got != refused {
+		t.Fatalf("the server decoded %d calls from strangers", got-refused)
+	}
+	// Still serving its peers.
+	if got, _, err := b.p.Get(ctx, ns, k, proxy.ScopeCluster); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("cluster get after the strangers: %v", err)
+	}
+}
