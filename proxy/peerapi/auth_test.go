@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,5 +83,50 @@ func TestClusterWithSecret(t *testing.T) {
 	// Still serving its peers.
 	if got, _, err := b.p.Get(ctx, ns, k, proxy.ScopeCluster); err != nil || !bytes.Equal(got, v) {
 		t.Fatalf("cluster get after the strangers: %v", err)
+	}
+}
+
+// countingListener counts Close calls on the listener it wraps.
+type countingListener struct {
+	net.Listener
+	closes atomic.Int32
+}
+
+func (l *countingListener) Close() error {
+	l.closes.Add(1)
+	return l.Listener.Close()
+}
+
+// TestServerClosesListenerOnce: the server owns its listener and closes it
+// exactly once, whether it ran or not (a descriptor closed twice can close
+// someone else's file that reused the number).
+func TestServerClosesListenerOnce(t *testing.T) {
+	n := newNode(t, "solo", nodeOpts{})
+	for _, run := range []bool{true, false} {
+		raw, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln := &countingListener{Listener: raw}
+		srv, err := peerapi.NewServer(peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions}, n.p, ln, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run {
+			if err := srv.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			<-srv.Ready()
+			c, err := net.Dial("tcp", raw.Addr().String()) // one connection served
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		}
+		srv.Close()
+		srv.Close()
+		if got := ln.closes.Load(); got != 1 {
+			t.Fatalf("run %v: listener closed %d times, want once", run, got)
+		}
 	}
 }
