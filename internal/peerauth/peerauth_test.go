@@ -265,3 +265,44 @@ func exhaustFDs(t *testing.T, leave int) (release func()) {
 	}
 	return release
 }
+
+// BenchmarkHandshake: one authenticated connection set up on loopback
+// (dial, handshake, accept), the cost paid once per pooled connection.
+//
+//	go test -run XXX -bench Handshake ./internal/peerauth/
+func BenchmarkHandshake(b *testing.B) {
+	k, err := NewKey([]byte(secret), "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		key  *Key
+	}{{"plain", nil}, {"secret", k}} {
+		b.Run(tc.name, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			l := NewListener(ln, ListenerConfig{Key: tc.key, Purpose: PurposePeerAPI}, nil)
+			defer l.Close()
+			for i := 0; i < b.N; i++ {
+				c, err := net.Dial("tcp", l.Addr().String())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if tc.key != nil {
+					if err := tc.key.Client(c, PurposePeerAPI, time.Now().Add(5*time.Second)); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sc, err := l.Accept()
+				if err != nil {
+					b.Fatal(err)
+				}
+				sc.Close()
+				c.Close()
+			}
+		})
+	}
+}
