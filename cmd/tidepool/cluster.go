@@ -99,6 +99,9 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 		if akey, err = peerauth.NewKey(secret, cfg.ClusterLabel); err != nil {
 			return nil, fmt.Errorf("peer_secret_file: %w", err)
 		}
+		if cfg.PeerEncrypt {
+			akey = akey.Encrypting()
+		}
 	}
 	if key == nil || akey == nil {
 		// Only reachable with insecure_cluster (Validate refuses otherwise).

@@ -57,6 +57,7 @@ type Config struct {
 	PeerTokenFile  string        // file holding the peer API shared token (legacy, checked after decoding)
 	PeerSecretFile string        // file holding the cluster secret that authenticates peer API and transfer connections
 	Insecure       bool          // insecure_cluster: run a cluster without credentials
+	PeerEncrypt    bool          // encrypt peer API and transfer connections (AES-256-GCM) after authenticating them
 	PeerMaxConns   int           // most connections open at once on the peer API port and on the transfer port (each)
 	PeerIdleTime   time.Duration // a peer API or transfer connection idle that long is closed
 	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
@@ -205,6 +206,7 @@ var settings = []setting{
 	stringSetting("peer_token_file", "legacy: file holding a token every peer API call must carry (checked after the call is decoded; peer_secret_file is what authenticates)", func(c *Config) *string { return &c.PeerTokenFile }),
 	stringSetting("peer_secret_file", "file holding the cluster secret (at least 16 bytes, raw or base64) that authenticates every peer API and transfer connection and every member; required with gossip_addr", func(c *Config) *string { return &c.PeerSecretFile }),
 	boolSetting("insecure_cluster", "run a cluster without gossip_key_file and peer_secret_file: any host that reaches the ports can read, write and join (logged loudly; never on a shared network)", func(c *Config) *bool { return &c.Insecure }),
+	boolSetting("peer_encrypt", "encrypt every peer API and transfer connection (AES-256-GCM, keys from peer_secret_file); every member must agree", func(c *Config) *bool { return &c.PeerEncrypt }),
 	intSetting("peer_max_conns", "most connections open at once on the peer API port, and on the transfer port; more are closed as they come", func(c *Config) *int { return &c.PeerMaxConns }),
 	durationSetting("peer_idle_timeout", "a peer API or transfer connection that sends nothing for this long is closed", func(c *Config) *time.Duration { return &c.PeerIdleTime }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
@@ -409,6 +411,9 @@ func (c Config) Validate() error {
 		if !c.Insecure && (c.GossipKeyFile == "" || c.PeerSecretFile == "") {
 			bad("cluster mode (gossip_addr) needs credentials: gossip_key_file %q and peer_secret_file %q must both be set "+
 				"(see docs/security.md); to run an open cluster anyway set insecure_cluster: true", c.GossipKeyFile, c.PeerSecretFile)
+		}
+		if c.PeerEncrypt && c.PeerSecretFile == "" {
+			bad("peer_encrypt needs peer_secret_file (the encryption keys derive from it)")
 		}
 		if c.PeerMaxConns < 1 || c.PeerIdleTime <= 0 {
 			bad("peer_max_conns %d, peer_idle_timeout %s: must be positive", c.PeerMaxConns, c.PeerIdleTime)

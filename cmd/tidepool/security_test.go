@@ -232,7 +232,7 @@ func TestClusterPortsRefuseStrangers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := wrong.Client(c, p.purpose, time.Now().Add(10*time.Second)); !errors.Is(err, peerauth.ErrRefused) {
+		if _, err := wrong.Client(c, p.purpose, time.Now().Add(10*time.Second)); !errors.Is(err, peerauth.ErrRefused) {
 			t.Fatalf("handshake with the wrong secret on %s: %v, want ErrRefused", p.addr, err)
 		}
 		c.Close()

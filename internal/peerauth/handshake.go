@@ -46,18 +46,42 @@ const (
 )
 
 const (
-	magic    = "TPA1"
+	magic    = "TPA2"
 	nonceLen = 32
 	macLen   = sha256.Size
-	helloLen = len(magic) + 1 + nonceLen // magic, purpose, client nonce
+	helloLen = len(magic) + 2 + nonceLen // magic, purpose, flags, client nonce
 	okByte   = 0x01
+
+	flagEncrypt = 0x01
 )
 
 // Key is the cluster secret and label that both ends of a connection must
-// share. Safe for concurrent use.
+// share, and whether connections are encrypted after the handshake. Safe
+// for concurrent use.
 type Key struct {
-	secret []byte
-	label  string
+	secret  []byte
+	label   string
+	encrypt bool
+}
+
+// Encrypting returns a copy of k whose connections are encrypted after the
+// handshake (AES-256-GCM records, keys derived from the secret and both
+// nonces). Both ends must agree: a handshake between an encrypting and a
+// plain end fails.
+func (k *Key) Encrypting() *Key {
+	c := *k
+	c.encrypt = true
+	return &c
+}
+
+// Encrypts reports whether k encrypts its connections.
+func (k *Key) Encrypts() bool { return k.encrypt }
+
+func (k *Key) flags() byte {
+	if k.encrypt {
+		return flagEncrypt
+	}
+	return 0
 }
 
 // NewKey returns a key for secret (at least MinSecretLen bytes) and the
@@ -69,11 +93,12 @@ func NewKey(secret []byte, label string) (*Key, error) {
 	return &Key{secret: bytes.Clone(secret), label: label}, nil
 }
 
-// mac is the proof of role ("client" or "server") over both nonces.
+// mac is the proof of role ("client" or "server") over both nonces; with
+// role "c2s" or "s2c" it is the encryption key of that direction.
 func (k *Key) mac(role string, p Purpose, cn, sn []byte) []byte {
 	h := hmac.New(sha256.New, k.secret)
 	h.Write([]byte("tidepool-peerauth-v1\x00" + role + "\x00"))
-	h.Write([]byte{byte(p), byte(len(k.label) >> 8), byte(len(k.label))})
+	h.Write([]byte{byte(p), k.flags(), byte(len(k.label) >> 8), byte(len(k.label))})
 	h.Write([]byte(k.label))
 	h.Write(cn)
 	h.Write(sn)
@@ -81,76 +106,95 @@ func (k *Key) mac(role string, p Purpose, cn, sn []byte) []byte {
 }
 
 // Client runs the initiator's side of the handshake on c, bounded by
-// deadline (the connection's deadlines are cleared on success). It proves
-// the server holds the key before proving it does itself.
-func (k *Key) Client(c net.Conn, p Purpose, deadline time.Time) error {
+// deadline (the connection's deadlines are cleared on success), and
+// returns the connection to use: c, or c encrypted (Encrypting). It proves
+// the server holds the key before proving it does itself. On error the
+// caller closes c.
+func (k *Key) Client(c net.Conn, p Purpose, deadline time.Time) (net.Conn, error) {
 	if err := c.SetDeadline(deadline); err != nil {
-		return err
+		return nil, err
 	}
 	var hello [helloLen]byte
 	copy(hello[:], magic)
 	hello[len(magic)] = byte(p)
-	cn := hello[len(magic)+1:]
+	hello[len(magic)+1] = k.flags()
+	cn := hello[len(magic)+2:]
 	if _, err := rand.Read(cn); err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := c.Write(hello[:]); err != nil {
-		return err
+		return nil, err
 	}
 	var reply [nonceLen + macLen]byte
 	if _, err := io.ReadFull(c, reply[:]); err != nil {
-		return fmt.Errorf("%w: reading the server's proof: %v", ErrRefused, err)
+		return nil, fmt.Errorf("%w: reading the server's proof: %v", ErrRefused, err)
 	}
 	sn := reply[:nonceLen]
 	if !hmac.Equal(reply[nonceLen:], k.mac("server", p, cn, sn)) {
-		return fmt.Errorf("%w: the server does not hold the cluster secret", ErrRefused)
+		return nil, fmt.Errorf("%w: the server does not hold the cluster secret (or another label or encryption setting)", ErrRefused)
 	}
 	if _, err := c.Write(k.mac("client", p, cn, sn)); err != nil {
-		return err
+		return nil, err
 	}
 	var ok [1]byte
 	if _, err := io.ReadFull(c, ok[:]); err != nil || ok[0] != okByte {
-		return fmt.Errorf("%w: the server refused this node's proof", ErrRefused)
+		return nil, fmt.Errorf("%w: the server refused this node's proof", ErrRefused)
 	}
-	return c.SetDeadline(time.Time{})
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return nil, err
+	}
+	if !k.encrypt {
+		return c, nil
+	}
+	return newSealed(c, k.mac("c2s", p, cn, sn), k.mac("s2c", p, cn, sn))
 }
 
 // Server runs the acceptor's side of the handshake on c, bounded by
-// deadline (the connection's deadlines are cleared on success). It reads
+// deadline (the connection's deadlines are cleared on success), and
+// returns the connection to use: c, or c encrypted (Encrypting). It reads
 // exactly helloLen+macLen bytes and nothing else before the peer is
-// authenticated.
-func (k *Key) Server(c net.Conn, p Purpose, deadline time.Time) error {
+// authenticated. On error the caller closes c.
+func (k *Key) Server(c net.Conn, p Purpose, deadline time.Time) (net.Conn, error) {
 	if err := c.SetDeadline(deadline); err != nil {
-		return err
+		return nil, err
 	}
 	var hello [helloLen]byte
 	if _, err := io.ReadFull(c, hello[:]); err != nil {
-		return fmt.Errorf("%w: reading the hello: %v", ErrRefused, err)
+		return nil, fmt.Errorf("%w: reading the hello: %v", ErrRefused, err)
 	}
 	if string(hello[:len(magic)]) != magic || Purpose(hello[len(magic)]) != p {
-		return fmt.Errorf("%w: not a tidepool handshake for this port", ErrRefused)
+		return nil, fmt.Errorf("%w: not a tidepool handshake for this port", ErrRefused)
 	}
-	cn := hello[len(magic)+1:]
+	if hello[len(magic)+1] != k.flags() {
+		return nil, fmt.Errorf("%w: the client's encryption setting differs from this node's", ErrRefused)
+	}
+	cn := hello[len(magic)+2:]
 	var reply [nonceLen + macLen]byte
 	sn := reply[:nonceLen]
 	if _, err := rand.Read(sn); err != nil {
-		return err
+		return nil, err
 	}
 	copy(reply[nonceLen:], k.mac("server", p, cn, sn))
 	if _, err := c.Write(reply[:]); err != nil {
-		return err
+		return nil, err
 	}
 	var proof [macLen]byte
 	if _, err := io.ReadFull(c, proof[:]); err != nil {
-		return fmt.Errorf("%w: reading the client's proof: %v", ErrRefused, err)
+		return nil, fmt.Errorf("%w: reading the client's proof: %v", ErrRefused, err)
 	}
 	if !hmac.Equal(proof[:], k.mac("client", p, cn, sn)) {
-		return fmt.Errorf("%w: the client does not hold the cluster secret", ErrRefused)
+		return nil, fmt.Errorf("%w: the client does not hold the cluster secret", ErrRefused)
 	}
 	if _, err := c.Write([]byte{okByte}); err != nil {
-		return err
+		return nil, err
 	}
-	return c.SetDeadline(time.Time{})
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return nil, err
+	}
+	if !k.encrypt {
+		return c, nil
+	}
+	return newSealed(c, k.mac("s2c", p, cn, sn), k.mac("c2s", p, cn, sn))
 }
 
 // Proof returns an HMAC-SHA256 of msg under the secret, bound to what

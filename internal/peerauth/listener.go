@@ -185,8 +185,9 @@ func (l *Listener) acceptLoop() {
 func (l *Listener) handshake(nc net.Conn) {
 	defer l.wg.Done()
 	var err error
+	ac := nc
 	if l.cfg.Key != nil {
-		err = l.cfg.Key.Server(nc, l.cfg.Purpose, time.Now().Add(l.cfg.HandshakeTimeout))
+		ac, err = l.cfg.Key.Server(nc, l.cfg.Purpose, time.Now().Add(l.cfg.HandshakeTimeout))
 	}
 	l.mu.Lock()
 	delete(l.pending, nc)
@@ -200,7 +201,7 @@ func (l *Listener) handshake(nc net.Conn) {
 		_ = nc.Close()
 		return
 	}
-	c := &Conn{Conn: nc, idle: l.cfg.IdleTimeout, active: &l.active}
+	c := &Conn{Conn: ac, idle: l.cfg.IdleTimeout, active: &l.active}
 	_ = c.SetReadDeadline(time.Time{}) // the idle cap holds from the start
 	select {
 	case l.conns <- c:
@@ -220,7 +221,8 @@ type Conn struct {
 	closeErr  error
 }
 
-// Raw is the wrapped connection (for writev through net.Buffers).
+// Raw is the wrapped connection (the *net.TCPConn for writev through
+// net.Buffers, unless the connection is encrypted).
 func (c *Conn) Raw() net.Conn { return c.Conn }
 
 // Close closes the connection once; later calls return the first result.

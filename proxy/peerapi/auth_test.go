@@ -21,8 +21,16 @@ import (
 // per-call refusal counter does not move), and a hostile Thrift frame from
 // a stranger is never decoded.
 func TestClusterWithSecret(t *testing.T) {
+	for _, encrypt := range []bool{false, true} {
+		t.Run(map[bool]string{false: "authenticated", true: "encrypted"}[encrypt], func(t *testing.T) {
+			testClusterWithSecret(t, encrypt)
+		})
+	}
+}
+
+func testClusterWithSecret(t *testing.T, encrypt bool) {
 	const ns = "llama"
-	nodes := newCluster(t, 2, nodeOpts{label: "prod", secret: "peerapi-test-cluster-secret"})
+	nodes := newCluster(t, 2, nodeOpts{label: "prod", secret: "peerapi-test-cluster-secret", encrypt: encrypt})
 	a, b := nodes[0], nodes[1]
 	ctx := context.Background()
 

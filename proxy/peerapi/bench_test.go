@@ -100,11 +100,14 @@ func runConc(total, conc int, op func(worker int) error) (time.Duration, error) 
 // / raw (target >= 0.7).
 //
 // "get-secret" is "get" on a cluster with a peer secret (every connection
-// authenticated, docs/security.md).
+// authenticated, docs/security.md), "get-encrypted" with encryption too.
 func BenchmarkRemoteGet(b *testing.B) {
 	b.Run("get", func(b *testing.B) { benchRemote(b, remoteGetPinned, nodeOpts{}) })
 	b.Run("get-secret", func(b *testing.B) {
 		benchRemote(b, remoteGetPinned, nodeOpts{label: "bench", secret: "bench-cluster-secret"})
+	})
+	b.Run("get-encrypted", func(b *testing.B) {
+		benchRemote(b, remoteGetPinned, nodeOpts{label: "bench", secret: "bench-cluster-secret", encrypt: true})
 	})
 	b.Run("get-copy", func(b *testing.B) { benchRemote(b, remoteGetCopy, nodeOpts{}) })
 	b.Run("fetch", func(b *testing.B) { benchRemote(b, remoteFetch, nodeOpts{}) })

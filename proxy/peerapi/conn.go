@@ -93,10 +93,12 @@ func (d authDialer) DialTimeout(network, address string, timeout time.Duration) 
 		return nil, err
 	}
 	if d.key != nil {
-		if err := d.key.Client(nc, peerauth.PurposePeerAPI, deadline); err != nil {
+		ac, err := d.key.Client(nc, peerauth.PurposePeerAPI, deadline)
+		if err != nil {
 			_ = nc.Close()
 			return nil, fmt.Errorf("peerapi: %s: %w", address, err)
 		}
+		nc = ac
 	}
 	return newClientConn(nc), nil
 }

@@ -40,6 +40,7 @@ type nodeOpts struct {
 	// secret, when set, authenticates every connection and member
 	// (peerauth) with this cluster secret.
 	secret       string
+	encrypt      bool // with secret: connections are encrypted too
 	fetchTimeout time.Duration
 	capacity     int64
 	prefault     bool // fault the arena pages in at start
@@ -62,6 +63,9 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if o.secret != "" {
 		if n.cred.Key, err = peerauth.NewKey([]byte(o.secret), o.label); err != nil {
 			t.Fatal(err)
+		}
+		if o.encrypt {
+			n.cred.Key = n.cred.Key.Encrypting()
 		}
 	}
 	n.tier, err = dram.New(dram.Config{Dir: t.TempDir(), Capacity: o.capacity, ArenaSize: 16 << 20, MaxValueSize: 4 << 20, LazyFault: !o.prefault}, nil)

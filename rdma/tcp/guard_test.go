@@ -14,6 +14,7 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
+	"github.com/tidepool-kv/tidepool/rdma/rdmatest"
 )
 
 func testKey(t testing.TB, secret string) *peerauth.Key {
@@ -103,7 +104,7 @@ func TestWrongRegionKeysCutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if err := key.Client(nc, peerauth.PurposeTransfer, time.Now().Add(5*time.Second)); err != nil {
+	if _, err := key.Client(nc, peerauth.PurposeTransfer, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
@@ -204,4 +205,23 @@ func exhaustFDs(t *testing.T, leave int) (release func()) {
 		files = files[:len(files)-1]
 	}
 	return release
+}
+
+// TestConformanceAuthenticated and TestConformanceEncrypted run the
+// transport conformance suite with every connection authenticated, and
+// authenticated and encrypted.
+func TestConformanceAuthenticated(t *testing.T) {
+	key := testKey(t, clusterSecret)
+	rdmatest.Run(t, func(t *testing.T) (rdma.Transport, rdma.Transport) {
+		mod := func(c *Config) { c.Key = key }
+		return newLocal(t, mod), newLocal(t, mod)
+	})
+}
+
+func TestConformanceEncrypted(t *testing.T) {
+	key := testKey(t, clusterSecret).Encrypting()
+	rdmatest.Run(t, func(t *testing.T) (rdma.Transport, rdma.Transport) {
+		mod := func(c *Config) { c.Key = key; c.ChunkSize = 64 << 10 }
+		return newLocal(t, mod), newLocal(t, mod)
+	})
 }

@@ -386,18 +386,20 @@ func (p *peer) dial(ctx context.Context) (*conn, error) {
 		p.c.DialFail()
 		return nil, err
 	}
-	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(p.t.cfg.DialTimeout)
 	}
 	if k := p.t.cfg.Key; k != nil {
-		if err := k.Client(nc, peerauth.PurposeTransfer, dl); err != nil {
+		ac, err := k.Client(nc, peerauth.PurposeTransfer, dl)
+		if err != nil {
 			_ = nc.Close()
 			p.c.DialFail()
 			return nil, err
 		}
+		nc = ac
 	}
+	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
 	_ = nc.SetDeadline(dl)
 	h := frame.Header{Op: frame.OpHello, RequestID: p.t.reqID.Add(1)}
 	if _, err = nc.Write(frame.Encode(c.hdr[:], h)); err == nil {
