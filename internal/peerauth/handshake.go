@@ -198,10 +198,14 @@ func (k *Key) Server(c net.Conn, p Purpose, deadline time.Time) (net.Conn, error
 }
 
 // Proof returns an HMAC-SHA256 of msg under the secret, bound to what
-// (domain separation): membership uses it to sign what a node announces.
+// (domain separation), the label and the encryption setting: membership
+// uses it to sign what a node announces, so that nodes that could not talk
+// to each other (another secret, label or encryption setting) refuse each
+// other as members.
 func (k *Key) Proof(what string, msg []byte) []byte {
 	h := hmac.New(sha256.New, k.secret)
 	h.Write([]byte("tidepool-peerauth-v1\x00" + what + "\x00" + k.label + "\x00"))
+	h.Write([]byte{k.flags()})
 	h.Write(msg)
 	return h.Sum(nil)
 }
