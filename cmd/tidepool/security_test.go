@@ -340,3 +340,47 @@ func TestClusterEncrypted(t *testing.T) {
 		t.Fatalf("a node without peer_encrypt joined an encrypted cluster: %v", got)
 	}
 }
+
+// TestClusterPortLimits: on a real node, connections over peer_max_conns
+// are closed as they come on both ports (counted), and an authenticated
+// connection that stays idle past peer_idle_timeout is closed by the node.
+func TestClusterPortLimits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test skipped in -short mode")
+	}
+	a := clusterArgs(t, "limited", "")
+	a.d = startDaemon(t, append(a.args, "--peer-max-conns", "2", "--peer-idle-timeout", "1s")...)
+	key, err := peerauth.NewKey([]byte(testPeerSecret), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []struct {
+		name, addr string
+		purpose    peerauth.Purpose
+	}{{"peer_api", a.flag(t, "--peer-addr"), peerauth.PurposePeerAPI}, {"transfer", a.flag(t, "--transfer-addr"), peerauth.PurposeTransfer}} {
+		var held []net.Conn
+		for i := 0; i < 2; i++ {
+			c, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := key.Client(c, p.purpose, time.Now().Add(10*time.Second)); err != nil {
+				t.Fatalf("%s: connection %d under the cap: %v", p.name, i, err)
+			}
+			held = append(held, c)
+		}
+		if n, _ := refusedBeforeReply(t, p.addr, nil); n != 0 {
+			t.Fatalf("%s: a connection over the cap got %d bytes", p.name, n)
+		}
+		waitMetric(t, a.d, `tidepool_port_refused_total{port="`+p.name+`",reason="limit"}`, 1)
+		// The held connections send nothing: the node closes them.
+		for _, c := range held {
+			c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+				t.Fatalf("%s: idle connection: %v, want EOF (closed by the node)", p.name, err)
+			}
+		}
+		waitMetric(t, a.d, `tidepool_port_accepted_total{port="`+p.name+`"}`, 2)
+	}
+}
