@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -137,4 +140,81 @@ func TestServerClosesListenerOnce(t *testing.T) {
 			t.Fatalf("run %v: listener closed %d times, want once", run, got)
 		}
 	}
+}
+
+// TestPeerAPISurvivesEMFILE: the peer API's accept loop hitting "too many
+// open files" backs off and keeps accepting: once descriptors are free
+// again, peers call it.
+func TestPeerAPISurvivesEMFILE(t *testing.T) {
+	const ns = "llama"
+	nodes := newCluster(t, 2, nodeOpts{label: "prod", secret: "peerapi-test-cluster-secret"})
+	a, b := nodes[0], nodes[1]
+	addr, _, _ := b.view.Addrs(a.name)
+	release := exhaustFDs(t, 1)
+	c, err := net.Dial("tcp", addr) // takes the last descriptor
+	if err != nil {
+		release()
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "an accept error", func() bool { return a.srv.ListenerStats().AcceptErrors >= 1 })
+	release()
+	c.Close()
+	// A fresh client: its call needs a new connection.
+	cli, err := peerapi.NewClient(peerapi.ClientConfig{
+		Credentials: b.cred, Resolve: b.view.Addrs, Store: b.tier, Transport: b.tr, Regions: b.regions,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	accepted := a.srv.ListenerStats().Accepted
+	if _, err := cli.Lookup(context.Background(), a.name, ns, [][]byte{[]byte("k")}); err != nil {
+		t.Fatalf("lookup after EMFILE: %v", err)
+	}
+	if got := a.srv.ListenerStats().Accepted; got <= accepted {
+		t.Fatalf("accepted %d connections before the lookup, %d after", accepted, got)
+	}
+}
+
+// exhaustFDs lowers RLIMIT_NOFILE and opens files until leave descriptors
+// are left; release closes them and restores the limit.
+func exhaustFDs(t *testing.T, leave int) (release func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := old
+	lim.Cur = uint64(len(ents) + 64)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	var files []*os.File
+	release = func() {
+		for _, f := range files {
+			f.Close()
+		}
+		files = nil
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+	}
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			if !errors.Is(err, syscall.EMFILE) {
+				release()
+				t.Fatal(err)
+			}
+			break
+		}
+		files = append(files, f)
+	}
+	for i := 0; i < leave && len(files) > 0; i++ {
+		files[len(files)-1].Close()
+		files = files[:len(files)-1]
+	}
+	return release
 }
