@@ -203,7 +203,7 @@ func (l *Listener) handshake(nc net.Conn) {
 	}
 	c := &Conn{Conn: ac, idle: l.cfg.IdleTimeout, active: &l.active}
 	_ = c.SetReadDeadline(time.Time{}) // the idle cap holds from the start
-	l.accepted.Add(1) // counted before the server can use it
+	l.accepted.Add(1)                  // counted before the server can use it
 	select {
 	case l.conns <- c:
 	case <-l.done:

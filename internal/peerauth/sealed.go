@@ -100,9 +100,9 @@ func (s *sealed) Read(p []byte) (int, error) {
 		if s.rerr != nil {
 			return 0, s.rerr
 		}
-		if err := s.readRecord(); err != nil {
+		if started, err := s.readRecord(); err != nil {
 			var ne net.Error
-			if !errors.As(err, &ne) || !ne.Timeout() {
+			if started || !errors.As(err, &ne) || !ne.Timeout() {
 				s.rerr = err // a record cut halfway cannot be resumed
 			}
 			return 0, err
@@ -113,30 +113,32 @@ func (s *sealed) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (s *sealed) readRecord() error {
+// readRecord reads and opens one record; started reports whether any of
+// it was consumed (then an error leaves the stream unusable).
+func (s *sealed) readRecord() (started bool, err error) {
 	if s.rbuf == nil {
 		s.rbuf = make([]byte, 4+maxRecord+s.r.Overhead())
 	}
-	if _, err := io.ReadFull(s.Conn, s.rbuf[:4]); err != nil {
-		return err
+	if k, err := io.ReadFull(s.Conn, s.rbuf[:4]); err != nil {
+		return k > 0, err
 	}
 	n := int(binary.BigEndian.Uint32(s.rbuf[:4]))
 	if n < s.r.Overhead() || n > maxRecord+s.r.Overhead() {
-		return fmt.Errorf("%w: length %d", ErrRecord, n)
+		return true, fmt.Errorf("%w: length %d", ErrRecord, n)
 	}
 	body := s.rbuf[4 : 4+n]
 	if _, err := io.ReadFull(s.Conn, body); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return err
+		return true, err
 	}
 	var nb [12]byte
 	plain, err := s.r.Open(body[:0], nonce(nb[:], s.rseq), body, s.rbuf[:4])
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrRecord, err)
+		return true, fmt.Errorf("%w: %v", ErrRecord, err)
 	}
 	s.rseq++
 	s.plain = plain
-	return nil
+	return true, nil
 }
