@@ -425,3 +425,22 @@ func BenchmarkRecordCrypto(b *testing.B) {
 		}
 	}
 }
+
+// TestEncryptedRecordLengthBounded: a record header claiming 2^31-1 bytes
+// is refused at once; nothing of that size is read or allocated.
+func TestEncryptedRecordLengthBounded(t *testing.T) {
+	for _, n := range []uint32{0x7fffffff, 0xffffffff, 3} {
+		_, srv, rec := encryptedPair(t, -1)
+		var hdr [4]byte
+		hdr[0], hdr[1], hdr[2], hdr[3] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+		if _, err := rec.Conn.Write(hdr[:]); err != nil { // under the sealing layer
+			t.Fatal(err)
+		}
+		if _, err := srv.Read(make([]byte, 16)); !errors.Is(err, ErrRecord) {
+			t.Fatalf("length %#x: %v, want ErrRecord", n, err)
+		}
+		if _, err := srv.Read(make([]byte, 16)); !errors.Is(err, ErrRecord) {
+			t.Fatalf("length %#x, second read: %v, want the same error", n, err)
+		}
+	}
+}
