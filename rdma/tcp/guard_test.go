@@ -89,9 +89,9 @@ func TestTransferPortNeedsKey(t *testing.T) {
 	waitGuard(t, owner, "two refusals", func(s GuardStats) bool { return s.Listener.AuthFailures == 2 })
 }
 
-// TestWrongRegionKeysCutOff: requests naming a region with the wrong key
-// are refused (throttled), and the connection is closed after
-// MaxKeyFailures of them.
+// TestWrongRegionKeysCutOff: requests naming a region with the wrong key,
+// or an address outside it (no base), are refused (throttled), and the
+// connection is closed after MaxKeyFailures of them.
 func TestWrongRegionKeysCutOff(t *testing.T) {
 	key := testKey(t, clusterSecret)
 	owner := newLocal(t, func(c *Config) { c.Key = key; c.MaxKeyFailures = 3; c.KeyFailureDelay = time.Millisecond })
@@ -120,12 +120,17 @@ func TestWrongRegionKeysCutOff(t *testing.T) {
 	if h, err := frame.ReadHeader(br, &rb); err != nil || h.Op != frame.OpHelloAck {
 		t.Fatalf("hello: %v %v", h.Op, err)
 	}
-	for i := 0; i < 3; i++ {
-		send(frame.Header{Op: frame.OpRead, RequestID: uint64(10 + i), Region: uint64(rd.ID), Key: rd.Key + 1, Length: 16})
+	for i, req := range []frame.Header{
+		{Region: uint64(rd.ID), Key: rd.Key + 1, Offset: rd.Addr}, // wrong key
+		{Region: uint64(rd.ID), Key: rd.Key, Offset: 0},           // right key, offset without the region's base
+		{Region: uint64(rd.ID), Key: rd.Key + 1, Offset: rd.Addr}, // wrong key: the third guess
+	} {
+		req.Op, req.RequestID, req.Length = frame.OpRead, uint64(10+i), 16
+		send(req)
 		h, err := frame.ReadHeader(br, &rb)
 		if i < 2 {
-			if err != nil || h.Op != frame.OpError || h.Status != frame.StatusUnknownRegion {
-				t.Fatalf("wrong key %d: %v %v %v, want an unknown-region error", i, h.Op, h.Status, err)
+			if err != nil || h.Op != frame.OpError {
+				t.Fatalf("guess %d: %v %v %v, want an error", i, h.Op, h.Status, err)
 			}
 			if _, err := io.CopyN(io.Discard, br, int64(h.Length)); err != nil {
 				t.Fatal(err)
@@ -133,7 +138,7 @@ func TestWrongRegionKeysCutOff(t *testing.T) {
 			continue
 		}
 		if err == nil {
-			t.Fatalf("wrong key %d answered %v; want the connection cut off", i, h.Op)
+			t.Fatalf("guess %d answered %v; want the connection cut off", i, h.Op)
 		}
 	}
 	if s := owner.GuardStats(); s.KeyFails != 3 || s.KeyCutoffs != 1 {

@@ -258,7 +258,9 @@ func (s *server) read(h frame.Header) error {
 }
 
 func (s *server) refuse(id uint64, cause error) error {
-	if errors.Is(cause, rdma.ErrUnknownRegion) {
+	if errors.Is(cause, rdma.ErrUnknownRegion) || errors.Is(cause, rdma.ErrOutOfRange) {
+		// A member never sends either (it checks ranges before sending):
+		// this is a guess at a region's name or address.
 		if err := s.keyFailure(); err != nil {
 			return err
 		}

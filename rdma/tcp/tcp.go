@@ -603,7 +603,7 @@ func (c *conn) write(id uint64, op rdma.Op, local []byte, chunk int) (bool, erro
 		last := done+m == len(local)
 		h := frame.Header{
 			Op: frame.OpWrite, RequestID: id, Region: uint64(op.Remote.ID), Key: op.Remote.Key,
-			Offset: op.RemoteOff + uint64(done), Length: uint32(m),
+			Offset: op.Remote.Addr + op.RemoteOff + uint64(done), Length: uint32(m), // an address: base + offset
 		}
 		switch {
 		case !op.SumKnown:
@@ -642,7 +642,7 @@ func (c *conn) read(id uint64, op rdma.Op, local []byte) (bool, error) {
 	var sum uint32 // of the bytes read so far, when op.SumKnown
 	for seg := 0; ; {
 		l := min(frame.MaxLength, len(local)-seg)
-		base := op.RemoteOff + uint64(seg)
+		base := op.Remote.Addr + op.RemoteOff + uint64(seg) // an address: region base + offset
 		h := frame.Header{Op: frame.OpRead, RequestID: id, Region: uint64(op.Remote.ID), Key: op.Remote.Key, Offset: base, Length: uint32(l)}
 		if op.SumKnown {
 			h.Flags = frame.FlagSummed // checked here, once, against op.Sum

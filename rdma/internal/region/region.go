@@ -19,7 +19,8 @@ type entry struct {
 	mu   sync.RWMutex
 	buf  []byte
 	key  uint32
-	dead bool // set under mu (write) by Deregister
+	base uint64 // the region's address (RegionDesc.Addr): remote offsets are sent as base+off
+	dead bool   // set under mu (write) by Deregister
 }
 
 // Table maps region ids to registered memory. Safe for concurrent use.
@@ -32,19 +33,24 @@ type Table struct {
 	bytes atomic.Uint64
 	keys  func() uint32
 	ids   func() uint64 // nil: sequential
+	bases func() uint64 // nil: 0
 }
 
-// NewTable returns an empty table whose region ids and keys are drawn from
-// crypto/rand: a region is named by 64 random id bits plus 32 random key
-// bits, so a peer cannot guess one it was not told.
+// NewTable returns an empty table whose region ids, keys and addresses
+// (bases) are drawn from crypto/rand. Remote access names a byte as (id,
+// key, base+offset), like verbs' (rkey, virtual address): a peer that was
+// not told the descriptor must guess 64 id bits, 32 key bits and the base
+// (64 bits less log2 of the region's length: a 4 GiB region leaves 32), so
+// at least 128 bits for any region up to 4 GiB.
 func NewTable() *Table {
 	t := NewTableWithKeys(func() uint32 { return uint32(randUint64()) })
-	t.ids = randUint64
+	t.ids, t.bases = randUint64, randUint64
 	return t
 }
 
-// NewTableWithKeys returns an empty table with sequential ids drawing
-// region keys from keys (a test seam: fuzzers need predictable keys).
+// NewTableWithKeys returns an empty table with sequential ids and zero
+// bases, drawing region keys from keys (a test seam: fuzzers need
+// predictable names).
 func NewTableWithKeys(keys func() uint32) *Table {
 	return &Table{m: make(map[rdma.RegionID]*entry), keys: keys}
 }
@@ -63,6 +69,9 @@ func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
 		return rdma.RegionDesc{}, fmt.Errorf("rdma: register a nil buffer")
 	}
 	e := &entry{buf: buf, key: t.keys()}
+	if t.bases != nil {
+		e.base = t.bases()
+	}
 	t.mu.Lock()
 	id := rdma.RegionID(t.next.Add(1))
 	if t.ids != nil {
@@ -76,7 +85,7 @@ func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
 	t.m[id] = e
 	t.mu.Unlock()
 	t.bytes.Add(uint64(len(buf)))
-	return rdma.RegionDesc{ID: id, Len: uint64(len(buf)), Key: e.key}, nil
+	return rdma.RegionDesc{ID: id, Len: uint64(len(buf)), Key: e.key, Addr: e.base}, nil
 }
 
 // Deregister removes id, waiting for in-flight accesses to finish.
@@ -117,8 +126,10 @@ func (s Span) Release() {
 	}
 }
 
-// Acquire pins [off, off+n) of region id and returns it; when checkKey is
-// set the key must match (remote access). The caller must Release the span.
+// Acquire pins n bytes of region id and returns them. Local access
+// (checkKey false) names them by offset; remote access (checkKey set) by
+// address, the region's base (RegionDesc.Addr) plus the offset, and the
+// key must match. The caller must Release the span.
 func (t *Table) Acquire(id rdma.RegionID, key uint32, checkKey bool, off, n uint64) (Span, error) {
 	t.mu.RLock()
 	e, ok := t.m[id]
@@ -130,6 +141,14 @@ func (t *Table) Acquire(id rdma.RegionID, key uint32, checkKey bool, off, n uint
 	if e.dead {
 		e.mu.RUnlock()
 		return Span{}, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	if checkKey {
+		off -= e.base
+		if rdma.CheckRange(uint64(len(e.buf)), off, n) != nil {
+			// Not the offset: it would tell a guesser the base.
+			e.mu.RUnlock()
+			return Span{}, fmt.Errorf("region %d: %w: %d bytes outside the region", id, rdma.ErrOutOfRange, n)
+		}
 	}
 	if err := rdma.CheckRange(uint64(len(e.buf)), off, n); err != nil {
 		e.mu.RUnlock()
