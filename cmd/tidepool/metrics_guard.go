@@ -23,8 +23,8 @@ func newGuardCollector(cn *clusterNode) *guardCollector {
 		accepted:   d("tidepool_port_accepted_total", "Connections a cluster port authenticated and served.", port, nil),
 		refused:    d("tidepool_port_refused_total", "Connections a cluster port closed: reason limit (peer_max_conns open) or auth (failed handshake).", []string{"port", "reason"}, nil),
 		acceptErrs: d("tidepool_port_accept_errors_total", "Accept errors a cluster port survived (too many open files, ...), each followed by a back-off.", port, nil),
-		keyFails:   d("tidepool_transfer_key_failures_total", "Transfer requests refused for an unknown region or a wrong region key (each throttled).", nil, nil),
-		keyCutoffs: d("tidepool_transfer_key_cutoffs_total", "Transfer connections closed after too many unknown regions or wrong keys.", nil, nil),
+		keyFails:   d("tidepool_transfer_key_failures_total", "Transfer requests refused for an unknown region, a wrong region key or an address outside the region (each throttled).", nil, nil),
+		keyCutoffs: d("tidepool_transfer_key_cutoffs_total", "Transfer connections closed after too many such requests.", nil, nil),
 		members:    d("tidepool_cluster_refused_total", "Gossip members refused: metadata not signed with the cluster secret, another protocol, undecodable.", nil, nil),
 	}
 }
