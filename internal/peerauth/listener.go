@@ -70,6 +70,7 @@ type Listener struct {
 	pending map[net.Conn]struct{} // handshaking
 
 	active, accepted, overLimit, authFails, acceptErrs atomic.Int64
+	lastRefusalLog                                     atomic.Int64 // unix nanos: refusals are logged at most once a second
 }
 
 // NewListener wraps ln and starts accepting. lg is used as given (nil is a
@@ -195,8 +196,11 @@ func (l *Listener) handshake(nc net.Conn) {
 	if err != nil {
 		l.authFails.Add(1)
 		l.active.Add(-1)
-		if !l.closed() {
-			l.lg.Warn("connection refused: authentication failed", zap.Stringer("remote", nc.RemoteAddr()), zap.Error(err))
+		if now, last := time.Now().UnixNano(), l.lastRefusalLog.Load(); !l.closed() && now-last >= int64(time.Second) &&
+			l.lastRefusalLog.CompareAndSwap(last, now) {
+			// At most once a second: a prober must not flood the log.
+			l.lg.Warn("connection refused: authentication failed", zap.Stringer("remote", nc.RemoteAddr()),
+				zap.Error(err), zap.Int64("refused_so_far", l.authFails.Load()))
 		}
 		_ = nc.Close()
 		return
