@@ -384,3 +384,40 @@ func TestClusterPortLimits(t *testing.T) {
 		waitMetric(t, a.d, `tidepool_port_accepted_total{port="`+p.name+`"}`, 2)
 	}
 }
+
+// TestClusterCredentialSettings: the credential settings parse from flags,
+// variables and YAML alike, and Validate asks for both files in cluster
+// mode unless insecure_cluster is set.
+func TestClusterCredentialSettings(t *testing.T) {
+	cluster := []string{"--gossip-addr", "127.0.0.1:7946", "--peer-addr", "127.0.0.1:7950", "--transfer-addr", "127.0.0.1:7960"}
+	dir := t.TempDir()
+	yml := filepath.Join(dir, "c.yaml")
+	os.WriteFile(yml, []byte("insecure_cluster: true\npeer_encrypt: false\n"), 0o600)
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     []string
+		wantErr string
+	}{
+		{"no credentials", cluster, nil, "needs credentials"},
+		{"gossip key only", append(cluster, "--gossip-key-file", "/k"), nil, "needs credentials"},
+		{"both files", append(cluster, "--gossip-key-file", "/k", "--peer-secret-file", "/s"), nil, ""},
+		{"insecure flag", append(cluster, "--insecure-cluster", "true"), nil, ""},
+		{"insecure variable", cluster, []string{"TIDEPOOL_INSECURE_CLUSTER=true"}, ""},
+		{"insecure yaml", append(cluster, "--config", yml), nil, ""},
+		{"not a boolean", append(cluster, "--insecure-cluster", "maybe"), nil, "not a boolean"},
+		{"encrypt without secret", append(cluster, "--insecure-cluster", "true", "--peer-encrypt", "true"), nil, "peer_encrypt needs peer_secret_file"},
+		{"zero conns", append(cluster, "--gossip-key-file", "/k", "--peer-secret-file", "/s", "--peer-max-conns", "0"), nil, "peer_max_conns"},
+		{"single node needs nothing", nil, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parse(t, tc.args, tc.env)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
