@@ -23,7 +23,13 @@
 //     against the CRC on its last chunk.
 //
 // A new connection starts with an OpHello/OpHelloAck exchange, so a peer
-// speaking another frame version is refused at connect time.
+// speaking another frame version is refused at connect time. Before that,
+// with Config.Key, both ends authenticate each other (internal/peerauth)
+// and may encrypt the connection; the port accepts through a guarded
+// listener (connection cap, accept back-off, idle cap). Remote bytes are
+// named by region id, key and address (the region's random base plus the
+// offset), and a connection that names wrong ones is throttled, then cut
+// off (docs/security.md).
 package tcp
 
 import (
