@@ -5,6 +5,11 @@
 // a block (Acquire) and names where it lies in its registered arenas, the
 // requester reserves a slot in its own arenas, pulls the bytes with a
 // one-sided Read, verifies the CRC-32C on commit and releases the pin.
+//
+// With Credentials.Key every connection is mutually authenticated with the
+// cluster secret (internal/peerauth) before Kitex reads or writes a byte of
+// it; the server accepts through a guarded listener (cap, accept back-off,
+// idle cap) and serves with Kitex's Go net transport (docs/security.md).
 package peerapi
 
 import (
