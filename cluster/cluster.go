@@ -28,6 +28,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 )
 
 // DefaultPort is the gossip port used when a Join entry names none.
@@ -69,6 +71,12 @@ type Config struct {
 	// Label is the cluster label: packets and streams from members with
 	// another label are refused. Default "" (no label).
 	Label string
+	// Auth, when set, signs this node's metadata with the cluster secret
+	// (HMAC-SHA256 over the node name and the metadata) and refuses every
+	// member whose metadata does not carry a valid signature: holding the
+	// gossip key (SecretKey) is not enough to become a member. All
+	// members must agree on it. Default nil (unsigned).
+	Auth *peerauth.Key
 	// Meta is this node's initial metadata. NodeID defaults to NodeName and
 	// Protocol to ProtocolVersion.
 	Meta Meta
@@ -393,6 +401,9 @@ func New(cfg Config, lg *zap.Logger) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	if b, err = c.sign(b); err != nil {
+		return nil, err
+	}
 	c.metaBytes.Store(&b)
 	return c, nil
 }
@@ -607,6 +618,9 @@ func (c *Cluster) setMetaLocked(ctx context.Context, m Meta) error {
 		return ErrClosed
 	}
 	b, err := m.Encode()
+	if err == nil {
+		b, err = c.sign(b)
+	}
 	if err != nil {
 		return err
 	}
@@ -654,6 +668,9 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 		m := c.meta
 		m.Leaving = true
 		b, err := m.Encode()
+		if err == nil {
+			b, err = c.sign(b)
+		}
 		if err != nil {
 			return err
 		}
@@ -876,7 +893,7 @@ func (c *Cluster) apply(ev nodeEvent) {
 		c.applyUserMsg(ev)
 		return
 	}
-	meta, err := DecodeMeta(ev.meta)
+	meta, err := c.decodeMeta(ev.name, ev.meta)
 	if err != nil && ev.kind != EventLeft {
 		// The alive delegate refuses undecodable metadata, so this is a
 		// node we already refused; ignore it.
@@ -1025,11 +1042,12 @@ func (d delegate) NotifyJoin(n *memberlist.Node)   { d.hand(EventJoin, n) }
 func (d delegate) NotifyUpdate(n *memberlist.Node) { d.hand(EventUpdate, n) }
 func (d delegate) NotifyLeave(n *memberlist.Node)  { d.hand(EventLeft, n) }
 
-// check refuses a peer whose metadata this build cannot decode or whose
-// protocol version differs. (Another label never gets this far: memberlist
+// check refuses a peer whose metadata this build cannot decode, is not
+// signed with the cluster secret (Config.Auth), or whose protocol version
+// differs. (Another label never gets this far: memberlist
 // drops its packets.)
 func (d delegate) check(n *memberlist.Node) error {
-	m, err := DecodeMeta(n.Meta)
+	m, err := d.c.decodeMeta(n.Name, n.Meta)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrRefused, n.Name, err)
 	}
@@ -1107,4 +1125,44 @@ func decodeUserMsg(b []byte) (typ uint8, name string, err error) {
 		return 0, "", fmt.Errorf("%w: name length %d in %d bytes", errUserMsg, n, len(b))
 	}
 	return b[1], string(b[3:]), nil
+}
+
+// ErrUnsigned is metadata without a valid signature (Config.Auth): the
+// node does not hold the cluster secret.
+var ErrUnsigned = errors.New("cluster: metadata not signed with the cluster secret")
+
+// metaSigLen is the length of the signature appended to signed metadata.
+const metaSigLen = 32
+
+func (c *Cluster) sigInput(name string, meta []byte) []byte {
+	in := make([]byte, 0, len(name)+1+len(meta))
+	in = append(in, name...)
+	in = append(in, 0)
+	return append(in, meta...)
+}
+
+// sign appends the metadata signature when Config.Auth is set.
+func (c *Cluster) sign(b []byte) ([]byte, error) {
+	if c.cfg.Auth == nil {
+		return b, nil
+	}
+	if len(b)+metaSigLen > MetaMaxSize {
+		return nil, fmt.Errorf("%w: %d bytes with the signature (max %d)", ErrMetaTooLarge, len(b)+metaSigLen, MetaMaxSize)
+	}
+	return append(b, c.cfg.Auth.Proof("member", c.sigInput(c.cfg.NodeName, b))...), nil
+}
+
+// decodeMeta verifies (with Config.Auth) and decodes a member's metadata.
+func (c *Cluster) decodeMeta(name string, b []byte) (Meta, error) {
+	if c.cfg.Auth != nil {
+		if len(b) < metaSigLen {
+			return Meta{}, ErrUnsigned
+		}
+		body, sig := b[:len(b)-metaSigLen], b[len(b)-metaSigLen:]
+		if !c.cfg.Auth.Verify("member", c.sigInput(name, body), sig) {
+			return Meta{}, ErrUnsigned
+		}
+		b = body
+	}
+	return DecodeMeta(b)
 }

@@ -83,7 +83,10 @@ type RegionDesc struct {
 	// Key authorises access: an rkey for verbs, a random token for tcp and
 	// inproc. A descriptor whose key does not match is ErrUnknownRegion.
 	Key uint32
-	// Addr is the remote virtual address for verbs; 0 elsewhere.
+	// Addr is the remote virtual address for verbs. tcp and inproc draw it
+	// at random (a secret base, like a virtual address): the remote bytes
+	// at RemoteOff are named Addr+RemoteOff on the wire, so a peer must
+	// hold the whole descriptor to address them.
 	Addr uint64
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache/tiered"
 	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/clusterview"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
@@ -89,11 +90,34 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	if err != nil {
 		return nil, fmt.Errorf("peer_token_file: %w", err)
 	}
-	creds := peerapi.Credentials{NodeID: cfg.NodeID, Label: cfg.ClusterLabel, Token: string(token)}
+	secret, err := readSecret(cfg.PeerSecretFile)
+	if err != nil {
+		return nil, fmt.Errorf("peer_secret_file: %w", err)
+	}
+	var akey *peerauth.Key
+	if secret != nil {
+		if akey, err = peerauth.NewKey(secret, cfg.ClusterLabel); err != nil {
+			return nil, fmt.Errorf("peer_secret_file: %w", err)
+		}
+		if cfg.PeerEncrypt {
+			akey = akey.Encrypting()
+		}
+	}
+	if key == nil || akey == nil {
+		// Only reachable with insecure_cluster (Validate refuses otherwise).
+		n.lg.Error("INSECURE CLUSTER: running without full credentials (insecure_cluster is set): "+
+			"any host that reaches the gossip, peer API or transfer port can join, read every block and overwrite blocks "+
+			"that other nodes then serve to their engines. Set gossip_key_file and peer_secret_file (docs/security.md).",
+			zap.Bool("gossip_encrypted", key != nil), zap.Bool("peers_authenticated", akey != nil))
+	}
+	creds := peerapi.Credentials{NodeID: cfg.NodeID, Label: cfg.ClusterLabel, Token: string(token), Key: akey}
 
 	// Transfer layer, with every DRAM arena registered.
 	tcfg := tcp.DefaultConfig()
 	tcfg.ListenAddr = cfg.TransferAddr
+	tcfg.Key = akey
+	tcfg.MaxConns = cfg.PeerMaxConns
+	tcfg.IdleTimeout = cfg.PeerIdleTime
 	if n.tr, err = tcp.New(tcfg, lg.Named("rdma")); err != nil {
 		return nil, fmt.Errorf("transfer_addr: %w", err)
 	}
@@ -129,6 +153,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccfg.Join = cfg.Join
 	ccfg.SecretKey = key
 	ccfg.Label = cfg.ClusterLabel
+	ccfg.Auth = akey
 	ccfg.LogOutput = zapWriter{lg: lg.Named("memberlist")}
 	ccfg.Meta = cluster.Meta{NodeID: cfg.NodeID, Protocol: cluster.ProtocolVersion}
 
@@ -143,6 +168,8 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	scfg.Regions = n.regions
 	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
 	scfg.DrainTimeout = cfg.DrainTimeout
+	scfg.MaxConns = cfg.PeerMaxConns
+	scfg.IdleTimeout = cfg.PeerIdleTime
 	if n.psrv, err = peerapi.NewServer(scfg, p, pln, lg.Named("peerapi")); err != nil {
 		pln.Close()
 		return nil, err

@@ -43,6 +43,7 @@ func clusterArgs(t *testing.T, name string, join string) *clusterMember {
 		"--ssd-capacity", "0",
 		"--cluster-label", "test",
 	}
+	m.args = append(m.args, credArgs(t, testGossipKey, testPeerSecret)...)
 	if join != "" {
 		m.args = append(m.args, "--join", join)
 	}

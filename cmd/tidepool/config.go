@@ -57,7 +57,12 @@ type Config struct {
 	Replicas       int           // owners per block (R)
 	GossipKeyFile  string        // file holding the gossip encryption key
 	ClusterLabel   string        // cluster label; peers with another are refused
-	PeerTokenFile  string        // file holding the peer API shared token
+	PeerTokenFile  string        // file holding the peer API shared token (legacy, checked after decoding)
+	PeerSecretFile string        // file holding the cluster secret that authenticates peer API and transfer connections
+	Insecure       bool          // insecure_cluster: run a cluster without credentials
+	PeerEncrypt    bool          // encrypt peer API and transfer connections (AES-256-GCM) after authenticating them
+	PeerMaxConns   int           // most connections open at once on the peer API port and on the transfer port (each)
+	PeerIdleTime   time.Duration // a peer API or transfer connection idle that long is closed
 	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
 
 	RebalanceRate     int64         // bytes/s the rebalancer pushes to new owners; 0 disables
@@ -114,6 +119,19 @@ func intSetting(key, usage string, p func(c *Config) *int) setting {
 				return fmt.Errorf("%q is not an integer", v)
 			}
 			*p(c) = n
+			return nil
+		}}
+}
+
+func boolSetting(key, usage string, p func(c *Config) *bool) setting {
+	return setting{key, usage,
+		func(c *Config) string { return strconv.FormatBool(*p(c)) },
+		func(c *Config, v string) error {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return fmt.Errorf("%q is not a boolean (true or false)", v)
+			}
+			*p(c) = b
 			return nil
 		}}
 }
@@ -201,7 +219,12 @@ var settings = []setting{
 	intSetting("replicas", "owners per block (R)", func(c *Config) *int { return &c.Replicas }),
 	stringSetting("gossip_key_file", "file holding the gossip encryption key (16, 24 or 32 bytes, raw or base64)", func(c *Config) *string { return &c.GossipKeyFile }),
 	stringSetting("cluster_label", "cluster label; peers with another label are refused", func(c *Config) *string { return &c.ClusterLabel }),
-	stringSetting("peer_token_file", "file holding the shared token the peer API requires", func(c *Config) *string { return &c.PeerTokenFile }),
+	stringSetting("peer_token_file", "legacy: file holding a token every peer API call must carry (checked after the call is decoded; peer_secret_file is what authenticates)", func(c *Config) *string { return &c.PeerTokenFile }),
+	stringSetting("peer_secret_file", "file holding the cluster secret (at least 16 bytes, raw or base64) that authenticates every peer API and transfer connection and every member; required with gossip_addr", func(c *Config) *string { return &c.PeerSecretFile }),
+	boolSetting("insecure_cluster", "run a cluster without gossip_key_file and peer_secret_file: any host that reaches the ports can read, write and join (logged loudly; never on a shared network)", func(c *Config) *bool { return &c.Insecure }),
+	boolSetting("peer_encrypt", "encrypt every peer API and transfer connection (AES-256-GCM, keys from peer_secret_file); every member must agree", func(c *Config) *bool { return &c.PeerEncrypt }),
+	intSetting("peer_max_conns", "most connections open at once on the peer API port, and on the transfer port; more are closed as they come", func(c *Config) *int { return &c.PeerMaxConns }),
+	durationSetting("peer_idle_timeout", "a peer API or transfer connection that sends nothing for this long is closed", func(c *Config) *time.Duration { return &c.PeerIdleTime }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
 	sizeSetting("rebalance_rate", "bytes per second the rebalancer pushes to new owners after a membership change; 0 disables it", func(c *Config) *int64 { return &c.RebalanceRate }),
 	durationSetting("rebalance_delay", "quiet time after the last membership change before a rebalance pass starts", func(c *Config) *time.Duration { return &c.RebalanceDelay }),
@@ -280,6 +303,8 @@ func DefaultConfig() Config {
 		NodeID:         host,
 		Replicas:       1,
 		DrainTimeout:   10 * time.Second,
+		PeerMaxConns:   1024,
+		PeerIdleTime:   5 * time.Minute,
 
 		RebalanceRate:     64 << 20,
 		RebalanceDelay:    2 * time.Second,
@@ -403,6 +428,16 @@ func (c Config) Validate() error {
 		}
 		if c.NodeID == "" {
 			bad("node_name: empty")
+		}
+		if !c.Insecure && (c.GossipKeyFile == "" || c.PeerSecretFile == "") {
+			bad("cluster mode (gossip_addr) needs credentials: gossip_key_file %q and peer_secret_file %q must both be set "+
+				"(see docs/security.md); to run an open cluster anyway set insecure_cluster: true", c.GossipKeyFile, c.PeerSecretFile)
+		}
+		if c.PeerEncrypt && c.PeerSecretFile == "" {
+			bad("peer_encrypt needs peer_secret_file (the encryption keys derive from it)")
+		}
+		if c.PeerMaxConns < 1 || c.PeerIdleTime <= 0 {
+			bad("peer_max_conns %d, peer_idle_timeout %s: must be positive", c.PeerMaxConns, c.PeerIdleTime)
 		}
 	} else if len(c.Join) > 0 {
 		bad("join needs gossip_addr")

@@ -136,7 +136,7 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil))
+	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil), newGuardCollector(nil))
 	mfs, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -67,6 +67,7 @@ func nsMember(t *testing.T, name, ip, join string) *clusterMember {
 		"--transfer-addr", fmt.Sprintf("%s:%d", ip, 9000+rand.Intn(900)),
 		"--ssd-capacity", "0",
 	}
+	m.args = append(m.args, credArgs(t, testGossipKey, testPeerSecret)...)
 	if join != "" {
 		m.args = append(m.args, "--join", join)
 	}

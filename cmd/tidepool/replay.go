@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -208,6 +210,24 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
+// writeClusterCreds writes a random gossip key and peer secret into dir and
+// returns the serve flags naming them.
+func writeClusterCreds(dir string) ([]string, error) {
+	var args []string
+	for _, f := range []struct{ flag, name string }{{"--gossip-key-file", "gossip.key"}, {"--peer-secret-file", "peer.secret"}} {
+		b := make([]byte, 32)
+		if _, err := crand.Read(b); err != nil {
+			return nil, err
+		}
+		path := filepath.Join(dir, f.name)
+		if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(b)), 0o600); err != nil {
+			return nil, err
+		}
+		args = append(args, f.flag, path)
+	}
+	return args, nil
+}
+
 // serveSupportsCluster reports whether this build's serve has cluster flags.
 func serveSupportsCluster(exe string) bool {
 	out, _ := exec.Command(exe, "serve", "--help").CombinedOutput()
@@ -228,6 +248,7 @@ func startSidecars(ctx context.Context, n int, dramBytes, maxValue int64, policy
 		}
 	}
 	joinAddr := ""
+	var creds []string // the credential flags of a cluster run
 	for i := range n {
 		dir, err := os.MkdirTemp("", "tpreplay")
 		if err != nil {
@@ -260,6 +281,14 @@ func startSidecars(ctx context.Context, n int, dramBytes, maxValue int64, policy
 				return nil, nil, err
 			}
 			args = append(args, "--gossip-addr", gossip, "--peer-addr", peer, "--transfer-addr", transfer)
+			// Fresh credentials for this run, the same for every node.
+			if i == 0 {
+				if creds, err = writeClusterCreds(dir); err != nil {
+					stopAll()
+					return nil, nil, err
+				}
+			}
+			args = append(args, creds...)
 			if joinAddr != "" {
 				args = append(args, "--join", joinAddr)
 			} else {

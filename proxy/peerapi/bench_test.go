@@ -98,10 +98,19 @@ func runConc(total, conc int, op func(worker int) error) (time.Duration, error) 
 //
 // MB/s is the tidepool remote Get; raw-MB/s the baseline; ratio = tidepool
 // / raw (target >= 0.7).
+//
+// "get-secret" is "get" on a cluster with a peer secret (every connection
+// authenticated, docs/security.md), "get-encrypted" with encryption too.
 func BenchmarkRemoteGet(b *testing.B) {
-	b.Run("get", func(b *testing.B) { benchRemote(b, remoteGetPinned) })
-	b.Run("get-copy", func(b *testing.B) { benchRemote(b, remoteGetCopy) })
-	b.Run("fetch", func(b *testing.B) { benchRemote(b, remoteFetch) })
+	b.Run("get", func(b *testing.B) { benchRemote(b, remoteGetPinned, nodeOpts{}) })
+	b.Run("get-secret", func(b *testing.B) {
+		benchRemote(b, remoteGetPinned, nodeOpts{label: "bench", secret: "bench-cluster-secret"})
+	})
+	b.Run("get-encrypted", func(b *testing.B) {
+		benchRemote(b, remoteGetPinned, nodeOpts{label: "bench", secret: "bench-cluster-secret", encrypt: true})
+	})
+	b.Run("get-copy", func(b *testing.B) { benchRemote(b, remoteGetCopy, nodeOpts{}) })
+	b.Run("fetch", func(b *testing.B) { benchRemote(b, remoteFetch, nodeOpts{}) })
 }
 
 type remoteMode int
@@ -119,9 +128,10 @@ const (
 )
 
 // benchRemote times remote Gets of blocks owned by the other node.
-func benchRemote(b *testing.B, mode remoteMode) {
+func benchRemote(b *testing.B, mode remoteMode, o nodeOpts) {
 	const size, conc, ns = 1 << 20, 16, "bench"
-	nodes := newCluster(b, 2, nodeOpts{capacity: 96 << 20, fetchTimeout: 10 * time.Second, prefault: true})
+	o.capacity, o.fetchTimeout, o.prefault = 96<<20, 10*time.Second, true
+	nodes := newCluster(b, 2, o)
 	a, owner := nodes[0], nodes[1]
 	ctx := context.Background()
 	keys := make([][]byte, conc)

@@ -13,6 +13,7 @@ import (
 	kclient "github.com/cloudwego/kitex/client"
 	"github.com/cloudwego/kitex/pkg/connpool"
 	"github.com/cloudwego/kitex/pkg/remote/codec"
+	"github.com/cloudwego/kitex/pkg/remote/trans/gonet"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"go.uber.org/zap"
 
@@ -301,6 +302,8 @@ func (c *Client) api(node string) (*apiConn, string, error) {
 		}),
 		kclient.WithCodec(codec.NewDefaultCodecWithSizeLimit(c.cfg.MaxResponseBytes)),
 		kclient.WithClientBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-peer-client"}),
+		kclient.WithTransHandlerFactory(gonet.NewCliTransHandlerFactory()),
+		kclient.WithDialer(authDialer{key: c.cfg.Key}),
 	)
 	if err != nil {
 		return nil, "", fmt.Errorf("peerapi: client for %s: %w", addr, err)

@@ -2,8 +2,18 @@ package peerapi
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
 
+	"github.com/cloudwego/gopkg/bufiox"
 	kclient "github.com/cloudwego/kitex/client"
+	"github.com/cloudwego/kitex/pkg/remote"
+
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 )
@@ -71,4 +81,90 @@ func (a *apiConn) Close() error {
 		return c.Close()
 	}
 	return nil
+}
+
+// authDialer dials a peer's API and, with a key, runs the client side of
+// the handshake before Kitex writes anything: a server that cannot prove
+// it holds the cluster secret never sees a call.
+type authDialer struct{ key *peerauth.Key }
+
+func (d authDialer) DialTimeout(network, address string, timeout time.Duration) (net.Conn, error) {
+	deadline := time.Now().Add(timeout)
+	nd := net.Dialer{Deadline: deadline}
+	nc, err := nd.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	raw := nc
+	if d.key != nil {
+		ac, err := d.key.Client(nc, peerauth.PurposePeerAPI, deadline)
+		if err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("peerapi: %s: %w", address, err)
+		}
+		nc = ac
+	}
+	return newClientConn(nc, raw), nil
+}
+
+// clientConn is what Kitex's Go net transport expects of a connection
+// (gonet's own is unexported): buffered, closed once, and able to tell the
+// connection pool that the peer has closed it (IsActive).
+type clientConn struct {
+	net.Conn
+	raw    net.Conn // the TCP connection under any encryption
+	r      *bufiox.DefaultReader
+	w      *bufiox.DefaultWriter
+	closed atomic.Bool
+}
+
+var _ remote.IsActive = (*clientConn)(nil)
+
+func newClientConn(nc, raw net.Conn) *clientConn {
+	return &clientConn{Conn: nc, raw: raw, r: bufiox.NewDefaultReader(nc), w: bufiox.NewDefaultWriter(nc)}
+}
+
+// IsActive reports whether the connection is still open at both ends:
+// Kitex's pool calls it before reusing an idle connection, so that a peer
+// that restarted (or closed an idle connection) costs no failed call. It
+// peeks at the socket without blocking: end of stream or an error means
+// the peer is gone.
+func (c *clientConn) IsActive() bool {
+	if c.closed.Load() {
+		return false
+	}
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	alive := true
+	err = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, syscall.EAGAIN):
+			// nothing to read: open
+		case err != nil || n == 0:
+			alive = false // error, or end of stream
+		}
+		return true // never wait
+	})
+	return alive && err == nil
+}
+
+func (c *clientConn) Reader() *bufiox.DefaultReader { return c.r }
+func (c *clientConn) Writer() *bufiox.DefaultWriter { return c.w }
+func (c *clientConn) Read(b []byte) (int, error)    { return c.r.Read(b) }
+
+// Close closes the connection once.
+func (c *clientConn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return net.ErrClosed
+	}
+	_ = c.r.Release(nil)
+	return c.Conn.Close()
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/clusterview"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
@@ -36,6 +37,10 @@ type node struct {
 
 type nodeOpts struct {
 	label, token string
+	// secret, when set, authenticates every connection and member
+	// (peerauth) with this cluster secret.
+	secret       string
+	encrypt      bool // with secret: connections are encrypted too
 	fetchTimeout time.Duration
 	capacity     int64
 	prefault     bool // fault the arena pages in at start
@@ -55,6 +60,14 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	n := &node{name: name, cred: peerapi.Credentials{NodeID: name, Label: o.label, Token: o.token}}
 	var err error
+	if o.secret != "" {
+		if n.cred.Key, err = peerauth.NewKey([]byte(o.secret), o.label); err != nil {
+			t.Fatal(err)
+		}
+		if o.encrypt {
+			n.cred.Key = n.cred.Key.Encrypting()
+		}
+	}
 	n.tier, err = dram.New(dram.Config{Dir: t.TempDir(), Capacity: o.capacity, ArenaSize: 16 << 20, MaxValueSize: 4 << 20, LazyFault: !o.prefault}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +77,9 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if n.p, err = proxy.New(pcfg, n.tier, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n.tr, err = tcp.New(tcp.DefaultLocalConfig(), nil); err != nil {
+	tcfg := tcp.DefaultLocalConfig()
+	tcfg.Key = n.cred.Key
+	if n.tr, err = tcp.New(tcfg, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n.regions, err = peerapi.RegisterArenas(n.tr, peerapi.TierArenaMems(n.tier)); err != nil {
@@ -76,6 +91,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	ccfg := cluster.DefaultLocalConfig(name)
 	ccfg.Label = o.label
+	ccfg.Auth = n.cred.Key
 	ccfg.Join = join
 	ccfg.Meta = cluster.Meta{PeerAddr: ln.Addr().String(), TransferAddr: n.tr.Addr()}
 	if n.c, err = cluster.New(ccfg, nil); err != nil {

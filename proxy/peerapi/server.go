@@ -5,6 +5,11 @@
 // a block (Acquire) and names where it lies in its registered arenas, the
 // requester reserves a slot in its own arenas, pulls the bytes with a
 // one-sided Read, verifies the CRC-32C on commit and releases the pin.
+//
+// With Credentials.Key every connection is mutually authenticated with the
+// cluster secret (internal/peerauth) before Kitex reads or writes a byte of
+// it; the server accepts through a guarded listener (cap, accept back-off,
+// idle cap) and serves with Kitex's Go net transport (docs/security.md).
 package peerapi
 
 import (
@@ -17,12 +22,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cloudwego/kitex/pkg/remote/trans/gonet"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/server"
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
 	"github.com/tidepool-kv/tidepool/protocol/safecodec"
@@ -42,8 +49,14 @@ type Credentials struct {
 	// Default "" (the label must then be empty on both sides).
 	Label string
 	// Token is the shared secret; a call with another token is refused
-	// (compared in constant time). Default "" (no token).
+	// (compared in constant time). Default "" (no token). It is checked
+	// only after the call is decoded: Key is what keeps strangers out.
 	Token string
+	// Key authenticates every connection (both ways) before anything on
+	// it is decoded: the server accepts only peers that prove they hold
+	// the cluster secret, the client talks only to such servers. nil: no
+	// handshake (insecure mode; both sides must agree).
+	Key *peerauth.Key
 }
 
 func (c Credentials) auth() *peer.Auth {
@@ -67,11 +80,21 @@ type ServerConfig struct {
 	DrainTimeout time.Duration
 	// MaxLease caps the lease a peer may ask for in Acquire. Default 30 s.
 	MaxLease time.Duration
+	// MaxConns caps the peer API connections open at once (more are
+	// closed as they come). Default 1024.
+	MaxConns int
+	// IdleTimeout closes a connection that sends nothing for that long.
+	// Default 5 min (clients drop idle pooled connections after 1 min).
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds the authentication of a new connection.
+	// Default 5 s.
+	HandshakeTimeout time.Duration
 }
 
 // DefaultServerConfig returns the defaults documented on ServerConfig.
 func DefaultServerConfig() ServerConfig {
-	return ServerConfig{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxLease: 30 * time.Second}
+	return ServerConfig{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxLease: 30 * time.Second,
+		MaxConns: 1024, IdleTimeout: 5 * time.Minute, HandshakeTimeout: 5 * time.Second}
 }
 
 func (c ServerConfig) withDefaults() ServerConfig {
@@ -84,6 +107,15 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	}
 	if c.MaxLease == 0 {
 		c.MaxLease = d.MaxLease
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
 	}
 	return c
 }
@@ -107,6 +139,10 @@ func (c ServerConfig) Validate() error {
 	if c.MaxLease < 0 {
 		errs = append(errs, fmt.Errorf("peerapi: MaxLease %v is negative", c.MaxLease))
 	}
+	if c.MaxConns < 0 || c.IdleTimeout < 0 || c.HandshakeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("peerapi: MaxConns %d, IdleTimeout %v, HandshakeTimeout %v: none may be negative",
+			c.MaxConns, c.IdleTimeout, c.HandshakeTimeout))
+	}
 	return errors.Join(errs...)
 }
 
@@ -126,6 +162,7 @@ type Server struct {
 	lg    *zap.Logger
 	h     *handler
 	svr   server.Server
+	ln    *peerauth.Listener
 	ready chan struct{}
 	done  chan struct{}
 
@@ -133,7 +170,11 @@ type Server struct {
 	closeErr             error
 }
 
-// NewServer makes a Kitex server for p on ln. The server owns ln from now on.
+// NewServer makes a Kitex server for p on ln. The server owns ln from now on
+// and closes it exactly once. Connections are accepted by a guarded
+// listener (peerauth): capped, authenticated with cfg.Key before Kitex
+// reads a byte of them, and closed when idle; Kitex serves them with its
+// Go net transport (netpoll would take over the descriptor).
 // lg is used as given (name it, e.g. lg.Named("peerapi")); nil is a no-op.
 func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Server, error) {
 	if p == nil || ln == nil {
@@ -153,8 +194,14 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
 	}
+	s.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
+		Key: cfg.Key, Purpose: peerauth.PurposePeerAPI, MaxConns: cfg.MaxConns,
+		HandshakeTimeout: cfg.HandshakeTimeout, IdleTimeout: cfg.IdleTimeout,
+	}, lg)
 	s.svr = tidepoolpeer.NewServer(h,
-		server.WithListener(ln),
+		server.WithListener(s.ln),
+		server.WithTransServerFactory(gonet.NewTransServerFactory()),
+		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
 		server.WithCodec(safecodec.New(cfg.MaxRequestBytes)),
 		server.WithExitWaitTime(cfg.DrainTimeout),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-peer"}),
@@ -192,9 +239,13 @@ func (s *Server) Close() error {
 		if started {
 			<-s.done
 		}
+		_ = s.ln.Close() // Kitex closed it when it ran; never twice
 	})
 	return s.closeErr
 }
+
+// ListenerStats returns the connection counters of the peer API port.
+func (s *Server) ListenerStats() peerauth.ListenerStats { return s.ln.Stats() }
 
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() ServerStats {

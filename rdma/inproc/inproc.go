@@ -242,7 +242,7 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	if err != nil {
 		return err
 	}
-	if err := r.table.Check(op.Remote.ID, op.Remote.Key, true, op.RemoteOff, op.Len); err != nil {
+	if err := r.table.Check(op.Remote.ID, op.Remote.Key, true, op.Remote.Addr+op.RemoteOff, op.Len); err != nil {
 		if write {
 			r.serve.Error()
 		}
@@ -282,7 +282,7 @@ func (p *peer) copyChunk(r *Transport, op rdma.Op, done, n uint64, write, last b
 		return err
 	}
 	defer ls.Release()
-	rs, err := r.table.Acquire(op.Remote.ID, op.Remote.Key, true, op.RemoteOff+done, n)
+	rs, err := r.table.Acquire(op.Remote.ID, op.Remote.Key, true, op.Remote.Addr+op.RemoteOff+done, n)
 	if err != nil {
 		return fmt.Errorf("remote: %w", err)
 	}

@@ -20,16 +20,11 @@ import (
 func (t *Transport) acceptLoop() {
 	defer t.wg.Done()
 	for {
+		// The guarded listener survives accept errors (EMFILE, ...) with
+		// back-off, caps the connections and hands out only authenticated
+		// ones; its only error is that it was closed.
 		nc, err := t.ln.Accept()
 		if err != nil {
-			if t.closed.Load() || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			t.lg.Warn("accept failed", zap.Error(err))
 			return
 		}
 		t.mu.Lock()
@@ -55,7 +50,10 @@ func (t *Transport) serveConn(nc net.Conn) {
 		t.mu.Unlock()
 		t.serve.Conn(-1)
 	}()
-	s := &server{t: t, nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	s := &server{t: t, nc: nc, w: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	if r, ok := nc.(interface{ Raw() net.Conn }); ok {
+		s.w = r.Raw() // writev (net.Buffers) needs the *net.TCPConn
+	}
 	if err := s.loop(); err != nil && !t.closed.Load() && !errors.Is(err, io.EOF) {
 		t.lg.Debug("served connection ended", zap.Stringer("remote", nc.RemoteAddr()), zap.Error(err))
 	}
@@ -64,7 +62,11 @@ func (t *Transport) serveConn(nc net.Conn) {
 type server struct {
 	t  *Transport
 	nc net.Conn
-	br *bufio.Reader
+	w  net.Conn // nc, unwrapped for writes
+	// keyFails counts this connection's requests for an unknown region or
+	// with a wrong key (throttled, then cut off).
+	keyFails int
+	br       *bufio.Reader
 	// scratch holds a write chunk until its checksum is verified; kept per
 	// connection (up to 2*ChunkSize) so that the hot path allocates nothing.
 	scratch []byte
@@ -256,6 +258,13 @@ func (s *server) read(h frame.Header) error {
 }
 
 func (s *server) refuse(id uint64, cause error) error {
+	if errors.Is(cause, rdma.ErrUnknownRegion) || errors.Is(cause, rdma.ErrOutOfRange) {
+		// A member never sends either (it checks ranges before sending):
+		// this is a guess at a region's name or address.
+		if err := s.keyFailure(); err != nil {
+			return err
+		}
+	}
 	msg := []byte(cause.Error())
 	if len(msg) > maxErrMsg {
 		msg = msg[:maxErrMsg]
@@ -266,12 +275,38 @@ func (s *server) refuse(id uint64, cause error) error {
 }
 
 func (s *server) respond(h frame.Header, payload []byte) error {
-	_ = s.nc.SetWriteDeadline(time.Now().Add(s.t.cfg.IOTimeout))
+	_ = s.w.SetWriteDeadline(time.Now().Add(s.t.cfg.IOTimeout))
 	if len(payload) == 0 {
-		_, err := s.nc.Write(frame.Encode(s.whdr[:], h))
+		_, err := s.w.Write(frame.Encode(s.whdr[:], h))
 		return err
 	}
 	bufs := net.Buffers{frame.Encode(s.whdr[:], h), payload}
-	_, err := bufs.WriteTo(s.nc)
+	_, err := bufs.WriteTo(s.w)
 	return err
+}
+
+// errKeyCutoff ends a served connection that named too many regions it
+// does not know (or with the wrong key).
+var errKeyCutoff = errors.New("tcp: too many requests for unknown regions or with wrong keys")
+
+// keyFailure throttles a request that named an unknown region or a wrong
+// key (a delay growing with the connection's failures) and cuts the
+// connection off at MaxKeyFailures.
+func (s *server) keyFailure() error {
+	s.keyFails++
+	s.t.keyFails.Add(1)
+	if s.keyFails >= s.t.cfg.MaxKeyFailures {
+		s.t.keyCutoffs.Add(1)
+		s.t.lg.Warn("connection cut off: too many unknown regions or wrong keys",
+			zap.Stringer("remote", s.nc.RemoteAddr()), zap.Int("failures", s.keyFails))
+		return errKeyCutoff
+	}
+	t := time.NewTimer(time.Duration(s.keyFails) * s.t.cfg.KeyFailureDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-s.t.done:
+		return rdma.ErrClosed
+	}
 }

@@ -23,7 +23,13 @@
 //     against the CRC on its last chunk.
 //
 // A new connection starts with an OpHello/OpHelloAck exchange, so a peer
-// speaking another frame version is refused at connect time.
+// speaking another frame version is refused at connect time. Before that,
+// with Config.Key, both ends authenticate each other (internal/peerauth)
+// and may encrypt the connection; the port accepts through a guarded
+// listener (connection cap, accept back-off, idle cap). Remote bytes are
+// named by region id, key and address (the region's random base plus the
+// offset), and a connection that names wrong ones is throttled, then cut
+// off (docs/security.md).
 package tcp
 
 import (
@@ -40,6 +46,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
 	"github.com/tidepool-kv/tidepool/rdma/internal/counters"
@@ -79,6 +86,20 @@ type Config struct {
 	// IdleTimeout closes a served connection that sends no request for this
 	// long. Default 5 min.
 	IdleTimeout time.Duration
+	// Key authenticates every connection both ways (peerauth) before a
+	// frame is read or written: the port serves only peers that hold the
+	// cluster secret, and a Peer moves bytes only with such a server. nil:
+	// no handshake (insecure mode; both sides must agree).
+	Key *peerauth.Key
+	// MaxConns caps the served connections open at once; more are closed
+	// as they come. Zero: 1024.
+	MaxConns int
+	// MaxKeyFailures closes a served connection after that many requests
+	// naming a region it does not know or with the wrong key; each such
+	// refusal is delayed by KeyFailureDelay times the failures so far.
+	// Zero: 3 and 100 ms.
+	MaxKeyFailures  int
+	KeyFailureDelay time.Duration
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -91,7 +112,24 @@ func DefaultConfig() Config {
 		DialTimeout:     3 * time.Second,
 		IOTimeout:       30 * time.Second,
 		IdleTimeout:     5 * time.Minute,
+		MaxConns:        1024,
+		MaxKeyFailures:  3,
+		KeyFailureDelay: 100 * time.Millisecond,
 	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
+	}
+	if c.MaxKeyFailures == 0 {
+		c.MaxKeyFailures = d.MaxKeyFailures
+	}
+	if c.KeyFailureDelay == 0 {
+		c.KeyFailureDelay = d.KeyFailureDelay
+	}
+	return c
 }
 
 // DefaultLocalConfig is DefaultConfig listening on a free loopback port with
@@ -129,6 +167,10 @@ func (c Config) Validate() error {
 	if c.IdleTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("tcp: IdleTimeout %v must be > 0", c.IdleTimeout))
 	}
+	if c.MaxConns < 0 || c.MaxKeyFailures < 0 || c.KeyFailureDelay < 0 {
+		errs = append(errs, fmt.Errorf("tcp: MaxConns %d, MaxKeyFailures %d, KeyFailureDelay %v: none may be negative",
+			c.MaxConns, c.MaxKeyFailures, c.KeyFailureDelay))
+	}
 	return errors.Join(errs...)
 }
 
@@ -136,15 +178,19 @@ func (c Config) Validate() error {
 type Transport struct {
 	cfg   Config
 	lg    *zap.Logger
-	ln    net.Listener
+	ln    *peerauth.Listener
 	addr  string
 	table *region.Table
 	serve counters.Serve
-	reqID atomic.Uint64
-	wg    sync.WaitGroup // accept loop and served connections
+	// keyFails counts requests refused for an unknown region or wrong key;
+	// keyCutoffs the connections closed for too many of them.
+	keyFails, keyCutoffs atomic.Int64
+	reqID                atomic.Uint64
+	wg                   sync.WaitGroup // accept loop and served connections
 
 	closed  atomic.Bool
-	mu      sync.Mutex // guards the maps below
+	done    chan struct{} // closed by Close
+	mu      sync.Mutex    // guards the maps below
 	inbound map[net.Conn]struct{}
 	peers   map[string]*counters.Peer
 	handles map[*peer]struct{}
@@ -154,6 +200,7 @@ var _ rdma.Transport = (*Transport)(nil)
 
 // New listens and starts serving.
 func New(cfg Config, lg *zap.Logger) (*Transport, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -167,8 +214,13 @@ func New(cfg Config, lg *zap.Logger) (*Transport, error) {
 			return nil, fmt.Errorf("tcp: listen %s: %w", cfg.ListenAddr, err)
 		}
 	}
+	lg = lg.Named("rdma.tcp")
+	gl := peerauth.NewListener(ln, peerauth.ListenerConfig{
+		Key: cfg.Key, Purpose: peerauth.PurposeTransfer, MaxConns: cfg.MaxConns, HandshakeTimeout: cfg.DialTimeout,
+	}, lg)
 	t := &Transport{
-		cfg: cfg, lg: lg.Named("rdma.tcp"), ln: ln, table: region.NewTable(),
+		cfg: cfg, lg: lg, ln: gl, table: region.NewTable(),
+		done:    make(chan struct{}),
 		inbound: make(map[net.Conn]struct{}), peers: make(map[string]*counters.Peer),
 		handles: make(map[*peer]struct{}),
 	}
@@ -204,12 +256,25 @@ func (t *Transport) Stats() rdma.Stats {
 	return counters.TransportStats(n, b, &t.serve, t.peers)
 }
 
+// GuardStats counts what the transfer port refused.
+type GuardStats struct {
+	Listener   peerauth.ListenerStats
+	KeyFails   int64 // requests refused for an unknown region or wrong key
+	KeyCutoffs int64 // connections closed for too many of those
+}
+
+// GuardStats returns a snapshot of the port's guard counters.
+func (t *Transport) GuardStats() GuardStats {
+	return GuardStats{Listener: t.ln.Stats(), KeyFails: t.keyFails.Load(), KeyCutoffs: t.keyCutoffs.Load()}
+}
+
 // Close stops the listener, breaks served connections and closes every Peer
 // handle, then waits for the serving goroutines. Safe to call twice.
 func (t *Transport) Close() error {
 	if t.closed.Swap(true) {
 		return nil
 	}
+	close(t.done)
 	err := t.ln.Close()
 	t.mu.Lock()
 	for c := range t.inbound {
@@ -327,10 +392,21 @@ func (p *peer) dial(ctx context.Context) (*conn, error) {
 		p.c.DialFail()
 		return nil, err
 	}
-	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = nc.SetDeadline(dl)
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(p.t.cfg.DialTimeout)
 	}
+	if k := p.t.cfg.Key; k != nil {
+		ac, err := k.Client(nc, peerauth.PurposeTransfer, dl)
+		if err != nil {
+			_ = nc.Close()
+			p.c.DialFail()
+			return nil, err
+		}
+		nc = ac
+	}
+	c := &conn{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	_ = nc.SetDeadline(dl)
 	h := frame.Header{Op: frame.OpHello, RequestID: p.t.reqID.Add(1)}
 	if _, err = nc.Write(frame.Encode(c.hdr[:], h)); err == nil {
 		var r frame.Header
@@ -533,7 +609,7 @@ func (c *conn) write(id uint64, op rdma.Op, local []byte, chunk int) (bool, erro
 		last := done+m == len(local)
 		h := frame.Header{
 			Op: frame.OpWrite, RequestID: id, Region: uint64(op.Remote.ID), Key: op.Remote.Key,
-			Offset: op.RemoteOff + uint64(done), Length: uint32(m),
+			Offset: op.Remote.Addr + op.RemoteOff + uint64(done), Length: uint32(m), // an address: base + offset
 		}
 		switch {
 		case !op.SumKnown:
@@ -572,7 +648,7 @@ func (c *conn) read(id uint64, op rdma.Op, local []byte) (bool, error) {
 	var sum uint32 // of the bytes read so far, when op.SumKnown
 	for seg := 0; ; {
 		l := min(frame.MaxLength, len(local)-seg)
-		base := op.RemoteOff + uint64(seg)
+		base := op.Remote.Addr + op.RemoteOff + uint64(seg) // an address: region base + offset
 		h := frame.Header{Op: frame.OpRead, RequestID: id, Region: uint64(op.Remote.ID), Key: op.Remote.Key, Offset: base, Length: uint32(l)}
 		if op.SumKnown {
 			h.Flags = frame.FlagSummed // checked here, once, against op.Sum

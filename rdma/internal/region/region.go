@@ -4,8 +4,9 @@
 package region
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -18,7 +19,8 @@ type entry struct {
 	mu   sync.RWMutex
 	buf  []byte
 	key  uint32
-	dead bool // set under mu (write) by Deregister
+	base uint64 // the region's address (RegionDesc.Addr): remote offsets are sent as base+off
+	dead bool   // set under mu (write) by Deregister
 }
 
 // Table maps region ids to registered memory. Safe for concurrent use.
@@ -30,15 +32,35 @@ type Table struct {
 	next  atomic.Uint64
 	bytes atomic.Uint64
 	keys  func() uint32
+	ids   func() uint64 // nil: sequential
+	bases func() uint64 // nil: 0
 }
 
-// NewTable returns an empty table whose region keys are random.
-func NewTable() *Table { return NewTableWithKeys(rand.Uint32) }
+// NewTable returns an empty table whose region ids, keys and addresses
+// (bases) are drawn from crypto/rand. Remote access names a byte as (id,
+// key, base+offset), like verbs' (rkey, virtual address): a peer that was
+// not told the descriptor must guess 64 id bits, 32 key bits and the base
+// (64 bits less log2 of the region's length: a 4 GiB region leaves 32), so
+// at least 128 bits for any region up to 4 GiB.
+func NewTable() *Table {
+	t := NewTableWithKeys(func() uint32 { return uint32(randUint64()) })
+	t.ids, t.bases = randUint64, randUint64
+	return t
+}
 
-// NewTableWithKeys returns an empty table drawing region keys from keys (a
-// test seam: fuzzers need predictable keys).
+// NewTableWithKeys returns an empty table with sequential ids and zero
+// bases, drawing region keys from keys (a test seam: fuzzers need
+// predictable names).
 func NewTableWithKeys(keys func() uint32) *Table {
 	return &Table{m: make(map[rdma.RegionID]*entry), keys: keys}
+}
+
+func randUint64() uint64 {
+	var b [8]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		panic("region: crypto/rand: " + err.Error()) // never fails on Linux
+	}
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // Register adds buf and returns its descriptor.
@@ -46,13 +68,24 @@ func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
 	if buf == nil {
 		return rdma.RegionDesc{}, fmt.Errorf("rdma: register a nil buffer")
 	}
-	id := rdma.RegionID(t.next.Add(1))
 	e := &entry{buf: buf, key: t.keys()}
+	if t.bases != nil {
+		e.base = t.bases()
+	}
 	t.mu.Lock()
+	id := rdma.RegionID(t.next.Add(1))
+	if t.ids != nil {
+		for {
+			id = rdma.RegionID(t.ids())
+			if _, taken := t.m[id]; !taken && id != 0 {
+				break
+			}
+		}
+	}
 	t.m[id] = e
 	t.mu.Unlock()
 	t.bytes.Add(uint64(len(buf)))
-	return rdma.RegionDesc{ID: id, Len: uint64(len(buf)), Key: e.key}, nil
+	return rdma.RegionDesc{ID: id, Len: uint64(len(buf)), Key: e.key, Addr: e.base}, nil
 }
 
 // Deregister removes id, waiting for in-flight accesses to finish.
@@ -93,8 +126,10 @@ func (s Span) Release() {
 	}
 }
 
-// Acquire pins [off, off+n) of region id and returns it; when checkKey is
-// set the key must match (remote access). The caller must Release the span.
+// Acquire pins n bytes of region id and returns them. Local access
+// (checkKey false) names them by offset; remote access (checkKey set) by
+// address, the region's base (RegionDesc.Addr) plus the offset, and the
+// key must match. The caller must Release the span.
 func (t *Table) Acquire(id rdma.RegionID, key uint32, checkKey bool, off, n uint64) (Span, error) {
 	t.mu.RLock()
 	e, ok := t.m[id]
@@ -106,6 +141,14 @@ func (t *Table) Acquire(id rdma.RegionID, key uint32, checkKey bool, off, n uint
 	if e.dead {
 		e.mu.RUnlock()
 		return Span{}, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	if checkKey {
+		off -= e.base
+		if rdma.CheckRange(uint64(len(e.buf)), off, n) != nil {
+			// Not the offset: it would tell a guesser the base.
+			e.mu.RUnlock()
+			return Span{}, fmt.Errorf("region %d: %w: %d bytes outside the region", id, rdma.ErrOutOfRange, n)
+		}
 	}
 	if err := rdma.CheckRange(uint64(len(e.buf)), off, n); err != nil {
 		e.mu.RUnlock()

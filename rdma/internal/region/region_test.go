@@ -2,6 +2,8 @@ package region
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,7 +59,7 @@ func TestTable(t *testing.T) {
 func TestDeregisterWaitsForSpans(t *testing.T) {
 	tb := NewTable()
 	d, _ := tb.Register(make([]byte, 10))
-	s, err := tb.Acquire(d.ID, d.Key, true, 0, 10)
+	s, err := tb.Acquire(d.ID, d.Key, true, d.Addr, 10) // remote access: by address
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +74,7 @@ func TestDeregisterWaitsForSpans(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Deregister: %v", err)
 	}
-	if _, err := tb.Acquire(d.ID, d.Key, true, 0, 1); !errors.Is(err, rdma.ErrUnknownRegion) {
+	if _, err := tb.Acquire(d.ID, d.Key, true, d.Addr, 1); !errors.Is(err, rdma.ErrUnknownRegion) {
 		t.Fatalf("Acquire after Deregister: %v", err)
 	}
 	if err := tb.Deregister(d.ID); !errors.Is(err, rdma.ErrUnknownRegion) {
@@ -80,5 +82,66 @@ func TestDeregisterWaitsForSpans(t *testing.T) {
 	}
 	if n, b := tb.Len(); n != 0 || b != 0 {
 		t.Fatalf("Len after Deregister = %d, %d", n, b)
+	}
+}
+
+// TestRegionNamesAreUnguessable: NewTable names regions with random 64-bit
+// ids (not a counter a peer could walk) and random keys, all distinct.
+func TestRegionNamesAreUnguessable(t *testing.T) {
+	tb := NewTable()
+	ids := map[rdma.RegionID]bool{}
+	var high, keys int
+	for i := 0; i < 64; i++ {
+		d, err := tb.Register(make([]byte, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ids[d.ID] || d.ID == 0 {
+			t.Fatalf("id %d repeated or zero", d.ID)
+		}
+		ids[d.ID] = true
+		if d.ID > 1<<32 {
+			high++
+		}
+		if d.Key != 0 {
+			keys++
+		}
+	}
+	// A counter would give 1..64; random ids are above 2^32 with
+	// probability 1-2^-32 each.
+	if high < 60 || keys < 60 {
+		t.Fatalf("%d of 64 ids above 2^32, %d non-zero keys: not random", high, keys)
+	}
+}
+
+// TestRemoteAccessByAddress: remote access names bytes by the region's
+// random base plus the offset; the offset alone (a guess without the base)
+// is out of range, and the error does not reveal the base.
+func TestRemoteAccessByAddress(t *testing.T) {
+	tb := NewTable()
+	buf := []byte("0123456789")
+	d, err := tb.Register(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Addr == 0 {
+		t.Fatal("no base drawn")
+	}
+	s, err := tb.Acquire(d.ID, d.Key, true, d.Addr+3, 4)
+	if err != nil || string(s.B) != "3456" {
+		t.Fatalf("remote access at base+3: %q %v", s.B, err)
+	}
+	s.Release()
+	if s, err := tb.Acquire(d.ID, 0, false, 3, 4); err != nil || string(s.B) != "3456" {
+		t.Fatalf("local access at 3: %q %v", s.B, err)
+	} else {
+		s.Release()
+	}
+	_, err = tb.Acquire(d.ID, d.Key, true, 3, 4)
+	if !errors.Is(err, rdma.ErrOutOfRange) {
+		t.Fatalf("remote access without the base: %v, want ErrOutOfRange", err)
+	}
+	if strings.Contains(err.Error(), fmt.Sprint(3-d.Addr)) {
+		t.Fatalf("error %q reveals the base", err)
 	}
 }
