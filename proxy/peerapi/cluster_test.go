@@ -318,7 +318,7 @@ func TestCluster(t *testing.T) {
 				default:
 				}
 				j := i % len(keys)
-				c.p.Delete(ctx, ns, keys[j])
+				c.p.Delete(ctx, ns, keys[j], proxy.ScopeLocal)
 				got, _, err := c.p.Get(ctx, ns, keys[j], proxy.ScopeCluster)
 				mu.Lock()
 				if err == nil {
@@ -351,7 +351,7 @@ func TestCluster(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		c.p.Delete(ctx, ns, keys[0])
+		c.p.Delete(ctx, ns, keys[0], proxy.ScopeLocal)
 		start := time.Now()
 		got, _, err := c.p.Get(ctx, ns, keys[0], proxy.ScopeCluster)
 		if err == nil || got != nil {
