@@ -88,7 +88,8 @@ type RouteConfig struct {
 	// prefill takes: all the owners asked by one Lookup, Exists or
 	// BatchExists, and the owner's answer in a Get, BatchGet or Acquire
 	// fetch (whether and where it holds the blocks; the bytes then move
-	// within FetchTimeout). Past it the read is a miss. Default 500 ms.
+	// within FetchTimeout). Past it the read is a miss. At most
+	// FetchTimeout. Default 500 ms (FetchTimeout when that is shorter).
 	RemoteTimeout time.Duration
 	// PeerDownFor is how long a node that failed a call (timed out,
 	// refused, unreachable) is not called again: reads that would ask it
@@ -155,7 +156,7 @@ func (c RouteConfig) withDefaults() RouteConfig {
 		c.FetchTimeout = d.FetchTimeout
 	}
 	if c.RemoteTimeout == 0 {
-		c.RemoteTimeout = d.RemoteTimeout
+		c.RemoteTimeout = min(d.RemoteTimeout, c.FetchTimeout)
 	}
 	if c.PeerDownFor == 0 {
 		c.PeerDownFor = d.PeerDownFor
