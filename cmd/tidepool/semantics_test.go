@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -145,8 +146,11 @@ func TestHungOwnerFailsFast(t *testing.T) {
 		}
 	}
 	metrics := httpGet(t, "http://"+h1.d.metrics+"/metrics")
-	if !strings.Contains(metrics, "tidepool_remote_peer_down_total 1") && !strings.Contains(metrics, "tidepool_remote_peer_down_total 2") {
-		t.Fatalf("peer down not counted:\n%s", grepLines(metrics, "tidepool_remote_"))
+	for _, name := range []string{"tidepool_remote_peer_down_total", "tidepool_remote_fast_fails_total"} {
+		m := regexp.MustCompile(`(?m)^` + name + ` (\d+)`).FindStringSubmatch(metrics)
+		if m == nil || m[1] == "0" {
+			t.Fatalf("%s not counted:\n%s", name, grepLines(metrics, "tidepool_remote_"))
+		}
 	}
 }
 
