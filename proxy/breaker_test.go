@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -311,6 +312,63 @@ func TestDeleteClearEverywhere(t *testing.T) {
 		}
 	}
 	if rs := ps["b"].RouteStats(); rs.RemoteDeletes != 2 || rs.RemoteDeleteErr != 0 {
+		t.Fatalf("stats %+v", rs)
+	}
+}
+
+// downPeers fails every call to one node, as an unreachable member.
+type downPeers struct {
+	*fakePeers
+	down string
+}
+
+func (d *downPeers) Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
+	if node == d.down {
+		return nil, fmt.Errorf("dial %s: %w", node, cache.ErrUnavailable)
+	}
+	return d.fakePeers.Delete(ctx, node, ns, keys)
+}
+
+func (d *downPeers) Clear(ctx context.Context, node, ns string) (int64, error) {
+	if node == d.down {
+		return 0, fmt.Errorf("dial %s: %w", node, cache.ErrUnavailable)
+	}
+	return d.fakePeers.Clear(ctx, node, ns)
+}
+
+// TestDeleteEverywhereReportsUnreached: a cluster-scope Delete or Clear
+// that cannot reach a member does the rest and reports UNAVAILABLE naming
+// it; the member is then marked down, and a retry fails at once without
+// calling it.
+func TestDeleteEverywhereReportsUnreached(t *testing.T) {
+	ctx := context.Background()
+	names := []string{"a", "b", "c"}
+	ps := map[string]*Proxy{}
+	for _, n := range names {
+		p, _ := newTestProxy(t, func(c *Config) { c.MaxBatch = 64 })
+		ps[n] = p
+		if _, err := p.PutLocal(ctx, "ns", []byte("k"), []byte("v"), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dp := &downPeers{fakePeers: &fakePeers{self: "a", nodes: ps}, down: "c"}
+	if err := ps["a"].AttachCluster(&fakeCluster{self: "a", nodes: names}, dp, RouteConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ps["a"].DetachCluster(0) })
+	ok, err := ps["a"].Delete(ctx, "ns", []byte("k"), ScopeCluster)
+	if !ok || !errors.Is(err, cache.ErrUnavailable) || !strings.Contains(err.Error(), "c") {
+		t.Fatalf("delete with c unreachable: %v %v", ok, err)
+	}
+	for n, want := range map[string]bool{"a": false, "b": false, "c": true} {
+		if _, held, _ := ps[n].Exists(ctx, "ns", []byte("k"), ScopeLocal); held != want {
+			t.Fatalf("%s holds k: %v, want %v", n, held, want)
+		}
+	}
+	if _, err := ps["a"].Clear(ctx, "ns", ScopeCluster); !errors.Is(err, cache.ErrUnavailable) {
+		t.Fatalf("clear with c down: %v", err)
+	}
+	if rs := ps["a"].RouteStats(); rs.FastFails != 1 || rs.RemoteDeleteErr != 2 || rs.PeersDown != 1 {
 		t.Fatalf("stats %+v", rs)
 	}
 }
