@@ -39,7 +39,8 @@ type Info struct {
 	Size     int64
 	Checksum uint32 // CRC-32C (Castagnoli) of the value
 	Depth    int32
-	Tier     string // "dram", "ssd", ...
+	Tier     string // "dram", "ssd", ... ("remote": held by another node)
+	Node     string // with Tier "remote": the node that holds the block (proxy, cluster scope)
 }
 
 // TierStats is a snapshot of one tier's counters.

@@ -88,3 +88,29 @@ func (c *Client) AliveMembers(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// DeleteScope is Delete with an explicit scope: ScopeCluster (the default
+// on a clustered node) deletes the block on every live member, ScopeLocal
+// in this sidecar's tiers only.
+func (c *Client) DeleteScope(ctx context.Context, ns string, key []byte, scope Scope) (bool, error) {
+	var res tp.TidepoolDeleteResult
+	err := c.call(ctx, "Delete", &tp.TidepoolDeleteArgs{Req: &tp.DeleteRequest{Ns: ns, Key: key, Scope: scope}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return false, err
+	}
+	return r.Deleted, nil
+}
+
+// ClearScope is Clear with an explicit scope: ScopeCluster (the default on
+// a clustered node) clears the namespace on every live member, ScopeLocal
+// in this sidecar's tiers only.
+func (c *Client) ClearScope(ctx context.Context, ns string, scope Scope) (int64, error) {
+	var res tp.TidepoolClearResult
+	err := c.call(ctx, "Clear", &tp.TidepoolClearArgs{Req: &tp.ClearRequest{Ns: ns, Scope: scope}}, &res)
+	r := res.GetSuccess()
+	if err != nil {
+		return 0, err
+	}
+	return r.Removed, nil
+}

@@ -89,6 +89,29 @@ struct PutResponse {
     1: list<i32> codes,
 }
 
+// Delete and Clear act on the receiver's local tiers only (the caller
+// asks every member itself: a cluster-wide Delete or Clear of the engine
+// API).
+struct DeleteRequest {
+    1: Auth auth,
+    2: string ns,
+    3: list<binary> keys,
+}
+
+struct DeleteResponse {
+    // Per key: it was there (and is gone now).
+    1: list<bool> deleted,
+}
+
+struct ClearRequest {
+    1: Auth auth,
+    2: string ns,
+}
+
+struct ClearResponse {
+    1: i64 removed,
+}
+
 exception PeerError {
     1: i32 code,
     2: string message,
@@ -99,4 +122,6 @@ service TidepoolPeer {
     AcquireResponse Acquire(1: AcquireRequest req) throws (1: PeerError err),
     ReleaseResponse Release(1: ReleaseRequest req) throws (1: PeerError err),
     PutResponse Put(1: PutRequest req) throws (1: PeerError err),
+    DeleteResponse Delete(1: DeleteRequest req) throws (1: PeerError err),
+    ClearResponse Clear(1: ClearRequest req) throws (1: PeerError err),
 }

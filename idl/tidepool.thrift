@@ -166,7 +166,11 @@ struct ExistsRequest {
 
 struct ExistsResponse {
     1: bool present,
+    // Where the block is: "dram", "ssd", ..., or "remote" (cluster scope:
+    // held by another node).
     2: string tier,
+    // The node that holds the block: this sidecar, or for "remote" the
+    // owner that answered it holds it.
     3: string node_id,
 }
 
@@ -195,6 +199,9 @@ struct LookupResponse {
 struct DeleteRequest {
     1: string ns,
     2: binary key,
+    // CLUSTER (the DEFAULT on a clustered node): every live member deletes
+    // its copy, owners included. LOCAL: this sidecar's tiers only.
+    3: Scope scope,
 }
 
 struct DeleteResponse {
@@ -203,6 +210,9 @@ struct DeleteResponse {
 
 struct ClearRequest {
     1: string ns,
+    // CLUSTER (the DEFAULT on a clustered node): every live member clears
+    // the namespace. LOCAL: this sidecar's tiers only.
+    2: Scope scope,
 }
 
 struct ClearResponse {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -380,7 +381,9 @@ func (p *Proxy) BatchGet(ctx context.Context, ns string, keys [][]byte, scope Sc
 	return p.BatchGetPinned(ctx, ns, keys, scope, nil)
 }
 
-// Exists reports whether a block is present, and where.
+// Exists reports whether a block is present, and where: a block held by
+// another node (cluster scope) has Tier "remote" and Node naming the node
+// that answered it holds the block.
 func (p *Proxy) Exists(ctx context.Context, ns string, key []byte, scope Scope) (cache.Info, bool, error) {
 	if err := p.checkNamespace(ns); err != nil {
 		return cache.Info{}, false, err
@@ -391,9 +394,9 @@ func (p *Proxy) Exists(ctx context.Context, ns string, key []byte, scope Scope) 
 	info, ok := p.store.Stat(ctx, ns, key)
 	if r := p.clusterRouter(scope); r != nil && !ok {
 		present := []bool{false}
-		r.lookupRemote(ctx, ns, [][]byte{key}, present)
+		holders := r.lookupRemote(ctx, ns, [][]byte{key}, present)
 		if present[0] {
-			return cache.Info{Tier: "remote"}, true, nil
+			return cache.Info{Tier: "remote", Node: holders[0]}, true, nil
 		}
 	}
 	return info, ok, nil
@@ -426,10 +429,10 @@ func (p *Proxy) BatchExists(ctx context.Context, ns string, keys [][]byte, scope
 		present[i] = out[i].Present
 	}
 	if r := p.clusterRouter(scope); r != nil {
-		r.lookupRemote(ctx, ns, keys, present)
+		holders := r.lookupRemote(ctx, ns, keys, present)
 		for i := range out {
 			if present[i] && !out[i].Present && out[i].Err == nil {
-				out[i].Present, out[i].Info = true, cache.Info{Tier: "remote"}
+				out[i].Present, out[i].Info = true, cache.Info{Tier: "remote", Node: holders[i]}
 			}
 		}
 	}
@@ -497,19 +500,43 @@ func (p *Proxy) presentPrefix(ctx context.Context, ns string, keys [][]byte) int
 	return len(keys)
 }
 
-// Delete removes one block; deleted is false when it was absent.
-func (p *Proxy) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
+// Delete removes one block; deleted is false when it was absent. In
+// cluster scope (the default on a clustered node) every other live member
+// is asked to delete it too: its owners, and any node that keeps a copy.
+// deleted is then true when any node held it, and the error wraps
+// cache.ErrUnavailable when a member could not be reached (it may still
+// serve the block; Delete is idempotent: retry).
+func (p *Proxy) Delete(ctx context.Context, ns string, key []byte, scope Scope) (bool, error) {
 	if err := p.checkNamespace(ns); err != nil {
 		return false, err
 	}
 	if err := p.checkKey(key); err != nil {
 		return false, err
 	}
-	return p.store.Delete(ctx, ns, key)
+	ok, err := p.store.Delete(ctx, ns, key)
+	if err != nil {
+		return ok, err
+	}
+	if r := p.clusterRouter(scope); r != nil {
+		var any bool
+		err = r.everywhere(ctx, func(ctx context.Context, node string) error {
+			res, err := r.peers.Delete(ctx, node, ns, [][]byte{key})
+			if err == nil && len(res) == 1 && res[0] {
+				any = true
+			}
+			return err
+		})
+		ok = ok || any
+	}
+	return ok, err
 }
 
-// Clear removes every block of a namespace and forgets the namespace.
-func (p *Proxy) Clear(ctx context.Context, ns string) (int64, error) {
+// Clear removes every block of a namespace and forgets the namespace. In
+// cluster scope (the default on a clustered node) every other live member
+// clears it too; removed then counts the blocks of all nodes, and the
+// error wraps cache.ErrUnavailable when a member could not be reached (its
+// blocks stay; Clear is idempotent: retry).
+func (p *Proxy) Clear(ctx context.Context, ns string, scope Scope) (int64, error) {
 	if err := p.checkNamespace(ns); err != nil {
 		return 0, err
 	}
@@ -520,7 +547,16 @@ func (p *Proxy) Clear(ctx context.Context, ns string) (int64, error) {
 	p.mu.Lock()
 	delete(p.known, ns)
 	p.mu.Unlock()
-	return n, nil
+	if r := p.clusterRouter(scope); r != nil {
+		var total atomic.Int64
+		err = r.everywhere(ctx, func(ctx context.Context, node string) error {
+			m, err := r.peers.Clear(ctx, node, ns)
+			total.Add(m)
+			return err
+		})
+		n += total.Load()
+	}
+	return n, err
 }
 
 // Stats returns the store's statistics; with ns set, only that namespace's.

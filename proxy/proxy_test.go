@@ -136,8 +136,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 			return err
 		}, ErrInvalidArgument},
 		{"get empty key", func(p *Proxy) error { _, _, err := p.Get(ctx, "ns", nil, ScopeDefault); return err }, ErrInvalidArgument},
-		{"delete long key", func(p *Proxy) error { _, err := p.Delete(ctx, "ns", long); return err }, ErrInvalidArgument},
-		{"clear empty ns", func(p *Proxy) error { _, err := p.Clear(ctx, ""); return err }, ErrInvalidArgument},
+		{"delete long key", func(p *Proxy) error { _, err := p.Delete(ctx, "ns", long, ScopeDefault); return err }, ErrInvalidArgument},
+		{"clear empty ns", func(p *Proxy) error { _, err := p.Clear(ctx, "", ScopeDefault); return err }, ErrInvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, st := newTestProxy(t, nil)
@@ -180,7 +180,7 @@ func TestNamespaces(t *testing.T) {
 		if _, _, err := p.Get(ctx, "zzz", []byte("k"), ScopeDefault); !errors.Is(err, cache.ErrNotFound) {
 			t.Fatalf("get from never-written namespace: %v", err)
 		}
-		if _, err := p.Clear(ctx, "a"); err != nil {
+		if _, err := p.Clear(ctx, "a", ScopeDefault); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := p.Put(ctx, "d", []byte("k"), []byte("v"), cache.PutOptions{}); err != nil {

@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,12 +51,51 @@ type Peers interface {
 	// Push stores blocks on node. Per item: nil (stored or present) or the
 	// error.
 	Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error)
+	// Delete removes keys from node's local tiers. Per key: whether it was
+	// there.
+	Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
+	// Clear removes every block of ns from node's local tiers and returns
+	// how many there were.
+	Clear(ctx context.Context, node, ns string) (int64, error)
+}
+
+type answerKey struct{}
+
+// WithAnswerTimeout bounds, for a Peers call made with ctx, how long the
+// node may take to answer the request (the Acquire of a Fetch: whether it
+// holds the blocks and where); the transfer of the bytes that follows is
+// bounded by ctx alone. The router sets it to RouteConfig.RemoteTimeout.
+func WithAnswerTimeout(ctx context.Context, d time.Duration) context.Context {
+	if d <= 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, answerKey{}, d)
+}
+
+// AnswerTimeout returns the bound set by WithAnswerTimeout.
+func AnswerTimeout(ctx context.Context) (time.Duration, bool) {
+	d, ok := ctx.Value(answerKey{}).(time.Duration)
+	return d, ok
 }
 
 // RouteConfig tunes routing.
 type RouteConfig struct {
-	// FetchTimeout bounds one remote fetch or lookup. Default 5s.
+	// FetchTimeout bounds one remote fetch (the owner's answer and the
+	// transfer of the bytes), a push, and a cluster-wide Delete or Clear.
+	// Default 5 s.
 	FetchTimeout time.Duration
+	// RemoteTimeout bounds the remote part of a read, far below the time a
+	// prefill takes: all the owners asked by one Lookup, Exists or
+	// BatchExists, and the owner's answer in a Get, BatchGet or Acquire
+	// fetch (whether and where it holds the blocks; the bytes then move
+	// within FetchTimeout). Past it the read is a miss. At most
+	// FetchTimeout. Default 500 ms (FetchTimeout when that is shorter).
+	RemoteTimeout time.Duration
+	// PeerDownFor is how long a node that failed a call (timed out,
+	// refused, unreachable) is not called again: reads that would ask it
+	// miss at once, pushes to it fail at once. Then one call probes it; a
+	// success ends the period, a failure starts another. Default 2 s.
+	PeerDownFor time.Duration
 	// PushQueue is the capacity of the background push queue, in batches.
 	// A full queue drops the push and counts it. Default 1024.
 	PushQueue int
@@ -99,7 +140,8 @@ type RouteConfig struct {
 // DefaultRouteConfig returns the defaults documented on RouteConfig.
 func DefaultRouteConfig() RouteConfig {
 	return RouteConfig{
-		FetchTimeout: 5 * time.Second, PushQueue: 1024, PushWorkers: 4,
+		FetchTimeout: 5 * time.Second, RemoteTimeout: 500 * time.Millisecond, PeerDownFor: 2 * time.Second,
+		PushQueue: 1024, PushWorkers: 4,
 		RebalanceRate: 64 << 20, RebalanceDelay: 2 * time.Second, RebalanceMaxBytes: 1 << 30,
 		HotThreshold: 3, HotWindow: time.Minute, HotTTL: 10 * time.Minute, HotMaxReplicas: 256,
 		HotMaxBytes: 1 << 30, HotTracked: 65536,
@@ -112,6 +154,12 @@ func (c RouteConfig) withDefaults() RouteConfig {
 	d := DefaultRouteConfig()
 	if c.FetchTimeout == 0 {
 		c.FetchTimeout = d.FetchTimeout
+	}
+	if c.RemoteTimeout == 0 {
+		c.RemoteTimeout = min(d.RemoteTimeout, c.FetchTimeout)
+	}
+	if c.PeerDownFor == 0 {
+		c.PeerDownFor = d.PeerDownFor
 	}
 	if c.PushQueue == 0 {
 		c.PushQueue = d.PushQueue
@@ -151,7 +199,7 @@ func (c RouteConfig) Validate() error {
 		name string
 		v    int64
 	}{
-		{"FetchTimeout", int64(c.FetchTimeout)}, {"PushQueue", int64(c.PushQueue)}, {"PushWorkers", int64(c.PushWorkers)},
+		{"FetchTimeout", int64(c.FetchTimeout)}, {"RemoteTimeout", int64(c.RemoteTimeout)}, {"PeerDownFor", int64(c.PeerDownFor)}, {"PushQueue", int64(c.PushQueue)}, {"PushWorkers", int64(c.PushWorkers)},
 		{"RebalanceRate", c.RebalanceRate}, {"RebalanceDelay", int64(c.RebalanceDelay)}, {"RebalanceMaxBytes", c.RebalanceMaxBytes},
 		{"HotThreshold", int64(c.HotThreshold)}, {"HotWindow", int64(c.HotWindow)}, {"HotTTL", int64(c.HotTTL)},
 		{"HotMaxReplicas", int64(c.HotMaxReplicas)}, {"HotMaxBytes", c.HotMaxBytes}, {"HotTracked", int64(c.HotTracked)},
@@ -159,6 +207,9 @@ func (c RouteConfig) Validate() error {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("proxy: route %s is negative", f.name))
 		}
+	}
+	if c.RemoteTimeout > c.FetchTimeout {
+		errs = append(errs, fmt.Errorf("proxy: route RemoteTimeout %v exceeds FetchTimeout %v", c.RemoteTimeout, c.FetchTimeout))
 	}
 	return errors.Join(errs...)
 }
@@ -174,6 +225,11 @@ type RouteStats struct {
 	PushesDropped   int64 // pushes dropped because the queue was full
 	PushQueueDepth  int64 // batches waiting now
 	CoalescedMisses int64 // misses that joined another caller's fetch
+	FastFails       int64 // remote calls not made: the node failed a call within PeerDownFor
+	PeerDownOpens   int64 // times a node was marked down after a failed call
+	PeersDown       int   // nodes marked down now
+	RemoteDeletes   int64 // Delete and Clear calls made on other nodes
+	RemoteDeleteErr int64 // of those, failed (the node keeps its blocks)
 
 	Rebalance RebalanceStats // rebalance.go
 	Hot       HotStats       // hot.go
@@ -194,6 +250,7 @@ type router struct {
 	lg    *zap.Logger
 	hot   *hotTracker // nil: hot replication off
 	rebal *rebalancer // nil: rebalancer off
+	brk   *breaker    // nodes that failed recently
 
 	queue   chan pushJob
 	stop    chan struct{}
@@ -204,6 +261,7 @@ type router struct {
 
 	remoteLookups, remoteFetches, remoteHits, fetchFailures atomic.Int64
 	pushes, pushFailures, pushesDropped, coalesced          atomic.Int64
+	remoteDeletes, remoteDeleteErrs                         atomic.Int64
 }
 
 type fetchFlight struct {
@@ -225,7 +283,8 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 	}
 	cfg = cfg.withDefaults()
 	r := &router{c: c, peers: peers, store: p.store, cfg: cfg, lg: p.lg.Named("route"),
-		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: map[string]*fetchFlight{}}
+		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: map[string]*fetchFlight{},
+		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
 	for i := 0; i < cfg.PushWorkers; i++ {
 		r.workers.Add(1)
 		go r.pushWorker()
@@ -280,6 +339,8 @@ func (p *Proxy) RouteStats() RouteStats {
 		RemoteLookups: r.remoteLookups.Load(), RemoteFetches: r.remoteFetches.Load(), RemoteHits: r.remoteHits.Load(),
 		FetchFailures: r.fetchFailures.Load(), Pushes: r.pushes.Load(), PushFailures: r.pushFailures.Load(),
 		PushesDropped: r.pushesDropped.Load(), PushQueueDepth: int64(len(r.queue)), CoalescedMisses: r.coalesced.Load(),
+		FastFails: r.brk.fastFails.Load(), PeerDownOpens: r.brk.opens.Load(), PeersDown: len(r.brk.down()),
+		RemoteDeletes: r.remoteDeletes.Load(), RemoteDeleteErr: r.remoteDeleteErrs.Load(),
 		Rebalance: r.rebal.stats(), Hot: r.hot.stats(),
 	}
 }
@@ -368,11 +429,15 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 		groups[g] = append(groups[g], i)
 	}
 	// Ask each first owner for its keys in parallel; a key it lacks is
-	// tried at its next owner (previous membership) one by one.
+	// tried at its next owner (previous membership) one by one. The owner
+	// must answer within RemoteTimeout; the bytes then move within
+	// FetchTimeout.
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
+	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
 	perNode(groups, keys, func(g fetchGroup, idx []int, batch [][]byte) {
-		r.fetchFrom(ctx, g, ns, keys, idx, batch, errs)
+		r.fetchFrom(ctx, parent, g, ns, keys, idx, batch, errs)
 	})
 	for j, f := range mine {
 		i := mineIdx[j]
@@ -406,23 +471,22 @@ type fetchGroup struct {
 
 // fetchFrom fetches batch (keys[idx]) from g.node and sets errs[idx[j]];
 // a key the node cannot give is tried at its other owners one by one.
-func (r *router) fetchFrom(ctx context.Context, g fetchGroup, ns string, keys [][]byte, idx []int, batch [][]byte, errs []error) {
-	r.remoteFetches.Add(int64(len(idx)))
-	res, err := r.fetchCall(ctx, g.node, ns, batch, g.keep)
+// parent is the caller's context (without the router's deadlines).
+func (r *router) fetchFrom(ctx, parent context.Context, g fetchGroup, ns string, keys [][]byte, idx []int, batch [][]byte, errs []error) {
+	res, err := r.fetchCall(ctx, parent, g.node, ns, batch, g.keep)
 	for j, i := range idx {
 		e := err
 		if e == nil {
 			e = res[j]
 		}
-		if e != nil && !errors.Is(e, cache.ErrNotFound) {
+		if e != nil && !errors.Is(e, cache.ErrNotFound) && !errors.Is(e, ErrPeerDown) {
 			r.fetchFailures.Add(1)
 			r.lg.Debug("remote fetch failed", zap.String("node", g.node), zap.Error(e))
 		}
 		if e != nil {
 			// Try the other owners of this key, in order.
 			for _, next := range r.remoteOwners(ns, keys[i])[1:] {
-				r.remoteFetches.Add(1)
-				rr, ferr := r.fetchCall(ctx, next, ns, [][]byte{keys[i]}, g.keep)
+				rr, ferr := r.fetchCall(ctx, parent, next, ns, [][]byte{keys[i]}, g.keep)
 				if ferr == nil && rr[0] == nil {
 					e = nil
 					break
@@ -437,12 +501,26 @@ func (r *router) fetchFrom(ctx context.Context, g fetchGroup, ns string, keys []
 }
 
 // fetchCall is one Fetch, or FetchHot for blocks to keep at full priority
-// (when the peers can).
-func (r *router) fetchCall(ctx context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
-	if hf, ok := r.peers.(HotFetcher); ok && keep {
-		return hf.FetchHot(ctx, node, ns, keys)
+// (when the peers can), unless node failed a call recently (ErrPeerDown).
+func (r *router) fetchCall(ctx, parent context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
+	ok, probe := r.brk.allow(node)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrPeerDown, node)
 	}
-	return r.peers.Fetch(ctx, node, ns, keys)
+	r.remoteFetches.Add(int64(len(keys)))
+	var res []error
+	var err error
+	if hf, ok := r.peers.(HotFetcher); ok && keep {
+		res, err = hf.FetchHot(ctx, node, ns, keys)
+	} else {
+		res, err = r.peers.Fetch(ctx, node, ns, keys)
+	}
+	o := outcomeOf(parent, err)
+	if err == nil {
+		o = perKeyOutcome(parent, res)
+	}
+	r.brk.done(node, probe, o)
+	return res, err
 }
 
 // perNode calls fn for each group of key indexes (one per node, or per node
@@ -470,36 +548,101 @@ func perNode[G comparable](groups map[G][]int, keys [][]byte, fn func(g G, idx [
 }
 
 // lookupRemote asks owners whether they hold keys, batched per owner in
-// parallel. present[i] is set for keys some owner holds.
-func (r *router) lookupRemote(ctx context.Context, ns string, keys [][]byte, present []bool) {
-	byNode := map[string][]int{}
+// parallel, within RemoteTimeout: first each key's first remote owner,
+// then, for keys still absent, the next owner (R > 1, or the previous
+// owner after a membership change), and so on. present[i] is set for keys
+// some owner holds; the returned holders[i] names that owner.
+func (r *router) lookupRemote(ctx context.Context, ns string, keys [][]byte, present []bool) (holders []string) {
+	holders = make([]string, len(keys))
+	owners := make([][]string, len(keys))
 	for i, k := range keys {
-		if present[i] {
-			continue
-		}
-		owners := r.remoteOwners(ns, k)
-		if len(owners) > 0 {
-			byNode[owners[0]] = append(byNode[owners[0]], i)
+		if !present[i] {
+			owners[i] = r.remoteOwners(ns, k)
 		}
 	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.RemoteTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	for round := 0; ctx.Err() == nil; round++ {
+		byNode := map[string][]int{}
+		for i := range keys {
+			if !present[i] && round < len(owners[i]) {
+				n := owners[i][round]
+				byNode[n] = append(byNode[n], i)
+			}
+		}
+		if len(byNode) == 0 {
+			break
+		}
+		perNode(byNode, keys, func(node string, idx []int, batch [][]byte) {
+			ok, probe := r.brk.allow(node)
+			if !ok {
+				return // failed recently: the key's next owner, if any, is asked next round
+			}
+			r.remoteLookups.Add(int64(len(idx)))
+			res, err := r.peers.Lookup(ctx, node, ns, batch)
+			r.brk.done(node, probe, outcomeOf(parent, err))
+			if err != nil {
+				r.lg.Debug("remote lookup failed", zap.String("node", node), zap.Error(err))
+				return
+			}
+			mu.Lock()
+			for j, i := range idx {
+				if j < len(res) && res[j] {
+					present[i], holders[i] = true, node
+				}
+			}
+			mu.Unlock()
+		})
+	}
+	return holders
+}
+
+// everywhere calls fn on every other member that may hold blocks (alive,
+// suspect or leaving; not left or failed), in parallel, within
+// FetchTimeout, and returns an error wrapping cache.ErrUnavailable naming
+// the members where fn failed or that failed a call recently. Used by
+// cluster-wide Delete and Clear.
+func (r *router) everywhere(ctx context.Context, fn func(ctx context.Context, node string) error) error {
+	self := r.c.Self()
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
 	var mu sync.Mutex
-	perNode(byNode, keys, func(node string, idx []int, batch [][]byte) {
-		r.remoteLookups.Add(int64(len(idx)))
-		res, err := r.peers.Lookup(ctx, node, ns, batch)
-		if err != nil {
-			r.lg.Debug("remote lookup failed", zap.String("node", node), zap.Error(err))
-			return
+	var failed []string
+	var wg sync.WaitGroup
+	for _, m := range r.c.Members() {
+		if m.Name == self || m.Self || m.State == "left" || m.State == "failed" {
+			continue
 		}
-		mu.Lock()
-		for j, i := range idx {
-			if j < len(res) && res[j] {
-				present[i] = true
+		wg.Add(1)
+		go func(node string) {
+			defer wg.Done()
+			ok, probe := r.brk.allow(node)
+			var err error
+			if !ok {
+				err = ErrPeerDown
+			} else {
+				r.remoteDeletes.Add(1)
+				err = fn(ctx, node)
+				r.brk.done(node, probe, outcomeOf(parent, err))
 			}
-		}
-		mu.Unlock()
-	})
+			if err != nil {
+				r.remoteDeleteErrs.Add(1)
+				r.lg.Debug("cluster-wide delete failed", zap.String("node", node), zap.Error(err))
+				mu.Lock()
+				failed = append(failed, node)
+				mu.Unlock()
+			}
+		}(m.Name)
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		sort.Strings(failed)
+		return fmt.Errorf("%w: not reached: %s (they may still hold the blocks; retry)", cache.ErrUnavailable, strings.Join(failed, ", "))
+	}
+	return nil
 }
 
 // push sends items to the owners of their keys: synchronously when sync is
@@ -529,6 +672,7 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 		}
 		return nil
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -537,7 +681,7 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 		wg.Add(1)
 		go func(node string, its []PutItem) {
 			defer wg.Done()
-			if err := r.pushNow(ctx, node, ns, its); err != nil {
+			if err := r.pushNow(ctx, parent, node, ns, its); err != nil {
 				failed.Add(1)
 			}
 		}(node, its)
@@ -549,8 +693,16 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 	return nil
 }
 
-func (r *router) pushNow(ctx context.Context, node, ns string, items []PutItem) error {
+// pushNow pushes items to node, unless node failed a call recently.
+// parent is the caller's context (without the router's deadline).
+func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []PutItem) error {
+	ok, probe := r.brk.allow(node)
+	if !ok {
+		r.pushFailures.Add(int64(len(items)))
+		return fmt.Errorf("%w: %s", ErrPeerDown, node)
+	}
 	res, err := r.peers.Push(ctx, node, ns, items)
+	r.brk.done(node, probe, outcomeOf(parent, err))
 	if err == nil {
 		for _, e := range res {
 			if e != nil {
@@ -574,7 +726,7 @@ func (r *router) pushWorker() {
 		select {
 		case job := <-r.queue:
 			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
-			r.pushNow(ctx, job.node, job.ns, job.items)
+			r.pushNow(ctx, context.Background(), job.node, job.ns, job.items)
 			cancel()
 		case <-r.stop:
 			// Finish what is queued, then stop.
@@ -582,7 +734,7 @@ func (r *router) pushWorker() {
 				select {
 				case job := <-r.queue:
 					ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
-					r.pushNow(ctx, job.node, job.ns, job.items)
+					r.pushNow(ctx, context.Background(), job.node, job.ns, job.items)
 					cancel()
 				default:
 					return

@@ -95,6 +95,21 @@ func (f *fakePeers) Push(ctx context.Context, node, ns string, items []PutItem) 
 	return out, nil
 }
 
+func (f *fakePeers) Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
+	out := make([]bool, len(keys))
+	for i, k := range keys {
+		var err error
+		if out[i], err = f.nodes[node].Delete(ctx, ns, k, ScopeLocal); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (f *fakePeers) Clear(ctx context.Context, node, ns string) (int64, error) {
+	return f.nodes[node].Clear(ctx, ns, ScopeLocal)
+}
+
 func newFakeCluster(t *testing.T, names ...string) (map[string]*Proxy, map[string]*fakePeers) {
 	t.Helper()
 	proxies := map[string]*Proxy{}

@@ -68,6 +68,9 @@ func cmdClient(cmd string, args []string, stdin io.Reader, stdout, stderr io.Wri
 	if cmd == "get" || cmd == "exists" || cmd == "lookup" {
 		fs.StringVar(&f.scope, "scope", "", "where to look: local (this sidecar) or cluster (also the owners); default: cluster on a clustered node")
 	}
+	if cmd == "delete" || cmd == "clear" {
+		fs.StringVar(&f.scope, "scope", "", "where to delete: local (this sidecar) or cluster (every member); default: cluster on a clustered node")
+	}
 	if cmd == "put" {
 		fs.IntVar(&f.depth, "depth", 0, "position of the block in its prefix chain (0 = first)")
 		fs.BoolVar(&f.durable, "durable", false, "write the block through to the SSD tier (WAL synced) before answering")
@@ -245,10 +248,11 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 			Key     string `json:"key"`
 			Present bool   `json:"present"`
 			Tier    string `json:"tier,omitempty"`
+			Node    string `json:"node,omitempty"` // the node holding the block
 		}
 		rows := make([]row, len(keys))
 		for i, r := range res {
-			rows[i] = row{showKey(keys[i], f.hexKeys), r.Present, r.Tier}
+			rows[i] = row{showKey(keys[i], f.hexKeys), r.Present, r.Tier, r.NodeID}
 			all = all && r.Present
 		}
 		if f.json {
@@ -256,7 +260,7 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		} else {
 			for _, r := range rows {
 				if r.Present {
-					fmt.Fprintf(cc.stdout, "%s\tpresent\t%s\n", r.Key, r.Tier)
+					fmt.Fprintf(cc.stdout, "%s\tpresent\t%s\t%s\n", r.Key, r.Tier, r.Node)
 				} else {
 					fmt.Fprintf(cc.stdout, "%s\tabsent\n", r.Key)
 				}
@@ -284,7 +288,11 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		return exitOK, nil
 
 	case "delete":
-		ok, err := c.Delete(ctx, f.ns, keys[0])
+		scope, err := scopeOf(f.scope)
+		if err != nil {
+			return exitUsage, err
+		}
+		ok, err := c.DeleteScope(ctx, f.ns, keys[0], scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -301,7 +309,11 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		return exitOK, nil
 
 	case "clear":
-		n, err := c.Clear(ctx, f.ns)
+		scope, err := scopeOf(f.scope)
+		if err != nil {
+			return exitUsage, err
+		}
+		n, err := c.ClearScope(ctx, f.ns, scope)
 		if err != nil {
 			return exitError, err
 		}

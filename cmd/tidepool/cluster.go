@@ -223,6 +223,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 		return nil, err
 	}
 	rcfg := proxy.DefaultRouteConfig()
+	rcfg.RemoteTimeout, rcfg.PeerDownFor = cfg.RemoteTimeout, cfg.PeerDownFor
 	rcfg.RebalanceRate, rcfg.RebalanceDelay, rcfg.RebalanceMaxBytes = cfg.RebalanceRate, cfg.RebalanceDelay, cfg.RebalanceMaxBytes
 	rcfg.HotThreshold, rcfg.HotWindow, rcfg.HotTTL = cfg.HotThreshold, cfg.HotWindow, cfg.HotTTL
 	rcfg.HotMaxReplicas, rcfg.HotMaxBytes = cfg.HotMaxReplicas, cfg.HotMaxBytes

@@ -180,7 +180,7 @@ func TestThreeProcessCluster(t *testing.T) {
 					default:
 						misses.Add(1) // a miss or an error, never wrong bytes
 					}
-					d.tp(t, nil, "delete", "--ns", "hot", key) // local copy only
+					d.tp(t, nil, "delete", "--ns", "hot", "--scope", "local", key) // local copy only (the default scope deletes everywhere)
 				}
 			}(d, g)
 		}

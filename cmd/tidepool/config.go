@@ -65,6 +65,8 @@ type Config struct {
 	PeerIdleTime   time.Duration // a peer API or transfer connection idle that long is closed
 	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
 
+	RemoteTimeout     time.Duration // bound on the remote part of a read (owners asked, the owner's answer)
+	PeerDownFor       time.Duration // how long a node that failed a call is not asked
 	RebalanceRate     int64         // bytes/s the rebalancer pushes to new owners; 0 disables
 	RebalanceDelay    time.Duration // quiet time after a membership change before a pass
 	RebalanceMaxBytes int64         // most bytes one pass moves; 0: no bound
@@ -226,6 +228,8 @@ var settings = []setting{
 	intSetting("peer_max_conns", "most connections open at once on the peer API port, and on the transfer port; more are closed as they come", func(c *Config) *int { return &c.PeerMaxConns }),
 	durationSetting("peer_idle_timeout", "a peer API or transfer connection that sends nothing for this long is closed", func(c *Config) *time.Duration { return &c.PeerIdleTime }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
+	durationSetting("remote_timeout", "bound on the remote part of a cluster read: the owners asked by Lookup/Exists, the owner's answer in Get/BatchGet/Acquire; past it the read is a miss", func(c *Config) *time.Duration { return &c.RemoteTimeout }),
+	durationSetting("peer_down_for", "how long a node that failed a call (timeout, refused, unreachable) is not asked again; reads that need it miss at once", func(c *Config) *time.Duration { return &c.PeerDownFor }),
 	sizeSetting("rebalance_rate", "bytes per second the rebalancer pushes to new owners after a membership change; 0 disables it", func(c *Config) *int64 { return &c.RebalanceRate }),
 	durationSetting("rebalance_delay", "quiet time after the last membership change before a rebalance pass starts", func(c *Config) *time.Duration { return &c.RebalanceDelay }),
 	sizeSetting("rebalance_max_bytes", "most bytes one rebalance pass moves, hottest first; 0: no bound", func(c *Config) *int64 { return &c.RebalanceMaxBytes }),
@@ -306,6 +310,8 @@ func DefaultConfig() Config {
 		PeerMaxConns:   1024,
 		PeerIdleTime:   5 * time.Minute,
 
+		RemoteTimeout:     500 * time.Millisecond,
+		PeerDownFor:       2 * time.Second,
 		RebalanceRate:     64 << 20,
 		RebalanceDelay:    2 * time.Second,
 		RebalanceMaxBytes: 1 << 30,
@@ -407,6 +413,12 @@ func (c Config) Validate() error {
 	}
 	if c.RebalanceRate < 0 || c.RebalanceMaxBytes < 0 {
 		bad("rebalance_rate %s, rebalance_max_bytes %s: must not be negative", units.FormatBytes(c.RebalanceRate), units.FormatBytes(c.RebalanceMaxBytes))
+	}
+	if c.RemoteTimeout <= 0 || c.RemoteTimeout > 5*time.Second {
+		bad("remote_timeout %s: must be in (0, 5s] (a fetch's whole bound)", c.RemoteTimeout)
+	}
+	if c.PeerDownFor <= 0 {
+		bad("peer_down_for %s: must be positive", c.PeerDownFor)
 	}
 	if c.RebalanceDelay <= 0 {
 		bad("rebalance_delay %s: must be positive", c.RebalanceDelay)

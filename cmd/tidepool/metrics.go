@@ -165,6 +165,7 @@ type routeCollector struct {
 	cn *clusterNode
 
 	members, lookups, fetches, remoteHits, fetchFails, pushes, pushFails, pushDrops, queue, coalesced *prometheus.Desc
+	fastFails, downOpens, peersDown, remoteDeletes, remoteDeleteErrs                                  *prometheus.Desc
 	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                   *prometheus.Desc
 
 	rbPasses, rbCancelled, rbRunning, rbPlanned, rbPlannedBytes, rbMoved, rbMovedBytes, rbSkipped, rbFailed, rbDemoted *prometheus.Desc
@@ -175,22 +176,27 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 	d := prometheus.NewDesc
 	peer := []string{"peer"}
 	return &routeCollector{p: p, cn: cn,
-		members:     d("tidepool_cluster_members", "Members of the cluster view by state.", []string{"state"}, nil),
-		lookups:     d("tidepool_remote_lookups_total", "Keys asked of their owners by cluster-scope Lookup and Exists.", nil, nil),
-		fetches:     d("tidepool_remote_fetches_total", "Keys fetched from other nodes after a local miss.", nil, nil),
-		remoteHits:  d("tidepool_remote_hits_total", "Remote fetches that found their block.", nil, nil),
-		fetchFails:  d("tidepool_remote_fetch_failures_total", "Remote fetches that failed (node down, transfer error, checksum).", nil, nil),
-		pushes:      d("tidepool_pushes_total", "Blocks pushed to their owners.", nil, nil),
-		pushFails:   d("tidepool_push_failures_total", "Pushes to owners that failed.", nil, nil),
-		pushDrops:   d("tidepool_pushes_dropped_total", "Pushes dropped because the push queue was full.", nil, nil),
-		queue:       d("tidepool_push_queue_depth", "Push batches waiting.", nil, nil),
-		coalesced:   d("tidepool_coalesced_misses_total", "Misses that joined another caller's fetch of the same key.", nil, nil),
-		peerFetches: d("tidepool_peer_fetches_total", "Blocks fetched from the peer.", peer, nil),
-		peerBytes:   d("tidepool_peer_fetch_bytes_total", "Bytes fetched from the peer.", peer, nil),
-		peerFails:   d("tidepool_peer_failures_total", "Failed calls to the peer.", peer, nil),
-		peerLatency: d("tidepool_peer_fetch_seconds_total", "Time spent in successful Fetch calls to the peer.", peer, nil),
-		xferIn:      d("tidepool_transfer_bytes_in_total", "Bytes the transfer layer received (pulled by this node or written into it).", nil, nil),
-		xferOut:     d("tidepool_transfer_bytes_out_total", "Bytes the transfer layer sent (read by peers or pushed by this node).", nil, nil),
+		members:          d("tidepool_cluster_members", "Members of the cluster view by state.", []string{"state"}, nil),
+		lookups:          d("tidepool_remote_lookups_total", "Keys asked of their owners by cluster-scope Lookup and Exists.", nil, nil),
+		fetches:          d("tidepool_remote_fetches_total", "Keys fetched from other nodes after a local miss.", nil, nil),
+		remoteHits:       d("tidepool_remote_hits_total", "Remote fetches that found their block.", nil, nil),
+		fetchFails:       d("tidepool_remote_fetch_failures_total", "Remote fetches that failed (node down, transfer error, checksum).", nil, nil),
+		pushes:           d("tidepool_pushes_total", "Blocks pushed to their owners.", nil, nil),
+		pushFails:        d("tidepool_push_failures_total", "Pushes to owners that failed.", nil, nil),
+		pushDrops:        d("tidepool_pushes_dropped_total", "Pushes dropped because the push queue was full.", nil, nil),
+		queue:            d("tidepool_push_queue_depth", "Push batches waiting.", nil, nil),
+		coalesced:        d("tidepool_coalesced_misses_total", "Misses that joined another caller's fetch of the same key.", nil, nil),
+		fastFails:        d("tidepool_remote_fast_fails_total", "Remote calls not made because the node failed a call within peer_down_for (the read missed at once).", nil, nil),
+		downOpens:        d("tidepool_remote_peer_down_total", "Times a node was marked down after a failed or timed-out call.", nil, nil),
+		peersDown:        d("tidepool_remote_peers_down", "Nodes marked down now (not asked until peer_down_for has passed).", nil, nil),
+		remoteDeletes:    d("tidepool_remote_deletes_total", "Cluster-wide Delete and Clear calls made on other members.", nil, nil),
+		remoteDeleteErrs: d("tidepool_remote_delete_failures_total", "Of those, calls that failed or were not made (the member keeps its blocks).", nil, nil),
+		peerFetches:      d("tidepool_peer_fetches_total", "Blocks fetched from the peer.", peer, nil),
+		peerBytes:        d("tidepool_peer_fetch_bytes_total", "Bytes fetched from the peer.", peer, nil),
+		peerFails:        d("tidepool_peer_failures_total", "Failed calls to the peer.", peer, nil),
+		peerLatency:      d("tidepool_peer_fetch_seconds_total", "Time spent in successful Fetch calls to the peer.", peer, nil),
+		xferIn:           d("tidepool_transfer_bytes_in_total", "Bytes the transfer layer received (pulled by this node or written into it).", nil, nil),
+		xferOut:          d("tidepool_transfer_bytes_out_total", "Bytes the transfer layer sent (read by peers or pushed by this node).", nil, nil),
 
 		rbPasses:       d("tidepool_rebalance_passes_total", "Rebalance passes started after membership changes.", nil, nil),
 		rbCancelled:    d("tidepool_rebalance_passes_cancelled_total", "Rebalance passes cut short by a newer membership change or shutdown.", nil, nil),
@@ -213,6 +219,7 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 
 func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.lookups, c.fetches, c.remoteHits, c.fetchFails, c.pushes, c.pushFails, c.pushDrops, c.queue, c.coalesced,
+		c.fastFails, c.downOpens, c.peersDown, c.remoteDeletes, c.remoteDeleteErrs,
 		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut,
 		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted,
 		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot} {
@@ -240,6 +247,11 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.pushDrops, ctr, float64(rs.PushesDropped))
 	ch <- m(c.queue, g, float64(rs.PushQueueDepth))
 	ch <- m(c.coalesced, ctr, float64(rs.CoalescedMisses))
+	ch <- m(c.fastFails, ctr, float64(rs.FastFails))
+	ch <- m(c.downOpens, ctr, float64(rs.PeerDownOpens))
+	ch <- m(c.peersDown, g, float64(rs.PeersDown))
+	ch <- m(c.remoteDeletes, ctr, float64(rs.RemoteDeletes))
+	ch <- m(c.remoteDeleteErrs, ctr, float64(rs.RemoteDeleteErr))
 	rb, hot := rs.Rebalance, rs.Hot
 	running := 0.0
 	if rb.Running {

@@ -4,6 +4,17 @@
 // and keeps the previous ring for a grace period so that a new owner fills
 // lazily (a miss asks the previous owner; DESIGN.md §6).
 //
+// A node that joins a cluster has no previous ring of its own (it held
+// nothing), yet the blocks it now owns are held by their owners before its
+// join. For its first JoinSettle after Start it therefore keeps a join
+// ring: the ring over the live members other than itself, the placement
+// the cluster used before it joined, rebuilt with every change in that
+// window (gossip brings the members in over a few events); Owners lists
+// its owners after the current and previous owners for Grace.
+//
+// Previous and join owners that gossip holds failed or left are not
+// listed: a read does not wait on a node known to be gone.
+//
 // Owner key: a block (ns, key) is placed by the ring key ns + "\x00" + key,
 // so that one key in two namespaces may land on different nodes and every
 // node computes the same placement from the same member names.
@@ -39,13 +50,18 @@ type Config struct {
 	// Resync is how often the view re-reads the member table even without an
 	// event (a safety net for dropped events). Default 1 s.
 	Resync time.Duration
+	// JoinSettle is how long after Start the view treats membership
+	// changes as its own join settling: the join ring (the members other
+	// than this node) is rebuilt with them and answers Owners for Grace
+	// after the last such rebuild. Default 3 s; negative: no join ring.
+	JoinSettle time.Duration
 	// Clock times the grace period. Default clock.Real.
 	Clock clock.Clock
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{Ring: cluster.DefaultRingConfig(), Grace: 2 * time.Minute, Resync: time.Second, Clock: clock.Real{}}
+	return Config{Ring: cluster.DefaultRingConfig(), Grace: 2 * time.Minute, Resync: time.Second, JoinSettle: 3 * time.Second, Clock: clock.Real{}}
 }
 
 func (c Config) withDefaults() Config {
@@ -58,6 +74,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Resync == 0 {
 		c.Resync = d.Resync
+	}
+	if c.JoinSettle == 0 {
+		c.JoinSettle = d.JoinSettle
 	}
 	if c.Clock == nil {
 		c.Clock = d.Clock
@@ -85,6 +104,8 @@ type Stats struct {
 	Events     uint64    // membership events seen
 	Gaps       uint64    // event sequence gaps (missed events)
 	GraceUntil time.Time // when the previous ring stops answering (zero: none)
+	JoinRing   int       // members of the join ring (0: none answering)
+	JoinUntil  time.Time // when the join ring stops answering (zero: none)
 }
 
 // View implements proxy.Cluster over a cluster.Cluster. Safe for
@@ -99,6 +120,10 @@ type View struct {
 	cur        *cluster.Ring
 	prev       *cluster.Ring
 	graceUntil time.Time
+	join       *cluster.Ring   // the members other than self while joining
+	joinUntil  time.Time       // join answers Owners until then
+	settleEnd  time.Time       // end of the join window (zero: not started)
+	up         map[string]bool // members that may answer: live or leaving
 	rebuilds   uint64
 	events     uint64
 	gaps       uint64
@@ -145,6 +170,11 @@ func (v *View) Start(ctx context.Context) error {
 	v.startOnce.Do(func() {
 		started = true
 		events, cancel := v.c.Subscribe()
+		if v.cfg.JoinSettle > 0 {
+			v.mu.Lock()
+			v.settleEnd = v.cfg.Clock.Now().Add(v.cfg.JoinSettle)
+			v.mu.Unlock()
+		}
 		if err := v.rebuild(); err != nil {
 			v.lg.Warn("ring rebuild failed", zap.Error(err))
 		}
@@ -210,14 +240,19 @@ func (v *View) Close() error {
 }
 
 // rebuild places keys on the current live members when they changed; the
-// ring it replaces answers as the previous owners for Grace.
+// ring it replaces answers as the previous owners for Grace. Within the
+// join window it rebuilds the join ring too.
 func (v *View) rebuild() error {
 	ms := v.c.Members()
 	names := cluster.LiveNames(ms)
 	self := ""
+	up := make(map[string]bool, len(ms))
 	for _, m := range ms {
 		if m.Local {
 			self = m.Name
+		}
+		if m.State.Live() || m.State == cluster.StateLeaving {
+			up[m.Name] = true
 		}
 	}
 	if self == "" {
@@ -226,21 +261,41 @@ func (v *View) rebuild() error {
 	if len(names) == 0 {
 		names = []string{self} // not started yet: this node alone
 	}
-	v.mu.RLock()
+	others := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == self })
+	v.mu.Lock()
+	v.up = up
+	now := v.cfg.Clock.Now()
 	same := v.cur != nil && slices.Equal(v.cur.Members(), names) && v.self == self
-	v.mu.RUnlock()
-	if same {
+	settling := v.cfg.Grace > 0 && now.Before(v.settleEnd) && len(others) > 0 &&
+		(v.join == nil || !slices.Equal(v.join.Members(), others))
+	v.mu.Unlock()
+	if same && !settling {
 		return nil
 	}
-	r, err := cluster.NewRing(names, v.cfg.Ring)
-	if err != nil {
-		return fmt.Errorf("clusterview: ring over %d members: %w", len(names), err)
+	var r, join *cluster.Ring
+	var err error
+	if !same {
+		if r, err = cluster.NewRing(names, v.cfg.Ring); err != nil {
+			return fmt.Errorf("clusterview: ring over %d members: %w", len(names), err)
+		}
+	}
+	if settling {
+		if join, err = cluster.NewRing(others, v.cfg.Ring); err != nil {
+			return fmt.Errorf("clusterview: join ring over %d members: %w", len(others), err)
+		}
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if join != nil {
+		v.join, v.joinUntil = join, now.Add(v.cfg.Grace)
+		v.lg.Info("join ring built", zap.Int("members", len(others)), zap.Strings("names", others))
+	}
+	if r == nil {
+		return nil
+	}
 	v.self = self
 	if v.cur != nil && v.cfg.Grace > 0 {
-		v.prev, v.graceUntil = v.cur, v.cfg.Clock.Now().Add(v.cfg.Grace)
+		v.prev, v.graceUntil = v.cur, now.Add(v.cfg.Grace)
 	}
 	v.cur = r
 	v.rebuilds++
@@ -268,17 +323,28 @@ func (v *View) Replicas() int { return v.cfg.Ring.Replicas }
 
 // Owners returns the R owners of (ns, key) under the current ring, then,
 // during the grace period after a change, the owners under the previous
-// ring that are not already listed.
+// ring, and while joining, the owners under the join ring, that are not
+// already listed and that gossip does not hold failed or left.
 func (v *View) Owners(ns string, key []byte) []string {
 	k := ownerKey(ns, key)
 	v.mu.RLock()
-	cur, prev, until := v.cur, v.prev, v.graceUntil
+	cur, prev, until, join, joinUntil, up := v.cur, v.prev, v.graceUntil, v.join, v.joinUntil, v.up
 	v.mu.RUnlock()
 	r := v.cfg.Ring.Replicas
 	out := cur.AppendOwners(make([]string, 0, 2*r), k, r)
-	if prev != nil && v.cfg.Clock.Now().Before(until) {
-		for _, n := range prev.AppendOwners(nil, k, r) {
-			if !slices.Contains(out, n) {
+	var now time.Time
+	if prev != nil || join != nil {
+		now = v.cfg.Clock.Now()
+	}
+	for _, old := range []struct {
+		ring  *cluster.Ring
+		until time.Time
+	}{{prev, until}, {join, joinUntil}} {
+		if old.ring == nil || !now.Before(old.until) {
+			continue
+		}
+		for _, n := range old.ring.AppendOwners(nil, k, r) {
+			if up[n] && !slices.Contains(out, n) {
 				out = append(out, n)
 			}
 		}
@@ -325,8 +391,12 @@ func (v *View) Stats() Stats {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	s := Stats{Members: v.cur.Len(), Rebuilds: v.rebuilds, Events: v.events, Gaps: v.gaps}
-	if v.prev != nil && v.cfg.Clock.Now().Before(v.graceUntil) {
+	now := v.cfg.Clock.Now()
+	if v.prev != nil && now.Before(v.graceUntil) {
 		s.GraceUntil = v.graceUntil
+	}
+	if v.join != nil && now.Before(v.joinUntil) {
+		s.JoinRing, s.JoinUntil = v.join.Len(), v.joinUntil
 	}
 	return s
 }

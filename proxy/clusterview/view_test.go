@@ -201,3 +201,71 @@ func TestReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinRing: a node that joins a two-node cluster lists, for each key it
+// now owns, the owner under the ring before its join (the two others), so
+// that a miss asks the node that holds the block; keys that did not move
+// list their one owner; the join ring ends with the grace period. A
+// previous owner that gossip holds failed is not listed.
+func TestJoinRing(t *testing.T) {
+	a := startNode(t, "n1")
+	startNode(t, "n2", a.Addr())
+	c := startNode(t, "n3", a.Addr())
+	clk := clock.NewFake(time.Unix(1e9, 0))
+	v, err := New(c, Config{Grace: time.Minute, Clock: clk, Resync: 50 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	waitFor(t, "three members and the join ring", func() bool { return v.Stats().Members == 3 && v.Stats().JoinRing == 2 })
+	before, err := cluster.NewRing([]string{"n1", "n2"}, cluster.DefaultRingConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "m"
+	mine := 0
+	var fromN1 [][]byte
+	for i := 0; i < 300; i++ {
+		k := []byte(fmt.Sprint("k", i))
+		o := v.Owners(ns, k)
+		prev := before.Owners(ownerKey(ns, k), 1)[0]
+		switch {
+		case o[0] == "n3":
+			// The ring the view built before it saw every member may
+			// add candidates; the owner before the join must be listed.
+			mine++
+			if !slices.Contains(o[1:], prev) {
+				t.Fatalf("%s: owners %v, want n3 then %s among them", k, o, prev)
+			}
+			if prev == "n1" {
+				fromN1 = append(fromN1, k)
+			}
+		case o[0] != prev:
+			t.Fatalf("%s: unmoved key lists %v, want %s first", k, o, prev)
+		}
+	}
+	if mine < 50 || mine > 150 || len(fromN1) == 0 {
+		t.Fatalf("%d of 300 keys are n3's (%d from n1)", mine, len(fromN1))
+	}
+	if u := v.Stats().JoinUntil; !u.After(clk.Now()) {
+		t.Fatalf("join ring until %v", u)
+	}
+
+	// n1 fails: it is no longer listed as a previous owner.
+	a.Close()
+	waitFor(t, "n1 seen failed", func() bool { return v.Stats().Members == 2 })
+	for _, k := range fromN1 {
+		if o := v.Owners(ns, k); slices.Contains(o, "n1") {
+			t.Fatalf("%s: owners %v list the failed n1", k, o)
+		}
+	}
+	clk.Advance(2 * time.Minute)
+	for i := 0; i < 300; i++ {
+		if o := v.Owners(ns, []byte(fmt.Sprint("k", i))); len(o) != 1 {
+			t.Fatalf("after the grace period owners %v", o)
+		}
+	}
+}

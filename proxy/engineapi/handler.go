@@ -132,7 +132,11 @@ func (h *handler) existsResponse(info cache.Info, ok bool) *tp.ExistsResponse {
 	if !ok {
 		return &tp.ExistsResponse{}
 	}
-	return &tp.ExistsResponse{Present: true, Tier: info.Tier, NodeId: h.p.Config().NodeID}
+	node := info.Node // held by another node (cluster scope)
+	if node == "" {
+		node = h.p.Config().NodeID
+	}
+	return &tp.ExistsResponse{Present: true, Tier: info.Tier, NodeId: node}
 }
 
 func (h *handler) BatchExists(ctx context.Context, req *tp.BatchExistsRequest) (*tp.BatchExistsResponse, error) {
@@ -158,7 +162,7 @@ func (h *handler) Lookup(ctx context.Context, req *tp.LookupRequest) (*tp.Lookup
 }
 
 func (h *handler) Delete(ctx context.Context, req *tp.DeleteRequest) (*tp.DeleteResponse, error) {
-	ok, err := h.p.Delete(ctx, req.Ns, req.Key)
+	ok, err := h.p.Delete(ctx, req.Ns, req.Key, scope(req.Scope))
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -166,7 +170,7 @@ func (h *handler) Delete(ctx context.Context, req *tp.DeleteRequest) (*tp.Delete
 }
 
 func (h *handler) Clear(ctx context.Context, req *tp.ClearRequest) (*tp.ClearResponse, error) {
-	n, err := h.p.Clear(ctx, req.Ns)
+	n, err := h.p.Clear(ctx, req.Ns, scope(req.Scope))
 	if err != nil {
 		return nil, toThrift(err)
 	}

@@ -142,7 +142,7 @@ func benchRemote(b *testing.B, mode remoteMode, o nodeOpts) {
 		}
 	}
 	get := func(w int) error {
-		a.p.Delete(ctx, ns, keys[w])
+		a.p.Delete(ctx, ns, keys[w], proxy.ScopeLocal)
 		switch mode {
 		case remoteFetch:
 			res, err := a.cli.Fetch(ctx, owner.name, ns, keys[w:w+1])

@@ -411,6 +411,44 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 	return out, nil
 }
 
+// Delete removes keys from node's local tiers. Per key: whether it was
+// there.
+func (c *Client) Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
+	pc := c.stats(node)
+	kc, _, err := c.api(node)
+	if err != nil {
+		pc.failures.Add(1)
+		return nil, err
+	}
+	res, err := kc.Delete(ctx, &peer.DeleteRequest{Auth: c.auth, Ns: ns, Keys: keys})
+	if err != nil {
+		pc.failures.Add(1)
+		return nil, callErr(node, err)
+	}
+	if len(res.Deleted) != len(keys) {
+		pc.failures.Add(1)
+		return nil, fmt.Errorf("%w: delete of %d keys answered %d", ErrProtocol, len(keys), len(res.Deleted))
+	}
+	return res.Deleted, nil
+}
+
+// Clear removes every block of ns from node's local tiers and returns how
+// many there were.
+func (c *Client) Clear(ctx context.Context, node, ns string) (int64, error) {
+	pc := c.stats(node)
+	kc, _, err := c.api(node)
+	if err != nil {
+		pc.failures.Add(1)
+		return 0, err
+	}
+	res, err := kc.Clear(ctx, &peer.ClearRequest{Auth: c.auth, Ns: ns})
+	if err != nil {
+		pc.failures.Add(1)
+		return 0, callErr(node, err)
+	}
+	return max(res.Removed, 0), nil
+}
+
 // Fetch brings the blocks of keys held by node into the local store as
 // low-priority copies: the owner pins them (Acquire), each is pulled into
 // a reserved local slot with a one-sided Read and committed only if its
@@ -440,7 +478,15 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 	}
 	lease := max(c.cfg.Lease.Milliseconds(), 1)
 	ride := c.takeReleases(node)
-	res, err := kc.Acquire(ctx, &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride})
+	actx := ctx
+	if d, ok := proxy.AnswerTimeout(ctx); ok {
+		// The owner must answer within d (a hung or partitioned owner costs
+		// d, not the whole fetch); the pulls below use ctx.
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	res, err := kc.Acquire(actx, &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride})
 	if err != nil {
 		c.release(node, kc, ride) // may not have reached the owner
 		pc.failures.Add(1)

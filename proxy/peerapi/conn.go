@@ -75,6 +75,28 @@ func (a *apiConn) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 	return res.Success, nil
 }
 
+func (a *apiConn) Delete(ctx context.Context, req *peer.DeleteRequest) (*peer.DeleteResponse, error) {
+	args, res := peer.TidepoolPeerDeleteArgs{Req: req}, peer.TidepoolPeerDeleteResult{}
+	if err := a.call(ctx, "Delete", &args, &res); err != nil {
+		return nil, err
+	}
+	if res.Success == nil {
+		return &peer.DeleteResponse{}, nil
+	}
+	return res.Success, nil
+}
+
+func (a *apiConn) Clear(ctx context.Context, req *peer.ClearRequest) (*peer.ClearResponse, error) {
+	args, res := peer.TidepoolPeerClearArgs{Req: req}, peer.TidepoolPeerClearResult{}
+	if err := a.call(ctx, "Clear", &args, &res); err != nil {
+		return nil, err
+	}
+	if res.Success == nil {
+		return &peer.ClearResponse{}, nil
+	}
+	return res.Success, nil
+}
+
 // Close releases the connections.
 func (a *apiConn) Close() error {
 	if c, ok := a.kc.(interface{ Close() error }); ok {

@@ -44,7 +44,7 @@ func TestReleasesRideAlong(t *testing.T) {
 	if _, err := owner.p.PutLocal(ctx, ns, k, value(99, 4096), cache.PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	a.p.Delete(ctx, ns, k)
+	a.p.Delete(ctx, ns, k, proxy.ScopeLocal)
 	if _, _, err := a.p.Get(ctx, ns, k, proxy.ScopeCluster); err != nil {
 		t.Fatal(err)
 	}

@@ -154,6 +154,7 @@ type ServerStats struct {
 	Released int64 // leases released by peers
 	Puts     int64 // blocks stored from pushes
 	PutFails int64 // pushed blocks refused (checksum, space, ...)
+	Deletes  int64 // blocks deleted for peers (cluster-wide Delete and Clear)
 }
 
 // Server serves the peer API over a TCP listener.
@@ -432,4 +433,43 @@ func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 	}
 	h.count(func(s *ServerStats) { s.Puts += ok; s.PutFails += failed })
 	return out, nil
+}
+
+// Delete removes blocks from this node's local tiers for a peer (its
+// cluster-wide Delete).
+func (h *handler) Delete(ctx context.Context, req *peer.DeleteRequest) (*peer.DeleteResponse, error) {
+	if e := h.check(req.GetAuth()); e != nil {
+		return nil, e
+	}
+	if max := h.p.Config().MaxBatch; len(req.Keys) > max {
+		return nil, peerErr(fmt.Errorf("%w: %d keys, limit %d", proxy.ErrBatchTooLarge, len(req.Keys), max))
+	}
+	out := &peer.DeleteResponse{Deleted: make([]bool, len(req.Keys))}
+	var n int64
+	for i, k := range req.Keys {
+		ok, err := h.p.Delete(ctx, req.Ns, k, proxy.ScopeLocal)
+		if err != nil {
+			return nil, peerErr(err)
+		}
+		if ok {
+			out.Deleted[i] = true
+			n++
+		}
+	}
+	h.count(func(s *ServerStats) { s.Deletes += n })
+	return out, nil
+}
+
+// Clear removes a namespace from this node's local tiers for a peer (its
+// cluster-wide Clear).
+func (h *handler) Clear(ctx context.Context, req *peer.ClearRequest) (*peer.ClearResponse, error) {
+	if e := h.check(req.GetAuth()); e != nil {
+		return nil, e
+	}
+	n, err := h.p.Clear(ctx, req.Ns, proxy.ScopeLocal)
+	if err != nil {
+		return nil, peerErr(err)
+	}
+	h.count(func(s *ServerStats) { s.Deletes += n })
+	return &peer.ClearResponse{Removed: n}, nil
 }

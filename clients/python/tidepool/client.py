@@ -175,11 +175,15 @@ class Client:
     def prefetch(self, ns, keys, scope=Scope.DEFAULT):
         return self._call(self._c.Prefetch, T.PrefetchRequest(ns=ns, keys=list(keys), scope=scope)).queued
 
-    def delete(self, ns, key):
-        return self._call(self._c.Delete, T.DeleteRequest(ns=ns, key=key)).deleted
+    def delete(self, ns, key, scope=Scope.DEFAULT):
+        """Delete one block. DEFAULT on a clustered node (CLUSTER): every
+        live member deletes it; LOCAL: this sidecar only."""
+        return self._call(self._c.Delete, T.DeleteRequest(ns=ns, key=key, scope=scope)).deleted
 
-    def clear(self, ns):
-        return self._call(self._c.Clear, T.ClearRequest(ns=ns)).removed
+    def clear(self, ns, scope=Scope.DEFAULT):
+        """Remove a namespace. DEFAULT on a clustered node (CLUSTER): every
+        live member clears it; LOCAL: this sidecar only."""
+        return self._call(self._c.Clear, T.ClearRequest(ns=ns, scope=scope)).removed
 
     def stats(self, ns=""):
         return self._call(self._c.Stats, T.StatsRequest(ns=ns))

@@ -633,6 +633,167 @@ var fieldIDToName_PutResponse = map[int16]string{
 	1: "codes",
 }
 
+type DeleteRequest struct {
+	Auth *Auth    `thrift:"auth,1" frugal:"1,default,Auth" json:"auth"`
+	Ns   string   `thrift:"ns,2" frugal:"2,default,string" json:"ns"`
+	Keys [][]byte `thrift:"keys,3" frugal:"3,default,list<binary>" json:"keys"`
+}
+
+func NewDeleteRequest() *DeleteRequest {
+	return &DeleteRequest{}
+}
+
+func (p *DeleteRequest) InitDefault() {
+}
+
+var DeleteRequest_Auth_DEFAULT *Auth
+
+func (p *DeleteRequest) GetAuth() (v *Auth) {
+	if !p.IsSetAuth() {
+		return DeleteRequest_Auth_DEFAULT
+	}
+	return p.Auth
+}
+
+func (p *DeleteRequest) GetNs() (v string) {
+	return p.Ns
+}
+
+func (p *DeleteRequest) GetKeys() (v [][]byte) {
+	return p.Keys
+}
+func (p *DeleteRequest) SetAuth(val *Auth) {
+	p.Auth = val
+}
+func (p *DeleteRequest) SetNs(val string) {
+	p.Ns = val
+}
+func (p *DeleteRequest) SetKeys(val [][]byte) {
+	p.Keys = val
+}
+
+func (p *DeleteRequest) IsSetAuth() bool {
+	return p.Auth != nil
+}
+
+func (p *DeleteRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("DeleteRequest(%+v)", *p)
+}
+
+var fieldIDToName_DeleteRequest = map[int16]string{
+	1: "auth",
+	2: "ns",
+	3: "keys",
+}
+
+type DeleteResponse struct {
+	Deleted []bool `thrift:"deleted,1" frugal:"1,default,list<bool>" json:"deleted"`
+}
+
+func NewDeleteResponse() *DeleteResponse {
+	return &DeleteResponse{}
+}
+
+func (p *DeleteResponse) InitDefault() {
+}
+
+func (p *DeleteResponse) GetDeleted() (v []bool) {
+	return p.Deleted
+}
+func (p *DeleteResponse) SetDeleted(val []bool) {
+	p.Deleted = val
+}
+
+func (p *DeleteResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("DeleteResponse(%+v)", *p)
+}
+
+var fieldIDToName_DeleteResponse = map[int16]string{
+	1: "deleted",
+}
+
+type ClearRequest struct {
+	Auth *Auth  `thrift:"auth,1" frugal:"1,default,Auth" json:"auth"`
+	Ns   string `thrift:"ns,2" frugal:"2,default,string" json:"ns"`
+}
+
+func NewClearRequest() *ClearRequest {
+	return &ClearRequest{}
+}
+
+func (p *ClearRequest) InitDefault() {
+}
+
+var ClearRequest_Auth_DEFAULT *Auth
+
+func (p *ClearRequest) GetAuth() (v *Auth) {
+	if !p.IsSetAuth() {
+		return ClearRequest_Auth_DEFAULT
+	}
+	return p.Auth
+}
+
+func (p *ClearRequest) GetNs() (v string) {
+	return p.Ns
+}
+func (p *ClearRequest) SetAuth(val *Auth) {
+	p.Auth = val
+}
+func (p *ClearRequest) SetNs(val string) {
+	p.Ns = val
+}
+
+func (p *ClearRequest) IsSetAuth() bool {
+	return p.Auth != nil
+}
+
+func (p *ClearRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ClearRequest(%+v)", *p)
+}
+
+var fieldIDToName_ClearRequest = map[int16]string{
+	1: "auth",
+	2: "ns",
+}
+
+type ClearResponse struct {
+	Removed int64 `thrift:"removed,1" frugal:"1,default,i64" json:"removed"`
+}
+
+func NewClearResponse() *ClearResponse {
+	return &ClearResponse{}
+}
+
+func (p *ClearResponse) InitDefault() {
+}
+
+func (p *ClearResponse) GetRemoved() (v int64) {
+	return p.Removed
+}
+func (p *ClearResponse) SetRemoved(val int64) {
+	p.Removed = val
+}
+
+func (p *ClearResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("ClearResponse(%+v)", *p)
+}
+
+var fieldIDToName_ClearResponse = map[int16]string{
+	1: "removed",
+}
+
 type PeerError struct {
 	Code    int32  `thrift:"code,1" frugal:"1,default,i32" json:"code"`
 	Message string `thrift:"message,2" frugal:"2,default,string" json:"message"`
@@ -682,6 +843,10 @@ type TidepoolPeer interface {
 	Release(ctx context.Context, req *ReleaseRequest) (r *ReleaseResponse, err error)
 
 	Put(ctx context.Context, req *PutRequest) (r *PutResponse, err error)
+
+	Delete(ctx context.Context, req *DeleteRequest) (r *DeleteResponse, err error)
+
+	Clear(ctx context.Context, req *ClearRequest) (r *ClearResponse, err error)
 }
 
 type TidepoolPeerLookupArgs struct {
@@ -1056,6 +1221,194 @@ func (p *TidepoolPeerPutResult) String() string {
 }
 
 var fieldIDToName_TidepoolPeerPutResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolPeerDeleteArgs struct {
+	Req *DeleteRequest `thrift:"req,1" frugal:"1,default,DeleteRequest" json:"req"`
+}
+
+func NewTidepoolPeerDeleteArgs() *TidepoolPeerDeleteArgs {
+	return &TidepoolPeerDeleteArgs{}
+}
+
+func (p *TidepoolPeerDeleteArgs) InitDefault() {
+}
+
+var TidepoolPeerDeleteArgs_Req_DEFAULT *DeleteRequest
+
+func (p *TidepoolPeerDeleteArgs) GetReq() (v *DeleteRequest) {
+	if !p.IsSetReq() {
+		return TidepoolPeerDeleteArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolPeerDeleteArgs) SetReq(val *DeleteRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolPeerDeleteArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolPeerDeleteArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolPeerDeleteArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolPeerDeleteArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolPeerDeleteResult struct {
+	Success *DeleteResponse `thrift:"success,0,optional" frugal:"0,optional,DeleteResponse" json:"success,omitempty"`
+	Err     *PeerError      `thrift:"err,1,optional" frugal:"1,optional,PeerError" json:"err,omitempty"`
+}
+
+func NewTidepoolPeerDeleteResult() *TidepoolPeerDeleteResult {
+	return &TidepoolPeerDeleteResult{}
+}
+
+func (p *TidepoolPeerDeleteResult) InitDefault() {
+}
+
+var TidepoolPeerDeleteResult_Success_DEFAULT *DeleteResponse
+
+func (p *TidepoolPeerDeleteResult) GetSuccess() (v *DeleteResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolPeerDeleteResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolPeerDeleteResult_Err_DEFAULT *PeerError
+
+func (p *TidepoolPeerDeleteResult) GetErr() (v *PeerError) {
+	if !p.IsSetErr() {
+		return TidepoolPeerDeleteResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolPeerDeleteResult) SetSuccess(x interface{}) {
+	p.Success = x.(*DeleteResponse)
+}
+func (p *TidepoolPeerDeleteResult) SetErr(val *PeerError) {
+	p.Err = val
+}
+
+func (p *TidepoolPeerDeleteResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolPeerDeleteResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolPeerDeleteResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolPeerDeleteResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolPeerDeleteResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolPeerClearArgs struct {
+	Req *ClearRequest `thrift:"req,1" frugal:"1,default,ClearRequest" json:"req"`
+}
+
+func NewTidepoolPeerClearArgs() *TidepoolPeerClearArgs {
+	return &TidepoolPeerClearArgs{}
+}
+
+func (p *TidepoolPeerClearArgs) InitDefault() {
+}
+
+var TidepoolPeerClearArgs_Req_DEFAULT *ClearRequest
+
+func (p *TidepoolPeerClearArgs) GetReq() (v *ClearRequest) {
+	if !p.IsSetReq() {
+		return TidepoolPeerClearArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolPeerClearArgs) SetReq(val *ClearRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolPeerClearArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolPeerClearArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolPeerClearArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolPeerClearArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolPeerClearResult struct {
+	Success *ClearResponse `thrift:"success,0,optional" frugal:"0,optional,ClearResponse" json:"success,omitempty"`
+	Err     *PeerError     `thrift:"err,1,optional" frugal:"1,optional,PeerError" json:"err,omitempty"`
+}
+
+func NewTidepoolPeerClearResult() *TidepoolPeerClearResult {
+	return &TidepoolPeerClearResult{}
+}
+
+func (p *TidepoolPeerClearResult) InitDefault() {
+}
+
+var TidepoolPeerClearResult_Success_DEFAULT *ClearResponse
+
+func (p *TidepoolPeerClearResult) GetSuccess() (v *ClearResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolPeerClearResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolPeerClearResult_Err_DEFAULT *PeerError
+
+func (p *TidepoolPeerClearResult) GetErr() (v *PeerError) {
+	if !p.IsSetErr() {
+		return TidepoolPeerClearResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolPeerClearResult) SetSuccess(x interface{}) {
+	p.Success = x.(*ClearResponse)
+}
+func (p *TidepoolPeerClearResult) SetErr(val *PeerError) {
+	p.Err = val
+}
+
+func (p *TidepoolPeerClearResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolPeerClearResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolPeerClearResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolPeerClearResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolPeerClearResult = map[int16]string{
 	0: "success",
 	1: "err",
 }

@@ -1226,8 +1226,9 @@ var fieldIDToName_LookupResponse = map[int16]string{
 }
 
 type DeleteRequest struct {
-	Ns  string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Key []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Ns    string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Key   []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Scope Scope  `thrift:"scope,3" frugal:"3,default,Scope" json:"scope"`
 }
 
 func NewDeleteRequest() *DeleteRequest {
@@ -1244,11 +1245,18 @@ func (p *DeleteRequest) GetNs() (v string) {
 func (p *DeleteRequest) GetKey() (v []byte) {
 	return p.Key
 }
+
+func (p *DeleteRequest) GetScope() (v Scope) {
+	return p.Scope
+}
 func (p *DeleteRequest) SetNs(val string) {
 	p.Ns = val
 }
 func (p *DeleteRequest) SetKey(val []byte) {
 	p.Key = val
+}
+func (p *DeleteRequest) SetScope(val Scope) {
+	p.Scope = val
 }
 
 func (p *DeleteRequest) String() string {
@@ -1261,6 +1269,7 @@ func (p *DeleteRequest) String() string {
 var fieldIDToName_DeleteRequest = map[int16]string{
 	1: "ns",
 	2: "key",
+	3: "scope",
 }
 
 type DeleteResponse struct {
@@ -1293,7 +1302,8 @@ var fieldIDToName_DeleteResponse = map[int16]string{
 }
 
 type ClearRequest struct {
-	Ns string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Ns    string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Scope Scope  `thrift:"scope,2" frugal:"2,default,Scope" json:"scope"`
 }
 
 func NewClearRequest() *ClearRequest {
@@ -1306,8 +1316,15 @@ func (p *ClearRequest) InitDefault() {
 func (p *ClearRequest) GetNs() (v string) {
 	return p.Ns
 }
+
+func (p *ClearRequest) GetScope() (v Scope) {
+	return p.Scope
+}
 func (p *ClearRequest) SetNs(val string) {
 	p.Ns = val
+}
+func (p *ClearRequest) SetScope(val Scope) {
+	p.Scope = val
 }
 
 func (p *ClearRequest) String() string {
@@ -1319,6 +1336,7 @@ func (p *ClearRequest) String() string {
 
 var fieldIDToName_ClearRequest = map[int16]string{
 	1: "ns",
+	2: "scope",
 }
 
 type ClearResponse struct {

@@ -2047,13 +2047,15 @@ class DeleteRequest(object):
     Attributes:
      - ns
      - key
+     - scope
 
     """
 
 
-    def __init__(self, ns=None, key=None,):
+    def __init__(self, ns=None, key=None, scope=None,):
         self.ns = ns
         self.key = key
+        self.scope = scope
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2074,6 +2076,11 @@ class DeleteRequest(object):
                     self.key = iprot.readBinary()
                 else:
                     iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I32:
+                    self.scope = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2091,6 +2098,10 @@ class DeleteRequest(object):
         if self.key is not None:
             oprot.writeFieldBegin('key', TType.STRING, 2)
             oprot.writeBinary(self.key)
+            oprot.writeFieldEnd()
+        if self.scope is not None:
+            oprot.writeFieldBegin('scope', TType.I32, 3)
+            oprot.writeI32(self.scope)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -2171,12 +2182,14 @@ class ClearRequest(object):
     """
     Attributes:
      - ns
+     - scope
 
     """
 
 
-    def __init__(self, ns=None,):
+    def __init__(self, ns=None, scope=None,):
         self.ns = ns
+        self.scope = scope
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2192,6 +2205,11 @@ class ClearRequest(object):
                     self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I32:
+                    self.scope = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2205,6 +2223,10 @@ class ClearRequest(object):
         if self.ns is not None:
             oprot.writeFieldBegin('ns', TType.STRING, 1)
             oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.scope is not None:
+            oprot.writeFieldBegin('scope', TType.I32, 2)
+            oprot.writeI32(self.scope)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -4493,6 +4515,7 @@ DeleteRequest.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
     (2, TType.STRING, 'key', 'BINARY', None, ),  # 2
+    (3, TType.I32, 'scope', None, None, ),  # 3
 )
 all_structs.append(DeleteResponse)
 DeleteResponse.thrift_spec = (
@@ -4503,6 +4526,7 @@ all_structs.append(ClearRequest)
 ClearRequest.thrift_spec = (
     None,  # 0
     (1, TType.STRING, 'ns', 'UTF8', None, ),  # 1
+    (2, TType.I32, 'scope', None, None, ),  # 2
 )
 all_structs.append(ClearResponse)
 ClearResponse.thrift_spec = (

@@ -15,6 +15,8 @@ type Client interface {
 	Acquire(ctx context.Context, req *peer.AcquireRequest, callOptions ...callopt.Option) (r *peer.AcquireResponse, err error)
 	Release(ctx context.Context, req *peer.ReleaseRequest, callOptions ...callopt.Option) (r *peer.ReleaseResponse, err error)
 	Put(ctx context.Context, req *peer.PutRequest, callOptions ...callopt.Option) (r *peer.PutResponse, err error)
+	Delete(ctx context.Context, req *peer.DeleteRequest, callOptions ...callopt.Option) (r *peer.DeleteResponse, err error)
+	Clear(ctx context.Context, req *peer.ClearRequest, callOptions ...callopt.Option) (r *peer.ClearResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -64,4 +66,14 @@ func (p *kTidepoolPeerClient) Release(ctx context.Context, req *peer.ReleaseRequ
 func (p *kTidepoolPeerClient) Put(ctx context.Context, req *peer.PutRequest, callOptions ...callopt.Option) (r *peer.PutResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.Put(ctx, req)
+}
+
+func (p *kTidepoolPeerClient) Delete(ctx context.Context, req *peer.DeleteRequest, callOptions ...callopt.Option) (r *peer.DeleteResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Delete(ctx, req)
+}
+
+func (p *kTidepoolPeerClient) Clear(ctx context.Context, req *peer.ClearRequest, callOptions ...callopt.Option) (r *peer.ClearResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.Clear(ctx, req)
 }

@@ -41,6 +41,20 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"Delete": kitex.NewMethodInfo(
+		deleteHandler,
+		newTidepoolPeerDeleteArgs,
+		newTidepoolPeerDeleteResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"Clear": kitex.NewMethodInfo(
+		clearHandler,
+		newTidepoolPeerClearArgs,
+		newTidepoolPeerClearResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -203,6 +217,54 @@ func newTidepoolPeerPutResult() interface{} {
 	return peer.NewTidepoolPeerPutResult()
 }
 
+func deleteHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*peer.TidepoolPeerDeleteArgs)
+	realResult := result.(*peer.TidepoolPeerDeleteResult)
+	success, err := handler.(peer.TidepoolPeer).Delete(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *peer.PeerError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolPeerDeleteArgs() interface{} {
+	return peer.NewTidepoolPeerDeleteArgs()
+}
+
+func newTidepoolPeerDeleteResult() interface{} {
+	return peer.NewTidepoolPeerDeleteResult()
+}
+
+func clearHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*peer.TidepoolPeerClearArgs)
+	realResult := result.(*peer.TidepoolPeerClearResult)
+	success, err := handler.(peer.TidepoolPeer).Clear(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *peer.PeerError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolPeerClearArgs() interface{} {
+	return peer.NewTidepoolPeerClearArgs()
+}
+
+func newTidepoolPeerClearResult() interface{} {
+	return peer.NewTidepoolPeerClearResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -260,6 +322,34 @@ func (p *kClient) Put(ctx context.Context, req *peer.PutRequest) (r *peer.PutRes
 	_args.Req = req
 	var _result peer.TidepoolPeerPutResult
 	if err = p.c.Call(ctx, "Put", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Delete(ctx context.Context, req *peer.DeleteRequest) (r *peer.DeleteResponse, err error) {
+	var _args peer.TidepoolPeerDeleteArgs
+	_args.Req = req
+	var _result peer.TidepoolPeerDeleteResult
+	if err = p.c.Call(ctx, "Delete", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) Clear(ctx context.Context, req *peer.ClearRequest) (r *peer.ClearResponse, err error) {
+	var _args peer.TidepoolPeerClearArgs
+	_args.Req = req
+	var _result peer.TidepoolPeerClearResult
+	if err = p.c.Call(ctx, "Clear", &_args, &_result); err != nil {
 		return
 	}
 	switch {
