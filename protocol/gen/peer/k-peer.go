@@ -2512,7 +2512,7 @@ func (p *DeleteRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2526,7 +2526,7 @@ func (p *DeleteRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2540,14 +2540,14 @@ func (p *DeleteRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2597,6 +2597,9 @@ func (p *DeleteRequest) FastReadField3(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([][]byte, 0, size)
 	for i := 0; i < size; i++ {
@@ -2719,14 +2722,14 @@ func (p *DeleteResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2750,6 +2753,9 @@ func (p *DeleteResponse) FastReadField1(buf []byte) (int, error) {
 	offset += l
 	if err != nil {
 		return offset, err
+	}
+	if size > len(buf)-offset || size > maxContainerLen {
+		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
 	_field := make([]bool, 0, size)
 	for i := 0; i < size; i++ {
@@ -2837,7 +2843,7 @@ func (p *ClearRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -2851,14 +2857,14 @@ func (p *ClearRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -2978,14 +2984,14 @@ func (p *ClearResponse) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4196,14 +4202,14 @@ func (p *TidepoolPeerDeleteArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4293,7 +4299,7 @@ func (p *TidepoolPeerDeleteResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -4307,14 +4313,14 @@ func (p *TidepoolPeerDeleteResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4440,14 +4446,14 @@ func (p *TidepoolPeerClearArgs) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError
@@ -4537,7 +4543,7 @@ func (p *TidepoolPeerClearResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -4551,14 +4557,14 @@ func (p *TidepoolPeerClearResult) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
 				}
 			}
 		default:
-			l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
 			if err != nil {
 				goto SkipFieldError

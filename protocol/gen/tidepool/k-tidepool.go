@@ -4524,7 +4524,7 @@ func (p *DeleteRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
@@ -4798,7 +4798,7 @@ func (p *ClearRequest) FastRead(buf []byte) (int, error) {
 					goto ReadFieldError
 				}
 			} else {
-				l, err = thrift.Binary.Skip(buf[offset:], fieldTypeId)
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
 				offset += l
 				if err != nil {
 					goto SkipFieldError
