@@ -244,10 +244,12 @@ class EngineTests(unittest.TestCase):
         self.assertEqual(ca["keys"][0][:P_BLOCKS], cb["keys"][0][:P_BLOCKS])
         self.assert_same_as_reference(ob, "engine B (P loaded from tidepool)")
         # 2: the same run with Q's blocks loaded in place of P's must differ.
+        # (B saved one more block, P + SUFFIX's 14th: Q + SUFFIX has no such
+        # block, so that one is a load error and is recomputed.)
         n = self.run_engine(self.model, [P + SUFFIX],
-                            kv=kv_config(s.socket, test_only_load_keys_of=Q))
+                            kv=kv_config(s.socket, test_only_load_keys_of=Q + SUFFIX))
         cn, on = n["connector"], n["outputs"][0]
-        self.assertEqual(cn["loaded_blocks"], P_BLOCKS, cn)
+        self.assertGreaterEqual(cn["loaded_blocks"], P_BLOCKS, cn)
         self.assertGreater(max_logprob_diff(on, self.ref), 100 * ABS_TOL,
                            "loading another prompt's KV did not change the output: test 1 has no teeth")
 

@@ -414,14 +414,21 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             if bids is None:
                 continue
             ext = self._pending_loads.pop(rid, 0)
+            if ext > 0 and before < ext:  # cannot happen with vLLM's scheduler
+                _once.warn("plan", "request %s: %d external tokens but %d computed; not loading",
+                           rid, ext, before)
+                ext = 0
             if ext > 0:
                 first = (before - ext) // self._block_size
                 last = before // self._block_size
                 keys = self._keys(st.request, last)[first:last]
                 if self._test_keys is not None:
                     keys = self._test_keys[first:last]
-                if len(keys) == last - first and last <= len(bids):
-                    meta.loads.append(_Transfer(rid, keys, bids[first:last], first))
+                # vLLM counts these tokens as computed: every block must be
+                # loaded or reported failed by the worker. A block without
+                # a key (None) is reported failed.
+                keys = list(keys) + [None] * (last - first - len(keys))
+                meta.loads.append(_Transfer(rid, keys, bids[first:last], first))
                 st.saved_upto = max(st.saved_upto, last)
             if not self._do_save:
                 continue
@@ -531,8 +538,9 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         want = HEADER_BYTES + self._block_bytes
         header = self._header()
         done = set()
+        idx = [i for i, k in enumerate(tr.keys) if k is not None]
         try:
-            leases, _ = c.acquire(self._ns, tr.keys, lease_ms=self._lease_ms)
+            leases, _ = c.acquire(self._ns, [tr.keys[i] for i in idx], lease_ms=self._lease_ms)
         except Exception as e:  # noqa: BLE001
             if _is_server_error(e):
                 _once.warn("acquire:%s" % e.code, "Acquire refused (%s); recomputing", e)
@@ -540,11 +548,12 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                 self._load_link.failed(e)
             return done
         held = [l.lease_id for l in leases if l.code == OK]
+        leases = dict(zip(idx, leases))
         barrier = self._x.get("test_only_load_barrier")
         if barrier:  # test hook: lets a test kill the sidecar mid-load
             _test_barrier(barrier)
         try:
-            for i, l in enumerate(leases):
+            for i, l in leases.items():
                 if l.code != OK:
                     if l.code != ErrorCode.NOT_FOUND:
                         _once.warn("acq-item:%s" % l.code, "block refused (%s); recomputing",
@@ -582,7 +591,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                     if expired:
                         # The bytes copied under an expired lease may be wrong.
                         _once.warn("expired", "a lease expired during a load; recomputing its blocks")
-                        done -= {i for i, l in enumerate(leases) if l.lease_id in expired}
+                        done -= {i for i, l in leases.items() if l.lease_id in expired}
                 except Exception as e:  # noqa: BLE001
                     # The sidecar is gone: nobody can rewrite the mapped arena
                     # any more, and every block was verified before its copy.
