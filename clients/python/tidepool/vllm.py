@@ -59,6 +59,7 @@ DEFAULT_SOCKET = "/run/tidepool/tidepool.sock"
 
 # Counters of this process, for tests and logs (test_stats()).
 _STATS = {"lookups": 0, "lookup_hit_blocks": 0, "matched_tokens": 0, "loaded_blocks": 0,
+          "load_seconds": 0.0, "loaded_bytes": 0,
           "load_errors": 0, "saved_blocks": 0, "save_exists": 0, "save_errors": 0,
           "keys": []}
 _STATS_LOCK = threading.Lock()
@@ -120,7 +121,7 @@ class _Link:
         self._next_try = now + self.retry_s
         try:
             c = Client(self.path, timeout=self.timeout_s, client_name="tidepool-vllm/" + self.name)
-            c.hello()
+            c._map()  # Hello, and map the arenas now: a load never needs the socket to read bytes
         except Exception as e:  # noqa: BLE001 - any failure means "no sidecar"
             self._mark_down(e)
             return None
@@ -135,7 +136,7 @@ class _Link:
         self._down = True
         _once.warn("down:" + self.name,
                    "sidecar at %s unavailable (%s side): %s; serving by recomputation "
-                   "and retrying every %.1fs", self.path, self.name, err, self.retry_s)
+                   "and retrying every %.1fs", self.path, self.name, repr(err), self.retry_s)
 
     def failed(self, err):
         """The connection broke (transport error, timeout): drop it."""
@@ -523,7 +524,10 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(meta, TidepoolConnectorMetadata) or not meta.loads:
             return
         for tr in meta.loads:
+            t0 = time.perf_counter()
             ok = self._load(tr) if self._layers else set()
+            _count("load_seconds", time.perf_counter() - t0)
+            _count("loaded_bytes", len(ok) * (HEADER_BYTES + self._block_bytes))
             bad = [b for i, b in enumerate(tr.block_ids) if i not in ok]
             if bad:
                 self._load_errors.update(bad)
@@ -582,7 +586,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                 finally:
                     view.release()
         except Exception as e:  # noqa: BLE001
-            _once.warn("load:%s" % type(e).__name__, "load failed: %s; recomputing", e)
+            _once.warn("load:%s" % type(e).__name__, "load failed: %r; recomputing", e)
         finally:
             if held:
                 try:
