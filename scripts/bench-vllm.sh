@@ -4,7 +4,7 @@
 # bytes per second (tests/engines/bench_vllm.py). Figures: docs/engines.md.
 #
 #   scripts/bench-vllm.sh [ROUNDS] [PREFIX_TOKENS]     (default 3 2048)
-#   BENCH_LAYERS=6 BENCH_HIDDEN=768 scripts/bench-vllm.sh
+#   BENCH_LAYERS=8 BENCH_HIDDEN=1536 scripts/bench-vllm.sh   (the model: Llama-style, GQA 4 KV heads)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -31,4 +31,5 @@ for _ in $(seq 600); do
 done
 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
 	.venv-engines/bin/python tests/engines/bench_vllm.py "$tmp/model" "$tmp/tp.sock" "$rounds" "$prefix" \
-	2>"$tmp/engine.log" </dev/null || { tail -40 "$tmp/engine.log"; exit 1; }
+	>"$tmp/engine.out" 2>"$tmp/engine.log" </dev/null || { tail -40 "$tmp/engine.out" "$tmp/engine.log"; exit 1; }
+grep -E '^(\{|SUMMARY)' "$tmp/engine.out"

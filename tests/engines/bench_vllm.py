@@ -19,9 +19,20 @@ sys.path.insert(0, HERE)
 from run_engine import write_tiny_llama  # noqa: E402
 
 
+def reset_local_cache(llm, sp, TokensPrompt):
+    """Empties vLLM's own prefix cache. Blocks whose saves were in flight
+    when their request finished are freed at the next engine step, so step
+    the engine with a one-token request until the reset succeeds."""
+    for _ in range(50):
+        if llm.reset_prefix_cache():
+            return
+        llm.generate([TokensPrompt(prompt_token_ids=[3])], sp, use_tqdm=False)
+    raise AssertionError("vLLM refused to reset its prefix cache")
+
+
 def main():
     model_dir, socket, rounds, prefix = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    layers, hidden = int(os.environ.get("BENCH_LAYERS", "6")), int(os.environ.get("BENCH_HIDDEN", "768"))
+    layers, hidden = int(os.environ.get("BENCH_LAYERS", "8")), int(os.environ.get("BENCH_HIDDEN", "1536"))
     write_tiny_llama(model_dir, layers=layers, hidden=hidden, heads=hidden // 64, kv_heads=4, vocab=2048,
                      ctx=prefix + 256)
     from vllm import LLM, SamplingParams
@@ -53,13 +64,13 @@ def main():
             if ns and ns[0].blocks >= want * (i + 1):
                 break
             time.sleep(0.05)
-        assert llm.reset_prefix_cache(), "vLLM refused to reset its prefix cache"
+        reset_local_cache(llm, sp, TokensPrompt)
         s0 = tv.test_stats()
         t0 = time.perf_counter()
         llm.generate([TokensPrompt(prompt_token_ids=p + [6, 7, 8])], sp, use_tqdm=False)
         hit = time.perf_counter() - t0
         s1 = tv.test_stats()
-        llm.reset_prefix_cache()
+        reset_local_cache(llm, sp, TokensPrompt)
         row = {"round": i, "prefix_tokens": prefix, "ttft_recompute_s": recompute, "ttft_hit_s": hit,
                "loaded_blocks": s1["loaded_blocks"] - s0["loaded_blocks"],
                "load_s": s1["load_seconds"] - s0["load_seconds"],

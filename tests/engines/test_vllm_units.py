@@ -200,6 +200,15 @@ class UnitTests(unittest.TestCase):
                 break
             time.sleep(0.02)
         self.assertEqual(done, {"a"})
+        # take_events: the scheduler turns the worker's report into BlockStored.
+        from vllm.v1.outputs import KVConnectorOutput
+        wm = w.build_connector_worker_meta()
+        self.assertIsNotNone(wm)
+        sched = TidepoolConnector(cfg, KVConnectorRole.SCHEDULER, None)
+        sched.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=wm))
+        (ev,) = list(sched.take_events())
+        self.assertEqual((ev.block_hashes, ev.parent_block_hash, ev.medium), (keys, None, "tidepool"))
+        self.assertEqual(list(sched.take_events()), [])
         before = {n: t.clone() for n, t in kv.items()}
         bdim = w._layers[0][2]
         for t in kv.values():
