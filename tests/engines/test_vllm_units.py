@@ -167,6 +167,58 @@ class UnitTests(unittest.TestCase):
         self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
         self.assertEqual(c._pending_loads, {})
 
+    def start_sidecar(self, socket, *extra):
+        d = os.path.dirname(socket)
+        log = open(os.path.join(d, "serve2.log"), "ab")
+        self.addCleanup(log.close)
+        p = subprocess.Popen(
+            [BIN, "serve", "--socket", socket, "--data-dir", os.path.join(d, "data2"),
+             "--arena-dir", os.path.join(d, "arenas2"), "--dram-capacity", "16MiB",
+             "--max-value-size", "4MiB", "--metrics-addr", "127.0.0.1:0", "--ssd-capacity", "0",
+             "--log-level", "warn"] + list(extra), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+
+        def stop():
+            p.terminate()
+            p.wait(timeout=15)
+            p.stdout.close()
+        self.addCleanup(stop)
+        line = p.stdout.readline().decode()
+        self.assertIn("serving on socket", line)
+        return p
+
+    def test_reconnects_when_sidecar_returns(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        d = tempfile.mkdtemp(dir=self.tmp)
+        sock = os.path.join(d, "late.sock")
+        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))
+        r = make_request("late", list(range(7, 7 + 2 * BS + 1)))
+        self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))  # absent: a miss
+        self.start_sidecar(sock)
+        cl = tidepool.Client(sock)
+        self.addCleanup(cl.close)
+        for k in c._keys(r):
+            cl.put(c._ns, k, b"x")
+        import time
+        deadline = time.monotonic() + 30
+        while c.get_num_new_matched_tokens(r, 0) != (2 * BS, False):  # retry_s is 0 here
+            self.assertLess(time.monotonic(), deadline, "the connector did not reconnect")
+            time.sleep(0.05)
+
+    def test_refused_namespace_is_a_miss(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        d = tempfile.mkdtemp(dir=self.tmp)
+        sock = os.path.join(d, "strict.sock")
+        self.start_sidecar(sock, "--namespaces", "only/this")
+        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))
+        r = make_request("strict", list(range(9, 9 + 2 * BS + 1)))
+        with self.assertLogs("vllm.kv_connector.tidepool", level="WARNING") as logs:
+            self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
+            self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
+            logger = __import__("logging").getLogger("vllm.kv_connector.tidepool")
+            logger.warning("end")  # assertLogs needs one record even if the connector logged none
+        refusals = [m for m in logs.output if "Lookup refused" in m]
+        self.assertEqual(len(refusals), 1, logs.output)  # logged once per cause, not per call
+
     def test_load_failure_policy_becomes_recompute(self):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         cfg = make_config(self.model, self.socket)
