@@ -134,7 +134,7 @@ class EngineRun:
         self.root = root
         self.n = 0
 
-    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False):
+    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False):
         self.n += 1
         spec = os.path.join(self.root, "spec%d.json" % self.n)
         out = os.path.join(self.root, "out%d.json" % self.n)
@@ -142,7 +142,7 @@ class EngineRun:
         with open(spec, "w") as f:
             json.dump({"model": model, "prompts": prompts, "max_tokens": max_tokens,
                        "kv_transfer_config": kv, "logprobs": 5, "block_size": BLOCK}, f)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
                    VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         env.pop("PYTHONHASHSEED", None)
         with open(log, "wb") as logf:
@@ -243,6 +243,15 @@ class EngineTests(unittest.TestCase):
         # Two processes computed the same keys for P.
         self.assertEqual(ca["keys"][0][:P_BLOCKS], cb["keys"][0][:P_BLOCKS])
         self.assert_same_as_reference(ob, "engine B (P loaded from tidepool)")
+        # The same with vLLM's production process layout: scheduler in the
+        # EngineCore process, worker in its own, metadata serialized between
+        # them (the connector's counters live there: count on the sidecar).
+        hits_before = s.counter("tidepool_namespace_hits_total")
+        m = self.run_engine(self.model, [P + SUFFIX], kv=kv_config(s.socket), multiprocess=True)
+        self.assertIn("EngineCore", m["log"])
+        self.assertGreaterEqual(m["outputs"][0]["num_cached_tokens"], P_BLOCKS * BLOCK)
+        self.assertGreaterEqual(s.counter("tidepool_namespace_hits_total") - hits_before, P_BLOCKS)
+        self.assert_same_as_reference(m["outputs"][0], "engine B in multiprocess mode")
         # 2: the same run with Q's blocks loaded in place of P's must differ.
         # (B saved one more block, P + SUFFIX's 14th: Q + SUFFIX has no such
         # block, so that one is a load error and is recomputed.)
