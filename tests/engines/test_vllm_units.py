@@ -219,6 +219,26 @@ class UnitTests(unittest.TestCase):
         refusals = [m for m in logs.output if "Lookup refused" in m]
         self.assertEqual(len(refusals), 1, logs.output)  # logged once per cause, not per call
 
+    def test_hybrid_models_leave_the_connector_inactive(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from tidepool.vllm import TidepoolConnector
+
+        class Group:
+            kv_cache_spec = "spec"
+            layer_names = ["l0"]
+
+        class KVC:
+            kv_cache_groups = [Group(), Group()]
+            num_blocks = 4
+        cfg = make_config(self.model, self.socket)
+        c = TidepoolConnector(cfg, KVConnectorRole.SCHEDULER, KVC())
+        r = make_request("h", list(range(3 * BS + 1)))
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        for k in c._keys(r):
+            cl.put(c._ns, k, b"x")
+        self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
+
     def test_load_failure_policy_becomes_recompute(self):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         cfg = make_config(self.model, self.socket)

@@ -296,6 +296,13 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             logger.info("tidepool: setting kv_load_failure_policy=recompute (blocks that cannot be "
                         "loaded from the cache are recomputed)")
             tc.kv_load_failure_policy = "recompute"
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        if len(groups) > 1:
+            # vLLM cannot map block-level load errors back to requests with
+            # several KV-cache groups (hybrid models): stay out of the way.
+            logger.warning("tidepool: %d KV-cache groups (hybrid model): the connector supports one; "
+                           "it stays inactive (no loads, no saves)", len(groups))
+            self._do_load = self._do_save = False
         pc = vllm_config.parallel_config
         if role == KVConnectorRole.SCHEDULER:
             self._tp_rank, self._pp_rank = 0, 0
@@ -521,7 +528,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
-        if not isinstance(meta, TidepoolConnectorMetadata) or not meta.loads:
+        if not isinstance(meta, TidepoolConnectorMetadata) or not meta.loads or not self._do_load:
             return
         for tr in meta.loads:
             t0 = time.perf_counter()
