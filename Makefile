@@ -47,8 +47,14 @@ test: deps
 	$(MAKE) --no-print-directory test-go || rc=1
 	scripts/test-python.sh || rc=1
 	scripts/test-python-client.sh || rc=1
+	scripts/test-engines.sh || rc=1
 	if ((rc != 0)); then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi
 	exit $$rc
+
+# vLLM with the tidepool connector against real sidecars (installs its venv).
+.PHONY: test-engines
+test-engines:
+	scripts/test-engines.sh
 
 # Both lists run even when the first fails, so one report shows every failure.
 test-go:

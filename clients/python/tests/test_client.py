@@ -111,6 +111,50 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
         self.assertEqual(self.c.delete(self.ns, b"zc-3"), True)
 
+    def test_damaged_arena_bytes_are_refused_by_default(self):
+        # Hardening item 14: without a C CRC-32C module the zero-copy reads
+        # used to skip the check by default, so damaged bytes came back as
+        # good; slot_view never checked. Damage a committed block in the
+        # shared arena (as a stray write would) and read it back with
+        # default arguments.
+        value = payload(4 * KiB, 11)
+        self.assertFalse(self.c.put_from(self.ns, b"dmg", value))
+        (lease,), _ = self.c.acquire(self.ns, [b"dmg"])
+        self.assertEqual(lease.code, tidepool.OK)
+        self.assertEqual(self.c.release([lease.lease_id]), [tidepool.OK])
+        path = self.c.hello().arenas[lease.slot.arena].path
+        fd = os.open(path, os.O_RDWR)
+        try:
+            old = os.pread(fd, 1, lease.slot.offset + 100)
+            os.pwrite(fd, bytes([old[0] ^ 0xFF]), lease.slot.offset + 100)
+        finally:
+            os.close(fd)
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get_into(self.ns, b"dmg", bytearray(4 * KiB))
+        self.assertEqual(cm.exception.code, ErrorCode.CHECKSUM_MISMATCH)
+        (lease,), _ = self.c.acquire(self.ns, [b"dmg"])
+        try:
+            with self.assertRaises(tidepool.Error) as cm:
+                self.c.slot_view(lease)
+            self.assertEqual(cm.exception.code, ErrorCode.CHECKSUM_MISMATCH)
+            raw = self.c.slot_view(lease.slot)  # the raw primitive: unchecked by design
+            try:
+                self.assertNotEqual(bytes(raw), value)
+            finally:
+                raw.release()
+        finally:
+            self.c.release([lease.lease_id])
+        # An intact block still reads, checked, through both paths.
+        self.assertFalse(self.c.put_from(self.ns, b"ok", value))
+        self.assertEqual(self.c.get_into(self.ns, b"ok", bytearray(4 * KiB)), 4 * KiB)
+        (lease,), _ = self.c.acquire(self.ns, [b"ok"])
+        view = self.c.slot_view(lease)
+        try:
+            self.assertEqual(bytes(view), value)
+        finally:
+            view.release()
+            self.c.release([lease.lease_id])
+
     def test_views_and_writable_slots(self):
         value = payload(100 * KiB + 7, 5)
         (r,) = self.c.reserve(self.ns, [(b"w", len(value))])

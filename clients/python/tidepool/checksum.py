@@ -1,10 +1,13 @@
 """CRC-32C (Castagnoli), the checksum every tidepool block carries.
 
 Uses the ``crc32c`` or ``google_crc32c`` module when one is installed (C
-speed, several GB/s); otherwise a table-driven pure-Python fallback (a few
-MB/s: fine for tests and small blocks, too slow to verify MiB blocks on a
-hot path). ``FAST`` says which one is in use; the client verifies zero-copy
-reads and sends put checksums by default only when FAST is true.
+speed, several GB/s; ``pip install tidepool-kv`` brings ``crc32c``);
+otherwise a table-driven pure-Python fallback (a few MB/s: fine for tests
+and small blocks, slow for MiB blocks). ``FAST`` says which one is in use.
+Zero-copy reads (batch_get_into, get_into, slot_view of a Lease) verify by
+default with whichever is present: a missing C module makes them slower,
+never unchecked. Puts send their checksum only when FAST; otherwise the
+server computes it from the arena at Commit.
 """
 
 FAST = False

@@ -275,11 +275,25 @@ class Client:
             raise Error(ErrorCode.INTERNAL, "slot %r outside the arenas" % (slot,))
         return arenas[slot.arena]
 
-    def slot_view(self, slot):
-        """Read-only memoryview of a slot, without a copy. Valid while the
-        lease that returned the slot is held; release() it before close()."""
+    def slot_view(self, slot, verify=None):
+        """Read-only memoryview of a leased block, without a copy. Valid
+        while the lease is held; release() the view before close().
+
+        Given the Lease (from acquire), the view is checked against the
+        block's CRC-32C before it is returned (verify defaults to True) and
+        a mismatch raises Error(CHECKSUM_MISMATCH): damaged bytes never come
+        back as good. Given a bare Slot there is no checksum to check: the
+        bytes are returned unchecked, as the raw primitive."""
+        lease = slot if isinstance(slot, Lease) else None
+        if lease is not None:
+            slot = lease.slot
         a = self._arena(slot)
-        return a.view[slot.offset:slot.offset + slot.length]
+        view = a.view[slot.offset:slot.offset + slot.length]
+        if lease is not None and (verify is None or verify):
+            if crc32c(view) != lease.checksum:
+                view.release()
+                raise Error(ErrorCode.CHECKSUM_MISMATCH, "leased block %d fails its CRC-32C" % lease.lease_id)
+        return view
 
     def write_slot(self, slot, data):
         """Writes data (exactly slot.length bytes) into a reserved slot with
@@ -362,10 +376,13 @@ class Client:
         from the shared arena: acquire all, copy, release all, two round
         trips per batch. Returns, per key, the block's size or None on a
         miss. A buffer too short raises Error(TOO_LARGE) after every lease
-        is released; verify (default: when a fast CRC-32C is installed)
-        checks each copy against the block's checksum."""
+        is released. Each copy is checked against the block's CRC-32C
+        (verify defaults to True; with no C CRC-32C module installed the
+        check runs in pure Python, slowly, but it still runs): a mismatch
+        raises Error(CHECKSUM_MISMATCH) after every lease is released.
+        verify=False skips the check (the caller's own risk)."""
         if verify is None:
-            verify = CRC_FAST
+            verify = True
         keys = list(keys)
         if len(buffers) != len(keys):
             raise ValueError("one buffer per key")

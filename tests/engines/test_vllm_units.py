@@ -1,0 +1,337 @@
+"""Unit tests of TidepoolConnector's bookkeeping against the real vLLM
+classes (VllmConfig, Request with vLLM's block hasher, NewRequestData,
+SchedulerOutput, KV tensors of both layouts), without a model. A real
+`tidepool serve` (bin/tidepool) backs the tests that need a sidecar.
+
+Run with scripts/test-engines.sh (the engine venv).
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import tidepool  # noqa: E402
+from run_engine import write_tiny_llama  # noqa: E402
+
+BIN = os.path.join(ROOT, "bin", "tidepool")
+BS = 32
+
+
+def make_config(model, socket, **kw):
+    from vllm.engine.arg_utils import EngineArgs
+    extra = {"socket": socket, "timeout_s": 2.0, "retry_s": 0.0}
+    extra.update(kw.pop("extra", {}))
+    args = EngineArgs(model=model, skip_tokenizer_init=True, block_size=BS, enable_prefix_caching=True,
+                      max_model_len=1024, kv_transfer_config={
+                          "kv_connector": "TidepoolConnector", "kv_connector_module_path": "tidepool.vllm",
+                          "kv_role": "kv_both", "kv_connector_extra_config": extra}, **kw)
+    return args.create_engine_config()
+
+
+def make_request(rid, tokens, algo="sha256", cache_salt=None):
+    from vllm import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+    fn = get_hash_fn_by_name(algo)
+    init_none_hash(fn)
+    return Request(rid, tokens, SamplingParams(max_tokens=4), None, cache_salt=cache_salt,
+                   block_hasher=get_request_block_hasher(BS, fn))
+
+
+def scheduler_output(new=(), num_scheduled=None):
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+    out = SchedulerOutput.make_empty()
+    out.scheduled_new_reqs = [NewRequestData.from_request(r, (bids,)) for r, bids in new]
+    out.num_scheduled_tokens = dict(num_scheduled or {})
+    out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
+    return out
+
+
+class UnitTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tp-units.", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+        cls.model = write_tiny_llama(os.path.join(cls.tmp, "model"))
+        cls.socket = os.path.join(cls.tmp, "tp.sock")
+        cls.log = open(os.path.join(cls.tmp, "serve.log"), "wb")
+        cls.proc = subprocess.Popen(
+            [BIN, "serve", "--socket", cls.socket, "--data-dir", os.path.join(cls.tmp, "data"),
+             "--arena-dir", os.path.join(cls.tmp, "arenas"), "--dram-capacity", "32MiB",
+             "--max-value-size", "4MiB", "--metrics-addr", "127.0.0.1:0", "--ssd-capacity", "0",
+             "--log-level", "warn"], stdout=subprocess.PIPE, stderr=cls.log, stdin=subprocess.DEVNULL)
+        line = cls.proc.stdout.readline().decode()
+        assert re.search("serving on socket", line), line
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.terminate()
+        cls.proc.wait(timeout=15)
+        cls.proc.stdout.close()
+        cls.log.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def connector(self, role, cfg=None, **kw):
+        from tidepool.vllm import TidepoolConnector
+        return TidepoolConnector(cfg or make_config(self.model, self.socket, **kw), role, None)
+
+    # -- keys ---------------------------------------------------------------
+    def test_refuses_unstable_keys(self):
+        from tidepool.vllm import check_stable_keys
+        cfg = make_config(self.model, self.socket, prefix_caching_hash_algo="xxhash")
+        with self.assertRaisesRegex(ValueError, "PYTHONHASHSEED"):
+            check_stable_keys(cfg, environ={})
+        check_stable_keys(cfg, environ={"PYTHONHASHSEED": "7"})
+        check_stable_keys(make_config(self.model, self.socket), environ={})  # sha256: stable
+        nocache = make_config(self.model, self.socket)
+        nocache.cache_config.enable_prefix_caching = False
+        with self.assertRaisesRegex(ValueError, "prefix caching"):
+            check_stable_keys(nocache, environ={})
+
+    def test_keys_are_vllm_block_hashes_and_stable(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from tidepool.vllm import _vllm_hashes_of
+        c = self.connector(KVConnectorRole.SCHEDULER)
+        toks = list(range(5, 5 + 3 * BS + 7))
+        r = make_request("r", toks)
+        keys = c._keys(r)
+        self.assertEqual(len(keys), 3)
+        self.assertEqual(keys, _vllm_hashes_of(toks, BS, "sha256"))  # a fresh chain: same keys
+        salted = make_request("s", toks, cache_salt="tenant-a")
+        self.assertNotEqual(c._keys(salted)[0], keys[0])  # cache_salt is in the key
+
+    def test_namespace_names_what_changes_the_bytes(self):
+        from tidepool.vllm import namespace_descriptor, namespace_for
+        cfg = make_config(self.model, self.socket, dtype="float32")
+        d0 = namespace_descriptor(cfg, None, 0, 0, {})
+        self.assertEqual(namespace_for(d0), namespace_for(namespace_descriptor(cfg, None, 0, 0, {})))
+        self.assertNotEqual(namespace_for(d0), namespace_for(namespace_descriptor(cfg, None, 1, 0, {})))
+        cfg16 = make_config(self.model, self.socket, dtype="bfloat16")
+        self.assertNotEqual(namespace_for(d0), namespace_for(namespace_descriptor(cfg16, None, 0, 0, {})))
+        self.assertLessEqual(len(namespace_for(d0)), 256)
+
+    # -- scheduler side -------------------------------------------------------
+    def test_scheduler_lookup_alloc_meta_finish(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        c = self.connector(KVConnectorRole.SCHEDULER)
+        toks = list(range(100, 100 + 5 * BS + 3))
+        r = make_request("req-1", toks)
+        c.on_new_request(r)
+        keys = c._keys(r)
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        self.addCleanup(lambda: cl.clear(c._ns))
+        for k in keys[:3]:
+            cl.put(c._ns, k, b"x")
+        # Lookup: 3 blocks beyond the 32 locally computed tokens; no side effects.
+        self.assertEqual(c.get_num_new_matched_tokens(r, BS), (2 * BS, False))
+        self.assertEqual(c.get_num_new_matched_tokens(r, BS), (2 * BS, False))
+        self.assertEqual(c._pending_loads, {})
+        self.assertEqual(c.get_num_new_matched_tokens(r, 3 * BS), (0, False))
+        c.update_state_after_alloc(r, None, 2 * BS)
+        bids = [7, 8, 9, 10, 11, 12]
+        meta = c.build_connector_meta(scheduler_output([(r, bids)], {"req-1": len(toks) - 3 * BS}))
+        # r.num_computed_tokens is 0 in a bare Request; the scheduler sets it.
+        self.assertEqual(len(meta.loads), 0 if r.num_computed_tokens == 0 else 1)
+        r.num_computed_tokens = 3 * BS
+        c.update_state_after_alloc(r, None, 2 * BS)
+        meta = c.build_connector_meta(scheduler_output([(r, bids)], {"req-1": len(toks) - 3 * BS}))
+        (load,) = meta.loads
+        self.assertEqual((load.req_id, load.block_ids, load.keys, load.first_index),
+                         ("req-1", [8, 9], keys[1:3], 1))
+        (save,) = meta.saves  # blocks 3 and 4 become full in this step; 0-2 need no save
+        self.assertEqual((save.block_ids, save.keys, save.first_index), ([10, 11], keys[3:5], 3))
+        again = c.build_connector_meta(scheduler_output())
+        self.assertEqual((again.loads, again.saves), ([], []))  # per-step state was reset
+        self.assertEqual(c.request_finished(r, bids), (True, None))  # saves in flight: keep blocks
+        r2 = make_request("req-2", toks[:BS - 1])
+        c.on_new_request(r2)
+        self.assertEqual(c.request_finished(r2, [1]), (False, None))
+
+    def test_scheduler_without_sidecar(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        c = self.connector(KVConnectorRole.SCHEDULER,
+                           cfg=make_config(self.model, os.path.join(self.tmp, "absent.sock")))
+        r = make_request("r", list(range(3 * BS + 1)))
+        self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
+        self.assertEqual(c._pending_loads, {})
+
+    def start_sidecar(self, socket, *extra):
+        d = os.path.dirname(socket)
+        log = open(os.path.join(d, "serve2.log"), "ab")
+        self.addCleanup(log.close)
+        p = subprocess.Popen(
+            [BIN, "serve", "--socket", socket, "--data-dir", os.path.join(d, "data2"),
+             "--arena-dir", os.path.join(d, "arenas2"), "--dram-capacity", "16MiB",
+             "--max-value-size", "4MiB", "--metrics-addr", "127.0.0.1:0", "--ssd-capacity", "0",
+             "--log-level", "warn"] + list(extra), stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+
+        def stop():
+            p.terminate()
+            p.wait(timeout=15)
+            p.stdout.close()
+        self.addCleanup(stop)
+        line = p.stdout.readline().decode()
+        self.assertIn("serving on socket", line)
+        return p
+
+    def test_reconnects_when_sidecar_returns(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        d = tempfile.mkdtemp(dir=self.tmp)
+        sock = os.path.join(d, "late.sock")
+        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))
+        r = make_request("late", list(range(7, 7 + 2 * BS + 1)))
+        self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))  # absent: a miss
+        self.start_sidecar(sock)
+        cl = tidepool.Client(sock)
+        self.addCleanup(cl.close)
+        for k in c._keys(r):
+            cl.put(c._ns, k, b"x")
+        import time
+        deadline = time.monotonic() + 30
+        while c.get_num_new_matched_tokens(r, 0) != (2 * BS, False):  # retry_s is 0 here
+            self.assertLess(time.monotonic(), deadline, "the connector did not reconnect")
+            time.sleep(0.05)
+
+    def test_refused_namespace_is_a_miss(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        d = tempfile.mkdtemp(dir=self.tmp)
+        sock = os.path.join(d, "strict.sock")
+        self.start_sidecar(sock, "--namespaces", "only/this")
+        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))
+        r = make_request("strict", list(range(9, 9 + 2 * BS + 1)))
+        with self.assertLogs("vllm.kv_connector.tidepool", level="WARNING") as logs:
+            self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
+            self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
+            logger = __import__("logging").getLogger("vllm.kv_connector.tidepool")
+            logger.warning("end")  # assertLogs needs one record even if the connector logged none
+        refusals = [m for m in logs.output if "Lookup refused" in m]
+        self.assertEqual(len(refusals), 1, logs.output)  # logged once per cause, not per call
+
+    def test_hybrid_models_leave_the_connector_inactive(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from tidepool.vllm import TidepoolConnector
+
+        class Group:
+            kv_cache_spec = "spec"
+            layer_names = ["l0"]
+
+        class KVC:
+            kv_cache_groups = [Group(), Group()]
+            num_blocks = 4
+        cfg = make_config(self.model, self.socket)
+        c = TidepoolConnector(cfg, KVConnectorRole.SCHEDULER, KVC())
+        r = make_request("h", list(range(3 * BS + 1)))
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        for k in c._keys(r):
+            cl.put(c._ns, k, b"x")
+        self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
+
+    def test_load_failure_policy_becomes_recompute(self):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        cfg = make_config(self.model, self.socket)
+        cfg.kv_transfer_config.kv_load_failure_policy = "fail"
+        self.connector(KVConnectorRole.SCHEDULER, cfg=cfg)
+        self.assertEqual(cfg.kv_transfer_config.kv_load_failure_policy, "recompute")
+
+    # -- worker side: both layouts, save then load through the sidecar ------------
+    def roundtrip(self, shape_of, tag):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from tidepool.vllm import TidepoolConnector, TidepoolConnectorMetadata, _Transfer
+
+        class KVC:
+            num_blocks = 10
+        cfg = make_config(self.model, self.socket, extra={"namespace": "unit/" + tag})
+        w = TidepoolConnector(cfg, KVConnectorRole.WORKER, KVC())
+        g = torch.Generator().manual_seed(1)
+        kv = {"layer.%d" % i: torch.randn(*shape_of(10), generator=g) for i in range(2)}
+        w.register_kv_caches(kv)
+        self.assertGreater(w._block_bytes, 0)
+        keys = [bytes([i]) * 32 for i in range(1, 4)]
+        w.bind_connector_metadata(TidepoolConnectorMetadata(saves=[_Transfer("a", keys, [1, 2, 3], 0)]))
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        import time
+        deadline = time.monotonic() + 30
+        done = None
+        while time.monotonic() < deadline:
+            done, _ = w.get_finished({"a"})
+            if done:
+                break
+            time.sleep(0.02)
+        self.assertEqual(done, {"a"})
+        # take_events: the scheduler turns the worker's report into BlockStored.
+        from vllm.v1.outputs import KVConnectorOutput
+        wm = w.build_connector_worker_meta()
+        self.assertIsNotNone(wm)
+        sched = TidepoolConnector(cfg, KVConnectorRole.SCHEDULER, None)
+        sched.update_connector_output(KVConnectorOutput(kv_connector_worker_meta=wm))
+        (ev,) = list(sched.take_events())
+        self.assertEqual((ev.block_hashes, ev.parent_block_hash, ev.medium), (keys, None, "tidepool"))
+        self.assertEqual(list(sched.take_events()), [])
+        before = {n: t.clone() for n, t in kv.items()}
+        bdim = w._layers[0][2]
+        for t in kv.values():
+            t.select(bdim, 5).zero_()
+            t.select(bdim, 6).zero_()
+            t.select(bdim, 7).zero_()
+        missing = bytes([9]) * 32
+        w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("b", [keys[1], keys[2], missing],
+                                                                             [5, 6, 7], 1)]))
+        w.start_load_kv(None)
+        w.clear_connector_metadata()
+        self.assertEqual(w.get_block_ids_with_load_errors(), {7})
+        self.assertEqual(w.get_block_ids_with_load_errors(), set())
+        for n, t in kv.items():
+            self.assertTrue(torch.equal(t.select(bdim, 5), before[n].select(bdim, 2)), n)
+            self.assertTrue(torch.equal(t.select(bdim, 6), before[n].select(bdim, 3)), n)
+            self.assertEqual(float(t.select(bdim, 7).abs().sum()), 0.0)
+        w.shutdown()
+        return w
+
+    def test_cpu_layout_roundtrip(self):
+        # CPU attention backend: (num_blocks, num_kv_heads, block_size, 2 * head_size)
+        w = self.roundtrip(lambda nb: (nb, 2, BS, 128), "cpu")
+        self.assertEqual(w._layers[0][2], 0)
+
+    def test_flash_attention_layout_roundtrip(self):
+        # FlashAttention: (2, num_blocks, block_size, num_kv_heads, head_size)
+        w = self.roundtrip(lambda nb: (2, nb, BS, 2, 64), "fa")
+        self.assertEqual(w._layers[0][2], 1)
+
+    def test_wrong_layout_block_is_a_load_error(self):
+        # A block saved under another layout (same size, other header) is refused.
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from tidepool.vllm import HEADER_BYTES, TidepoolConnector, TidepoolConnectorMetadata, _Transfer
+
+        class KVC:
+            num_blocks = 4
+        cfg = make_config(self.model, self.socket, extra={"namespace": "unit/bad"})
+        w = TidepoolConnector(cfg, KVConnectorRole.WORKER, KVC())
+        kv = {"l0": torch.ones(4, 2, BS, 128)}
+        w.register_kv_caches(kv)
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        k1, k2 = b"\x01" * 32, b"\x02" * 32
+        cl.put(w._ns, k1, b"\x00" * (HEADER_BYTES + w._block_bytes))  # right size, wrong header
+        cl.put(w._ns, k2, b"\x00" * 100)  # wrong size
+        w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("r", [k1, k2], [1, 2], 0)]))
+        w.start_load_kv(None)
+        self.assertEqual(w.get_block_ids_with_load_errors(), {1, 2})
+        self.assertEqual(float(kv["l0"][1].sum()), float(kv["l0"][0].sum()))  # untouched
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
