@@ -421,6 +421,12 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 		r.fmu.Unlock()
 		mine = append(mine, f)
 		mineIdx = append(mineIdx, i)
+		// A flight that ended between the caller's local miss and now
+		// left the block here: do not fetch it again (as groupcache
+		// re-checks its cache inside the single-flight).
+		if _, ok := r.store.Stat(ctx, ns, k); ok {
+			continue
+		}
 		owned := r.owns(ns, k)
 		if !owned {
 			hot[i] = r.hot.note(fk)

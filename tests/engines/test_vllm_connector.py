@@ -265,7 +265,16 @@ class EngineTests(unittest.TestCase):
     # 3 -----------------------------------------------------------------------
     def test_3_across_nodes(self):
         g1 = "127.0.0.1:%d" % free_port()
-        common = ["--cluster-label", "engines-test", "--replicas", "1"]
+        # A secured cluster, as serve requires: one gossip key and one
+        # cluster secret shared by both members.
+        key = os.path.join(self.tmp, "gossip.key")
+        secret = os.path.join(self.tmp, "peer.secret")
+        for path, n in ((key, 32), (secret, 32)):
+            with open(path, "wb") as f:
+                f.write(os.urandom(n))
+            os.chmod(path, 0o600)
+        common = ["--cluster-label", "engines-test", "--replicas", "1",
+                  "--gossip-key-file", key, "--peer-secret-file", secret]
         s1 = self.sidecar("node-1", ["--gossip-addr", g1, "--peer-addr", "127.0.0.1:%d" % free_port(),
                                      "--transfer-addr", "127.0.0.1:%d" % free_port()] + common)
         s2 = self.sidecar("node-2", ["--gossip-addr", "127.0.0.1:%d" % free_port(),
