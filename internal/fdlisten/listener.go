@@ -88,6 +88,10 @@ func (l *Listener) Fd() int { return l.fd }
 // Addr implements net.Listener.
 func (l *Listener) Addr() net.Addr { return l.addr }
 
+// String names the listener by its address, so that a server logging its
+// options with %+v (Kitex does) reads none of the counters.
+func (l *Listener) String() string { return "fdlisten.Listener(" + l.addr.String() + ")" }
+
 // Accept takes one waiting connection: nil, nil when none waits. After
 // Close, a waiting connection is closed at once (the client sees the
 // connection end) and Accept returns nil, nil, so that a level-triggered

@@ -107,6 +107,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 // Addr is the wrapped listener's address.
 func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 
+// String names the listener by its address. Servers that log their
+// options (Kitex prints WithListener with %+v) then read no field that the
+// accept goroutine is updating.
+func (l *Listener) String() string { return "peerauth.Listener(" + l.ln.Addr().String() + ")" }
+
 // Close stops accepting, closes the wrapped listener (once) and the
 // connections still handshaking, and waits for the accept goroutine.
 // Accepted connections belong to whoever accepted them. Safe to call twice.
