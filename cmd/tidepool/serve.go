@@ -146,6 +146,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	scfg.MaxConnections = cfg.EngineMaxConns
 	scfg.IdleTimeout = cfg.EngineIdle
 	scfg.Observer = m.observer()
+	scfg.Build = buildVersion()
 	// The server owns ln from here, also when NewServer fails.
 	srv, err := engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
 	if err != nil {
