@@ -28,7 +28,6 @@ type item struct {
 // the queue unless the SSD already holds it or the queue is full.
 func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	fk := fkey(ns, key)
-	s.untrack(fk)
 	if s.ssd == nil {
 		return
 	}
@@ -283,11 +282,9 @@ func (s *Store) promote(ctx context.Context, ns string, key, v []byte, info cach
 		return
 	}
 	opts := cache.PutOptions{Depth: info.Depth}
-	s.track(ns, key, opts)
 	existed, err := s.dram.Promote(ctx, ns, key, v, opts)
 	switch {
 	case err != nil:
-		s.untrack(fkey(ns, key))
 		if !errors.Is(err, cache.ErrNoSpace) && !errors.Is(err, cache.ErrClosed) {
 			s.lg.Debug("promotion failed", zap.Error(err))
 		}
