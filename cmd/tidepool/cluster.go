@@ -229,10 +229,8 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	rcfg.RemoteTimeout, rcfg.PeerDownFor = cfg.RemoteTimeout, cfg.PeerDownFor
 	rcfg.RebalanceRate, rcfg.RebalanceDelay, rcfg.RebalanceMaxBytes = cfg.RebalanceRate, cfg.RebalanceDelay, cfg.RebalanceMaxBytes
 	rcfg.HotThreshold, rcfg.HotWindow, rcfg.HotTTL = cfg.HotThreshold, cfg.HotWindow, cfg.HotTTL
-	rcfg.HotMaxReplicas, rcfg.HotMaxBytes = cfg.HotMaxReplicas, cfg.HotMaxBytes
-	if rcfg.HotMaxBytes == 0 {
-		rcfg.HotMaxBytes = max(cfg.DRAMCapacity/16, 1)
-	}
+	rcfg.HotMaxReplicas, rcfg.HotMaxBytes = cfg.HotMaxReplicas, cfg.HotMaxBytes // 0: derived from DRAMBytes
+	rcfg.DRAMBytes = cfg.DRAMCapacity
 	if err := p.AttachCluster(n.view, n.pcli, rcfg); err != nil {
 		return nil, err
 	}

@@ -18,8 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 
+	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/internal/units"
+	"github.com/tidepool-kv/tidepool/proxy"
 )
 
 // Config is every setting of `tidepool serve`. Each field is one setting,
@@ -292,13 +294,13 @@ func DefaultConfig() Config {
 		ArenaDir:       defaultArenaDir(defaultSocket()),
 		DRAMCapacity:   defaultDRAMCapacity(),
 		ArenaSize:      256 << 20,
-		MaxKeySize:     128,
-		MaxValueSize:   64 << 20,
-		MaxBatch:       1024,
+		MaxKeySize:     cache.DefaultMaxKeyBytes,
+		MaxValueSize:   cache.DefaultMaxValueBytes,
+		MaxBatch:       cache.DefaultMaxBatch,
 		MaxRequestSize: 256 << 20,
 		EngineMaxConns: 1024,
 		EngineIdle:     10 * time.Minute,
-		MaxNamespaces:  64,
+		MaxNamespaces:  proxy.DefaultConfig().MaxNamespaces,
 		LeaseTimeout:   5 * time.Second,
 		EvictionPolicy: "prefix",
 		MetricsAddr:    "127.0.0.1:9464",
@@ -357,8 +359,8 @@ func (c Config) Validate() error {
 	if c.ArenaSize < 1<<20 {
 		bad("arena_size %s: at least 1MiB", units.FormatBytes(c.ArenaSize))
 	}
-	if c.MaxKeySize < 1 || c.MaxKeySize > 4096 {
-		bad("max_key_size %d: must be in [1, 4096]", c.MaxKeySize)
+	if c.MaxKeySize < 1 || c.MaxKeySize > cache.MaxKeyBytesBound {
+		bad("max_key_size %d: must be in [1, %d]", c.MaxKeySize, cache.MaxKeyBytesBound)
 	}
 	if c.MaxValueSize < 1 {
 		bad("max_value_size %d: must be positive", c.MaxValueSize)
@@ -366,8 +368,8 @@ func (c Config) Validate() error {
 	if c.MaxValueSize > c.DRAMCapacity && c.DRAMCapacity > 0 {
 		bad("max_value_size %s exceeds dram_capacity %s", units.FormatBytes(c.MaxValueSize), units.FormatBytes(c.DRAMCapacity))
 	}
-	if c.MaxBatch < 1 || c.MaxBatch > 1<<20 {
-		bad("max_batch %d: must be between 1 and 1048576 (the longest list the decoders accept)", c.MaxBatch)
+	if c.MaxBatch < 1 || c.MaxBatch > cache.MaxBatchBound {
+		bad("max_batch %d: must be between 1 and %d (the longest list the decoders accept)", c.MaxBatch, cache.MaxBatchBound)
 	}
 	if c.MaxRequestSize < c.MaxValueSize+64<<10 {
 		bad("max_request_size %s: must exceed max_value_size by at least 64KiB", units.FormatBytes(c.MaxRequestSize))

@@ -104,9 +104,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 
 	pcfg := proxy.DefaultConfig()
 	pcfg.NodeID = cfg.NodeID
-	pcfg.MaxKeyBytes = cfg.MaxKeySize
-	pcfg.MaxValueBytes = cfg.MaxValueSize
-	pcfg.MaxBatch = cfg.MaxBatch
+	pcfg.Limits = cfg.limits()
 	pcfg.Namespaces = cfg.Namespaces
 	pcfg.MaxNamespaces = cfg.MaxNamespaces
 	p, err := proxy.New(pcfg, store, lg.Named("proxy"))
