@@ -19,9 +19,12 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/engineapi"
+	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 )
 
 // Config is every setting of `tidepool serve`. Each field is one setting,
@@ -284,43 +287,47 @@ func defaultDRAMCapacity() int64 {
 	return c
 }
 
-// DefaultConfig returns the embedded defaults.
+// DefaultConfig returns the embedded defaults. A setting that configures
+// one component takes that component's default, so each default is
+// written once (in the component).
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
+	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
+	rc := proxy.DefaultRouteConfig()
 	return Config{
 		Socket:         defaultSocket(),
 		SocketMode:     0o600,
 		DataDir:        defaultDataDir(),
 		ArenaDir:       defaultArenaDir(defaultSocket()),
 		DRAMCapacity:   defaultDRAMCapacity(),
-		ArenaSize:      256 << 20,
+		ArenaSize:      dc.ArenaSize,
 		MaxKeySize:     cache.DefaultMaxKeyBytes,
 		MaxValueSize:   cache.DefaultMaxValueBytes,
 		MaxBatch:       cache.DefaultMaxBatch,
-		MaxRequestSize: 256 << 20,
-		EngineMaxConns: 1024,
-		EngineIdle:     10 * time.Minute,
+		MaxRequestSize: int64(ec.MaxRequestBytes),
+		EngineMaxConns: ec.MaxConnections,
+		EngineIdle:     ec.IdleTimeout,
 		MaxNamespaces:  proxy.DefaultConfig().MaxNamespaces,
-		LeaseTimeout:   5 * time.Second,
+		LeaseTimeout:   dc.LeaseTimeout,
 		EvictionPolicy: "prefix",
 		MetricsAddr:    "127.0.0.1:9464",
 		LogLevel:       "info",
 		LogFormat:      "console",
 		NodeID:         host,
 		Replicas:       1,
-		DrainTimeout:   10 * time.Second,
-		PeerMaxConns:   1024,
-		PeerIdleTime:   5 * time.Minute,
+		DrainTimeout:   ec.DrainTimeout,
+		PeerMaxConns:   pc.MaxConns,
+		PeerIdleTime:   pc.IdleTimeout,
 
-		RemoteTimeout:     500 * time.Millisecond,
-		PeerDownFor:       2 * time.Second,
-		RebalanceRate:     64 << 20,
-		RebalanceDelay:    2 * time.Second,
-		RebalanceMaxBytes: 1 << 30,
-		HotThreshold:      3,
-		HotWindow:         time.Minute,
-		HotTTL:            10 * time.Minute,
-		HotMaxReplicas:    256,
+		RemoteTimeout:     rc.RemoteTimeout,
+		PeerDownFor:       rc.PeerDownFor,
+		RebalanceRate:     rc.RebalanceRate,
+		RebalanceDelay:    rc.RebalanceDelay,
+		RebalanceMaxBytes: rc.RebalanceMaxBytes,
+		HotThreshold:      rc.HotThreshold,
+		HotWindow:         rc.HotWindow,
+		HotTTL:            rc.HotTTL,
+		HotMaxReplicas:    rc.HotMaxReplicas,
 
 		SSDCapacity:      16 << 30,
 		SSDMinFree:       1 << 30,
