@@ -167,7 +167,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		zap.String("dram_capacity", units.FormatBytes(cfg.DRAMCapacity)),
 		zap.String("metrics", metricsURL),
 		zap.String("node_name", cfg.NodeID))
-	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", version, cfg.Socket, metricsURL)
+	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", buildVersion(), cfg.Socket, metricsURL)
 	reportRecovery(store, lg, stdout)
 
 	select {
