@@ -17,6 +17,12 @@ GO_TEST_FLAGS ?=
 # Every other package (new ones included) is tested with -race.
 NORACE := cache/ssd cmd/tidepool
 
+# Linters, pinned: `make deps` installs each once into bin/tools/<name>-<version>/
+# (go install through the module proxy; go.sum-style checks via sum.golang.org).
+# staticcheck v0.8.x (2026.1) is the first release that supports Go 1.26.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := bin/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+
 # Deferred (=) so that only targets that use them run `go list`.
 MODULE = $(shell $(GO) list -m)
 ALL_PKGS = $(shell $(GO) list -e ./...)
@@ -24,15 +30,25 @@ NORACE_PATTERNS = $(foreach n,$(NORACE),$(MODULE)/$(n) $(MODULE)/$(n)/%)
 NORACE_PKGS = $(filter $(NORACE_PATTERNS),$(ALL_PKGS))
 RACE_PKGS = $(filter-out $(NORACE_PATTERNS),$(ALL_PKGS))
 
-.PHONY: deps build run test test-go test-python bench fmt-check list-pkgs clean
+.PHONY: deps tools build run test test-go test-python bench fmt-check lint tidy-check list-pkgs clean
 
 deps:
 	scripts/install-deps.sh
 	$(GO) mod download
+	$(MAKE) --no-print-directory tools
+
+tools: $(STATICCHECK)
+
+$(STATICCHECK):
+	GOBIN="$(CURDIR)/$(@D)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+# The version `tidepool version` and Hello report: `git describe` of the
+# checkout; without git, the binary falls back to its build information.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
 build:
 	mkdir -p bin
-	$(GO) build -o $(BIN) ./cmd/tidepool
+	$(GO) build -ldflags '$(if $(VERSION),-X main.version=$(VERSION))' -o $(BIN) ./cmd/tidepool
 
 # Single node on the embedded defaults (socket path printed at start).
 run: deps build
@@ -43,7 +59,10 @@ run: deps build
 test: deps
 	rc=0
 	scripts/gen-idl.sh --check || rc=1
+	$(MAKE) --no-print-directory fmt-check || rc=1
+	$(MAKE) --no-print-directory tidy-check || rc=1
 	$(GO) vet ./... || rc=1
+	$(MAKE) --no-print-directory lint || rc=1
 	$(MAKE) --no-print-directory test-go || rc=1
 	scripts/test-python.sh || rc=1
 	scripts/test-python-client.sh || rc=1
@@ -85,6 +104,21 @@ fmt-check:
 		echo "gofmt: these files need formatting:"; echo "$$bad"; exit 1
 	fi
 	echo "gofmt: ok"
+
+# staticcheck's default checks over the whole tree (generated code included),
+# and vet of the research code, which builds only with its tag
+# (research/issue5: experiments on cache/evict and its simulator).
+lint: $(STATICCHECK)
+	@rc=0
+	echo "== staticcheck $(STATICCHECK_VERSION)"
+	$(STATICCHECK) ./... || rc=1
+	echo "== go vet -tags research"
+	$(GO) vet -tags research ./... || rc=1
+	exit $$rc
+
+# go.mod and go.sum are exactly what `go mod tidy` writes (prints the diff).
+tidy-check:
+	@if $(GO) mod tidy -diff; then echo "go mod tidy: ok"; else echo "go mod tidy: go.mod/go.sum are not tidy (run go mod tidy)"; exit 1; fi
 
 list-pkgs:
 	@echo "race:   $(RACE_PKGS)"

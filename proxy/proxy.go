@@ -80,15 +80,10 @@ type MemberInfo struct {
 type Config struct {
 	// NodeID names this sidecar in responses. Default: the host name.
 	NodeID string
-	// MaxKeyBytes is the longest block key accepted. Default 128.
-	MaxKeyBytes int
-	// MaxValueBytes is the largest block value accepted. Default 64 MiB.
-	MaxValueBytes int64
-	// MaxBatch is the most items in one batch call (and keys in a Lookup).
-	// Default 1024.
-	MaxBatch int
-	// MaxNamespaceBytes is the longest namespace name accepted. Default 256.
-	MaxNamespaceBytes int
+	// Limits bounds keys, values, namespace names and batches (see
+	// cache.Limits for each field's range and default); requests beyond
+	// them are refused before anything is allocated or stored.
+	cache.Limits
 	// Namespaces, when not empty, is the allow-list of namespaces; any other
 	// is refused with ErrUnknownNamespace. Empty: namespaces are created on
 	// first put.
@@ -101,28 +96,16 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{
-		MaxKeyBytes:       128,
-		MaxValueBytes:     64 << 20,
-		MaxBatch:          1024,
-		MaxNamespaceBytes: 256,
-		MaxNamespaces:     64,
+		Limits:        cache.DefaultLimits(),
+		MaxNamespaces: 64,
 	}
 }
 
 // Validate reports every problem with c at once.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MaxKeyBytes <= 0 || c.MaxKeyBytes > 4096 {
-		errs = append(errs, fmt.Errorf("max key bytes %d: must be in [1, 4096]", c.MaxKeyBytes))
-	}
-	if c.MaxValueBytes <= 0 || c.MaxValueBytes > 2<<30 {
-		errs = append(errs, fmt.Errorf("max value bytes %d: must be in [1, 2GiB]", c.MaxValueBytes))
-	}
-	if c.MaxBatch <= 0 {
-		errs = append(errs, fmt.Errorf("max batch %d: must be positive", c.MaxBatch))
-	}
-	if c.MaxNamespaceBytes <= 0 {
-		errs = append(errs, fmt.Errorf("max namespace bytes %d: must be positive", c.MaxNamespaceBytes))
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxNamespaces <= 0 {
 		errs = append(errs, fmt.Errorf("max namespaces %d: must be positive", c.MaxNamespaces))

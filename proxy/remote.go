@@ -127,8 +127,12 @@ type RouteConfig struct {
 	HotTTL time.Duration
 	// HotMaxReplicas bounds the live hot replicas. Default 256.
 	HotMaxReplicas int
-	// HotMaxBytes bounds their bytes. Default 1 GiB.
+	// HotMaxBytes bounds their bytes. Default: a sixteenth of DRAMBytes
+	// (at least 1), or 1 GiB when DRAMBytes is 0.
 	HotMaxBytes int64
+	// DRAMBytes is the capacity of this node's DRAM tier, from which
+	// HotMaxBytes takes its default; 0: unknown.
+	DRAMBytes int64
 	// HotTracked bounds the blocks whose fetches are counted in one window
 	// (memory bound). Default 65536.
 	HotTracked int
@@ -137,14 +141,15 @@ type RouteConfig struct {
 	Clock clock.Clock
 }
 
-// DefaultRouteConfig returns the defaults documented on RouteConfig.
+// DefaultRouteConfig returns the defaults documented on RouteConfig
+// (HotMaxBytes stays 0: withDefaults derives it from DRAMBytes).
 func DefaultRouteConfig() RouteConfig {
 	return RouteConfig{
 		FetchTimeout: 5 * time.Second, RemoteTimeout: 500 * time.Millisecond, PeerDownFor: 2 * time.Second,
 		PushQueue: 1024, PushWorkers: 4,
 		RebalanceRate: 64 << 20, RebalanceDelay: 2 * time.Second, RebalanceMaxBytes: 1 << 30,
 		HotThreshold: 3, HotWindow: time.Minute, HotTTL: 10 * time.Minute, HotMaxReplicas: 256,
-		HotMaxBytes: 1 << 30, HotTracked: 65536,
+		HotTracked: 65536,
 	}
 }
 
@@ -180,7 +185,12 @@ func (c RouteConfig) withDefaults() RouteConfig {
 		c.HotMaxReplicas = d.HotMaxReplicas
 	}
 	if c.HotMaxBytes == 0 {
-		c.HotMaxBytes = d.HotMaxBytes
+		// Hot replicas compete with owned blocks for DRAM: the default
+		// is a small share of it (the one place this default is decided).
+		c.HotMaxBytes = 1 << 30
+		if c.DRAMBytes > 0 {
+			c.HotMaxBytes = max(c.DRAMBytes/16, 1)
+		}
 	}
 	if c.HotTracked == 0 {
 		c.HotTracked = d.HotTracked
@@ -202,7 +212,7 @@ func (c RouteConfig) Validate() error {
 		{"FetchTimeout", int64(c.FetchTimeout)}, {"RemoteTimeout", int64(c.RemoteTimeout)}, {"PeerDownFor", int64(c.PeerDownFor)}, {"PushQueue", int64(c.PushQueue)}, {"PushWorkers", int64(c.PushWorkers)},
 		{"RebalanceRate", c.RebalanceRate}, {"RebalanceDelay", int64(c.RebalanceDelay)}, {"RebalanceMaxBytes", c.RebalanceMaxBytes},
 		{"HotThreshold", int64(c.HotThreshold)}, {"HotWindow", int64(c.HotWindow)}, {"HotTTL", int64(c.HotTTL)},
-		{"HotMaxReplicas", int64(c.HotMaxReplicas)}, {"HotMaxBytes", c.HotMaxBytes}, {"HotTracked", int64(c.HotTracked)},
+		{"HotMaxReplicas", int64(c.HotMaxReplicas)}, {"HotMaxBytes", c.HotMaxBytes}, {"DRAMBytes", c.DRAMBytes}, {"HotTracked", int64(c.HotTracked)},
 	} {
 		if f.v < 0 {
 			errs = append(errs, fmt.Errorf("proxy: route %s is negative", f.name))

@@ -132,9 +132,12 @@ type Config struct {
 	// (default 256 MiB, capped at Capacity).
 	ArenaSize int64
 	// MaxValueSize is the largest value accepted, in bytes; at most ArenaSize
-	// (default 64 MiB).
+	// (default cache.DefaultMaxValueBytes, 64 MiB). A store behind the
+	// proxy gets the proxy's cache.Limits.MaxValueBytes.
 	MaxValueSize int64
-	// MaxKeySize is the largest key accepted, in bytes (default 128).
+	// MaxKeySize is the largest key accepted, in bytes (default
+	// cache.DefaultMaxKeyBytes, 128; the proxy's cache.Limits.MaxKeyBytes
+	// behind the proxy).
 	MaxKeySize int
 	// LeaseTimeout bounds how long a read may pin a block: Get pins for this
 	// long, Acquire with lease ≤ 0 too (default 5s).
@@ -167,8 +170,8 @@ func DefaultConfig() Config {
 		Dir:          "/dev/shm/tidepool",
 		Capacity:     1 << 30,
 		ArenaSize:    256 << 20,
-		MaxValueSize: 64 << 20,
-		MaxKeySize:   128,
+		MaxValueSize: cache.DefaultMaxValueBytes,
+		MaxKeySize:   cache.DefaultMaxKeyBytes,
 		LeaseTimeout: 5 * time.Second,
 		MaxLease:     time.Minute,
 		Policy:       evict.NewLRU,

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache/evict"
-	"github.com/tidepool-kv/tidepool/internal/sim"
+	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 )
 

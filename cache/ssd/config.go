@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/internal/clock"
 )
@@ -19,12 +20,16 @@ type Config struct {
 	// Disk usage can exceed it by the garbage RocksDB has not reclaimed yet
 	// (see docs/ssd.md). Default 64 GiB.
 	Capacity int64
-	// MaxValueSize is the largest value accepted, in bytes. Default 64 MiB.
+	// MaxValueSize is the largest value accepted, in bytes. Default
+	// cache.DefaultMaxValueBytes (64 MiB). A store behind the proxy gets
+	// the proxy's cache.Limits (MaxValueBytes, MaxKeyBytes,
+	// MaxNamespaceBytes) for this field and the next two.
 	MaxValueSize int64
-	// MaxKeySize is the largest key accepted, in bytes. Default 128.
+	// MaxKeySize is the largest key accepted, in bytes. Default
+	// cache.DefaultMaxKeyBytes (128).
 	MaxKeySize int
 	// MaxNamespaceSize is the longest namespace accepted, in bytes.
-	// Default 255.
+	// Default cache.DefaultMaxNamespaceBytes (256, as the proxy).
 	MaxNamespaceSize int
 
 	// WriteBufferSize is the size of one memtable of the data family, in
@@ -79,9 +84,9 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Capacity:         64 << 30,
-		MaxValueSize:     64 << 20,
-		MaxKeySize:       128,
-		MaxNamespaceSize: 255,
+		MaxValueSize:     cache.DefaultMaxValueBytes,
+		MaxKeySize:       cache.DefaultMaxKeyBytes,
+		MaxNamespaceSize: cache.DefaultMaxNamespaceBytes,
 		WriteBufferSize:  32 << 20,
 		MaxWriteBuffers:  4,
 		MinBlobSize:      4 << 10,

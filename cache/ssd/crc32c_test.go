@@ -22,9 +22,7 @@ func TestRocksCRCExtend(t *testing.T) {
 	for n := 0; n <= 3*256*2+17; n++ {
 		lengths = append(lengths, n)
 	}
-	for _, n := range []int{3*4096 - 1, 3 * 4096, 3*4096 + 1, 3*4096 + 3*256 + 9, 2 * 3 * 4096, len(buf) - 8} {
-		lengths = append(lengths, n)
-	}
+	lengths = append(lengths, 3*4096-1, 3*4096, 3*4096+1, 3*4096+3*256+9, 2*3*4096, len(buf)-8)
 	for _, init := range []uint32{0, 0xffffffff, 0x1234abcd} {
 		for off := 0; off < 8; off++ {
 			for _, n := range lengths {

@@ -97,8 +97,12 @@ func openStore(cfg *Config) (_ *store, err error) {
 	// Flushes of a full memtable all have the same reason, so concurrent
 	// atomic flushes do not meet the RocksDB 7.8 assertion described at
 	// store.flush.
+	// The two setters are deprecated in favour of max_background_jobs,
+	// which would bring back RocksDB's own split.
 	flushes := max(1, cfg.BackgroundJobs/2)
+	//lint:ignore SA1019 the split is deliberate, see above
 	s.opts.SetMaxBackgroundFlushes(flushes)
+	//lint:ignore SA1019 the split is deliberate, see above
 	s.opts.SetMaxBackgroundCompactions(max(1, cfg.BackgroundJobs-flushes))
 	s.opts.SetBytesPerSync(1 << 20)
 	s.opts.SetWALBytesPerSync(1 << 20)

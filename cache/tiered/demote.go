@@ -28,7 +28,6 @@ type item struct {
 // the queue unless the SSD already holds it or the queue is full.
 func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	fk := fkey(ns, key)
-	s.untrack(fk)
 	if s.ssd == nil {
 		return
 	}
@@ -135,7 +134,10 @@ func (s *Store) cancel(fn func(fk string, it *item) bool) int {
 // drain waits until the queue is empty or deadline passes.
 func (s *Store) drain(deadline time.Time) {
 	t := time.AfterFunc(time.Until(deadline), func() {
+		// Taking qmu orders this wake-up after a waiter that checked
+		// the condition is parked in Wait, so the broadcast is not lost.
 		s.qmu.Lock()
+		//lint:ignore SA2001 the empty critical section is the point
 		s.qmu.Unlock()
 		s.qcond.Broadcast()
 	})
@@ -171,7 +173,10 @@ func (s *Store) stopWriter() {
 // written or failed), or ctx ends.
 func (s *Store) WaitIdle(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() {
+		// Taking qmu orders this wake-up after a waiter that checked
+		// the condition is parked in Wait, so the broadcast is not lost.
 		s.qmu.Lock()
+		//lint:ignore SA2001 the empty critical section is the point
 		s.qmu.Unlock()
 		s.qcond.Broadcast()
 	})
@@ -277,11 +282,9 @@ func (s *Store) promote(ctx context.Context, ns string, key, v []byte, info cach
 		return
 	}
 	opts := cache.PutOptions{Depth: info.Depth}
-	s.track(ns, key, opts)
 	existed, err := s.dram.Promote(ctx, ns, key, v, opts)
 	switch {
 	case err != nil:
-		s.untrack(fkey(ns, key))
 		if !errors.Is(err, cache.ErrNoSpace) && !errors.Is(err, cache.ErrClosed) {
 			s.lg.Debug("promotion failed", zap.Error(err))
 		}

@@ -38,8 +38,8 @@
 //
 // # Locks
 //
-// Lock order: dram's evictMu → qmu; demoteMu → (ssd's locks); fmu and kmu
-// are leaves. OnEvict runs under dram's evictMu and takes only qmu and the
+// Lock order: dram's evictMu → qmu; demoteMu → (ssd's locks); fmu is a
+// leaf. OnEvict runs under dram's evictMu and takes only qmu and the
 // SSD tier's index lock (ssd.Stat); it never calls into the DRAM tier.
 // demoteMu is held by the writer across "check the item is still wanted,
 // write it to SSD" and by Delete and Clear around their SSD delete, so that
@@ -199,11 +199,6 @@ type Store struct {
 	writerWG  sync.WaitGroup
 	hookWrite func() // test seam: called by the writer before each SSD write
 
-	// Keys believed to be in DRAM, for the spill at Close (dram has no
-	// iterator). Entries may be stale; the spill re-checks.
-	kmu  sync.Mutex
-	keys map[string]keyRef
-
 	// Read flights: concurrent misses of one key share one SSD read.
 	fmu     sync.Mutex
 	flights map[string]*flight
@@ -240,13 +235,6 @@ func nsCount(m *sync.Map, ns string) int64 {
 	return 0
 }
 
-type keyRef struct {
-	ns    string
-	key   string
-	depth int32
-	low   bool
-}
-
 // fkey is the map key of (ns, key): uvarint(len(ns)) ‖ ns ‖ key.
 func fkey(ns string, key []byte) string {
 	b := make([]byte, 0, binary.MaxVarintLen64+len(ns)+len(key))
@@ -270,7 +258,6 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 		cfg:     cfg,
 		lg:      lg.Named("cache.tiered"),
 		pending: make(map[string]*item),
-		keys:    make(map[string]keyRef),
 		flights: make(map[string]*flight),
 		stop:    make(chan struct{}),
 	}
@@ -314,24 +301,6 @@ func (s *Store) DRAM() *dram.Tier { return s.dram }
 // SSD returns the SSD tier, or nil when the store runs DRAM only.
 func (s *Store) SSD() *ssd.Tier { return s.ssd }
 
-func (s *Store) track(ns string, key []byte, opts cache.PutOptions) {
-	if s.ssd == nil {
-		return
-	}
-	s.kmu.Lock()
-	s.keys[fkey(ns, key)] = keyRef{ns: ns, key: string(key), depth: opts.Depth, low: opts.LowPriority}
-	s.kmu.Unlock()
-}
-
-func (s *Store) untrack(fk string) {
-	if s.ssd == nil {
-		return
-	}
-	s.kmu.Lock()
-	delete(s.keys, fk)
-	s.kmu.Unlock()
-}
-
 // ErrNotDurable is returned (it matches cache.ErrUnavailable) for a
 // durable put on a store without an SSD tier.
 var ErrNotDurable = fmt.Errorf("%w: tiered: no ssd tier, a durable put cannot be made durable", cache.ErrUnavailable)
@@ -365,9 +334,7 @@ func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cach
 		if sExisted {
 			return true, nil
 		}
-		s.track(ns, key, opts)
 		if _, err := s.dram.Put(ctx, ns, key, value, opts); err != nil {
-			s.untrack(fk)
 			nsCounter(&s.nsSSDPuts, ns).Add(1)
 			s.lg.Debug("durable put kept in ssd only", zap.Error(err))
 		}
@@ -382,10 +349,8 @@ func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	if queued {
 		return true, nil
 	}
-	s.track(ns, key, opts)
 	existed, err = s.dram.Put(ctx, ns, key, value, opts)
 	if err != nil {
-		s.untrack(fk)
 		if errors.Is(err, cache.ErrNoSpace) {
 			// DRAM is pinned full: the block can still be cached below.
 			existed, err = s.ssd.Put(ctx, ns, key, value, opts)
@@ -467,7 +432,6 @@ func (s *Store) Delete(ctx context.Context, ns string, key []byte) (bool, error)
 	}
 	fk := fkey(ns, key)
 	queued := s.cancel(func(k string, _ *item) bool { return k == fk })
-	s.untrack(fk)
 	d, err := s.dram.Delete(ctx, ns, key)
 	if err != nil {
 		return d, err
@@ -488,13 +452,6 @@ func (s *Store) Clear(ctx context.Context, ns string) (int64, error) {
 		return s.dram.Clear(ctx, ns)
 	}
 	queued := s.cancel(func(_ string, it *item) bool { return it.ns == ns })
-	s.kmu.Lock()
-	for k, r := range s.keys {
-		if r.ns == ns {
-			delete(s.keys, k)
-		}
-	}
-	s.kmu.Unlock()
 	n, err := s.dram.Clear(ctx, ns)
 	if err != nil {
 		return n, err
@@ -662,14 +619,15 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
-// spill copies DRAM blocks the SSD lacks into SSD until deadline.
+// spill copies DRAM blocks the SSD lacks into SSD until deadline. The
+// blocks are listed by dram.Scan once the writers have stopped; each is
+// re-checked, since it may have left DRAM since.
 func (s *Store) spill(deadline time.Time) {
-	s.kmu.Lock()
-	refs := make([]keyRef, 0, len(s.keys))
-	for _, r := range s.keys {
+	var refs []dram.BlockRef
+	s.dram.Scan(func(r dram.BlockRef) bool {
 		refs = append(refs, r)
-	}
-	s.kmu.Unlock()
+		return true
+	})
 	ctx := context.Background()
 	var buf []byte
 	for i, r := range refs {
@@ -678,16 +636,16 @@ func (s *Store) spill(deadline time.Time) {
 			s.lg.Warn("stop spill timed out", zap.Int("left", len(refs)-i))
 			return
 		}
-		key := []byte(r.key)
-		if _, ok := s.ssd.Stat(ctx, r.ns, key); ok {
+		ns, key := r.Namespace, r.Key
+		if _, ok := s.ssd.Stat(ctx, ns, key); ok {
 			continue
 		}
-		v, _, err := s.dram.Get(ctx, r.ns, key, buf)
+		v, _, err := s.dram.Get(ctx, ns, key, buf)
 		if err != nil {
 			continue // evicted or deleted since: nothing to spill
 		}
 		buf = v
-		if _, err := s.ssd.Put(ctx, r.ns, key, v, cache.PutOptions{Depth: r.depth, LowPriority: r.low}); err != nil {
+		if _, err := s.ssd.Put(ctx, ns, key, v, cache.PutOptions{Depth: r.Depth, LowPriority: r.LowPriority}); err != nil {
 			s.spillMissed.Add(1)
 			continue
 		}

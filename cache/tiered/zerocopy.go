@@ -26,7 +26,6 @@ func (s *Store) Reserve(ctx context.Context, ns string, key []byte, size int64, 
 			return nil, cache.ErrExists
 		}
 	}
-	s.track(ns, key, opts)
 	return s.dram.Reserve(ctx, ns, key, size, opts, ttl)
 }
 

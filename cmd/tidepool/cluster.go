@@ -118,7 +118,10 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	tcfg.Key = akey
 	tcfg.MaxConns = cfg.PeerMaxConns
 	tcfg.IdleTimeout = cfg.PeerIdleTime
-	if n.tr, err = tcp.New(tcfg, lg.Named("rdma")); err != nil {
+	// Components that name their own logger (rdma/tcp, cluster, the cache
+	// tiers) get lg as it is; naming it here too doubled the name
+	// ("rdma.rdma.tcp", "cluster.cluster").
+	if n.tr, err = tcp.New(tcfg, lg); err != nil {
 		return nil, fmt.Errorf("transfer_addr: %w", err)
 	}
 	if n.regions, err = peerapi.RegisterArenas(n.tr, peerapi.TierArenaMems(store.DRAM())); err != nil {
@@ -190,7 +193,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	if ph, th := hostFor(pln.Addr(), ""), hostFor(mustAddr(n.tr.Addr()), ""); ph != "" && th != "" {
 		ccfg.Meta.PeerAddr, ccfg.Meta.TransferAddr = announce("")
 	}
-	if n.c, err = cluster.New(ccfg, lg.Named("cluster")); err != nil {
+	if n.c, err = cluster.New(ccfg, lg); err != nil {
 		return nil, err
 	}
 	if err := n.c.Start(ctx); err != nil {
@@ -226,10 +229,8 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	rcfg.RemoteTimeout, rcfg.PeerDownFor = cfg.RemoteTimeout, cfg.PeerDownFor
 	rcfg.RebalanceRate, rcfg.RebalanceDelay, rcfg.RebalanceMaxBytes = cfg.RebalanceRate, cfg.RebalanceDelay, cfg.RebalanceMaxBytes
 	rcfg.HotThreshold, rcfg.HotWindow, rcfg.HotTTL = cfg.HotThreshold, cfg.HotWindow, cfg.HotTTL
-	rcfg.HotMaxReplicas, rcfg.HotMaxBytes = cfg.HotMaxReplicas, cfg.HotMaxBytes
-	if rcfg.HotMaxBytes == 0 {
-		rcfg.HotMaxBytes = max(cfg.DRAMCapacity/16, 1)
-	}
+	rcfg.HotMaxReplicas, rcfg.HotMaxBytes = cfg.HotMaxReplicas, cfg.HotMaxBytes // 0: derived from DRAMBytes
+	rcfg.DRAMBytes = cfg.DRAMCapacity
 	if err := p.AttachCluster(n.view, n.pcli, rcfg); err != nil {
 		return nil, err
 	}

@@ -18,8 +18,13 @@ import (
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/internal/units"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/engineapi"
+	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 )
 
 // Config is every setting of `tidepool serve`. Each field is one setting,
@@ -282,43 +287,47 @@ func defaultDRAMCapacity() int64 {
 	return c
 }
 
-// DefaultConfig returns the embedded defaults.
+// DefaultConfig returns the embedded defaults. A setting that configures
+// one component takes that component's default, so each default is
+// written once (in the component).
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
+	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
+	rc := proxy.DefaultRouteConfig()
 	return Config{
 		Socket:         defaultSocket(),
 		SocketMode:     0o600,
 		DataDir:        defaultDataDir(),
 		ArenaDir:       defaultArenaDir(defaultSocket()),
 		DRAMCapacity:   defaultDRAMCapacity(),
-		ArenaSize:      256 << 20,
-		MaxKeySize:     128,
-		MaxValueSize:   64 << 20,
-		MaxBatch:       1024,
-		MaxRequestSize: 256 << 20,
-		EngineMaxConns: 1024,
-		EngineIdle:     10 * time.Minute,
-		MaxNamespaces:  64,
-		LeaseTimeout:   5 * time.Second,
+		ArenaSize:      dc.ArenaSize,
+		MaxKeySize:     cache.DefaultMaxKeyBytes,
+		MaxValueSize:   cache.DefaultMaxValueBytes,
+		MaxBatch:       cache.DefaultMaxBatch,
+		MaxRequestSize: int64(ec.MaxRequestBytes),
+		EngineMaxConns: ec.MaxConnections,
+		EngineIdle:     ec.IdleTimeout,
+		MaxNamespaces:  proxy.DefaultConfig().MaxNamespaces,
+		LeaseTimeout:   dc.LeaseTimeout,
 		EvictionPolicy: "prefix",
 		MetricsAddr:    "127.0.0.1:9464",
 		LogLevel:       "info",
 		LogFormat:      "console",
 		NodeID:         host,
 		Replicas:       1,
-		DrainTimeout:   10 * time.Second,
-		PeerMaxConns:   1024,
-		PeerIdleTime:   5 * time.Minute,
+		DrainTimeout:   ec.DrainTimeout,
+		PeerMaxConns:   pc.MaxConns,
+		PeerIdleTime:   pc.IdleTimeout,
 
-		RemoteTimeout:     500 * time.Millisecond,
-		PeerDownFor:       2 * time.Second,
-		RebalanceRate:     64 << 20,
-		RebalanceDelay:    2 * time.Second,
-		RebalanceMaxBytes: 1 << 30,
-		HotThreshold:      3,
-		HotWindow:         time.Minute,
-		HotTTL:            10 * time.Minute,
-		HotMaxReplicas:    256,
+		RemoteTimeout:     rc.RemoteTimeout,
+		PeerDownFor:       rc.PeerDownFor,
+		RebalanceRate:     rc.RebalanceRate,
+		RebalanceDelay:    rc.RebalanceDelay,
+		RebalanceMaxBytes: rc.RebalanceMaxBytes,
+		HotThreshold:      rc.HotThreshold,
+		HotWindow:         rc.HotWindow,
+		HotTTL:            rc.HotTTL,
+		HotMaxReplicas:    rc.HotMaxReplicas,
 
 		SSDCapacity:      16 << 30,
 		SSDMinFree:       1 << 30,
@@ -357,8 +366,8 @@ func (c Config) Validate() error {
 	if c.ArenaSize < 1<<20 {
 		bad("arena_size %s: at least 1MiB", units.FormatBytes(c.ArenaSize))
 	}
-	if c.MaxKeySize < 1 || c.MaxKeySize > 4096 {
-		bad("max_key_size %d: must be in [1, 4096]", c.MaxKeySize)
+	if c.MaxKeySize < 1 || c.MaxKeySize > cache.MaxKeyBytesBound {
+		bad("max_key_size %d: must be in [1, %d]", c.MaxKeySize, cache.MaxKeyBytesBound)
 	}
 	if c.MaxValueSize < 1 {
 		bad("max_value_size %d: must be positive", c.MaxValueSize)
@@ -366,8 +375,8 @@ func (c Config) Validate() error {
 	if c.MaxValueSize > c.DRAMCapacity && c.DRAMCapacity > 0 {
 		bad("max_value_size %s exceeds dram_capacity %s", units.FormatBytes(c.MaxValueSize), units.FormatBytes(c.DRAMCapacity))
 	}
-	if c.MaxBatch < 1 || c.MaxBatch > 1<<20 {
-		bad("max_batch %d: must be between 1 and 1048576 (the longest list the decoders accept)", c.MaxBatch)
+	if c.MaxBatch < 1 || c.MaxBatch > cache.MaxBatchBound {
+		bad("max_batch %d: must be between 1 and %d (the longest list the decoders accept)", c.MaxBatch, cache.MaxBatchBound)
 	}
 	if c.MaxRequestSize < c.MaxValueSize+64<<10 {
 		bad("max_request_size %s: must exceed max_value_size by at least 64KiB", units.FormatBytes(c.MaxRequestSize))

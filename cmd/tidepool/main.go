@@ -16,10 +16,50 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "0.1.0-dev"
+// version is set at build time by `make build` (-ldflags
+// "-X main.version=..."); a plain `go build` leaves it empty and
+// buildVersion falls back to the module's build information.
+var version string
+
+// fallbackVersion is reported when neither -ldflags nor the build
+// information name a version.
+const fallbackVersion = "0.1.0-dev"
+
+// buildVersion is the version this binary reports, in `tidepool version`
+// and as the build string of Hello: the -ldflags value; else the main
+// module's version from the build information (a tag or pseudo-version
+// when built as a module or with VCS stamping); else fallbackVersion, with
+// the VCS revision when the build recorded one.
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return fallbackVersion
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "-dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return fallbackVersion
+	}
+	return fallbackVersion + "+" + rev[:min(12, len(rev))] + dirty
+}
 
 const usage = `tidepool: a KV-cache sidecar for LLM inference pods
 
@@ -66,7 +106,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "replay":
 		return cmdReplay(rest, stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintf(stdout, "tidepool %s (%s)\n", version, goVersion)
+		fmt.Fprintf(stdout, "tidepool %s (%s)\n", buildVersion(), goVersion)
 		return 0
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)

@@ -20,9 +20,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/client"
 	"github.com/tidepool-kv/tidepool/internal/replay"
-	"github.com/tidepool-kv/tidepool/internal/sim"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/protocol"
@@ -46,7 +46,7 @@ With --nodes, replay starts that many local sidecars itself (this binary's
 "serve", DRAM tier only) with capacity = capacity-tokens / block-tokens blocks
 of --block-bytes each, and stops them at the end; lists in --capacity-tokens
 and --policy sweep every combination (fresh sidecars each). --sim runs the
-same sweep in the offline simulator (internal/sim) instead: much faster,
+same sweep in the offline simulator (cache/evict/sim) instead: much faster,
 labelled "simulated".
 
 flags:
@@ -419,7 +419,7 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&f.loadSlack, "load-slack", 0.25, "prefix routing load band: a node this fraction above the mean request count gets no request, one this far below gets the next")
 	fs.Float64Var(&f.speed, "speed", 0, "honour timestamps, scaled: 1 real time, 10 ten times faster; 0 ignores them")
 	fs.BoolVar(&f.noFetch, "no-fetch", false, "do not read the hit prefix (engines do; reads also tell eviction what was used)")
-	fs.BoolVar(&f.simulate, "sim", false, "run the offline simulator (internal/sim) instead of sidecars; results are labelled simulated")
+	fs.BoolVar(&f.simulate, "sim", false, "run the offline simulator (cache/evict/sim) instead of sidecars; results are labelled simulated")
 	fs.BoolVar(&f.withSim, "with-sim", false, "also run the simulator for every sidecar run (plotted dashed, labelled simulated)")
 	fs.BoolVar(&f.references, "references", false, "with --sim: add the offline optimum (Belady) and the unbounded cache")
 	fs.BoolVar(&f.json, "json", false, "print one JSON object (a {\"runs\": [...]} object for a sweep)")

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache/evict"
-	"github.com/tidepool-kv/tidepool/internal/sim"
+	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 )
 
@@ -72,7 +72,7 @@ func unboundedHits(reqs []trace.Request) (hits, blocks int64) {
 // against real sidecars and checks the measured hit rate against
 // computations done here: exactly for a cache that never evicts (counted
 // directly); for an LRU sidecar whose capacity is exact in blocks, against
-// internal/sim with the same policy and capacity within 0.2 % of the blocks
+// cache/evict/sim with the same policy and capacity within 0.2 % of the blocks
 // (they usually agree exactly, but the sidecar's recency is not strictly
 // sequential: reads reach the policy in per-shard batches, and a block
 // still pinned by a read lease is skipped by eviction); within bounds for

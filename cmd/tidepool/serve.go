@@ -104,9 +104,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 
 	pcfg := proxy.DefaultConfig()
 	pcfg.NodeID = cfg.NodeID
-	pcfg.MaxKeyBytes = cfg.MaxKeySize
-	pcfg.MaxValueBytes = cfg.MaxValueSize
-	pcfg.MaxBatch = cfg.MaxBatch
+	pcfg.Limits = cfg.limits()
 	pcfg.Namespaces = cfg.Namespaces
 	pcfg.MaxNamespaces = cfg.MaxNamespaces
 	p, err := proxy.New(pcfg, store, lg.Named("proxy"))
@@ -146,6 +144,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	scfg.MaxConnections = cfg.EngineMaxConns
 	scfg.IdleTimeout = cfg.EngineIdle
 	scfg.Observer = m.observer()
+	scfg.Build = buildVersion()
 	// The server owns ln from here, also when NewServer fails.
 	srv, err := engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
 	if err != nil {
@@ -168,7 +167,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		zap.String("dram_capacity", units.FormatBytes(cfg.DRAMCapacity)),
 		zap.String("metrics", metricsURL),
 		zap.String("node_name", cfg.NodeID))
-	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", version, cfg.Socket, metricsURL)
+	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", buildVersion(), cfg.Socket, metricsURL)
 	reportRecovery(store, lg, stdout)
 
 	select {

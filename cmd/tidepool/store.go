@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/ssd"
 	"github.com/tidepool-kv/tidepool/cache/tiered"
@@ -21,6 +22,15 @@ import (
 
 // ssdDir is where the SSD tier lives under data_dir.
 func ssdDir(dataDir string) string { return filepath.Join(dataDir, "ssd") }
+
+// limits are the request limits of cfg, built once: the proxy enforces them
+// at the edge and the tiers get the same values. The namespace bound is
+// not a setting and keeps its default.
+func (c Config) limits() cache.Limits {
+	l := cache.DefaultLimits()
+	l.MaxKeyBytes, l.MaxValueBytes, l.MaxBatch = c.MaxKeySize, c.MaxValueSize, c.MaxBatch
+	return l
+}
 
 // openStore builds the block store: the DRAM tier, and the SSD tier under
 // data_dir/ssd unless ssd_capacity is 0, composed by cache/tiered.
@@ -33,8 +43,9 @@ func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
 	tc.DRAM.Dir = cfg.ArenaDir
 	tc.DRAM.Capacity = cfg.DRAMCapacity
 	tc.DRAM.ArenaSize = min(cfg.ArenaSize, cfg.DRAMCapacity)
-	tc.DRAM.MaxValueSize = cfg.MaxValueSize
-	tc.DRAM.MaxKeySize = cfg.MaxKeySize
+	lim := cfg.limits()
+	tc.DRAM.MaxValueSize = lim.MaxValueBytes
+	tc.DRAM.MaxKeySize = lim.MaxKeyBytes
 	tc.DRAM.LeaseTimeout = cfg.LeaseTimeout
 	tc.DRAM.Policy = policies[cfg.EvictionPolicy]
 	tc.QueueBytes = cfg.DemotionQueue
@@ -45,9 +56,9 @@ func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
 		sc := ssd.DefaultConfig()
 		sc.Dir = ssdDir(cfg.DataDir)
 		sc.Capacity = capacity
-		sc.MaxValueSize = cfg.MaxValueSize
-		sc.MaxKeySize = cfg.MaxKeySize
-		sc.MaxNamespaceSize = proxy.DefaultConfig().MaxNamespaceBytes
+		sc.MaxValueSize = lim.MaxValueBytes
+		sc.MaxKeySize = lim.MaxKeyBytes
+		sc.MaxNamespaceSize = lim.MaxNamespaceBytes
 		sc.MinFreeBytes = cfg.SSDMinFree
 		sc.Policy = policies[cfg.EvictionPolicy]
 		tc.SSD = &sc

@@ -44,9 +44,6 @@ const (
 // Ops lists the operations in the order the usage shows them.
 var Ops = []Op{OpPut, OpGet, OpMixed, OpLookup, OpBatchGet}
 
-// reads reports whether op needs the key set prefilled.
-func (o Op) reads() bool { return o != OpPut }
-
 // Engine is what a benchmark calls. Implementations bind the namespace,
 // scope and transfer mode (inline or zero-copy).
 type Engine interface {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tidepool-kv/tidepool/internal/sim"
+	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 )
 

@@ -56,7 +56,8 @@ func TryLock(path string) (*Lock, error) {
 		return nil, fmt.Errorf("safedir: flock %s: %w", path, err)
 	}
 	pid := []byte(strconv.Itoa(os.Getpid()) + "\n")
-	if err := unix.Ftruncate(fd, 0); err == nil {
+	err = unix.Ftruncate(fd, 0)
+	if err == nil {
 		_, err = unix.Pwrite(fd, pid, 0)
 	}
 	if err != nil {

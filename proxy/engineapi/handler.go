@@ -14,9 +14,6 @@ import (
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
-// Build is the build string reported by Hello; cmd sets it at start.
-var Build = "dev"
-
 // scope converts the wire scope; unknown values mean the default.
 func scope(s tp.Scope) proxy.Scope {
 	switch s {
@@ -30,7 +27,8 @@ func scope(s tp.Scope) proxy.Scope {
 
 // handler implements the generated service interface over a proxy.
 type handler struct {
-	p *proxy.Proxy
+	p     *proxy.Proxy
+	build string // Config.Build
 }
 
 var _ tp.Tidepool = (*handler)(nil)
@@ -49,7 +47,7 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 	}
 	resp := &tp.HelloResponse{
 		ServerVersion: protocol.Version,
-		Build:         Build,
+		Build:         h.build,
 		NodeId:        cfg.NodeID,
 		Limits: &tp.Limits{
 			MaxKeyBytes:       int32(cfg.MaxKeyBytes),

@@ -41,6 +41,9 @@ type Config struct {
 	IdleTimeout time.Duration
 	// Observer, if set, sees every call.
 	Observer Observer
+	// Build is the build string Hello reports (cmd passes the binary's
+	// version). Default "dev".
+	Build string
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -104,6 +107,9 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = def.IdleTimeout
 	}
+	if cfg.Build == "" {
+		cfg.Build = "dev"
+	}
 	if lg == nil {
 		lg = zap.NewNop()
 	}
@@ -131,7 +137,7 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		lg:    lg,
 		ln:    fl,
 		conns: conns,
-		svr:   tpsvc.NewServer(&handler{p: p}, opts...),
+		svr:   tpsvc.NewServer(&handler{p: p, build: cfg.Build}, opts...),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
 	}

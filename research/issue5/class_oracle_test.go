@@ -1,3 +1,5 @@
+//go:build research
+
 // Experiment for issue 5 (2026-12-02, third round): how far can a policy
 // get at 3M tokens when it ranks blocks by the trace's own reuse statistics?
 //
@@ -24,10 +26,13 @@
 //
 // Run (about 14 minutes on 2 vCPUs; COFEAT picks features, default all):
 //
-//	cp cache/evict/testdata/experiments/class_oracle_test.go internal/sim/zz_classoracle_test.go
-//	COFEAT=none,len,out,outlen go test -timeout 30m -count=1 -v -run 'TestClassOracle' ./internal/sim/ | grep tokens
-//	rm internal/sim/zz_classoracle_test.go
-package sim
+//	COFEAT=none,len,out,outlen go test -tags research -timeout 30m -count=1 -v -run 'TestClassOracle' ./research/issue5/ | grep tokens
+//
+// Without the research build tag this file is not compiled; `make test`
+// vets it with the tag so that a change to cache/evict or its simulator
+// that breaks it is caught.
+
+package issue5
 
 import (
 	"cmp"
@@ -39,6 +44,7 @@ import (
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 )
 
@@ -308,16 +314,19 @@ func coReplayWith(reqs []trace.Request, capB int, pol evict.Policy, scored func(
 	return float64(hits) / float64(blocks)
 }
 
+// noSkip is a Victim argument that skips nothing.
+func noSkip(uint64) bool { return false }
+
 var coFeatures = strings.Split(cmp.Or(os.Getenv("COFEAT"), "none,depth,tail,len,out,outlen"), ",")
 
 // TestClassOracle: tables fitted on the whole trace, whole trace scored.
 func TestClassOracle(t *testing.T) {
-	reqs, err := LoadTrace(ConversationTrace)
+	reqs, err := sim.LoadTrace(sim.ConversationTrace)
 	if err != nil {
 		t.Skip(err)
 	}
 	for _, capT := range []int{1_000_000, 3_000_000} {
-		capB := TokensToBlocks(capT)
+		capB := sim.TokensToBlocks(capT)
 		fmt.Printf("%dM tokens: NewPrefix %.4f\n", capT/1_000_000, coReplay(reqs, capB, evict.NewPrefix(), 0))
 		for _, f := range coFeatures {
 			ev := coEvents(reqs, f)
@@ -330,15 +339,15 @@ func TestClassOracle(t *testing.T) {
 // TestClassOracleSplit: the second half of the trace scored, tables fitted
 // on the first half (honest) or on all of it (leaks the future).
 func TestClassOracleSplit(t *testing.T) {
-	reqs, err := LoadTrace(ConversationTrace)
+	reqs, err := sim.LoadTrace(sim.ConversationTrace)
 	if err != nil {
 		t.Skip(err)
 	}
 	half := len(reqs) / 2
 	for _, capT := range []int{1_000_000, 3_000_000} {
-		capB := TokensToBlocks(capT)
+		capB := sim.TokensToBlocks(capT)
 		fmt.Printf("%dM tokens, second half: NewPrefix %.4f, LRU %.4f\n", capT/1_000_000,
-			coReplay(reqs, capB, evict.NewPrefix(), half), coReplay(reqs, capB, NewRefLRU(), half))
+			coReplay(reqs, capB, evict.NewPrefix(), half), coReplay(reqs, capB, sim.NewRefLRU(), half))
 		for _, f := range coFeatures {
 			ev := coEvents(reqs, f)
 			first := coReplay(reqs, capB, newClassOracle(coFit(reqs[:half], ev), ev), half)
@@ -355,7 +364,7 @@ func TestClassOracleSplit(t *testing.T) {
 // on the events of one fold and only the other fold's requests are scored;
 // the whole trace is replayed either way.
 func TestClassOracleFold(t *testing.T) {
-	reqs, err := LoadTrace(ConversationTrace)
+	reqs, err := sim.LoadTrace(sim.ConversationTrace)
 	if err != nil {
 		t.Skip(err)
 	}
@@ -363,13 +372,13 @@ func TestClassOracleFold(t *testing.T) {
 		if len(r.HashIDs) < 2 {
 			return 0
 		}
-		return int(mix64(r.HashIDs[1]) & 1)
+		return sim.Owner(r.HashIDs[1], 2)
 	}
 	inFold := func(k int) func(int, trace.Request) bool {
 		return func(_ int, r trace.Request) bool { return fold(r) == k }
 	}
 	for _, capT := range []int{1_000_000, 3_000_000} {
-		capB := TokensToBlocks(capT)
+		capB := sim.TokensToBlocks(capT)
 		var base [2]float64
 		for k := range 2 {
 			base[k] = coReplayWith(reqs, capB, evict.NewPrefix(), inFold(k), nil)
@@ -393,13 +402,13 @@ func TestClassOracleFold(t *testing.T) {
 // would (before the first fit, at request 2,500, every density is 0 and
 // victims go deepest first). Whole trace and second half scored.
 func TestClassOracleOnline(t *testing.T) {
-	reqs, err := LoadTrace(ConversationTrace)
+	reqs, err := sim.LoadTrace(sim.ConversationTrace)
 	if err != nil {
 		t.Skip(err)
 	}
 	ev := coEvents(reqs, "none")
 	for _, capT := range []int{1_000_000, 3_000_000, 10_000_000} {
-		capB := TokensToBlocks(capT)
+		capB := sim.TokensToBlocks(capT)
 		var empty [coClasses][coBuckets]float64
 		learn := func(p *classOracle) func(int) {
 			return func(i int) {
