@@ -156,8 +156,11 @@ func (s *Scrubber) run(ctx context.Context) {
 }
 
 // Close stops the scrubber and waits for a check in progress to end. Safe
-// to call twice, and without Start.
+// to call twice, without Start, and on a nil *Scrubber.
 func (s *Scrubber) Close() error {
+	if s == nil {
+		return nil
+	}
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		started := true
@@ -168,6 +171,9 @@ func (s *Scrubber) Close() error {
 	})
 	return nil
 }
+
+// Rate returns the configured rate, in bytes per second.
+func (s *Scrubber) Rate() int64 { return s.cfg.Rate }
 
 // Stats returns the scrubber's counters.
 func (s *Scrubber) Stats() ScrubStats {
