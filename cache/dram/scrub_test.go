@@ -323,3 +323,27 @@ func TestVerifyReads(t *testing.T) {
 		}
 	}
 }
+
+// TestPutKnownChecksum: a Put that carries the checksum its bytes are
+// known by (a block moved within the sidecar: a hot replica demoted to a
+// low-priority copy) refuses bytes that no longer match it and stores
+// nothing; with the right checksum it stores the block as usual.
+func TestPutKnownChecksum(t *testing.T) {
+	cfg, _ := testConfig(t, 4<<20)
+	tr := newTier(t, cfg)
+	val := pattern("p", 50000)
+	bad := cache.PutOptions{Checksum: cache.Checksum(val) ^ 4, HasChecksum: true}
+	if _, err := tr.Put(ctx, "ns", []byte("p"), val, bad); !errors.Is(err, cache.ErrChecksum) {
+		t.Fatalf("Put with a wrong known checksum: %v", err)
+	}
+	if st := tr.Stats().Tiers[0]; st.Blocks != 0 || st.UsedBytes != 0 {
+		t.Fatalf("after the refused Put: %+v", st)
+	}
+	good := cache.PutOptions{Checksum: cache.Checksum(val), HasChecksum: true}
+	if existed, err := tr.Put(ctx, "ns", []byte("p"), val, good); err != nil || existed {
+		t.Fatalf("Put with the right checksum: %v %v", existed, err)
+	}
+	if v, info, err := tr.Get(ctx, "ns", []byte("p"), nil); err != nil || !bytes.Equal(v, val) || info.Checksum != good.Checksum {
+		t.Fatalf("Get: %v", err)
+	}
+}

@@ -95,8 +95,13 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		return false, err
 	}
 	// The checksum is of the caller's bytes, so that a fault in the arena
-	// copy is caught by the next read.
+	// copy is caught by the scrubber or a verified read.
 	crc := copyChecksum(t.bytes(off, size), value, false)
+	if opts.HasChecksum && crc != opts.Checksum {
+		t.freeBlockMem(&block{off: off, size: size, foot: foot})
+		t.opDone(sh)
+		return false, fmt.Errorf("%w: value of %d bytes has CRC-32C %08x, its block %08x", cache.ErrChecksum, size, crc, opts.Checksum)
+	}
 
 	b := &block{
 		id: t.nextID.Add(1), ns: nss, off: off, size: size, foot: foot, crc: crc,

@@ -682,12 +682,13 @@ func (s *Store) spill(deadline time.Time) {
 		if _, ok := s.ssd.Stat(ctx, r.ns, key); ok {
 			continue
 		}
-		v, _, err := s.dram.Get(ctx, r.ns, key, buf)
+		v, info, err := s.dram.Get(ctx, r.ns, key, buf)
 		if err != nil {
 			continue // evicted or deleted since: nothing to spill
 		}
 		buf = v
-		if _, err := s.ssd.Put(ctx, r.ns, key, v, cache.PutOptions{Depth: r.depth, LowPriority: r.low}); err != nil {
+		opts := cache.PutOptions{Depth: r.depth, LowPriority: r.low, Checksum: info.Checksum, HasChecksum: true}
+		if _, err := s.ssd.Put(ctx, r.ns, key, v, opts); err != nil {
 			s.spillMissed.Add(1)
 			continue
 		}
