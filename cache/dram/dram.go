@@ -41,6 +41,18 @@
 // reused); Get turns that into cache.ErrLeaseExpired and never returns the
 // copy.
 //
+// # Integrity (scrub.go)
+//
+// A block's CRC-32C is computed from the caller's bytes on Put and checked
+// against the writer's on Commit. Same-host reads (Get, Pin, Acquire) check
+// it only when Config.VerifyReads is set or the namespace is listed in
+// VerifyReadsNamespaces; a block that fails is removed (removeDamaged:
+// unlinked, counted in ChecksumFailures) and the read reports
+// cache.ErrChecksum. Otherwise a Scrubber re-checks resident blocks at a
+// bounded rate and removes those that fail the same way. A Put that
+// carries PutOptions.Checksum (a block moved within the sidecar) is
+// refused when its bytes do not match it.
+//
 // # Zero-copy puts (reserve.go)
 //
 // Reserve allocates a slot exactly as Put does (evicting if needed) and
