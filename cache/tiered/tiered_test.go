@@ -702,3 +702,38 @@ func TestDamagedBlockNotMovedDown(t *testing.T) {
 		t.Fatalf("good block 18 after the restart: %v", err)
 	}
 }
+
+// TestAcquireVerifiedFallsBackToSSD: with verify_reads, an Acquire whose
+// DRAM copy fails its checksum removes it and pins the SSD copy, promoted,
+// as a miss would; with no SSD copy it reports cache.ErrChecksum.
+func TestAcquireVerifiedFallsBackToSSD(t *testing.T) {
+	cfg := testConfig(t, 8*mib, t.TempDir())
+	cfg.DRAM.VerifyReads = true
+	s := newStore(t, cfg)
+	want := value(5, mib)
+	for i, durable := range []bool{true, false} {
+		if _, err := s.Put(ctx, "ns", key(i), want, cache.PutOptions{Durable: durable}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.dram.AcquireUncounted(ctx, "ns", key(i), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Bytes()[777] ^= 1
+		l.Release()
+	}
+	l, err := s.Acquire(ctx, "ns", key(0), time.Second)
+	if err != nil {
+		t.Fatalf("Acquire of a damaged DRAM block with an SSD copy: %v", err)
+	}
+	if !bytes.Equal(l.Bytes(), want) {
+		t.Fatal("acquired bytes differ")
+	}
+	l.Release()
+	if _, err := s.Acquire(ctx, "ns", key(1), time.Second); !errors.Is(err, cache.ErrChecksum) {
+		t.Fatalf("Acquire of a damaged DRAM-only block: %v", err)
+	}
+	if st := s.dram.Stats().Tiers[0]; st.ChecksumFailures != 2 {
+		t.Fatalf("dram checksum failures %d", st.ChecksumFailures)
+	}
+}
