@@ -32,6 +32,13 @@ type PutOptions struct {
 	// Durable asks for the block to be written through to persistent
 	// storage before the put returns (tiers without persistence ignore it).
 	Durable bool
+	// Checksum, when HasChecksum, is the CRC-32C the value is known by:
+	// the block's checksum in the tier it is copied from (demotion, spill
+	// at stop). The SSD tier, which checksums the value anyway, refuses it
+	// with ErrChecksum when they differ, so that bytes damaged in DRAM do
+	// not get a fresh checksum there.
+	Checksum    uint32
+	HasChecksum bool
 }
 
 // Info describes one stored block.

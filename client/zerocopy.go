@@ -242,7 +242,7 @@ func (a *arenaMap) writable() ([]byte, error) {
 type zeroCopy struct {
 	mu       sync.Mutex
 	mode     atomic.Int32 // WriteMode
-	noVerify atomic.Bool  // GetInto skips the CRC-32C check
+	verify   atomic.Bool  // GetInto checks the CRC-32C (SetVerifyReads)
 	maxBatch atomic.Int32 // the server's max batch (Hello); 0: not known yet
 	rel      releaser
 	rw       sync.RWMutex
@@ -358,11 +358,17 @@ func (c *Client) SetWriteMode(m WriteMode) {
 }
 
 // SetVerifyReads says whether GetInto checks each copy against the block's
-// CRC-32C (default true). The check guards against bytes changed in the
-// shared arena by a misbehaving writer; it costs one CRC-32C pass, which
-// bounds GetInto's speed (see docs/zerocopy.md). Lease expiry during the
-// copy is detected by Release either way.
-func (c *Client) SetVerifyReads(v bool) { c.zc.noVerify.Store(!v) }
+// CRC-32C (default false). The bytes were checked where they entered the
+// sidecar (Put, Commit, a transfer from a peer, an SSD read), the arenas
+// are mapped read-only by readers, and the sidecar's scrubber re-checks
+// resident blocks in the background; the check here also guards against
+// bytes changed in the shared arena by a misbehaving writer between two
+// scrubs, at the cost of one CRC-32C pass, which bounds GetInto's speed
+// (docs/zerocopy.md, docs/security.md "Integrity"). A sidecar with
+// verify_reads (or the namespace in verify_reads_namespaces) checks in
+// Acquire instead, for every client. Lease expiry during the copy is
+// detected by Release either way.
+func (c *Client) SetVerifyReads(v bool) { c.zc.verify.Store(v) }
 
 // leaseMargin is how long before its deadline a lease must still be when
 // GetInto's copy ends for the release to be left to the background.
@@ -789,8 +795,8 @@ func (c *Client) remapIfStale(ctx context.Context) bool {
 }
 
 // GetInto copies the block of key into buf without it crossing the socket:
-// Acquire, copy from the shared arena, verify the CRC-32C (unless
-// SetVerifyReads(false)), Release. The release goes in the background,
+// Acquire, copy from the shared arena, verify the CRC-32C (with
+// SetVerifyReads(true)), Release. The release goes in the background,
 // batched with other GetIntos' (one round trip per call), when the copy
 // ended well before the lease deadline; else it is synchronous and a lease
 // that expired during the copy fails the call with CodeLeaseExpired.
@@ -822,7 +828,7 @@ func (c *Client) GetInto(ctx context.Context, ns string, key, buf []byte) (n int
 		n = int(l.Slot.Length)
 		var crc uint32
 		var rerr error
-		verify := !c.zc.noVerify.Load()
+		verify := c.zc.verify.Load()
 		if verify {
 			crc, rerr = c.ReadSlot(ctx, l.Slot, buf)
 		} else {

@@ -29,19 +29,23 @@ import (
 //
 //	go test -run '^$' -bench 'ZeroCopy' -benchtime 2s ./client/
 //
-// All move 1 MiB blocks with 16 concurrent callers; b.SetBytes makes the
-// MB/s column comparable.
+// All move 1 MiB blocks, with 1 and with 16 concurrent callers
+// (callers=N); b.SetBytes makes the MB/s column comparable.
 
 const (
-	benchBlock   = 1 << 20
-	benchCallers = 16
-	benchKeys    = 64
+	benchBlock = 1 << 20
+	maxCallers = 16
+	benchKeys  = 64
 	// benchCapacity holds the benchKeys blocks of the read benchmarks; the
 	// put benchmarks cycle through it, evicting.
 	benchCapacity = 96 << 20
 )
 
 var crcTab = crc32.MakeTable(crc32.Castagnoli)
+
+// benchCallers is the number of concurrent callers of the running
+// benchmark (1 or maxCallers).
+var benchCallers = maxCallers
 
 // startSidecar runs a proxy over a DRAM tier on a Unix socket, in process,
 // in a new directory on tmpfs (as in a pod: an emptyDir with medium:
@@ -65,6 +69,10 @@ func startSidecar(tb testing.TB, capacity int64) *client.Client {
 	return c
 }
 
+// sidecarVerifyReads is dram.Config.VerifyReads of the sidecars started
+// next (benchmarks of the sidecar's verify_reads).
+var sidecarVerifyReads bool
+
 // runSidecar serves dir/tp.sock with arenas in dir/arenas until stop.
 func runSidecar(tb testing.TB, dir string, capacity int64) (stop func(), p *proxy.Proxy) {
 	tb.Helper()
@@ -79,6 +87,7 @@ func runSidecarWith(tb testing.TB, dir string, capacity int64, ecfg engineapi.Co
 	dcfg.Capacity = capacity
 	dcfg.ArenaSize = min(capacity, 256<<20)
 	dcfg.MaxValueSize = 8 << 20
+	dcfg.VerifyReads = sidecarVerifyReads
 	tier, err := dram.New(dcfg, nil)
 	if err != nil {
 		tb.Fatal(err)
@@ -231,8 +240,22 @@ func fill(b *testing.B, c *client.Client, ns string) [][]byte {
 }
 
 func BenchmarkZeroCopy(b *testing.B) {
+	for _, n := range []int{1, maxCallers} {
+		b.Run(fmt.Sprintf("callers=%d", n), func(b *testing.B) {
+			benchCallers = n
+			defer func() { benchCallers = maxCallers }()
+			benchZeroCopy(b)
+		})
+	}
+}
+
+// benchZeroCopy runs every path with benchCallers callers. GetInto and
+// AcquireRead are the defaults (the sidecar does not verify same-host
+// reads, the client does not either); -verify variants check the CRC-32C
+// as verify_reads or SetVerifyReads(true) do.
+func benchZeroCopy(b *testing.B) {
 	ctx := context.Background()
-	bufs := make([][]byte, benchCallers)
+	bufs := make([][]byte, maxCallers)
 	for i := range bufs {
 		bufs[i] = make([]byte, benchBlock)
 	}
@@ -270,9 +293,10 @@ func BenchmarkZeroCopy(b *testing.B) {
 		})
 		reportBatches(b, st, c.CoalesceStats())
 	})
-	b.Run("GetInto-noverify", func(b *testing.B) {
+	b.Run("GetInto-serververify", func(b *testing.B) { // verify_reads: the sidecar checks in Acquire
+		sidecarVerifyReads = true
 		c := startSidecar(b, benchCapacity)
-		c.SetVerifyReads(false)
+		sidecarVerifyReads = false
 		fill(b, c, "bench")
 		st := c.CoalesceStats()
 		runParallel(b, func(g, i int) error {
@@ -284,12 +308,36 @@ func BenchmarkZeroCopy(b *testing.B) {
 		})
 		reportBatches(b, st, c.CoalesceStats())
 	})
-	for _, batch := range []int{1, 8} {
+	b.Run("GetInto-verify", func(b *testing.B) { // SetVerifyReads(true): the client checks
+		c := startSidecar(b, benchCapacity)
+		c.SetVerifyReads(true)
+		fill(b, c, "bench")
+		st := c.CoalesceStats()
+		runParallel(b, func(g, i int) error {
+			n, found, err := c.GetInto(ctx, "bench", key(i), bufs[g])
+			if err == nil && (!found || n != benchBlock) {
+				err = fmt.Errorf("GetInto: %d %v", n, found)
+			}
+			return err
+		})
+		reportBatches(b, st, c.CoalesceStats())
+	})
+	for _, tc := range []struct {
+		batch  int
+		verify bool
+	}{{1, false}, {8, false}, {1, true}, {8, true}} {
+		batch := tc.batch
+		name := fmt.Sprintf("AcquireRead-batch%d", batch)
+		if tc.verify {
+			name += "-serververify" // verify_reads: the sidecar checks in Acquire
+		}
 		// Acquire a batch, read each block in place (a copy out, as an
 		// engine's host-to-GPU copy would), Release the batch: what a
 		// connector's load path does.
-		b.Run(fmt.Sprintf("AcquireRead-batch%d", batch), func(b *testing.B) {
+		b.Run(name, func(b *testing.B) {
+			sidecarVerifyReads = tc.verify
 			c := startSidecar(b, benchCapacity)
+			sidecarVerifyReads = false
 			fill(b, c, "bench")
 			runParallel(b, func(g, i int) error {
 				if (i%batch+batch)%batch != 0 {

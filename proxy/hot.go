@@ -232,7 +232,8 @@ func (h *hotTracker) stats() HotStats {
 }
 
 // demote turns a full-priority block into a low-priority copy: it is
-// read (checksum verified), deleted and stored again with the same bytes.
+// read, deleted and stored again with the same bytes and the checksum they
+// were stored with (a Put refuses bytes that no longer match it).
 // A concurrent read may miss in between and fetch the block from its
 // owner: a cache miss, never wrong bytes.
 func demote(ctx context.Context, s Store, ns string, key []byte) error {
@@ -243,6 +244,6 @@ func demote(ctx context.Context, s Store, ns string, key []byte) error {
 	if _, err := s.Delete(ctx, ns, key); err != nil {
 		return err
 	}
-	_, err = s.Put(ctx, ns, key, v, cache.PutOptions{Depth: info.Depth, LowPriority: true})
+	_, err = s.Put(ctx, ns, key, v, cache.PutOptions{Depth: info.Depth, LowPriority: true, Checksum: info.Checksum, HasChecksum: true})
 	return err
 }

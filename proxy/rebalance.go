@@ -248,7 +248,8 @@ func (b *rebalancer) pass(ctx context.Context) {
 					return
 				}
 				pctx, cancel := context.WithTimeout(ctx, b.r.cfg.FetchTimeout)
-				err = b.r.pushNow(pctx, ctx, node, m.ns, []PutItem{{Key: m.key, Value: v, Opts: cache.PutOptions{Depth: info.Depth}}})
+				err = b.r.pushNow(pctx, ctx, node, m.ns, []PutItem{{Key: m.key, Value: v,
+					Opts: cache.PutOptions{Depth: info.Depth, Checksum: info.Checksum, HasChecksum: true}}})
 				cancel()
 				if err != nil {
 					b.failed.Add(1)

@@ -61,8 +61,13 @@ mkdir -p bin
 go build -o bin/tidepool ./cmd/tidepool
 
 echo "test-python-client: starting tidepool serve on $sock"
+# --scrub-rate 0: test_damaged_arena_bytes_are_refused_when_verifying damages
+# a committed block and expects the client's own check to refuse it; the
+# scrubber would remove the block first at random (cmd/tidepool tests cover
+# the scrubber against a real serve).
 bin/tidepool serve \
 	--socket "$sock" \
+	--scrub-rate 0 \
 	--data-dir "$tmp/data" \
 	--arena-dir "$tmp/arenas" \
 	--dram-capacity 64MiB \

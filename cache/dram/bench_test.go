@@ -5,10 +5,15 @@ package dram
 import (
 	"encoding/binary"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/clock"
 )
 
 // benchTier makes a 64 MiB tier, in /dev/shm when it is there (as in
@@ -123,4 +128,50 @@ func BenchmarkGet(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkScrubOneCore measures what one core checksums when scrubbing
+// unthrottled: full passes over a 64 MiB tier of 1 MiB blocks (more than
+// the last-level cache of the dev VM, so the bytes come from memory). It
+// sizes DefaultScrubRate (about 5 % of this):
+//
+//	go test -run '^$' -bench ScrubOneCore -benchtime 20x ./cache/dram/
+func BenchmarkScrubOneCore(b *testing.B) {
+	tr := benchTier(b)
+	fc := tr.clk.(*clock.Fake)
+	val := make([]byte, 1<<20)
+	for i := 0; ; i++ {
+		binary.LittleEndian.PutUint64(val, uint64(i))
+		if _, err := tr.Put(ctx, "ns", binary.LittleEndian.AppendUint64(nil, uint64(i)), val, cache.PutOptions{}); err != nil || tr.Stats().Tiers[0].Evictions > 0 {
+			break
+		}
+	}
+	s, err := NewScrubber(tr, ScrubConfig{Rate: 1 << 50, Tick: time.Hour}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	fc.Advance(time.Hour)
+	s.step() // one pass to warm up
+	// CPU time of this thread, not wall time: the machine is shared, and
+	// the question is what one core does while it runs.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before, cpu0, start := s.Stats().Bytes, cpu(), time.Now()
+	for range b.N {
+		fc.Advance(time.Hour)
+		s.step()
+	}
+	took, used := time.Since(start), cpu()-cpu0
+	n := s.Stats().Bytes - before
+	b.ReportMetric(float64(n)/used.Seconds()/1e9, "GB/cpu-s")
+	b.ReportMetric(float64(n)/took.Seconds()/1e9, "GB/s")
+	b.ReportMetric(float64(n)/float64(b.N)/(1<<20), "MiB/pass")
 }

@@ -41,6 +41,18 @@
 // reused); Get turns that into cache.ErrLeaseExpired and never returns the
 // copy.
 //
+// # Integrity (scrub.go)
+//
+// A block's CRC-32C is computed from the caller's bytes on Put and checked
+// against the writer's on Commit. Same-host reads (Get, Pin, Acquire) check
+// it only when Config.VerifyReads is set or the namespace is listed in
+// VerifyReadsNamespaces; a block that fails is removed (removeDamaged:
+// unlinked, counted in ChecksumFailures) and the read reports
+// cache.ErrChecksum. Otherwise a Scrubber re-checks resident blocks at a
+// bounded rate and removes those that fail the same way. A Put that
+// carries PutOptions.Checksum (a block moved within the sidecar) is
+// refused when its bytes do not match it.
+//
 // # Zero-copy puts (reserve.go)
 //
 // Reserve allocates a slot exactly as Put does (evicting if needed) and
@@ -156,6 +168,18 @@ type Config struct {
 	Policy evict.Factory
 	// Clock is the time source for leases (default clock.Real).
 	Clock clock.Clock
+	// VerifyReads makes every same-host read of a block (Get, Pin,
+	// Acquire) check its bytes against the block's CRC-32C first: a block
+	// that fails is removed and the read reports cache.ErrChecksum.
+	// Default false: the bytes were checked where they entered (Put, Commit,
+	// a verified transfer, an SSD read) and only a writer holding a
+	// reservation, or this process, can write the arenas; the Scrubber
+	// re-checks resident blocks in the background (docs/security.md,
+	// "Integrity").
+	VerifyReads bool
+	// VerifyReadsNamespaces lists namespaces whose reads are verified as
+	// with VerifyReads, when VerifyReads is false.
+	VerifyReadsNamespaces []string
 	// OnEvict, if set, is called with each evicted block (never for Delete
 	// or Clear), so that a tier below can take it (demotion). It runs with
 	// no shard or policy lock held, but under the tier's eviction mutex, so
@@ -293,7 +317,8 @@ type Tier struct {
 	reservedBytes atomic.Int64              // their footprint: never evictable
 	reclaimed     atomic.Int64              // reservations reclaimed after their deadline
 
-	namespaces sync.Map // string → *nsState
+	namespaces sync.Map        // string → *nsState
+	verifyNS   map[string]bool // Config.VerifyReadsNamespaces; read only
 	nextNS     atomic.Uint32
 	nextID     atomic.Uint64
 
@@ -303,10 +328,19 @@ type Tier struct {
 	blocks, hits, misses, evictions, bytesIn, bytesOut, csumFails atomic.Int64
 }
 
+// VerifiesReads reports whether same-host reads of ns check the CRC-32C
+// (Config.VerifyReads or VerifyReadsNamespaces).
+func (t *Tier) VerifiesReads(ns string) bool {
+	return t.cfg.VerifyReads || t.verifyNS[ns]
+}
+
 // nsState holds one namespace's id and counters.
 type nsState struct {
-	name                                         string
-	id                                           uint32
+	name string
+	id   uint32
+	// verify: same-host reads check the CRC-32C (Config.VerifyReads,
+	// VerifyReadsNamespaces); set at creation, read only.
+	verify                                       bool
 	blocks, bytes, hits, misses, puts, evictions atomic.Int64
 }
 
@@ -395,6 +429,12 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 	t.skipFunc = t.skip
 	for i := range t.shards {
 		t.shards[i].m = make(map[uint32]map[string]*block)
+	}
+	if len(cfg.VerifyReadsNamespaces) > 0 {
+		t.verifyNS = make(map[string]bool, len(cfg.VerifyReadsNamespaces))
+		for _, ns := range cfg.VerifyReadsNamespaces {
+			t.verifyNS[ns] = true
+		}
 	}
 	for i, off := 0, int64(0); off < total; i, off = i+1, off+arenaSize {
 		a, err := openArena(arenaPath(cfg.Dir, i), min(arenaSize, total-off), !cfg.LazyFault)

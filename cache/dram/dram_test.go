@@ -608,6 +608,7 @@ func TestClear(t *testing.T) {
 
 func TestChecksumMismatch(t *testing.T) {
 	cfg, _ := testConfig(t, 4<<20)
+	cfg.VerifyReads = true // the default skips the check (TestVerifyReads)
 	tr := newTier(t, cfg)
 	val := pattern("k", 10000)
 	if _, err := tr.Put(ctx, "ns", []byte("k"), val, cache.PutOptions{}); err != nil {
@@ -897,8 +898,8 @@ func TestPresentPrefix(t *testing.T) {
 	}
 }
 
-// TestChecksumMismatchRemoves: a block whose bytes went bad is removed by
-// the read that finds it (Get or Pin): Stat and PresentPrefix stop
+// TestChecksumMismatchRemoves: with VerifyReads, a block whose bytes went
+// bad is removed by the read that finds it (Get or Pin): Stat and PresentPrefix stop
 // reporting it, the read counts as a miss (Get) or not at all (Pin, whose
 // caller goes on to Get), and the next Put stores a good copy.
 func TestChecksumMismatchRemoves(t *testing.T) {
@@ -915,6 +916,7 @@ func TestChecksumMismatchRemoves(t *testing.T) {
 	for name, readFn := range read {
 		t.Run(name, func(t *testing.T) {
 			cfg, _ := testConfig(t, 4<<20)
+			cfg.VerifyReads = true // the default skips the check (TestVerifyReads)
 			tr := newTier(t, cfg)
 			key := []byte("k")
 			val := pattern("k", 10000)

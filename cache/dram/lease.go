@@ -24,8 +24,12 @@ type Lease struct {
 
 // Acquire pins (ns, key) for lease (≤ 0 means LeaseTimeout; capped at
 // MaxLease) and returns the handle, for zero-copy reads. It counts as a read
-// (hit or miss). The caller MUST call Release. Errors: cache.ErrNotFound,
-// cache.ErrInvalidKey, cache.ErrClosed.
+// (hit or miss). When reads of ns are verified (Config.VerifyReads,
+// VerifyReadsNamespaces) it checks the block's bytes in place first; a block
+// that fails is removed (as by Get) and Acquire returns cache.ErrChecksum,
+// counting a miss. The caller MUST call Release. Errors:
+// cache.ErrNotFound, cache.ErrInvalidKey, cache.ErrChecksum,
+// cache.ErrClosed.
 func (t *Tier) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*Lease, error) {
 	if err := t.checkKey(key); err != nil {
 		return nil, err
@@ -55,8 +59,33 @@ func (t *Tier) acquireLease(ctx context.Context, ns string, key []byte, lease ti
 	}
 	lease = min(lease, t.cfg.MaxLease)
 	l := new(Lease)
-	if err := t.acquire(l, t.namespace(ns), key, lease, false, count); err != nil {
+	nss := t.namespace(ns)
+	if err := t.acquire(l, nss, key, lease, false, count); err != nil {
 		return nil, err
+	}
+	if !nss.verify {
+		return l, nil
+	}
+	b, sh := l.b, l.b.shard
+	// Counted in ops for the checksum, so that Close does not unmap the
+	// arenas under it.
+	sh.mu.Lock()
+	if sh.closed {
+		sh.mu.Unlock()
+		_ = t.release(l)
+		return nil, cache.ErrClosed
+	}
+	sh.ops++
+	sh.mu.Unlock()
+	sum := cache.Checksum(l.Bytes())
+	t.opDone(sh)
+	if sum != b.crc {
+		_ = t.release(l)
+		if count == countRead {
+			t.misses.Add(1)
+			nss.misses.Add(1)
+		}
+		return nil, t.checksumMismatch(b, sum, count != countNone)
 	}
 	return l, nil
 }

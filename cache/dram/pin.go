@@ -22,13 +22,14 @@ const pinLease = 100 * 365 * 24 * time.Hour
 
 // Pin is Get without the copy, for a caller that copies the bytes out itself
 // (a socket write straight from the arena): it pins (ns, key), verifies the
-// block's checksum over its bytes in place and returns the lease, whose
+// block's checksum over its bytes in place when reads of ns are verified
+// (Config.VerifyReads, VerifyReadsNamespaces) and returns the lease, whose
 // Bytes are the value. A hit counts as a read; a miss is not counted, as
 // the caller goes on to Get (or a slower tier), which counts it.
 //
-// The first Pin of a block committed with CommitChecked less than
-// landedFresh (1 s) ago does not checksum it again: it was checked in place
-// as it landed.
+// When verifying, the first Pin of a block committed with CommitChecked
+// less than landedFresh (1 s) ago does not checksum it again: it was
+// checked in place as it landed.
 //
 // Unlike Acquire's lease, a pin does not expire: the block is neither
 // evicted nor reclaimed until Release, and Close waits for every pin to be
@@ -49,12 +50,15 @@ func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
 		return nil, err
 	}
 	b := l.b
+	if !b.ns.verify {
+		return l, nil
+	}
 	if at := b.landed.Swap(0); at != 0 && t.now()-at < int64(landedFresh) {
 		return l, nil // checked in place as it landed, a moment ago
 	}
 	if sum := cache.Checksum(l.Bytes()); sum != b.crc {
 		_ = t.release(l)
-		return nil, t.checksumMismatch(ns, key, b, sum)
+		return nil, t.checksumMismatch(b, sum, true)
 	}
 	return l, nil
 }

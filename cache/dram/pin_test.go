@@ -14,6 +14,7 @@ import (
 // while pinned frees the block at Release, and a flipped bit is reported.
 func TestPin(t *testing.T) {
 	cfg, fc := testConfig(t, 4<<20)
+	cfg.VerifyReads = true // for the flipped bit below (the default does not check)
 	tr := newTier(t, cfg)
 	val := pattern("k", 1<<20)
 	if _, err := tr.Put(ctx, "ns", []byte("k"), val, cache.PutOptions{}); err != nil {
@@ -122,10 +123,12 @@ func TestCloseWaitsForPins(t *testing.T) {
 }
 
 // TestCommitChecked: the block is published with the caller's checksum,
-// not a recomputed one; should that checksum be wrong, the first read out
-// reports the mismatch (a read never returns bytes that fail it).
+// not a recomputed one; should that checksum be wrong, the first verified
+// read out reports the mismatch (a verified read never returns bytes that
+// fail it).
 func TestCommitChecked(t *testing.T) {
 	cfg, _ := testConfig(t, 4<<20)
+	cfg.VerifyReads = true // by default the scrubber, not the read, finds it
 	tr := newTier(t, cfg)
 	val := pattern("v", 70000)
 	for _, tc := range []struct {
@@ -158,6 +161,7 @@ func TestCommitChecked(t *testing.T) {
 // any other.
 func TestPinLandedFresh(t *testing.T) {
 	cfg, fc := testConfig(t, 4<<20)
+	cfg.VerifyReads = true // the landing window matters only when Pin verifies
 	tr := newTier(t, cfg)
 	val := pattern("f", 200000)
 	r, err := tr.Reserve(ctx, "ns", []byte("f"), int64(len(val)), cache.PutOptions{}, 0)

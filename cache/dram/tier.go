@@ -17,7 +17,7 @@ func (t *Tier) namespace(ns string) *nsState {
 	if v, ok := t.namespaces.Load(ns); ok {
 		return v.(*nsState)
 	}
-	n := &nsState{name: ns, id: t.nextNS.Add(1)}
+	n := &nsState{name: ns, id: t.nextNS.Add(1), verify: t.VerifiesReads(ns)}
 	v, _ := t.namespaces.LoadOrStore(ns, n)
 	return v.(*nsState)
 }
@@ -95,8 +95,13 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		return false, err
 	}
 	// The checksum is of the caller's bytes, so that a fault in the arena
-	// copy is caught by the next read.
+	// copy is caught by the scrubber or a verified read.
 	crc := copyChecksum(t.bytes(off, size), value, false)
+	if opts.HasChecksum && crc != opts.Checksum {
+		t.freeBlockMem(&block{off: off, size: size, foot: foot})
+		t.opDone(sh)
+		return false, fmt.Errorf("%w: value of %d bytes has CRC-32C %08x, its block %08x", cache.ErrChecksum, size, crc, opts.Checksum)
+	}
 
 	b := &block{
 		id: t.nextID.Add(1), ns: nss, off: off, size: size, foot: foot, crc: crc,
@@ -173,11 +178,13 @@ func (t *Tier) freeBlockMem(b *block) {
 
 // Get copies the value of (ns, key) into dst (reused when its capacity is
 // enough, else a new slice of exactly the value's size) and returns it with
-// the block's Info. The checksum of the copy is verified: on a mismatch Get
-// removes the block (the next Put stores a good copy), counts a miss and a
-// checksum failure, and returns cache.ErrChecksum and no bytes. Errors: cache.ErrNotFound,
-// cache.ErrInvalidKey, cache.ErrChecksum, cache.ErrLeaseExpired (the copy
-// outlived its lease and the block was reclaimed), cache.ErrClosed.
+// the block's Info. When reads of ns are verified (Config.VerifyReads,
+// VerifyReadsNamespaces) the checksum of the copy is checked: on a mismatch
+// Get removes the block (the next Put stores a good copy), counts a miss
+// and a checksum failure, and returns cache.ErrChecksum and no bytes.
+// Errors: cache.ErrNotFound, cache.ErrInvalidKey, cache.ErrChecksum,
+// cache.ErrLeaseExpired (the copy outlived its lease and the block was
+// reclaimed), cache.ErrClosed.
 func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]byte, cache.Info, error) {
 	if err := t.checkKey(key); err != nil {
 		return nil, cache.Info{}, err
@@ -186,7 +193,8 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		return nil, cache.Info{}, err
 	}
 	var l Lease
-	if err := t.acquire(&l, t.namespace(ns), key, t.cfg.LeaseTimeout, true, countRead); err != nil {
+	nss := t.namespace(ns)
+	if err := t.acquire(&l, nss, key, t.cfg.LeaseTimeout, true, countRead); err != nil {
 		return nil, cache.Info{}, err
 	}
 	b := l.b
@@ -195,33 +203,51 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 	} else {
 		dst = make([]byte, b.size)
 	}
-	// The checksum is of the copy: what the caller gets is what was put.
-	sum := copyChecksum(dst, t.bytes(b.off, b.size), true)
+	var sum uint32
+	if nss.verify {
+		// The checksum is of the copy: what the caller gets is what was put.
+		sum = copyChecksum(dst, t.bytes(b.off, b.size), true)
+	} else {
+		copy(dst, t.bytes(b.off, b.size))
+	}
 	if err := t.release(&l); err != nil {
 		return nil, cache.Info{}, err
 	}
-	if sum != b.crc {
+	if nss.verify && sum != b.crc {
 		// Counted as a hit when pinned; it was a miss.
 		t.misses.Add(1)
 		b.ns.misses.Add(1)
-		return nil, cache.Info{}, t.checksumMismatch(ns, key, b, sum)
+		return nil, cache.Info{}, t.checksumMismatch(b, sum, true)
 	}
 	return dst, b.info(), nil
 }
 
-// checksumMismatch counts and logs a read of b whose bytes have CRC-32C
-// sum, removes b (so that Stat and Lookup stop reporting it and the next
-// Put stores a good copy), and returns the error the read reports. The
-// caller has released its pin; the read's hit is taken back here.
-func (t *Tier) checksumMismatch(ns string, key []byte, b *block, sum uint32) error {
-	t.csumFails.Add(1)
-	t.hits.Add(-1)
-	b.ns.hits.Add(-1)
-	t.bytesOut.Add(-b.size)
-	removed := t.unlink(b)
-	t.lg.Error("checksum mismatch", zap.String("ns", ns), zap.String("key", hex.EncodeToString(key)),
-		zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum), zap.Bool("removed", removed))
+// checksumMismatch handles a read of b whose bytes have CRC-32C sum:
+// removes b (removeDamaged) and returns the error the read reports. The
+// caller has released its pin; the read's hit, if it counted one (hit), is
+// taken back here.
+func (t *Tier) checksumMismatch(b *block, sum uint32, hit bool) error {
+	if hit {
+		t.hits.Add(-1)
+		b.ns.hits.Add(-1)
+		t.bytesOut.Add(-b.size)
+	}
+	t.removeDamaged(b, sum, "read")
 	return fmt.Errorf("%w: dram block of %d bytes (removed)", cache.ErrChecksum, b.size)
+}
+
+// removeDamaged counts and logs a block whose bytes were found to have
+// CRC-32C sum instead of b.crc (by a verified read or by the scrubber, as
+// by says), and removes it, so that Stat and Lookup stop reporting it and
+// the next Put stores a good copy. It reports whether b was still in the
+// index (not deleted, evicted or removed by another reader meanwhile).
+func (t *Tier) removeDamaged(b *block, sum uint32, by string) bool {
+	t.csumFails.Add(1)
+	removed := t.unlink(b)
+	t.lg.Error("checksum mismatch", zap.String("by", by), zap.String("ns", b.ns.name),
+		zap.String("key", hex.EncodeToString([]byte(b.key))),
+		zap.Int64("size", b.size), zap.Uint32("want", b.crc), zap.Uint32("got", sum), zap.Bool("removed", removed))
+	return removed
 }
 
 // unlink removes b from the index if it is still there (not deleted,

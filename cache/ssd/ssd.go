@@ -332,6 +332,9 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 		return false, err
 	}
 	sum := cache.Checksum(value)
+	if opts.HasChecksum && sum != opts.Checksum {
+		return false, fmt.Errorf("%w: value of %d bytes has CRC-32C %08x, its block %08x", cache.ErrChecksum, len(value), sum, opts.Checksum)
+	}
 
 	t.wmu.Lock()
 	defer t.wmu.Unlock()

@@ -94,11 +94,17 @@ func (s *Store) writer() {
 		s.qmu.Unlock()
 		var err error
 		if !skip {
-			_, err = s.ssd.Put(ctx, it.ns, it.key, it.value, cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low})
+			// With the DRAM block's checksum: bytes damaged in DRAM
+			// after they were checked are not stored as good.
+			_, err = s.ssd.Put(ctx, it.ns, it.key, it.value, cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low,
+				Checksum: it.info.Checksum, HasChecksum: true})
 		}
 		s.demoteMu.Unlock()
 		switch {
 		case skip:
+		case errors.Is(err, cache.ErrChecksum):
+			s.demotionErrors.Add(1)
+			s.lg.Error("demoted block does not match its checksum: dropped", zap.String("ns", it.ns), zap.Error(err))
 		case err != nil:
 			s.demotionErrors.Add(1)
 			s.lg.Debug("demotion failed", zap.Error(err))

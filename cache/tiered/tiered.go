@@ -640,12 +640,13 @@ func (s *Store) spill(deadline time.Time) {
 		if _, ok := s.ssd.Stat(ctx, ns, key); ok {
 			continue
 		}
-		v, _, err := s.dram.Get(ctx, ns, key, buf)
+		v, info, err := s.dram.Get(ctx, ns, key, buf)
 		if err != nil {
 			continue // evicted or deleted since: nothing to spill
 		}
 		buf = v
-		if _, err := s.ssd.Put(ctx, ns, key, v, cache.PutOptions{Depth: r.Depth, LowPriority: r.LowPriority}); err != nil {
+		opts := cache.PutOptions{Depth: r.Depth, LowPriority: r.LowPriority, Checksum: info.Checksum, HasChecksum: true}
+		if _, err := s.ssd.Put(ctx, ns, key, v, opts); err != nil {
 			s.spillMissed.Add(1)
 			continue
 		}

@@ -635,3 +635,105 @@ func TestStatsCountEachRead(t *testing.T) {
 	}
 	check("two puts", counts{1, 4, 2, 2, 3, 1, 2, 3})
 }
+
+// TestDamagedBlockNotMovedDown: a DRAM block whose bytes were damaged in
+// place after they were checked is not written to SSD with a fresh
+// checksum, neither by demotion nor by the spill at Close: the SSD tier
+// gets the DRAM block's checksum and refuses bytes that no longer match.
+// A later read misses instead of returning the damaged bytes as good.
+func TestDamagedBlockNotMovedDown(t *testing.T) {
+	const size = 1 * mib
+	ssdDir := t.TempDir()
+	cfg := testConfig(t, 8*mib, ssdDir)
+	cfg.StopSpillTimeout = 30 * time.Second
+	s, err := New(cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	damage := func(k []byte) {
+		l, err := s.dram.AcquireUncounted(ctx, "ns", k, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Bytes()[size/2] ^= 0x11 // a stray write into the arena
+		l.Release()
+	}
+	// Block 0 is damaged, then evicted by the blocks after it (twice the
+	// tier: the reads below count as uses of block 0).
+	if _, err := s.Put(ctx, "ns", key(0), value(0, size), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	damage(key(0))
+	if v, info, err := s.dram.Get(ctx, "ns", key(0), nil); err != nil || bytes.Equal(v, value(0, size)) || cache.Checksum(v) == info.Checksum {
+		t.Fatalf("block 0 not damaged: %v", err)
+	}
+	for i := 1; i < 20; i++ {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), size), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	poll(t, "the demotion of block 0 to be refused", func() bool { return s.Movement().DemotionErrors == 1 })
+	if _, ok := s.ssd.Stat(ctx, "ns", key(0)); ok {
+		t.Fatal("damaged block 0 was demoted to SSD")
+	}
+	if _, ok := s.ssd.Stat(ctx, "ns", key(1)); !ok {
+		t.Fatal("good block 1 was not demoted")
+	}
+	if v, _, err := s.Get(ctx, "ns", key(0), nil); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("Get of the damaged, evicted block: %d bytes, %v; want a miss", len(v), err)
+	}
+	// Blocks 18 and 19 are in DRAM only; 19, damaged, is not spilled at
+	// Close, 18 is.
+	for _, i := range []int{18, 19} {
+		if _, ok := s.ssd.Stat(ctx, "ns", key(i)); ok {
+			t.Fatalf("block %d is in SSD already", i)
+		}
+	}
+	damage(key(19))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := newStore(t, testConfig(t, 8*mib, ssdDir))
+	if _, ok := s2.ssd.Stat(ctx, "ns", key(19)); ok {
+		t.Fatal("damaged block 19 was spilled to SSD at Close")
+	}
+	if v, _, err := s2.Get(ctx, "ns", key(18), nil); err != nil || !bytes.Equal(v, value(18, size)) {
+		t.Fatalf("good block 18 after the restart: %v", err)
+	}
+}
+
+// TestAcquireVerifiedFallsBackToSSD: with verify_reads, an Acquire whose
+// DRAM copy fails its checksum removes it and pins the SSD copy, promoted,
+// as a miss would; with no SSD copy it reports cache.ErrChecksum.
+func TestAcquireVerifiedFallsBackToSSD(t *testing.T) {
+	cfg := testConfig(t, 8*mib, t.TempDir())
+	cfg.DRAM.VerifyReads = true
+	s := newStore(t, cfg)
+	want := value(5, mib)
+	for i, durable := range []bool{true, false} {
+		if _, err := s.Put(ctx, "ns", key(i), want, cache.PutOptions{Durable: durable}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := s.dram.AcquireUncounted(ctx, "ns", key(i), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Bytes()[777] ^= 1
+		l.Release()
+	}
+	l, err := s.Acquire(ctx, "ns", key(0), time.Second)
+	if err != nil {
+		t.Fatalf("Acquire of a damaged DRAM block with an SSD copy: %v", err)
+	}
+	if !bytes.Equal(l.Bytes(), want) {
+		t.Fatal("acquired bytes differ")
+	}
+	l.Release()
+	if _, err := s.Acquire(ctx, "ns", key(1), time.Second); !errors.Is(err, cache.ErrChecksum) {
+		t.Fatalf("Acquire of a damaged DRAM-only block: %v", err)
+	}
+	if st := s.dram.Stats().Tiers[0]; st.ChecksumFailures != 2 {
+		t.Fatalf("dram checksum failures %d", st.ChecksumFailures)
+	}
+}

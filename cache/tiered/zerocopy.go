@@ -30,10 +30,11 @@ func (s *Store) Reserve(ctx context.Context, ns string, key []byte, size int64, 
 }
 
 // Acquire pins (ns, key) in the DRAM tier (see dram.Tier.Acquire),
-// promoting it from SSD or the demotion queue first when DRAM misses.
+// promoting it from SSD or the demotion queue first when DRAM misses, or
+// when its DRAM copy failed a verified read (and was removed).
 func (s *Store) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*dram.Lease, error) {
 	l, err := s.dram.Acquire(ctx, ns, key, lease)
-	if s.ssd == nil || !errors.Is(err, cache.ErrNotFound) || s.closed.Load() {
+	if s.ssd == nil || !(errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrChecksum)) || s.closed.Load() {
 		return l, err
 	}
 	if _, _, ferr := s.fetch(ctx, ns, key); ferr != nil {

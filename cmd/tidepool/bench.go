@@ -52,6 +52,7 @@ type benchFlags struct {
 	ops                                                       int64
 	ratio                                                     float64
 	zeroCopy, json, noPrefill                                 bool
+	verifyReads                                               bool
 }
 
 // zeroCopier is the zero-copy part of the Go client (client/zerocopy.go).
@@ -181,6 +182,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&f.ratio, "ratio", 0.9, "mixed: fraction of gets")
 	fs.IntVar(&f.batch, "batch", 16, "keys per call of lookup and batch-get")
 	fs.BoolVar(&f.zeroCopy, "zero-copy", false, "move values through the shared arenas instead of the socket (put, get, mixed)")
+	fs.BoolVar(&f.verifyReads, "verify-reads", false, "with --zero-copy: check every GetInto copy against its CRC-32C in the client (SetVerifyReads(true))")
 	fs.StringVar(&f.remote, "remote", "", "socket of another node: prefill there, read here with cluster scope")
 	fs.StringVar(&f.scope, "scope", "", "read scope: local, cluster or default (default: local, cluster with --remote)")
 	fs.BoolVar(&f.noPrefill, "no-prefill", false, "skip storing the key set before read runs")
@@ -248,6 +250,9 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 	if f.zeroCopy && (base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
 		return usageErr("--zero-copy applies to put, get and mixed")
 	}
+	if f.verifyReads && !f.zeroCopy {
+		return usageErr("--verify-reads applies to --zero-copy reads (inline reads are verified by the sidecar's verify_reads)")
+	}
 	if f.zeroCopy && f.remote != "" {
 		return usageErr("--zero-copy reads local arenas; it cannot be combined with --remote")
 	}
@@ -273,6 +278,10 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 		eng.zc, mode = zc, "zero-copy"
+		if f.verifyReads {
+			c.SetVerifyReads(true)
+			mode = "zero-copy, verified reads"
+		}
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -62,6 +62,11 @@ func TestBenchCLI(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil || r.Ops != 100 || r.Errors != 0 || r.Mode != "zero-copy" {
 			t.Fatalf("exit %d, %v: %s %s", code, err, out, errs)
 		}
+		out, errs, code = d.tp(t, nil, "bench", "--op", "get", "--size", "64KiB", "--keys", "16", "--concurrency", "2", "--ops", "100", "--zero-copy", "--verify-reads", "--json", "--progress", "none")
+		r = bench.Report{}
+		if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil || r.Ops != 100 || r.Errors != 0 || r.Mode != "zero-copy, verified reads" {
+			t.Fatalf("--verify-reads: exit %d, %v: %s %s", code, err, out, errs)
+		}
 	})
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{
@@ -69,6 +74,7 @@ func TestBenchCLI(t *testing.T) {
 			{"bench", "--size", "0"},
 			{"bench", "--concurrency", "1,x"},
 			{"bench", "--op", "lookup", "--zero-copy"},
+			{"bench", "--op", "get", "--verify-reads"},
 			{"bench", "--scope", "everywhere"},
 		} {
 			cmd := exec.Command(binPath, append(args, "--socket", d.socket)...)

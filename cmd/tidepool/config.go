@@ -85,6 +85,10 @@ type Config struct {
 	SSDMinFree       int64         // free-space floor of data_dir's filesystem (SSD degraded below)
 	DemotionQueue    int64         // bytes of evicted DRAM blocks waiting to be written to SSD
 	StopSpillTimeout time.Duration // how long a clean stop spends copying DRAM into SSD; 0 disables
+
+	ScrubRate             int64    // bytes/s the DRAM scrubber re-checks; 0 disables it
+	VerifyReads           bool     // same-host DRAM reads check the CRC-32C
+	VerifyReadsNamespaces []string // namespaces whose same-host DRAM reads check the CRC-32C
 }
 
 // setting binds one Config field to its YAML key, flag and variable.
@@ -247,6 +251,19 @@ var settings = []setting{
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
 	sizeSetting("demotion_queue", "bytes of evicted DRAM blocks that may wait to be written to SSD (more are dropped)", func(c *Config) *int64 { return &c.DemotionQueue }),
 	durationSetting("stop_spill_timeout", "on a clean stop, how long to spend copying DRAM blocks into SSD; 0 disables", func(c *Config) *time.Duration { return &c.StopSpillTimeout }),
+	sizeSetting("scrub_rate", "bytes per second the background scrubber re-checks the CRC-32C of resident DRAM blocks (removing any that fail); 0 disables it", func(c *Config) *int64 { return &c.ScrubRate }),
+	boolSetting("verify_reads", "check every same-host read of a DRAM block (Get, Acquire, zero-copy GetInto) against its CRC-32C before answering; off, the scrubber finds damage instead", func(c *Config) *bool { return &c.VerifyReads }),
+	{"verify_reads_namespaces", "comma-separated namespaces whose same-host DRAM reads are verified as with verify_reads",
+		func(c *Config) string { return strings.Join(c.VerifyReadsNamespaces, ",") },
+		func(c *Config, v string) error {
+			c.VerifyReadsNamespaces = nil
+			for _, ns := range strings.Split(v, ",") {
+				if ns = strings.TrimSpace(ns); ns != "" {
+					c.VerifyReadsNamespaces = append(c.VerifyReadsNamespaces, ns)
+				}
+			}
+			return nil
+		}},
 }
 
 // runtimeDir is where the socket lives by default: $XDG_RUNTIME_DIR/tidepool,
@@ -333,6 +350,8 @@ func DefaultConfig() Config {
 		SSDMinFree:       1 << 30,
 		DemotionQueue:    256 << 20,
 		StopSpillTimeout: 30 * time.Second,
+
+		ScrubRate: dram.DefaultScrubRate,
 	}
 }
 
@@ -410,6 +429,9 @@ func (c Config) Validate() error {
 	}
 	if c.DemotionQueue < c.MaxValueSize {
 		bad("demotion_queue %s: at least max_value_size %s", units.FormatBytes(c.DemotionQueue), units.FormatBytes(c.MaxValueSize))
+	}
+	if c.ScrubRate < 0 {
+		bad("scrub_rate %s: must not be negative", units.FormatBytes(c.ScrubRate))
 	}
 	if c.StopSpillTimeout < 0 {
 		bad("stop_spill_timeout %s: must not be negative", c.StopSpillTimeout)

@@ -136,7 +136,12 @@ func TestMetricsDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil), newGuardCollector(nil))
+	sc, err := dram.NewScrubber(tier, dram.ScrubConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil), newGuardCollector(nil), newScrubCollector(sc))
 	mfs, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -102,6 +102,13 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		}
 	}()
 
+	// Closed before the store (deferred after it).
+	scrub, err := startScrubber(ctx, cfg, store, lg)
+	if err != nil {
+		return err
+	}
+	defer scrub.Close()
+
 	pcfg := proxy.DefaultConfig()
 	pcfg.NodeID = cfg.NodeID
 	pcfg.Limits = cfg.limits()
@@ -116,6 +123,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	m.reg.MustRegister(newMovementCollector(store))
 	m.notes = func() []string { return storeNotes(store) }
 	m.reg.MustRegister(newZeroCopyCollector(p))
+	m.reg.MustRegister(newScrubCollector(scrub))
 	if cfg.MetricsAddr != "" {
 		if err := m.listen(cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)

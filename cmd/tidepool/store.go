@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"io/fs"
@@ -48,6 +49,8 @@ func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
 	tc.DRAM.MaxKeySize = lim.MaxKeyBytes
 	tc.DRAM.LeaseTimeout = cfg.LeaseTimeout
 	tc.DRAM.Policy = policies[cfg.EvictionPolicy]
+	tc.DRAM.VerifyReads = cfg.VerifyReads
+	tc.DRAM.VerifyReadsNamespaces = cfg.VerifyReadsNamespaces
 	tc.QueueBytes = cfg.DemotionQueue
 	tc.StopSpillTimeout = cfg.StopSpillTimeout
 	if capacity, err := ssdCapacity(cfg, lg); err != nil {
@@ -226,6 +229,64 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- m(c.ssdOpen, g, open)
 		ch <- m(c.quarantined, ctr, float64(h.Quarantines))
 	}
+}
+
+// startScrubber starts the DRAM tier's scrubber at scrub_rate; nil when
+// scrub_rate is 0. The caller closes it before the store.
+func startScrubber(ctx context.Context, cfg Config, s *tiered.Store, lg *zap.Logger) (*dram.Scrubber, error) {
+	if cfg.ScrubRate == 0 {
+		lg.Warn("dram scrubber disabled (scrub_rate 0): a DRAM block damaged in place is found only by a verified read")
+		return nil, nil
+	}
+	sc, err := dram.NewScrubber(s.DRAM(), dram.ScrubConfig{Rate: cfg.ScrubRate}, lg)
+	if err != nil {
+		return nil, err
+	}
+	sc.Start(ctx)
+	return sc, nil
+}
+
+// scrubCollector exports the DRAM scrubber's counters at scrape time.
+type scrubCollector struct {
+	s                                   *dram.Scrubber
+	rate, bytes, blocks, failed, passes *prometheus.Desc
+	lastPass                            *prometheus.Desc
+}
+
+func newScrubCollector(s *dram.Scrubber) *scrubCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &scrubCollector{
+		s:        s,
+		rate:     d("tidepool_scrub_rate_bytes", "Bytes per second the DRAM scrubber may check (scrub_rate; 0: disabled)."),
+		bytes:    d("tidepool_scrub_bytes_total", "Bytes of resident DRAM blocks the scrubber checked against their CRC-32C."),
+		blocks:   d("tidepool_scrub_blocks_total", "Resident DRAM blocks the scrubber checked against their CRC-32C."),
+		failed:   d("tidepool_scrub_failed_blocks_total", "DRAM blocks the scrubber found damaged (bytes not matching their CRC-32C) and removed; also counted in tidepool_tier_checksum_failures_total{tier=\"dram\"}."),
+		passes:   d("tidepool_scrub_passes_total", "Complete passes of the scrubber over the DRAM tier."),
+		lastPass: d("tidepool_scrub_pass_seconds", "How long the scrubber's last complete pass over the DRAM tier took (0 before the first)."),
+	}
+}
+
+func (c *scrubCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.rate, c.bytes, c.blocks, c.failed, c.passes, c.lastPass} {
+		ch <- d
+	}
+}
+
+func (c *scrubCollector) Collect(ch chan<- prometheus.Metric) {
+	var st dram.ScrubStats
+	var rate float64
+	if c.s != nil {
+		st = c.s.Stats()
+		rate = float64(c.s.Rate())
+	}
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	m := prometheus.MustNewConstMetric
+	ch <- m(c.rate, g, rate)
+	ch <- m(c.bytes, ctr, float64(st.Bytes))
+	ch <- m(c.blocks, ctr, float64(st.Blocks))
+	ch <- m(c.failed, ctr, float64(st.Failed))
+	ch <- m(c.passes, ctr, float64(st.Passes))
+	ch <- m(c.lastPass, g, st.LastPass.Seconds())
 }
 
 // The proxy finds Prefetch and the zero-copy calls by type assertion.

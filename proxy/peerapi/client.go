@@ -388,7 +388,14 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 	}
 	req := &peer.PutRequest{Auth: c.auth, Ns: ns, Items: make([]*peer.PutItem, len(items))}
 	for i, it := range items {
-		req.Items[i] = &peer.PutItem{Key: it.Key, Value: it.Value, Depth: it.Opts.Depth, Checksum: int32(cache.Checksum(it.Value))}
+		// The checksum the block is known by when the caller has it (a
+		// block read from this node's store): the receiver then refuses
+		// bytes damaged here since they were checked.
+		sum := it.Opts.Checksum
+		if !it.Opts.HasChecksum {
+			sum = cache.Checksum(it.Value)
+		}
+		req.Items[i] = &peer.PutItem{Key: it.Key, Value: it.Value, Depth: it.Opts.Depth, Checksum: int32(sum)}
 	}
 	res, err := kc.Put(ctx, req)
 	if err != nil {

@@ -111,12 +111,13 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
         self.assertEqual(self.c.delete(self.ns, b"zc-3"), True)
 
-    def test_damaged_arena_bytes_are_refused_by_default(self):
-        # Hardening item 14: without a C CRC-32C module the zero-copy reads
-        # used to skip the check by default, so damaged bytes came back as
-        # good; slot_view never checked. Damage a committed block in the
-        # shared arena (as a stray write would) and read it back with
-        # default arguments.
+    def test_damaged_arena_bytes_are_refused_when_verifying(self):
+        # Hardening item 14 made the zero-copy reads verify by default;
+        # issue 17 moved that check out of the read path (the sidecar
+        # checks where bytes enter and scrubs resident blocks), so a client
+        # that wants every read checked asks with verify=True. Damage a
+        # committed block in the shared arena (as a stray write would) and
+        # read it back verifying.
         value = payload(4 * KiB, 11)
         self.assertFalse(self.c.put_from(self.ns, b"dmg", value))
         (lease,), _ = self.c.acquire(self.ns, [b"dmg"])
@@ -130,12 +131,12 @@ class ClientTest(unittest.TestCase):
         finally:
             os.close(fd)
         with self.assertRaises(tidepool.Error) as cm:
-            self.c.get_into(self.ns, b"dmg", bytearray(4 * KiB))
+            self.c.get_into(self.ns, b"dmg", bytearray(4 * KiB), verify=True)
         self.assertEqual(cm.exception.code, ErrorCode.CHECKSUM_MISMATCH)
         (lease,), _ = self.c.acquire(self.ns, [b"dmg"])
         try:
             with self.assertRaises(tidepool.Error) as cm:
-                self.c.slot_view(lease)
+                self.c.slot_view(lease, verify=True)
             self.assertEqual(cm.exception.code, ErrorCode.CHECKSUM_MISMATCH)
             raw = self.c.slot_view(lease.slot)  # the raw primitive: unchecked by design
             try:
@@ -146,9 +147,9 @@ class ClientTest(unittest.TestCase):
             self.c.release([lease.lease_id])
         # An intact block still reads, checked, through both paths.
         self.assertFalse(self.c.put_from(self.ns, b"ok", value))
-        self.assertEqual(self.c.get_into(self.ns, b"ok", bytearray(4 * KiB)), 4 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"ok", bytearray(4 * KiB), verify=True), 4 * KiB)
         (lease,), _ = self.c.acquire(self.ns, [b"ok"])
-        view = self.c.slot_view(lease)
+        view = self.c.slot_view(lease, verify=True)
         try:
             self.assertEqual(bytes(view), value)
         finally:

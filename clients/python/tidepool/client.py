@@ -279,17 +279,22 @@ class Client:
         """Read-only memoryview of a leased block, without a copy. Valid
         while the lease is held; release() the view before close().
 
-        Given the Lease (from acquire), the view is checked against the
-        block's CRC-32C before it is returned (verify defaults to True) and
-        a mismatch raises Error(CHECKSUM_MISMATCH): damaged bytes never come
-        back as good. Given a bare Slot there is no checksum to check: the
-        bytes are returned unchecked, as the raw primitive."""
+        Given the Lease (from acquire) and verify=True, the view is checked
+        against the block's CRC-32C before it is returned and a mismatch
+        raises Error(CHECKSUM_MISMATCH). By default (verify None or False)
+        it is not: the sidecar checked the bytes where they entered (put,
+        commit, a peer transfer, an SSD read), the arenas are mapped
+        read-only here, and its scrubber re-checks resident blocks; a
+        sidecar with verify_reads (or this namespace in
+        verify_reads_namespaces) refuses a damaged block in acquire itself
+        (docs/security.md, "Integrity"). Given a bare Slot there is no
+        checksum to check: the bytes are returned unchecked."""
         lease = slot if isinstance(slot, Lease) else None
         if lease is not None:
             slot = lease.slot
         a = self._arena(slot)
         view = a.view[slot.offset:slot.offset + slot.length]
-        if lease is not None and (verify is None or verify):
+        if lease is not None and verify:
             if crc32c(view) != lease.checksum:
                 view.release()
                 raise Error(ErrorCode.CHECKSUM_MISMATCH, "leased block %d fails its CRC-32C" % lease.lease_id)
@@ -376,13 +381,14 @@ class Client:
         from the shared arena: acquire all, copy, release all, two round
         trips per batch. Returns, per key, the block's size or None on a
         miss. A buffer too short raises Error(TOO_LARGE) after every lease
-        is released. Each copy is checked against the block's CRC-32C
-        (verify defaults to True; with no C CRC-32C module installed the
-        check runs in pure Python, slowly, but it still runs): a mismatch
-        raises Error(CHECKSUM_MISMATCH) after every lease is released.
-        verify=False skips the check (the caller's own risk)."""
+        is released. With verify=True each copy is checked against the
+        block's CRC-32C (with no C CRC-32C module installed the check runs
+        in pure Python, slowly): a mismatch raises Error(CHECKSUM_MISMATCH)
+        after every lease is released. By default (verify None or False) it
+        is not, as slot_view says; a sidecar with verify_reads checks in
+        acquire for every client."""
         if verify is None:
-            verify = True
+            verify = False
         keys = list(keys)
         if len(buffers) != len(keys):
             raise ValueError("one buffer per key")

@@ -180,7 +180,7 @@ class _ReqState:
 # ---- configuration ------------------------------------------------------------
 
 _KNOWN_KEYS = {"socket", "namespace", "model_id", "timeout_s", "retry_s", "lease_ms", "load", "save",
-               "lookup_scope", "test_only_load_keys_of", "test_only_load_barrier"}
+               "lookup_scope", "verify_reads", "test_only_load_keys_of", "test_only_load_barrier"}
 
 
 def _test_barrier(d, timeout_s=120.0):
@@ -282,6 +282,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         self._timeout_s = float(self._x.get("timeout_s", 5.0))
         self._retry_s = float(self._x.get("retry_s", 2.0))
         self._lease_ms = int(self._x.get("lease_ms", 0))
+        self._verify = bool(self._x.get("verify_reads", False))
         self._do_load = bool(self._x.get("load", tc.kv_role in ("kv_both", "kv_consumer")))
         self._do_save = bool(self._x.get("save", tc.kv_role in ("kv_both", "kv_producer")))
         scope = str(self._x.get("lookup_scope", "default")).upper()
@@ -574,7 +575,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                     _once.warn("size", "block of %d bytes where this layout needs %d (another model "
                                "under a colliding key?); recomputing", l.slot.length, want)
                     continue
-                view = c.slot_view(l)
+                view = c.slot_view(l, verify=self._verify)
                 try:
                     if bytes(view[:HEADER_BYTES]) != header:
                         _once.warn("header", "block with another layout's header; recomputing")
