@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -116,15 +115,14 @@ func (m *metrics) observer() engineapi.Observer {
 	}
 }
 
-// listen binds the metrics address; it must be a loopback address, since
-// the endpoint has no authentication.
+// listen binds the metrics address. In a pod it is the pod IP, so that the
+// kubelet's probes and Prometheus reach it; it has no authentication, so
+// it serves read-only GETs only (/metrics, /healthz, /readyz) and nothing
+// that changes state or reveals more (no pprof, no debug handlers): every
+// other method is 405, every other path 404.
 func (m *metrics) listen(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return err
-	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return errors.New("metrics_addr must be a loopback address (127.0.0.1:PORT, [::1]:PORT or localhost:PORT)")
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -132,9 +130,9 @@ func (m *metrics) listen(addr string) error {
 	}
 	m.ln = ln
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !m.ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return

@@ -38,7 +38,8 @@ func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
 	tc.DRAM.LeaseTimeout = cfg.LeaseTimeout
 	tc.DRAM.Policy = policies[cfg.EvictionPolicy]
 	tc.QueueBytes = cfg.DemotionQueue
-	tc.StopSpillTimeout = cfg.StopSpillTimeout
+	// The spill is one part of a stop bounded by shutdown_timeout.
+	tc.StopSpillTimeout = min(cfg.StopSpillTimeout, cfg.ShutdownTimeout/2)
 	if capacity, err := ssdCapacity(cfg, lg); err != nil {
 		return nil, err
 	} else if capacity > 0 {
