@@ -225,7 +225,7 @@ var settings = []setting{
 	stringSetting("gossip_key_file", "file holding the gossip encryption key (16, 24 or 32 bytes, raw or base64)", func(c *Config) *string { return &c.GossipKeyFile }),
 	stringSetting("cluster_label", "cluster label; peers with another label are refused", func(c *Config) *string { return &c.ClusterLabel }),
 	stringSetting("peer_token_file", "legacy: file holding a token every peer API call must carry (checked after the call is decoded; peer_secret_file is what authenticates)", func(c *Config) *string { return &c.PeerTokenFile }),
-	stringSetting("peer_secret_file", "file holding the cluster secret (at least 16 bytes, raw or base64) that authenticates every peer API and transfer connection and every member; required with gossip_addr", func(c *Config) *string { return &c.PeerSecretFile }),
+	stringSetting("peer_secret_file", "file holding the cluster secret (at least 16 bytes, raw or base64) that authenticates every peer API and transfer connection and every member; required in cluster mode (join or gossip_addr)", func(c *Config) *string { return &c.PeerSecretFile }),
 	boolSetting("insecure_cluster", "run a cluster without gossip_key_file and peer_secret_file: any host that reaches the ports can read, write and join (logged loudly; never on a shared network)", func(c *Config) *bool { return &c.Insecure }),
 	boolSetting("peer_encrypt", "encrypt every peer API and transfer connection (AES-256-GCM, keys from peer_secret_file); every member must agree", func(c *Config) *bool { return &c.PeerEncrypt }),
 	intSetting("peer_max_conns", "most connections open at once on the peer API port, and on the transfer port; more are closed as they come", func(c *Config) *int { return &c.PeerMaxConns }),
