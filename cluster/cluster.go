@@ -79,6 +79,11 @@ type Config struct {
 	BackgroundJoin bool
 	// JoinRetryMax caps the background join's pause. Default 30 s.
 	JoinRetryMax time.Duration
+	// JoinWait bounds how long Start waits for the first background round:
+	// a round dials every address in turn, and addresses of pods that are
+	// gone may each take TCPTimeout. Past it Start returns and the round
+	// finishes in the background. Default 5 s.
+	JoinWait time.Duration
 	// JoinRefreshInterval is how often a joined node resolves the Join
 	// names again (BackgroundJoin only). Default 30 s; negative disables.
 	JoinRefreshInterval time.Duration
@@ -142,6 +147,7 @@ func DefaultConfig() Config {
 		BindPort:            DefaultPort,
 		JoinRetryInterval:   time.Second,
 		JoinRetryMax:        30 * time.Second,
+		JoinWait:            5 * time.Second,
 		JoinRefreshInterval: 30 * time.Second,
 		ProbeInterval:       time.Second,
 		ProbeTimeout:        500 * time.Millisecond,
@@ -168,6 +174,7 @@ func DefaultLocalConfig(name string) Config {
 	c.BindPort = 0
 	c.JoinRetryInterval = 100 * time.Millisecond
 	c.JoinRetryMax = time.Second
+	c.JoinWait = time.Second
 	c.JoinRefreshInterval = time.Second
 	c.ProbeInterval = 200 * time.Millisecond
 	c.ProbeTimeout = 150 * time.Millisecond
@@ -216,7 +223,7 @@ func (c Config) Validate() error {
 		name string
 		v    time.Duration
 	}{
-		{"JoinRetryInterval", c.JoinRetryInterval}, {"JoinRetryMax", c.JoinRetryMax}, {"ProbeInterval", c.ProbeInterval},
+		{"JoinRetryInterval", c.JoinRetryInterval}, {"JoinRetryMax", c.JoinRetryMax}, {"JoinWait", c.JoinWait}, {"ProbeInterval", c.ProbeInterval},
 		{"ProbeTimeout", c.ProbeTimeout}, {"GossipInterval", c.GossipInterval},
 		{"PushPullInterval", c.PushPullInterval}, {"TCPTimeout", c.TCPTimeout},
 		{"DeadNodeReclaimTime", c.DeadNodeReclaimTime}, {"Tombstone", c.Tombstone},
@@ -442,9 +449,9 @@ func New(cfg Config, lg *zap.Logger) (*Cluster, error) {
 // cfg.Join (if any). It retries rounds of joins every JoinRetryInterval until
 // one address answers or ctx ends; on failure it returns an error wrapping
 // ErrJoin, and the node keeps running on its own (call Join again, or Close).
-// With BackgroundJoin it makes one round (bounded by ctx and TCPTimeout
-// for the name lookups) and returns nil whatever the outcome; joining goes
-// on in the background until Close.
+// With BackgroundJoin it makes one round (waiting for it at most JoinWait,
+// or until ctx ends) and returns nil whatever the outcome; joining goes on
+// in the background until Close.
 func (c *Cluster) Start(ctx context.Context) error {
 	if c.closed.Load() {
 		return ErrClosed
@@ -511,17 +518,40 @@ func (c *Cluster) Start(ctx context.Context) error {
 		return nil
 	}
 	if c.cfg.BackgroundJoin {
-		lctx, cancel := context.WithTimeout(ctx, c.cfg.TCPTimeout)
-		n, err := c.joinRound(lctx, false)
-		cancel()
-		if err == nil {
-			c.lg.Info("joined", zap.Int("contacted", n))
-		} else {
-			c.lg.Warn("join failed; retrying in the background", zap.Strings("join", c.cfg.Join),
-				zap.Duration("retry_in", c.cfg.JoinRetryInterval), zap.Error(err))
-		}
+		first := make(chan struct{})
 		c.reconn.Add(1)
-		go c.joinLoop()
+		go func() {
+			defer c.reconn.Done()
+			// Name lookups end with Close.
+			base, stop := context.WithCancel(context.Background())
+			defer stop()
+			go func() {
+				select {
+				case <-c.stop:
+					stop()
+				case <-base.Done():
+				}
+			}()
+			lctx, cancel := context.WithTimeout(base, c.cfg.TCPTimeout)
+			n, err := c.joinRound(lctx, false)
+			cancel()
+			if err == nil {
+				c.lg.Info("joined", zap.Int("contacted", n))
+			} else {
+				c.lg.Warn("join failed; retrying in the background", zap.Strings("join", c.cfg.Join),
+					zap.Duration("retry_in", c.cfg.JoinRetryInterval), zap.Error(err))
+			}
+			close(first)
+			c.joinLoop(base)
+		}()
+		t := time.NewTimer(c.cfg.JoinWait)
+		defer t.Stop()
+		select {
+		case <-first:
+		case <-t.C:
+			c.lg.Warn("first join round still running; going on without it", zap.Strings("join", c.cfg.Join), zap.Duration("join_wait", c.cfg.JoinWait))
+		case <-ctx.Done():
+		}
 		return nil
 	}
 	for {
@@ -634,20 +664,10 @@ func (c *Cluster) joinRound(ctx context.Context, onlyNew bool) (int, error) {
 	return n, nil
 }
 
-// joinLoop is the background join (BackgroundJoin): it retries with a
+// joinLoop is the background join (BackgroundJoin; ctx ends with Close): it retries with a
 // doubling pause until another member is live, then resolves the names
 // again every JoinRefreshInterval to merge with nodes it does not know.
-func (c *Cluster) joinLoop() {
-	defer c.reconn.Done()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-c.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+func (c *Cluster) joinLoop(ctx context.Context) {
 	wait := c.cfg.JoinRetryInterval
 	for {
 		joined := c.hasPeer()
