@@ -168,6 +168,7 @@ type routeCollector struct {
 
 	rbPasses, rbCancelled, rbRunning, rbPlanned, rbPlannedBytes, rbMoved, rbMovedBytes, rbSkipped, rbFailed, rbDemoted *prometheus.Desc
 	hotCreated, hotEvicted, hotRefused, hotLive, hotBytes, peerHot                                                     *prometheus.Desc
+	joinRounds, joinFailures                                                                                           *prometheus.Desc
 }
 
 func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
@@ -211,6 +212,8 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 		hotRefused:     d("tidepool_hot_replicas_refused_total", "Hot promotions refused because hot_max_replicas or hot_max_bytes was reached.", nil, nil),
 		hotLive:        d("tidepool_hot_replicas_live", "Hot replicas held now.", nil, nil),
 		hotBytes:       d("tidepool_hot_replica_bytes", "Bytes of the hot replicas held now.", nil, nil),
+		joinRounds:     d("tidepool_cluster_join_rounds_total", "Rounds of joins made (at start and in the background).", nil, nil),
+		joinFailures:   d("tidepool_cluster_join_failures_total", "Join rounds in which no other address answered (name unresolvable, no peer up yet).", nil, nil),
 		peerHot:        d("tidepool_peer_hot_fetches_total", "Keys fetched from the peer at full priority (hot replicas, or blocks this node owns).", peer, nil),
 	}
 }
@@ -220,7 +223,7 @@ func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.fastFails, c.downOpens, c.peersDown, c.remoteDeletes, c.remoteDeleteErrs,
 		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut,
 		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted,
-		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot} {
+		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot, c.joinRounds, c.joinFailures} {
 		ch <- d
 	}
 }
@@ -234,6 +237,11 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for st, n := range states {
 		ch <- m(c.members, g, float64(n), st)
+	}
+	if c.cn != nil && c.cn.c != nil {
+		cs := c.cn.c.Stats()
+		ch <- m(c.joinRounds, ctr, float64(cs.JoinRounds))
+		ch <- m(c.joinFailures, ctr, float64(cs.JoinFailures))
 	}
 	rs := c.p.RouteStats()
 	ch <- m(c.lookups, ctr, float64(rs.RemoteLookups))

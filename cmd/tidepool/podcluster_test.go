@@ -183,6 +183,9 @@ func TestJoinUnresolvable(t *testing.T) {
 	if b := httpGet(t, "http://"+d.metrics+"/readyz"); b != "ready\n" {
 		t.Fatalf("/readyz = %q", b)
 	}
+	if f := metric(t, d, "tidepool_cluster_join_failures_total"); f < 3 {
+		t.Fatalf("tidepool_cluster_join_failures_total = %v, want >= 3", f)
+	}
 	if got := members(t, d); len(got) != 1 || got["lonely"] != "alive" {
 		t.Fatalf("members %v", got)
 	}

@@ -88,3 +88,16 @@ func TestClusterAddressErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestSettingsDocumented: every setting has a row in docs/config.md.
+func TestSettingsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/config.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range settings {
+		if !strings.Contains(string(doc), "| `"+s.key+"` |") {
+			t.Errorf("docs/config.md has no row for %s", s.key)
+		}
+	}
+}
