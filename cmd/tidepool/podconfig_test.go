@@ -4,6 +4,10 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestClusterDefaultsFromPodFacts: --join alone turns cluster mode on with
@@ -99,5 +103,31 @@ func TestSettingsDocumented(t *testing.T) {
 		if !strings.Contains(string(doc), "| `"+s.key+"` |") {
 			t.Errorf("docs/config.md has no row for %s", s.key)
 		}
+	}
+}
+
+// TestStopWatchdog: a stop that outlasts shutdown_timeout ends the process
+// with status 1 and a log line saying why; one that finishes in time (the
+// timer stopped) never does.
+func TestStopWatchdog(t *testing.T) {
+	core, logs := observer.New(zap.ErrorLevel)
+	codes := make(chan int, 1)
+	stopWatchdog(10*time.Millisecond, zap.New(core), func(code int) { codes <- code })
+	if code := <-codes; code != 1 {
+		t.Fatalf("exit(%d), want 1", code)
+	}
+	if logs.FilterMessageSnippet("longer than shutdown_timeout").Len() != 1 {
+		t.Fatalf("no log line saying why: %v", logs.All())
+	}
+
+	called := make(chan int, 1)
+	w := stopWatchdog(time.Hour, zap.NewNop(), func(code int) { called <- code })
+	if !w.Stop() {
+		t.Fatal("watchdog fired early")
+	}
+	select {
+	case code := <-called:
+		t.Fatalf("exit(%d) after the stop finished", code)
+	default:
 	}
 }

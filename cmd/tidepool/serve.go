@@ -59,6 +59,16 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// stopWatchdog calls exit(1) unless stopped within d: the bound on a stop
+// that must end inside the pod's grace period. It logs why first.
+func stopWatchdog(d time.Duration, lg *zap.Logger, exit func(int)) *time.Timer {
+	return time.AfterFunc(d, func() {
+		lg.Error("stop took longer than shutdown_timeout; exiting without finishing it", zap.Duration("shutdown_timeout", d))
+		lg.Sync()
+		exit(1)
+	})
+}
+
 // lookupGroup resolves a group name or numeric gid; empty means keep.
 func lookupGroup(g string) (int, error) {
 	if g == "" {
@@ -198,11 +208,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	// period): past it the process exits without finishing, rather than
 	// being killed mid-write by the kubelet's SIGKILL.
 	stopBy = time.Now().Add(cfg.ShutdownTimeout)
-	watchdog = time.AfterFunc(cfg.ShutdownTimeout, func() {
-		lg.Error("stop took longer than shutdown_timeout; exiting without finishing it", zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
-		lg.Sync()
-		os.Exit(1)
-	})
+	watchdog = stopWatchdog(cfg.ShutdownTimeout, lg, os.Exit)
 	// Not ready first, so that probes and the Service stop sending work.
 	m.ready.Store(false)
 	lg.Info("shutting down: not ready; leaving the cluster, then draining in-flight calls",
