@@ -62,9 +62,31 @@ type Config struct {
 	// "host:port", default port DefaultPort). Names resolve to all their
 	// addresses: a Kubernetes headless Service resolves to every pod.
 	Join []string
-	// JoinRetryInterval is the pause between join rounds in Start.
-	// Default 1 s.
+	// JoinRetryInterval is the pause between join rounds in Start, and the
+	// first pause of the background join (BackgroundJoin). Default 1 s.
 	JoinRetryInterval time.Duration
+	// BackgroundJoin makes Start try one round of joins and return even when
+	// no peer answered; joining then goes on in the background, the pause
+	// doubling from JoinRetryInterval up to JoinRetryMax (each failed round
+	// logged), until some other member is live — found by this node, or
+	// one that joined it. After that the Join names are resolved again
+	// every JoinRefreshInterval and addresses that are not live members
+	// are joined, which merges nodes that started at the same moment and
+	// each found only itself. This node's own address is skipped, so a
+	// name that resolves to every pod, this one included, works (a
+	// Kubernetes headless Service). Default false: Start retries until a
+	// peer answers or ctx ends.
+	BackgroundJoin bool
+	// JoinRetryMax caps the background join's pause. Default 30 s.
+	JoinRetryMax time.Duration
+	// JoinWait bounds how long Start waits for the first background round:
+	// a round dials every address in turn, and addresses of pods that are
+	// gone may each take TCPTimeout. Past it Start returns and the round
+	// finishes in the background. Default 5 s.
+	JoinWait time.Duration
+	// JoinRefreshInterval is how often a joined node resolves the Join
+	// names again (BackgroundJoin only). Default 30 s; negative disables.
+	JoinRefreshInterval time.Duration
 	// SecretKey enables gossip encryption (AES, 16, 24 or 32 bytes; all
 	// members must share it). Default none.
 	SecretKey []byte
@@ -124,6 +146,9 @@ func DefaultConfig() Config {
 		BindAddr:            "0.0.0.0",
 		BindPort:            DefaultPort,
 		JoinRetryInterval:   time.Second,
+		JoinRetryMax:        30 * time.Second,
+		JoinWait:            5 * time.Second,
+		JoinRefreshInterval: 30 * time.Second,
 		ProbeInterval:       time.Second,
 		ProbeTimeout:        500 * time.Millisecond,
 		SuspicionMult:       4,
@@ -148,6 +173,9 @@ func DefaultLocalConfig(name string) Config {
 	c.BindAddr = "127.0.0.1"
 	c.BindPort = 0
 	c.JoinRetryInterval = 100 * time.Millisecond
+	c.JoinRetryMax = time.Second
+	c.JoinWait = time.Second
+	c.JoinRefreshInterval = time.Second
 	c.ProbeInterval = 200 * time.Millisecond
 	c.ProbeTimeout = 150 * time.Millisecond
 	c.SuspicionMult = 3
@@ -195,7 +223,7 @@ func (c Config) Validate() error {
 		name string
 		v    time.Duration
 	}{
-		{"JoinRetryInterval", c.JoinRetryInterval}, {"ProbeInterval", c.ProbeInterval},
+		{"JoinRetryInterval", c.JoinRetryInterval}, {"JoinRetryMax", c.JoinRetryMax}, {"JoinWait", c.JoinWait}, {"ProbeInterval", c.ProbeInterval},
 		{"ProbeTimeout", c.ProbeTimeout}, {"GossipInterval", c.GossipInterval},
 		{"PushPullInterval", c.PushPullInterval}, {"TCPTimeout", c.TCPTimeout},
 		{"DeadNodeReclaimTime", c.DeadNodeReclaimTime}, {"Tombstone", c.Tombstone},
@@ -203,6 +231,12 @@ func (c Config) Validate() error {
 		if d.v <= 0 {
 			bad("%s %v must be > 0", d.name, d.v)
 		}
+	}
+	if c.JoinRetryMax < c.JoinRetryInterval && c.JoinRetryMax > 0 {
+		bad("JoinRetryMax %v must not be below JoinRetryInterval %v", c.JoinRetryMax, c.JoinRetryInterval)
+	}
+	if c.JoinRefreshInterval == 0 {
+		bad("JoinRefreshInterval must be > 0 (negative disables)")
 	}
 	if c.ProbeTimeout > c.ProbeInterval && c.ProbeInterval > 0 {
 		bad("ProbeTimeout %v must not exceed ProbeInterval %v", c.ProbeTimeout, c.ProbeInterval)
@@ -333,6 +367,8 @@ type Stats struct {
 	Dropped      uint64 // events dropped by full subscriber buffers
 	HandoffDrops uint64 // delegate notifications dropped (table resynced)
 	RefusedPeers uint64 // alive messages or merges refused (label, protocol, metadata)
+	JoinRounds   uint64 // join rounds made (Start and the background join)
+	JoinFailures uint64 // of those, rounds where no address answered
 	MetaUpdates  uint64 // local metadata updates
 }
 
@@ -355,7 +391,7 @@ type Cluster struct {
 	closed   atomic.Bool
 	stop     chan struct{}
 	loopDone chan struct{}
-	reconn   sync.WaitGroup // the reconnect loop
+	reconn   sync.WaitGroup // the reconnect and background join loops
 
 	mu      sync.RWMutex // guards members, subs, seq
 	members map[string]*Member
@@ -363,6 +399,7 @@ type Cluster struct {
 	seq     uint64
 
 	events, dropped, handoffDrops, refused, metaUpdates atomic.Uint64
+	joinRounds, joinFailures                            atomic.Uint64
 }
 
 type subscriber struct{ ch chan Event }
@@ -412,6 +449,9 @@ func New(cfg Config, lg *zap.Logger) (*Cluster, error) {
 // cfg.Join (if any). It retries rounds of joins every JoinRetryInterval until
 // one address answers or ctx ends; on failure it returns an error wrapping
 // ErrJoin, and the node keeps running on its own (call Join again, or Close).
+// With BackgroundJoin it makes one round (waiting for it at most JoinWait,
+// or until ctx ends) and returns nil whatever the outcome; joining goes on
+// in the background until Close.
 func (c *Cluster) Start(ctx context.Context) error {
 	if c.closed.Load() {
 		return ErrClosed
@@ -477,8 +517,49 @@ func (c *Cluster) Start(ctx context.Context) error {
 	if len(c.cfg.Join) == 0 {
 		return nil
 	}
+	if c.cfg.BackgroundJoin {
+		first := make(chan struct{})
+		c.reconn.Add(1)
+		go func() {
+			defer c.reconn.Done()
+			// Name lookups end with Close.
+			base, stop := context.WithCancel(context.Background())
+			defer stop()
+			go func() {
+				select {
+				case <-c.stop:
+					stop()
+				case <-base.Done():
+				}
+			}()
+			lctx, cancel := context.WithTimeout(base, c.cfg.TCPTimeout)
+			n, err := c.joinRound(lctx, false)
+			cancel()
+			if err == nil {
+				c.lg.Info("joined", zap.Int("contacted", n))
+			} else {
+				c.lg.Warn("join failed; retrying in the background", zap.Strings("join", c.cfg.Join),
+					zap.Duration("retry_in", c.cfg.JoinRetryInterval), zap.Error(err))
+			}
+			close(first)
+			c.joinLoop(base)
+		}()
+		t := time.NewTimer(c.cfg.JoinWait)
+		defer t.Stop()
+		select {
+		case <-first:
+		case <-t.C:
+			c.lg.Warn("first join round still running; going on without it", zap.Strings("join", c.cfg.Join), zap.Duration("join_wait", c.cfg.JoinWait))
+		case <-ctx.Done():
+		}
+		return nil
+	}
 	for {
 		n, err := c.Join(ctx, c.cfg.Join)
+		c.joinRounds.Add(1)
+		if err != nil {
+			c.joinFailures.Add(1)
+		}
 		if err == nil {
 			c.lg.Info("joined", zap.Int("contacted", n))
 			return nil
@@ -528,6 +609,97 @@ func (c *Cluster) reconnect(every time.Duration) {
 			if n, err := ml.Join([]string{a}); err == nil && n > 0 {
 				c.lg.Info("reconnected to a failed member", zap.String("addr", a))
 			}
+		}
+	}
+}
+
+// hasPeer reports whether some other member is live.
+func (c *Cluster) hasPeer() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, m := range c.members {
+		if !m.Local && m.State.Live() {
+			return true
+		}
+	}
+	return false
+}
+
+// joinRound resolves cfg.Join and joins every address other than this
+// node's own; with onlyNew, live members' addresses are skipped too (and
+// finding nothing to join is no error). It returns how many answered.
+func (c *Cluster) joinRound(ctx context.Context, onlyNew bool) (int, error) {
+	ml := c.ml.Load()
+	if ml == nil {
+		return 0, ErrNotStarted
+	}
+	c.joinRounds.Add(1)
+	targets, rerr := c.resolve(ctx, c.cfg.Join)
+	skip := map[string]bool{c.Addr(): true}
+	if onlyNew {
+		c.mu.RLock()
+		for _, m := range c.members {
+			if m.State.Live() {
+				skip[m.Addr] = true
+			}
+		}
+		c.mu.RUnlock()
+	}
+	targets = slices.DeleteFunc(targets, func(a string) bool { return skip[a] })
+	if len(targets) == 0 {
+		if onlyNew && rerr == nil {
+			return 0, nil
+		}
+		c.joinFailures.Add(1)
+		if rerr == nil {
+			rerr = errors.New("the names resolve to this node only")
+		}
+		return 0, fmt.Errorf("%w: no other address to join: %w", ErrJoin, rerr)
+	}
+	n, err := ml.Join(targets)
+	if n == 0 {
+		c.joinFailures.Add(1)
+		return 0, fmt.Errorf("%w: %v", ErrJoin, errors.Join(err, rerr))
+	}
+	return n, nil
+}
+
+// joinLoop is the background join (BackgroundJoin; ctx ends with Close): it retries with a
+// doubling pause until another member is live, then resolves the names
+// again every JoinRefreshInterval to merge with nodes it does not know.
+func (c *Cluster) joinLoop(ctx context.Context) {
+	wait := c.cfg.JoinRetryInterval
+	for {
+		joined := c.hasPeer()
+		pause := wait
+		if joined {
+			if c.cfg.JoinRefreshInterval < 0 {
+				return
+			}
+			pause = c.cfg.JoinRefreshInterval
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-c.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		lctx, lcancel := context.WithTimeout(ctx, c.cfg.TCPTimeout)
+		n, err := c.joinRound(lctx, joined)
+		lcancel()
+		switch {
+		case c.closed.Load():
+			return
+		case err == nil && n > 0:
+			c.lg.Info("joined", zap.Int("contacted", n), zap.Bool("refresh", joined))
+			wait = c.cfg.JoinRetryInterval
+		case err != nil && !joined && !c.hasPeer():
+			wait = min(2*wait, max(c.cfg.JoinRetryMax, c.cfg.JoinRetryInterval))
+			c.lg.Warn("join failed; retrying in the background", zap.Strings("join", c.cfg.Join),
+				zap.Duration("retry_in", wait), zap.Error(err))
+		case err != nil:
+			c.lg.Debug("join refresh failed", zap.Error(err))
 		}
 	}
 }
@@ -851,6 +1023,8 @@ func (c *Cluster) Stats() Stats {
 	s.HandoffDrops = c.handoffDrops.Load()
 	s.RefusedPeers = c.refused.Load()
 	s.MetaUpdates = c.metaUpdates.Load()
+	s.JoinRounds = c.joinRounds.Load()
+	s.JoinFailures = c.joinFailures.Load()
 	return s
 }
 

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -418,4 +420,84 @@ func TestResyncAfterDroppedHandoff(t *testing.T) {
 	if s := a.Stats(); s.HandoffDrops != 1 || s.Live != 3 {
 		t.Fatalf("stats after resync: %+v", s)
 	}
+}
+
+// TestBackgroundJoin: with BackgroundJoin, Start returns at once although
+// the Join name resolves to nothing yet (a first pod), counts the failed
+// round, and keeps trying: once the name resolves to a live member the
+// node joins it. A name that resolves to this node only is a failed round,
+// not a join with itself.
+func TestBackgroundJoin(t *testing.T) {
+	var answer atomic.Pointer[[]string]
+	answer.Store(&[]string{})
+	lookup := func(_ context.Context, host string) ([]string, error) {
+		if host != "peers.test" {
+			return nil, fmt.Errorf("lookup %s: no such host", host)
+		}
+		if a := *answer.Load(); len(a) > 0 {
+			return a, nil
+		}
+		return nil, fmt.Errorf("lookup %s: no such host", host)
+	}
+	// B's port is fixed first, so that A's Join entry can name it.
+	b := startNode(t, "b", nil)
+	_, bport, _ := strings.Cut(b.Addr(), ":")
+	start := time.Now()
+	a, err := tryStart(t, "a", func(c *Config) {
+		c.BackgroundJoin, c.LookupHost = true, lookup
+		c.JoinRetryMax = 200 * time.Millisecond
+	}, "peers.test:"+bport)
+	if err != nil {
+		t.Fatalf("Start with an unresolvable name: %v, want nil (joining goes on)", err)
+	}
+	if took := time.Since(start); took > 900*time.Millisecond {
+		t.Fatalf("Start took %v; want one round, not the retry loop", took)
+	}
+	waitFor(t, 5*time.Second, "two failed join rounds", func() bool { return a.Stats().JoinFailures >= 2 })
+	if a.hasPeer() {
+		t.Fatalf("a has a peer before the name resolves: %v", a.Members())
+	}
+	answer.Store(&[]string{"127.0.0.1"})
+	waitFor(t, 10*time.Second, "a joined b in the background", func() bool {
+		return stateOf(a, "b") == StateAlive && stateOf(b, "a") == StateAlive
+	})
+
+	// A name that resolves to this node only.
+	_, aport, _ := strings.Cut(a.Addr(), ":")
+	solo, err := tryStart(t, "solo", func(c *Config) {
+		c.BackgroundJoin, c.LookupHost = true, func(context.Context, string) ([]string, error) { return []string{"127.0.0.1"}, nil }
+	}, "self.test:"+aport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// solo's own port differs from a's: it joins a. Now one whose name
+	// resolves to itself alone.
+	waitFor(t, 5*time.Second, "solo joined a", func() bool { return stateOf(solo, "a") == StateAlive })
+	cfg := DefaultLocalConfig("self")
+	cfg.BindPort = freeUDPTCPPort(t)
+	cfg.BackgroundJoin = true
+	cfg.Join = []string{fmt.Sprintf("127.0.0.1:%d", cfg.BindPort)}
+	self, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { self.Close() })
+	if err := self.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a failed round on a self-only name", func() bool { return self.Stats().JoinFailures >= 1 })
+	if self.hasPeer() {
+		t.Fatalf("self joined someone: %v", self.Members())
+	}
+}
+
+// freeUDPTCPPort returns a loopback port free for TCP a moment ago.
+func freeUDPTCPPort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,9 +43,27 @@ type daemon struct {
 	cmd     *exec.Cmd
 	socket  string
 	metrics string // host:port
-	stderr  *bytes.Buffer
+	stderr  *syncBuffer
 	exited  chan error
 	lines   chan string // standard output after the first line
+}
+
+// syncBuffer is a bytes.Buffer safe to read while the process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func startDaemon(t *testing.T, extra ...string) *daemon {
@@ -62,7 +81,7 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &bytes.Buffer{}, exited: make(chan error, 1), lines: make(chan string, 16)}
+	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &syncBuffer{}, exited: make(chan error, 1), lines: make(chan string, 16)}
 	for i := range len(extra) - 1 {
 		if extra[i] == "--socket" {
 			d.socket = extra[i+1] // the last one wins, as in flag parsing

@@ -28,15 +28,16 @@ import (
 // client, membership and the placement view. Built by startCluster, torn
 // down by close in reverse order.
 type clusterNode struct {
-	lg      *zap.Logger
-	p       *proxy.Proxy
-	tr      *tcp.Transport
-	regions []rdma.RegionDesc
-	psrv    *peerapi.Server
-	pcli    *peerapi.Client
-	c       *cluster.Cluster
-	view    *clusterview.View
-	unwatch func() // stops feeding membership changes to the rebalancer
+	lg       *zap.Logger
+	p        *proxy.Proxy
+	tr       *tcp.Transport
+	regions  []rdma.RegionDesc
+	psrv     *peerapi.Server
+	pcli     *peerapi.Client
+	c        *cluster.Cluster
+	view     *clusterview.View
+	unwatch  func() // stops feeding membership changes to the rebalancer
+	unforget func() // stops closing connections to members that go
 }
 
 // readSecret reads a key or token file: raw bytes, or base64 text, with
@@ -154,6 +155,9 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 		}
 	}
 	ccfg.Join = cfg.Join
+	// Pods start in any order: the first finds nobody and must still come
+	// up (and become ready) alone; joining goes on in the background.
+	ccfg.BackgroundJoin = true
 	ccfg.SecretKey = key
 	ccfg.Label = cfg.ClusterLabel
 	ccfg.Auth = akey
@@ -235,11 +239,28 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 		return nil, err
 	}
 	n.unwatch = peerapi.WatchMembership(n.c, p)
-	n.lg.Info("cluster joined",
-		zap.String("node_name", cfg.NodeID), zap.String("gossip", gossip),
+	n.unforget = forgetGone(n.c, n.pcli)
+	n.lg.Info("cluster member started",
+		zap.String("node_name", cfg.NodeID), zap.String("gossip", gossip), zap.Strings("join", cfg.Join),
 		zap.String("peer_api", meta.PeerAddr), zap.String("transfer", meta.TransferAddr),
 		zap.Int("members", len(n.c.Members())), zap.Int("replicas", cfg.Replicas))
 	return n, nil
+}
+
+// forgetGone closes the pooled peer API connections to every member that
+// is leaving, left or failed: a leaving node's peer API drains as soon as
+// no call is in flight instead of waiting out drain_timeout for idle
+// connections from its peers. It returns a stop function.
+func forgetGone(c *cluster.Cluster, pcli *peerapi.Client) (stop func()) {
+	events, cancel := c.Subscribe()
+	go func() {
+		for ev := range events {
+			if m := ev.Member; !m.Local && !m.State.Live() && m.Meta.PeerAddr != "" {
+				pcli.Forget(m.Meta.PeerAddr)
+			}
+		}
+	}()
+	return cancel
 }
 
 func mustAddr(hostport string) net.Addr {
@@ -270,6 +291,9 @@ func (n *clusterNode) close(pushDrain time.Duration) {
 	}
 	if n.unwatch != nil {
 		n.unwatch()
+	}
+	if n.unforget != nil {
+		n.unforget()
 	}
 	if n.p != nil {
 		n.p.DetachCluster(pushDrain)

@@ -32,43 +32,45 @@ import (
 // environment (TIDEPOOL_KEY). Precedence: flags, then environment, then the
 // YAML file, then the embedded defaults. docs/config.md lists them all.
 type Config struct {
-	Socket         string        // engine API Unix socket path
-	SocketMode     os.FileMode   // socket file mode (octal)
-	SocketGroup    string        // group (name or gid) given the socket; empty keeps the process group
-	DataDir        string        // persistent data (SSD tier)
-	ArenaDir       string        // DRAM arena files (tmpfs; shared with the engine); empty: derived from Socket
-	TrustedDirs    []string      // directories accepted whatever their owner and mode
-	DRAMCapacity   int64         // DRAM tier budget in bytes
-	ArenaSize      int64         // bytes per arena file
-	MaxKeySize     int           // longest key, bytes
-	MaxValueSize   int64         // largest value, bytes
-	MaxBatch       int           // most items per batch call
-	MaxRequestSize int64         // largest framed request, bytes
-	EngineMaxConns int           // most engine API connections open at once
-	EngineIdle     time.Duration // engine API connection idle timeout
-	Namespaces     []string      // allow-list of namespaces; empty allows any
-	MaxNamespaces  int           // most namespaces holding data at once
-	LeaseTimeout   time.Duration // longest read pin
-	EvictionPolicy string        // prefix (default) or lru
-	MetricsAddr    string        // loopback HTTP address for /metrics, /healthz, /readyz; empty disables
-	LogLevel       string        // debug, info, warn, error
-	LogFormat      string        // json or console
-	NodeID         string        // this sidecar's name (node_name)
-	GossipAddr     string        // host:port of gossip (memberlist); empty: single node
-	AdvertiseAddr  string        // host or host:port peers use to reach gossip; empty: derived
-	PeerAddr       string        // host:port of the peer API (TCP)
-	TransferAddr   string        // host:port of the block transfer layer (TCP)
-	Join           []string      // addresses or DNS names of members to join
-	Replicas       int           // owners per block (R)
-	GossipKeyFile  string        // file holding the gossip encryption key
-	ClusterLabel   string        // cluster label; peers with another are refused
-	PeerTokenFile  string        // file holding the peer API shared token (legacy, checked after decoding)
-	PeerSecretFile string        // file holding the cluster secret that authenticates peer API and transfer connections
-	Insecure       bool          // insecure_cluster: run a cluster without credentials
-	PeerEncrypt    bool          // encrypt peer API and transfer connections (AES-256-GCM) after authenticating them
-	PeerMaxConns   int           // most connections open at once on the peer API port and on the transfer port (each)
-	PeerIdleTime   time.Duration // a peer API or transfer connection idle that long is closed
-	DrainTimeout   time.Duration // how long shutdown waits for in-flight calls
+	Socket          string        // engine API Unix socket path
+	SocketMode      os.FileMode   // socket file mode (octal)
+	SocketGroup     string        // group (name or gid) given the socket; empty keeps the process group
+	DataDir         string        // persistent data (SSD tier)
+	ArenaDir        string        // DRAM arena files (tmpfs; shared with the engine); empty: derived from Socket
+	TrustedDirs     []string      // directories accepted whatever their owner and mode
+	DRAMCapacity    int64         // DRAM tier budget in bytes
+	ArenaSize       int64         // bytes per arena file
+	MaxKeySize      int           // longest key, bytes
+	MaxValueSize    int64         // largest value, bytes
+	MaxBatch        int           // most items per batch call
+	MaxRequestSize  int64         // largest framed request, bytes
+	EngineMaxConns  int           // most engine API connections open at once
+	EngineIdle      time.Duration // engine API connection idle timeout
+	Namespaces      []string      // allow-list of namespaces; empty allows any
+	MaxNamespaces   int           // most namespaces holding data at once
+	LeaseTimeout    time.Duration // longest read pin
+	EvictionPolicy  string        // prefix (default) or lru
+	MetricsAddr     string        // HTTP address for /metrics, /healthz, /readyz (read-only GETs); empty disables
+	LogLevel        string        // debug, info, warn, error
+	LogFormat       string        // json or console
+	NodeID          string        // this sidecar's name (node_name); default $POD_NAME, then the host name
+	BindAddr        string        // IP the cluster listeners bind; empty: 0.0.0.0 in a pod ($POD_IP set), else 127.0.0.1
+	GossipAddr      string        // host:port of gossip (memberlist); empty: bind_addr:7946 in cluster mode
+	AdvertiseAddr   string        // host or host:port peers use to reach gossip; empty: derived (deriveCluster)
+	PeerAddr        string        // host:port of the peer API (TCP); empty: bind_addr:7947
+	TransferAddr    string        // host:port of the block transfer layer (TCP); empty: bind_addr:7948
+	Join            []string      // addresses or DNS names of members to join
+	Replicas        int           // owners per block (R)
+	GossipKeyFile   string        // file holding the gossip encryption key
+	ClusterLabel    string        // cluster label; peers with another are refused
+	PeerTokenFile   string        // file holding the peer API shared token (legacy, checked after decoding)
+	PeerSecretFile  string        // file holding the cluster secret that authenticates peer API and transfer connections
+	Insecure        bool          // insecure_cluster: run a cluster without credentials
+	PeerEncrypt     bool          // encrypt peer API and transfer connections (AES-256-GCM) after authenticating them
+	PeerMaxConns    int           // most connections open at once on the peer API port and on the transfer port (each)
+	PeerIdleTime    time.Duration // a peer API or transfer connection idle that long is closed
+	DrainTimeout    time.Duration // how long shutdown waits for in-flight calls
+	ShutdownTimeout time.Duration // bound on the whole stop after SIGTERM (leave, drain, spill); past it the process exits
 
 	RemoteTimeout     time.Duration // bound on the remote part of a read (owners asked, the owner's answer)
 	PeerDownFor       time.Duration // how long a node that failed a call is not asked
@@ -208,15 +210,16 @@ var settings = []setting{
 	intSetting("max_namespaces", "most namespaces holding data at once", func(c *Config) *int { return &c.MaxNamespaces }),
 	stringSetting("eviction_policy", "eviction policy of every tier: prefix (frequency and prefix aware) or lru", func(c *Config) *string { return &c.EvictionPolicy }),
 	durationSetting("lease_timeout", "longest time a read may pin a block", func(c *Config) *time.Duration { return &c.LeaseTimeout }),
-	stringSetting("metrics_addr", "loopback HTTP address for /metrics, /healthz, /readyz; empty disables", func(c *Config) *string { return &c.MetricsAddr }),
+	stringSetting("metrics_addr", "HTTP address of the read-only /metrics, /healthz, /readyz (default 127.0.0.1:9464; $POD_IP:9464 in a pod); empty disables", func(c *Config) *string { return &c.MetricsAddr }),
 	stringSetting("log_level", "debug, info, warn or error", func(c *Config) *string { return &c.LogLevel }),
 	stringSetting("log_format", "json or console", func(c *Config) *string { return &c.LogFormat }),
-	stringSetting("node_name", "this sidecar's name in the cluster and in responses (default: host name)", func(c *Config) *string { return &c.NodeID }),
-	stringSetting("gossip_addr", "host:port for gossip (TCP and UDP); empty runs a single node", func(c *Config) *string { return &c.GossipAddr }),
-	stringSetting("advertise_addr", "address peers use to reach this node's gossip (default: derived from gossip_addr)", func(c *Config) *string { return &c.AdvertiseAddr }),
-	stringSetting("peer_addr", "host:port of the peer API (TCP), required with gossip_addr", func(c *Config) *string { return &c.PeerAddr }),
-	stringSetting("transfer_addr", "host:port of the block transfer layer (TCP), required with gossip_addr", func(c *Config) *string { return &c.TransferAddr }),
-	{"join", "comma-separated addresses or DNS names of cluster members to join",
+	stringSetting("node_name", "this sidecar's name in the cluster and in responses (default: $POD_NAME, then the host name)", func(c *Config) *string { return &c.NodeID }),
+	stringSetting("bind_addr", "IP address the gossip, peer API and transfer listeners bind in cluster mode (default: 0.0.0.0 when $POD_IP is set, else 127.0.0.1)", func(c *Config) *string { return &c.BindAddr }),
+	stringSetting("gossip_addr", "host:port for gossip (TCP and UDP); default bind_addr:7946 in cluster mode (join or gossip_addr set); empty and no join runs a single node", func(c *Config) *string { return &c.GossipAddr }),
+	stringSetting("advertise_addr", "IP (or IP:port) peers use to reach this node (default: $POD_IP, else bind_addr when specific, else the first non-loopback address)", func(c *Config) *string { return &c.AdvertiseAddr }),
+	stringSetting("peer_addr", "host:port of the peer API (TCP); default bind_addr:7947 in cluster mode", func(c *Config) *string { return &c.PeerAddr }),
+	stringSetting("transfer_addr", "host:port of the block transfer layer (TCP); default bind_addr:7948 in cluster mode", func(c *Config) *string { return &c.TransferAddr }),
+	{"join", "comma-separated addresses or DNS names (default port 7946) of cluster members to join; turns cluster mode on; retried in the background until a peer answers",
 		func(c *Config) string { return strings.Join(c.Join, ",") },
 		func(c *Config, v string) error {
 			c.Join = nil
@@ -231,12 +234,13 @@ var settings = []setting{
 	stringSetting("gossip_key_file", "file holding the gossip encryption key (16, 24 or 32 bytes, raw or base64)", func(c *Config) *string { return &c.GossipKeyFile }),
 	stringSetting("cluster_label", "cluster label; peers with another label are refused", func(c *Config) *string { return &c.ClusterLabel }),
 	stringSetting("peer_token_file", "legacy: file holding a token every peer API call must carry (checked after the call is decoded; peer_secret_file is what authenticates)", func(c *Config) *string { return &c.PeerTokenFile }),
-	stringSetting("peer_secret_file", "file holding the cluster secret (at least 16 bytes, raw or base64) that authenticates every peer API and transfer connection and every member; required with gossip_addr", func(c *Config) *string { return &c.PeerSecretFile }),
+	stringSetting("peer_secret_file", "file holding the cluster secret (at least 16 bytes, raw or base64) that authenticates every peer API and transfer connection and every member; required in cluster mode (join or gossip_addr)", func(c *Config) *string { return &c.PeerSecretFile }),
 	boolSetting("insecure_cluster", "run a cluster without gossip_key_file and peer_secret_file: any host that reaches the ports can read, write and join (logged loudly; never on a shared network)", func(c *Config) *bool { return &c.Insecure }),
 	boolSetting("peer_encrypt", "encrypt every peer API and transfer connection (AES-256-GCM, keys from peer_secret_file); every member must agree", func(c *Config) *bool { return &c.PeerEncrypt }),
 	intSetting("peer_max_conns", "most connections open at once on the peer API port, and on the transfer port; more are closed as they come", func(c *Config) *int { return &c.PeerMaxConns }),
 	durationSetting("peer_idle_timeout", "a peer API or transfer connection that sends nothing for this long is closed", func(c *Config) *time.Duration { return &c.PeerIdleTime }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
+	durationSetting("shutdown_timeout", "bound on the whole stop after SIGTERM or SIGINT (leave the cluster, drain, spill DRAM to SSD); past it the process exits with status 1", func(c *Config) *time.Duration { return &c.ShutdownTimeout }),
 	durationSetting("remote_timeout", "bound on the remote part of a cluster read: the owners asked by Lookup/Exists, the owner's answer in Get/BatchGet/Acquire; past it the read is a miss", func(c *Config) *time.Duration { return &c.RemoteTimeout }),
 	durationSetting("peer_down_for", "how long a node that failed a call (timeout, refused, unreachable) is not asked again; reads that need it miss at once", func(c *Config) *time.Duration { return &c.PeerDownFor }),
 	sizeSetting("rebalance_rate", "bytes per second the rebalancer pushes to new owners after a membership change; 0 disables it", func(c *Config) *int64 { return &c.RebalanceRate }),
@@ -312,29 +316,30 @@ func DefaultConfig() Config {
 	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
 	rc := proxy.DefaultRouteConfig()
 	return Config{
-		Socket:         defaultSocket(),
-		SocketMode:     0o600,
-		DataDir:        defaultDataDir(),
-		ArenaDir:       defaultArenaDir(defaultSocket()),
-		DRAMCapacity:   defaultDRAMCapacity(),
-		ArenaSize:      dc.ArenaSize,
-		MaxKeySize:     cache.DefaultMaxKeyBytes,
-		MaxValueSize:   cache.DefaultMaxValueBytes,
-		MaxBatch:       cache.DefaultMaxBatch,
-		MaxRequestSize: int64(ec.MaxRequestBytes),
-		EngineMaxConns: ec.MaxConnections,
-		EngineIdle:     ec.IdleTimeout,
-		MaxNamespaces:  proxy.DefaultConfig().MaxNamespaces,
-		LeaseTimeout:   dc.LeaseTimeout,
-		EvictionPolicy: "prefix",
-		MetricsAddr:    "127.0.0.1:9464",
-		LogLevel:       "info",
-		LogFormat:      "console",
-		NodeID:         host,
-		Replicas:       1,
-		DrainTimeout:   ec.DrainTimeout,
-		PeerMaxConns:   pc.MaxConns,
-		PeerIdleTime:   pc.IdleTimeout,
+		Socket:          defaultSocket(),
+		SocketMode:      0o600,
+		DataDir:         defaultDataDir(),
+		ArenaDir:        defaultArenaDir(defaultSocket()),
+		DRAMCapacity:    defaultDRAMCapacity(),
+		ArenaSize:       dc.ArenaSize,
+		MaxKeySize:      cache.DefaultMaxKeyBytes,
+		MaxValueSize:    cache.DefaultMaxValueBytes,
+		MaxBatch:        cache.DefaultMaxBatch,
+		MaxRequestSize:  int64(ec.MaxRequestBytes),
+		EngineMaxConns:  ec.MaxConnections,
+		EngineIdle:      ec.IdleTimeout,
+		MaxNamespaces:   proxy.DefaultConfig().MaxNamespaces,
+		LeaseTimeout:    dc.LeaseTimeout,
+		EvictionPolicy:  "prefix",
+		MetricsAddr:     "127.0.0.1:9464",
+		LogLevel:        "info",
+		LogFormat:       "console",
+		NodeID:          host,
+		Replicas:        1,
+		DrainTimeout:    ec.DrainTimeout,
+		ShutdownTimeout: 20 * time.Second,
+		PeerMaxConns:    pc.MaxConns,
+		PeerIdleTime:    pc.IdleTimeout,
 
 		RemoteTimeout:     rc.RemoteTimeout,
 		PeerDownFor:       rc.PeerDownFor,
@@ -418,6 +423,17 @@ func (c Config) Validate() error {
 	if c.DrainTimeout <= 0 {
 		bad("drain_timeout %s: must be positive", c.DrainTimeout)
 	}
+	if c.ShutdownTimeout <= c.DrainTimeout {
+		bad("shutdown_timeout %s: must exceed drain_timeout %s (the drain is one part of the stop)", c.ShutdownTimeout, c.DrainTimeout)
+	}
+	if c.BindAddr != "" && net.ParseIP(c.BindAddr) == nil {
+		bad("bind_addr %q: want an IP address", c.BindAddr)
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			bad("metrics_addr %q: want host:port (%v)", c.MetricsAddr, err)
+		}
+	}
 	if c.SSDCapacity != 0 && c.SSDCapacity < 64<<20 {
 		bad("ssd_capacity %s: 0 (no SSD tier) or at least 64MiB", units.FormatBytes(c.SSDCapacity))
 	}
@@ -463,7 +479,7 @@ func (c Config) Validate() error {
 	if c.HotMaxReplicas < 1 || c.HotMaxBytes < 0 {
 		bad("hot_max_replicas %d: must be positive; hot_max_bytes %s: must not be negative", c.HotMaxReplicas, units.FormatBytes(c.HotMaxBytes))
 	}
-	if c.GossipAddr != "" {
+	if c.clustered() {
 		for name, a := range map[string]string{"gossip_addr": c.GossipAddr, "peer_addr": c.PeerAddr, "transfer_addr": c.TransferAddr} {
 			if _, _, err := net.SplitHostPort(a); err != nil {
 				bad("%s %q: want host:port (%v)", name, a, err)
@@ -472,8 +488,17 @@ func (c Config) Validate() error {
 		if c.NodeID == "" {
 			bad("node_name: empty")
 		}
+		if c.AdvertiseAddr != "" {
+			h, _, err := net.SplitHostPort(c.AdvertiseAddr)
+			if err != nil {
+				h = c.AdvertiseAddr
+			}
+			if net.ParseIP(h) == nil {
+				bad("advertise_addr %q: want an IP address or IP:port", c.AdvertiseAddr)
+			}
+		}
 		if !c.Insecure && (c.GossipKeyFile == "" || c.PeerSecretFile == "") {
-			bad("cluster mode (gossip_addr) needs credentials: gossip_key_file %q and peer_secret_file %q must both be set "+
+			bad("cluster mode (join or gossip_addr) needs credentials: gossip_key_file %q and peer_secret_file %q must both be set "+
 				"(see docs/security.md); to run an open cluster anyway set insecure_cluster: true", c.GossipKeyFile, c.PeerSecretFile)
 		}
 		if c.PeerEncrypt && c.PeerSecretFile == "" {
@@ -482,8 +507,6 @@ func (c Config) Validate() error {
 		if c.PeerMaxConns < 1 || c.PeerIdleTime <= 0 {
 			bad("peer_max_conns %d, peer_idle_timeout %s: must be positive", c.PeerMaxConns, c.PeerIdleTime)
 		}
-	} else if len(c.Join) > 0 {
-		bad("join needs gossip_addr")
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -509,6 +532,14 @@ func loadConfig(fs *flag.FlagSet, flagVals map[string]*string, configPath string
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			env[k] = v
 		}
+	}
+	// Pod facts (the downward API) replace embedded defaults; every
+	// source below still overrides them.
+	if name := env["POD_NAME"]; name != "" {
+		c.NodeID = name
+	}
+	if ip := env["POD_IP"]; ip != "" {
+		c.MetricsAddr = net.JoinHostPort(ip, strconv.Itoa(defaultMetricsPort))
 	}
 	if configPath == "" {
 		configPath = env["TIDEPOOL_CONFIG"]
@@ -541,7 +572,97 @@ func loadConfig(fs *flag.FlagSet, flagVals map[string]*string, configPath string
 	if c.ArenaDir == "" {
 		c.ArenaDir = defaultArenaDir(c.Socket)
 	}
+	c.deriveCluster(env["POD_IP"], nonLoopbackIP)
 	return c, c.Validate()
+}
+
+// Well-known ports: the listeners' defaults in cluster mode, and metrics.
+const (
+	defaultGossipPort   = 7946 // cluster.DefaultPort, also the --join default
+	defaultPeerPort     = 7947
+	defaultTransferPort = 7948
+	defaultMetricsPort  = 9464
+)
+
+// clustered reports whether c runs a cluster member: join or gossip_addr
+// is set.
+func (c Config) clustered() bool { return c.GossipAddr != "" || len(c.Join) > 0 }
+
+// deriveCluster fills in the cluster addresses no source set, from one
+// bind address and the pod's IP (podIP, "" outside a pod):
+//   - bind_addr: the host of gossip_addr when that names one, else 0.0.0.0
+//     in a pod (its network namespace is its own) and 127.0.0.1 outside one
+//     (a laptop or a shared host: nothing listens on the network unasked);
+//   - gossip_addr, peer_addr, transfer_addr: bind_addr with ports 7946,
+//     7947, 7948;
+//   - advertise_addr: podIP, else bind_addr when it is a specific address,
+//     else firstIP() (the first non-loopback address of an interface that
+//     is up), else empty (memberlist then picks a private address or fails
+//     with a clear error).
+//
+// A single node (neither join nor gossip_addr) is left as it is.
+func (c *Config) deriveCluster(podIP string, firstIP func() string) {
+	if !c.clustered() {
+		return
+	}
+	if c.BindAddr == "" {
+		switch h, _, err := net.SplitHostPort(c.GossipAddr); {
+		case err == nil && h != "":
+			c.BindAddr = h
+		case podIP != "":
+			c.BindAddr = "0.0.0.0"
+		default:
+			c.BindAddr = "127.0.0.1"
+		}
+	}
+	at := func(port int) string { return net.JoinHostPort(c.BindAddr, strconv.Itoa(port)) }
+	if c.GossipAddr == "" {
+		c.GossipAddr = at(defaultGossipPort)
+	}
+	if c.PeerAddr == "" {
+		c.PeerAddr = at(defaultPeerPort)
+	}
+	if c.TransferAddr == "" {
+		c.TransferAddr = at(defaultTransferPort)
+	}
+	if c.AdvertiseAddr == "" {
+		if ip := net.ParseIP(c.BindAddr); podIP != "" {
+			c.AdvertiseAddr = podIP
+		} else if ip != nil && !ip.IsUnspecified() {
+			c.AdvertiseAddr = c.BindAddr
+		} else if firstIP != nil {
+			c.AdvertiseAddr = firstIP()
+		}
+	}
+}
+
+// nonLoopbackIP is the first non-loopback unicast address of an interface
+// that is up, IPv4 first; "" when there is none.
+func nonLoopbackIP() string {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return ""
+	}
+	var v6 string
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			if !ok || !ipn.IP.IsGlobalUnicast() {
+				continue
+			}
+			if ipn.IP.To4() != nil {
+				return ipn.IP.String()
+			}
+			if v6 == "" {
+				v6 = ipn.IP.String()
+			}
+		}
+	}
+	return v6
 }
 
 // applyYAML reads a YAML mapping of setting keys to values. Unknown keys

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -116,15 +115,14 @@ func (m *metrics) observer() engineapi.Observer {
 	}
 }
 
-// listen binds the metrics address; it must be a loopback address, since
-// the endpoint has no authentication.
+// listen binds the metrics address. In a pod it is the pod IP, so that the
+// kubelet's probes and Prometheus reach it; it has no authentication, so
+// it serves read-only GETs only (/metrics, /healthz, /readyz) and nothing
+// that changes state or reveals more (no pprof, no debug handlers): every
+// other method is 405, every other path 404.
 func (m *metrics) listen(addr string) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return err
-	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return errors.New("metrics_addr must be a loopback address (127.0.0.1:PORT, [::1]:PORT or localhost:PORT)")
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -132,9 +130,9 @@ func (m *metrics) listen(addr string) error {
 	}
 	m.ln = ln
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !m.ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
@@ -170,6 +168,7 @@ type routeCollector struct {
 
 	rbPasses, rbCancelled, rbRunning, rbPlanned, rbPlannedBytes, rbMoved, rbMovedBytes, rbSkipped, rbFailed, rbDemoted *prometheus.Desc
 	hotCreated, hotEvicted, hotRefused, hotLive, hotBytes, peerHot                                                     *prometheus.Desc
+	joinRounds, joinFailures                                                                                           *prometheus.Desc
 }
 
 func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
@@ -213,6 +212,8 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 		hotRefused:     d("tidepool_hot_replicas_refused_total", "Hot promotions refused because hot_max_replicas or hot_max_bytes was reached.", nil, nil),
 		hotLive:        d("tidepool_hot_replicas_live", "Hot replicas held now.", nil, nil),
 		hotBytes:       d("tidepool_hot_replica_bytes", "Bytes of the hot replicas held now.", nil, nil),
+		joinRounds:     d("tidepool_cluster_join_rounds_total", "Rounds of joins made (at start and in the background).", nil, nil),
+		joinFailures:   d("tidepool_cluster_join_failures_total", "Join rounds in which no other address answered (name unresolvable, no peer up yet).", nil, nil),
 		peerHot:        d("tidepool_peer_hot_fetches_total", "Keys fetched from the peer at full priority (hot replicas, or blocks this node owns).", peer, nil),
 	}
 }
@@ -222,7 +223,7 @@ func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.fastFails, c.downOpens, c.peersDown, c.remoteDeletes, c.remoteDeleteErrs,
 		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut,
 		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted,
-		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot} {
+		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot, c.joinRounds, c.joinFailures} {
 		ch <- d
 	}
 }
@@ -236,6 +237,11 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for st, n := range states {
 		ch <- m(c.members, g, float64(n), st)
+	}
+	if c.cn != nil && c.cn.c != nil {
+		cs := c.cn.c.Stats()
+		ch <- m(c.joinRounds, ctr, float64(cs.JoinRounds))
+		ch <- m(c.joinFailures, ctr, float64(cs.JoinFailures))
 	}
 	rs := c.p.RouteStats()
 	ch <- m(c.lookups, ctr, float64(rs.RemoteLookups))

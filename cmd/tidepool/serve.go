@@ -59,6 +59,16 @@ func cmdServe(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// stopWatchdog calls exit(1) unless stopped within d: the bound on a stop
+// that must end inside the pod's grace period. It logs why first.
+func stopWatchdog(d time.Duration, lg *zap.Logger, exit func(int)) *time.Timer {
+	return time.AfterFunc(d, func() {
+		lg.Error("stop took longer than shutdown_timeout; exiting without finishing it", zap.Duration("shutdown_timeout", d))
+		lg.Sync()
+		exit(1)
+	})
+}
+
 // lookupGroup resolves a group name or numeric gid; empty means keep.
 func lookupGroup(g string) (int, error) {
 	if g == "" {
@@ -78,6 +88,15 @@ func lookupGroup(g string) (int, error) {
 // reverse order of construction: stop accepting and drain calls, close the
 // store, stop metrics.
 func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (err error) {
+	// The stop's deadline, set when the stop begins; the timer that
+	// enforces it is stopped last, after the store closed.
+	var stopBy time.Time
+	var watchdog *time.Timer
+	defer func() {
+		if watchdog != nil {
+			watchdog.Stop()
+		}
+	}()
 	gid, err := lookupGroup(cfg.SocketGroup)
 	if err != nil {
 		return err
@@ -132,14 +151,21 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	}
 
 	var cn *clusterNode
-	if cfg.GossipAddr != "" {
+	if cfg.clustered() {
 		if cn, err = startCluster(ctx, cfg, store, p, lg); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}
 		m.reg.MustRegister(newRouteCollector(p, cn), newGuardCollector(cn))
 		// Runs before the store closes (deferred earlier): the arenas are
-		// deregistered from the transfer layer first.
-		defer cn.close(cfg.DrainTimeout)
+		// deregistered from the transfer layer first. Queued pushes get
+		// what is left of the stop's budget, at most drain_timeout.
+		defer func() {
+			drain := cfg.DrainTimeout
+			if !stopBy.IsZero() {
+				drain = max(min(drain, time.Until(stopBy)/3), 0)
+			}
+			cn.close(drain)
+		}()
 	}
 
 	ln, err := engineapi.Listen(cfg.Socket, cfg.SocketMode, gid)
@@ -180,15 +206,23 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 
 	select {
 	case <-ctx.Done():
-		lg.Info("shutting down: draining in-flight calls", zap.Duration("drain_timeout", cfg.DrainTimeout))
 	case <-srv.Done():
 		err = errors.New("engine API server stopped unexpectedly")
 	case merr := <-m.serveErr:
 		err = fmt.Errorf("metrics server stopped: %w", merr)
 	}
+	// The stop is bounded by shutdown_timeout (sized within a pod's grace
+	// period): past it the process exits without finishing, rather than
+	// being killed mid-write by the kubelet's SIGKILL.
+	stopBy = time.Now().Add(cfg.ShutdownTimeout)
+	watchdog = stopWatchdog(cfg.ShutdownTimeout, lg, os.Exit)
+	// Not ready first, so that probes and the Service stop sending work.
 	m.ready.Store(false)
-	// A member leaves before it shuts down, so that peers stop routing here.
-	cn.leave(5 * time.Second)
+	lg.Info("shutting down: not ready; leaving the cluster, then draining in-flight calls",
+		zap.Duration("drain_timeout", cfg.DrainTimeout), zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
+	// A member leaves before it shuts down, so that peers stop routing here
+	// and see it left, not failed.
+	cn.leave(min(5*time.Second, cfg.ShutdownTimeout/4))
 	if cerr := srv.Close(); cerr != nil {
 		lg.Warn("engine API server close", zap.Error(cerr))
 	}

@@ -52,7 +52,8 @@ func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
 	tc.DRAM.VerifyReads = cfg.VerifyReads
 	tc.DRAM.VerifyReadsNamespaces = cfg.VerifyReadsNamespaces
 	tc.QueueBytes = cfg.DemotionQueue
-	tc.StopSpillTimeout = cfg.StopSpillTimeout
+	// The spill is one part of a stop bounded by shutdown_timeout.
+	tc.StopSpillTimeout = min(cfg.StopSpillTimeout, cfg.ShutdownTimeout/2)
 	if capacity, err := ssdCapacity(cfg, lg); err != nil {
 		return nil, err
 	} else if capacity > 0 {

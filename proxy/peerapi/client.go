@@ -247,6 +247,24 @@ func (c *Client) Close() error {
 	return errors.Join(errs...)
 }
 
+// Forget closes the pooled peer API connections to addr (a member that
+// left, is leaving or failed), so that its server, draining, is not held
+// open by idle connections from here. Calls in flight finish; their
+// connections are closed as they are returned. A later call to addr dials
+// anew. Transfer connections are left alone: a transfer in flight ends as
+// it would.
+func (c *Client) Forget(addr string) {
+	c.mu.Lock()
+	a, ok := c.apis[addr]
+	delete(c.apis, addr)
+	c.mu.Unlock()
+	if ok {
+		if err := a.Close(); err != nil && !strings.Contains(err.Error(), "already closed") {
+			c.lg.Debug("closing peer connections", zap.String("addr", addr), zap.Error(err))
+		}
+	}
+}
+
 func (c *Client) stats(node string) *peerCounters {
 	c.mu.Lock()
 	defer c.mu.Unlock()
