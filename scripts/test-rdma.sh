@@ -15,7 +15,7 @@
 # change. Recipe and findings: ../shared/research/softroce.md, docs/rdma.md.
 #
 # Usage: scripts/test-rdma.sh [step...]
-#   steps: devinfo readbw verbs bench cluster (default: devinfo readbw verbs cluster)
+#   steps: devinfo readbw verbs bench cluster (default: devinfo readbw verbs)
 # Env: RDMA_GUEST_TIMEOUT (s, whole guest, default 900),
 #      RDMA_STEP_TIMEOUT (s, each step, default 600),
 #      RDMA_TEST_RUN (regexp passed to the verbs test binary's -test.run),
@@ -33,7 +33,7 @@ LOG=${RDMA_GUEST_LOG:-$CACHE/guest.log}
 GO=${GO:-go}
 STEPS=("$@")
 if ((${#STEPS[@]} == 0)); then
-	STEPS=(devinfo readbw verbs cluster)
+	STEPS=(devinfo readbw verbs)
 fi
 
 say() { echo "test-rdma: $*" >&2; }
