@@ -446,6 +446,7 @@ type mr struct {
 	lkey uint32
 	rkey uint32
 	addr uint64
+	size uint64
 }
 
 func (c *device) regMR(buf []byte) (*mr, error) {

@@ -81,6 +81,7 @@ type Transport struct {
 	// it broke every QP, to wait them out before freeing the device.
 	life   sync.RWMutex
 	closed atomic.Bool
+	done   chan struct{} // closed by Close
 	mu     sync.Mutex
 	peers  map[string]*counters.Peer
 	hs     map[*peer]struct{}
@@ -134,6 +135,7 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 	t := &Transport{
 		cfg: cfg, lg: lg, dev: dev, table: region.NewTable(), mrs: make(map[rdma.RegionID]*mr),
 		peers: make(map[string]*counters.Peer), hs: make(map[*peer]struct{}), in: make(map[net.Conn]struct{}),
+		done: make(chan struct{}),
 	}
 	t.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
 		Key: cfg.Key, Purpose: peerauth.PurposeVerbs, MaxConns: 1024, HandshakeTimeout: cfg.DialTimeout,
@@ -163,7 +165,11 @@ func (t *Transport) QPs() int { return int(t.qps.Load()) }
 func (t *Transport) Addr() string { return t.addr }
 
 // Register implements rdma.Transport: the buffer is registered with the
-// device (ibv_reg_mr) for local and remote read and write.
+// device (ibv_reg_mr) for local and remote read and write. The descriptor
+// names it the way rdma/tcp does (random 64-bit id, 32-bit key and 64-bit
+// base, docs/security.md), not by rkey and virtual address: an initiator
+// resolves (id, key, base) to the rkey and address over the authenticated
+// control connection once per region and caches the answer.
 func (t *Transport) Register(buf []byte) (rdma.RegionDesc, error) {
 	if t.closed.Load() {
 		return rdma.RegionDesc{}, rdma.ErrClosed
@@ -172,15 +178,40 @@ func (t *Transport) Register(buf []byte) (rdma.RegionDesc, error) {
 	if err != nil {
 		return d, err
 	}
-	m, err := t.dev.regMR(buf)
-	if err != nil {
+	if err := t.regMR(buf, d.ID); err != nil {
 		_ = t.table.Deregister(d.ID)
 		return rdma.RegionDesc{}, err
 	}
+	return d, nil
+}
+
+// RegisterAs registers buf under a descriptor drawn by another transport
+// (rdma/auto: the tcp transport's), so that one descriptor names the region
+// on both.
+func (t *Transport) RegisterAs(buf []byte, d rdma.RegionDesc) error {
+	if t.closed.Load() {
+		return rdma.ErrClosed
+	}
+	if err := t.table.RegisterAs(buf, d); err != nil {
+		return err
+	}
+	if err := t.regMR(buf, d.ID); err != nil {
+		_ = t.table.Deregister(d.ID)
+		return err
+	}
+	return nil
+}
+
+func (t *Transport) regMR(buf []byte, id rdma.RegionID) error {
+	m, err := t.dev.regMR(buf)
+	if err != nil {
+		return err
+	}
+	m.size = uint64(len(buf))
 	t.mrMu.Lock()
-	t.mrs[d.ID] = m
+	t.mrs[id] = m
 	t.mrMu.Unlock()
-	return rdma.RegionDesc{ID: d.ID, Len: d.Len, Key: m.rkey, Addr: m.addr}, nil
+	return nil
 }
 
 // Deregister implements rdma.Transport: it waits for this transport's own
@@ -216,6 +247,7 @@ func (t *Transport) Close() error {
 	if t.closed.Swap(true) {
 		return nil
 	}
+	close(t.done)
 	err := t.ln.Close()
 	t.mu.Lock()
 	hs := t.hs
@@ -300,6 +332,7 @@ const (
 	msgPing    = 6
 	msgOK      = 7
 	msgErr     = 8
+	msgResolve = 9 // id u64, key u32, base u64 -> rkey u32, addr u64, len u64
 
 	maxMsg       = 256
 	ctlVersion   = 1
@@ -427,6 +460,7 @@ func (t *Transport) serveConn(c net.Conn) {
 		}
 	}()
 	hello := false
+	fails := 0
 	for {
 		_ = c.SetReadDeadline(time.Time{})
 		typ, p, err := readMsg(c)
@@ -509,6 +543,26 @@ func (t *Transport) serveConn(c net.Conn) {
 				continue
 			}
 			werr = writeMsg(c, msgOK, nil)
+		case msgResolve:
+			if len(p) != 20 {
+				_ = fail(errRefused, fmt.Errorf("%w: resolve of %d bytes", rdma.ErrProtocol, len(p)))
+				return
+			}
+			out, err := t.resolve(p)
+			if err != nil {
+				// Like the tcp port: a wrong name costs the asker time.
+				fails++
+				select {
+				case <-time.After(min(time.Duration(fails)*100*time.Millisecond, time.Second)):
+				case <-t.done:
+					return
+				}
+				if !fail(errUnknown, err) {
+					return
+				}
+				continue
+			}
+			werr = writeMsg(c, msgOK, out)
 		case msgStats:
 			if len(p) != 32 {
 				_ = fail(errRefused, fmt.Errorf("%w: stats of %d bytes", rdma.ErrProtocol, len(p)))
@@ -530,29 +584,42 @@ func (t *Transport) serveConn(c net.Conn) {
 	}
 }
 
+// resolve answers the rkey, address and length of a region named by (id,
+// key, base).
+func (t *Transport) resolve(p []byte) ([]byte, error) {
+	id := rdma.RegionID(binary.BigEndian.Uint64(p))
+	key := binary.BigEndian.Uint32(p[8:])
+	base := binary.BigEndian.Uint64(p[12:])
+	t.mrMu.RLock()
+	m := t.mrs[id]
+	t.mrMu.RUnlock()
+	if m == nil {
+		return nil, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	if err := t.table.Check(id, key, true, base, 0); err != nil {
+		return nil, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	out := make([]byte, 20)
+	binary.BigEndian.PutUint32(out, m.rkey)
+	binary.BigEndian.PutUint64(out[4:], m.addr)
+	binary.BigEndian.PutUint64(out[12:], m.size)
+	return out, nil
+}
+
 // check verifies the CRC-32C of a range of a registered region, named the
-// remote way (id, rkey, address).
+// remote way (id, key, base+offset).
 func (t *Transport) check(p []byte) (byte, error) {
 	id := rdma.RegionID(binary.BigEndian.Uint64(p))
 	key := binary.BigEndian.Uint32(p[8:])
 	addr := binary.BigEndian.Uint64(p[12:])
 	n := binary.BigEndian.Uint64(p[20:])
 	sum := binary.BigEndian.Uint32(p[28:])
-	t.mrMu.RLock()
-	m := t.mrs[id]
-	t.mrMu.RUnlock()
-	if m == nil || m.rkey != key {
-		return errUnknown, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
-	}
-	if addr < m.addr {
-		return errRange, fmt.Errorf("region %d: %w: %d bytes outside the region", id, rdma.ErrOutOfRange, n)
-	}
-	s, err := t.table.Acquire(id, 0, false, addr-m.addr, n)
+	s, err := t.table.Acquire(id, key, true, addr, n)
 	if err != nil {
 		if errors.Is(err, rdma.ErrUnknownRegion) {
 			return errUnknown, err
 		}
-		return errRange, fmt.Errorf("region %d: %w: %d bytes outside the region", id, rdma.ErrOutOfRange, n)
+		return errRange, err
 	}
 	got := frame.Checksum(s.B)
 	s.Release()
@@ -583,7 +650,8 @@ func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error)
 		return nil, fmt.Errorf("%w: %s: %w", rdma.ErrUnreachable, addr, err)
 	}
 	p := &peer{t: t, addr: addr, c: c, ctl: nc, sem: make(chan struct{}, t.cfg.MaxQPsPerPeer),
-		done: make(chan struct{}), all: make(map[*iqp]struct{}), flushed: make(chan struct{})}
+		done: make(chan struct{}), all: make(map[*iqp]struct{}), flushed: make(chan struct{}),
+		resolved: make(map[rdma.RegionID]remoteMR)}
 	t.mu.Lock()
 	if t.closed.Load() {
 		t.mu.Unlock()
@@ -660,6 +728,10 @@ type peer struct {
 	lost   bool
 	idle   []*iqp
 	all    map[*iqp]struct{}
+
+	// Regions resolved on the owner, by id.
+	rmu      sync.Mutex
+	resolved map[rdma.RegionID]remoteMR
 
 	// Transfers not yet reported to the owner.
 	rWrites, rReads, rIn, rOut atomic.Uint64
@@ -958,6 +1030,13 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	if m == nil {
 		return fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, op.Local)
 	}
+	rm, err := p.resolve(op.Remote)
+	if err != nil {
+		return err
+	}
+	if err := rdma.CheckRange(rm.size, op.RemoteOff, op.Len); err != nil {
+		return fmt.Errorf("remote region %d: %w", op.Remote.ID, err)
+	}
 	if op.Len > 0 {
 		q, err := p.get(ctx)
 		if err != nil {
@@ -966,9 +1045,15 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 			}
 			return err
 		}
-		err = p.run(ctx, q, write, m.addr+op.LocalOff, m.lkey, op.Remote.Addr+op.RemoteOff, op.Remote.Key, op.Len)
+		err = p.run(ctx, q, write, m.addr+op.LocalOff, m.lkey, rm.addr+op.RemoteOff, rm.rkey, op.Len)
 		p.put(q, err == nil)
 		if err != nil {
+			if errors.Is(err, rdma.ErrUnknownRegion) {
+				// Deregistered on the owner since it was resolved.
+				p.rmu.Lock()
+				delete(p.resolved, op.Remote.ID)
+				p.rmu.Unlock()
+			}
 			if p.isClosed() {
 				return fmt.Errorf("%w: %v", rdma.ErrClosed, err)
 			}
@@ -997,6 +1082,49 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	_, err = p.call(msgCheck, b)
 	return err
 }
+
+// remoteMR is a resolved remote region.
+type remoteMR struct {
+	key  uint32
+	base uint64
+	rkey uint32
+	addr uint64
+	size uint64
+}
+
+// resolve returns the rkey and address of a remote region, asking the
+// owner the first time.
+func (p *peer) resolve(d rdma.RegionDesc) (remoteMR, error) {
+	p.rmu.Lock()
+	r, ok := p.resolved[d.ID]
+	p.rmu.Unlock()
+	if ok && r.key == d.Key && r.base == d.Addr {
+		return r, nil
+	}
+	b := make([]byte, 20)
+	binary.BigEndian.PutUint64(b, uint64(d.ID))
+	binary.BigEndian.PutUint32(b[8:], d.Key)
+	binary.BigEndian.PutUint64(b[12:], d.Addr)
+	out, err := p.call(msgResolve, b)
+	if err != nil {
+		return r, err
+	}
+	if len(out) != 20 {
+		return r, fmt.Errorf("%w: resolve answer of %d bytes", rdma.ErrProtocol, len(out))
+	}
+	r = remoteMR{key: d.Key, base: d.Addr, rkey: binary.BigEndian.Uint32(out),
+		addr: binary.BigEndian.Uint64(out[4:]), size: binary.BigEndian.Uint64(out[12:])}
+	p.rmu.Lock()
+	if len(p.resolved) >= maxResolved {
+		clear(p.resolved)
+	}
+	p.resolved[d.ID] = r
+	p.rmu.Unlock()
+	return r, nil
+}
+
+// maxResolved bounds a handle's cache of resolved regions.
+const maxResolved = 4096
 
 func (p *peer) isClosed() bool {
 	p.mu.Lock()
