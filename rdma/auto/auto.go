@@ -422,6 +422,7 @@ type demux struct {
 	tcp     *subListener
 	verbs   *subListener
 	sem     chan struct{} // connections being classified
+	tcpOnly atomic.Bool
 	wg      sync.WaitGroup
 	once    sync.Once
 }
@@ -452,6 +453,13 @@ func (d *demux) loop() {
 			continue
 		}
 		backoff = 5 * time.Millisecond
+		if d.tcpOnly.Load() {
+			// No verbs side: hand over at once, so that the tcp port's
+			// guard (connection cap, handshake timeout) sees the
+			// connection exactly as without the demux.
+			d.tcp.deliver(c)
+			continue
+		}
 		select {
 		case d.sem <- struct{}{}:
 		default:
@@ -497,7 +505,10 @@ func (d *demux) classify(c net.Conn) {
 	to.deliver(&peekedConn{Conn: c, r: br})
 }
 
-func (d *demux) dropVerbs() { _ = d.verbs.Close() }
+func (d *demux) dropVerbs() {
+	d.tcpOnly.Store(true)
+	_ = d.verbs.Close()
+}
 
 // Close closes the port and both sides.
 func (d *demux) Close() {
