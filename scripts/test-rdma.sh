@@ -15,7 +15,7 @@
 # change. Recipe and findings: ../shared/research/softroce.md, docs/rdma.md.
 #
 # Usage: scripts/test-rdma.sh [step...]
-#   steps: devinfo readbw verbs bench cluster (default: devinfo readbw verbs)
+#   steps: devinfo readbw verbs bench cluster (default: devinfo readbw verbs cluster)
 # Env: RDMA_GUEST_TIMEOUT (s, whole guest, default 900),
 #      RDMA_STEP_TIMEOUT (s, each step, default 600),
 #      RDMA_TEST_RUN (regexp passed to the verbs test binary's -test.run),
@@ -33,7 +33,7 @@ LOG=${RDMA_GUEST_LOG:-$CACHE/guest.log}
 GO=${GO:-go}
 STEPS=("$@")
 if ((${#STEPS[@]} == 0)); then
-	STEPS=(devinfo readbw verbs)
+	STEPS=(devinfo readbw verbs cluster)
 fi
 
 say() { echo "test-rdma: $*" >&2; }
@@ -119,8 +119,9 @@ if has verbs || has bench; then
 	$GO test -c -tags verbs -o "$BINS/auto.test" ./rdma/auto
 fi
 if has cluster; then
+	say "building tidepool and its process tests (-tags verbs)"
 	$GO build -tags verbs -o "$BINS/tidepool" ./cmd/tidepool
-	$GO test -c -tags verbs -o "$BINS/rdmacluster.test" ./tests/rdmacluster
+	$GO test -c -tags verbs -o "$BINS/tidepool.test" ./cmd/tidepool
 fi
 
 # ---- steps ----
@@ -145,7 +146,12 @@ for s in "${STEPS[@]}"; do
 		add bench "(/usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 300 --report_gbits >/tmp/rbw-server.log 2>&1 &) ; sleep 1; /usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 300 --report_gbits 10.0.0.1; TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_RDMA_BENCH_IP=10.0.0.1 /tests/verbs.test -test.run '^\$' -test.bench 'BenchmarkRemoteRead' -test.benchtime=${RDMA_BENCHTIME:-100x} -test.count=1 -test.timeout=${STEP_TIMEOUT}s"
 		;;
 	cluster)
-		add cluster "TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_BIN=/tests/tidepool /tests/rdmacluster.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s"
+		# Two real sidecars on rxe0: a fetch over RDMA, the owner killed.
+		add cluster "TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_BIN=/tests/tidepool /tests/tidepool.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '^TestRDMA'"
+		;;
+	selftest-fail)
+		# Proves the harness: a failing step must fail the run.
+		add selftest-fail "echo this step fails on purpose; exit 3"
 		;;
 	*) die "unknown step $s (devinfo readbw verbs bench cluster)" ;;
 	esac
