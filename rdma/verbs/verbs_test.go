@@ -3,15 +3,19 @@
 package verbs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
+	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
 	"github.com/tidepool-kv/tidepool/rdma/rdmatest"
 )
@@ -147,5 +151,221 @@ func TestNoDeviceFallsBack(t *testing.T) {
 	cfg.ListenAddr = "127.0.0.1:0"
 	if _, err := New(cfg, nil); !errors.Is(err, ErrNoDevice) {
 		t.Fatalf("New without devices: %v, want ErrNoDevice", err)
+	}
+}
+
+// TestDecodeConnData: connection data from a peer is checked before a QP
+// is touched.
+func TestDecodeConnData(t *testing.T) {
+	good := connData{QPN: 17, PSN: 5, MTU: 3}
+	tests := []struct {
+		name string
+		b    []byte
+		ok   bool
+	}{
+		{"good", good.encode(), true},
+		{"short", good.encode()[:10], false},
+		{"long", append(good.encode(), 0), false},
+		{"qpn zero", connData{QPN: 0, MTU: 3}.encode(), false},
+		{"qpn over 24 bits", connData{QPN: 1 << 24, MTU: 3}.encode(), false},
+		{"psn over 24 bits", connData{QPN: 1, PSN: 1 << 24, MTU: 3}.encode(), false},
+		{"mtu zero", connData{QPN: 1}.encode(), false},
+		{"mtu 6", connData{QPN: 1, MTU: 6}.encode(), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := decodeConnData(tt.b)
+			if (err == nil) != tt.ok {
+				t.Fatalf("decode: %v, want ok=%v", err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, rdma.ErrProtocol) {
+				t.Fatalf("decode: %v, want ErrProtocol", err)
+			}
+		})
+	}
+}
+
+// TestBadControlRequests: wrong connection data, unknown region names and
+// malformed requests on an authenticated control connection get a clear
+// error each; the owner creates no QP for them and keeps serving others.
+func TestBadControlRequests(t *testing.T) {
+	cfg := testConfig(t)
+	key, _ := peerauth.NewKey([]byte("verbs-bad-input-secret"), "test")
+	cfg.Key = key
+	a, b := newPair(t, cfg)
+	defer a.Close()
+	defer b.Close()
+	nc, err := a.dial(context.Background(), b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ask := func(typ byte, p []byte) (byte, []byte) {
+		t.Helper()
+		if err := writeMsg(nc, typ, p); err != nil {
+			t.Fatal(err)
+		}
+		rt, rp, err := readMsg(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rt, rp
+	}
+	for _, d := range []connData{{QPN: 0, MTU: 3}, {QPN: 1 << 24, MTU: 3}, {QPN: 5, MTU: 9}} {
+		if rt, rp := ask(msgConnect, d.encode()); rt != msgErr || rp[0] != errRefused {
+			t.Fatalf("connect with %+v: answer %d %q, want a refusal", d, rt, rp)
+		}
+	}
+	if rt, rp := ask(msgResolve, make([]byte, 20)); rt != msgErr || rp[0] != errUnknown {
+		t.Fatalf("resolve of region 0: answer %d %q, want unknown region", rt, rp)
+	}
+	if b.QPs() != 0 {
+		t.Fatalf("owner has %d QPs after refused connects", b.QPs())
+	}
+	// A malformed message closes that connection only.
+	if rt, _ := ask(msgCheck, []byte{1, 2, 3}); rt != msgErr {
+		t.Fatalf("short check: answer %d, want an error", rt)
+	}
+	if _, _, err := readMsg(nc); err == nil {
+		t.Fatal("connection still open after a malformed request")
+	}
+	src := make([]byte, 4096)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	rd, err := b.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, 4096)
+	ld, err := a.Register(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := a.Connect(ctx, b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Read(ctx, rdma.Op{Local: ld.ID, Remote: rd, Len: 4096}); err != nil || !bytes.Equal(dst, src) {
+		t.Fatalf("read after the bad requests: %v", err)
+	}
+}
+
+// TestDeregisterMidRead: the owner deregisters a region while reads of it
+// are in flight: each read either lands the right bytes or fails with
+// ErrUnknownRegion (the QP is rebuilt), never wrong bytes, and the handle
+// keeps working.
+func TestDeregisterMidRead(t *testing.T) {
+	cfg := testConfig(t)
+	a, b := newPair(t, cfg)
+	defer a.Close()
+	defer b.Close()
+	const n = 8 << 20
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(i*13 + i>>12)
+	}
+	sum := frame.Checksum(src)
+	rd, err := b.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, 4*n)
+	ld, err := a.Register(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := a.Connect(ctx, b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Read(ctx, rdma.Op{Local: ld.ID, Remote: rd, Len: n}); err != nil { // resolved and warm
+		t.Fatal(err)
+	}
+	errs := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		go func() {
+			errs <- p.Read(ctx, rdma.Op{Local: ld.ID, LocalOff: uint64(w * n), Remote: rd, Len: n, Sum: sum, SumKnown: true})
+		}()
+	}
+	if err := b.Deregister(rd.ID); err != nil {
+		t.Fatal(err)
+	}
+	for w := 0; w < 4; w++ {
+		err := <-errs
+		t.Logf("read %d: %v", w, err)
+		if err != nil && !errors.Is(err, rdma.ErrUnknownRegion) {
+			t.Fatalf("read during deregistration: %v, want success or ErrUnknownRegion", err)
+		}
+	}
+	if err := p.Read(ctx, rdma.Op{Local: ld.ID, Remote: rd, Len: n}); !errors.Is(err, rdma.ErrUnknownRegion) {
+		t.Fatalf("read after deregistration: %v, want ErrUnknownRegion", err)
+	}
+	rd2, err := b.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clear(dst[:n])
+	if err := p.Read(ctx, rdma.Op{Local: ld.ID, Remote: rd2, Len: n, Sum: sum, SumKnown: true}); err != nil || !bytes.Equal(dst[:n], src) {
+		t.Fatalf("read of a new registration: %v", err)
+	}
+}
+
+// TestMoreReadersThanQPs: 12 concurrent readers on a handle limited to 2
+// QPs all succeed; the handle never opens more than 2.
+func TestMoreReadersThanQPs(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxQPsPerPeer = 2
+	a, b := newPair(t, cfg)
+	defer a.Close()
+	defer b.Close()
+	const n, readers = 256 << 10, 12
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(i * 3)
+	}
+	rd, _ := b.Register(src)
+	dst := make([]byte, readers*n)
+	ld, _ := a.Register(dst)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := a.Connect(ctx, b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var wg sync.WaitGroup
+	var maxConns atomic.Int64
+	errs := make(chan error, readers)
+	for w := 0; w < readers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- p.Read(ctx, rdma.Op{Local: ld.ID, LocalOff: uint64(w * n), Remote: rd, Len: n})
+			if c := int64(p.Stats().Conns); c > maxConns.Load() {
+				maxConns.Store(c)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for w := 0; w < readers; w++ {
+		if !bytes.Equal(dst[w*n:(w+1)*n], src) {
+			t.Fatalf("reader %d: wrong bytes", w)
+		}
+	}
+	if m := maxConns.Load(); m > 2 {
+		t.Fatalf("%d QPs open, limit 2", m)
 	}
 }
