@@ -52,18 +52,24 @@ $ip addr add 10.0.0.1/24 dev veth0
 $ip addr add 10.0.0.2/24 dev veth1
 $ip link set veth0 up
 $ip link set veth1 up
+# rxe0 on veth0 for everything; rxe1 on veth1 for the multi-device tests
+# (each pairs with itself in loopback: two rxe devices talking to each other
+# is not what is tested here).
 /usr/bin/rdma link add rxe0 type rxe netdev veth0 || done_ 4
-# The port turns ACTIVE once the veth has carrier.
-i=0
-until /usr/bin/rdma link show rxe0/1 2>/dev/null | grep -q 'state ACTIVE'; do
-	i=$((i + 1))
-	if [ $i -gt 100 ]; then
-		say "rxe0 never became ACTIVE: $(/usr/bin/rdma link show 2>&1)"
-		done_ 5
-	fi
-	sleep 0.1
+/usr/bin/rdma link add rxe1 type rxe netdev veth1 || done_ 4
+# A port turns ACTIVE once the veth has carrier.
+for d in rxe0 rxe1; do
+	i=0
+	until /usr/bin/rdma link show $d/1 2>/dev/null | grep -q 'state ACTIVE'; do
+		i=$((i + 1))
+		if [ $i -gt 100 ]; then
+			say "$d never became ACTIVE: $(/usr/bin/rdma link show 2>&1)"
+			done_ 5
+		fi
+		sleep 0.1
+	done
+	say "$(/usr/bin/rdma link show $d/1)"
 done
-say "$(/usr/bin/rdma link show rxe0/1)"
 
 cd /tests || done_ 6
 while IFS='	' read -r name cmd; do

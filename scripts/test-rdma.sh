@@ -140,6 +140,8 @@ for s in "${STEPS[@]}"; do
 		;;
 	verbs)
 		add verbs "TIDEPOOL_RDMA_DEVICE=rxe0 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '$RUN'"
+		# Two devices at once: the suite again, transfers sliced across them.
+		add verbs-2dev "TIDEPOOL_RDMA_DEVICE=rxe0,rxe1 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run 'TestConformance|TestMultiDevice|TestDeregisterMidRead'"
 		add auto "TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_RDMA_NETDEV=veth0 /tests/auto.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '$RUN'"
 		;;
 	bench)

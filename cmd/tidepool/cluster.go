@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -122,7 +123,12 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	tcfg.MaxConns = cfg.PeerMaxConns
 	tcfg.IdleTimeout = cfg.PeerIdleTime
 	acfg := auto.Config{Mode: cfg.Transport, TCP: tcfg, Verbs: verbs.DefaultConfig()}
-	acfg.Verbs.Device, acfg.Verbs.GIDIndex = cfg.RDMADevice, cfg.RDMAGIDIndex
+	acfg.Verbs.GIDIndex = cfg.RDMAGIDIndex
+	for _, d := range strings.Split(cfg.RDMADevice, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			acfg.Verbs.Devices = append(acfg.Verbs.Devices, d)
+		}
+	}
 	if n.xt, err = auto.New(acfg, lg.Named("rdma")); err != nil {
 		return nil, fmt.Errorf("transfer_addr: %w", err)
 	}

@@ -211,7 +211,7 @@ var settings = []setting{
 	stringSetting("peer_addr", "host:port of the peer API (TCP), required with gossip_addr", func(c *Config) *string { return &c.PeerAddr }),
 	stringSetting("transfer_addr", "host:port of the block transfer layer (TCP), required with gossip_addr", func(c *Config) *string { return &c.TransferAddr }),
 	stringSetting("transport", "how blocks move between nodes: auto (RDMA to peers that serve it, when this binary has the verbs binding and the host a device; TCP otherwise), tcp, or rdma (like auto, but refuse to start without a device); docs/rdma.md", func(c *Config) *string { return &c.Transport }),
-	stringSetting("rdma_device", "RDMA device for transport auto or rdma (e.g. mlx5_0, rxe0); empty: the first with an active port", func(c *Config) *string { return &c.RDMADevice }),
+	stringSetting("rdma_device", "RDMA device(s) for transport auto or rdma (e.g. mlx5_0, or mlx5_0,mlx5_1 to slice transfers across several); empty: the first with an active port", func(c *Config) *string { return &c.RDMADevice }),
 	intSetting("rdma_gid_index", "GID index of the RDMA port; -1: the first RoCE v2 GID, preferring an IPv4-mapped one", func(c *Config) *int { return &c.RDMAGIDIndex }),
 	{"join", "comma-separated addresses or DNS names of cluster members to join",
 		func(c *Config) string { return strings.Join(c.Join, ",") },

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,7 +32,9 @@ func config(t testing.TB, mode string) Config {
 	}
 	c := Config{Mode: mode, TCP: tcp.DefaultLocalConfig(), Verbs: verbs.DefaultConfig()}
 	c.TCP.Key = key
-	c.Verbs.Device = wantRDMA()
+	if d := wantRDMA(); d != "" {
+		c.Verbs.Devices = strings.Split(d, ",")
+	}
 	c.Verbs.QPTimeout, c.Verbs.QPRetry = 12, 3
 	c.Verbs.DialTimeout = 5 * time.Second
 	return c

@@ -37,7 +37,7 @@ func Probe(cfg Config) ([]DeviceInfo, error) {
 	var out []DeviceInfo
 	var errs []error
 	for _, n := range names {
-		if cfg.Device != "" && n != cfg.Device {
+		if !cfg.wants(n) {
 			continue
 		}
 		d, err := openDevice(n, cfg.Port, cfg.GIDIndex, 16)
@@ -52,7 +52,7 @@ func Probe(cfg Config) ([]DeviceInfo, error) {
 		if len(errs) > 0 {
 			return nil, fmt.Errorf("%w: %w", ErrNoDevice, errors.Join(errs...))
 		}
-		return nil, fmt.Errorf("%w: %q not among %v", ErrNoDevice, cfg.Device, names)
+		return nil, fmt.Errorf("%w: %q not among %v", ErrNoDevice, cfg.names(), names)
 	}
 	return out, nil
 }
@@ -61,14 +61,14 @@ func Probe(cfg Config) ([]DeviceInfo, error) {
 type Transport struct {
 	cfg   Config
 	lg    *zap.Logger
-	dev   *device
+	devs  []*device // the devices in use; a transfer is sliced across them
 	ln    *peerauth.Listener
 	addr  string
 	table *region.Table
 	serve counters.Serve
 
 	mrMu sync.RWMutex
-	mrs  map[rdma.RegionID]*mr
+	mrs  map[rdma.RegionID]*regMRs
 
 	wrID    atomic.Uint64
 	waiters sync.Map // wr_id -> chan wc
@@ -107,33 +107,47 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	var pick *DeviceInfo
-	for i := range infos {
-		if infos[i].Active {
-			pick = &infos[i]
-			break
+	var picks []string
+	for _, d := range infos {
+		switch {
+		case d.Active && len(cfg.names()) > 0:
+			picks = append(picks, d.Name)
+		case d.Active && len(picks) == 0:
+			picks = append(picks, d.Name) // none named: the first active one
+		case !d.Active && len(cfg.names()) > 0:
+			return nil, fmt.Errorf("%w: %s port %d is %s", ErrNoDevice, d.Name, d.Port, d.State)
 		}
 	}
-	if pick == nil {
+	if len(picks) == 0 {
 		return nil, fmt.Errorf("%w: no active port among %d device(s) (%s: %s)", ErrNoDevice, len(infos), infos[0].Name, infos[0].State)
 	}
 	cqSize := 4 * cfg.MaxQPsPerPeer * cfg.QueueDepth
 	if cqSize < 256 {
 		cqSize = 256
 	}
-	dev, err := openDevice(pick.Name, cfg.Port, cfg.GIDIndex, cqSize)
-	if err != nil {
-		return nil, err
+	var devs []*device
+	closeDevs := func() {
+		for _, d := range devs {
+			d.close()
+		}
+	}
+	for _, name := range picks {
+		dev, err := openDevice(name, cfg.Port, cfg.GIDIndex, cqSize)
+		if err != nil {
+			closeDevs()
+			return nil, err
+		}
+		devs = append(devs, dev)
 	}
 	ln := cfg.Listener
 	if ln == nil {
 		if ln, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
-			dev.close()
+			closeDevs()
 			return nil, fmt.Errorf("verbs: listen %s: %w", cfg.ListenAddr, err)
 		}
 	}
 	t := &Transport{
-		cfg: cfg, lg: lg, dev: dev, table: region.NewTable(), mrs: make(map[rdma.RegionID]*mr),
+		cfg: cfg, lg: lg, devs: devs, table: region.NewTable(), mrs: make(map[rdma.RegionID]*regMRs),
 		peers: make(map[string]*counters.Peer), hs: make(map[*peer]struct{}), in: make(map[net.Conn]struct{}),
 		done: make(chan struct{}),
 	}
@@ -144,19 +158,30 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 	if t.addr == "" {
 		t.addr = ln.Addr().String()
 	}
-	lg.Info("verbs transport up", zap.String("device", dev.info.Name), zap.Int("port", dev.info.Port),
-		zap.String("link_layer", dev.info.LinkLayer), zap.Int("gid_index", dev.info.GIDIndex),
-		zap.String("gid", net.IP(dev.info.GID[:]).String()), zap.Int("mtu", dev.info.ActiveMTU),
-		zap.Int("numa_node", dev.info.NUMANode), zap.String("addr", t.addr))
-	t.pollWG.Add(1)
-	go t.pollLoop()
+	for _, dev := range devs {
+		lg.Info("verbs transport up", zap.String("device", dev.info.Name), zap.Int("port", dev.info.Port),
+			zap.String("link_layer", dev.info.LinkLayer), zap.Int("gid_index", dev.info.GIDIndex),
+			zap.String("gid", net.IP(dev.info.GID[:]).String()), zap.Int("mtu", dev.info.ActiveMTU),
+			zap.Int("numa_node", dev.info.NUMANode), zap.String("addr", t.addr))
+		t.pollWG.Add(1)
+		go t.pollLoop(dev)
+	}
 	t.acceptW.Add(1)
 	go t.acceptLoop()
 	return t, nil
 }
 
-// Device returns what was discovered about the device in use.
-func (t *Transport) Device() DeviceInfo { return t.dev.info }
+// Device returns what was discovered about the (first) device in use.
+func (t *Transport) Device() DeviceInfo { return t.devs[0].info }
+
+// Devices returns every device in use.
+func (t *Transport) Devices() []DeviceInfo {
+	out := make([]DeviceInfo, len(t.devs))
+	for i, d := range t.devs {
+		out[i] = d.info
+	}
+	return out
+}
 
 // QPs returns the number of queue pairs open now (initiator and responder).
 func (t *Transport) QPs() int { return int(t.qps.Load()) }
@@ -202,14 +227,33 @@ func (t *Transport) RegisterAs(buf []byte, d rdma.RegionDesc) error {
 	return nil
 }
 
-func (t *Transport) regMR(buf []byte, id rdma.RegionID) error {
-	m, err := t.dev.regMR(buf)
-	if err != nil {
-		return err
+// regMRs is one region registered with every device in use.
+type regMRs struct {
+	addr, size uint64
+	per        []*mr // by device index
+}
+
+func (r *regMRs) dereg() error {
+	var errs []error
+	for _, m := range r.per {
+		errs = append(errs, m.dereg())
 	}
-	m.size = uint64(len(buf))
+	return errors.Join(errs...)
+}
+
+func (t *Transport) regMR(buf []byte, id rdma.RegionID) error {
+	r := &regMRs{size: uint64(len(buf))}
+	for _, d := range t.devs {
+		m, err := d.regMR(buf)
+		if err != nil {
+			_ = r.dereg()
+			return err
+		}
+		r.addr = m.addr
+		r.per = append(r.per, m)
+	}
 	t.mrMu.Lock()
-	t.mrs[id] = m
+	t.mrs[id] = r
 	t.mrMu.Unlock()
 	return nil
 }
@@ -270,7 +314,9 @@ func (t *Transport) Close() error {
 		delete(t.mrs, id)
 	}
 	t.mrMu.Unlock()
-	t.dev.close()
+	for _, d := range t.devs {
+		d.close()
+	}
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
@@ -280,13 +326,13 @@ func (t *Transport) Close() error {
 // pollLoop takes completions off the CQ in batches and hands each to the
 // transfer that posted it; when the CQ is empty it arms it and sleeps on
 // the completion channel. Locked to its thread: verbs polling wants one.
-func (t *Transport) pollLoop() {
+func (t *Transport) pollLoop(dev *device) {
 	defer t.pollWG.Done()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	buf := make([]wc, 32)
 	for !t.stopPol.Load() {
-		n, err := t.dev.poll(buf)
+		n, err := dev.poll(buf)
 		if err != nil {
 			t.lg.Error("poll_cq", zap.Error(err))
 			return
@@ -295,15 +341,15 @@ func (t *Transport) pollLoop() {
 		if n > 0 {
 			continue
 		}
-		if err := t.dev.arm(); err != nil {
+		if err := dev.arm(); err != nil {
 			t.lg.Error("arm cq", zap.Error(err))
 			return
 		}
-		if n, _ = t.dev.poll(buf); n > 0 {
+		if n, _ = dev.poll(buf); n > 0 {
 			t.dispatch(buf[:n])
 			continue
 		}
-		if _, err := t.dev.wait(50); err != nil {
+		if _, err := dev.wait(50); err != nil {
 			t.lg.Error("cq event", zap.Error(err))
 			return
 		}
@@ -332,7 +378,7 @@ const (
 	msgPing    = 6
 	msgOK      = 7
 	msgErr     = 8
-	msgResolve = 9 // id u64, key u32, base u64 -> rkey u32, addr u64, len u64
+	msgResolve = 9 // id u64, key u32, base u64 -> addr u64, len u64, n u8, n x rkey u32 (one per device)
 
 	maxMsg       = 256
 	ctlVersion   = 1
@@ -488,9 +534,20 @@ func (t *Transport) serveConn(c net.Conn) {
 				return
 			}
 			hello = true
-			werr = writeMsg(c, msgOK, nil)
+			werr = writeMsg(c, msgOK, []byte{byte(len(t.devs))})
 		case msgConnect:
-			remote, err := decodeConnData(p)
+			var remote connData
+			var dev *device
+			err := fmt.Errorf("%w: connect of %d bytes", rdma.ErrProtocol, len(p))
+			if len(p) == connDataLen+1 {
+				if remote, err = decodeConnData(p[:connDataLen]); err == nil {
+					if i := int(p[connDataLen]); i < len(t.devs) {
+						dev = t.devs[i]
+					} else {
+						err = fmt.Errorf("%w: device %d of %d", rdma.ErrProtocol, i, len(t.devs))
+					}
+				}
+			}
 			if err != nil {
 				if !fail(errRefused, err) {
 					return
@@ -503,9 +560,9 @@ func (t *Transport) serveConn(c net.Conn) {
 				}
 				continue
 			}
-			q, err := t.dev.createQP(true, 1, randPSN())
+			q, err := dev.createQP(true, 1, randPSN())
 			if err == nil {
-				if err = t.dev.connect(q, remote, t.cfg.QPTimeout, t.cfg.QPRetry, 16); err != nil {
+				if err = dev.connect(q, remote, t.cfg.QPTimeout, t.cfg.QPRetry, 16); err != nil {
 					q.destroy()
 				}
 			}
@@ -517,7 +574,7 @@ func (t *Transport) serveConn(c net.Conn) {
 			}
 			qps[q.num] = q
 			t.qps.Add(1)
-			werr = writeMsg(c, msgOK, t.dev.local(q).encode())
+			werr = writeMsg(c, msgOK, dev.local(q).encode())
 		case msgDestroy:
 			if len(p) != 4 {
 				_ = fail(errRefused, fmt.Errorf("%w: destroy of %d bytes", rdma.ErrProtocol, len(p)))
@@ -599,10 +656,13 @@ func (t *Transport) resolve(p []byte) ([]byte, error) {
 	if err := t.table.Check(id, key, true, base, 0); err != nil {
 		return nil, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
 	}
-	out := make([]byte, 20)
-	binary.BigEndian.PutUint32(out, m.rkey)
-	binary.BigEndian.PutUint64(out[4:], m.addr)
-	binary.BigEndian.PutUint64(out[12:], m.size)
+	out := make([]byte, 17, 17+4*len(m.per))
+	binary.BigEndian.PutUint64(out, m.addr)
+	binary.BigEndian.PutUint64(out[8:], m.size)
+	out[16] = byte(len(m.per))
+	for _, x := range m.per {
+		out = binary.BigEndian.AppendUint32(out, x.rkey)
+	}
 	return out, nil
 }
 
@@ -644,14 +704,17 @@ func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error)
 		t.peers[addr] = c
 	}
 	t.mu.Unlock()
-	nc, err := t.dial(ctx, addr)
+	nc, rdevs, err := t.dial(ctx, addr)
 	if err != nil {
 		c.DialFail()
 		return nil, fmt.Errorf("%w: %s: %w", rdma.ErrUnreachable, addr, err)
 	}
-	p := &peer{t: t, addr: addr, c: c, ctl: nc, sem: make(chan struct{}, t.cfg.MaxQPsPerPeer),
+	p := &peer{t: t, addr: addr, c: c, ctl: nc, rdevs: rdevs,
 		done: make(chan struct{}), all: make(map[*iqp]struct{}), flushed: make(chan struct{}),
 		resolved: make(map[rdma.RegionID]remoteMR)}
+	for range t.devs {
+		p.pools = append(p.pools, &pool{sem: make(chan struct{}, t.cfg.MaxQPsPerPeer)})
+	}
 	t.mu.Lock()
 	if t.closed.Load() {
 		t.mu.Unlock()
@@ -664,38 +727,44 @@ func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error)
 	return p, nil
 }
 
-func (t *Transport) dial(ctx context.Context, addr string) (net.Conn, error) {
+// dial connects, authenticates and exchanges hellos; the owner answers
+// how many devices it serves on.
+func (t *Transport) dial(ctx context.Context, addr string) (net.Conn, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.DialTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	dl, _ := ctx.Deadline()
 	if k := t.cfg.Key; k != nil {
 		ac, err := k.Client(nc, peerauth.PurposeVerbs, dl)
 		if err != nil {
 			_ = nc.Close()
-			return nil, err
+			return nil, 0, err
 		}
 		nc = ac
 	}
 	_ = nc.SetDeadline(dl)
 	if err := writeMsg(nc, msgHello, append([]byte(helloPayload), ctlVersion)); err != nil {
 		_ = nc.Close()
-		return nil, err
+		return nil, 0, err
 	}
 	typ, p, err := readMsg(nc)
-	if err == nil && typ != msgOK {
+	switch {
+	case err != nil:
+	case typ != msgOK:
 		err = fmt.Errorf("%w: hello refused: %s", rdma.ErrProtocol, msgText(p))
+	case len(p) != 1 || p[0] == 0:
+		err = fmt.Errorf("%w: hello answer of %d bytes", rdma.ErrProtocol, len(p))
 	}
 	if err != nil {
 		_ = nc.Close()
-		return nil, err
+		return nil, 0, err
 	}
 	_ = nc.SetDeadline(time.Time{})
-	return nc, nil
+	return nc, int(p[0]), nil
 }
 
 func msgText(p []byte) string {
@@ -709,14 +778,21 @@ func msgText(p []byte) string {
 type iqp struct {
 	q      *qp
 	remote uint32
+	dev    int // local device index
+}
+
+// pool is a handle's QPs on one local device.
+type pool struct {
+	sem  chan struct{} // one token per QP in use
+	idle []*iqp
 }
 
 type peer struct {
-	t    *Transport
-	addr string
-	c    *counters.Peer
-	sem  chan struct{}
-	done chan struct{}
+	t     *Transport
+	addr  string
+	c     *counters.Peer
+	done  chan struct{}
+	rdevs int // devices the owner serves on
 
 	ctlMu sync.Mutex
 	ctl   net.Conn
@@ -726,7 +802,7 @@ type peer struct {
 	mu     sync.Mutex
 	closed bool
 	lost   bool
-	idle   []*iqp
+	pools  []*pool // by local device
 	all    map[*iqp]struct{}
 
 	// Regions resolved on the owner, by id.
@@ -768,7 +844,10 @@ func (p *peer) shutdown() {
 	p.life.Lock()
 	p.mu.Lock()
 	all := p.all
-	p.all, p.idle = nil, nil
+	p.all = nil
+	for _, pl := range p.pools {
+		pl.idle = nil
+	}
 	p.mu.Unlock()
 	p.life.Unlock()
 	for q := range all {
@@ -868,9 +947,10 @@ func (p *peer) report() {
 
 // get takes a QP token and an idle QP, connecting a new one if none is
 // idle.
-func (p *peer) get(ctx context.Context) (*iqp, error) {
+func (p *peer) get(ctx context.Context, dev int) (*iqp, error) {
+	pl := p.pools[dev]
 	select {
-	case p.sem <- struct{}{}:
+	case pl.sem <- struct{}{}:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-p.done:
@@ -880,23 +960,23 @@ func (p *peer) get(ctx context.Context) (*iqp, error) {
 	switch {
 	case p.closed:
 		p.mu.Unlock()
-		<-p.sem
+		<-pl.sem
 		return nil, rdma.ErrClosed
 	case p.lost:
 		p.mu.Unlock()
-		<-p.sem
+		<-pl.sem
 		return nil, fmt.Errorf("%w: %s", rdma.ErrPeerLost, p.addr)
 	}
-	if n := len(p.idle); n > 0 {
-		q := p.idle[n-1]
-		p.idle = p.idle[:n-1]
+	if n := len(pl.idle); n > 0 {
+		q := pl.idle[n-1]
+		pl.idle = pl.idle[:n-1]
 		p.mu.Unlock()
 		return q, nil
 	}
 	p.mu.Unlock()
-	q, err := p.connectQP()
+	q, err := p.connectQP(dev)
 	if err != nil {
-		<-p.sem
+		<-pl.sem
 		return nil, err
 	}
 	return q, nil
@@ -904,13 +984,14 @@ func (p *peer) get(ctx context.Context) (*iqp, error) {
 
 // connectQP creates a QP, exchanges connection data with the owner over
 // the control connection and brings the QP to RTS.
-func (p *peer) connectQP() (*iqp, error) {
-	d := p.t.dev
+func (p *peer) connectQP(dev int) (*iqp, error) {
+	d := p.t.devs[dev]
 	q, err := d.createQP(false, p.t.cfg.QueueDepth, randPSN())
 	if err != nil {
 		return nil, err
 	}
-	resp, err := p.call(msgConnect, d.local(q).encode())
+	// Local device i pairs with the owner's device i (mod its count).
+	resp, err := p.call(msgConnect, append(d.local(q).encode(), byte(dev%p.rdevs)))
 	if err != nil {
 		q.destroy()
 		return nil, err
@@ -928,7 +1009,7 @@ func (p *peer) connectQP() (*iqp, error) {
 		}
 		return nil, err
 	}
-	iq := &iqp{q: q, remote: remote.QPN}
+	iq := &iqp{q: q, remote: remote.QPN, dev: dev}
 	p.mu.Lock()
 	if p.closed || p.lost {
 		p.mu.Unlock()
@@ -949,11 +1030,12 @@ func (p *peer) connectQP() (*iqp, error) {
 // when a transfer on it failed: an error completion leaves an RC QP in the
 // error state.
 func (p *peer) put(q *iqp, clean bool) {
+	pl := p.pools[q.dev]
 	p.mu.Lock()
 	if clean && !p.closed && !p.lost {
-		p.idle = append(p.idle, q)
+		pl.idle = append(pl.idle, q)
 		p.mu.Unlock()
-		<-p.sem
+		<-pl.sem
 		return
 	}
 	_, tracked := p.all[q]
@@ -967,7 +1049,7 @@ func (p *peer) put(q *iqp, clean bool) {
 		binary.BigEndian.PutUint32(b, q.remote)
 		_, _ = p.call(msgDestroy, b)
 	}
-	<-p.sem
+	<-pl.sem
 }
 
 // Write implements rdma.Peer.
@@ -1027,7 +1109,7 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	t.mrMu.RLock()
 	m := t.mrs[op.Local]
 	t.mrMu.RUnlock()
-	if m == nil {
+	if m == nil || (op.Len > 0 && len(m.per) != len(t.devs)) {
 		return fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, op.Local)
 	}
 	rm, err := p.resolve(op.Remote)
@@ -1038,15 +1120,10 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		return fmt.Errorf("remote region %d: %w", op.Remote.ID, err)
 	}
 	if op.Len > 0 {
-		q, err := p.get(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return fmt.Errorf("verbs: %s: %w", what, ctx.Err())
-			}
-			return err
+		err := p.sliced(ctx, write, m, op.LocalOff, rm, op.RemoteOff, op.Len)
+		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("verbs: %s: %w (%v)", what, ctx.Err(), err)
 		}
-		err = p.run(ctx, q, write, m.addr+op.LocalOff, m.lkey, rm.addr+op.RemoteOff, rm.rkey, op.Len)
-		p.put(q, err == nil)
 		if err != nil {
 			if errors.Is(err, rdma.ErrUnknownRegion) {
 				// Deregistered on the owner since it was resolved.
@@ -1083,13 +1160,57 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	return err
 }
 
+// SliceAcross is the smallest transfer cut across several devices; parts
+// are multiples of 4 KiB.
+const SliceAcross = 64 << 10
+
+// sliced runs one transfer, cut into one contiguous part per local device
+// when there are several and it is at least SliceAcross long (Mooncake
+// sprays slices over NICs the same way), each part on a QP of its device,
+// all at once; the first error wins.
+func (p *peer) sliced(ctx context.Context, write bool, m *regMRs, loff uint64, rm remoteMR, roff, n uint64) error {
+	parts := uint64(len(p.t.devs))
+	if n < SliceAcross || parts == 1 {
+		parts = 1
+	}
+	step := (n/parts + 4095) &^ 4095
+	if parts == 1 {
+		step = n
+	}
+	errs := make(chan error, parts)
+	var launched int
+	for i, off := 0, uint64(0); off < n; i, off = i+1, off+step {
+		l := min(step, n-off)
+		dev := i
+		go func() {
+			q, err := p.get(ctx, dev)
+			if err != nil {
+				errs <- err
+				return
+			}
+			rkey := rm.rkeys[dev%len(rm.rkeys)]
+			err = p.run(ctx, q, write, m.addr+loff+off, m.per[dev].lkey, rm.addr+roff+off, rkey, l)
+			p.put(q, err == nil)
+			errs <- err
+		}()
+		launched++
+	}
+	var first error
+	for ; launched > 0; launched-- {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
 // remoteMR is a resolved remote region.
 type remoteMR struct {
-	key  uint32
-	base uint64
-	rkey uint32
-	addr uint64
-	size uint64
+	key   uint32
+	base  uint64
+	addr  uint64
+	size  uint64
+	rkeys []uint32 // one per owner device
 }
 
 // resolve returns the rkey and address of a remote region, asking the
@@ -1109,11 +1230,13 @@ func (p *peer) resolve(d rdma.RegionDesc) (remoteMR, error) {
 	if err != nil {
 		return r, err
 	}
-	if len(out) != 20 {
+	if len(out) < 17 || out[16] == 0 || len(out) != 17+4*int(out[16]) {
 		return r, fmt.Errorf("%w: resolve answer of %d bytes", rdma.ErrProtocol, len(out))
 	}
-	r = remoteMR{key: d.Key, base: d.Addr, rkey: binary.BigEndian.Uint32(out),
-		addr: binary.BigEndian.Uint64(out[4:]), size: binary.BigEndian.Uint64(out[12:])}
+	r = remoteMR{key: d.Key, base: d.Addr, addr: binary.BigEndian.Uint64(out), size: binary.BigEndian.Uint64(out[8:])}
+	for i := 0; i < int(out[16]); i++ {
+		r.rkeys = append(r.rkeys, binary.BigEndian.Uint32(out[17+4*i:]))
+	}
 	p.rmu.Lock()
 	if len(p.resolved) >= maxResolved {
 		clear(p.resolved)

@@ -65,6 +65,13 @@ type Config struct {
 	// Device is the RDMA device to use ("rxe0", "mlx5_0"); empty: the
 	// first device whose port is active.
 	Device string
+	// Devices, when set, lists several devices to use at once (Device is
+	// then ignored): every region is registered with each, QPs are made
+	// per peer and device (local device i with the owner's device i modulo
+	// its count), and a transfer of at least SliceAcross bytes is cut into
+	// one contiguous part per device, moved at once. Each must have an
+	// active port.
+	Devices []string
 	// Port is the device port (1-based). Default 1.
 	Port int
 	// GIDIndex selects the GID; -1 (default): the first RoCE v2 GID with an
@@ -123,6 +130,9 @@ func (c Config) Validate() error {
 	if c.Port < 1 || c.Port > 255 {
 		errs = append(errs, fmt.Errorf("verbs: Port %d must be in [1, 255]", c.Port))
 	}
+	if len(c.Devices) > 32 {
+		errs = append(errs, fmt.Errorf("verbs: %d Devices, at most 32", len(c.Devices)))
+	}
 	if c.GIDIndex < -1 {
 		errs = append(errs, fmt.Errorf("verbs: GIDIndex %d must be >= -1", c.GIDIndex))
 	}
@@ -148,6 +158,30 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("verbs: QPTimeout %d must be in [0, 31], QPRetry %d in [0, 7]", c.QPTimeout, c.QPRetry))
 	}
 	return errors.Join(errs...)
+}
+
+// names lists the devices asked for (empty: any).
+func (c Config) names() []string {
+	if len(c.Devices) > 0 {
+		return c.Devices
+	}
+	if c.Device != "" {
+		return []string{c.Device}
+	}
+	return nil
+}
+
+func (c Config) wants(name string) bool {
+	ns := c.names()
+	if len(ns) == 0 {
+		return true
+	}
+	for _, n := range ns {
+		if n == name {
+			return true
+		}
+	}
+	return false
 }
 
 // DeviceInfo describes a device port as discovered at start.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,23 +24,26 @@ import (
 // device returns the device the tests run on. Where TIDEPOOL_RDMA_DEVICE
 // is set (the Soft-RoCE guest of scripts/test-rdma.sh) a missing device
 // fails the test; elsewhere the test is skipped.
-func testDevice(t testing.TB) string {
+// TIDEPOOL_RDMA_DEVICE may list several devices, comma-separated.
+func testDevice(t testing.TB) []string {
 	t.Helper()
 	want := os.Getenv("TIDEPOOL_RDMA_DEVICE")
 	cfg := DefaultConfig()
-	cfg.Device = want
+	if want != "" {
+		cfg.Devices = strings.Split(want, ",")
+	}
 	if _, err := Probe(cfg); err != nil {
 		if want != "" {
 			t.Fatalf("TIDEPOOL_RDMA_DEVICE=%s but Probe: %v", want, err)
 		}
 		t.Skipf("no RDMA device here (%v): run make test-rdma", err)
 	}
-	return want
+	return cfg.Devices
 }
 
 func testConfig(t testing.TB) Config {
 	cfg := DefaultConfig()
-	cfg.Device = testDevice(t)
+	cfg.Devices = testDevice(t)
 	cfg.ListenAddr = "127.0.0.1:0"
 	cfg.DialTimeout = 5 * time.Second
 	cfg.IOTimeout = 20 * time.Second
@@ -98,7 +102,7 @@ func TestProbe(t *testing.T) {
 		}
 	}
 	bad := cfg
-	bad.Device = "no-such-device"
+	bad.Devices = []string{"no-such-device"}
 	if _, err := Probe(bad); !errors.Is(err, ErrNoDevice) {
 		t.Fatalf("Probe(no-such-device): %v, want ErrNoDevice", err)
 	}
@@ -195,7 +199,7 @@ func TestBadControlRequests(t *testing.T) {
 	a, b := newPair(t, cfg)
 	defer a.Close()
 	defer b.Close()
-	nc, err := a.dial(context.Background(), b.Addr())
+	nc, _, err := a.dial(context.Background(), b.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,10 +215,16 @@ func TestBadControlRequests(t *testing.T) {
 		}
 		return rt, rp
 	}
-	for _, d := range []connData{{QPN: 0, MTU: 3}, {QPN: 1 << 24, MTU: 3}, {QPN: 5, MTU: 9}} {
-		if rt, rp := ask(msgConnect, d.encode()); rt != msgErr || rp[0] != errRefused {
-			t.Fatalf("connect with %+v: answer %d %q, want a refusal", d, rt, rp)
+	for _, c := range []struct {
+		d   connData
+		dev byte
+	}{{connData{QPN: 0, MTU: 3}, 0}, {connData{QPN: 1 << 24, MTU: 3}, 0}, {connData{QPN: 5, MTU: 9}, 0}, {connData{QPN: 5, MTU: 3}, 200}} {
+		if rt, rp := ask(msgConnect, append(c.d.encode(), c.dev)); rt != msgErr || rp[0] != errRefused {
+			t.Fatalf("connect with %+v on device %d: answer %d %q, want a refusal", c.d, c.dev, rt, rp)
 		}
+	}
+	if rt, rp := ask(msgConnect, connData{QPN: 5, MTU: 3}.encode()); rt != msgErr || rp[0] != errRefused {
+		t.Fatalf("connect without a device index: answer %d %q, want a refusal", rt, rp)
 	}
 	if rt, rp := ask(msgResolve, make([]byte, 20)); rt != msgErr || rp[0] != errUnknown {
 		t.Fatalf("resolve of region 0: answer %d %q, want unknown region", rt, rp)
@@ -367,5 +377,46 @@ func TestMoreReadersThanQPs(t *testing.T) {
 	}
 	if m := maxConns.Load(); m > 2 {
 		t.Fatalf("%d QPs open, limit 2", m)
+	}
+}
+
+// TestMultiDevice: with several devices, a transfer is cut across them: it
+// lands the right bytes, and the handle holds a QP on each device.
+func TestMultiDevice(t *testing.T) {
+	cfg := testConfig(t)
+	if len(cfg.Devices) < 2 {
+		t.Skip("needs two devices (TIDEPOOL_RDMA_DEVICE=rxe0,rxe1)")
+	}
+	a, b := newPair(t, cfg)
+	defer a.Close()
+	defer b.Close()
+	if len(a.Devices()) != len(cfg.Devices) {
+		t.Fatalf("using %d devices, want %d", len(a.Devices()), len(cfg.Devices))
+	}
+	const n = 4<<20 + 123
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(i*7 + i>>10)
+	}
+	rd, _ := b.Register(src)
+	dst := make([]byte, n)
+	ld, _ := a.Register(dst)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := a.Connect(ctx, b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Read(ctx, rdma.Op{Local: ld.ID, Remote: rd, Len: n, Sum: frame.Checksum(src), SumKnown: true}); err != nil || !bytes.Equal(dst, src) {
+		t.Fatalf("sliced read: %v", err)
+	}
+	if c := p.Stats().Conns; c < len(cfg.Devices) {
+		t.Fatalf("%d QPs after a sliced read, want one per device (%d)", c, len(cfg.Devices))
+	}
+	back := make([]byte, n)
+	bd, _ := b.Register(back)
+	if err := p.Write(ctx, rdma.Op{Local: ld.ID, Remote: bd, Len: n, Sum: frame.Checksum(src), SumKnown: true}); err != nil || !bytes.Equal(back, src) {
+		t.Fatalf("sliced write: %v", err)
 	}
 }
