@@ -70,6 +70,13 @@ test: deps
 	if ((rc != 0)); then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi
 	exit $$rc
 
+# The verbs transport on Soft-RoCE (rdma_rxe) in a QEMU TCG guest: fetches
+# Debian packages into .cache/rdma, builds the initramfs, boots, runs the
+# tests inside and fails on any failure there (docs/rdma.md).
+.PHONY: test-rdma
+test-rdma:
+	scripts/test-rdma.sh
+
 # vLLM with the tidepool connector against real sidecars (installs its venv).
 .PHONY: test-engines
 test-engines:

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tidepool-kv/tidepool/rdma/verbs"
 )
 
 // binPath is the tidepool binary built once for the process tests.
@@ -28,10 +30,20 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binPath = filepath.Join(dir, "tidepool")
-	out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building tidepool: %v\n%s", err, out)
-		os.Exit(1)
+	if bin := os.Getenv("TIDEPOOL_BIN"); bin != "" {
+		// Prebuilt (the Soft-RoCE guest of scripts/test-rdma.sh has no Go
+		// toolchain).
+		binPath = bin
+	} else {
+		args := []string{"build", "-o", binPath}
+		if verbs.Built {
+			args = append(args, "-tags", "verbs")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "building tidepool: %v\n%s", err, out)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -20,7 +21,9 @@ import (
 	"github.com/tidepool-kv/tidepool/proxy/clusterview"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 	"github.com/tidepool-kv/tidepool/rdma"
+	"github.com/tidepool-kv/tidepool/rdma/auto"
 	"github.com/tidepool-kv/tidepool/rdma/tcp"
+	"github.com/tidepool-kv/tidepool/rdma/verbs"
 )
 
 // clusterNode is what a clustered sidecar runs beside its engine API: the
@@ -30,7 +33,8 @@ import (
 type clusterNode struct {
 	lg       *zap.Logger
 	p        *proxy.Proxy
-	tr       *tcp.Transport
+	tr       *tcp.Transport  // the TCP side of xt (guard counters)
+	xt       *auto.Transport // the transfer layer: tcp, and verbs where available
 	regions  []rdma.RegionDesc
 	psrv     *peerapi.Server
 	pcli     *peerapi.Client
@@ -122,10 +126,19 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	// Components that name their own logger (rdma/tcp, cluster, the cache
 	// tiers) get lg as it is; naming it here too doubled the name
 	// ("rdma.rdma.tcp", "cluster.cluster").
-	if n.tr, err = tcp.New(tcfg, lg); err != nil {
+	acfg := auto.Config{Mode: cfg.Transport, TCP: tcfg, Verbs: verbs.DefaultConfig()}
+	acfg.Verbs.GIDIndex = cfg.RDMAGIDIndex
+	for _, d := range strings.Split(cfg.RDMADevice, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			acfg.Verbs.Devices = append(acfg.Verbs.Devices, d)
+		}
+	}
+	// The transports name their own loggers ("rdma.tcp", "rdma.verbs").
+	if n.xt, err = auto.New(acfg, lg); err != nil {
 		return nil, fmt.Errorf("transfer_addr: %w", err)
 	}
-	if n.regions, err = peerapi.RegisterArenas(n.tr, peerapi.TierArenaMems(store.DRAM())); err != nil {
+	n.tr = n.xt.TCP()
+	if n.regions, err = peerapi.RegisterArenas(n.xt, peerapi.TierArenaMems(store.DRAM())); err != nil {
 		return nil, err
 	}
 
@@ -171,7 +184,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	}
 	scfg := peerapi.DefaultServerConfig()
 	scfg.Credentials = creds
-	scfg.Transport = n.tr
+	scfg.Transport = n.xt
 	scfg.Regions = n.regions
 	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
 	scfg.DrainTimeout = cfg.DrainTimeout
@@ -190,11 +203,11 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	// otherwise the host is known only once gossip has picked the address it
 	// advertises, and an update follows.
 	_, pport, _ := net.SplitHostPort(pln.Addr().String())
-	_, tport, _ := net.SplitHostPort(n.tr.Addr())
+	_, tport, _ := net.SplitHostPort(n.xt.Addr())
 	announce := func(gossip string) (string, string) {
-		return net.JoinHostPort(hostFor(pln.Addr(), gossip), pport), net.JoinHostPort(hostFor(mustAddr(n.tr.Addr()), gossip), tport)
+		return net.JoinHostPort(hostFor(pln.Addr(), gossip), pport), net.JoinHostPort(hostFor(mustAddr(n.xt.Addr()), gossip), tport)
 	}
-	if ph, th := hostFor(pln.Addr(), ""), hostFor(mustAddr(n.tr.Addr()), ""); ph != "" && th != "" {
+	if ph, th := hostFor(pln.Addr(), ""), hostFor(mustAddr(n.xt.Addr()), ""); ph != "" && th != "" {
 		ccfg.Meta.PeerAddr, ccfg.Meta.TransferAddr = announce("")
 	}
 	if n.c, err = cluster.New(ccfg, lg); err != nil {
@@ -224,7 +237,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccl.Credentials = creds
 	ccl.Resolve = n.view.Addrs
 	ccl.Store = store
-	ccl.Transport = n.tr
+	ccl.Transport = n.xt
 	ccl.Regions = n.regions
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {
 		return nil, err
@@ -310,10 +323,10 @@ func (n *clusterNode) close(pushDrain time.Duration) {
 	if n.pcli != nil {
 		n.pcli.Close()
 	}
-	if n.tr != nil {
+	if n.xt != nil {
 		if len(n.regions) > 0 {
-			peerapi.DeregisterArenas(n.tr, n.regions)
+			peerapi.DeregisterArenas(n.xt, n.regions)
 		}
-		n.tr.Close()
+		n.xt.Close()
 	}
 }

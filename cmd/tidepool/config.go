@@ -59,6 +59,9 @@ type Config struct {
 	AdvertiseAddr   string        // host or host:port peers use to reach gossip; empty: derived (deriveCluster)
 	PeerAddr        string        // host:port of the peer API (TCP); empty: bind_addr:7947
 	TransferAddr    string        // host:port of the block transfer layer (TCP); empty: bind_addr:7948
+	Transport       string        // auto, tcp or rdma: how blocks move between nodes
+	RDMADevice      string        // RDMA device for transport auto/rdma; empty: the first active one
+	RDMAGIDIndex    int           // GID index; -1: the first RoCE v2 GID (IPv4-mapped first)
 	Join            []string      // addresses or DNS names of members to join
 	Replicas        int           // owners per block (R)
 	GossipKeyFile   string        // file holding the gossip encryption key
@@ -219,6 +222,9 @@ var settings = []setting{
 	stringSetting("advertise_addr", "IP (or IP:port) peers use to reach this node (default: $POD_IP, else bind_addr when specific, else the first non-loopback address)", func(c *Config) *string { return &c.AdvertiseAddr }),
 	stringSetting("peer_addr", "host:port of the peer API (TCP); default bind_addr:7947 in cluster mode", func(c *Config) *string { return &c.PeerAddr }),
 	stringSetting("transfer_addr", "host:port of the block transfer layer (TCP); default bind_addr:7948 in cluster mode", func(c *Config) *string { return &c.TransferAddr }),
+	stringSetting("transport", "how blocks move between nodes: auto (RDMA to peers that serve it, when this binary has the verbs binding and the host a device; TCP otherwise), tcp, or rdma (like auto, but refuse to start without a device); docs/rdma.md", func(c *Config) *string { return &c.Transport }),
+	stringSetting("rdma_device", "RDMA device(s) for transport auto or rdma (e.g. mlx5_0, or mlx5_0,mlx5_1 to slice transfers across several); empty: the first with an active port", func(c *Config) *string { return &c.RDMADevice }),
+	intSetting("rdma_gid_index", "GID index of the RDMA port; -1: the first RoCE v2 GID, preferring an IPv4-mapped one", func(c *Config) *int { return &c.RDMAGIDIndex }),
 	{"join", "comma-separated addresses or DNS names (default port 7946) of cluster members to join; turns cluster mode on; retried in the background until a peer answers",
 		func(c *Config) string { return strings.Join(c.Join, ",") },
 		func(c *Config, v string) error {
@@ -340,6 +346,8 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 20 * time.Second,
 		PeerMaxConns:    pc.MaxConns,
 		PeerIdleTime:    pc.IdleTimeout,
+		Transport:       "auto",
+		RDMAGIDIndex:    -1,
 
 		RemoteTimeout:     rc.RemoteTimeout,
 		PeerDownFor:       rc.PeerDownFor,
@@ -469,6 +477,14 @@ func (c Config) Validate() error {
 	}
 	if c.RebalanceDelay <= 0 {
 		bad("rebalance_delay %s: must be positive", c.RebalanceDelay)
+	}
+	switch c.Transport {
+	case "auto", "tcp", "rdma":
+	default:
+		bad("transport %q: want auto, tcp or rdma", c.Transport)
+	}
+	if c.RDMAGIDIndex < -1 {
+		bad("rdma_gid_index %d: want -1 (automatic) or an index", c.RDMAGIDIndex)
 	}
 	if c.HotThreshold < 0 {
 		bad("hot_threshold %d: must not be negative", c.HotThreshold)

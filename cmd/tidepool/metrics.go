@@ -291,8 +291,8 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- m(c.peerHot, ctr, float64(ps.HotFetched), ps.Node)
 		}
 	}
-	if c.cn.tr != nil {
-		st := c.cn.tr.Stats()
+	if c.cn.xt != nil {
+		st := c.cn.xt.Stats()
 		var in, out uint64
 		for _, ps := range st.Peers {
 			in += ps.BytesIn

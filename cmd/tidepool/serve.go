@@ -155,7 +155,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		if cn, err = startCluster(ctx, cfg, store, p, lg); err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}
-		m.reg.MustRegister(newRouteCollector(p, cn), newGuardCollector(cn))
+		m.reg.MustRegister(newRouteCollector(p, cn), newGuardCollector(cn), newTransportCollector(cn))
 		// Runs before the store closes (deferred earlier): the arenas are
 		// deregistered from the transfer layer first. Queued pushes get
 		// what is left of the stop's budget, at most drain_timeout.

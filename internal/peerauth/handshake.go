@@ -43,6 +43,9 @@ type Purpose byte
 const (
 	PurposePeerAPI  Purpose = 1
 	PurposeTransfer Purpose = 2
+	// PurposeVerbs is the control port of the verbs transport (rdma/verbs):
+	// queue-pair connection data and owner-side checks.
+	PurposeVerbs Purpose = 3
 )
 
 const (

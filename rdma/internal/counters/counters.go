@@ -87,6 +87,15 @@ func (s *Serve) Sent(n uint64, last bool) {
 	}
 }
 
+// Reported adds transfers an initiator reports having done one-sided
+// (verbs: the owner's CPU does not see them).
+func (s *Serve) Reported(writes, reads, bytesIn, bytesOut uint64) {
+	s.writes.Add(writes)
+	s.reads.Add(reads)
+	s.bytesIn.Add(bytesIn)
+	s.bytesOut.Add(bytesOut)
+}
+
 // Error counts a refused or broken request.
 func (s *Serve) Error() { s.errors.Add(1) }
 

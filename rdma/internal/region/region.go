@@ -88,6 +88,24 @@ func (t *Table) Register(buf []byte) (rdma.RegionDesc, error) {
 	return rdma.RegionDesc{ID: id, Len: uint64(len(buf)), Key: e.key, Addr: e.base}, nil
 }
 
+// RegisterAs adds buf under a descriptor drawn elsewhere: a transport that
+// serves the same memory under the same names as another one (rdma/auto
+// registers each arena with tcp, then with verbs under tcp's descriptor).
+func (t *Table) RegisterAs(buf []byte, d rdma.RegionDesc) error {
+	if buf == nil || uint64(len(buf)) != d.Len {
+		return fmt.Errorf("rdma: register %d bytes as a region of %d", len(buf), d.Len)
+	}
+	t.mu.Lock()
+	if _, taken := t.m[d.ID]; taken || d.ID == 0 {
+		t.mu.Unlock()
+		return fmt.Errorf("rdma: region id %d is zero or taken", d.ID)
+	}
+	t.m[d.ID] = &entry{buf: buf, key: d.Key, base: d.Addr}
+	t.mu.Unlock()
+	t.bytes.Add(uint64(len(buf)))
+	return nil
+}
+
 // Deregister removes id, waiting for in-flight accesses to finish.
 func (t *Table) Deregister(id rdma.RegionID) error {
 	t.mu.Lock()

@@ -1,0 +1,1331 @@
+//go:build verbs
+
+package verbs
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
+	"github.com/tidepool-kv/tidepool/protocol/frame"
+	"github.com/tidepool-kv/tidepool/rdma"
+	"github.com/tidepool-kv/tidepool/rdma/internal/counters"
+	"github.com/tidepool-kv/tidepool/rdma/internal/region"
+)
+
+// Built reports whether the binary has the verbs binding.
+const Built = true
+
+// Probe lists the devices with an active port, as New would see them.
+// ErrNoDevice when there are none.
+func Probe(cfg Config) ([]DeviceInfo, error) {
+	names, err := listDevices()
+	if err != nil {
+		return nil, err
+	}
+	var out []DeviceInfo
+	var errs []error
+	for _, n := range names {
+		if !cfg.wants(n) {
+			continue
+		}
+		d, err := openDevice(n, cfg.Port, cfg.GIDIndex, 16)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, d.info)
+		d.close()
+	}
+	if len(out) == 0 {
+		if len(errs) > 0 {
+			return nil, fmt.Errorf("%w: %w", ErrNoDevice, errors.Join(errs...))
+		}
+		return nil, fmt.Errorf("%w: %q not among %v", ErrNoDevice, cfg.names(), names)
+	}
+	return out, nil
+}
+
+// Transport is the verbs transport.
+type Transport struct {
+	cfg   Config
+	lg    *zap.Logger
+	devs  []*device // the devices in use; a transfer is sliced across them
+	ln    *peerauth.Listener
+	addr  string
+	table *region.Table
+	serve counters.Serve
+
+	mrMu sync.RWMutex
+	mrs  map[rdma.RegionID]*regMRs
+
+	wrID    atomic.Uint64
+	waiters sync.Map // wr_id -> chan wc
+	qps     atomic.Int64
+	pollWG  sync.WaitGroup
+	stopPol atomic.Bool
+	acceptW sync.WaitGroup
+
+	// life: transfers hold it for reading; Close takes it for writing once
+	// it broke every QP, to wait them out before freeing the device.
+	life   sync.RWMutex
+	closed atomic.Bool
+	done   chan struct{} // closed by Close
+	mu     sync.Mutex
+	peers  map[string]*counters.Peer
+	hs     map[*peer]struct{}
+	in     map[net.Conn]struct{}
+}
+
+var _ rdma.Transport = (*Transport)(nil)
+
+// New opens the device, starts the completion poller and the control
+// endpoint. ErrNoDevice when no usable device exists.
+func New(cfg Config, lg *zap.Logger) (rdma.Transport, error) { return NewTransport(cfg, lg) }
+
+// NewTransport is New returning the concrete type.
+func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	lg = lg.Named("rdma.verbs")
+	infos, err := Probe(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var picks []string
+	for _, d := range infos {
+		switch {
+		case d.Active && len(cfg.names()) > 0:
+			picks = append(picks, d.Name)
+		case d.Active && len(picks) == 0:
+			picks = append(picks, d.Name) // none named: the first active one
+		case !d.Active && len(cfg.names()) > 0:
+			return nil, fmt.Errorf("%w: %s port %d is %s", ErrNoDevice, d.Name, d.Port, d.State)
+		}
+	}
+	if len(picks) == 0 {
+		return nil, fmt.Errorf("%w: no active port among %d device(s) (%s: %s)", ErrNoDevice, len(infos), infos[0].Name, infos[0].State)
+	}
+	cqSize := 4 * cfg.MaxQPsPerPeer * cfg.QueueDepth
+	if cqSize < 256 {
+		cqSize = 256
+	}
+	var devs []*device
+	closeDevs := func() {
+		for _, d := range devs {
+			d.close()
+		}
+	}
+	for _, name := range picks {
+		dev, err := openDevice(name, cfg.Port, cfg.GIDIndex, cqSize)
+		if err != nil {
+			closeDevs()
+			return nil, err
+		}
+		devs = append(devs, dev)
+	}
+	ln := cfg.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+			closeDevs()
+			return nil, fmt.Errorf("verbs: listen %s: %w", cfg.ListenAddr, err)
+		}
+	}
+	t := &Transport{
+		cfg: cfg, lg: lg, devs: devs, table: region.NewTable(), mrs: make(map[rdma.RegionID]*regMRs),
+		peers: make(map[string]*counters.Peer), hs: make(map[*peer]struct{}), in: make(map[net.Conn]struct{}),
+		done: make(chan struct{}),
+	}
+	t.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
+		Key: cfg.Key, Purpose: peerauth.PurposeVerbs, MaxConns: 1024, HandshakeTimeout: cfg.DialTimeout,
+	}, lg)
+	t.addr = cfg.AdvertiseAddr
+	if t.addr == "" {
+		t.addr = ln.Addr().String()
+	}
+	for _, dev := range devs {
+		lg.Info("verbs transport up", zap.String("device", dev.info.Name), zap.Int("port", dev.info.Port),
+			zap.String("link_layer", dev.info.LinkLayer), zap.Int("gid_index", dev.info.GIDIndex),
+			zap.String("gid", net.IP(dev.info.GID[:]).String()), zap.Int("mtu", dev.info.ActiveMTU),
+			zap.Int("numa_node", dev.info.NUMANode), zap.String("addr", t.addr))
+		t.pollWG.Add(1)
+		go t.pollLoop(dev)
+	}
+	t.acceptW.Add(1)
+	go t.acceptLoop()
+	return t, nil
+}
+
+// Device returns what was discovered about the (first) device in use.
+func (t *Transport) Device() DeviceInfo { return t.devs[0].info }
+
+// Devices returns every device in use.
+func (t *Transport) Devices() []DeviceInfo {
+	out := make([]DeviceInfo, len(t.devs))
+	for i, d := range t.devs {
+		out[i] = d.info
+	}
+	return out
+}
+
+// QPs returns the number of queue pairs open now (initiator and responder).
+func (t *Transport) QPs() int { return int(t.qps.Load()) }
+
+// Addr implements rdma.Transport.
+func (t *Transport) Addr() string { return t.addr }
+
+// Register implements rdma.Transport: the buffer is registered with the
+// device (ibv_reg_mr) for local and remote read and write. The descriptor
+// names it the way rdma/tcp does (random 64-bit id, 32-bit key and 64-bit
+// base, docs/security.md), not by rkey and virtual address: an initiator
+// resolves (id, key, base) to the rkey and address over the authenticated
+// control connection once per region and caches the answer.
+func (t *Transport) Register(buf []byte) (rdma.RegionDesc, error) {
+	if t.closed.Load() {
+		return rdma.RegionDesc{}, rdma.ErrClosed
+	}
+	d, err := t.table.Register(buf)
+	if err != nil {
+		return d, err
+	}
+	if err := t.regMR(buf, d.ID); err != nil {
+		_ = t.table.Deregister(d.ID)
+		return rdma.RegionDesc{}, err
+	}
+	return d, nil
+}
+
+// RegisterAs registers buf under a descriptor drawn by another transport
+// (rdma/auto: the tcp transport's), so that one descriptor names the region
+// on both.
+func (t *Transport) RegisterAs(buf []byte, d rdma.RegionDesc) error {
+	if t.closed.Load() {
+		return rdma.ErrClosed
+	}
+	if err := t.table.RegisterAs(buf, d); err != nil {
+		return err
+	}
+	if err := t.regMR(buf, d.ID); err != nil {
+		_ = t.table.Deregister(d.ID)
+		return err
+	}
+	return nil
+}
+
+// regMRs is one region registered with every device in use.
+type regMRs struct {
+	addr, size uint64
+	per        []*mr // by device index
+}
+
+func (r *regMRs) dereg() error {
+	var errs []error
+	for _, m := range r.per {
+		errs = append(errs, m.dereg())
+	}
+	return errors.Join(errs...)
+}
+
+func (t *Transport) regMR(buf []byte, id rdma.RegionID) error {
+	r := &regMRs{size: uint64(len(buf))}
+	for _, d := range t.devs {
+		m, err := d.regMR(buf)
+		if err != nil {
+			_ = r.dereg()
+			return err
+		}
+		r.addr = m.addr
+		r.per = append(r.per, m)
+	}
+	t.mrMu.Lock()
+	t.mrs[id] = r
+	t.mrMu.Unlock()
+	return nil
+}
+
+// Deregister implements rdma.Transport: it waits for this transport's own
+// transfers from or into the region, then deregisters it from the device,
+// after which remote reads and writes of it fail with a remote access
+// error.
+func (t *Transport) Deregister(id rdma.RegionID) error {
+	if err := t.table.Deregister(id); err != nil {
+		return err
+	}
+	t.mrMu.Lock()
+	m := t.mrs[id]
+	delete(t.mrs, id)
+	t.mrMu.Unlock()
+	if m != nil {
+		return m.dereg()
+	}
+	return nil
+}
+
+// Stats implements rdma.Transport.
+func (t *Transport) Stats() rdma.Stats {
+	n, b := t.table.Len()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return counters.TransportStats(n, b, &t.serve, t.peers)
+}
+
+// Close breaks in-flight transfers, closes every handle and inbound control
+// connection (destroying their QPs), deregisters every region and closes
+// the device. Safe to call twice.
+func (t *Transport) Close() error {
+	if t.closed.Swap(true) {
+		return nil
+	}
+	close(t.done)
+	err := t.ln.Close()
+	t.mu.Lock()
+	hs := t.hs
+	t.hs = map[*peer]struct{}{}
+	for c := range t.in {
+		_ = c.Close()
+	}
+	t.mu.Unlock()
+	for p := range hs {
+		p.shutdown()
+	}
+	t.acceptW.Wait()
+	t.life.Lock() // every transfer has returned
+	t.life.Unlock()
+	t.stopPol.Store(true)
+	t.pollWG.Wait()
+	t.mrMu.Lock()
+	for id, m := range t.mrs {
+		_ = m.dereg()
+		delete(t.mrs, id)
+	}
+	t.mrMu.Unlock()
+	for _, d := range t.devs {
+		d.close()
+	}
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// pollLoop takes completions off the CQ in batches and hands each to the
+// transfer that posted it; when the CQ is empty it arms it and sleeps on
+// the completion channel. Locked to its thread: verbs polling wants one.
+func (t *Transport) pollLoop(dev *device) {
+	defer t.pollWG.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	buf := make([]wc, 32)
+	for !t.stopPol.Load() {
+		n, err := dev.poll(buf)
+		if err != nil {
+			t.lg.Error("poll_cq", zap.Error(err))
+			return
+		}
+		t.dispatch(buf[:n])
+		if n > 0 {
+			continue
+		}
+		if err := dev.arm(); err != nil {
+			t.lg.Error("arm cq", zap.Error(err))
+			return
+		}
+		if n, _ = dev.poll(buf); n > 0 {
+			t.dispatch(buf[:n])
+			continue
+		}
+		if _, err := dev.wait(50); err != nil {
+			t.lg.Error("cq event", zap.Error(err))
+			return
+		}
+	}
+}
+
+func (t *Transport) dispatch(ws []wc) {
+	for _, w := range ws {
+		if ch, ok := t.waiters.Load(uint64(w.wr_id)); ok {
+			ch.(chan wc) <- w // buffered for every WR the transfer has in flight
+		}
+	}
+}
+
+// ---- control protocol ----
+
+// Control messages: [type u8][len u16 BE][payload]. Requests go from the
+// initiator to the owner; every request has one answer, msgOK (with a
+// payload for msgConnect) or msgErr (code u8, text).
+const (
+	msgHello   = 1 // "TPVB" + version u8
+	msgConnect = 2 // connData
+	msgDestroy = 3 // qpn u32
+	msgCheck   = 4 // id u64, key u32, addr u64, len u64, sum u32
+	msgStats   = 5 // writes, reads, bytesIn, bytesOut: u64 each
+	msgPing    = 6
+	msgOK      = 7
+	msgErr     = 8
+	msgResolve = 9 // id u64, key u32, base u64 -> addr u64, len u64, n u8, n x rkey u32 (one per device)
+
+	maxMsg       = 256
+	ctlVersion   = 1
+	connDataLen  = 16 + 4 + 4 + 1 + 2
+	errUnknown   = 1
+	errRange     = 2
+	errChecksum  = 3
+	errRefused   = 4
+	errInternal  = 5
+	helloPayload = "TPVB"
+)
+
+var codeErrs = map[byte]error{
+	errUnknown: rdma.ErrUnknownRegion, errRange: rdma.ErrOutOfRange, errChecksum: rdma.ErrChecksum,
+	errRefused: rdma.ErrProtocol, errInternal: rdma.ErrProtocol,
+}
+
+func writeMsg(w io.Writer, typ byte, payload []byte) error {
+	if len(payload) > maxMsg {
+		return fmt.Errorf("%w: control message of %d bytes", rdma.ErrProtocol, len(payload))
+	}
+	b := make([]byte, 3+len(payload))
+	b[0] = typ
+	binary.BigEndian.PutUint16(b[1:], uint16(len(payload)))
+	copy(b[3:], payload)
+	_, err := w.Write(b)
+	return err
+}
+
+func readMsg(r io.Reader) (byte, []byte, error) {
+	var h [3]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := int(binary.BigEndian.Uint16(h[1:]))
+	if n > maxMsg {
+		return 0, nil, fmt.Errorf("%w: control message of %d bytes", rdma.ErrProtocol, n)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return 0, nil, err
+	}
+	return h[0], p, nil
+}
+
+func (d connData) encode() []byte {
+	b := make([]byte, connDataLen)
+	copy(b, d.GID[:])
+	binary.BigEndian.PutUint32(b[16:], d.QPN)
+	binary.BigEndian.PutUint32(b[20:], d.PSN)
+	b[24] = d.MTU
+	binary.BigEndian.PutUint16(b[25:], d.LID)
+	return b
+}
+
+// decodeConnData parses and validates connection data from a peer.
+func decodeConnData(b []byte) (connData, error) {
+	var d connData
+	if len(b) != connDataLen {
+		return d, fmt.Errorf("%w: connection data of %d bytes, want %d", rdma.ErrProtocol, len(b), connDataLen)
+	}
+	copy(d.GID[:], b)
+	d.QPN = binary.BigEndian.Uint32(b[16:])
+	d.PSN = binary.BigEndian.Uint32(b[20:])
+	d.MTU = b[24]
+	d.LID = binary.BigEndian.Uint16(b[25:])
+	switch {
+	case d.QPN == 0 || d.QPN > 0xffffff:
+		return d, fmt.Errorf("%w: QPN %#x out of range", rdma.ErrProtocol, d.QPN)
+	case d.PSN > 0xffffff:
+		return d, fmt.Errorf("%w: PSN %#x out of range", rdma.ErrProtocol, d.PSN)
+	case d.MTU < 1 || d.MTU > 5:
+		return d, fmt.Errorf("%w: MTU enum %d out of range", rdma.ErrProtocol, d.MTU)
+	}
+	return d, nil
+}
+
+func randPSN() uint32 {
+	var b [4]byte
+	_, _ = crand.Read(b[:])
+	return binary.BigEndian.Uint32(b[:]) & 0xffffff
+}
+
+// ---- owner side ----
+
+func (t *Transport) acceptLoop() {
+	defer t.acceptW.Done()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			return
+		}
+		t.mu.Lock()
+		if t.closed.Load() {
+			t.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		t.in[c] = struct{}{}
+		t.mu.Unlock()
+		t.serve.Conn(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.serveConn(c)
+			t.mu.Lock()
+			delete(t.in, c)
+			t.mu.Unlock()
+			t.serve.Conn(-1)
+			_ = c.Close()
+		}()
+	}
+}
+
+// serveConn answers one initiator's control requests. The responder QPs it
+// created die with the connection.
+func (t *Transport) serveConn(c net.Conn) {
+	qps := make(map[uint32]*qp)
+	defer func() {
+		for _, q := range qps {
+			q.destroy()
+			t.qps.Add(-1)
+		}
+	}()
+	hello := false
+	fails := 0
+	for {
+		_ = c.SetReadDeadline(time.Time{})
+		typ, p, err := readMsg(c)
+		if err != nil {
+			return
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(t.cfg.DialTimeout))
+		fail := func(code byte, err error) bool {
+			t.serve.Error()
+			msg := err.Error()
+			if len(msg) > maxMsg-1 {
+				msg = msg[:maxMsg-1]
+			}
+			return writeMsg(c, msgErr, append([]byte{code}, msg...)) == nil
+		}
+		if !hello && typ != msgHello {
+			_ = fail(errRefused, fmt.Errorf("%w: message %d before hello", rdma.ErrProtocol, typ))
+			return
+		}
+		var werr error
+		switch typ {
+		case msgHello:
+			if len(p) != len(helloPayload)+1 || string(p[:4]) != helloPayload || p[4] != ctlVersion {
+				_ = fail(errRefused, fmt.Errorf("%w: bad hello", rdma.ErrProtocol))
+				return
+			}
+			hello = true
+			werr = writeMsg(c, msgOK, []byte{byte(len(t.devs))})
+		case msgConnect:
+			var remote connData
+			var dev *device
+			err := fmt.Errorf("%w: connect of %d bytes", rdma.ErrProtocol, len(p))
+			if len(p) == connDataLen+1 {
+				if remote, err = decodeConnData(p[:connDataLen]); err == nil {
+					if i := int(p[connDataLen]); i < len(t.devs) {
+						dev = t.devs[i]
+					} else {
+						err = fmt.Errorf("%w: device %d of %d", rdma.ErrProtocol, i, len(t.devs))
+					}
+				}
+			}
+			if err != nil {
+				if !fail(errRefused, err) {
+					return
+				}
+				continue
+			}
+			if len(qps) >= t.cfg.MaxQPsServed {
+				if !fail(errRefused, fmt.Errorf("%w: %d queue pairs already", rdma.ErrProtocol, len(qps))) {
+					return
+				}
+				continue
+			}
+			q, err := dev.createQP(true, 1, randPSN())
+			if err == nil {
+				if err = dev.connect(q, remote, t.cfg.QPTimeout, t.cfg.QPRetry, 16); err != nil {
+					q.destroy()
+				}
+			}
+			if err != nil {
+				if !fail(errInternal, err) {
+					return
+				}
+				continue
+			}
+			qps[q.num] = q
+			t.qps.Add(1)
+			werr = writeMsg(c, msgOK, dev.local(q).encode())
+		case msgDestroy:
+			if len(p) != 4 {
+				_ = fail(errRefused, fmt.Errorf("%w: destroy of %d bytes", rdma.ErrProtocol, len(p)))
+				return
+			}
+			n := binary.BigEndian.Uint32(p)
+			if q := qps[n]; q != nil {
+				q.destroy()
+				delete(qps, n)
+				t.qps.Add(-1)
+			}
+			werr = writeMsg(c, msgOK, nil)
+		case msgCheck:
+			if len(p) != 32 {
+				_ = fail(errRefused, fmt.Errorf("%w: check of %d bytes", rdma.ErrProtocol, len(p)))
+				return
+			}
+			code, err := t.check(p)
+			if err != nil {
+				if !fail(code, err) {
+					return
+				}
+				continue
+			}
+			werr = writeMsg(c, msgOK, nil)
+		case msgResolve:
+			if len(p) != 20 {
+				_ = fail(errRefused, fmt.Errorf("%w: resolve of %d bytes", rdma.ErrProtocol, len(p)))
+				return
+			}
+			out, err := t.resolve(p)
+			if err != nil {
+				// Like the tcp port: a wrong name costs the asker time.
+				fails++
+				select {
+				case <-time.After(min(time.Duration(fails)*100*time.Millisecond, time.Second)):
+				case <-t.done:
+					return
+				}
+				if !fail(errUnknown, err) {
+					return
+				}
+				continue
+			}
+			werr = writeMsg(c, msgOK, out)
+		case msgStats:
+			if len(p) != 32 {
+				_ = fail(errRefused, fmt.Errorf("%w: stats of %d bytes", rdma.ErrProtocol, len(p)))
+				return
+			}
+			w, r := binary.BigEndian.Uint64(p), binary.BigEndian.Uint64(p[8:])
+			bin, bout := binary.BigEndian.Uint64(p[16:]), binary.BigEndian.Uint64(p[24:])
+			t.serve.Reported(w, r, bin, bout)
+			werr = writeMsg(c, msgOK, nil)
+		case msgPing:
+			werr = writeMsg(c, msgOK, nil)
+		default:
+			_ = fail(errRefused, fmt.Errorf("%w: unknown control message %d", rdma.ErrProtocol, typ))
+			return
+		}
+		if werr != nil {
+			return
+		}
+	}
+}
+
+// resolve answers the rkey, address and length of a region named by (id,
+// key, base).
+func (t *Transport) resolve(p []byte) ([]byte, error) {
+	id := rdma.RegionID(binary.BigEndian.Uint64(p))
+	key := binary.BigEndian.Uint32(p[8:])
+	base := binary.BigEndian.Uint64(p[12:])
+	t.mrMu.RLock()
+	m := t.mrs[id]
+	t.mrMu.RUnlock()
+	if m == nil {
+		return nil, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	if err := t.table.Check(id, key, true, base, 0); err != nil {
+		return nil, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+	}
+	out := make([]byte, 17, 17+4*len(m.per))
+	binary.BigEndian.PutUint64(out, m.addr)
+	binary.BigEndian.PutUint64(out[8:], m.size)
+	out[16] = byte(len(m.per))
+	for _, x := range m.per {
+		out = binary.BigEndian.AppendUint32(out, x.rkey)
+	}
+	return out, nil
+}
+
+// check verifies the CRC-32C of a range of a registered region, named the
+// remote way (id, key, base+offset).
+func (t *Transport) check(p []byte) (byte, error) {
+	id := rdma.RegionID(binary.BigEndian.Uint64(p))
+	key := binary.BigEndian.Uint32(p[8:])
+	addr := binary.BigEndian.Uint64(p[12:])
+	n := binary.BigEndian.Uint64(p[20:])
+	sum := binary.BigEndian.Uint32(p[28:])
+	s, err := t.table.Acquire(id, key, true, addr, n)
+	if err != nil {
+		if errors.Is(err, rdma.ErrUnknownRegion) {
+			return errUnknown, err
+		}
+		return errRange, err
+	}
+	got := frame.Checksum(s.B)
+	s.Release()
+	if got != sum {
+		return errChecksum, fmt.Errorf("%w: write of %d bytes: crc %08x, want %08x", rdma.ErrChecksum, n, got, sum)
+	}
+	return 0, nil
+}
+
+// ---- initiator side ----
+
+// Connect implements rdma.Transport: it dials the control endpoint,
+// authenticates, and exchanges hellos. Queue pairs come on demand.
+func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error) {
+	if t.closed.Load() {
+		return nil, rdma.ErrClosed
+	}
+	t.mu.Lock()
+	c := t.peers[addr]
+	if c == nil {
+		c = &counters.Peer{Addr: addr}
+		t.peers[addr] = c
+	}
+	t.mu.Unlock()
+	nc, rdevs, err := t.dial(ctx, addr)
+	if err != nil {
+		c.DialFail()
+		return nil, fmt.Errorf("%w: %s: %w", rdma.ErrUnreachable, addr, err)
+	}
+	p := &peer{t: t, addr: addr, c: c, ctl: nc, rdevs: rdevs,
+		done: make(chan struct{}), all: make(map[*iqp]struct{}), flushed: make(chan struct{}),
+		resolved: make(map[rdma.RegionID]remoteMR)}
+	for range t.devs {
+		p.pools = append(p.pools, &pool{sem: make(chan struct{}, t.cfg.MaxQPsPerPeer)})
+	}
+	t.mu.Lock()
+	if t.closed.Load() {
+		t.mu.Unlock()
+		_ = nc.Close()
+		return nil, rdma.ErrClosed
+	}
+	t.hs[p] = struct{}{}
+	t.mu.Unlock()
+	go p.reportLoop()
+	return p, nil
+}
+
+// dial connects, authenticates and exchanges hellos; the owner answers
+// how many devices it serves on.
+func (t *Transport) dial(ctx context.Context, addr string) (net.Conn, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, 0, err
+	}
+	dl, _ := ctx.Deadline()
+	if k := t.cfg.Key; k != nil {
+		ac, err := k.Client(nc, peerauth.PurposeVerbs, dl)
+		if err != nil {
+			_ = nc.Close()
+			return nil, 0, err
+		}
+		nc = ac
+	}
+	_ = nc.SetDeadline(dl)
+	if err := writeMsg(nc, msgHello, append([]byte(helloPayload), ctlVersion)); err != nil {
+		_ = nc.Close()
+		return nil, 0, err
+	}
+	typ, p, err := readMsg(nc)
+	switch {
+	case err != nil:
+	case typ != msgOK:
+		err = fmt.Errorf("%w: hello refused: %s", rdma.ErrProtocol, msgText(p))
+	case len(p) != 1 || p[0] == 0:
+		err = fmt.Errorf("%w: hello answer of %d bytes", rdma.ErrProtocol, len(p))
+	}
+	if err != nil {
+		_ = nc.Close()
+		return nil, 0, err
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return nc, int(p[0]), nil
+}
+
+func msgText(p []byte) string {
+	if len(p) < 1 {
+		return ""
+	}
+	return string(p[1:])
+}
+
+// iqp is an initiator QP and the owner's QP number it is connected to.
+type iqp struct {
+	q      *qp
+	remote uint32
+	dev    int // local device index
+}
+
+// pool is a handle's QPs on one local device.
+type pool struct {
+	sem  chan struct{} // one token per QP in use
+	idle []*iqp
+}
+
+type peer struct {
+	t     *Transport
+	addr  string
+	c     *counters.Peer
+	done  chan struct{}
+	rdevs int // devices the owner serves on
+
+	ctlMu sync.Mutex
+	ctl   net.Conn
+
+	// life: transfers of this handle hold it for reading (see Transport).
+	life   sync.RWMutex
+	mu     sync.Mutex
+	closed bool
+	lost   bool
+	pools  []*pool // by local device
+	all    map[*iqp]struct{}
+
+	// Regions resolved on the owner, by id.
+	rmu      sync.Mutex
+	resolved map[rdma.RegionID]remoteMR
+
+	// Transfers not yet reported to the owner.
+	rWrites, rReads, rIn, rOut atomic.Uint64
+	flushed                    chan struct{}
+}
+
+func (p *peer) Addr() string          { return p.addr }
+func (p *peer) Stats() rdma.PeerStats { return p.c.Snapshot() }
+
+// Close implements rdma.Peer.
+func (p *peer) Close() error {
+	p.shutdown()
+	p.t.mu.Lock()
+	delete(p.t.hs, p)
+	p.t.mu.Unlock()
+	return nil
+}
+
+// shutdown breaks in-flight transfers (their QPs go to the error state and
+// flush), waits for them, destroys the QPs and closes the control
+// connection, which makes the owner destroy its side.
+func (p *peer) shutdown() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	close(p.done)
+	for q := range p.all {
+		_ = q.q.toError()
+	}
+	p.mu.Unlock()
+	p.life.Lock()
+	p.mu.Lock()
+	all := p.all
+	p.all = nil
+	for _, pl := range p.pools {
+		pl.idle = nil
+	}
+	p.mu.Unlock()
+	p.life.Unlock()
+	for q := range all {
+		q.q.destroy()
+		p.t.qps.Add(-1)
+		p.c.Conn(-1)
+	}
+	<-p.flushed
+	p.ctlMu.Lock()
+	_ = p.ctl.Close()
+	p.ctlMu.Unlock()
+}
+
+// call sends one control request and reads its answer. A failed exchange
+// means the owner is gone: the handle is marked lost.
+func (p *peer) call(typ byte, payload []byte) ([]byte, error) {
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	p.mu.Lock()
+	lost := p.lost
+	p.mu.Unlock()
+	if lost {
+		return nil, fmt.Errorf("%w: %s: control connection lost", rdma.ErrPeerLost, p.addr)
+	}
+	_ = p.ctl.SetDeadline(time.Now().Add(p.t.cfg.DialTimeout))
+	err := writeMsg(p.ctl, typ, payload)
+	var rt byte
+	var rp []byte
+	if err == nil {
+		rt, rp, err = readMsg(p.ctl)
+	}
+	if err != nil {
+		p.markLost()
+		return nil, fmt.Errorf("%w: %s: control: %w", rdma.ErrPeerLost, p.addr, err)
+	}
+	switch rt {
+	case msgOK:
+		return rp, nil
+	case msgErr:
+		if len(rp) < 1 {
+			return nil, fmt.Errorf("%w: empty error", rdma.ErrProtocol)
+		}
+		e, ok := codeErrs[rp[0]]
+		if !ok {
+			e = rdma.ErrProtocol
+		}
+		return nil, fmt.Errorf("remote: %w: %s", e, rp[1:])
+	default:
+		p.markLost()
+		return nil, fmt.Errorf("%w: answer type %d", rdma.ErrProtocol, rt)
+	}
+}
+
+// markLost fails every later transfer of the handle fast and breaks the
+// QPs of the ones in flight.
+func (p *peer) markLost() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lost {
+		return
+	}
+	p.lost = true
+	for q := range p.all {
+		_ = q.q.toError()
+	}
+}
+
+// reportLoop tells the owner, every StatsInterval, what this handle moved
+// (its serve counters: the owner's CPU does not see one-sided transfers).
+func (p *peer) reportLoop() {
+	defer close(p.flushed)
+	tk := time.NewTicker(p.t.cfg.StatsInterval)
+	defer tk.Stop()
+	for {
+		select {
+		case <-p.done:
+			p.report()
+			return
+		case <-tk.C:
+			p.report()
+		}
+	}
+}
+
+func (p *peer) report() {
+	w, r, in, out := p.rWrites.Swap(0), p.rReads.Swap(0), p.rIn.Swap(0), p.rOut.Swap(0)
+	if w+r == 0 {
+		return
+	}
+	b := make([]byte, 32)
+	binary.BigEndian.PutUint64(b, w)
+	binary.BigEndian.PutUint64(b[8:], r)
+	binary.BigEndian.PutUint64(b[16:], in)
+	binary.BigEndian.PutUint64(b[24:], out)
+	_, _ = p.call(msgStats, b)
+}
+
+// get takes a QP token and an idle QP, connecting a new one if none is
+// idle.
+func (p *peer) get(ctx context.Context, dev int) (*iqp, error) {
+	pl := p.pools[dev]
+	select {
+	case pl.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.done:
+		return nil, rdma.ErrClosed
+	}
+	p.mu.Lock()
+	switch {
+	case p.closed:
+		p.mu.Unlock()
+		<-pl.sem
+		return nil, rdma.ErrClosed
+	case p.lost:
+		p.mu.Unlock()
+		<-pl.sem
+		return nil, fmt.Errorf("%w: %s", rdma.ErrPeerLost, p.addr)
+	}
+	if n := len(pl.idle); n > 0 {
+		q := pl.idle[n-1]
+		pl.idle = pl.idle[:n-1]
+		p.mu.Unlock()
+		return q, nil
+	}
+	p.mu.Unlock()
+	q, err := p.connectQP(dev)
+	if err != nil {
+		<-pl.sem
+		return nil, err
+	}
+	return q, nil
+}
+
+// connectQP creates a QP, exchanges connection data with the owner over
+// the control connection and brings the QP to RTS.
+func (p *peer) connectQP(dev int) (*iqp, error) {
+	d := p.t.devs[dev]
+	q, err := d.createQP(false, p.t.cfg.QueueDepth, randPSN())
+	if err != nil {
+		return nil, err
+	}
+	// Local device i pairs with the owner's device i (mod its count).
+	resp, err := p.call(msgConnect, append(d.local(q).encode(), byte(dev%p.rdevs)))
+	if err != nil {
+		q.destroy()
+		return nil, err
+	}
+	remote, err := decodeConnData(resp)
+	if err == nil {
+		err = d.connect(q, remote, p.t.cfg.QPTimeout, p.t.cfg.QPRetry, 16)
+	}
+	if err != nil {
+		q.destroy()
+		if remote.QPN != 0 {
+			b := make([]byte, 4)
+			binary.BigEndian.PutUint32(b, remote.QPN)
+			_, _ = p.call(msgDestroy, b)
+		}
+		return nil, err
+	}
+	iq := &iqp{q: q, remote: remote.QPN, dev: dev}
+	p.mu.Lock()
+	if p.closed || p.lost {
+		p.mu.Unlock()
+		q.destroy()
+		if p.closed {
+			return nil, rdma.ErrClosed
+		}
+		return nil, fmt.Errorf("%w: %s", rdma.ErrPeerLost, p.addr)
+	}
+	p.all[iq] = struct{}{}
+	p.mu.Unlock()
+	p.t.qps.Add(1)
+	p.c.Conn(1)
+	return iq, nil
+}
+
+// put returns a QP to the pool, or destroys it (and its owner-side twin)
+// when a transfer on it failed: an error completion leaves an RC QP in the
+// error state.
+func (p *peer) put(q *iqp, clean bool) {
+	pl := p.pools[q.dev]
+	p.mu.Lock()
+	if clean && !p.closed && !p.lost {
+		pl.idle = append(pl.idle, q)
+		p.mu.Unlock()
+		<-pl.sem
+		return
+	}
+	_, tracked := p.all[q]
+	delete(p.all, q)
+	p.mu.Unlock()
+	if tracked {
+		q.q.destroy()
+		p.t.qps.Add(-1)
+		p.c.Conn(-1)
+		b := make([]byte, 4)
+		binary.BigEndian.PutUint32(b, q.remote)
+		_, _ = p.call(msgDestroy, b)
+	}
+	<-pl.sem
+}
+
+// Write implements rdma.Peer.
+func (p *peer) Write(ctx context.Context, op rdma.Op) error { return p.do(ctx, op, true) }
+
+// Read implements rdma.Peer.
+func (p *peer) Read(ctx context.Context, op rdma.Op) error { return p.do(ctx, op, false) }
+
+func (p *peer) do(ctx context.Context, op rdma.Op, write bool) error {
+	start := time.Now()
+	err := p.transfer(ctx, op, write)
+	p.c.Done(write, op.Len, time.Since(start), err)
+	if err == nil {
+		if write {
+			p.rWrites.Add(1)
+			p.rIn.Add(op.Len)
+		} else {
+			p.rReads.Add(1)
+			p.rOut.Add(op.Len)
+		}
+	}
+	return err
+}
+
+func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
+	what := "read"
+	if write {
+		what = "write"
+	}
+	t := p.t
+	t.life.RLock()
+	defer t.life.RUnlock()
+	p.life.RLock()
+	defer p.life.RUnlock()
+	if t.closed.Load() || p.isClosed() {
+		return rdma.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("verbs: %s: %w", what, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.cfg.IOTimeout)
+		defer cancel()
+	}
+	if op.Len > t.cfg.MaxTransfer {
+		return fmt.Errorf("%w: %d bytes, at most %d", rdma.ErrTooLarge, op.Len, t.cfg.MaxTransfer)
+	}
+	if err := rdma.CheckRange(op.Remote.Len, op.RemoteOff, op.Len); err != nil {
+		return fmt.Errorf("remote region %d: %w", op.Remote.ID, err)
+	}
+	span, err := t.table.Acquire(op.Local, 0, false, op.LocalOff, op.Len)
+	if err != nil {
+		return err
+	}
+	defer span.Release()
+	t.mrMu.RLock()
+	m := t.mrs[op.Local]
+	t.mrMu.RUnlock()
+	if m == nil || (op.Len > 0 && len(m.per) != len(t.devs)) {
+		return fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, op.Local)
+	}
+	rm, err := p.resolve(op.Remote)
+	if err != nil {
+		return err
+	}
+	if err := rdma.CheckRange(rm.size, op.RemoteOff, op.Len); err != nil {
+		return fmt.Errorf("remote region %d: %w", op.Remote.ID, err)
+	}
+	if op.Len > 0 {
+		err := p.sliced(ctx, write, m, op.LocalOff, rm, op.RemoteOff, op.Len)
+		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("verbs: %s: %w (%v)", what, ctx.Err(), err)
+		}
+		if err != nil {
+			if errors.Is(err, rdma.ErrUnknownRegion) {
+				// Deregistered on the owner since it was resolved.
+				p.rmu.Lock()
+				delete(p.resolved, op.Remote.ID)
+				p.rmu.Unlock()
+			}
+			if p.isClosed() {
+				return fmt.Errorf("%w: %v", rdma.ErrClosed, err)
+			}
+			if errors.Is(err, rdma.ErrPeerLost) {
+				// Is the owner there at all? If not, later calls fail fast.
+				_, _ = p.call(msgPing, nil)
+			}
+			return err
+		}
+	}
+	if !op.SumKnown {
+		return nil
+	}
+	if !write {
+		if got := frame.Checksum(span.B); got != op.Sum {
+			return fmt.Errorf("%w: read of %d bytes: crc %08x, want %08x", rdma.ErrChecksum, op.Len, got, op.Sum)
+		}
+		return nil
+	}
+	b := make([]byte, 32)
+	binary.BigEndian.PutUint64(b, uint64(op.Remote.ID))
+	binary.BigEndian.PutUint32(b[8:], op.Remote.Key)
+	binary.BigEndian.PutUint64(b[12:], op.Remote.Addr+op.RemoteOff)
+	binary.BigEndian.PutUint64(b[20:], op.Len)
+	binary.BigEndian.PutUint32(b[28:], op.Sum)
+	_, err = p.call(msgCheck, b)
+	return err
+}
+
+// SliceAcross is the smallest transfer cut across several devices; parts
+// are multiples of 4 KiB.
+const SliceAcross = 64 << 10
+
+// sliced runs one transfer, cut into one contiguous part per local device
+// when there are several and it is at least SliceAcross long (Mooncake
+// sprays slices over NICs the same way), each part on a QP of its device,
+// all at once; the first error wins.
+func (p *peer) sliced(ctx context.Context, write bool, m *regMRs, loff uint64, rm remoteMR, roff, n uint64) error {
+	parts := uint64(len(p.t.devs))
+	if n < SliceAcross || parts == 1 {
+		parts = 1
+	}
+	step := (n/parts + 4095) &^ 4095
+	if parts == 1 {
+		step = n
+	}
+	errs := make(chan error, parts)
+	var launched int
+	for i, off := 0, uint64(0); off < n; i, off = i+1, off+step {
+		l := min(step, n-off)
+		dev := i
+		go func() {
+			q, err := p.get(ctx, dev)
+			if err != nil {
+				errs <- err
+				return
+			}
+			rkey := rm.rkeys[dev%len(rm.rkeys)]
+			err = p.run(ctx, q, write, m.addr+loff+off, m.per[dev].lkey, rm.addr+roff+off, rkey, l)
+			p.put(q, err == nil)
+			errs <- err
+		}()
+		launched++
+	}
+	var first error
+	for ; launched > 0; launched-- {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// remoteMR is a resolved remote region.
+type remoteMR struct {
+	key   uint32
+	base  uint64
+	addr  uint64
+	size  uint64
+	rkeys []uint32 // one per owner device
+}
+
+// resolve returns the rkey and address of a remote region, asking the
+// owner the first time.
+func (p *peer) resolve(d rdma.RegionDesc) (remoteMR, error) {
+	p.rmu.Lock()
+	r, ok := p.resolved[d.ID]
+	p.rmu.Unlock()
+	if ok && r.key == d.Key && r.base == d.Addr {
+		return r, nil
+	}
+	b := make([]byte, 20)
+	binary.BigEndian.PutUint64(b, uint64(d.ID))
+	binary.BigEndian.PutUint32(b[8:], d.Key)
+	binary.BigEndian.PutUint64(b[12:], d.Addr)
+	out, err := p.call(msgResolve, b)
+	if err != nil {
+		return r, err
+	}
+	if len(out) < 17 || out[16] == 0 || len(out) != 17+4*int(out[16]) {
+		return r, fmt.Errorf("%w: resolve answer of %d bytes", rdma.ErrProtocol, len(out))
+	}
+	r = remoteMR{key: d.Key, base: d.Addr, addr: binary.BigEndian.Uint64(out), size: binary.BigEndian.Uint64(out[8:])}
+	for i := 0; i < int(out[16]); i++ {
+		r.rkeys = append(r.rkeys, binary.BigEndian.Uint32(out[17+4*i:]))
+	}
+	p.rmu.Lock()
+	if len(p.resolved) >= maxResolved {
+		clear(p.resolved)
+	}
+	p.resolved[d.ID] = r
+	p.rmu.Unlock()
+	return r, nil
+}
+
+// maxResolved bounds a handle's cache of resolved regions.
+const maxResolved = 4096
+
+func (p *peer) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// run posts the transfer as work requests of at most SliceSize bytes,
+// keeping up to QueueDepth in flight, and waits for every completion. When
+// ctx ends first, the QP is moved to the error state so that the posted
+// requests flush, and run still waits for their completions: when it
+// returns, the device no longer touches the local range.
+func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey uint32, raddr uint64, rkey uint32, n uint64) error {
+	t := p.t
+	depth := t.cfg.QueueDepth
+	slice := uint64(t.cfg.SliceSize)
+	id := t.wrID.Add(1)
+	ch := make(chan wc, depth)
+	t.waiters.Store(id, ch)
+	defer t.waiters.Delete(id)
+
+	total := int((n + slice - 1) / slice)
+	posted, done := 0, 0
+	var first error
+	ctxDone := ctx.Done()
+	var flushTimer <-chan time.Time
+	ws := make([]wr, 0, depth)
+	for {
+		if first == nil && posted < total && posted-done < depth {
+			ws = ws[:0]
+			for posted+len(ws) < total && posted+len(ws)-done < depth && len(ws) < maxPost {
+				i := uint64(posted + len(ws))
+				l := min(slice, n-i*slice)
+				ws = append(ws, mkWR(id, laddr+i*slice, raddr+i*slice, uint32(l), lkey, rkey))
+			}
+			if err := q.q.post(write, ws); err != nil {
+				first = fmt.Errorf("%w: %w", rdma.ErrPeerLost, err)
+				_ = q.q.toError()
+			} else {
+				posted += len(ws)
+			}
+		}
+		if done == posted && (first != nil || posted == total) {
+			return first
+		}
+		select {
+		case w := <-ch:
+			done++
+			if w.status != wcSuccess && first == nil {
+				first = statusErr(uint32(w.status), uint32(w.vendor_err), raddr, n)
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			if first == nil {
+				first = fmt.Errorf("verbs: transfer of %d bytes: %w", n, ctx.Err())
+			}
+			_ = q.q.toError()
+			flushTimer = time.After(10 * time.Second)
+		case <-flushTimer:
+			// The device never flushed: leave the QP broken (put destroys
+			// it) rather than wait forever.
+			t.lg.Error("queue pair did not flush", zap.Int("outstanding", posted-done))
+			return first
+		}
+	}
+}
+
+// statusErr maps an error completion to the rdma sentinels.
+func statusErr(s, vendor uint32, raddr, n uint64) error {
+	msg := fmt.Sprintf("work completion %s (vendor %#x)", wcStatusString(s), vendor)
+	switch s {
+	case wcRemAccessErr, wcRemInvReqErr:
+		// The owner's device refused the rkey or the address: the region
+		// is not registered there (any more), or the descriptor is wrong.
+		return fmt.Errorf("%w: %s for %d bytes", rdma.ErrUnknownRegion, msg, n)
+	case wcLocLenErr, wcLocProtErr:
+		return fmt.Errorf("%w: %s", rdma.ErrProtocol, msg)
+	default:
+		return fmt.Errorf("%w: %s", rdma.ErrPeerLost, msg)
+	}
+}

@@ -1,0 +1,221 @@
+// Package verbs is the rdma.Transport over RDMA verbs (libibverbs, RC queue
+// pairs, one-sided RDMA READ and WRITE), with its own cgo binding.
+//
+// The binding needs libibverbs at build time and is behind the build tag
+// "verbs": the default build compiles only this file and stub.go, whose New
+// returns ErrNotBuilt, so it needs no RDMA library. A binary built with the
+// tag still starts where no device exists: New returns ErrNoDevice
+// (ibv_get_device_list returning none, or ENOSYS), and the caller falls back
+// to TCP (Available says which).
+//
+// Model (docs/rdma.md):
+//
+//   - Addr is a TCP control endpoint. Connect dials it, authenticates both
+//     ways with internal/peerauth (Config.Key, PurposeVerbs) and then
+//     exchanges connection data (GID, QPN, PSN, MTU, LID) for each queue
+//     pair: the initiator creates an RC QP, sends its data, the owner creates
+//     its own QP, brings it INIT -> RTR -> RTS towards the initiator and
+//     answers with its data; the initiator does the same. Queue pairs are
+//     created on demand, at most Config.MaxQPsPerPeer per Peer handle (one
+//     transfer at a time on each: the bound on outstanding transfers), kept
+//     in a pool, and destroyed and rebuilt after any error completion. The
+//     owner destroys every QP of a control connection when it closes (the
+//     peer left).
+//   - Register registers the buffer once with ibv_reg_mr; its descriptor is
+//     (random 64-bit id, rkey, virtual address, length). Read and Write post
+//     RDMA READ/WRITE work requests, cut into Config.SliceSize pieces, up to
+//     Config.QueueDepth in flight per QP, straight between the registered
+//     buffers: the owner's CPU does not touch the bytes.
+//   - One goroutine per device, locked to its OS thread, polls the
+//     completion queue in batches and sleeps on the completion channel when
+//     it is empty.
+//   - Checksums: a Read with Op.SumKnown checks the landed bytes against the
+//     CRC-32C; a Write with Op.SumKnown asks the owner, over the control
+//     connection, to check the written range. Without a sum the transport
+//     relies on RoCE's ICRC (no software checksum).
+//   - Deadlines: when ctx ends while work requests are posted, the QP is
+//     moved to the error state, which flushes them; the call returns once
+//     their completions arrived (the local range is no longer touched) and
+//     the QP is rebuilt.
+//   - Serve stats: the owner's CPU does not see one-sided transfers; each
+//     initiator reports what it moved over the control connection, batched
+//     every StatsInterval.
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
+)
+
+// Sentinel errors.
+var (
+	// ErrNotBuilt: the binary was built without the "verbs" tag.
+	ErrNotBuilt = errors.New("verbs: not built (build with -tags verbs)")
+	// ErrNoDevice: no usable RDMA device (none, ENOSYS, the named one
+	// missing, or its port not active).
+	ErrNoDevice = errors.New("verbs: no RDMA device")
+)
+
+// Config configures a Transport. Start from DefaultConfig.
+type Config struct {
+	// Device is the RDMA device to use ("rxe0", "mlx5_0"); empty: the
+	// first device whose port is active.
+	Device string
+	// Devices, when set, lists several devices to use at once (Device is
+	// then ignored): every region is registered with each, QPs are made
+	// per peer and device (local device i with the owner's device i modulo
+	// its count), and a transfer of at least SliceAcross bytes is cut into
+	// one contiguous part per device, moved at once. Each must have an
+	// active port.
+	Devices []string
+	// Port is the device port (1-based). Default 1.
+	Port int
+	// GIDIndex selects the GID; -1 (default): the first RoCE v2 GID with an
+	// IPv4-mapped address, else the first RoCE v2 GID, else index 0 on
+	// InfiniBand.
+	GIDIndex int
+	// ListenAddr is the TCP address of the control endpoint. Default
+	// ":7951".
+	ListenAddr string
+	// AdvertiseAddr is what Addr returns. Default: the listener's address.
+	AdvertiseAddr string
+	// Listener, when set, replaces listening on ListenAddr (test seam).
+	Listener net.Listener
+	// Key authenticates every control connection both ways; nil: insecure.
+	Key *peerauth.Key
+	// MaxQPsPerPeer bounds the QPs, hence concurrent transfers, of one Peer
+	// handle. Default 16.
+	MaxQPsPerPeer int
+	// MaxQPsServed bounds the responder QPs one control connection may
+	// ask for. Default 64.
+	MaxQPsServed int
+	// QueueDepth is the send queue depth of a QP: work requests in flight
+	// per transfer. Default 16.
+	QueueDepth int
+	// SliceSize is the most bytes one work request moves. Default 1 MiB.
+	SliceSize int
+	// MaxTransfer bounds Op.Len. Default 1 GiB.
+	MaxTransfer uint64
+	// DialTimeout bounds dialing, the handshake and each control exchange.
+	// Default 3 s.
+	DialTimeout time.Duration
+	// IOTimeout bounds a transfer whose context has no deadline. Default
+	// 30 s.
+	IOTimeout time.Duration
+	// QPTimeout and QPRetry are the RC ack timeout exponent (4.096 us *
+	// 2^QPTimeout) and retry count. Defaults 14 and 7 (Mooncake's).
+	QPTimeout, QPRetry int
+	// StatsInterval is how often an initiator reports its transfers to the
+	// owner. Default 50 ms.
+	StatsInterval time.Duration
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		Port: 1, GIDIndex: -1, ListenAddr: ":7951",
+		MaxQPsPerPeer: 16, MaxQPsServed: 64, QueueDepth: 16, SliceSize: 1 << 20,
+		MaxTransfer: 1 << 30, DialTimeout: 3 * time.Second, IOTimeout: 30 * time.Second,
+		QPTimeout: 14, QPRetry: 7, StatsInterval: 50 * time.Millisecond,
+	}
+}
+
+// Validate reports every problem with c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Port < 1 || c.Port > 255 {
+		errs = append(errs, fmt.Errorf("verbs: Port %d must be in [1, 255]", c.Port))
+	}
+	if len(c.Devices) > 32 {
+		errs = append(errs, fmt.Errorf("verbs: %d Devices, at most 32", len(c.Devices)))
+	}
+	if c.GIDIndex < -1 {
+		errs = append(errs, fmt.Errorf("verbs: GIDIndex %d must be >= -1", c.GIDIndex))
+	}
+	if c.ListenAddr == "" && c.Listener == nil {
+		errs = append(errs, errors.New("verbs: ListenAddr or Listener is required"))
+	}
+	if c.MaxQPsPerPeer <= 0 || c.MaxQPsServed <= 0 {
+		errs = append(errs, fmt.Errorf("verbs: MaxQPsPerPeer %d and MaxQPsServed %d must be > 0", c.MaxQPsPerPeer, c.MaxQPsServed))
+	}
+	if c.QueueDepth <= 0 || c.QueueDepth > 64 {
+		errs = append(errs, fmt.Errorf("verbs: QueueDepth %d must be in [1, 64]", c.QueueDepth))
+	}
+	if c.SliceSize <= 0 || c.SliceSize > 1<<30 {
+		errs = append(errs, fmt.Errorf("verbs: SliceSize %d must be in [1, 1 GiB]", c.SliceSize))
+	}
+	if c.MaxTransfer == 0 {
+		errs = append(errs, errors.New("verbs: MaxTransfer must be > 0"))
+	}
+	if c.DialTimeout <= 0 || c.IOTimeout <= 0 || c.StatsInterval <= 0 {
+		errs = append(errs, fmt.Errorf("verbs: DialTimeout %v, IOTimeout %v, StatsInterval %v must be > 0", c.DialTimeout, c.IOTimeout, c.StatsInterval))
+	}
+	if c.QPTimeout < 0 || c.QPTimeout > 31 || c.QPRetry < 0 || c.QPRetry > 7 {
+		errs = append(errs, fmt.Errorf("verbs: QPTimeout %d must be in [0, 31], QPRetry %d in [0, 7]", c.QPTimeout, c.QPRetry))
+	}
+	return errors.Join(errs...)
+}
+
+// names lists the devices asked for (empty: any).
+func (c Config) names() []string {
+	if len(c.Devices) > 0 {
+		return c.Devices
+	}
+	if c.Device != "" {
+		return []string{c.Device}
+	}
+	return nil
+}
+
+func (c Config) wants(name string) bool {
+	ns := c.names()
+	if len(ns) == 0 {
+		return true
+	}
+	for _, n := range ns {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// DeviceInfo describes a device port as discovered at start.
+type DeviceInfo struct {
+	Name      string
+	Port      int
+	State     string // "PORT_ACTIVE", ...
+	Active    bool
+	LinkLayer string // "Ethernet" (RoCE) or "InfiniBand"
+	ActiveMTU int    // bytes
+	MaxMTU    int    // bytes
+	LID       uint16
+	NUMANode  int // -1: unknown (software devices)
+	GIDIndex  int // the GID index chosen
+	GID       [16]byte
+	GIDs      []GIDEntry
+	mtuEnum   int
+}
+
+// GIDEntry is one populated GID table entry.
+type GIDEntry struct {
+	Index int
+	GID   [16]byte
+	Type  string // "RoCE v2", "RoCE v1", "IB"
+}
+
+func (g GIDEntry) ipv4Mapped() bool {
+	for _, b := range g.GID[:10] {
+		if b != 0 {
+			return false
+		}
+	}
+	return g.GID[10] == 0xff && g.GID[11] == 0xff
+}
+
+// String renders a GID the way net.IP does.
+func (g GIDEntry) String() string { return net.IP(g.GID[:]).String() }
