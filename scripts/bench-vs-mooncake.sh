@@ -40,7 +40,8 @@
 #   KEEP_WORK       1 keeps the scratch directory (logs) after the run
 #   MC_THREADS      the Mooncake real client's service threads (default nproc)
 #   TIDEPOOL_BIN    a prebuilt tidepool binary (default: built from this tree)
-#   TP_VERIFY       0 turns off the tidepool Python client's CRC-32C checks
+#   TP_VERIFY       0 passes verify=False to the tidepool Python client's
+#                   zero-copy calls (default: the client's own default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
