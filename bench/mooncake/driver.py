@@ -1,0 +1,524 @@
+#!/usr/bin/env python3
+"""One measurement of tidepool or Mooncake Store, driven from Python.
+
+scripts/bench-vs-mooncake.sh runs this once per (system, workload, round)
+and prints the table; the same driver and the same loop drive both systems,
+so the client-side overhead compares fairly. It prints one JSON object:
+{"value": ..., "unit": ..., "better": "higher"|"lower", ...}.
+
+Both systems are used the way an engine uses them, through a sidecar
+process: tidepool's Python client (clients/python/tidepool) over the
+sidecar's Unix socket, and Mooncake's "dummy" client
+(MooncakeDistributedStore.setup_dummy) over its IPC to a `mooncake_client`
+process (the "real client", which owns the segment and the transfer
+engine). Per workload:
+
+  put-zc / get-zc      tidepool put_from / get_into (reserve + write into the
+                       shared arena + commit; acquire + copy out + release);
+                       Mooncake put_from / get_into from / into a buffer
+                       allocated in the dummy client's shared memory pool and
+                       registered (register_buffer).
+  put / get            tidepool put / get (value inside the Thrift message);
+                       Mooncake put / get (value through the dummy client's
+                       local buffer).
+  remote-get           NKEYS fresh 1 MiB values written through node 1, each
+                       read once through node 2 with get_into (tidepool:
+                       node 2 is not their owner and fetches them from node 1
+                       over its TCP transport; Mooncake: node 2's real client
+                       reads them from node 1's segment over its TCP
+                       transport).
+  batch-put / batch-get  64 x 64 KiB per call: tidepool batch_put_from /
+                       batch_get_into; Mooncake batch_put_from /
+                       batch_get_into (registered buffers).
+  lookup               prefix of 256 present keys: tidepool lookup;
+                       Mooncake batch_is_exist and the leading run counted in
+                       Python. Unit: p50 microseconds of one call.
+  replay               the conversation trace (Mooncake side only; tidepool
+                       uses `tidepool replay`): see replay().
+
+Where the clients differ: tidepool's client, on its defaults (which the
+driver keeps), checks every zero-copy read against the block's CRC-32C (the
+`crc32c` C module, hardware CRC) and sends the CRC-32C of every zero-copy
+put for the sidecar to check at Commit; Mooncake's client checks nothing.
+TP_VERIFY=0 passes verify=False to tidepool's zero-copy calls.
+"""
+
+import argparse
+import ctypes
+import json
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+
+MIB = 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+
+# TP_VERIFY=0: verify=False on every tidepool zero-copy call; otherwise the
+# client's own default (None), whatever that is in the client being measured.
+_VERIFY_ARG = False if os.environ.get("TP_VERIFY", "1") == "0" else None
+
+
+# ---------------------------------------------------------------- adapters --
+
+class Tidepool:
+    """tidepool through its Python client. One connection per process."""
+
+    def __init__(self, node, args):
+        import tidepool
+
+        self.tp = tidepool
+        self.c = tidepool.Client(node)
+        self.ns = args.ns
+        self.bufs = {}
+
+    def buffer(self, name, size, fill=False):
+        b = bytearray(os.urandom(size) if fill else size)
+        self.bufs[name] = b
+        return b
+
+    def view(self, name, off=0, size=None):
+        b = self.bufs[name]
+        return memoryview(b)[off:off + size if size else None]
+
+    def clear(self):
+        self.c.clear(self.ns)
+
+    def candidates(self, want):
+        # About half of node 1's puts are owned by node 2 and pushed there.
+        return want * 5 // 2 + 16
+
+    def put_zc(self, key, name, size):
+        self.c.put_from(self.ns, key.encode(), self.view(name, 0, size), verify=_VERIFY_ARG)
+        return True
+
+    def get_zc(self, key, name, size):
+        return self.c.get_into(self.ns, key.encode(), self.view(name, 0, size), verify=_VERIFY_ARG) == size
+
+    def put(self, key, value):
+        self.c.put(self.ns, key.encode(), value)
+        return True
+
+    def get(self, key, size):
+        v = self.c.get(self.ns, key.encode())
+        return v is not None and len(v) == size
+
+    def batch_put_zc(self, keys, name, size):
+        items = [(k.encode(), self.view(name, i * size, size)) for i, k in enumerate(keys)]
+        codes = self.c.batch_put_from(self.ns, items, verify=_VERIFY_ARG)
+        return sum(1 for c in codes if c in (self.tp.OK, self.tp.ErrorCode.EXISTS))
+
+    def batch_get_zc(self, keys, name, size):
+        bufs = [self.view(name, i * size, size) for i in range(len(keys))]
+        return sum(1 for n in self.c.batch_get_into(self.ns, [k.encode() for k in keys], bufs, verify=_VERIFY_ARG)
+                   if n == size)
+
+    def prefix(self, keys):
+        return self.c.lookup(self.ns, [k.encode() for k in keys])
+
+    def not_local(self, keys):
+        """The keys this node does not hold itself (it would fetch them)."""
+        ps = self.c.batch_exists(self.ns, [k.encode() for k in keys], scope=self.tp.Scope.LOCAL)
+        return [k for k, p in zip(keys, ps) if not p.present]
+
+    def close(self):
+        self.c.close()
+
+
+class Mooncake:
+    """Mooncake Store through a dummy client attached to a real client."""
+
+    def __init__(self, node, args):
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+        self.s = MooncakeDistributedStore()
+        pool = args.mc_pool_mib * MIB
+        rc = self.s.setup_dummy(pool, args.mc_local_buffer_mib * MIB, node)
+        if rc != 0:
+            raise RuntimeError("mooncake setup_dummy(%s) = %d" % (node, rc))
+        self.cfg = ReplicateConfig()
+        self.cfg.replica_num = 1
+        if args.mc_segment:
+            # Write into this node's own segment, as tidepool stores a put
+            # on the node it came through.
+            self.cfg.preferred_segment = args.mc_segment
+        self.pool_used = 0
+        self.pool = pool
+        self.ptrs = {}
+
+    def buffer(self, name, size, fill=False):
+        ptr = self.s.alloc_from_mem_pool(size)
+        if not ptr:
+            raise RuntimeError("mooncake alloc_from_mem_pool(%d) failed" % size)
+        rc = self.s.register_buffer(ptr, size)
+        if rc != 0:
+            raise RuntimeError("mooncake register_buffer = %d" % rc)
+        if fill:
+            ctypes.memmove(ptr, os.urandom(size), size)
+        self.ptrs[name] = ptr
+        return ptr
+
+    def clear(self):
+        self.s.remove_all(True)
+
+    def candidates(self, want):
+        return want
+
+    def put_zc(self, key, name, size):
+        return self.s.put_from(key, self.ptrs[name], size, self.cfg) == 0
+
+    def get_zc(self, key, name, size):
+        return self.s.get_into(key, self.ptrs[name], size) == size
+
+    def put(self, key, value):
+        return self.s.put(key, value, self.cfg) == 0
+
+    def get(self, key, size):
+        return len(self.s.get(key)) == size
+
+    def batch_put_zc(self, keys, name, size):
+        base = self.ptrs[name]
+        rs = self.s.batch_put_from(keys, [base + i * size for i in range(len(keys))], [size] * len(keys), self.cfg)
+        return sum(1 for r in rs if r == 0)
+
+    def batch_get_zc(self, keys, name, size):
+        base = self.ptrs[name]
+        rs = self.s.batch_get_into(keys, [base + i * size for i in range(len(keys))], [size] * len(keys))
+        return sum(1 for r in rs if r == size)
+
+    def prefix(self, keys):
+        n = 0
+        for e in self.s.batch_is_exist(keys):
+            if e != 1:
+                break
+            n += 1
+        return n
+
+    def not_local(self, keys):
+        return list(keys)  # written into node 1's segment (preferred_segment)
+
+    def close(self):
+        self.s.close()
+
+
+def connect(args, node, segment=None):
+    """A client of one node, warmed up: one miss read before any timing
+    (tidepool's client maps the arena files on its first zero-copy call;
+    Mooncake's dummy client set up its shared memory in setup_dummy)."""
+    if args.system == "tidepool":
+        c = Tidepool(node, args)
+    else:
+        args.mc_segment = segment
+        c = Mooncake(node, args)
+    c.buffer("warm", 4096)
+    c.get_zc("warm-up-miss-%d" % os.getpid(), "warm", 4096)
+    return c
+
+
+# --------------------------------------------------------------- workloads --
+
+def w_put_get(args, wid, ready, q, keys=None):
+    """put-zc, get-zc, put, get: a loop of one op for args.duration."""
+    size, wl = args.size, args.workload
+    c = connect(args, args.node1, args.seg1)
+    c.buffer("b", size, fill=True)
+    value = os.urandom(size)
+    nget = args.keys
+    if wl.startswith("get") and wid == 0:
+        for i in range(nget):
+            c.put_zc("%s-g%d" % (args.prefix, i), "b", size)
+    ready.wait()
+    ok = fail = i = 0
+    lat = []
+    t0 = time.perf_counter()
+    end = t0 + args.duration
+    while True:
+        s = time.perf_counter()
+        if s >= end:
+            break
+        if wl == "put-zc":
+            r = c.put_zc("%s-p%d-%d" % (args.prefix, wid, i), "b", size)
+        elif wl == "put":
+            r = c.put("%s-p%d-%d" % (args.prefix, wid, i), value)
+        elif wl == "get-zc":
+            r = c.get_zc("%s-g%d" % (args.prefix, (wid * 7 + i) % nget), "b", size)
+        else:
+            r = c.get("%s-g%d" % (args.prefix, (wid * 7 + i) % nget), size)
+        lat.append(time.perf_counter() - s)
+        i += 1
+        if r:
+            ok += 1
+        else:
+            fail += 1
+    t1 = time.perf_counter()
+    c.close()
+    q.put({"ok": ok, "fail": fail, "bytes": ok * size, "t0": t0, "t1": t1, "lat": lat})
+
+
+def w_remote(args, wid, ready, q, keys):
+    """remote-get: each worker reads its share of keys once via node 2."""
+    size = args.size
+    c = connect(args, args.node2, args.seg2)
+    c.buffer("b", size)
+    mine = keys[wid::args.conc]
+    ready.wait()
+    ok = fail = 0
+    lat = []
+    t0 = time.perf_counter()
+    for k in mine:
+        s = time.perf_counter()
+        if c.get_zc(k, "b", size):
+            ok += 1
+        else:
+            fail += 1
+        lat.append(time.perf_counter() - s)
+    t1 = time.perf_counter()
+    c.close()
+    q.put({"ok": ok, "fail": fail, "bytes": ok * size, "t0": t0, "t1": t1, "lat": lat})
+
+
+def w_batch(args, wid, ready, q, keys=None):
+    """batch-put / batch-get: 64 x 64 KiB per call."""
+    n, size, wl = args.batch, args.size, args.workload
+    c = connect(args, args.node1, args.seg1)
+    c.buffer("b", n * size, fill=True)
+    gkeys = ["%s-bg%d" % (args.prefix, i) for i in range(n)]
+    if wl == "batch-get" and wid == 0:
+        c.batch_put_zc(gkeys, "b", size)
+    ready.wait()
+    ok = fail = i = 0
+    lat = []
+    t0 = time.perf_counter()
+    end = t0 + args.duration
+    while True:
+        s = time.perf_counter()
+        if s >= end:
+            break
+        if wl == "batch-put":
+            got = c.batch_put_zc(["%s-bp%d-%d-%d" % (args.prefix, wid, i, j) for j in range(n)], "b", size)
+        else:
+            got = c.batch_get_zc(gkeys, "b", size)
+        lat.append(time.perf_counter() - s)
+        i += 1
+        ok += got
+        fail += n - got
+    t1 = time.perf_counter()
+    c.close()
+    q.put({"ok": ok, "fail": fail, "bytes": ok * size, "t0": t0, "t1": t1, "lat": lat})
+
+
+def w_lookup(args, wid, ready, q, keys=None):
+    """lookup: the prefix of 256 present keys, one call at a time."""
+    n = args.batch
+    c = connect(args, args.node1, args.seg1)
+    c.buffer("b", n * args.size, fill=True)
+    ks = ["%s-l%d" % (args.prefix, i) for i in range(n)]
+    if wid == 0:
+        for j in range(0, n, 64):
+            c.batch_put_zc(ks[j:j + 64], "b", args.size)
+    ready.wait()
+    ok = fail = 0
+    lat = []
+    t0 = time.perf_counter()
+    end = t0 + args.duration
+    while True:
+        s = time.perf_counter()
+        if s >= end:
+            break
+        m = c.prefix(ks)
+        lat.append(time.perf_counter() - s)
+        if m == n:
+            ok += 1
+        else:
+            fail += 1
+    t1 = time.perf_counter()
+    c.close()
+    q.put({"ok": ok, "fail": fail, "bytes": 0, "t0": t0, "t1": t1, "lat": lat})
+
+
+def prepare_remote(args):
+    """Writes fresh values through node 1 and returns the keys node 2 must
+    fetch from elsewhere (for tidepool: node 2 neither owns nor holds them)."""
+    size = args.size
+    w = connect(args, args.node1, args.seg1)
+    w.buffer("b", size, fill=True)
+    want = args.keys
+    cand = ["%s-r%d" % (args.prefix, i) for i in range(w.candidates(want))]
+    for k in cand:
+        w.put_zc(k, "b", size)
+    w.close()
+    r = connect(args, args.node2, args.seg2)
+    # tidepool pushes a put to its owner (milliseconds); wait until what
+    # node 2 holds stops changing, then keep the keys it does not hold.
+    deadline, last, stable = time.time() + 10, None, 0
+    while time.time() < deadline:
+        nl = r.not_local(cand)
+        if nl == last:
+            stable += 1
+            if stable >= 2:
+                break
+        else:
+            stable = 0
+        last = nl
+        time.sleep(0.2)
+    r.close()
+    keys = last[:want]
+    if len(keys) < want:
+        raise RuntimeError("only %d of %d keys are remote from node 2" % (len(keys), want))
+    return keys
+
+
+WORKERS = {"put-zc": w_put_get, "get-zc": w_put_get, "put": w_put_get, "get": w_put_get,
+           "remote-get": w_remote, "batch-put": w_batch, "batch-get": w_batch, "lookup": w_lookup}
+
+
+def _clear(args):
+    c = connect(args, args.node1, args.seg1)
+    c.clear()
+    c.close()
+
+
+def _in_child(ctx, fn, args):
+    """Runs fn(args) in a forked process and returns its result: the parent
+    never opens a client itself (Mooncake's dummy client does not survive a
+    fork of a process that has one)."""
+    q = ctx.Queue()
+
+    def body():
+        try:
+            q.put(("ok", fn(args)))
+        except BaseException as e:  # reported by the parent
+            q.put(("error", "%s: %s" % (type(e).__name__, e)))
+
+    p = ctx.Process(target=body)
+    p.start()
+    kind, val = q.get(timeout=600)
+    p.join()
+    if kind == "error":
+        raise RuntimeError(val)
+    return val
+
+
+def _worker(fn, args, wid, ready, q, keys):
+    try:
+        fn(args, wid, ready, q, keys)
+    except BaseException as e:
+        ready.abort()
+        q.put({"error": "worker %d: %s: %s" % (wid, type(e).__name__, e)})
+
+
+def measure(args):
+    ctx = mp.get_context("fork")
+    keys = None
+    if args.workload in ("put-zc", "put", "batch-put", "remote-get"):
+        _in_child(ctx, _clear, args)  # fresh capacity for every put run
+    if args.workload == "remote-get":
+        keys = _in_child(ctx, prepare_remote, args)
+    ready = ctx.Barrier(args.conc + 1)
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_worker, args=(WORKERS[args.workload], args, w, ready, q, keys))
+          for w in range(args.conc)]
+    for p in ps:
+        p.start()
+    try:
+        ready.wait(timeout=300)
+    except threading.BrokenBarrierError:
+        pass
+    rs = [q.get(timeout=args.duration + 300) for _ in ps]
+    for p in ps:
+        p.join()
+    errs = [r["error"] for r in rs if "error" in r]
+    if errs:
+        raise SystemExit("driver: %s %s failed: %s" % (args.system, args.workload, "; ".join(errs)))
+    t0, t1 = min(r["t0"] for r in rs), max(r["t1"] for r in rs)
+    ok, fail = sum(r["ok"] for r in rs), sum(r["fail"] for r in rs)
+    lat = sorted(x for r in rs for x in r["lat"])
+    p50 = lat[len(lat) // 2] * 1e6 if lat else 0.0
+    out = {"system": args.system, "workload": args.workload, "conc": args.conc, "ok": ok, "fail": fail,
+           "seconds": round(t1 - t0, 3), "p50_us": round(p50, 1)}
+    if args.workload == "lookup":
+        out.update(value=round(p50, 1), unit="us p50", better="lower")
+    else:
+        out.update(value=round(sum(r["bytes"] for r in rs) / (t1 - t0) / MIB, 1), unit="MiB/s", better="higher")
+    if args.workload in ("put-zc", "put", "batch-put"):
+        _in_child(ctx, _clear, args)
+    return out
+
+
+# ------------------------------------------------------------------ replay --
+
+def replay(args):
+    """The conversation trace through two Mooncake nodes the way a
+    connector uses the store, as `tidepool replay` does (internal/replay):
+    requests in order, round-robin over the nodes; per request batch_is_exist
+    of the request's chained block keys, the leading present run counts as
+    hits and is read (batch_get_into), the rest is put (batch_put_from).
+    Hit rate = hit blocks / all blocks."""
+    from tidepool.keys import block_key
+
+    size = args.size
+    nodes = []
+    for addr in (args.node1, args.node2):
+        args.mc_segment = None  # Mooncake's own placement, as a connector leaves it
+        m = Mooncake(addr, args)
+        m.buffer("b", 256 * size, fill=True)
+        nodes.append(m)
+    reqs = []
+    with open(args.trace) as f:
+        for line in f:
+            if line.strip():
+                reqs.append(json.loads(line)["hash_ids"])
+            if args.requests and len(reqs) >= args.requests:
+                break
+    blocks = hits = failed = 0
+    t0 = time.time()
+    for i, ids in enumerate(reqs):
+        keys, parent = [], None
+        for h in ids:
+            parent = block_key(parent, [h & 0xFFFFFFFF] + ([h >> 32] if h >> 32 else []))
+            keys.append(parent.hex())
+        n = nodes[i % len(nodes)]
+        hit = n.prefix(keys)
+        blocks += len(keys)
+        hits += hit
+        for j in range(0, hit, 256):
+            n.batch_get_zc(keys[j:min(hit, j + 256)], "b", size)
+        for j in range(hit, len(keys), 256):
+            part = keys[j:j + 256]
+            failed += len(part) - n.batch_put_zc(part, "b", size)
+    for n in nodes:
+        n.close()
+    return {"system": "mooncake", "workload": "replay", "requests": len(reqs), "blocks": blocks,
+            "hit_blocks": hits, "failed_puts": failed, "seconds": round(time.time() - t0, 2),
+            "value": round(hits / blocks, 4) if blocks else 0.0, "unit": "hit rate", "better": "higher"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--system", choices=("tidepool", "mooncake"), required=True)
+    ap.add_argument("--workload", choices=sorted(WORKERS) + ["replay"], required=True)
+    ap.add_argument("--node1", required=True, help="tidepool: socket; mooncake: real client host:port")
+    ap.add_argument("--node2", default="")
+    ap.add_argument("--seg1", default="", help="mooncake: node 1's segment name")
+    ap.add_argument("--seg2", default="")
+    ap.add_argument("--conc", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--size", type=int, default=MIB)
+    ap.add_argument("--keys", type=int, default=64, help="get: prefilled keys; remote-get: keys read")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prefix", default="k%d" % os.getpid())
+    ap.add_argument("--ns", default="vsmooncake")
+    ap.add_argument("--trace", default="")
+    ap.add_argument("--requests", type=int, default=0)
+    ap.add_argument("--mc-pool-mib", type=int, default=8)
+    ap.add_argument("--mc-local-buffer-mib", type=int, default=8)
+    args = ap.parse_args()
+    args.mc_segment = None
+    out = replay(args) if args.workload == "replay" else measure(args)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
