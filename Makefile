@@ -67,6 +67,7 @@ test: deps
 	scripts/test-python.sh || rc=1
 	scripts/test-python-client.sh || rc=1
 	scripts/test-engines.sh || rc=1
+	$(MAKE) --no-print-directory test-rdma || rc=1
 	if ((rc != 0)); then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi
 	exit $$rc
 

@@ -44,6 +44,16 @@ die() {
 
 mkdir -p "$CACHE" "$DEBS"
 
+# apt_update refreshes the package lists once per run, as root only: a fresh
+# machine (CI) may have none, and then nothing resolves.
+updated=
+apt_update() {
+	[[ -z $updated && $(id -u) == 0 ]] || return 0
+	updated=1
+	say "apt-get update"
+	apt-get update -q >"$CACHE/apt-update.log" 2>&1 || die "apt-get update failed (see $CACHE/apt-update.log)"
+}
+
 # ---- host tools ----
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
@@ -53,12 +63,14 @@ if ((${#need[@]})); then
 		die "missing ${need[*]}: apt-get install ${need[*]}"
 	fi
 	say "installing ${need[*]}"
+	apt_update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}" >"$CACHE/apt.log" 2>&1 ||
 		die "apt-get install ${need[*]} failed (see $CACHE/apt.log)"
 fi
 command -v gcc >/dev/null || die "gcc is required (cgo)"
 [[ -e /usr/include/infiniband/verbs.h ]] || {
 	if [[ $(id -u) == 0 ]]; then
+		apt_update
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libibverbs-dev >"$CACHE/apt.log" 2>&1 ||
 			die "apt-get install libibverbs-dev failed (see $CACHE/apt.log)"
 	else
@@ -67,7 +79,12 @@ command -v gcc >/dev/null || die "gcc is required (cgo)"
 }
 
 # ---- guest packages ----
-KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
+KPKG=$(kernel_pkg)
+if [[ -z $KPKG ]]; then
+	apt_update
+	KPKG=$(kernel_pkg)
+fi
 [[ -n $KPKG ]] || die "cannot resolve linux-image-amd64 (run apt-get update)"
 PKGS=("$KPKG" busybox-static perftest ibverbs-utils iproute2 libibverbs1 ibverbs-providers librdmacm1 libibumad3 libpci3)
 missing=()
@@ -77,6 +94,7 @@ done
 if ((${#missing[@]})); then
 	say "apt-get download ${missing[*]}"
 	(cd "$DEBS" && apt-get download "${missing[@]}" >"$CACHE/download.log" 2>&1) ||
+		{ apt_update && (cd "$DEBS" && apt-get download "${missing[@]}" >"$CACHE/download.log" 2>&1); } ||
 		die "apt-get download failed (see $CACHE/download.log; run apt-get update?)"
 fi
 stamp=$(ls "$DEBS" | sha256sum | cut -c1-16)
