@@ -9,6 +9,7 @@ require (
 	github.com/cloudwego/kitex v0.16.1
 	github.com/evanphx/json-patch/v5 v5.9.11
 	github.com/go-logr/logr v1.4.3
+	github.com/go-logr/zapr v1.3.0
 	github.com/hashicorp/memberlist v0.7.0
 	github.com/linxGnu/grocksdb v1.7.15
 	github.com/prometheus/client_golang v1.24.1
