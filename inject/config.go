@@ -43,7 +43,7 @@ const (
 	AnnotationSocket       = "tidepool.io/socket"        // socket path, in the sidecar and the engines
 	AnnotationHugepages    = "tidepool.io/hugepages"     // "2Mi" or "1Gi": arenas on hugepages
 	AnnotationRDMA         = "tidepool.io/rdma"          // "true", or an rdma resource name
-	AnnotationContainers   = "tidepool.io/containers"    // comma-separated engine containers (default: all)
+	AnnotationContainers   = "tidepool.io/containers"    // comma-separated engine containers (default: the pod's default container)
 	AnnotationJoin         = "tidepool.io/join"          // DNS name the sidecar joins
 )
 
@@ -84,7 +84,7 @@ type Config struct {
 	RDMAResource    string   // the extended resource an RDMA device is requested as
 	Join            string   // DNS name of the headless Service of the peers
 	SecretName      string   // Secret with gossip.key and peer.secret
-	Containers      []string // engine containers; empty: every container of the pod
+	Containers      []string // engine containers; empty: the pod's default container (see Apply)
 }
 
 // DefaultConfig is the injector's configuration without flags: image

@@ -20,7 +20,10 @@ import (
 // or "" for a Pod), used in errors; claims are the names of a
 // StatefulSet's volumeClaimTemplates, which may hold the SSD tier.
 // Applying it to its own output changes nothing. A pod labelled
-// tidepool.io/inject: "false" is left alone.
+// tidepool.io/inject: "false" is left alone. The engine containers, which
+// get the socket and the arenas, are those of tidepool.io/containers,
+// else kubectl's default container, else the first container that is not
+// a mesh proxy (istio-proxy, linkerd-proxy, daprd).
 func (c Config) Apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, at string, claims []string) error {
 	if meta.Labels[LabelInject] == "false" {
 		return nil
@@ -58,12 +61,10 @@ func (c Config) apply(meta *metav1.ObjectMeta, spec *corev1.PodSpec, pre string,
 	sidecarAt := slices.IndexFunc(spec.InitContainers, func(ct corev1.Container) bool { return ct.Name == ContainerName })
 	injected := sidecarAt >= 0
 
-	// Engine containers: the named ones, else all.
+	// Engine containers: the named ones, else the pod's default container.
 	var engines []int
 	if len(c.Containers) == 0 {
-		for i := range spec.Containers {
-			engines = append(engines, i)
-		}
+		engines = []int{defaultContainer(meta, spec)}
 	} else {
 		for _, n := range c.Containers {
 			i := slices.IndexFunc(spec.Containers, func(ct corev1.Container) bool { return ct.Name == n })
@@ -278,6 +279,28 @@ func (c Config) sidecar(ssdVolume string, uid, gid *int64) (corev1.Container, er
 		RestartPolicy:   &always,
 		SecurityContext: sc,
 	}, nil
+}
+
+// meshProxies are sidecars other injectors add as regular containers;
+// none of them is the engine.
+var meshProxies = []string{"istio-proxy", "linkerd-proxy", "daprd"}
+
+// defaultContainer is the engine when the pod names none: the container
+// of kubectl's default-container annotation, else the first container
+// that is not a mesh proxy (a webhook that ran before this one may have
+// put one first).
+func defaultContainer(meta *metav1.ObjectMeta, spec *corev1.PodSpec) int {
+	if n := meta.Annotations["kubectl.kubernetes.io/default-container"]; n != "" {
+		if i := slices.IndexFunc(spec.Containers, func(ct corev1.Container) bool { return ct.Name == n }); i >= 0 {
+			return i
+		}
+	}
+	for i, ct := range spec.Containers {
+		if !slices.Contains(meshProxies, ct.Name) {
+			return i
+		}
+	}
+	return 0
 }
 
 // effectiveIDs is the user and group a container runs as when the pod

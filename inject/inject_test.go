@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -202,7 +203,7 @@ func TestInjectBadInput(t *testing.T) {
 			ErrInvalid, []string{`no volume "nvme"`}},
 		{"runAsNonRoot without a user", deploy("  template:\n    spec:\n      securityContext: {runAsNonRoot: true}\n      containers: [{name: e, image: e}]\n"),
 			ErrInvalid, []string{"spec.template.spec.securityContext", "runAsUser"}},
-		{"engines of two users", deploy("  template:\n    spec:\n      containers:\n      - {name: a, image: e, securityContext: {runAsUser: 1}}\n      - {name: b, image: e, securityContext: {runAsUser: 2}}\n"),
+		{"engines of two users", deploy("  template:\n    metadata:\n      annotations: {tidepool.io/containers: \"a,b\"}\n    spec:\n      containers:\n      - {name: a, image: e, securityContext: {runAsUser: 1}}\n      - {name: b, image: e, securityContext: {runAsUser: 2}}\n"),
 			ErrConflict, []string{"spec.template.spec.containers[1].securityContext.runAsUser"}},
 		{"hugepages of a bad size", deploy("  template:\n    metadata:\n      annotations: {tidepool.io/hugepages: 4Ki}\n    spec:\n      containers: [{name: e, image: e}]\n"),
 			ErrInvalid, []string{`hugepages "4Ki"`}},
@@ -256,5 +257,50 @@ func TestInjectOptOut(t *testing.T) {
 	out, err := testConfig().File("in.yaml", in)
 	if err != nil || !bytes.Equal(out, in) {
 		t.Fatalf("out %q, err %v", out, err)
+	}
+}
+
+// Without tidepool.io/containers the engine is kubectl's default
+// container, else the first that is not a mesh proxy; other containers
+// get neither the socket nor the arenas, and their users do not matter.
+func TestInjectEngineChoice(t *testing.T) {
+	for _, tc := range []struct {
+		name, meta string
+		want       string
+	}{
+		{"first container", "", "engine"},
+		{"after a mesh proxy", "", "engine"},
+		{"default-container annotation", "  annotations: {kubectl.kubernetes.io/default-container: engine}\n", "engine"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			containers := "  - {name: engine, image: e}\n  - {name: shipper, image: s, securityContext: {runAsUser: 7}}\n"
+			if tc.name != "first container" {
+				containers = "  - {name: istio-proxy, image: p, securityContext: {runAsUser: 1337}}\n" + containers
+			}
+			if tc.meta != "" {
+				containers = "  - {name: shipper2, image: s}\n" + containers
+			}
+			in := "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n" + tc.meta + "spec:\n  containers:\n" + containers
+			out, err := testConfig().File("in.yaml", []byte(in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs, err := decodeStrict(out, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := objs[0].(*corev1.Pod)
+			for _, c := range pod.Spec.Containers {
+				has := slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == EnvSocket })
+				if has != (c.Name == tc.want) {
+					t.Errorf("container %s: %s set %v", c.Name, EnvSocket, has)
+				}
+			}
+			for _, c := range pod.Spec.InitContainers {
+				if c.Name == ContainerName && (c.SecurityContext.RunAsUser == nil || *c.SecurityContext.RunAsUser != 0) {
+					t.Errorf("sidecar runs as %v, want the engine's (root)", c.SecurityContext.RunAsUser)
+				}
+			}
+		})
 	}
 }

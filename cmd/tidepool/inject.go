@@ -74,7 +74,7 @@ func injectorFlags(fs *flag.FlagSet, cfg *inject.Config) func() error {
 	fs.StringVar(&cfg.RDMAResource, "rdma-resource", cfg.RDMAResource, "extended resource of an RDMA device (rdma/ib, nvidia.com/hostdev, ...)")
 	fs.StringVar(&cfg.Join, "join", cfg.Join, "DNS name of the peers' headless Service (annotation tidepool.io/join)")
 	fs.StringVar(&cfg.SecretName, "secret", cfg.SecretName, "Secret holding gossip.key and peer.secret")
-	containers := fs.String("containers", "", "comma-separated engine containers; empty: all (annotation tidepool.io/containers)")
+	containers := fs.String("containers", "", "comma-separated engine containers; empty: the pod's default container (annotation tidepool.io/containers)")
 	return func() error {
 		var errs []error
 		for _, x := range []struct {
