@@ -104,9 +104,10 @@ func DefaultConfig(version string) Config {
 }
 
 var (
-	dnsLabel   = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	resourceRe = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
-	joinRe     = regexp.MustCompile(`^[A-Za-z0-9_$().\-]+(:[0-9]+)?$`)
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	resourceRe   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+	joinRe       = regexp.MustCompile(`^[A-Za-z0-9_$().\-]+(:[0-9]+)?$`)
 )
 
 // Validate reports every problem at once; field names are those of the
@@ -169,7 +170,7 @@ func (c Config) Validate() error {
 	if !joinRe.MatchString(c.Join) {
 		bad("join %q: want a DNS name (such as tidepool-peers.$(POD_NAMESPACE).svc)", c.Join)
 	}
-	if !dnsLabel.MatchString(c.SecretName) && !regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`).MatchString(c.SecretName) {
+	if len(c.SecretName) > 253 || !dnsSubdomain.MatchString(c.SecretName) {
 		bad("secret %q: not a Secret name", c.SecretName)
 	}
 	for _, n := range c.Containers {

@@ -304,3 +304,33 @@ func TestInjectEngineChoice(t *testing.T) {
 		})
 	}
 }
+
+// File never panics, and what it returns for any input injects to
+// itself (idempotence holds beyond the golden inputs).
+func FuzzInjectFile(f *testing.F) {
+	files, _ := filepath.Glob("testdata/in/*.yaml")
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte("apiVersion: v1\nkind: Pod\nmetadata: &m {name: p}\nspec: {containers: [{name: e, image: e}]}\n---\nkind: Pod\napiVersion: v1\nmetadata: *m\nspec: {containers: [{name: e}]}\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		out, err := testConfig().File("fuzz.yaml", in)
+		if err != nil {
+			if out != nil {
+				t.Fatalf("output with an error")
+			}
+			return
+		}
+		again, err := testConfig().File("fuzz.yaml", out)
+		if err != nil {
+			t.Fatalf("injecting the output: %v\n%s", err, out)
+		}
+		if !bytes.Equal(again, out) {
+			t.Fatalf("not idempotent:\n%s\n---- then\n%s", out, again)
+		}
+	})
+}
