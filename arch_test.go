@@ -34,6 +34,10 @@ var rules = []rule{
 	{pkg: "proxy/clusterview", ours: []string{"proxy", "cache", "cluster", "internal/"}, thirdParty: []string{"go.uber.org/zap"}},
 	{pkg: "proxy/engineapi", ours: []string{"proxy", "cache", "protocol", "internal/"}, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
 	{pkg: "proxy", ours: []string{"proxy", "cache", "cluster", "rdma", "internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sync"}},
+	// Sidecar injection: the mutation knows Kubernetes' types, not tidepool's
+	// wire; the webhook adapter alone knows controller-runtime.
+	{pkg: "inject/admit", ours: []string{"inject"}, thirdParty: []string{"k8s.io/api", "k8s.io/apimachinery", "sigs.k8s.io/controller-runtime", "go.uber.org/zap"}},
+	{pkg: "inject", ours: []string{"internal/units"}, thirdParty: []string{"gopkg.in/yaml.v3", "k8s.io/api", "k8s.io/apimachinery"}},
 	{pkg: "client", ours: []string{"protocol", "client"}, thirdParty: []string{"github.com/cloudwego/"}},
 	{pkg: "cmd", ours: []string{""}, thirdParty: []string{""}},
 	// Research code (experiments build only with -tags research).

@@ -9,6 +9,8 @@
 //	tidepool clear                    remove every block of a namespace
 //	tidepool stat                     tiers and namespaces
 //	tidepool prefetch KEY...          bring blocks from SSD into DRAM
+//	tidepool inject [FILE]...         add the sidecar to Kubernetes YAML
+//	tidepool webhook                  the same as a mutating admission webhook
 //	tidepool version                  print the version
 package main
 
@@ -78,6 +80,8 @@ commands:
   prefetch  SSD blocks into DRAM:     tidepool prefetch [--ns NS] KEY...
   bench     load generator:           tidepool bench --op get --size 1MiB --concurrency 16
   replay    replay a request trace:   tidepool replay --trace FILE --nodes 1 --capacity-tokens 3M
+  inject    add the sidecar to pods:  tidepool inject [--dram-capacity 32GiB] [FILE|-]... | kubectl apply -f -
+  webhook   injection as an admission webhook: tidepool webhook --cert-dir DIR
   version   print the version
 
 Client commands take --socket (env TIDEPOOL_SOCKET), --ns (env TIDEPOOL_NS),
@@ -105,6 +109,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cmdBench(rest, stdout, stderr)
 	case "replay":
 		return cmdReplay(rest, stdout, stderr)
+	case "inject":
+		return cmdInject(rest, stdin, stdout, stderr)
+	case "webhook":
+		return cmdWebhook(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "tidepool %s (%s)\n", buildVersion(), goVersion)
 		return 0
