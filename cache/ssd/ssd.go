@@ -318,6 +318,20 @@ func (t *Tier) checkKey(ns string, key []byte) error {
 // block is in the synced WAL when Put returns; otherwise it is durable only
 // after the next flush (see docs/ssd.md).
 func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, 0, false, opts)
+}
+
+// PutChecked is Put for a value whose CRC-32C the caller already holds: a
+// block demoted from DRAM carries the checksum it was stored with. The tier
+// records sum instead of computing it, which saves a pass over the value on
+// the spill path; and bytes damaged in DRAM after they were stored keep the
+// original checksum, so the first read from SSD refuses them (and deletes
+// the block) instead of serving them under a checksum of the damage.
+func (t *Tier) PutChecked(ctx context.Context, ns string, key, value []byte, sum uint32, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, sum, true, opts)
+}
+
+func (t *Tier) put(ctx context.Context, ns string, key, value []byte, sum uint32, haveSum bool, opts cache.PutOptions) (existed bool, err error) {
 	if err := t.checkKey(ns, key); err != nil {
 		return false, err
 	}
@@ -332,7 +346,9 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	sum := cache.Checksum(value)
+	if !haveSum {
+		sum = cache.Checksum(value)
+	}
 
 	t.wmu.Lock()
 	defer t.wmu.Unlock()

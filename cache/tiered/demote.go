@@ -23,8 +23,8 @@ type item struct {
 	cancelled bool // guarded by qmu: deleted meanwhile, do not write
 }
 
-// onEvict is the DRAM tier's OnEvict: it runs under DRAM's eviction mutex
-// and must not block or call into the DRAM tier. It copies the block into
+// onEvict is the DRAM tier's OnEvict: it runs with no DRAM lock held, maybe
+// concurrently with itself, and must not block or call into the DRAM tier. It copies the block into
 // the queue unless the SSD already holds it or the queue is full.
 func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	fk := fkey(ns, key)
@@ -95,7 +95,9 @@ func (s *Store) writer() {
 		s.qmu.Unlock()
 		var err error
 		if !skip {
-			_, err = s.ssd.Put(ctx, it.ns, it.key, it.value, cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low})
+			// The DRAM block's checksum goes along: no second pass over the
+			// bytes, and a block damaged in DRAM fails its first SSD read.
+			_, err = s.ssd.PutChecked(ctx, it.ns, it.key, it.value, it.info.Checksum, cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low})
 		}
 		s.demoteMu.Unlock()
 		switch {

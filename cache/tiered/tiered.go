@@ -10,12 +10,16 @@
 //     refused (cache.ErrUnavailable) when the SSD tier is degraded or
 //     absent, never acknowledged without being durable.
 //   - Demotion: the DRAM tier calls the store for each block it evicts
-//     (dram.Config.OnEvict, under DRAM's eviction mutex). The store copies
-//     the bytes into a bounded queue (QueueBlocks, QueueBytes) and returns;
+//     (dram.Config.OnEvict, with no DRAM lock held, possibly from several
+//     evicting puts at once). The store copies the bytes into a bounded
+//     queue (QueueBlocks, QueueBytes) and returns;
 //     a full queue drops the demotion and counts it (DemotionsDropped): a
 //     Put never waits for the SSD. Blocks the SSD tier already holds are
-//     not queued. One background writer drains the queue into SSD. A block
-//     waiting in the queue is still served (Get, Stat) from the queue.
+//     not queued. One background writer drains the queue into SSD, with
+//     the checksum the block had in DRAM (ssd.Tier.PutChecked: no second
+//     pass over the bytes, and a block damaged in DRAM fails its first SSD
+//     read). A block waiting in the queue is still served (Get, Stat) from
+//     the queue.
 //   - Promotion: a Get that misses DRAM reads SSD and copies the block into
 //     DRAM (the copy stays in SSD too: the tiers are inclusive, so evicting
 //     a promoted block again costs no write). Concurrent misses of one key
@@ -38,9 +42,10 @@
 //
 // # Locks
 //
-// Lock order: dram's evictMu → qmu; demoteMu → (ssd's locks); fmu and kmu
-// are leaves. OnEvict runs under dram's evictMu and takes only qmu and the
-// SSD tier's index lock (ssd.Stat); it never calls into the DRAM tier.
+// Lock order: demoteMu → (ssd's locks); qmu, fmu and kmu are leaves.
+// OnEvict runs with no DRAM lock held (dram releases its eviction mutex
+// around it), may run concurrently with itself, and takes only kmu, qmu and
+// the SSD tier's index lock (ssd.Stat); it never calls into the DRAM tier.
 // demoteMu is held by the writer across "check the item is still wanted,
 // write it to SSD" and by Delete and Clear around their SSD delete, so that
 // a demotion racing with a delete never resurrects the block.
@@ -682,12 +687,12 @@ func (s *Store) spill(deadline time.Time) {
 		if _, ok := s.ssd.Stat(ctx, r.ns, key); ok {
 			continue
 		}
-		v, _, err := s.dram.Get(ctx, r.ns, key, buf)
+		v, info, err := s.dram.Get(ctx, r.ns, key, buf)
 		if err != nil {
 			continue // evicted or deleted since: nothing to spill
 		}
 		buf = v
-		if _, err := s.ssd.Put(ctx, r.ns, key, v, cache.PutOptions{Depth: r.depth, LowPriority: r.low}); err != nil {
+		if _, err := s.ssd.PutChecked(ctx, r.ns, key, v, info.Checksum, cache.PutOptions{Depth: r.depth, LowPriority: r.low}); err != nil {
 			s.spillMissed.Add(1)
 			continue
 		}

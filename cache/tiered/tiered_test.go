@@ -635,3 +635,50 @@ func TestStatsCountEachRead(t *testing.T) {
 	}
 	check("two puts", counts{1, 4, 2, 2, 3, 1, 2, 3})
 }
+
+// TestDemotionKeepsDRAMChecksum: a block damaged in DRAM after it was
+// stored keeps its original checksum when it is demoted, so the SSD tier
+// refuses it on the first read (and counts it) instead of serving the
+// damage under a checksum computed at demotion. Before, the demotion
+// re-checksummed whatever bytes DRAM held.
+func TestDemotionKeepsDRAMChecksum(t *testing.T) {
+	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+	good := value(1, mib)
+	if _, err := s.Put(ctx, "ns", key(0), good, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Damage the block in place, as a stray write into the arena would.
+	l, err := s.dram.Acquire(ctx, "ns", key(0), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Bytes()[12345] ^= 0xff
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 8; i++ { // evict (demote) block 0
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i+1), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	if _, ok := s.dram.Stat(ctx, "ns", key(0)); ok {
+		t.Fatal("block 0 still in DRAM")
+	}
+	if info, ok := s.ssd.Stat(ctx, "ns", key(0)); !ok || info.Checksum != cache.Checksum(good) {
+		t.Fatalf("block 0 in SSD: %v, checksum %08x, want the one it was stored with, %08x", ok, info.Checksum, cache.Checksum(good))
+	}
+	v, _, err := s.Get(ctx, "ns", key(0), nil)
+	if err == nil {
+		t.Fatalf("damaged block served from SSD (%d bytes, equal to the original: %v)", len(v), bytes.Equal(v, good))
+	}
+	if !errors.Is(err, cache.ErrChecksum) && !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("get: %v, want a checksum failure or a miss", err)
+	}
+	if st := s.Stats(); st.Tiers[1].ChecksumFailures != 1 {
+		t.Fatalf("ssd checksum failures %d, want 1", st.Tiers[1].ChecksumFailures)
+	}
+	if _, ok := s.Stat(ctx, "ns", key(0)); ok {
+		t.Fatal("damaged block still reported present")
+	}
+}
