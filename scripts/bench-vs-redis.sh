@@ -130,17 +130,17 @@ tp_stop() {
 	tp_pid=
 }
 
-# tp_bench ARGS...: prints "OPS_PER_SEC BYTES_PER_SEC P99_US MAX_US" of one
-# run, or "- - - -".
+# tp_bench ARGS...: prints "OPS_PER_SEC BYTES_PER_SEC P99_US MAX_US MISSES"
+# of one run, or "- - - - -".
 tp_bench() {
 	local out
 	if out=$("$TP" bench --socket "$TSOCK" --ns vsredis --concurrency "$CONC" --keys "$KEYS" \
 		--duration "$DURATION" --json --progress none "$@" 2>"$WORK/bench.err"); then
-		jq -r 'if .errors > 0 then "- - - -" else "\(.ops_per_sec) \(.bytes_per_sec) \(.p99_us) \(.max_us)" end' <<<"$out"
+		jq -r 'if .errors > 0 then "- - - - -" else "\(.ops_per_sec) \(.bytes_per_sec) \(.p99_us) \(.max_us) \(.misses)" end' <<<"$out"
 	else
 		echo "tidepool bench $*: $(tail -1 "$WORK/bench.err")" >&2
 		kill -0 "$tp_pid" 2>/dev/null || { echo "tidepool serve exited:" >&2; tail -5 "$WORK/tp.err" >&2; }
-		echo "- - - -"
+		echo "- - - - -"
 	fi
 }
 
@@ -217,12 +217,12 @@ for round in $(seq "$ROUNDS"); do
 		if [[ $mode == defaults ]]; then
 			# Gets of resident keys of the largest size alone, then under a zero-copy put
 			# flood that keeps DRAM spilling.
-			read -r g_ops g_bps g_p99 g_max < <(tp_bench --op get --size "$max_size")
+			read -r g_ops g_bps g_p99 g_max g_miss < <(tp_bench --op get --size "$max_size")
 			"$TP" bench --socket "$TSOCK" --ns flood --op put --zero-copy --size "$max_size" --concurrency "$CONC" \
 				--duration "$(($(sed 's/s$//' <<<"$DURATION") + 3))s" --json --progress none >"$WORK/flood.json" 2>&1 &
 			flood=$!
 			sleep 1
-			read -r f_ops f_bps f_p99 f_max < <(tp_bench --op get --size "$max_size")
+			read -r f_ops f_bps f_p99 f_max f_miss < <(tp_bench --op get --size "$max_size")
 			wait "$flood" || true
 			fl=$(jq -r '.bytes_per_sec' "$WORK/flood.json" 2>/dev/null || echo -)
 			tp_stop
@@ -234,10 +234,10 @@ for round in $(seq "$ROUNDS"); do
 			echo "| ---: | ---: | ---: |"
 			echo "| $(mib "$ssd_bps") MiB/s | $(ratio "$z_last_put" "$ssd_bps") | $(ratio "$t_last_put" "$ssd_bps") |"
 			echo
-			echo "| $(numfmt --to=iec-i --suffix=B "$max_size") inline get, $CONC callers | MiB/s | p99 µs | slowest µs |"
-			echo "| --- | ---: | ---: | ---: |"
-			echo "| alone | $(mib "$g_bps") | $(num "$g_p99") | $(num "$g_max") |"
-			echo "| during a zero-copy put flood ($(mib "$fl") MiB/s of puts, spilling) | $(mib "$f_bps") | $(num "$f_p99") | $(num "$f_max") |"
+			echo "| $(numfmt --to=iec-i --suffix=B "$max_size") inline get, $CONC callers | MiB/s | p99 µs | slowest µs | misses |"
+			echo "| --- | ---: | ---: | ---: | ---: |"
+			echo "| alone | $(mib "$g_bps") | $(num "$g_p99") | $(num "$g_max") | $g_miss |"
+			echo "| during a zero-copy put flood ($(mib "$fl") MiB/s of puts, spilling) | $(mib "$f_bps") | $(num "$f_p99") | $(num "$f_max") | $f_miss |"
 		else
 			tp_stop
 		fi
