@@ -86,6 +86,7 @@ cleanup() {
 	rm -rf "$WORK" "$SHM" "$DATA"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP PIPE # so that cleanup runs on these too
 
 TP=${TIDEPOOL_BIN:-}
 if [[ -z "$TP" ]]; then
