@@ -1,134 +1,246 @@
 #!/usr/bin/env bash
 # bench-vs-redis.sh — tidepool's engine API against Redis, side by side, in
-# one run on one machine, with the raw limits measured in the same run.
+# one run on one machine, comparing like with like.
 #
 #   scripts/bench-vs-redis.sh
 #
-# Starts redis-server (Debian's package; installed when missing) on a Unix
-# socket with persistence off, and `tidepool serve` on another Unix socket
-# (DRAM tier on /dev/shm), then for each value size runs
-#   redis-benchmark -s SOCK -t set,get -d SIZE -c CONC -r KEYS -n N
-#   tidepool bench --op put|get --size SIZE --concurrency CONC --keys KEYS
-#   tidepool bench --op put|get ... --zero-copy      (shared-memory path)
-#   tidepool bench --op socket-copy|memcpy ...       (raw limits)
-# and prints a Markdown table: both throughputs and their ratio.
+# Two modes, each a table (MODES selects them):
+#
+#   memory    both in memory only. tidepool with the SSD tier off
+#             (--ssd-capacity 0) and a DRAM budget of DRAM; Redis without
+#             persistence (--save "" --appendonly no) with --maxmemory DRAM
+#             and --maxmemory-policy allkeys-lru. Writes go to fresh keys on
+#             both sides: tidepool put stores a new key per call, and
+#             redis-benchmark SET draws its keys from 10^11 (-r), so both
+#             fill their budget and then evict, least recently used first.
+#   defaults  tidepool serve on its defaults (SSD tier on, 16 GiB under a
+#             data directory on disk, demotion queue, watermarks) except the
+#             DRAM budget, which stays DRAM so that the put runs fill it and
+#             every further put spills a block to SSD; DRAM is filled before
+#             the first put run. Redis is the same in-memory Redis as above
+#             (its figures are repeated). Two more rows: the SSD tier's
+#             sustained write bandwidth measured in the same run
+#             (BenchmarkSSD/write of cache/ssd: 1 MiB puts of distinct keys
+#             then a flush that syncs them, SSD_MIB MiB, on the data
+#             directory's filesystem), and 1 MiB inline gets of resident
+#             keys while a zero-copy put flood spills DRAM to SSD (the gets'
+#             throughput, p99 and slowest call against the same gets alone).
+#
+# GETs read random keys of a prefilled set of KEYS on both sides (Redis:
+# keys key:000000000000 … written by one EVAL, as redis-benchmark -r KEYS
+# names them). tidepool runs inline (value in the Thrift message) and
+# zero-copy (--zero-copy: value through the shared arena). Redis serves from
+# one thread and redis-benchmark drives it from one thread; tidepool bench
+# drives CONC callers from one process.
 #
 # Environment:
+#   MODES       "memory defaults" (default) or one of them
 #   SIZES       value sizes in bytes (default "4096 65536 1048576")
 #   CONC        concurrent callers on both sides (default 16)
-#   KEYS        key count on both sides (default 256)
+#   KEYS        keys that GETs read on both sides (default 256)
+#   DRAM        tidepool's DRAM budget and Redis's maxmemory, in MiB
+#               (default KEYS × largest size × 2 + 256)
 #   DURATION    length of each tidepool run (default 5s)
-#   REQUESTS    redis-benchmark requests per test, per size in the order of
-#               SIZES (default "200000 40000 4000": a few seconds each)
+#   REQUESTS    redis-benchmark requests per test (default: 4 GiB worth of
+#               values, at least 4000 and at most 200000: a few seconds each)
+#   ROUNDS      how many times to run everything (default 1): every round is
+#               printed, so the noise of a shared machine shows
+#   SSD_MIB     MiB written by the SSD bandwidth run (default 1024)
+#   DATA_DIR    parent of tidepool's data directory in mode defaults
+#               (default /var/tmp; must be on the disk to measure)
 #   TIDEPOOL_BIN  a prebuilt tidepool binary (default: built from this tree)
-#   ZERO_COPY   0 skips the zero-copy rows (default 1)
 #
-# Fairness notes: redis-benchmark SET overwrites one of KEYS keys; tidepool
-# put stores a new key per call (a put of an existing key is a no-op), so
-# the DRAM tier also evicts as it fills. GETs read random keys of a
-# prefilled set of KEYS on both sides. Redis serves from one thread;
-# redis-benchmark drives it from one thread.
+# Needs: redis-server and redis-benchmark (Debian's redis-server and
+# redis-tools, installed when missing), jq, and Go for the tree's builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+MODES=${MODES:-"memory defaults"}
 SIZES=${SIZES:-"4096 65536 1048576"}
 CONC=${CONC:-16}
 KEYS=${KEYS:-256}
 DURATION=${DURATION:-5s}
-REQUESTS=${REQUESTS:-"200000 40000 4000"}
-ZERO_COPY=${ZERO_COPY:-1}
+REQUESTS=${REQUESTS:-}
+ROUNDS=${ROUNDS:-1}
+SSD_MIB=${SSD_MIB:-1024}
+DATA_DIR=${DATA_DIR:-/var/tmp}
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1; then
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
+command -v jq >/dev/null 2>&1 || need+=(jq)
+if ((${#need[@]})); then
 	if [[ $(id -u) -eq 0 ]]; then sudo=(); else sudo=(sudo -n); fi
-	DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q redis-server redis-tools >/dev/null
+	"${sudo[@]}" apt-get update -q >/dev/null
+	DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q "${need[@]}" >/dev/null
 fi
 
 WORK=$(mktemp -d /tmp/tidepool-vs-redis.XXXXXX)
+DATA=$(mktemp -d "$DATA_DIR/tidepool-vs-redis.XXXXXX")
 SHM=$(mktemp -d /dev/shm/tidepool-vs-redis.XXXXXX 2>/dev/null || mktemp -d "$WORK/arena.XXXXXX")
 pids=()
+tp_pid=
 cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$WORK" "$SHM"
+	for p in "${pids[@]}" $tp_pid; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}" $tp_pid; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$WORK" "$SHM" "$DATA"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM HUP PIPE # so that cleanup runs on these too
 
 TP=${TIDEPOOL_BIN:-}
 if [[ -z "$TP" ]]; then
 	TP=$WORK/tidepool
 	go build -o "$TP" ./cmd/tidepool
 fi
+if [[ " $MODES " == *" defaults "* ]]; then
+	go test -c -o "$WORK/ssd.test" ./cache/ssd/ >/dev/null
+fi
 
 max_size=0
 for s in $SIZES; do ((s > max_size)) && max_size=$s; done
+DRAM=${DRAM:-$((KEYS * max_size * 2 / 1048576 + 256))}
+max_value=$((max_size > 1048576 ? max_size : 1048576))
 
-# Redis on a Unix socket only, no persistence.
+# Redis on a Unix socket only: no persistence, maxmemory = tidepool's DRAM
+# budget, least recently used keys evicted.
 RSOCK=$WORK/redis.sock
 redis-server --port 0 --unixsocket "$RSOCK" --unixsocketperm 700 --save "" --appendonly no \
+	--maxmemory "$((DRAM * 1048576))" --maxmemory-policy allkeys-lru \
 	--dir "$WORK" --daemonize no --loglevel warning >"$WORK/redis.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do redis-cli -s "$RSOCK" ping >/dev/null 2>&1 && break; sleep 0.1; done
 redis-cli -s "$RSOCK" ping >/dev/null
 
-# tidepool: DRAM tier only (Redis keeps everything in memory too), large enough for KEYS of the largest value plus room
-# for the put runs (which evict once it is full).
 TSOCK=$WORK/tp.sock
-dram=$(( (KEYS * max_size * 2 / 1048576 + 256) ))MiB
-"$TP" serve --socket "$TSOCK" --arena-dir "$SHM" --data-dir "$WORK/data" --dram-capacity "$dram" --ssd-capacity 0 \
-	--max-value-size "$(( max_size > 1048576 ? max_size : 1048576 ))" --metrics-addr "" --log-level warn \
-	>"$WORK/tp.out" 2>"$WORK/tp.err" &
-pids+=($!)
-for _ in $(seq 300); do grep -q "serving on socket" "$WORK/tp.out" 2>/dev/null && break; sleep 0.1; done
-grep -q "serving on socket" "$WORK/tp.out" || { cat "$WORK/tp.err" >&2; exit 1; }
+# tp_start MODE: starts tidepool serve for MODE on a fresh arena and data
+# directory.
+tp_start() {
+	rm -rf "$SHM"/* "$DATA"/* "$TSOCK" "$WORK/tp.out"
+	local ssd=()
+	[[ $1 == memory ]] && ssd=(--ssd-capacity 0)
+	"$TP" serve --socket "$TSOCK" --arena-dir "$SHM" --data-dir "$DATA/data" --dram-capacity "${DRAM}MiB" "${ssd[@]}" \
+		--max-value-size "$max_value" --metrics-addr "" --log-level warn >"$WORK/tp.out" 2>"$WORK/tp.err" &
+	tp_pid=$!
+	for _ in $(seq 300); do grep -q "serving on socket" "$WORK/tp.out" 2>/dev/null && break; sleep 0.1; done
+	grep -q "serving on socket" "$WORK/tp.out" || { cat "$WORK/tp.err" >&2; exit 1; }
+}
+tp_stop() {
+	kill "$tp_pid" 2>/dev/null || true
+	wait "$tp_pid" 2>/dev/null || true
+	tp_pid=
+}
 
-# tp_bench ARGS...: prints "OPS_PER_SEC BYTES_PER_SEC P99_US" of one run, or "- - -".
+# tp_bench ARGS...: prints "OPS_PER_SEC BYTES_PER_SEC P99_US MAX_US MISSES"
+# of one run, or "- - - - -".
 tp_bench() {
 	local out
 	if out=$("$TP" bench --socket "$TSOCK" --ns vsredis --concurrency "$CONC" --keys "$KEYS" \
 		--duration "$DURATION" --json --progress none "$@" 2>"$WORK/bench.err"); then
-		jq -r '"\(.ops_per_sec) \(.bytes_per_sec) \(.p99_us)"' <<<"$out"
+		jq -r 'if .errors > 0 then "- - - - -" else "\(.ops_per_sec) \(.bytes_per_sec) \(.p99_us) \(.max_us) \(.misses)" end' <<<"$out"
 	else
 		echo "tidepool bench $*: $(tail -1 "$WORK/bench.err")" >&2
-		echo "- - -"
+		kill -0 "$tp_pid" 2>/dev/null || { echo "tidepool serve exited:" >&2; tail -5 "$WORK/tp.err" >&2; }
+		echo "- - - - -"
 	fi
 }
 
-# redis_bench SIZE N: prints "SET_RPS GET_RPS SET_P99_MS GET_P99_MS".
+# redis_csv ARGS...: runs redis-benchmark, prints "RPS P99_MS" of its one test.
+redis_csv() {
+	redis-benchmark -s "$RSOCK" -c "$CONC" --csv "$@" 2>/dev/null |
+		awk -F, '{for (i = 1; i <= NF; i++) gsub(/"/, "", $i)} $1=="SET"||$1=="GET"{r=$2; p=$7} END{print r, p}'
+}
+
+# redis_bench SIZE N: prints "SET_RPS SET_P99_MS GET_RPS GET_P99_MS": SET to
+# fresh keys from an empty database, then GET of KEYS prefilled keys.
 redis_bench() {
+	local set get
 	redis-cli -s "$RSOCK" flushall >/dev/null
-	redis-benchmark -s "$RSOCK" -t set,get -d "$1" -c "$CONC" -r "$KEYS" -n "$2" --csv 2>/dev/null |
-		awk -F, '{for (i = 1; i <= NF; i++) gsub(/"/, "", $i)} $1=="SET"{s=$2; sp=$7} $1=="GET"{g=$2; gp=$7} END{print s, g, sp, gp}'
+	set=$(redis_csv -t set -d "$1" -r 100000000000 -n "$2")
+	redis-cli -s "$RSOCK" flushall >/dev/null
+	redis-cli -s "$RSOCK" eval "local v = string.rep('x', tonumber(ARGV[2])) for i = 0, tonumber(ARGV[1]) - 1 do redis.call('SET', string.format('key:%012d', i), v) end return 1" 0 "$KEYS" "$1" >/dev/null
+	get=$(redis_csv -t get -d "$1" -r "$KEYS" -n "$2")
+	echo "$set $get"
+}
+
+# ssd_write: prints the SSD tier's sustained write bandwidth in bytes/s.
+ssd_write() {
+	local out
+	out=$(cd "$WORK" && TIDEPOOL_SSD_BENCH_DIR=$DATA ./ssd.test -test.run '^$' -test.bench '^BenchmarkSSD$/write' \
+		-test.benchtime "${SSD_MIB}x" -test.count 1 2>&1) || { echo -; return; }
+	awk '/^BenchmarkSSD\/write/ { for (i = 1; i <= NF; i++) if ($(i+1) == "MB/s") print $i * 1e6 }' <<<"$out"
 }
 
 mib() { [[ $1 == - ]] && echo - || awk -v b="$1" 'BEGIN{printf "%.0f", b/1048576}'; }
 ratio() { [[ $1 == - || $2 == - ]] && echo - || awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
-ops() { [[ $1 == - ]] && echo - || awk -v a="$1" 'BEGIN{printf "%.0f", a}'; }
+num() { [[ $1 == - ]] && echo - || awk -v a="$1" 'BEGIN{printf "%.0f", a}'; }
+ms_us() { [[ -z $1 || $1 == - ]] && echo - || awk -v m="$1" 'BEGIN{printf "%.0f", m*1000}'; }
 
 echo "# tidepool vs Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'), $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# concurrency $CONC, $KEYS keys, tidepool runs of $DURATION"
-echo
-echo "| value | op | Redis ops/s | Redis MiB/s | Redis p99 µs | tidepool ops/s | tidepool MiB/s | tidepool p99 µs | tidepool / Redis | zero-copy MiB/s | zero-copy / Redis | socket-copy MiB/s | memcpy MiB/s |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-reqs=($REQUESTS)
-i=0
-for size in $SIZES; do
-	n=${reqs[$i]:-${reqs[-1]}}
-	i=$((i + 1))
-	read -r r_set r_get r_setp99 r_getp99 < <(redis_bench "$size" "$n")
-	read -r sc_ops sc_bps _ < <("$TP" bench --op socket-copy --size "$size" --concurrency "$CONC" --duration "$DURATION" --json --progress none | jq -r '"\(.ops_per_sec) \(.bytes_per_sec) \(.p99_us)"')
-	read -r mc_ops mc_bps _ < <("$TP" bench --op memcpy --size "$size" --concurrency "$CONC" --duration "$DURATION" --json --progress none | jq -r '"\(.ops_per_sec) \(.bytes_per_sec) \(.p99_us)"')
-	for op in put get; do
-		read -r t_ops t_bps t_p99 < <(tp_bench --op "$op" --size "$size")
-		z_bps=-
-		if [[ $ZERO_COPY == 1 ]]; then
-			read -r _ z_bps _ < <(tp_bench --op "$op" --size "$size" --zero-copy)
+echo "# concurrency $CONC, $KEYS keys read, DRAM budget = Redis maxmemory = $DRAM MiB, tidepool runs of $DURATION"
+
+declare -A R # Redis figures of this round, by size
+for round in $(seq "$ROUNDS"); do
+	for size in $SIZES; do
+		n=${REQUESTS:-$(((4096 * 1048576 / size) < 4000 ? 4000 : ((4096 * 1048576 / size) > 200000 ? 200000 : (4096 * 1048576 / size))))}
+		R[$size]=$(redis_bench "$size" "$n")
+	done
+	for mode in $MODES; do
+		echo
+		if [[ $mode == memory ]]; then
+			echo "## round $round, (a) both in memory only, fresh keys (load average $(cut -d' ' -f1 /proc/loadavg))"
+		else
+			echo "## round $round, (b) tidepool on its defaults, SSD tier on, DRAM spilling (load average $(cut -d' ' -f1 /proc/loadavg))"
 		fi
-		if [[ $op == put ]]; then r_ops=$r_set r_p99=$r_setp99 label="SET / put"; else r_ops=$r_get r_p99=$r_getp99 label="GET / get"; fi
-		r_bps=$(awk -v o="$r_ops" -v s="$size" 'BEGIN{print o*s}')
-		r_p99us=$(awk -v m="$r_p99" 'BEGIN{printf "%.0f", m*1000}')
-		z_ratio=-
-		[[ $z_bps != - ]] && z_ratio=$(ratio "$z_bps" "$r_bps")
-		echo "| $(numfmt --to=iec-i --suffix=B "$size") | $label | $(ops "$r_ops") | $(mib "$r_bps") | $r_p99us | $(ops "$t_ops") | $(mib "$t_bps") | $(ops "$t_p99") | $(ratio "$t_bps" "$r_bps") | $(mib "$z_bps") | $z_ratio | $(mib "$sc_bps") | $(mib "$mc_bps") |"
+		echo
+		echo "| value | op | Redis MiB/s | inline MiB/s | inline ÷ Redis | zero-copy MiB/s | zero-copy ÷ Redis | Redis p99 µs | inline p99 µs | zero-copy p99 µs |"
+		echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+		tp_start "$mode"
+		filled=0 t_last_put=- z_last_put=-
+		for size in $SIZES; do
+			read -r r_set r_setp99 r_get r_getp99 <<<"${R[$size]}"
+			if [[ $mode == defaults && $filled == 0 ]]; then
+				# Fill DRAM (and start the spill) before the first put run.
+				"$TP" bench --socket "$TSOCK" --ns fill --op put --zero-copy --size "$max_size" --concurrency "$CONC" \
+					--ops "$((DRAM * 1048576 / max_size + CONC))" --json --progress none >/dev/null 2>&1 || true
+				filled=1
+			fi
+			for op in put get; do
+				read -r t_ops t_bps t_p99 _ < <(tp_bench --op "$op" --size "$size")
+				read -r z_ops z_bps z_p99 _ < <(tp_bench --op "$op" --size "$size" --zero-copy)
+				if [[ $op == put ]]; then r_ops=${r_set:--} r_p99=$r_setp99 label="SET / put"; else r_ops=${r_get:--} r_p99=$r_getp99 label="GET / get"; fi
+				r_bps=$([[ $r_ops == - ]] && echo - || awk -v o="$r_ops" -v s="$size" 'BEGIN{print o*s}')
+				if [[ $op == put && $size == "$max_size" ]]; then t_last_put=$t_bps z_last_put=$z_bps; fi
+				echo "| $(numfmt --to=iec-i --suffix=B "$size") | $label | $(mib "$r_bps") | $(mib "$t_bps") | $(ratio "$t_bps" "$r_bps") | $(mib "$z_bps") | $(ratio "$z_bps" "$r_bps") | $(ms_us "$r_p99") | $(num "$t_p99") | $(num "$z_p99") |"
+			done
+		done
+		if [[ $mode == defaults ]]; then
+			# Gets of resident keys of the largest size alone, then under a zero-copy put
+			# flood that keeps DRAM spilling.
+			read -r g_ops g_bps g_p99 g_max g_miss < <(tp_bench --op get --size "$max_size")
+			"$TP" bench --socket "$TSOCK" --ns flood --op put --zero-copy --size "$max_size" --concurrency "$CONC" \
+				--duration "$(($(sed 's/s$//' <<<"$DURATION") + 3))s" --json --progress none >"$WORK/flood.json" 2>&1 &
+			flood=$!
+			sleep 1
+			read -r f_ops f_bps f_p99 f_max f_miss < <(tp_bench --op get --size "$max_size")
+			wait "$flood" || true
+			fl=$(jq -r '.bytes_per_sec' "$WORK/flood.json" 2>/dev/null || echo -)
+			tp_stop
+			rm -rf "${DATA:?}"/*
+			sync
+			ssd_bps=$(ssd_write)
+			echo
+			echo "| SSD tier sustained write (BenchmarkSSD/write, $SSD_MIB MiB) | tidepool SET $(numfmt --to=iec-i --suffix=B "$max_size"), zero-copy ÷ it | inline ÷ it |"
+			echo "| ---: | ---: | ---: |"
+			echo "| $(mib "$ssd_bps") MiB/s | $(ratio "$z_last_put" "$ssd_bps") | $(ratio "$t_last_put" "$ssd_bps") |"
+			echo
+			echo "| $(numfmt --to=iec-i --suffix=B "$max_size") inline get, $CONC callers | MiB/s | p99 µs | slowest µs | misses |"
+			echo "| --- | ---: | ---: | ---: | ---: |"
+			echo "| alone | $(mib "$g_bps") | $(num "$g_p99") | $(num "$g_max") | $g_miss |"
+			echo "| during a zero-copy put flood ($(mib "$fl") MiB/s of puts, spilling) | $(mib "$f_bps") | $(num "$f_p99") | $(num "$f_max") | $f_miss |"
+		else
+			tp_stop
+		fi
 	done
 done

@@ -21,7 +21,8 @@
 //
 //	Tier.evictMu → shard.mu → Tier.pmu → {allocator.mu, Tier.zmu, Tier.rmu}
 //
-// evictMu serializes the slow path of making room (one evicter at a time);
+// evictMu serializes the slow path of making room (one evicter picks a
+// victim at a time; OnEvict runs after evictMu is released, see evictOne);
 // shard.mu guards one shard of the index and the pin state of its blocks;
 // pmu guards the policy instance and the id → block map; allocator.mu and zmu
 // (the set of unlinked but pinned blocks) and rmu (the open reservations)
@@ -85,8 +86,8 @@
 // blocks); if not, it returns cache.ErrNoSpace and changes nothing. (Arena
 // fragmentation by pinned blocks can still, rarely, make a put fail after
 // some evictions.) Each victim is unlinked, then OnEvict is called with its
-// bytes while no shard or policy lock is held (evictMu is held, so OnEvict
-// must not Put into this tier), then its memory is freed.
+// bytes while no lock of the tier is held (OnEvict must not Put into this
+// tier), then its memory is freed.
 package dram
 
 import (
@@ -182,9 +183,11 @@ type Config struct {
 	VerifyReadsNamespaces []string
 	// OnEvict, if set, is called with each evicted block (never for Delete
 	// or Clear), so that a tier below can take it (demotion). It runs with
-	// no shard or policy lock held, but under the tier's eviction mutex, so
-	// evictions wait for it and it must not Put into this tier. key and
-	// value are valid only during the call and must not be modified.
+	// no lock of the tier held, not even the eviction mutex: other puts
+	// evict (and call OnEvict) meanwhile, so it may be called concurrently
+	// and must be safe for that. The evicted block's memory stays allocated
+	// until it returns. It must not Put into this tier. key and value are
+	// valid only during the call and must not be modified.
 	OnEvict func(ns string, key []byte, value []byte, info cache.Info)
 }
 
@@ -302,6 +305,11 @@ type Tier struct {
 	shards    [numShards]shard
 
 	evictMu sync.Mutex
+	// inEvict counts evictions whose OnEvict is running (their memory is
+	// not freed yet); evictDone (on evictMu) is signalled as each ends.
+	// Both guarded by evictMu.
+	inEvict   int
+	evictDone *sync.Cond
 
 	pmu      sync.Mutex
 	policy   evict.Policy
@@ -427,6 +435,7 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		reservations: make(map[*Reservation]struct{}),
 	}
 	t.skipFunc = t.skip
+	t.evictDone = sync.NewCond(&t.evictMu)
 	for i := range t.shards {
 		t.shards[i].m = make(map[uint32]map[string]*block)
 	}

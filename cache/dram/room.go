@@ -49,7 +49,7 @@ func (t *Tier) makeRoom(size, foot int64) (int64, error) {
 		if reserved = t.reserve(foot); reserved {
 			break
 		}
-		if !t.evictOne(now) {
+		if !t.makeProgress(now) {
 			return 0, fmt.Errorf("%w: %d bytes needed, nothing left to evict", cache.ErrNoSpace, foot)
 		}
 	}
@@ -57,7 +57,7 @@ func (t *Tier) makeRoom(size, foot int64) (int64, error) {
 		if off, ok := t.alloc.alloc(size); ok {
 			return off, nil
 		}
-		if !t.evictOne(now) {
+		if !t.makeProgress(now) {
 			t.used.Add(-foot)
 			return 0, fmt.Errorf("%w: %d bytes needed, arena too fragmented by pinned blocks", cache.ErrNoSpace, foot)
 		}
@@ -137,8 +137,25 @@ func (t *Tier) skip(id uint64) bool {
 	return b == nil || (b.pins.Load() > 0 && b.leaseExp.Load() > t.skipNow)
 }
 
+// makeProgress evicts one victim or, when the policy has none left but
+// other evictions are still in OnEvict, waits until one of them has freed
+// its memory. It reports whether room may have been made; false means
+// nothing is left to evict. Called with evictMu held and no other lock.
+func (t *Tier) makeProgress(now int64) bool {
+	if t.evictOne(now) {
+		return true
+	}
+	if t.inEvict == 0 {
+		return false
+	}
+	t.evictDone.Wait()
+	return true
+}
+
 // evictOne evicts the policy's next victim and reports whether there was
-// one. Called with evictMu held and no other lock.
+// one. Called with evictMu held and no other lock; it releases evictMu
+// while OnEvict runs, so callers must not rely on state they read under
+// evictMu before the call.
 func (t *Tier) evictOne(now int64) bool {
 	for {
 		t.pmu.Lock()
@@ -184,8 +201,17 @@ func (t *Tier) evictOne(now int64) bool {
 		sh.mu.Unlock()
 
 		// b is unlinked and unpinned: nothing else can reach or free it.
+		// OnEvict runs without evictMu (a demotion copies the bytes, tens
+		// of µs per MiB and more under load): puts and promotions that
+		// need room meanwhile evict their own victims instead of queueing
+		// behind this one's copy.
 		if f := t.cfg.OnEvict; f != nil {
+			t.inEvict++
+			t.evictMu.Unlock()
 			f(b.ns.name, []byte(b.key), t.bytes(b.off, b.size), b.info())
+			t.evictMu.Lock()
+			t.inEvict--
+			defer t.evictDone.Broadcast()
 		}
 		t.freeBlockMem(b)
 		t.blocks.Add(-1)

@@ -315,7 +315,10 @@ func (t *Tier) checkKey(ns string, key []byte) error {
 // cache.ErrInvalidKey, cache.ErrTooLarge, cache.ErrClosed, and
 // cache.ErrUnavailable while the tier is degraded. With opts.Durable the
 // block is in the synced WAL when Put returns; otherwise it is durable only
-// after the next flush (see docs/ssd.md).
+// after the next flush (see docs/ssd.md). With opts.HasChecksum (a block
+// moved down from DRAM carries the checksum it was stored with) bytes that
+// no longer match it are refused with cache.ErrChecksum, so damage done in
+// DRAM is never stored under a fresh checksum.
 func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
 	if err := t.checkKey(ns, key); err != nil {
 		return false, err

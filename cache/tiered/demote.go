@@ -23,8 +23,8 @@ type item struct {
 	cancelled bool // guarded by qmu: deleted meanwhile, do not write
 }
 
-// onEvict is the DRAM tier's OnEvict: it runs under DRAM's eviction mutex
-// and must not block or call into the DRAM tier. It copies the block into
+// onEvict is the DRAM tier's OnEvict: it runs with no DRAM lock held, maybe
+// concurrently with itself, and must not block or call into the DRAM tier. It copies the block into
 // the queue unless the SSD already holds it or the queue is full.
 func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	fk := fkey(ns, key)

@@ -10,12 +10,16 @@
 //     refused (cache.ErrUnavailable) when the SSD tier is degraded or
 //     absent, never acknowledged without being durable.
 //   - Demotion: the DRAM tier calls the store for each block it evicts
-//     (dram.Config.OnEvict, under DRAM's eviction mutex). The store copies
-//     the bytes into a bounded queue (QueueBlocks, QueueBytes) and returns;
+//     (dram.Config.OnEvict, with no DRAM lock held, possibly from several
+//     evicting puts at once). The store copies the bytes into a bounded
+//     queue (QueueBlocks, QueueBytes) and returns;
 //     a full queue drops the demotion and counts it (DemotionsDropped): a
 //     Put never waits for the SSD. Blocks the SSD tier already holds are
-//     not queued. One background writer drains the queue into SSD. A block
-//     waiting in the queue is still served (Get, Stat) from the queue.
+//     not queued. One background writer drains the queue into SSD, with
+//     the checksum the block had in DRAM (cache.PutOptions.Checksum: bytes
+//     damaged in DRAM after they were checked are refused, not stored as
+//     good). A block waiting in the queue is still served (Get, Stat) from
+//     the queue.
 //   - Promotion: a Get that misses DRAM reads SSD and copies the block into
 //     DRAM (the copy stays in SSD too: the tiers are inclusive, so evicting
 //     a promoted block again costs no write). Concurrent misses of one key
@@ -38,9 +42,10 @@
 //
 // # Locks
 //
-// Lock order: dram's evictMu → qmu; demoteMu → (ssd's locks); fmu is a
-// leaf. OnEvict runs under dram's evictMu and takes only qmu and the
-// SSD tier's index lock (ssd.Stat); it never calls into the DRAM tier.
+// Lock order: demoteMu → (ssd's locks); qmu and fmu are leaves.
+// OnEvict runs with no DRAM lock held (dram releases its eviction mutex
+// around it), may run concurrently with itself, and takes only qmu and
+// the SSD tier's index lock (ssd.Stat); it never calls into the DRAM tier.
 // demoteMu is held by the writer across "check the item is still wanted,
 // write it to SSD" and by Delete and Clear around their SSD delete, so that
 // a demotion racing with a delete never resurrects the block.

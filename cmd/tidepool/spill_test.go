@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/client"
+)
+
+// TestReadsDuringSpill: on a real sidecar whose DRAM tier is full and
+// spilling to SSD under a flood of fresh puts, reads of resident blocks
+// keep completing with the right bytes while the flood goes on. The check
+// is by counts, not time: the flood's put count and the sidecar's
+// eviction count both advance between the first and the last read, so
+// every read ran while DRAM was spilling; a read that waited for the
+// spill to finish could only complete after the flood is stopped, and the
+// flood is stopped only after the last read.
+func TestReadsDuringSpill(t *testing.T) {
+	const size = 1 << 20
+	d := startDaemon(t, "--dram-capacity", "24MiB", "--ssd-capacity", "1GiB")
+	ctx := context.Background()
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	hot := make([][]byte, 4)
+	for i := range hot {
+		hot[i] = restartValue(1000+i, size)
+		// Durable: written through to SSD, so the block is found in one
+		// tier or the other whatever the flood evicts.
+		if _, err := c.PutWith(ctx, "hot", []byte(fmt.Sprint(i)), hot[i], client.PutOptions{Durable: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The flood: fresh 1 MiB keys from 4 callers until stopped.
+	var puts atomic.Int64
+	var floodErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := restartValue(w, size)
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := c.Put(ctx, "flood", []byte(fmt.Sprintf("w%d-%d", w, n)), v, 0); err != nil {
+					floodErr.Store(err)
+					return
+				}
+				puts.Add(1)
+			}
+		}()
+	}
+	stopFlood := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}
+	defer stopFlood()
+
+	evictions := func() float64 { return scrape(t, d, `tidepool_tier_evictions_total{tier="dram"}`)[0] }
+	// Wait (with a deadline) until the flood has filled DRAM and it spills.
+	deadline := time.Now().Add(60 * time.Second)
+	for evictions() < 8 {
+		if time.Now().After(deadline) {
+			t.Fatalf("DRAM never spilled: %d puts", puts.Load())
+		}
+		if err := floodErr.Load(); err != nil {
+			t.Fatalf("flood put: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	putsBefore, evBefore := puts.Load(), evictions()
+	const reads = 64
+	for i := range reads {
+		k := i % len(hot)
+		rctx, cancel := context.WithTimeout(ctx, 60*time.Second) // hang guard
+		v, found, err := c.Get(rctx, "hot", []byte(fmt.Sprint(k)))
+		cancel()
+		if err != nil || !found || !bytes.Equal(v, hot[k]) {
+			t.Fatalf("read %d of block %d while spilling: found %v, right bytes %v, %v", i, k, found, bytes.Equal(v, hot[k]), err)
+		}
+	}
+	putsAfter, evAfter := puts.Load(), evictions()
+	stopFlood()
+	if err := floodErr.Load(); err != nil {
+		t.Fatalf("flood put: %v", err)
+	}
+	if putsAfter <= putsBefore || evAfter <= evBefore {
+		t.Fatalf("the flood did not run during the reads: puts %d → %d, DRAM evictions %v → %v", putsBefore, putsAfter, evBefore, evAfter)
+	}
+	t.Logf("%d reads while the flood put %d blocks and DRAM evicted %v", reads, putsAfter-putsBefore, evAfter-evBefore)
+}
