@@ -40,19 +40,22 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 		s.qmu.Unlock()
 		return
 	}
-	if s.qstop || len(s.queue) >= s.cfg.QueueBlocks || s.qbytes+size > s.cfg.QueueBytes {
+	if s.qstop || len(s.queue)+s.qslots >= s.cfg.QueueBlocks || s.qbytes+size > s.cfg.QueueBytes {
 		s.qmu.Unlock()
 		s.demotionsDropped.Add(1)
 		return
 	}
 	s.qbytes += size
+	s.qslots++
 	s.qmu.Unlock()
 
-	// Copy outside qmu (a MiB copy takes tens of µs); the bytes were
-	// reserved above so the bound holds.
+	// Copy outside qmu (a MiB copy takes tens of µs); the bytes and the
+	// place were reserved above so both bounds hold while several
+	// evictions copy at once.
 	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: append([]byte(nil), value...), info: info}
 	it.info.Tier = ssd.TierName
 	s.qmu.Lock()
+	s.qslots--
 	if _, ok := s.pending[fk]; ok || s.qstop {
 		s.qbytes -= size
 		s.qmu.Unlock()

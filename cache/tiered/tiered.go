@@ -199,6 +199,7 @@ type Store struct {
 	queue     []*item
 	pending   map[string]*item // queued or being written, by flight key
 	qbytes    int64
+	qslots    int // queue places reserved by onEvicts still copying (they run concurrently)
 	qstop     bool
 	demoteMu  sync.Mutex
 	writerWG  sync.WaitGroup
