@@ -5,11 +5,11 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tidepool-kv/tidepool/internal/fdtest"
 )
 
 func mustKey(t *testing.T, secret, label string) *Key {
@@ -208,7 +208,7 @@ func TestListenerIdleTimeout(t *testing.T) {
 func TestListenerSurvivesEMFILE(t *testing.T) {
 	k := mustKey(t, secret, "")
 	l := listen(t, ListenerConfig{Key: k, Purpose: PurposeTransfer})
-	release := exhaustFDs(t, 1)
+	release := fdtest.Exhaust(t, 1)
 	c, err := net.Dial("tcp", l.Addr().String()) // takes the last descriptor
 	if err != nil {
 		release()
@@ -223,49 +223,6 @@ func TestListenerSurvivesEMFILE(t *testing.T) {
 	if _, err := l.Accept(); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// exhaustFDs lowers RLIMIT_NOFILE and opens files until leave descriptors
-// are left; release closes them and restores the limit.
-func exhaustFDs(t *testing.T, leave int) (release func()) {
-	t.Helper()
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := old
-	lim.Cur = uint64(len(ents) + 64)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	var files []*os.File
-	release = func() {
-		for _, f := range files {
-			f.Close()
-		}
-		files = nil
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
-	}
-	for {
-		f, err := os.Open(os.DevNull)
-		if err != nil {
-			if !errors.Is(err, syscall.EMFILE) {
-				release()
-				t.Fatal(err)
-			}
-			break
-		}
-		files = append(files, f)
-	}
-	for i := 0; i < leave && len(files) > 0; i++ {
-		files[len(files)-1].Close()
-		files = files[:len(files)-1]
-	}
-	return release
 }
 
 // BenchmarkHandshake: one authenticated connection set up on loopback

@@ -4,16 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"io"
 	"net"
-	"os"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/fdtest"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 )
@@ -150,7 +148,7 @@ func TestPeerAPISurvivesEMFILE(t *testing.T) {
 	nodes := newCluster(t, 2, nodeOpts{label: "prod", secret: "peerapi-test-cluster-secret"})
 	a, b := nodes[0], nodes[1]
 	addr, _, _ := b.view.Addrs(a.name)
-	release := exhaustFDs(t, 1)
+	release := fdtest.Exhaust(t, 1)
 	c, err := net.Dial("tcp", addr) // takes the last descriptor
 	if err != nil {
 		release()
@@ -174,47 +172,4 @@ func TestPeerAPISurvivesEMFILE(t *testing.T) {
 	if got := a.srv.ListenerStats().Accepted; got <= accepted {
 		t.Fatalf("accepted %d connections before the lookup, %d after", accepted, got)
 	}
-}
-
-// exhaustFDs lowers RLIMIT_NOFILE and opens files until leave descriptors
-// are left; release closes them and restores the limit.
-func exhaustFDs(t *testing.T, leave int) (release func()) {
-	t.Helper()
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := old
-	lim.Cur = uint64(len(ents) + 64)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	var files []*os.File
-	release = func() {
-		for _, f := range files {
-			f.Close()
-		}
-		files = nil
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
-	}
-	for {
-		f, err := os.Open(os.DevNull)
-		if err != nil {
-			if !errors.Is(err, syscall.EMFILE) {
-				release()
-				t.Fatal(err)
-			}
-			break
-		}
-		files = append(files, f)
-	}
-	for i := 0; i < leave && len(files) > 0; i++ {
-		files[len(files)-1].Close()
-		files = files[:len(files)-1]
-	}
-	return release
 }

@@ -3,14 +3,12 @@ package tcp
 import (
 	"bufio"
 	"context"
-	"errors"
 	"io"
 	"net"
-	"os"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/internal/fdtest"
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
@@ -153,7 +151,7 @@ func TestTransferPortSurvivesEMFILE(t *testing.T) {
 	key := testKey(t, clusterSecret)
 	owner := newLocal(t, func(c *Config) { c.Key = key })
 	init := newLocal(t, func(c *Config) { c.Key = key })
-	release := exhaustFDs(t, 1)
+	release := fdtest.Exhaust(t, 1)
 	c, err := net.Dial("tcp", owner.Addr()) // takes the last descriptor
 	if err != nil {
 		release()
@@ -167,49 +165,6 @@ func TestTransferPortSurvivesEMFILE(t *testing.T) {
 		t.Fatalf("connect after EMFILE: %v", err)
 	}
 	p.Close()
-}
-
-// exhaustFDs lowers RLIMIT_NOFILE and opens files until leave descriptors
-// are left; release closes them and restores the limit.
-func exhaustFDs(t *testing.T, leave int) (release func()) {
-	t.Helper()
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := old
-	lim.Cur = uint64(len(ents) + 64)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	var files []*os.File
-	release = func() {
-		for _, f := range files {
-			f.Close()
-		}
-		files = nil
-		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
-	}
-	for {
-		f, err := os.Open(os.DevNull)
-		if err != nil {
-			if !errors.Is(err, syscall.EMFILE) {
-				release()
-				t.Fatal(err)
-			}
-			break
-		}
-		files = append(files, f)
-	}
-	for i := 0; i < leave && len(files) > 0; i++ {
-		files[len(files)-1].Close()
-		files = files[:len(files)-1]
-	}
-	return release
 }
 
 // TestConformanceAuthenticated and TestConformanceEncrypted run the
