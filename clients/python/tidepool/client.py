@@ -103,6 +103,12 @@ class Client:
         except Exception:  # pragma: no cover - no fastbinary
             proto = TBinaryProtocol.TBinaryProtocol(self._transport)
         self._c = Tidepool.Client(proto)
+        # Calls that carry block bytes encode them in pure Python: thrift's C
+        # encoder (fastbinary) copies a binary field one byte at a time, about
+        # 5 ms per MiB, while TBinaryProtocol writes it in one piece (~30 us).
+        # Everything else, and every response, keeps the C codec, which is
+        # faster for many small fields (a 256-key Lookup: ~11 us vs ~75 us).
+        self._cw = Tidepool.Client(proto, TBinaryProtocol.TBinaryProtocol(self._transport))
         self._name = client_name
         self._arenas = None
         self._transport.open()
@@ -133,14 +139,14 @@ class Client:
 
     def put(self, ns, key, value, depth=0):
         """Stores one block; returns True when the key existed (a no-op)."""
-        return self._call(self._c.Put, T.PutRequest(ns=ns, key=key, value=bytes(value), depth=depth)).existed
+        return self._call(self._cw.Put, T.PutRequest(ns=ns, key=key, value=bytes(value), depth=depth)).existed
 
     def batch_put(self, ns, items):
         """items: (key, value) or (key, value, depth). Returns one ErrorCode
         per item (OK, EXISTS, ...)."""
         req = T.BatchPutRequest(ns=ns, items=[
             T.PutItem(key=it[0], value=bytes(it[1]), depth=it[2] if len(it) > 2 else 0) for it in items])
-        return _codes(self._call(self._c.BatchPut, req).results)
+        return _codes(self._call(self._cw.BatchPut, req).results)
 
     def get(self, ns, key, scope=Scope.DEFAULT):
         """The block's bytes, or None on a miss."""
