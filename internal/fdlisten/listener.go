@@ -45,6 +45,9 @@ type Listener struct {
 	accepted atomic.Uint64
 	drained  atomic.Uint64
 	failed   atomic.Uint64
+
+	polled     chan struct{} // closed at the first Fd: the poller has it
+	polledOnce sync.Once
 }
 
 // Stats counts what Accept did.
@@ -78,12 +81,21 @@ func New(ln net.Listener) (*Listener, error) {
 	if err := syscall.SetNonblock(fd, true); err != nil {
 		return nil, fmt.Errorf("fdlisten: %w", err)
 	}
-	return &Listener{ln: ln, fd: fd, addr: ln.Addr()}, nil
+	return &Listener{ln: ln, fd: fd, addr: ln.Addr(), polled: make(chan struct{})}, nil
 }
 
 // Fd returns the listening descriptor, for the server's poller. It stays
 // valid until Release.
-func (l *Listener) Fd() int { return l.fd }
+func (l *Listener) Fd() int {
+	l.polledOnce.Do(func() { close(l.polled) })
+	return l.fd
+}
+
+// Polled is closed once a poller has asked for the descriptor (netpoll
+// does so as its event loop starts serving): from then on the server's
+// own setup is done and stopping it stops the loop. Stopping a Kitex
+// server before that races its start and can leave the loop running.
+func (l *Listener) Polled() <-chan struct{} { return l.polled }
 
 // Addr implements net.Listener.
 func (l *Listener) Addr() net.Addr { return l.addr }

@@ -75,7 +75,10 @@ type Server struct {
 	svr   server.Server
 	ready chan struct{}
 	done  chan struct{}
+	exit  chan error // closed by Close: Kitex's Run returns, draining first
 	err   error
+
+	startOnce sync.Once
 
 	closeOnce sync.Once
 	closeErr  error
@@ -119,8 +122,14 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		return nil, fmt.Errorf("engineapi: %w", err)
 	}
 	conns := newConnTracker(cfg.MaxConnections, cfg.IdleTimeout, lg)
+	exit := make(chan error)
 	opts := []server.Option{
 		server.WithListener(fl),
+		// The server stops when Close says so, never on a signal of its own
+		// (Kitex's default listens for SIGTERM), and a Close that comes
+		// before Run has got going still stops it: Kitex's Stop is a no-op
+		// until Run has built its server, and Run would then serve forever.
+		server.WithExitSignal(func() <-chan error { return exit }),
 		server.WithCodec(safecodec.New(cfg.MaxRequestBytes)),
 		server.WithExitWaitTime(cfg.DrainTimeout),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool"}),
@@ -140,6 +149,7 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		svr:   tpsvc.NewServer(&handler{p: p, build: cfg.Build}, opts...),
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
+		exit:  exit,
 	}
 	return s, nil
 }
@@ -169,16 +179,25 @@ func observe(obs Observer) endpoint.Middleware {
 
 // Start serves in the background. Ready is closed once the server runs.
 func (s *Server) Start(ctx context.Context) error {
-	s.conns.start()
-	go func() {
-		defer close(s.done)
-		// Kitex's Run blocks until Stop; it listens on the listener given.
-		close(s.ready)
-		if err := s.svr.Run(); err != nil {
-			s.lg.Error("engine api server stopped", zap.Error(err))
-			s.err = err
-		}
-	}()
+	s.startOnce.Do(func() {
+		s.conns.start()
+		go func() {
+			select { // serving, or Run failed first
+			case <-s.ln.Polled():
+			case <-s.done:
+			}
+			close(s.ready)
+		}()
+		go func() {
+			defer close(s.done)
+			// Kitex's Run blocks until the exit signal (Close), then
+			// drains and stops; it listens on the listener given.
+			if err := s.svr.Run(); err != nil {
+				s.lg.Error("engine api server stopped", zap.Error(err))
+				s.err = err
+			}
+		}()
+	})
 	return nil
 }
 
@@ -193,8 +212,12 @@ func (s *Server) Done() <-chan struct{} { return s.done }
 // its descriptor. Safe to call twice.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
-		s.closeErr = s.svr.Stop()
+		s.startOnce.Do(func() { close(s.ready); close(s.done) }) // never started
+		// Stop only once Kitex's start is over (see fdlisten.Polled).
+		<-s.ready
+		close(s.exit)
 		<-s.done
+		s.closeErr = s.err
 		s.conns.close()
 		if err := s.ln.Release(); err != nil && s.closeErr == nil {
 			s.closeErr = fmt.Errorf("engineapi: closing the listener: %w", err)

@@ -173,3 +173,38 @@ func TestPeerAPISurvivesEMFILE(t *testing.T) {
 		t.Fatalf("accepted %d connections before the lookup, %d after", accepted, got)
 	}
 }
+
+// TestCloseRightAfterStart: Close returns whether it comes right after
+// Start (before Kitex's Run has built its server: Kitex's Stop is then a
+// no-op and Run used to serve forever, so Close hung) or once the server
+// runs, and the listener is closed once either way.
+func TestCloseRightAfterStart(t *testing.T) {
+	n := newNode(t, "solo", nodeOpts{})
+	for i := range 30 {
+		raw, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln := &countingListener{Listener: raw}
+		srv, err := peerapi.NewServer(peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions}, n.p, ln, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			<-srv.Ready()
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- srv.Close() }()
+		select {
+		case <-closed:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: Close did not return", i)
+		}
+		if got := ln.closes.Load(); got != 1 {
+			t.Fatalf("round %d: listener closed %d times, want once", i, got)
+		}
+	}
+}

@@ -166,6 +166,8 @@ type Server struct {
 	ln    *peerauth.Listener
 	ready chan struct{}
 	done  chan struct{}
+	exit  chan error // closed by Close: Kitex's Run returns, draining first
+	err   error      // what Run returned
 
 	startOnce, closeOnce sync.Once
 	closeErr             error
@@ -194,6 +196,7 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 		cfg: cfg, lg: lg, h: h,
 		ready: make(chan struct{}),
 		done:  make(chan struct{}),
+		exit:  make(chan error),
 	}
 	s.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
 		Key: cfg.Key, Purpose: peerauth.PurposePeerAPI, MaxConns: cfg.MaxConns,
@@ -205,6 +208,10 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
 		server.WithCodec(safecodec.New(cfg.MaxRequestBytes)),
 		server.WithExitWaitTime(cfg.DrainTimeout),
+		// Stopped by Close only (not by Kitex's own SIGTERM handler), and
+		// stopped even when Close comes before Run has got going (Kitex's
+		// Stop is a no-op until then, and Run would serve forever).
+		server.WithExitSignal(func() <-chan error { return s.exit }),
 		server.WithServerBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-peer"}),
 	)
 	return s, nil
@@ -218,6 +225,7 @@ func (s *Server) Start(ctx context.Context) error {
 			close(s.ready)
 			if err := s.svr.Run(); err != nil {
 				s.lg.Error("peer api server stopped", zap.Error(err))
+				s.err = err
 			}
 		}()
 	})
@@ -236,9 +244,10 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		started := true
 		s.startOnce.Do(func() { started = false; close(s.ready); close(s.done) })
-		s.closeErr = s.svr.Stop()
+		close(s.exit)
 		if started {
 			<-s.done
+			s.closeErr = s.err
 		}
 		_ = s.ln.Close() // Kitex closed it when it ran; never twice
 	})
