@@ -15,7 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
+	"sync"
 	"time"
 
 	kclient "github.com/cloudwego/kitex/client"
@@ -100,6 +100,9 @@ func DefaultConfig(socket string) Config {
 type Client struct {
 	kc kclient.Client
 	zc zeroCopy // the mapped arenas (zerocopy.go)
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // New connects lazily to the sidecar at socket with the default config.
@@ -149,12 +152,13 @@ func NewWithConfig(cfg Config) (*Client, error) {
 
 // Close releases the client's connections. Safe to call twice.
 func (c *Client) Close() error {
-	c.zc.close()
-	err := c.kc.(interface{ Close() error }).Close()
-	if err != nil && strings.Contains(err.Error(), "already closed") {
-		return nil
-	}
-	return err
+	// Once: the Kitex client's connection pool reports a second Close as
+	// an error.
+	c.closeOnce.Do(func() {
+		c.zc.close()
+		c.closeErr = c.kc.(interface{ Close() error }).Close()
+	})
+	return c.closeErr
 }
 
 // call makes one RPC and turns a declared exception into *Error.

@@ -5,7 +5,16 @@
 //
 // Every request carries the caller's cluster label and protocol version and,
 // when the cluster is configured with one, the shared token; a mismatch is
-// refused with UNAVAILABLE before anything else is done.
+// refused with UNAVAILABLE (PeerError.refused set) before anything else is
+// done.
+//
+// Errors use the engine API's ErrorCode (tidepool.thrift): one vocabulary
+// for both edges, mapped from and to domain errors by one table
+// (proxy/wirecode). An enum is an i32 on the wire, so this IDL is
+// wire-identical to its earlier form, which carried the same values in
+// plain i32 fields.
+
+include "tidepool.thrift"
 
 namespace go peer
 
@@ -51,8 +60,8 @@ struct AcquireRequest {
 }
 
 struct AcquireItem {
-    // 0 = OK, else an ErrorCode of tidepool.thrift (NOT_FOUND, ...).
-    1: i32 code,
+    // OK, or why this key is not served (NOT_FOUND, ...).
+    1: tidepool.ErrorCode code,
     2: string message,
     3: RemoteSlot slot,
     4: i64 lease_id,
@@ -85,8 +94,8 @@ struct PutRequest {
 }
 
 struct PutResponse {
-    // Per item: 0 = stored or already present, else an ErrorCode.
-    1: list<i32> codes,
+    // Per item: OK = stored or already present, else why not.
+    1: list<tidepool.ErrorCode> codes,
 }
 
 // Delete and Clear act on the receiver's local tiers only (the caller
@@ -113,8 +122,12 @@ struct ClearResponse {
 }
 
 exception PeerError {
-    1: i32 code,
+    1: tidepool.ErrorCode code,
     2: string message,
+    // The call's credentials were refused (cluster label, protocol version
+    // or token); code is UNAVAILABLE. Absent from peers that predate it,
+    // whose refusals decode as plain UNAVAILABLE.
+    3: optional bool refused,
 }
 
 service TidepoolPeer {

@@ -1,6 +1,7 @@
 // Package engineapi is the Thrift edge of the engine API: it serves the
 // proxy core over Kitex on a Unix socket, converts Thrift structs to domain
-// calls and maps domain errors to protocol codes (errors.go, once).
+// calls and maps domain errors to protocol codes (through proxy/wirecode,
+// the one table both Thrift edges share).
 package engineapi
 
 import (
@@ -12,6 +13,7 @@ import (
 	"github.com/tidepool-kv/tidepool/protocol"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
 )
 
 // scope converts the wire scope; unknown values mean the default.
@@ -37,8 +39,8 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 	if v := req.GetClientVersion(); v != protocol.Version {
 		// One version so far: a client of another speaks calls or fields
 		// this server may read differently, so it is refused up front.
-		return nil, &tp.TidepoolError{Code: tp.ErrorCode_VERSION_MISMATCH,
-			Message: fmt.Sprintf("client speaks engine API version %d; this server speaks %d", v, protocol.Version)}
+		return nil, toThrift(fmt.Errorf("%w: client speaks engine API version %d; this server speaks %d",
+			wirecode.ErrVersionMismatch, v, protocol.Version))
 	}
 	cfg := h.p.Config()
 	st, err := h.p.Stats(ctx, "")
@@ -113,7 +115,7 @@ func (h *handler) BatchGet(ctx context.Context, req *tp.BatchGetRequest) (*tp.Ba
 	}
 	out := &tp.BatchGetResponse{Results: make([]*tp.GetItem, len(res))}
 	for i, r := range res {
-		out.Results[i] = &tp.GetItem{Code: Code(r.Err), Value: r.Value, Tier: r.Info.Tier}
+		out.Results[i] = &tp.GetItem{Code: wirecode.Code(r.Err), Value: r.Value, Tier: r.Info.Tier}
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
 )
 
 // The zero-copy calls (docs/zerocopy.md): thin conversions to the proxy's
@@ -36,7 +37,7 @@ func (h *handler) Reserve(ctx context.Context, req *tp.ReserveRequest) (*tp.Rese
 	out := &tp.ReserveResponse{Results: make([]*tp.Reservation, len(res))}
 	for i, r := range res {
 		if r.Err != nil {
-			out.Results[i] = &tp.Reservation{Code: Code(r.Err), Message: r.Err.Error(), Slot: &tp.Slot{}}
+			out.Results[i] = &tp.Reservation{Code: wirecode.Code(r.Err), Message: r.Err.Error(), Slot: &tp.Slot{}}
 			continue
 		}
 		out.Results[i] = &tp.Reservation{Code: tp.ErrorCode_OK, Slot: slot(r.Slot), Token: r.Token, DeadlineUnixMs: r.Deadline.UnixMilli()}
@@ -76,7 +77,7 @@ func (h *handler) Acquire(ctx context.Context, req *tp.AcquireRequest) (*tp.Acqu
 	var deadline time.Time
 	for i, r := range res {
 		if r.Err != nil {
-			out.Results[i] = &tp.Lease{Code: Code(r.Err), Slot: &tp.Slot{}}
+			out.Results[i] = &tp.Lease{Code: wirecode.Code(r.Err), Slot: &tp.Slot{}}
 			continue
 		}
 		out.Results[i] = &tp.Lease{Code: tp.ErrorCode_OK, Slot: slot(r.Slot), LeaseId: r.LeaseID, Checksum: int32(r.Info.Checksum), Tier: r.Info.Tier}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
@@ -237,7 +237,7 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	var errs []error
 	for _, kc := range apis {
-		if err := kc.Close(); err != nil && !strings.Contains(err.Error(), "already closed") {
+		if err := kc.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -259,7 +259,7 @@ func (c *Client) Forget(addr string) {
 	delete(c.apis, addr)
 	c.mu.Unlock()
 	if ok {
-		if err := a.Close(); err != nil && !strings.Contains(err.Error(), "already closed") {
+		if err := a.Close(); err != nil {
 			c.lg.Debug("closing peer connections", zap.String("addr", addr), zap.Error(err))
 		}
 	}
@@ -522,7 +522,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 		// Pins we cannot match to keys: give them back.
 		var ids []int64
 		for _, it := range res.Items {
-			if it != nil && it.Code == codeOK {
+			if it != nil && it.Code == tp.ErrorCode_OK {
 				ids = append(ids, it.LeaseId)
 			}
 		}
@@ -552,7 +552,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 			errs[i] = fmt.Errorf("%w: nil item", ErrProtocol)
 			continue
 		}
-		if it.Code != codeOK {
+		if it.Code != tp.ErrorCode_OK {
 			errs[i] = codeErr(node, it.Code, it.Message)
 			if errors.Is(errs[i], cache.ErrNotFound) {
 				pc.misses.Add(1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -21,7 +22,12 @@ import (
 // apiConn is a Kitex client for one peer's API. It calls through the
 // generic kclient.Client (as the generated wrapper does) because the
 // generated wrapper cannot be closed.
-type apiConn struct{ kc kclient.Client }
+type apiConn struct {
+	kc kclient.Client
+
+	closeOnce sync.Once
+	closeErr  error
+}
 
 // call makes one RPC; a declared PeerError comes back as err.
 func (a *apiConn) call(ctx context.Context, method string, args any, res interface{ GetErr() *peer.PeerError }) error {
@@ -97,12 +103,15 @@ func (a *apiConn) Clear(ctx context.Context, req *peer.ClearRequest) (*peer.Clea
 	return res.Success, nil
 }
 
-// Close releases the connections.
+// Close releases the connections. Safe to call twice: the Kitex client's
+// connection pool is closed once (it reports a second Close as an error).
 func (a *apiConn) Close() error {
-	if c, ok := a.kc.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+	a.closeOnce.Do(func() {
+		if c, ok := a.kc.(interface{ Close() error }); ok {
+			a.closeErr = c.Close()
+		}
+	})
+	return a.closeErr
 }
 
 // authDialer dials a peer's API and, with a key, runs the client side of

@@ -6,8 +6,8 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
-	"github.com/tidepool-kv/tidepool/proxy"
-	"github.com/tidepool-kv/tidepool/proxy/engineapi"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
 )
 
 // Errors of the peer API's own making.
@@ -21,56 +21,37 @@ var (
 	// ErrProtocol: the peer answered something malformed (wrong item count,
 	// a slot outside its region). It wraps cache.ErrUnavailable.
 	ErrProtocol = fmt.Errorf("peerapi: malformed answer: %w", cache.ErrUnavailable)
-	// ErrRemote: the peer failed internally.
-	ErrRemote = errors.New("peerapi: peer internal error")
-	// ErrClosed: the client or server is closed.
-	ErrClosed = errors.New("peerapi: closed")
+	// ErrClosed: the client or server is closed. It wraps
+	// cache.ErrUnavailable.
+	ErrClosed = fmt.Errorf("peerapi: closed: %w", cache.ErrUnavailable)
 )
 
-// Codes are tidepool.thrift ErrorCode values; domain errors map to them
-// through engineapi.Code, the one table of the Thrift edge.
-const (
-	codeOK          = 0
-	codeUnavailable = 8
-)
+// refusedMessage is the message of the refusal PeerError. Peers read the
+// refusal from PeerError.refused; the message stays what it was because
+// peers that predate that field recognise a refusal by it.
+const refusedMessage = "peer credentials refused (cluster label, protocol version or token)"
 
-// toCode returns the protocol code for err.
-func toCode(err error) int32 { return int32(engineapi.Code(err)) }
+// refusal is the PeerError that answers a call with the wrong credentials.
+func refusal() *peer.PeerError {
+	refused := true
+	return &peer.PeerError{Code: tp.ErrorCode_UNAVAILABLE, Message: refusedMessage, Refused: &refused}
+}
 
 // peerErr makes the declared exception for a request-level error.
 func peerErr(err error) *peer.PeerError {
-	return &peer.PeerError{Code: toCode(err), Message: err.Error()}
+	return &peer.PeerError{Code: wirecode.Code(err), Message: err.Error()}
 }
 
-// fromCode maps a code back to the domain sentinel callers test with
-// errors.Is: the inverse of engineapi's table for the codes a peer sends.
-var fromCode = map[int32]error{
-	1:  cache.ErrNotFound,
-	2:  cache.ErrExists,
-	3:  cache.ErrTooLarge,
-	4:  proxy.ErrInvalidArgument,
-	5:  cache.ErrNoSpace,
-	6:  cache.ErrLeaseExpired,
-	7:  cache.ErrChecksum,
-	8:  cache.ErrUnavailable,
-	9:  ErrRemote,
-	10: proxy.ErrUnknownNamespace,
-	11: proxy.ErrBatchTooLarge,
-}
-
-// codeErr converts a code and message from node to an error (nil for OK).
-func codeErr(node string, code int32, msg string) error {
-	if code == codeOK {
-		return nil
+// codeErr converts a code and message from node to an error (nil for OK):
+// the code's domain sentinel (wirecode.Err), wrapped with where it came
+// from. A NOT_FOUND without a message is the bare sentinel (a miss is
+// common and says nothing more).
+func codeErr(node string, code tp.ErrorCode, msg string) error {
+	base := wirecode.Err(code)
+	if base == nil || (code == tp.ErrorCode_NOT_FOUND && msg == "") {
+		return base
 	}
-	base, ok := fromCode[code]
-	if !ok {
-		base = ErrRemote
-	}
-	if code == 1 && msg == "" {
-		return cache.ErrNotFound
-	}
-	return fmt.Errorf("%w (peer %s: code %d: %s)", base, node, code, msg)
+	return fmt.Errorf("%w (peer %s: %s: %s)", base, node, code, msg)
 }
 
 // callErr converts an RPC error: a declared PeerError keeps its code, a
@@ -81,7 +62,7 @@ func callErr(node string, err error) error {
 	}
 	var pe *peer.PeerError
 	if errors.As(err, &pe) {
-		if pe.Code == codeUnavailable && pe.Message == refusedMessage {
+		if pe.GetRefused() {
 			return fmt.Errorf("%w (peer %s)", ErrRefused, node)
 		}
 		return codeErr(node, pe.Code, pe.Message)

@@ -2,6 +2,7 @@ package peerapi
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -9,54 +10,50 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
 	"github.com/tidepool-kv/tidepool/rdma/inproc"
 )
 
-// TestCodeRoundTrip: every domain error a peer answers with comes back as
-// the same sentinel on the caller's side.
+// TestCodeRoundTrip: every row of the code table a peer answers with comes
+// back as its code's sentinel on the caller's side (the row's own error for
+// the first row of each code); a refusal is read from the refused flag, not
+// from the message.
 func TestCodeRoundTrip(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		code int32
-	}{
-		{cache.ErrNotFound, 1},
-		{cache.ErrExists, 2},
-		{cache.ErrTooLarge, 3},
-		{proxy.ErrInvalidArgument, 4},
-		{cache.ErrNoSpace, 5},
-		{cache.ErrLeaseExpired, 6},
-		{cache.ErrChecksum, 7},
-		{cache.ErrUnavailable, 8},
-		{errors.New("boom"), 9},
-		{proxy.ErrUnknownNamespace, 10},
-		{proxy.ErrBatchTooLarge, 11},
-	} {
-		t.Run(tc.err.Error(), func(t *testing.T) {
-			if got := toCode(tc.err); got != tc.code {
-				t.Fatalf("toCode = %d, want %d", got, tc.code)
+	for _, row := range wirecode.Rows() {
+		t.Run(row.Err.Error(), func(t *testing.T) {
+			pe := peerErr(fmt.Errorf("ctx: %w", row.Err))
+			if pe.Code != row.Code {
+				t.Fatalf("peerErr code = %v, want %v", pe.Code, row.Code)
 			}
-			back := codeErr("n", tc.code, "msg")
-			want := tc.err
-			if tc.code == 9 {
-				want = ErrRemote
+			want := wirecode.Err(row.Code)
+			back := codeErr("n", pe.Code, "msg")
+			if !errors.Is(back, want) || wirecode.Code(back) != row.Code {
+				t.Fatalf("codeErr(%v) = %v, want %v", pe.Code, back, want)
 			}
-			if !errors.Is(back, want) {
-				t.Fatalf("codeErr(%d) = %v, want %v", tc.code, back, want)
-			}
-			if e := callErr("n", &peer.PeerError{Code: tc.code, Message: "m"}); !errors.Is(e, want) {
+			if e := callErr("n", pe); !errors.Is(e, want) || wirecode.Code(e) != row.Code {
 				t.Fatalf("callErr = %v", e)
 			}
 		})
 	}
-	if codeErr("n", 0, "") != nil {
+	if codeErr("n", tp.ErrorCode_OK, "") != nil {
 		t.Fatal("OK is an error")
 	}
-	if !errors.Is(codeErr("n", 99, ""), ErrRemote) {
-		t.Fatal("an unknown code is not ErrRemote")
+	if codeErr("n", tp.ErrorCode_NOT_FOUND, "") != cache.ErrNotFound {
+		t.Fatal("a NOT_FOUND without message is not the bare sentinel")
 	}
-	if e := callErr("n", &peer.PeerError{Code: codeUnavailable, Message: refusedMessage}); !errors.Is(e, ErrRefused) {
+	if !errors.Is(codeErr("n", tp.ErrorCode(99), ""), wirecode.ErrInternal) {
+		t.Fatal("an unknown code is not ErrInternal")
+	}
+	if e := callErr("n", refusal()); !errors.Is(e, ErrRefused) || !errors.Is(e, cache.ErrUnavailable) {
 		t.Fatalf("refusal: %v", e)
+	}
+	// A peer that predates the refused flag: its refusal is plain
+	// unavailability (same outcome for the caller's breaker).
+	old := &peer.PeerError{Code: tp.ErrorCode_UNAVAILABLE, Message: refusedMessage}
+	if e := callErr("n", old); errors.Is(e, ErrRefused) || !errors.Is(e, cache.ErrUnavailable) {
+		t.Fatalf("old refusal: %v", e)
 	}
 	if e := callErr("n", errors.New("dial tcp: refused")); !errors.Is(e, cache.ErrUnavailable) {
 		t.Fatalf("transport error: %v", e)

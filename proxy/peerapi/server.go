@@ -32,14 +32,12 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/protocol/safecodec"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
-
-// refusedMessage is the message of the UNAVAILABLE PeerError that answers
-// a call with the wrong credentials.
-const refusedMessage = "peer credentials refused (cluster label, protocol version or token)"
 
 // Credentials are what every call carries (client) and checks (server).
 type Credentials struct {
@@ -304,7 +302,7 @@ func (h *handler) check(a *peer.Auth) *peer.PeerError {
 		node = a.NodeId
 	}
 	h.lg.Warn("peer call refused", zap.String("node", node))
-	return &peer.PeerError{Code: codeUnavailable, Message: refusedMessage}
+	return refusal()
 }
 
 // Lookup reports, per key, whether this node holds the block locally.
@@ -351,14 +349,14 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 		it := &peer.AcquireItem{}
 		out.Items[i] = it
 		if r.Err != nil {
-			it.Code, it.Message = toCode(r.Err), r.Err.Error()
+			it.Code, it.Message = wirecode.Code(r.Err), r.Err.Error()
 			continue
 		}
 		if r.Slot.Arena < 0 || r.Slot.Arena >= len(h.cfg.Regions) {
 			// An arena the transport does not know: unpin and refuse.
 			orphans = append(orphans, r.LeaseID)
 			err := fmt.Errorf("%w: arena %d is not registered for transfers", cache.ErrUnavailable, r.Slot.Arena)
-			it.Code, it.Message = toCode(err), err.Error()
+			it.Code, it.Message = wirecode.Code(err), err.Error()
 			continue
 		}
 		d := h.cfg.Regions[r.Slot.Arena]
@@ -419,21 +417,21 @@ func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 	if max := h.p.Config().MaxBatch; len(req.Items) > max {
 		return nil, peerErr(fmt.Errorf("%w: %d items, limit %d", proxy.ErrBatchTooLarge, len(req.Items), max))
 	}
-	out := &peer.PutResponse{Codes: make([]int32, len(req.Items))}
+	out := &peer.PutResponse{Codes: make([]tp.ErrorCode, len(req.Items))}
 	var ok, failed int64
 	for i, it := range req.Items {
 		if it == nil {
-			out.Codes[i] = toCode(proxy.ErrInvalidArgument)
+			out.Codes[i] = wirecode.Code(proxy.ErrInvalidArgument)
 			failed++
 			continue
 		}
 		if sum := cache.Checksum(it.Value); sum != uint32(it.Checksum) {
-			out.Codes[i] = toCode(cache.ErrChecksum)
+			out.Codes[i] = wirecode.Code(cache.ErrChecksum)
 			failed++
 			continue
 		}
 		_, err := h.p.PutLocal(ctx, req.Ns, it.Key, it.Value, cache.PutOptions{Depth: it.Depth})
-		out.Codes[i] = toCode(err)
+		out.Codes[i] = wirecode.Code(err)
 		if err != nil {
 			failed++
 		} else {

@@ -9,6 +9,12 @@ import (
 	"strings"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
+
+	"github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+)
+
+var (
+	_ = tidepool.KitexUnusedProtection
 )
 
 // unused protection
@@ -1391,12 +1397,13 @@ SkipFieldError:
 func (p *AcquireItem) FastReadField1(buf []byte) (int, error) {
 	offset := 0
 
-	var _field int32
+	var _field tidepool.ErrorCode
 	if v, l, err := thrift.Binary.ReadI32(buf[offset:]); err != nil {
 		return offset, err
 	} else {
 		offset += l
-		_field = v
+
+		_field = tidepool.ErrorCode(v)
 	}
 	p.Code = _field
 	return offset, nil
@@ -1477,10 +1484,10 @@ func (p *AcquireItem) FastWrite(buf []byte) int {
 func (p *AcquireItem) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
-		offset += p.fastWriteField1(buf[offset:], w)
 		offset += p.fastWriteField4(buf[offset:], w)
 		offset += p.fastWriteField5(buf[offset:], w)
 		offset += p.fastWriteField6(buf[offset:], w)
+		offset += p.fastWriteField1(buf[offset:], w)
 		offset += p.fastWriteField2(buf[offset:], w)
 		offset += p.fastWriteField3(buf[offset:], w)
 	}
@@ -1505,7 +1512,7 @@ func (p *AcquireItem) BLength() int {
 func (p *AcquireItem) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I32, 1)
-	offset += thrift.Binary.WriteI32(buf[offset:], p.Code)
+	offset += thrift.Binary.WriteI32(buf[offset:], int32(p.Code))
 	return offset
 }
 
@@ -2426,14 +2433,15 @@ func (p *PutResponse) FastReadField1(buf []byte) (int, error) {
 	if size > len(buf)-offset || size > maxContainerLen {
 		return offset, thrift.NewProtocolException(thrift.INVALID_DATA, "container length exceeds the bytes left")
 	}
-	_field := make([]int32, 0, size)
+	_field := make([]tidepool.ErrorCode, 0, size)
 	for i := 0; i < size; i++ {
-		var _elem int32
+		var _elem tidepool.ErrorCode
 		if v, l, err := thrift.Binary.ReadI32(buf[offset:]); err != nil {
 			return offset, err
 		} else {
 			offset += l
-			_elem = v
+
+			_elem = tidepool.ErrorCode(v)
 		}
 
 		_field = append(_field, _elem)
@@ -2472,7 +2480,7 @@ func (p *PutResponse) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	var length int
 	for _, v := range p.Codes {
 		length++
-		offset += thrift.Binary.WriteI32(buf[offset:], v)
+		offset += thrift.Binary.WriteI32(buf[offset:], int32(v))
 	}
 	thrift.Binary.WriteListBegin(buf[listBeginOffset:], thrift.I32, length)
 	return offset
@@ -2482,8 +2490,10 @@ func (p *PutResponse) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.ListBeginLength()
-	l +=
-		thrift.Binary.I32Length() * len(p.Codes)
+	for _, v := range p.Codes {
+		_ = v
+		l += thrift.Binary.I32Length()
+	}
 	return l
 }
 
@@ -3103,6 +3113,20 @@ func (p *PeerError) FastRead(buf []byte) (int, error) {
 					goto SkipFieldError
 				}
 			}
+		case 3:
+			if fieldTypeId == thrift.BOOL {
+				l, err = p.FastReadField3(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
 		default:
 			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
@@ -3124,12 +3148,13 @@ SkipFieldError:
 func (p *PeerError) FastReadField1(buf []byte) (int, error) {
 	offset := 0
 
-	var _field int32
+	var _field tidepool.ErrorCode
 	if v, l, err := thrift.Binary.ReadI32(buf[offset:]); err != nil {
 		return offset, err
 	} else {
 		offset += l
-		_field = v
+
+		_field = tidepool.ErrorCode(v)
 	}
 	p.Code = _field
 	return offset, nil
@@ -3149,6 +3174,20 @@ func (p *PeerError) FastReadField2(buf []byte) (int, error) {
 	return offset, nil
 }
 
+func (p *PeerError) FastReadField3(buf []byte) (int, error) {
+	offset := 0
+
+	var _field *bool
+	if v, l, err := thrift.Binary.ReadBool(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = &v
+	}
+	p.Refused = _field
+	return offset, nil
+}
+
 func (p *PeerError) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
@@ -3156,6 +3195,7 @@ func (p *PeerError) FastWrite(buf []byte) int {
 func (p *PeerError) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
+		offset += p.fastWriteField3(buf[offset:], w)
 		offset += p.fastWriteField1(buf[offset:], w)
 		offset += p.fastWriteField2(buf[offset:], w)
 	}
@@ -3168,6 +3208,7 @@ func (p *PeerError) BLength() int {
 	if p != nil {
 		l += p.field1Length()
 		l += p.field2Length()
+		l += p.field3Length()
 	}
 	l += thrift.Binary.FieldStopLength()
 	return l
@@ -3176,7 +3217,7 @@ func (p *PeerError) BLength() int {
 func (p *PeerError) fastWriteField1(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.I32, 1)
-	offset += thrift.Binary.WriteI32(buf[offset:], p.Code)
+	offset += thrift.Binary.WriteI32(buf[offset:], int32(p.Code))
 	return offset
 }
 
@@ -3184,6 +3225,15 @@ func (p *PeerError) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.STRING, 2)
 	offset += thrift.Binary.WriteStringNocopy(buf[offset:], w, p.Message)
+	return offset
+}
+
+func (p *PeerError) fastWriteField3(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	if p.IsSetRefused() {
+		offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.BOOL, 3)
+		offset += thrift.Binary.WriteBool(buf[offset:], *p.Refused)
+	}
 	return offset
 }
 
@@ -3198,6 +3248,15 @@ func (p *PeerError) field2Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
 	l += thrift.Binary.StringLengthNocopy(p.Message)
+	return l
+}
+
+func (p *PeerError) field3Length() int {
+	l := 0
+	if p.IsSetRefused() {
+		l += thrift.Binary.FieldBeginLength()
+		l += thrift.Binary.BoolLength()
+	}
 	return l
 }
 

@@ -5,6 +5,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
 
 type Auth struct {
@@ -315,12 +316,12 @@ var fieldIDToName_AcquireRequest = map[int16]string{
 }
 
 type AcquireItem struct {
-	Code     int32       `thrift:"code,1" frugal:"1,default,i32" json:"code"`
-	Message  string      `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	Slot     *RemoteSlot `thrift:"slot,3" frugal:"3,default,RemoteSlot" json:"slot"`
-	LeaseId  int64       `thrift:"lease_id,4" frugal:"4,default,i64" json:"lease_id"`
-	Checksum int32       `thrift:"checksum,5" frugal:"5,default,i32" json:"checksum"`
-	Depth    int32       `thrift:"depth,6" frugal:"6,default,i32" json:"depth"`
+	Code     tidepool.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message  string             `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Slot     *RemoteSlot        `thrift:"slot,3" frugal:"3,default,RemoteSlot" json:"slot"`
+	LeaseId  int64              `thrift:"lease_id,4" frugal:"4,default,i64" json:"lease_id"`
+	Checksum int32              `thrift:"checksum,5" frugal:"5,default,i32" json:"checksum"`
+	Depth    int32              `thrift:"depth,6" frugal:"6,default,i32" json:"depth"`
 }
 
 func NewAcquireItem() *AcquireItem {
@@ -330,7 +331,7 @@ func NewAcquireItem() *AcquireItem {
 func (p *AcquireItem) InitDefault() {
 }
 
-func (p *AcquireItem) GetCode() (v int32) {
+func (p *AcquireItem) GetCode() (v tidepool.ErrorCode) {
 	return p.Code
 }
 
@@ -358,7 +359,7 @@ func (p *AcquireItem) GetChecksum() (v int32) {
 func (p *AcquireItem) GetDepth() (v int32) {
 	return p.Depth
 }
-func (p *AcquireItem) SetCode(val int32) {
+func (p *AcquireItem) SetCode(val tidepool.ErrorCode) {
 	p.Code = val
 }
 func (p *AcquireItem) SetMessage(val string) {
@@ -605,7 +606,7 @@ var fieldIDToName_PutRequest = map[int16]string{
 }
 
 type PutResponse struct {
-	Codes []int32 `thrift:"codes,1" frugal:"1,default,list<i32>" json:"codes"`
+	Codes []tidepool.ErrorCode `thrift:"codes,1" frugal:"1,default,list<ErrorCode>" json:"codes"`
 }
 
 func NewPutResponse() *PutResponse {
@@ -615,10 +616,10 @@ func NewPutResponse() *PutResponse {
 func (p *PutResponse) InitDefault() {
 }
 
-func (p *PutResponse) GetCodes() (v []int32) {
+func (p *PutResponse) GetCodes() (v []tidepool.ErrorCode) {
 	return p.Codes
 }
-func (p *PutResponse) SetCodes(val []int32) {
+func (p *PutResponse) SetCodes(val []tidepool.ErrorCode) {
 	p.Codes = val
 }
 
@@ -795,8 +796,9 @@ var fieldIDToName_ClearResponse = map[int16]string{
 }
 
 type PeerError struct {
-	Code    int32  `thrift:"code,1" frugal:"1,default,i32" json:"code"`
-	Message string `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Code    tidepool.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message string             `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Refused *bool              `thrift:"refused,3,optional" frugal:"3,optional,bool" json:"refused,omitempty"`
 }
 
 func NewPeerError() *PeerError {
@@ -806,18 +808,34 @@ func NewPeerError() *PeerError {
 func (p *PeerError) InitDefault() {
 }
 
-func (p *PeerError) GetCode() (v int32) {
+func (p *PeerError) GetCode() (v tidepool.ErrorCode) {
 	return p.Code
 }
 
 func (p *PeerError) GetMessage() (v string) {
 	return p.Message
 }
-func (p *PeerError) SetCode(val int32) {
+
+var PeerError_Refused_DEFAULT bool
+
+func (p *PeerError) GetRefused() (v bool) {
+	if !p.IsSetRefused() {
+		return PeerError_Refused_DEFAULT
+	}
+	return *p.Refused
+}
+func (p *PeerError) SetCode(val tidepool.ErrorCode) {
 	p.Code = val
 }
 func (p *PeerError) SetMessage(val string) {
 	p.Message = val
+}
+func (p *PeerError) SetRefused(val *bool) {
+	p.Refused = val
+}
+
+func (p *PeerError) IsSetRefused() bool {
+	return p.Refused != nil
 }
 
 func (p *PeerError) String() string {
@@ -833,6 +851,7 @@ func (p *PeerError) Error() string {
 var fieldIDToName_PeerError = map[int16]string{
 	1: "code",
 	2: "message",
+	3: "refused",
 }
 
 type TidepoolPeer interface {
