@@ -16,8 +16,13 @@ const module = "github.com/tidepool-kv/tidepool"
 type rule struct {
 	pkg        string   // package path prefix relative to the module
 	ours       []string // our packages (prefixes) it may import
+	never      []string // our packages (prefixes) it must not import, though ours matches them
 	thirdParty []string // third-party module prefixes it may import
 }
+
+// noTier: the proxy and its edges see the store through cache's vocabulary
+// and the interfaces of proxy/store.go, never through a tier's package.
+var noTier = []string{"cache/"}
 
 var rules = []rule{
 	{pkg: "protocol/gen", ours: []string{"protocol/gen"}, thirdParty: []string{"github.com/cloudwego/", "github.com/apache/thrift"}},
@@ -32,11 +37,11 @@ var rules = []rule{
 	{pkg: "rdma", ours: []string{"rdma", "internal/", "protocol/frame"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},
 	// The one error table of both Thrift edges: core sentinels and the
 	// generated enum, no Kitex.
-	{pkg: "proxy/wirecode", ours: []string{"proxy", "cache", "rdma", "protocol/gen/tidepool"}, thirdParty: nil},
-	{pkg: "proxy/peerapi", ours: []string{"proxy", "cache", "cluster", "rdma", "protocol", "internal/"}, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
-	{pkg: "proxy/clusterview", ours: []string{"proxy", "cache", "cluster", "internal/"}, thirdParty: []string{"go.uber.org/zap"}},
-	{pkg: "proxy/engineapi", ours: []string{"proxy", "cache", "protocol", "internal/"}, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
-	{pkg: "proxy", ours: []string{"proxy", "cache", "cluster", "rdma", "internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sync"}},
+	{pkg: "proxy/wirecode", ours: []string{"proxy", "cache", "rdma", "protocol/gen/tidepool"}, never: noTier, thirdParty: nil},
+	{pkg: "proxy/peerapi", ours: []string{"proxy", "cache", "cluster", "rdma", "protocol", "internal/"}, never: noTier, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
+	{pkg: "proxy/clusterview", ours: []string{"proxy", "cache", "cluster", "internal/"}, never: noTier, thirdParty: []string{"go.uber.org/zap"}},
+	{pkg: "proxy/engineapi", ours: []string{"proxy", "cache", "protocol", "internal/"}, never: noTier, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
+	{pkg: "proxy", ours: []string{"proxy", "cache", "cluster", "rdma", "internal/"}, never: noTier, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sync"}},
 	// Sidecar injection: the mutation knows Kubernetes' types, not tidepool's
 	// wire; the webhook adapter alone knows controller-runtime.
 	{pkg: "inject/admit", ours: []string{"inject"}, thirdParty: []string{"k8s.io/api", "k8s.io/apimachinery", "sigs.k8s.io/controller-runtime", "go.uber.org/zap"}},
@@ -124,7 +129,7 @@ func TestImportRules(t *testing.T) {
 			}
 			if strings.HasPrefix(imp, module+"/") {
 				ir := strings.TrimPrefix(imp, module+"/")
-				if !anyPrefix(ir, r.ours) {
+				if !r.allows(ir) {
 					t.Errorf("%s imports %s, which DESIGN.md §2 forbids", rel, ir)
 				}
 				continue
@@ -132,6 +137,41 @@ func TestImportRules(t *testing.T) {
 			if !anyPrefix(imp, r.thirdParty) {
 				t.Errorf("%s imports third-party %s, not allowed for it", rel, imp)
 			}
+		}
+	}
+}
+
+// allows reports whether the rule lets its packages import ir, one of
+// ours (relative to the module).
+func (r *rule) allows(ir string) bool {
+	return anyPrefix(ir, r.ours) && !anyPrefix(ir, r.never)
+}
+
+// TestProxyImportsNoTier: the rules keep every tier out of the proxy and
+// its sub-packages, and still let them import cache's vocabulary.
+func TestProxyImportsNoTier(t *testing.T) {
+	for _, tc := range []struct {
+		pkg, imp string
+		want     bool
+	}{
+		{"proxy", "cache", true},
+		{"proxy", "cache/dram", false},
+		{"proxy", "cache/ssd", false},
+		{"proxy", "cache/tiered", false},
+		{"proxy", "cache/evict", false},
+		{"proxy/engineapi", "cache/dram", false},
+		{"proxy/peerapi", "cache/dram", false},
+		{"proxy/peerapi", "cache", true},
+		{"proxy/clusterview", "cache/tiered", false},
+		{"cmd/tidepool", "cache/tiered", true},
+		{"cache/tiered", "cache/dram", true},
+	} {
+		r := ruleFor(tc.pkg)
+		if r == nil {
+			t.Fatalf("%s: no rule", tc.pkg)
+		}
+		if got := r.allows(tc.imp); got != tc.want {
+			t.Errorf("%s importing %s: allowed %v, want %v", tc.pkg, tc.imp, got, tc.want)
 		}
 	}
 }

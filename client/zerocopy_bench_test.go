@@ -94,7 +94,7 @@ func runSidecarWith(tb testing.TB, dir string, capacity int64, ecfg engineapi.Co
 	}
 	pcfg := proxy.DefaultConfig()
 	pcfg.MaxValueBytes = 8 << 20
-	p, err = proxy.New(pcfg, tier, nil)
+	p, err = proxy.New(pcfg, proxy.Deps{Store: tier, ZeroCopy: tier, Scan: tier}, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -6,14 +6,7 @@ import (
 	"sync"
 
 	"github.com/tidepool-kv/tidepool/cache"
-	"github.com/tidepool-kv/tidepool/cache/dram"
 )
-
-// pinner is implemented by stores that hand out a block's bytes in place
-// (*dram.Tier, *tiered.Store): see dram.Tier.Pin.
-type pinner interface {
-	Pin(ctx context.Context, ns string, key []byte) (*dram.Lease, error)
-}
 
 // Pins holds the pins taken by one request's GetPinned / BatchGetPinned
 // calls, so that the values they returned can be written to a socket
@@ -22,10 +15,10 @@ type pinner interface {
 // ready to use. Safe for concurrent use.
 type Pins struct {
 	mu sync.Mutex
-	ls []*dram.Lease
+	ls []cache.Lease
 }
 
-func (ps *Pins) add(l *dram.Lease) {
+func (ps *Pins) add(l cache.Lease) {
 	ps.mu.Lock()
 	ps.ls = append(ps.ls, l)
 	ps.mu.Unlock()
@@ -85,17 +78,13 @@ func (p *Proxy) local(ctx context.Context, ns string, key []byte, pins *Pins) ([
 	return p.store.Get(ctx, ns, key, nil)
 }
 
-// pin pins (ns, key) in place into pins when pins is not nil and the store
-// can and has it.
+// pin pins (ns, key) in place into pins when pins is not nil, the proxy
+// has shared arenas and the block is in them.
 func (p *Proxy) pin(ctx context.Context, ns string, key []byte, pins *Pins) ([]byte, cache.Info, bool) {
-	if pins == nil {
+	if pins == nil || p.zcs == nil {
 		return nil, cache.Info{}, false
 	}
-	pn, ok := p.store.(pinner)
-	if !ok {
-		return nil, cache.Info{}, false
-	}
-	l, err := pn.Pin(ctx, ns, key)
+	l, err := p.zcs.Pin(ctx, ns, key)
 	if err != nil {
 		// A miss, a checksum mismatch (Get then reads the SSD copy, if
 		// any, and reports the mismatch otherwise) or an error that Get

@@ -29,17 +29,6 @@ var (
 	ErrClosed           = errors.New("proxy: closed")
 )
 
-// Store is what the proxy needs from the block store. *dram.Tier and the
-// tiered store satisfy it.
-type Store interface {
-	Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error)
-	Get(ctx context.Context, ns string, key, dst []byte) ([]byte, cache.Info, error)
-	Stat(ctx context.Context, ns string, key []byte) (cache.Info, bool)
-	Delete(ctx context.Context, ns string, key []byte) (bool, error)
-	Clear(ctx context.Context, ns string) (int64, error)
-	Stats() cache.Stats
-}
-
 // Scope says where a read looks for blocks.
 type Scope uint8
 
@@ -51,20 +40,6 @@ const (
 	// ScopeCluster also asks the owners of keys missing locally.
 	ScopeCluster
 )
-
-// PrefixCounter is implemented by stores that count the present prefix of
-// a key list in one pass (the tiered store and the DRAM tier): how many of
-// keys, from the first, are present, as Stat would say key by key.
-type PrefixCounter interface {
-	PresentPrefix(ctx context.Context, ns string, keys [][]byte) int
-}
-
-// Prefetcher is implemented by stores that can bring blocks into their
-// fastest tier in the background (the tiered store). Prefetch returns how
-// many keys it queued.
-type Prefetcher interface {
-	Prefetch(ctx context.Context, ns string, keys [][]byte) int
-}
 
 // MemberInfo describes one sidecar of the cluster for Members.
 type MemberInfo struct {
@@ -123,31 +98,40 @@ func (c Config) Validate() error {
 
 // Proxy serves engine requests on one node.
 type Proxy struct {
-	cfg     Config
-	store   Store
-	lg      *zap.Logger
-	started time.Time
-	allowed map[string]bool // nil: any namespace
+	cfg      Config
+	store    Store
+	zcs      ZeroCopyStore // nil: no shared arenas
+	prefetch Prefetcher    // nil: Prefetch queues nothing
+	scan     Scanner       // nil: no rebalancer
+	zc       *zcState      // the zero-copy handle tables (zerocopy.go)
+	lg       *zap.Logger
+	started  time.Time
+	allowed  map[string]bool // nil: any namespace
 
 	mu    sync.Mutex
 	known map[string]bool // namespaces that have been written
 	route *router         // nil on a single node (remote.go)
 }
 
-// New validates cfg and returns a Proxy over store.
-func New(cfg Config, store Store, lg *zap.Logger) (*Proxy, error) {
+// New validates cfg and returns a Proxy over deps.Store, with the
+// features whose dependencies deps provides (store.go).
+func New(cfg Config, deps Deps, lg *zap.Logger) (*Proxy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("proxy: invalid config: %w", err)
 	}
-	if store == nil {
+	if deps.Store == nil {
 		return nil, errors.New("proxy: nil store")
 	}
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	p := &Proxy{cfg: cfg, store: store, lg: lg, started: time.Now(), known: map[string]bool{}}
+	p := &Proxy{cfg: cfg, store: deps.Store, zcs: deps.ZeroCopy, prefetch: deps.Prefetch, scan: deps.Scan,
+		zc: newZCState(), lg: lg, started: time.Now(), known: map[string]bool{}}
+	if p.zcs == nil {
+		lg.Info("zero-copy calls off: the store has no shared arenas")
+	}
 	// Namespaces recovered by a persistent tier count against the limit.
-	for _, s := range store.Stats().Namespaces {
+	for _, s := range p.store.Stats().Namespaces {
 		if s.Blocks > 0 {
 			p.known[s.Namespace] = true
 		}
@@ -445,7 +429,7 @@ func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scop
 	if err := p.checkAllKeys(ns, keys); err != nil {
 		return 0, err
 	}
-	local := p.presentPrefix(ctx, ns, keys)
+	local := p.store.PresentPrefix(ctx, ns, keys)
 	r := p.clusterRouter(scope)
 	if r == nil || local == len(keys) {
 		return local, nil
@@ -467,20 +451,6 @@ func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scop
 		}
 	}
 	return len(keys), nil
-}
-
-// presentPrefix returns how many of keys, from the first, this node holds:
-// in one pass where the store offers it (PrefixCounter), else key by key.
-func (p *Proxy) presentPrefix(ctx context.Context, ns string, keys [][]byte) int {
-	if pc, ok := p.store.(PrefixCounter); ok {
-		return pc.PresentPrefix(ctx, ns, keys)
-	}
-	for i, k := range keys {
-		if _, ok := p.store.Stat(ctx, ns, k); !ok {
-			return i
-		}
-	}
-	return len(keys)
 }
 
 // Delete removes one block; deleted is false when it was absent. In
@@ -564,17 +534,16 @@ func (p *Proxy) Stats(ctx context.Context, ns string) (cache.Stats, error) {
 }
 
 // Prefetch asks the store to bring keys into its fastest tier in the
-// background and returns how many it queued; keys already there, and stores
-// with a single tier, queue nothing.
+// background and returns how many it queued; keys already there, and a
+// proxy without a Prefetcher (a store with a single tier), queue nothing.
 func (p *Proxy) Prefetch(ctx context.Context, ns string, keys [][]byte, scope Scope) (int, error) {
 	if err := p.checkAllKeys(ns, keys); err != nil {
 		return 0, err
 	}
-	pf, ok := p.store.(Prefetcher)
-	if !ok {
+	if p.prefetch == nil {
 		return 0, nil
 	}
-	return pf.Prefetch(ctx, ns, keys), nil
+	return p.prefetch.Prefetch(ctx, ns, keys), nil
 }
 
 // Members returns the cluster view; a single node lists itself.

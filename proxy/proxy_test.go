@@ -52,6 +52,15 @@ func (s *mapStore) Stat(_ context.Context, ns string, key []byte) (cache.Info, b
 	return cache.Info{Size: int64(len(v)), Tier: "map"}, ok
 }
 
+func (s *mapStore) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int {
+	for i, k := range keys {
+		if _, ok := s.Stat(ctx, ns, k); !ok {
+			return i
+		}
+	}
+	return len(keys)
+}
+
 func (s *mapStore) Delete(_ context.Context, ns string, key []byte) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -93,7 +102,7 @@ func newTestProxy(t *testing.T, mod func(*Config)) (*Proxy, *mapStore) {
 		mod(&cfg)
 	}
 	st := newMapStore()
-	p, err := New(cfg, st, nil)
+	p, err := New(cfg, Deps{Store: st}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

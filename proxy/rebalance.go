@@ -31,7 +31,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
-	"github.com/tidepool-kv/tidepool/cache/dram"
 )
 
 // RebalanceStats is the rebalancer's progress. Planned, moved, skipped and
@@ -49,28 +48,12 @@ type RebalanceStats struct {
 	Demoted       int64 // blocks no longer owned here, now low-priority copies
 }
 
-// blockScanner enumerates the blocks of a DRAM tier (*dram.Tier).
-type blockScanner interface {
-	Scan(fn func(dram.BlockRef) bool)
-}
-
-// scannerOf returns the DRAM tier of s (itself, or the tiered store's).
-func scannerOf(s Store) blockScanner {
-	if sc, ok := s.(blockScanner); ok {
-		return sc
-	}
-	if t, ok := s.(interface{ DRAM() *dram.Tier }); ok && t.DRAM() != nil {
-		return t.DRAM()
-	}
-	return nil
-}
-
 // rebalanceBatch is how many planned moves share one Lookup per new owner.
 const rebalanceBatch = 64
 
 type rebalancer struct {
 	r    *router
-	scan blockScanner
+	scan Scanner
 	kick chan struct{}
 
 	passes, cancelled, running                        atomic.Int64
@@ -78,13 +61,12 @@ type rebalancer struct {
 	skipped, failed, demoted                          atomic.Int64
 }
 
-// startRebalancer starts the rebalancer loop when configured and the store
-// can enumerate its DRAM blocks.
-func (r *router) startRebalancer() {
+// startRebalancer starts the rebalancer loop when configured and the proxy
+// can enumerate the store's DRAM blocks (sc, Deps.Scan).
+func (r *router) startRebalancer(sc Scanner) {
 	if r.cfg.RebalanceRate <= 0 {
 		return
 	}
-	sc := scannerOf(r.store)
 	if sc == nil {
 		r.lg.Info("rebalancer off: the store cannot enumerate its blocks")
 		return
@@ -176,7 +158,7 @@ func (b *rebalancer) plan(ctx context.Context) []move {
 	c := b.r.c
 	self, rep := c.Self(), max(c.Replicas(), 1)
 	var moves []move
-	b.scan.Scan(func(ref dram.BlockRef) bool {
+	b.scan.Scan(func(ref cache.BlockRef) bool {
 		if ctx.Err() != nil {
 			return false
 		}

@@ -300,7 +300,7 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 		go r.pushWorker()
 	}
 	r.startHot()
-	r.startRebalancer()
+	r.startRebalancer(p.scan)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.route != nil {

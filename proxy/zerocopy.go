@@ -5,8 +5,8 @@ package proxy
 // blocks in place; only small control messages cross the socket.
 //
 // The proxy keeps two tables of handles, by random 63-bit id: open
-// reservations (token → *dram.Reservation) and held leases (lease id →
-// *dram.Lease). An id leaves its table at Commit/Abort/Release, or when it
+// reservations (token → cache.Reservation) and held leases (lease id →
+// cache.Lease). An id leaves its table at Commit/Abort/Release, or when it
 // is found past its deadline. Expiry needs no goroutine: every zero-copy
 // call sweeps the tables when the last sweep is older than sweepEvery, and
 // ZeroCopyStats sweeps always (so a metrics scrape keeps the counters and
@@ -20,16 +20,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
-	"github.com/tidepool-kv/tidepool/cache/dram"
 )
 
 // Errors of the zero-copy calls. Both id errors map to LEASE_EXPIRED.
@@ -40,7 +37,7 @@ var (
 	// ErrNoLease: the lease id is unknown, was already released, or its
 	// deadline passed.
 	ErrNoLease = errors.New("proxy: lease not held")
-	// ErrNoArenas: the store has no shared arenas (no DRAM tier).
+	// ErrNoArenas: the proxy has no ZeroCopyStore (Deps.ZeroCopy).
 	ErrNoArenas = errors.New("proxy: the store has no shared arenas")
 )
 
@@ -49,22 +46,6 @@ var (
 // holding exactly the value's bytes (no header), and the checksum is the
 // CRC-32C (Castagnoli) of those bytes. Clients refuse other versions.
 const ArenaLayoutVersion = 1
-
-// ZeroCopyStore is what the zero-copy calls need from the store: the DRAM
-// tier's shared arenas. *dram.Tier satisfies it; a tiered store forwards to
-// its DRAM tier, and its Acquire should bring blocks from slower tiers into
-// DRAM first (else the proxy does it through Get, Reserve and Commit).
-type ZeroCopyStore interface {
-	Arenas() []dram.ArenaInfo
-	Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (*dram.Reservation, error)
-	Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*dram.Lease, error)
-}
-
-var _ ZeroCopyStore = (*dram.Tier)(nil)
-
-// reaper is implemented by stores that free expired reservations and leases
-// on demand (*dram.Tier); the sweep calls it.
-type reaper interface{ Reap() int }
 
 // sweepEvery is the least time between two sweeps of the handle tables by
 // the zero-copy calls.
@@ -138,7 +119,7 @@ type ZeroCopyStats struct {
 
 // reserved is an open reservation with what a cluster push needs.
 type reserved struct {
-	r    *dram.Reservation
+	r    cache.Reservation
 	ns   string
 	key  []byte
 	opts cache.PutOptions
@@ -148,7 +129,7 @@ type reserved struct {
 type zcState struct {
 	mu           sync.Mutex
 	reservations map[int64]*reserved
-	leases       map[int64]*dram.Lease
+	leases       map[int64]cache.Lease
 	lastSweep    time.Time
 
 	reserved, committed, commitExists, aborted, reclaimed     atomic.Int64
@@ -156,43 +137,26 @@ type zcState struct {
 	liveReservations                                          atomic.Int64
 }
 
-// zcStates holds each Proxy's zcState, keyed weakly so that a collected
-// Proxy takes its state with it. (A field of Proxy would do as well; this
-// keeps the zero-copy code out of proxy.go.)
-var zcStates sync.Map // weak.Pointer[Proxy] → *zcState
-
-func (p *Proxy) zc() *zcState {
-	k := weak.Make(p)
-	if v, ok := zcStates.Load(k); ok {
-		return v.(*zcState)
-	}
-	s := &zcState{reservations: map[int64]*reserved{}, leases: map[int64]*dram.Lease{}}
-	v, loaded := zcStates.LoadOrStore(k, s)
-	if !loaded {
-		runtime.AddCleanup(p, func(k weak.Pointer[Proxy]) { zcStates.Delete(k) }, k)
-	}
-	return v.(*zcState)
+func newZCState() *zcState {
+	return &zcState{reservations: map[int64]*reserved{}, leases: map[int64]cache.Lease{}}
 }
 
 // zeroCopyStore returns the store's zero-copy view, and the state.
 func (p *Proxy) zeroCopyStore() (ZeroCopyStore, *zcState, error) {
-	zs, ok := p.store.(ZeroCopyStore)
-	if !ok {
+	if p.zcs == nil {
 		return nil, nil, ErrNoArenas
 	}
-	s := p.zc()
-	s.maybeSweep(p.store)
-	return zs, s, nil
+	p.zc.maybeSweep(p.zcs)
+	return p.zcs, p.zc, nil
 }
 
 // Arenas describes the shared arena files for Hello (nil when the store has
 // none) and the layout version.
-func (p *Proxy) Arenas() ([]dram.ArenaInfo, int) {
-	zs, ok := p.store.(ZeroCopyStore)
-	if !ok {
+func (p *Proxy) Arenas() ([]cache.ArenaInfo, int) {
+	if p.zcs == nil {
 		return nil, ArenaLayoutVersion
 	}
-	return zs.Arenas(), ArenaLayoutVersion
+	return p.zcs.Arenas(), ArenaLayoutVersion
 }
 
 // newID returns a random positive id not in use (s.mu held): ids are hard
@@ -207,19 +171,20 @@ func newID[T any](m map[int64]T) int64 {
 	}
 }
 
-func (s *zcState) maybeSweep(store Store) {
+func (s *zcState) maybeSweep(zs ZeroCopyStore) {
 	s.mu.Lock()
 	due := time.Since(s.lastSweep) >= sweepEvery
 	s.mu.Unlock()
 	if due {
-		s.sweep(store)
+		s.sweep(zs)
 	}
 }
 
-// sweep drops expired handles from the tables and lets the store reap.
-func (s *zcState) sweep(store Store) {
-	var rs []*dram.Reservation
-	var ls []*dram.Lease
+// sweep drops expired handles from the tables and lets the store reap (zs
+// nil: a proxy without shared arenas, whose tables are empty).
+func (s *zcState) sweep(zs ZeroCopyStore) {
+	var rs []cache.Reservation
+	var ls []cache.Lease
 	s.mu.Lock()
 	s.lastSweep = time.Now()
 	for id, e := range s.reservations {
@@ -245,15 +210,15 @@ func (s *zcState) sweep(store Store) {
 	s.liveReservations.Add(-int64(len(rs)))
 	s.leaseExpirations.Add(int64(len(ls)))
 	s.liveLeases.Add(-int64(len(ls)))
-	if r, ok := store.(reaper); ok {
-		r.Reap()
+	if zs != nil {
+		zs.Reap()
 	}
 }
 
 // ZeroCopyStats sweeps the handle tables and returns the counters.
 func (p *Proxy) ZeroCopyStats() ZeroCopyStats {
-	s := p.zc()
-	s.sweep(p.store)
+	s := p.zc
+	s.sweep(p.zcs)
 	return ZeroCopyStats{
 		LiveReservations:      s.liveReservations.Load(),
 		LiveLeases:            s.liveLeases.Load(),
@@ -474,7 +439,7 @@ func (p *Proxy) Acquire(ctx context.Context, ns string, keys [][]byte, lease tim
 			continue
 		}
 		l, err := zs.Acquire(ctx, ns, k, lease)
-		if errors.Is(err, cache.ErrNotFound) && p.fillDRAM(ctx, zs, ns, k, scope) {
+		if errors.Is(err, cache.ErrNotFound) && p.fetchRemote(ctx, ns, k, scope) {
 			l, err = zs.Acquire(ctx, ns, k, lease)
 		}
 		if err != nil {
@@ -499,43 +464,17 @@ func (p *Proxy) Acquire(ctx context.Context, ns string, keys [][]byte, lease tim
 	return out, nil
 }
 
-// fillDRAM copies a block that the store's Acquire missed but Get finds
-// (another node, for a clustered Get, or a slower tier of a store whose
-// Acquire does not promote) into DRAM, and reports whether it is there now.
-// A store that is the DRAM tier alone has nothing more to offer, and a
-// local-scope read was answered by the store's Acquire already.
-func (p *Proxy) fillDRAM(ctx context.Context, zs ZeroCopyStore, ns string, key []byte, scope Scope) bool {
-	if scope == ScopeLocal {
-		return false // the store's Acquire looked already
-	}
-	if r := p.clusterRouter(scope); r != nil && r.fetch(ctx, ns, [][]byte{key})[0] == nil {
-		return true // fetched from its owner straight into the DRAM arenas
-	}
-	if _, single := p.store.(*dram.Tier); single {
-		return false // nothing beyond DRAM here
-	}
-	v, info, err := p.Get(ctx, ns, key, ScopeLocal)
-	if err != nil {
-		return false
-	}
-	opts := cache.PutOptions{Depth: info.Depth}
-	if rt := p.router(); rt != nil && !rt.owns(ns, key) {
-		opts.LowPriority = true // a copy of a block owned elsewhere
-	}
-	r, err := zs.Reserve(ctx, ns, key, int64(len(v)), opts, 0)
-	if errors.Is(err, cache.ErrExists) {
-		return true
-	}
-	if err != nil {
-		return false
-	}
-	copy(r.Bytes(), v)
-	_, err = r.Commit(ctx, cache.Checksum(v), true)
-	return err == nil
+// fetchRemote brings a block that the store's Acquire missed (the store
+// looked in its slower tiers already) from its owner straight into the
+// arenas, for a cluster-scope read on a clustered node, and reports whether
+// it is there now.
+func (p *Proxy) fetchRemote(ctx context.Context, ns string, key []byte, scope Scope) bool {
+	r := p.clusterRouter(scope)
+	return r != nil && r.fetch(ctx, ns, [][]byte{key})[0] == nil
 }
 
 // takeLease removes a lease id from the table.
-func (s *zcState) takeLease(id int64) (*dram.Lease, bool) {
+func (s *zcState) takeLease(id int64) (cache.Lease, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l, ok := s.leases[id]

@@ -27,7 +27,7 @@ func TestDurableCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	p, err := proxy.New(proxy.DefaultConfig(), store, nil)
+	p, err := proxy.New(proxy.DefaultConfig(), proxy.Deps{Store: store, ZeroCopy: store}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

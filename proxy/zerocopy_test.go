@@ -15,6 +15,8 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/cache/tiered"
 	"github.com/tidepool-kv/tidepool/internal/clock"
 )
 
@@ -28,7 +30,9 @@ type zcFixture struct {
 	cfg  dram.Config
 }
 
-func newZC(t *testing.T, capacity int64, wrap func(*dram.Tier) Store) *zcFixture {
+// newZC builds a proxy over a DRAM tier: with every ability the tier has,
+// or with the dependencies deps returns.
+func newZC(t *testing.T, capacity int64, deps func(*dram.Tier) Deps) *zcFixture {
 	t.Helper()
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
 	dcfg := dram.DefaultConfig()
@@ -45,14 +49,14 @@ func newZC(t *testing.T, capacity int64, wrap func(*dram.Tier) Store) *zcFixture
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tier.Close() })
-	var st Store = tier
-	if wrap != nil {
-		st = wrap(tier)
+	d := Deps{Store: tier, ZeroCopy: tier, Scan: tier}
+	if deps != nil {
+		d = deps(tier)
 	}
 	cfg := DefaultConfig()
 	cfg.MaxValueBytes = 8 << 20
 	cfg.MaxBatch = 8
-	p, err := New(cfg, st, nil)
+	p, err := New(cfg, d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,32 +328,30 @@ func TestZeroCopyDeadClient(t *testing.T) {
 	}
 }
 
-// slowStore is a DRAM tier above a map "slower tier": Get falls back to
-// the map, as a tiered store's does.
-type slowStore struct {
-	*dram.Tier
-	mu   sync.Mutex
-	slow map[string][]byte
-}
-
-func (s *slowStore) Get(ctx context.Context, ns string, key, dst []byte) ([]byte, cache.Info, error) {
-	v, info, err := s.Tier.Get(ctx, ns, key, dst)
-	if !errors.Is(err, cache.ErrNotFound) {
-		return v, info, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if v, ok := s.slow[ns+"/"+string(key)]; ok {
-		return bytes.Clone(v), cache.Info{Size: int64(len(v)), Checksum: cache.Checksum(v), Depth: 3, Tier: "slow"}, nil
-	}
-	return nil, cache.Info{}, err
-}
-
+// TestZeroCopyAcquireFromSlowerTier: Acquire of a block that only the SSD
+// tier holds brings it into the arenas (the tiered store's Acquire does).
 func TestZeroCopyAcquireFromSlowerTier(t *testing.T) {
 	val := value("s", 200<<10)
-	f := newZC(t, 4<<20, func(t *dram.Tier) Store {
-		return &slowStore{Tier: t, slow: map[string][]byte{"ns/s": val}}
-	})
+	cfg := tiered.DefaultConfig()
+	cfg.DRAM = dram.DefaultConfig()
+	cfg.DRAM.Dir, cfg.DRAM.Capacity, cfg.DRAM.ArenaSize, cfg.DRAM.LazyFault = t.TempDir(), 4<<20, 4<<20, true
+	sc := ssd.DefaultConfig()
+	sc.Dir, sc.Capacity, sc.MinFreeBytes, sc.WriteBufferSize = t.TempDir(), 256<<20, 0, 8<<20
+	cfg.SSD = &sc
+	store, err := tiered.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	// On SSD only, as after a demotion.
+	if _, err := store.SSD().Put(bg, "ns", []byte("s"), val, cache.PutOptions{Depth: 3}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(DefaultConfig(), Deps{Store: store, ZeroCopy: store}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &zcFixture{p: p}
 	ac, err := f.p.Acquire(bg, "ns", [][]byte{[]byte("s"), []byte("none")}, 0, ScopeCluster)
 	if err != nil || ac[0].Err != nil || !errors.Is(ac[1].Err, cache.ErrNotFound) {
 		t.Fatalf("Acquire = %v %+v", err, ac)
@@ -360,11 +362,8 @@ func TestZeroCopyAcquireFromSlowerTier(t *testing.T) {
 	f.p.Release(bg, []int64{ac[0].LeaseID})
 }
 
-// noArenas hides the tier's zero-copy methods.
-type noArenas struct{ Store }
-
 func TestZeroCopyNoArenas(t *testing.T) {
-	f := newZC(t, 4<<20, func(t *dram.Tier) Store { return noArenas{t} })
+	f := newZC(t, 4<<20, func(t *dram.Tier) Deps { return Deps{Store: t} })
 	if a, _ := f.p.Arenas(); a != nil {
 		t.Fatalf("Arenas = %v", a)
 	}

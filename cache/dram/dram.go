@@ -113,13 +113,8 @@ import (
 // ErrArenaSpace reports that the arena volume is too small for Capacity.
 var ErrArenaSpace = errors.New("dram: not enough space for the arenas")
 
-// ArenaInfo describes one arena file, for a client that maps the same file
-// (zero-copy) or registers it with RDMA/CUDA. A block lives at
-// (arena index, offset, length); see Lease.Location.
-type ArenaInfo struct {
-	Path string
-	Size int64
-}
+// ArenaInfo describes one arena file (see cache.ArenaInfo).
+type ArenaInfo = cache.ArenaInfo
 
 var staleArena = regexp.MustCompile(`^arena-[0-9]{4,}\.mem$`)
 

@@ -423,7 +423,7 @@ func TestNoSpace(t *testing.T) {
 		t.Fatalf("value > capacity: %v", err)
 	}
 	putN(t, tr, "ns", 16, 64<<10, cache.PutOptions{})
-	var leases []*Lease
+	var leases []cache.Lease
 	for i := 0; i < 16; i++ {
 		l, err := tr.Acquire(ctx, "ns", []byte(fmt.Sprintf("k%d", i)), time.Second)
 		if err != nil {

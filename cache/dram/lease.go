@@ -12,7 +12,8 @@ import (
 // Lease pins one block so that its bytes stay in place: the block is not
 // evicted or freed while the lease is held and has not expired. A Lease MUST
 // be released (Release), and must be released before its deadline: after
-// the deadline the tier may reclaim the block and reuse its bytes.
+// the deadline the tier may reclaim the block and reuse its bytes. Lease
+// implements cache.Lease.
 type Lease struct {
 	t        *Tier
 	b        *block
@@ -22,6 +23,8 @@ type Lease struct {
 	done     atomic.Bool
 }
 
+var _ cache.Lease = (*Lease)(nil)
+
 // Acquire pins (ns, key) for lease (≤ 0 means LeaseTimeout; capped at
 // MaxLease) and returns the handle, for zero-copy reads. It counts as a read
 // (hit or miss). When reads of ns are verified (Config.VerifyReads,
@@ -30,27 +33,36 @@ type Lease struct {
 // counting a miss. The caller MUST call Release. Errors:
 // cache.ErrNotFound, cache.ErrInvalidKey, cache.ErrChecksum,
 // cache.ErrClosed.
-func (t *Tier) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*Lease, error) {
+func (t *Tier) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (cache.Lease, error) {
 	if err := t.checkKey(key); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return t.acquireLease(ctx, ns, key, lease, countRead)
+	return asLease(t.acquireLease(ctx, ns, key, lease, countRead))
 }
 
 // AcquireUncounted is Acquire without counting the read (no hit, no miss),
 // for a caller that has counted it already: the store acquiring a block it
 // has just promoted after a counted miss.
-func (t *Tier) AcquireUncounted(ctx context.Context, ns string, key []byte, lease time.Duration) (*Lease, error) {
+func (t *Tier) AcquireUncounted(ctx context.Context, ns string, key []byte, lease time.Duration) (cache.Lease, error) {
 	if err := t.checkKey(key); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return t.acquireLease(ctx, ns, key, lease, countNone)
+	return asLease(t.acquireLease(ctx, ns, key, lease, countNone))
+}
+
+// asLease returns l as a cache.Lease: a nil interface (never one holding a
+// nil *Lease) with err.
+func asLease(l *Lease, err error) (cache.Lease, error) {
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 func (t *Tier) acquireLease(ctx context.Context, ns string, key []byte, lease time.Duration, count countMode) (*Lease, error) {

@@ -38,7 +38,7 @@ const pinLease = 100 * 365 * 24 * time.Hour
 // failed). Errors: as Get; a block whose checksum fails is removed, as by
 // Get, and the Pin counts no read (the caller's Get that follows counts the
 // miss).
-func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (*Lease, error) {
+func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (cache.Lease, error) {
 	if err := t.checkKey(key); err != nil {
 		return nil, err
 	}

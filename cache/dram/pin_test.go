@@ -52,8 +52,8 @@ func TestPin(t *testing.T) {
 	if err := l.Release(); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if after := tr.Stats().Tiers[0].UsedBytes; after != used-l.b.foot {
-		t.Fatalf("used %d -> %d after releasing a deleted pinned block of %d", used, after, l.b.foot)
+	if after := tr.Stats().Tiers[0].UsedBytes; after != used-l.(*Lease).b.foot {
+		t.Fatalf("used %d -> %d after releasing a deleted pinned block of %d", used, after, l.(*Lease).b.foot)
 	}
 
 	// A flipped bit: ErrChecksum, counted, nothing pinned.

@@ -18,6 +18,7 @@ import (
 // A Reservation MUST be committed or aborted before its deadline: after it,
 // the tier may reclaim the slot (at the next Reap, or when a put needs
 // room) and reuse its bytes, and Commit fails with cache.ErrLeaseExpired.
+// Reservation implements cache.Reservation.
 type Reservation struct {
 	t        *Tier
 	nss      *nsState
@@ -27,6 +28,8 @@ type Reservation struct {
 	done     bool   // guarded by Tier.rmu: committed, aborted or reclaimed
 }
 
+var _ cache.Reservation = (*Reservation)(nil)
+
 // Reserve allocates a slot of size bytes for (ns, key) that stays reserved
 // for ttl (≤ 0 means ReserveTimeout; capped at max(MaxLease,
 // ReserveTimeout)). It may evict unpinned blocks to make room, as Put does.
@@ -35,7 +38,7 @@ type Reservation struct {
 // negative), cache.ErrNoSpace, cache.ErrClosed. Two reservations of one key
 // may coexist; the first to commit wins and the other's Commit reports
 // existed.
-func (t *Tier) Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (*Reservation, error) {
+func (t *Tier) Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (cache.Reservation, error) {
 	if err := t.checkKey(key); err != nil {
 		return nil, err
 	}

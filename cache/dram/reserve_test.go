@@ -13,7 +13,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 )
 
-func reserve(t *testing.T, tr *Tier, ns, key string, size int64, ttl time.Duration) *Reservation {
+func reserve(t *testing.T, tr *Tier, ns, key string, size int64, ttl time.Duration) cache.Reservation {
 	t.Helper()
 	r, err := tr.Reserve(ctx, ns, []byte(key), size, cache.PutOptions{}, ttl)
 	if err != nil {

@@ -1,14 +1,10 @@
 package dram
 
-// BlockRef describes one block present in the tier, for Scan.
-type BlockRef struct {
-	Namespace string
-	Key       []byte // a copy; the caller may keep it
-	Size      int64  // value bytes
-	Depth     int32
-	// LowPriority marks a copy of a block owned by another node.
-	LowPriority bool
-}
+import "github.com/tidepool-kv/tidepool/cache"
+
+// BlockRef describes one block present in the tier, for Scan (see
+// cache.BlockRef).
+type BlockRef = cache.BlockRef
 
 // Scan calls fn for every block present in the tier until fn returns
 // false. It copies one shard's entries at a time under that shard's lock and

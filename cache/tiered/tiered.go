@@ -629,8 +629,8 @@ func (s *Store) Close() error {
 // blocks are listed by dram.Scan once the writers have stopped; each is
 // re-checked, since it may have left DRAM since.
 func (s *Store) spill(deadline time.Time) {
-	var refs []dram.BlockRef
-	s.dram.Scan(func(r dram.BlockRef) bool {
+	var refs []cache.BlockRef
+	s.dram.Scan(func(r cache.BlockRef) bool {
 		refs = append(refs, r)
 		return true
 	})

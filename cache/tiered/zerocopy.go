@@ -6,18 +6,17 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
-	"github.com/tidepool-kv/tidepool/cache/dram"
 )
 
 // Arenas forwards to the DRAM tier (zero-copy clients map these files).
-func (s *Store) Arenas() []dram.ArenaInfo { return s.dram.Arenas() }
+func (s *Store) Arenas() []cache.ArenaInfo { return s.dram.Arenas() }
 
 // Reserve forwards to the DRAM tier (see dram.Tier.Reserve). A key the
 // SSD tier holds is reported as cache.ErrExists, as a Put would. The
 // committed block is an ordinary DRAM block: it is demoted when evicted
 // and spilled at Close. opts.Durable is not honoured by the zero-copy
 // path (the commit happens in the DRAM tier, below this store).
-func (s *Store) Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (*dram.Reservation, error) {
+func (s *Store) Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (cache.Reservation, error) {
 	if s.closed.Load() {
 		return nil, cache.ErrClosed
 	}
@@ -32,7 +31,7 @@ func (s *Store) Reserve(ctx context.Context, ns string, key []byte, size int64, 
 // Acquire pins (ns, key) in the DRAM tier (see dram.Tier.Acquire),
 // promoting it from SSD or the demotion queue first when DRAM misses, or
 // when its DRAM copy failed a verified read (and was removed).
-func (s *Store) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (*dram.Lease, error) {
+func (s *Store) Acquire(ctx context.Context, ns string, key []byte, lease time.Duration) (cache.Lease, error) {
 	l, err := s.dram.Acquire(ctx, ns, key, lease)
 	if s.ssd == nil || !(errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrChecksum)) || s.closed.Load() {
 		return l, err
@@ -50,9 +49,13 @@ func (s *Store) Reap() int { return s.dram.Reap() }
 // Pin forwards to the DRAM tier (see dram.Tier.Pin: the value in place,
 // checksum verified, pinned until Release). It does not look in the SSD
 // tier: on a miss the caller falls back to Get, which promotes.
-func (s *Store) Pin(ctx context.Context, ns string, key []byte) (*dram.Lease, error) {
+func (s *Store) Pin(ctx context.Context, ns string, key []byte) (cache.Lease, error) {
 	if s.closed.Load() {
 		return nil, cache.ErrClosed
 	}
 	return s.dram.Pin(ctx, ns, key)
 }
+
+// Scan forwards to the DRAM tier (see dram.Tier.Scan): the blocks held in
+// DRAM, not those only on SSD.
+func (s *Store) Scan(fn func(cache.BlockRef) bool) { s.dram.Scan(fn) }

@@ -133,7 +133,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	pcfg.Limits = cfg.limits()
 	pcfg.Namespaces = cfg.Namespaces
 	pcfg.MaxNamespaces = cfg.MaxNamespaces
-	p, err := proxy.New(pcfg, store, lg.Named("proxy"))
+	p, err := proxy.New(pcfg, storeDeps(store), lg.Named("proxy"))
 	if err != nil {
 		return err
 	}

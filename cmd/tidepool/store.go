@@ -290,9 +290,10 @@ func (c *scrubCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.lastPass, g, st.LastPass.Seconds())
 }
 
-// The proxy finds Prefetch and the zero-copy calls by type assertion.
-var (
-	_ proxy.Store         = (*tiered.Store)(nil)
-	_ proxy.Prefetcher    = (*tiered.Store)(nil)
-	_ proxy.ZeroCopyStore = (*tiered.Store)(nil)
-)
+// storeDeps is what the proxy gets from the block store: the tiered store
+// serves every one of the proxy's interfaces (proxy/store.go), so every
+// feature is on: zero-copy calls and in-place reads through the DRAM
+// tier's arenas, Prefetch into DRAM, and the rebalancer's scan of DRAM.
+func storeDeps(s *tiered.Store) proxy.Deps {
+	return proxy.Deps{Store: s, ZeroCopy: s, Prefetch: s, Scan: s}
+}

@@ -69,11 +69,12 @@ func startServer(t testing.TB, o serverOpts) *testServer {
 	pcfg.NodeID = "test-node"
 	pcfg.MaxValueBytes = o.maxValue
 	pcfg.MaxBatch = o.maxBatch
-	var store proxy.Store = tier
+	deps := proxy.Deps{Store: tier, ZeroCopy: tier, Scan: tier}
 	if o.wrap != nil {
-		store = o.wrap(tier)
+		// A wrapped store stands alone: Gets go through its Get.
+		deps = proxy.Deps{Store: o.wrap(tier)}
 	}
-	p, err := proxy.New(pcfg, store, nil)
+	p, err := proxy.New(pcfg, deps, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestCloseRightAfterStart(t *testing.T) {
 	defer tier.Close()
 	pcfg := proxy.DefaultConfig()
 	pcfg.NodeID = "test-node"
-	p, err := proxy.New(pcfg, tier, nil)
+	p, err := proxy.New(pcfg, proxy.Deps{Store: tier, ZeroCopy: tier, Scan: tier}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,6 +36,7 @@ func (errStore) Get(context.Context, string, []byte, []byte) ([]byte, cache.Info
 	return nil, cache.Info{}, cache.ErrNotFound
 }
 func (errStore) Stat(context.Context, string, []byte) (cache.Info, bool) { return cache.Info{}, false }
+func (errStore) PresentPrefix(context.Context, string, [][]byte) int     { return 0 }
 func (errStore) Delete(context.Context, string, []byte) (bool, error)    { return false, nil }
 func (s errStore) Clear(_ context.Context, ns string) (int64, error) {
 	return 0, s.rowErr(ns)
@@ -49,7 +50,7 @@ func (errStore) Stats() cache.Stats { return cache.Stats{} }
 func TestErrorsRoundTripThroughPeer(t *testing.T) {
 	ctx := context.Background()
 	rows := wirecode.Rows()
-	p, err := proxy.New(proxy.DefaultConfig(), errStore{rows: rows}, nil)
+	p, err := proxy.New(proxy.DefaultConfig(), proxy.Deps{Store: errStore{rows: rows}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

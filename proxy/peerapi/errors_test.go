@@ -83,7 +83,7 @@ func TestServerCloseUnstarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tier.Close()
-	p, err := proxy.New(proxy.DefaultConfig(), tier, nil)
+	p, err := proxy.New(proxy.DefaultConfig(), proxy.Deps{Store: tier, ZeroCopy: tier, Scan: tier}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	pcfg := proxy.DefaultConfig()
 	pcfg.NodeID = name
-	if n.p, err = proxy.New(pcfg, n.tier, nil); err != nil {
+	if n.p, err = proxy.New(pcfg, proxy.Deps{Store: n.tier, ZeroCopy: n.tier, Scan: n.tier}, nil); err != nil {
 		t.Fatal(err)
 	}
 	tcfg := tcp.DefaultLocalConfig()

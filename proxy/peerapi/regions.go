@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
@@ -50,9 +50,15 @@ func DeregisterArenas(t rdma.Transport, regions []rdma.RegionDesc) error {
 	return errors.Join(errs...)
 }
 
+// arenaTier is the DRAM tier (*dram.Tier) as TierArenaMems reads it.
+type arenaTier interface {
+	Arenas() []cache.ArenaInfo
+	ArenaMem(i int) []byte
+}
+
 // TierArenaMems returns the memory of every arena of t (dram.Tier.ArenaMem),
 // in arena order, for RegisterArenas.
-func TierArenaMems(t *dram.Tier) [][]byte {
+func TierArenaMems(t arenaTier) [][]byte {
 	n := len(t.Arenas())
 	out := make([][]byte, n)
 	for i := range out {
