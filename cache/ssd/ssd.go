@@ -17,8 +17,9 @@
 //
 // # Locks
 //
-// Lock order: wmu → dbMu → mu. fmu is a leaf (held only to look up or
-// update the flight table, never while taking another lock).
+// Lock order: wmu → dbMu → mu. The read flights' lock (internal/flight)
+// is a leaf (held only to look up or update the flight table, never while
+// taking another lock).
 //
 //   - wmu serializes every write to RocksDB and every index change that
 //     follows one (Put, Delete, Clear, dropping bad blocks, degraded-mode
@@ -50,6 +51,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/internal/clock"
+	"github.com/tidepool-kv/tidepool/internal/flight"
 )
 
 // TierName is the name of this tier in cache.Info and cache.TierStats.
@@ -115,8 +117,7 @@ type Tier struct {
 	used   int64 // sum of footprints, including a put being written
 	nss    map[string]*nsStats
 
-	fmu     sync.Mutex
-	flights map[string]*flight
+	flights *flight.Group[string, shared]
 
 	closed    atomic.Bool
 	degraded  atomic.Bool
@@ -167,12 +168,12 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 	}
 	start := time.Now()
 	t := &Tier{
-		cfg:     cfg,
-		lg:      lg.Named("cache.ssd"),
-		clk:     cfg.Clock,
-		flights: make(map[string]*flight),
-		nss:     make(map[string]*nsStats),
+		cfg: cfg,
+		lg:  lg.Named("cache.ssd"),
+		clk: cfg.Clock,
+		nss: make(map[string]*nsStats),
 	}
+	t.flights = flight.New[string](t.releaseRead)
 	t.resetIndex()
 	blocks, bytes, err := t.openAtStart()
 	if err != nil {
@@ -465,29 +466,33 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 	}
 	t.mu.Unlock()
 
-	f, leader := t.joinFlight(sk)
+	f, leader := t.flights.Join(sk)
+	var r shared
+	var err error
 	if leader {
-		t.runFlight(f, sk, ek)
-	} else {
-		select {
-		case <-f.done:
-		case <-ctx.Done():
-			t.leaveFlight(f)
-			return dst[:0], cache.Info{}, ctx.Err()
+		var drop *entry
+		r, drop, err = t.read(sk, ek)
+		f.Finish(r, err)
+		if drop != nil {
+			t.dropBad(drop)
 		}
+	} else if r, err = f.Wait(ctx); err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// Gave up waiting (a read never fails with a context error).
+		f.Leave()
+		return dst[:0], cache.Info{}, err
 	}
-	if f.err != nil {
-		t.leaveFlight(f)
-		if !errors.Is(f.err, cache.ErrUnavailable) {
+	if err != nil {
+		f.Leave()
+		if !errors.Is(err, cache.ErrUnavailable) {
 			t.mu.Lock()
 			t.missLocked(ns)
 			t.mu.Unlock()
 		}
-		return dst[:0], cache.Info{}, f.err
+		return dst[:0], cache.Info{}, err
 	}
-	out := append(dst[:0], f.data...)
-	info, e := f.info, f.entry
-	t.leaveFlight(f)
+	out := append(dst[:0], r.data...)
+	info, e := r.info, r.entry
+	f.Leave()
 
 	now := t.clk.Now().UnixNano()
 	t.mu.Lock()

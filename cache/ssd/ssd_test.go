@@ -429,11 +429,7 @@ func TestSingleflight(t *testing.T) {
 	// Wait until every reader has joined the one flight.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		tr.fmu.Lock()
-		f := tr.flights[string(encodeKey("sf", []byte("k")))]
-		joined := f != nil && f.refs == readers
-		tr.fmu.Unlock()
-		if joined {
+		if tr.flights.Joined(string(encodeKey("sf", []byte("k")))) == readers {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -203,18 +203,16 @@ func (s *Store) WaitIdle(ctx context.Context) error {
 
 // --- reads below DRAM ------------------------------------------------------
 
-// flight is one read of a block below DRAM shared by concurrent misses.
-type flight struct {
-	done  chan struct{}
+// readResult is what one read below DRAM gives every caller that shared it.
+type readResult struct {
 	value []byte
 	info  cache.Info
-	err   error
 }
 
 // fetch returns the bytes of (ns, key) from the demotion queue or SSD and
-// promotes them into DRAM. Concurrent fetches of one key share one read;
-// the leader re-checks DRAM first (a flight that just ended promoted it).
-// The returned slice is shared: callers copy it.
+// promotes them into DRAM. Concurrent fetches of one key share one read
+// (s.flights); the leader re-checks DRAM first (a flight that just ended
+// promoted it). The returned slice is shared: callers copy it.
 func (s *Store) fetch(ctx context.Context, ns string, key []byte) ([]byte, cache.Info, error) {
 	return s.fetchFor(ctx, ns, key, false)
 }
@@ -223,29 +221,13 @@ func (s *Store) fetch(ctx context.Context, ns string, key []byte) ([]byte, cache
 // a read of the caller's and is not counted as a hit (see Stats).
 func (s *Store) fetchFor(ctx context.Context, ns string, key []byte, prefetch bool) ([]byte, cache.Info, error) {
 	fk := fkey(ns, key)
-	s.fmu.Lock()
-	if f := s.flights[fk]; f != nil {
-		s.fmu.Unlock()
-		select {
-		case <-f.done:
-			return f.value, f.info, f.err
-		case <-ctx.Done():
-			return nil, cache.Info{}, ctx.Err()
-		}
-	}
-	f := &flight{done: make(chan struct{})}
-	s.flights[fk] = f
-	s.fmu.Unlock()
-
-	// The flight serves every waiter: the leader's cancellation must not
-	// fail the others (each waiter still honours its own ctx above).
-	f.value, f.info, f.err = s.readBelow(context.WithoutCancel(ctx), fk, ns, key, prefetch)
-
-	s.fmu.Lock()
-	delete(s.flights, fk)
-	s.fmu.Unlock()
-	close(f.done)
-	return f.value, f.info, f.err
+	r, err, _ := s.flights.Do(ctx, fk, func() (readResult, error) {
+		// The flight serves every waiter: the leader's cancellation must
+		// not fail the others (each waiter still honours its own ctx).
+		v, info, err := s.readBelow(context.WithoutCancel(ctx), fk, ns, key, prefetch)
+		return readResult{v, info}, err
+	})
+	return r.value, r.info, err
 }
 
 func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte, prefetch bool) ([]byte, cache.Info, error) {

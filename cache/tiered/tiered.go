@@ -42,7 +42,8 @@
 //
 // # Locks
 //
-// Lock order: demoteMu → (ssd's locks); qmu and fmu are leaves.
+// Lock order: demoteMu → (ssd's locks); qmu and the read flights' lock
+// (internal/flight) are leaves.
 // OnEvict runs with no DRAM lock held (dram releases its eviction mutex
 // around it), may run concurrently with itself, and takes only qmu and
 // the SSD tier's index lock (ssd.Stat); it never calls into the DRAM tier.
@@ -67,6 +68,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/internal/flight"
 )
 
 // Config configures a Store. Zero values of the fields marked "default"
@@ -206,8 +208,7 @@ type Store struct {
 	hookWrite func() // test seam: called by the writer before each SSD write
 
 	// Read flights: concurrent misses of one key share one SSD read.
-	fmu     sync.Mutex
-	flights map[string]*flight
+	flights *flight.Group[string, readResult]
 
 	// Prefetch and watermark goroutines.
 	prefetchCh chan prefetchReq
@@ -264,7 +265,7 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 		cfg:     cfg,
 		lg:      lg.Named("cache.tiered"),
 		pending: make(map[string]*item),
-		flights: make(map[string]*flight),
+		flights: flight.New[string, readResult](nil),
 		stop:    make(chan struct{}),
 	}
 	s.qcond = sync.NewCond(&s.qmu)
