@@ -138,7 +138,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 		return nil, fmt.Errorf("transfer_addr: %w", err)
 	}
 	n.tr = n.xt.TCP()
-	if n.regions, err = peerapi.RegisterArenas(n.xt, peerapi.TierArenaMems(store.DRAM())); err != nil {
+	if n.regions, err = registerArenas(n.xt, tierArenaMems(store.DRAM())); err != nil {
 		return nil, err
 	}
 
@@ -251,7 +251,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	if err := p.AttachCluster(n.view, n.pcli, rcfg); err != nil {
 		return nil, err
 	}
-	n.unwatch = peerapi.WatchMembership(n.c, p)
+	n.unwatch = watchMembership(n.c, p)
 	n.unforget = forgetGone(n.c, n.pcli)
 	n.lg.Info("cluster member started",
 		zap.String("node_name", cfg.NodeID), zap.String("gossip", gossip), zap.Strings("join", cfg.Join),
@@ -325,7 +325,7 @@ func (n *clusterNode) close(pushDrain time.Duration) {
 	}
 	if n.xt != nil {
 		if len(n.regions) > 0 {
-			peerapi.DeregisterArenas(n.xt, n.regions)
+			deregisterArenas(n.xt, n.regions)
 		}
 		n.xt.Close()
 	}

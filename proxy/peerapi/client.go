@@ -34,7 +34,7 @@ type ClientConfig struct {
 	// arenas and committed there as low-priority copies. Required.
 	Store proxy.ZeroCopyStore
 	// Transport pulls the bytes; Regions are this node's registered arenas,
-	// indexed like Store.Arenas (RegisterArenas). Required.
+	// indexed like Store.Arenas (registered with the transport: cmd/tidepool's registerArenas). Required.
 	Transport rdma.Transport
 	Regions   []rdma.RegionDesc
 	// Timeout bounds one RPC when the caller's context has no earlier
@@ -105,7 +105,7 @@ func (c ClientConfig) Validate() error {
 		bad("Transport is required")
 	}
 	if len(c.Regions) == 0 {
-		bad("Regions is empty (register the arenas with RegisterArenas)")
+		bad("Regions is empty (register the arenas with the transport)")
 	}
 	for _, d := range []struct {
 		name string

@@ -66,11 +66,11 @@ func TestErrorsRoundTripThroughPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	regions, err := peerapi.RegisterArenas(tr, peerapi.TierArenaMems(tier))
+	regions, dereg, err := peerapi.RegisterTestArenas(tr, tier)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer peerapi.DeregisterArenas(tr, regions)
+	defer dereg()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -94,11 +94,11 @@ func TestServerCloseUnstarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	regions, err := RegisterArenas(tr, TierArenaMems(tier))
+	regions, dereg, err := RegisterTestArenas(tr, tier)
 	if err != nil || len(regions) != 1 {
 		t.Fatal(regions, err)
 	}
-	defer DeregisterArenas(tr, regions)
+	defer dereg()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

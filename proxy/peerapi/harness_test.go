@@ -28,6 +28,7 @@ type node struct {
 	view    *clusterview.View
 	tr      *tcp.Transport
 	regions []rdma.RegionDesc
+	dereg   func()
 	srv     *peerapi.Server
 	cli     *peerapi.Client
 	cred    peerapi.Credentials
@@ -82,7 +83,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if n.tr, err = tcp.New(tcfg, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n.regions, err = peerapi.RegisterArenas(n.tr, peerapi.TierArenaMems(n.tier)); err != nil {
+	if n.regions, n.dereg, err = peerapi.RegisterTestArenas(n.tr, n.tier); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -130,7 +131,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err := n.p.AttachCluster(n.view, n.cli, rcfg); err != nil {
 		t.Fatal(err)
 	}
-	n.unwatch = peerapi.WatchMembership(n.c, n.p)
+	n.unwatch = peerapi.WatchTestMembership(n.c, n.p)
 	t.Cleanup(n.close)
 	return n
 }
@@ -149,7 +150,7 @@ func (n *node) close() {
 	n.cli.Close()
 	n.view.Close()
 	n.c.Close()
-	peerapi.DeregisterArenas(n.tr, n.regions)
+	n.dereg()
 	n.tr.Close()
 	n.tier.Close()
 }

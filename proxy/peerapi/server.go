@@ -68,7 +68,7 @@ type ServerConfig struct {
 	// is what Acquire answers as the transport address. Required.
 	Transport rdma.Transport
 	// Regions are the registered arenas, indexed like dram.Tier.Arenas
-	// (RegisterArenas). Required.
+	// (registered with the transport: cmd/tidepool's registerArenas). Required.
 	Regions []rdma.RegionDesc
 	// MaxRequestBytes bounds one framed request (a Put carries block bytes
 	// inline). Default 256 MiB.
@@ -126,7 +126,7 @@ func (c ServerConfig) Validate() error {
 		errs = append(errs, errors.New("peerapi: Transport is required"))
 	}
 	if len(c.Regions) == 0 {
-		errs = append(errs, errors.New("peerapi: Regions is empty (register the arenas with RegisterArenas)"))
+		errs = append(errs, errors.New("peerapi: Regions is empty (register the arenas with the transport)"))
 	}
 	if c.MaxRequestBytes < 0 {
 		errs = append(errs, fmt.Errorf("peerapi: MaxRequestBytes %d is negative", c.MaxRequestBytes))

@@ -1,4 +1,4 @@
-package peerapi
+package main
 
 import (
 	"testing"

@@ -1,11 +1,11 @@
-package peerapi
+package main
 
 import (
 	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
-// WatchMembership calls p.MembershipChanged on every membership change
+// watchMembership calls p.MembershipChanged on every membership change
 // that moves keys: a join, a leave, a failure, a member announcing its
 // leave, and a gap in the event sequence (events were missed). Metadata
 // updates of live members (tier usage, addresses) do not count. It returns
@@ -13,7 +13,7 @@ import (
 // The proxy's rebalancer waits RebalanceDelay after the last change, so
 // the placement view (which rebuilds its ring on the same events) is up to
 // date when a pass starts.
-func WatchMembership(c *cluster.Cluster, p *proxy.Proxy) (stop func()) {
+func watchMembership(c *cluster.Cluster, p *proxy.Proxy) (stop func()) {
 	events, cancel := c.Subscribe()
 	go func() {
 		var last uint64

@@ -1,4 +1,4 @@
-package peerapi
+package main
 
 import (
 	"errors"
@@ -8,39 +8,39 @@ import (
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
-// RegisterArenas registers each arena's memory with t, in arena order: the
+// registerArenas registers each arena's memory with t, in arena order: the
 // descriptors it returns are indexed like dram.Tier.Arenas and are what
-// ServerConfig.Regions and ClientConfig.Regions take (one registration
+// peerapi.ServerConfig.Regions and ClientConfig.Regions take (one registration
 // serves both). On error nothing stays registered.
 //
-// Lifetime: the arena memory must stay mapped until DeregisterArenas
+// Lifetime: the arena memory must stay mapped until deregisterArenas
 // returns. Shut down in this order: close the peer API server and client,
-// DeregisterArenas (it waits for in-flight transfers), close the transport,
+// deregisterArenas (it waits for in-flight transfers), close the transport,
 // then close the DRAM tier (which unmaps the arenas).
-func RegisterArenas(t rdma.Transport, mems [][]byte) ([]rdma.RegionDesc, error) {
+func registerArenas(t rdma.Transport, mems [][]byte) ([]rdma.RegionDesc, error) {
 	if t == nil {
-		return nil, errors.New("peerapi: nil transport")
+		return nil, errors.New("arenas: nil transport")
 	}
 	out := make([]rdma.RegionDesc, 0, len(mems))
 	for i, m := range mems {
 		if len(m) == 0 {
-			_ = DeregisterArenas(t, out)
-			return nil, fmt.Errorf("peerapi: arena %d has no memory", i)
+			_ = deregisterArenas(t, out)
+			return nil, fmt.Errorf("arenas: arena %d has no memory", i)
 		}
 		d, err := t.Register(m)
 		if err != nil {
-			_ = DeregisterArenas(t, out)
-			return nil, fmt.Errorf("peerapi: register arena %d: %w", i, err)
+			_ = deregisterArenas(t, out)
+			return nil, fmt.Errorf("arenas: register arena %d: %w", i, err)
 		}
 		out = append(out, d)
 	}
 	return out, nil
 }
 
-// DeregisterArenas removes the regions RegisterArenas made, waiting for
+// deregisterArenas removes the regions registerArenas made, waiting for
 // in-flight transfers; after it returns the transport no longer touches the
 // arenas.
-func DeregisterArenas(t rdma.Transport, regions []rdma.RegionDesc) error {
+func deregisterArenas(t rdma.Transport, regions []rdma.RegionDesc) error {
 	var errs []error
 	for _, d := range regions {
 		if err := t.Deregister(d.ID); err != nil && !errors.Is(err, rdma.ErrUnknownRegion) && !errors.Is(err, rdma.ErrClosed) {
@@ -50,15 +50,15 @@ func DeregisterArenas(t rdma.Transport, regions []rdma.RegionDesc) error {
 	return errors.Join(errs...)
 }
 
-// arenaTier is the DRAM tier (*dram.Tier) as TierArenaMems reads it.
+// arenaTier is the DRAM tier (*dram.Tier) as tierArenaMems reads it.
 type arenaTier interface {
 	Arenas() []cache.ArenaInfo
 	ArenaMem(i int) []byte
 }
 
-// TierArenaMems returns the memory of every arena of t (dram.Tier.ArenaMem),
-// in arena order, for RegisterArenas.
-func TierArenaMems(t arenaTier) [][]byte {
+// tierArenaMems returns the memory of every arena of t (dram.Tier.ArenaMem),
+// in arena order, for registerArenas.
+func tierArenaMems(t arenaTier) [][]byte {
 	n := len(t.Arenas())
 	out := make([][]byte, n)
 	for i := range out {

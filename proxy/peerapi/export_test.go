@@ -1,0 +1,57 @@
+package peerapi
+
+import (
+	"errors"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/rdma"
+)
+
+// The tests' share of the wiring that cmd/tidepool does for serve
+// (registerArenas, watchMembership there).
+
+// RegisterTestArenas registers the memory of every arena of tier with tr,
+// in arena order (the order ServerConfig.Regions and ClientConfig.Regions
+// take), and returns a function that deregisters them.
+func RegisterTestArenas(tr rdma.Transport, tier interface {
+	Arenas() []cache.ArenaInfo
+	ArenaMem(i int) []byte
+}) ([]rdma.RegionDesc, func(), error) {
+	var out []rdma.RegionDesc
+	deregister := func() {
+		for _, d := range out {
+			_ = tr.Deregister(d.ID)
+		}
+	}
+	for i := range tier.Arenas() {
+		d, err := tr.Register(tier.ArenaMem(i))
+		if err != nil {
+			deregister()
+			return nil, nil, err
+		}
+		out = append(out, d)
+	}
+	if len(out) == 0 {
+		return nil, nil, errors.New("no arenas")
+	}
+	return out, deregister, nil
+}
+
+// WatchTestMembership calls p.MembershipChanged on every event of c that
+// changes the live member set, or after a gap, as serve does.
+func WatchTestMembership(c *cluster.Cluster, p *proxy.Proxy) (stop func()) {
+	events, cancel := c.Subscribe()
+	go func() {
+		var last uint64
+		for ev := range events {
+			gap := last != 0 && ev.Seq != last+1
+			last = ev.Seq
+			if gap || ev.Kind != cluster.EventUpdate || !ev.Member.State.Live() {
+				p.MembershipChanged()
+			}
+		}
+	}()
+	return cancel
+}
