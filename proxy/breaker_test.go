@@ -131,18 +131,11 @@ func (h *hangPeers) wait(ctx context.Context, fetch bool) error {
 	return ctx.Err()
 }
 
-func (h *hangPeers) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
+func (h *hangPeers) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]RemoteBlock, error) {
 	if err := h.wait(ctx, true); err != nil {
 		return nil, err
 	}
-	return h.fakePeers.Fetch(ctx, node, ns, keys)
-}
-
-func (h *hangPeers) FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
-	if err := h.wait(ctx, true); err != nil {
-		return nil, err
-	}
-	return h.fakePeers.FetchHot(ctx, node, ns, keys)
+	return h.fakePeers.Acquire(ctx, node, ns, keys)
 }
 
 func (h *hangPeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
@@ -162,8 +155,7 @@ func TestHungOwnerFailsFast(t *testing.T) {
 	names := []string{"a", "b"}
 	ps := map[string]*Proxy{}
 	for _, n := range names {
-		p, _ := newTestProxy(t, func(c *Config) { c.MaxBatch = 64 })
-		ps[n] = p
+		ps[n] = newRouteProxy(t)
 	}
 	hp := &hangPeers{fakePeers: &fakePeers{self: "a", nodes: ps}}
 	cfg := RouteConfig{RemoteTimeout: 20 * time.Millisecond, PeerDownFor: time.Minute, Clock: clk}
@@ -345,7 +337,7 @@ func TestDeleteEverywhereReportsUnreached(t *testing.T) {
 	names := []string{"a", "b", "c"}
 	ps := map[string]*Proxy{}
 	for _, n := range names {
-		p, _ := newTestProxy(t, func(c *Config) { c.MaxBatch = 64 })
+		p := newRouteProxy(t)
 		ps[n] = p
 		if _, err := p.PutLocal(ctx, "ns", []byte("k"), []byte("v"), cache.PutOptions{}); err != nil {
 			t.Fatal(err)

@@ -22,16 +22,6 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 )
 
-// HotFetcher is implemented by Peers that can keep fetched blocks at full
-// priority (proxy/peerapi's Client). With Peers that do not, hot
-// replication is off and blocks this node owns are fetched as copies.
-type HotFetcher interface {
-	// FetchHot is Fetch, but the blocks are committed at full priority
-	// (hot replicas, and blocks this node owns): evicted like owned
-	// blocks, not before them.
-	FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error)
-}
-
 // HotStats counts hot replicas.
 type HotStats struct {
 	Created   int64 // fetches that kept a block as a hot replica
@@ -71,14 +61,10 @@ func newHotTracker(cfg RouteConfig, lg *zap.Logger) *hotTracker {
 		winStart: cfg.Clock.Now(), live: map[string]*hotReplica{}}
 }
 
-// startHot turns hot replication on when configured and the peers can
-// fetch at full priority; a sweeper expires replicas until r.stop.
+// startHot turns hot replication on when configured; a sweeper expires
+// replicas until r.stop.
 func (r *router) startHot() {
 	if r.cfg.HotThreshold <= 0 {
-		return
-	}
-	if _, ok := r.peers.(HotFetcher); !ok {
-		r.lg.Info("hot replication off: the peers cannot fetch at full priority")
 		return
 	}
 	r.hot = newHotTracker(r.cfg, r.lg.Named("hot"))

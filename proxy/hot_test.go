@@ -69,8 +69,8 @@ func TestHotReplica(t *testing.T) {
 		fc.Advance(10 * time.Second)
 	}
 	st := a.p.RouteStats()
-	if st.Hot.Created != 1 || st.Hot.Live != 1 || st.Hot.LiveBytes != int64(len(vals[0])) || peers["a"].hotFetches.Load() != 1 {
-		t.Fatalf("hot stats %+v, hot fetches %d", st.Hot, peers["a"].hotFetches.Load())
+	if st.Hot.Created != 1 || st.Hot.Live != 1 || st.Hot.LiveBytes != int64(len(vals[0])) || hotFetched(a.p) != 1 {
+		t.Fatalf("hot stats %+v, hot fetches %d", st.Hot, hotFetched(a.p))
 	}
 	// Reads are served by the replica: no fetch.
 	before := peers["a"].fetches.Load()

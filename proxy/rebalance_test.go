@@ -297,7 +297,7 @@ func TestRouteConfigValidate(t *testing.T) {
 // not a copy), so the rebalancer finds it held and skips it.
 func TestLazyFillKeepsOwnedBlocks(t *testing.T) {
 	const ns = "ns"
-	s, fx, peers := newMovingCluster(t, RouteConfig{}, []string{"a", "b"}, []string{"a"})
+	s, fx, _ := newMovingCluster(t, RouteConfig{}, []string{"a", "b"}, []string{"a"})
 	ctx := context.Background()
 	var key []byte
 	for i := 0; key == nil; i++ {
@@ -317,7 +317,7 @@ func TestLazyFillKeepsOwnedBlocks(t *testing.T) {
 	if low, ok := lowPriority(fx["b"].tier, ns, key); !ok || low {
 		t.Fatalf("new owner holds the block: %v, low priority %v; want owned", ok, low)
 	}
-	if n := peers["b"].hotFetches.Load(); n != 1 {
+	if n := hotFetched(fx["b"].p); n != 1 {
 		t.Fatalf("%d full-priority fetches, want 1", n)
 	}
 	if st := fx["b"].p.RouteStats().Hot; st.Created != 0 {

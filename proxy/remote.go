@@ -23,6 +23,8 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/internal/clock"
+	"github.com/tidepool-kv/tidepool/internal/flight"
+	"github.com/tidepool-kv/tidepool/rdma"
 )
 
 // Cluster is the proxy's view of the cluster: who owns a key. Implemented
@@ -40,14 +42,28 @@ type Cluster interface {
 	Members() []MemberInfo
 }
 
-// Peers makes calls on other sidecars. Implemented by proxy/peerapi.
+// Peers makes calls on other sidecars: the peer API's requests, and the
+// one-sided read of a pinned block's bytes over the transfer layer.
+// Implemented by proxy/peerapi. The proxy drives a fetch itself
+// (fetch.go): Acquire, then per block Reserve a local slot, Pull, Commit,
+// and Release.
 type Peers interface {
 	// Lookup reports, per key, whether node holds the block locally.
 	Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
-	// Fetch brings the blocks of keys held by node into this node's store as
-	// low-priority copies, checksums verified. Per key: nil,
-	// cache.ErrNotFound or the error.
-	Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]error, error)
+	// Acquire asks node to pin the blocks of keys for this node to read.
+	// Per key: where the block lies, or why it is not served
+	// (RemoteBlock.Err: cache.ErrNotFound, ...). The lease of every block
+	// without Err MUST be given back with Release. The node's answer is
+	// bounded by AnswerTimeout(ctx) when set.
+	Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]RemoteBlock, error)
+	// Pull reads b's bytes from node into the reserved local slot into,
+	// checking them against b.Checksum as they land: an error wrapping
+	// cache.ErrChecksum when they do not match, cache.ErrUnavailable when
+	// the transfer failed. It neither commits nor aborts into.
+	Pull(ctx context.Context, node string, b RemoteBlock, into cache.Reservation) error
+	// Release gives back leases node granted. It does not wait for the
+	// network: the ids may ride on the next Acquire to node.
+	Release(node string, leases []int64)
 	// Push stores blocks on node. Per item: nil (stored or present) or the
 	// error.
 	Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error)
@@ -57,6 +73,25 @@ type Peers interface {
 	// Clear removes every block of ns from node's local tiers and returns
 	// how many there were.
 	Clear(ctx context.Context, node, ns string) (int64, error)
+}
+
+// RemoteBlock is a block another node pinned for this node to read: what
+// Peers.Acquire answers per key.
+type RemoteBlock struct {
+	// Err is why the node does not serve the block (cache.ErrNotFound,
+	// ...); nothing else is set then, and there is no lease.
+	Err error
+	// Lease is the node's pin, given back with Peers.Release.
+	Lease int64
+	// Length, Checksum (CRC-32C) and Depth describe the block.
+	Length   int64
+	Checksum uint32
+	Depth    int32
+	// Where the bytes lie on the node: its transfer endpoint, and the
+	// registered region and the offset in it.
+	Addr   string
+	Region rdma.RegionDesc
+	Offset uint64
 }
 
 type answerKey struct{}
@@ -91,6 +126,12 @@ type RouteConfig struct {
 	// within FetchTimeout). Past it the read is a miss. At most
 	// FetchTimeout. Default 500 ms (FetchTimeout when that is shorter).
 	RemoteTimeout time.Duration
+	// FetchParallel bounds the blocks of one fetch call pulled at once.
+	// Default 8.
+	FetchParallel int
+	// ReserveTTL is how long the local slot of a fetched block waits for
+	// its bytes. Default 10 s.
+	ReserveTTL time.Duration
 	// PeerDownFor is how long a node that failed a call (timed out,
 	// refused, unreachable) is not called again: reads that would ask it
 	// miss at once, pushes to it fail at once. Then one call probes it; a
@@ -146,6 +187,7 @@ type RouteConfig struct {
 func DefaultRouteConfig() RouteConfig {
 	return RouteConfig{
 		FetchTimeout: 5 * time.Second, RemoteTimeout: 500 * time.Millisecond, PeerDownFor: 2 * time.Second,
+		FetchParallel: 8, ReserveTTL: 10 * time.Second,
 		PushQueue: 1024, PushWorkers: 4,
 		RebalanceRate: 64 << 20, RebalanceDelay: 2 * time.Second, RebalanceMaxBytes: 1 << 30,
 		HotThreshold: 3, HotWindow: time.Minute, HotTTL: 10 * time.Minute, HotMaxReplicas: 256,
@@ -165,6 +207,12 @@ func (c RouteConfig) withDefaults() RouteConfig {
 	}
 	if c.PeerDownFor == 0 {
 		c.PeerDownFor = d.PeerDownFor
+	}
+	if c.FetchParallel == 0 {
+		c.FetchParallel = d.FetchParallel
+	}
+	if c.ReserveTTL == 0 {
+		c.ReserveTTL = d.ReserveTTL
 	}
 	if c.PushQueue == 0 {
 		c.PushQueue = d.PushQueue
@@ -209,7 +257,7 @@ func (c RouteConfig) Validate() error {
 		name string
 		v    int64
 	}{
-		{"FetchTimeout", int64(c.FetchTimeout)}, {"RemoteTimeout", int64(c.RemoteTimeout)}, {"PeerDownFor", int64(c.PeerDownFor)}, {"PushQueue", int64(c.PushQueue)}, {"PushWorkers", int64(c.PushWorkers)},
+		{"FetchTimeout", int64(c.FetchTimeout)}, {"RemoteTimeout", int64(c.RemoteTimeout)}, {"PeerDownFor", int64(c.PeerDownFor)}, {"FetchParallel", int64(c.FetchParallel)}, {"ReserveTTL", int64(c.ReserveTTL)}, {"PushQueue", int64(c.PushQueue)}, {"PushWorkers", int64(c.PushWorkers)},
 		{"RebalanceRate", c.RebalanceRate}, {"RebalanceDelay", int64(c.RebalanceDelay)}, {"RebalanceMaxBytes", c.RebalanceMaxBytes},
 		{"HotThreshold", int64(c.HotThreshold)}, {"HotWindow", int64(c.HotWindow)}, {"HotTTL", int64(c.HotTTL)},
 		{"HotMaxReplicas", int64(c.HotMaxReplicas)}, {"HotMaxBytes", c.HotMaxBytes}, {"DRAMBytes", c.DRAMBytes}, {"HotTracked", int64(c.HotTracked)},
@@ -266,17 +314,13 @@ type router struct {
 	stop    chan struct{}
 	workers sync.WaitGroup
 
-	fmu     sync.Mutex
-	flights map[string]*fetchFlight
+	zcs     ZeroCopyStore                   // where fetched blocks land
+	flights *flight.Group[string, struct{}] // one fetch per key at a time (fetch.go)
+	stats   peerStats                       // per node (peerstats.go)
 
 	remoteLookups, remoteFetches, remoteHits, fetchFailures atomic.Int64
 	pushes, pushFailures, pushesDropped, coalesced          atomic.Int64
 	remoteDeletes, remoteDeleteErrs                         atomic.Int64
-}
-
-type fetchFlight struct {
-	done chan struct{}
-	err  error
 }
 
 // AttachCluster makes the proxy route across the cluster. Call it once,
@@ -288,13 +332,17 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 	if c == nil || peers == nil {
 		return errors.New("proxy: nil cluster or peers")
 	}
+	if p.zcs == nil {
+		return errors.New("proxy: routing across the cluster needs the store's arenas (Deps.ZeroCopy): fetched blocks land there")
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	cfg = cfg.withDefaults()
-	r := &router{c: c, peers: peers, store: p.store, cfg: cfg, lg: p.lg.Named("route"),
-		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: map[string]*fetchFlight{},
+	r := &router{c: c, store: p.store, zcs: p.zcs, cfg: cfg, lg: p.lg.Named("route"),
+		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
+	r.peers = counted{peers, &r.stats}
 	for i := 0; i < cfg.PushWorkers; i++ {
 		r.workers.Add(1)
 		go r.pushWorker()
@@ -389,154 +437,6 @@ func (r *router) owns(ns string, key []byte) bool {
 		}
 	}
 	return false
-}
-
-// fetch brings keys that missed locally into the local store, asking each
-// key's owners in order; one fetch per key at a time (concurrent misses on
-// one key join the flight). A fetched block is kept as a low-priority copy,
-// except when this node owns it (a new owner filling lazily from the
-// previous one) or it is fetched often (a hot replica, hot.go): those are
-// kept at full priority. Per key: nil (now local) or why not.
-func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
-	errs := make([]error, len(keys))
-	// Group by first remote owner (and by kept at full priority or not);
-	// keys with no remote owner miss.
-	groups := map[fetchGroup][]int{}
-	hot := make([]bool, len(keys))
-	var waits []struct {
-		i int
-		f *fetchFlight
-	}
-	var mine []*fetchFlight
-	var mineIdx []int
-	for i, k := range keys {
-		owners := r.remoteOwners(ns, k)
-		if len(owners) == 0 {
-			errs[i] = cache.ErrNotFound
-			continue
-		}
-		fk := ns + "\x00" + string(k)
-		r.fmu.Lock()
-		if f, ok := r.flights[fk]; ok {
-			r.fmu.Unlock()
-			r.coalesced.Add(1)
-			waits = append(waits, struct {
-				i int
-				f *fetchFlight
-			}{i, f})
-			continue
-		}
-		f := &fetchFlight{done: make(chan struct{})}
-		r.flights[fk] = f
-		r.fmu.Unlock()
-		mine = append(mine, f)
-		mineIdx = append(mineIdx, i)
-		// A flight that ended between the caller's local miss and now
-		// left the block here: do not fetch it again (as groupcache
-		// re-checks its cache inside the single-flight).
-		if _, ok := r.store.Stat(ctx, ns, k); ok {
-			continue
-		}
-		owned := r.owns(ns, k)
-		if !owned {
-			hot[i] = r.hot.note(fk)
-		}
-		g := fetchGroup{node: owners[0], keep: owned || hot[i]}
-		groups[g] = append(groups[g], i)
-	}
-	// Ask each first owner for its keys in parallel; a key it lacks is
-	// tried at its next owner (previous membership) one by one. The owner
-	// must answer within RemoteTimeout; the bytes then move within
-	// FetchTimeout.
-	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
-	defer cancel()
-	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
-	perNode(groups, keys, func(g fetchGroup, idx []int, batch [][]byte) {
-		r.fetchFrom(ctx, parent, g, ns, keys, idx, batch, errs)
-	})
-	for j, f := range mine {
-		i := mineIdx[j]
-		f.err = errs[i]
-		fk := ns + "\x00" + string(keys[i])
-		if hot[i] {
-			r.hot.done(ctx, fk, ns, keys[i], errs[i] == nil, r.store)
-		}
-		r.fmu.Lock()
-		delete(r.flights, fk)
-		r.fmu.Unlock()
-		close(f.done)
-	}
-	for _, w := range waits {
-		select {
-		case <-w.f.done:
-			errs[w.i] = w.f.err
-		case <-ctx.Done():
-			errs[w.i] = ctx.Err()
-		}
-	}
-	return errs
-}
-
-// fetchGroup is the keys of one fetch call: one node, and whether the
-// blocks are kept at full priority.
-type fetchGroup struct {
-	node string
-	keep bool
-}
-
-// fetchFrom fetches batch (keys[idx]) from g.node and sets errs[idx[j]];
-// a key the node cannot give is tried at its other owners one by one.
-// parent is the caller's context (without the router's deadlines).
-func (r *router) fetchFrom(ctx, parent context.Context, g fetchGroup, ns string, keys [][]byte, idx []int, batch [][]byte, errs []error) {
-	res, err := r.fetchCall(ctx, parent, g.node, ns, batch, g.keep)
-	for j, i := range idx {
-		e := err
-		if e == nil {
-			e = res[j]
-		}
-		if e != nil && !errors.Is(e, cache.ErrNotFound) && !errors.Is(e, ErrPeerDown) {
-			r.fetchFailures.Add(1)
-			r.lg.Debug("remote fetch failed", zap.String("node", g.node), zap.Error(e))
-		}
-		if e != nil {
-			// Try the other owners of this key, in order.
-			for _, next := range r.remoteOwners(ns, keys[i])[1:] {
-				rr, ferr := r.fetchCall(ctx, parent, next, ns, [][]byte{keys[i]}, g.keep)
-				if ferr == nil && rr[0] == nil {
-					e = nil
-					break
-				}
-			}
-		}
-		if e == nil {
-			r.remoteHits.Add(1)
-		}
-		errs[i] = e
-	}
-}
-
-// fetchCall is one Fetch, or FetchHot for blocks to keep at full priority
-// (when the peers can), unless node failed a call recently (ErrPeerDown).
-func (r *router) fetchCall(ctx, parent context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
-	ok, probe := r.brk.allow(node)
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", ErrPeerDown, node)
-	}
-	r.remoteFetches.Add(int64(len(keys)))
-	var res []error
-	var err error
-	if hf, ok := r.peers.(HotFetcher); ok && keep {
-		res, err = hf.FetchHot(ctx, node, ns, keys)
-	} else {
-		res, err = r.peers.Fetch(ctx, node, ns, keys)
-	}
-	o := outcomeOf(parent, err)
-	if err == nil {
-		o = perKeyOutcome(parent, res)
-	}
-	r.brk.done(node, probe, o)
-	return res, err
 }
 
 // perNode calls fn for each group of key indexes (one per node, or per node

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
 )
 
 // fakeCluster places keys on nodes by a hash; fakePeers calls the other
@@ -37,13 +39,17 @@ func (c *fakeCluster) Members() []MemberInfo {
 }
 
 type fakePeers struct {
-	self       string
-	nodes      map[string]*Proxy
-	fetches    atomic.Int64  // keys fetched (hot or not)
-	hotFetches atomic.Int64  // keys fetched as hot replicas
-	pushes     atomic.Int64  // items pushed
-	gate       chan struct{} // when set, Fetch waits on it
-	onPush     func(PutItem) // when set, called for each pushed item
+	self    string
+	nodes   map[string]*Proxy
+	fetches atomic.Int64  // keys fetched (hot or not)
+	pushes  atomic.Int64  // items pushed
+	gate    chan struct{} // when set, Acquire waits on it
+	onPush  func(PutItem) // when set, called for each pushed item
+	corrupt atomic.Bool   // when set, Pull damages the bytes in transit
+
+	mu    sync.Mutex
+	lease int64
+	held  map[int64][]byte // the bytes of each lease Acquire granted
 }
 
 func (f *fakePeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
@@ -54,31 +60,65 @@ func (f *fakePeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) 
 	return out, nil
 }
 
-func (f *fakePeers) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
-	return f.fetch(ctx, node, ns, keys, true)
-}
-
-// FetchHot implements HotFetcher: the copies are kept at full priority.
-func (f *fakePeers) FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
-	f.hotFetches.Add(int64(len(keys)))
-	return f.fetch(ctx, node, ns, keys, false)
-}
-
-func (f *fakePeers) fetch(ctx context.Context, node, ns string, keys [][]byte, low bool) ([]error, error) {
+// Acquire reads the blocks from the node's proxy and holds their bytes
+// under a lease until Release (the owner's pin).
+func (f *fakePeers) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]RemoteBlock, error) {
 	f.fetches.Add(int64(len(keys)))
 	if f.gate != nil {
 		<-f.gate
 	}
-	out := make([]error, len(keys))
+	out := make([]RemoteBlock, len(keys))
 	for i, k := range keys {
 		v, info, err := f.nodes[node].Get(ctx, ns, k, ScopeLocal)
 		if err != nil {
-			out[i] = err
+			out[i].Err = err
 			continue
 		}
-		_, out[i] = f.nodes[f.self].store.Put(ctx, ns, k, v, cache.PutOptions{Depth: info.Depth, LowPriority: low})
+		f.mu.Lock()
+		f.lease++
+		if f.held == nil {
+			f.held = map[int64][]byte{}
+		}
+		f.held[f.lease] = append([]byte(nil), v...)
+		out[i] = RemoteBlock{Lease: f.lease, Length: int64(len(v)), Checksum: info.Checksum, Depth: info.Depth}
+		f.mu.Unlock()
 	}
 	return out, nil
+}
+
+// Pull copies the held bytes into the local slot, checked as the
+// transfer layer checks them.
+func (f *fakePeers) Pull(_ context.Context, node string, b RemoteBlock, into cache.Reservation) error {
+	f.mu.Lock()
+	v, ok := f.held[b.Lease]
+	f.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: lease %d not held", cache.ErrUnavailable, b.Lease)
+	}
+	copy(into.Bytes(), v)
+	if f.corrupt.Load() && len(v) > 0 {
+		into.Bytes()[0] ^= 0xff
+	}
+	if cache.Checksum(into.Bytes()) != b.Checksum {
+		return fmt.Errorf("fake pull from %s: %w", node, cache.ErrChecksum)
+	}
+	return nil
+}
+
+func (f *fakePeers) Release(_ string, leases []int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range leases {
+		delete(f.held, id)
+	}
+}
+
+// liveLeases is how many leases Acquire granted and Release has not
+// given back.
+func (f *fakePeers) liveLeases() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.held)
 }
 
 func (f *fakePeers) Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error) {
@@ -110,13 +150,43 @@ func (f *fakePeers) Clear(ctx context.Context, node, ns string) (int64, error) {
 	return f.nodes[node].Clear(ctx, ns, ScopeLocal)
 }
 
+// newRouteProxy is a proxy over a DRAM tier (fetched blocks land in its
+// arenas) with room for batches of 64.
+func newRouteProxy(t *testing.T) *Proxy {
+	t.Helper()
+	dcfg := dram.DefaultConfig()
+	dcfg.Dir = t.TempDir()
+	dcfg.Capacity, dcfg.ArenaSize, dcfg.MaxValueSize, dcfg.LazyFault = 16<<20, 4<<20, 1<<20, true
+	tier, err := dram.New(dcfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tier.Close() })
+	cfg := DefaultConfig()
+	cfg.MaxValueBytes = 1024
+	cfg.MaxBatch = 64
+	p, err := New(cfg, Deps{Store: tier, ZeroCopy: tier}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// hotFetched is how many keys p fetched to keep at full priority.
+func hotFetched(p *Proxy) int64 {
+	var n int64
+	for _, s := range p.PeerStats() {
+		n += s.HotFetched
+	}
+	return n
+}
+
 func newFakeCluster(t *testing.T, names ...string) (map[string]*Proxy, map[string]*fakePeers) {
 	t.Helper()
 	proxies := map[string]*Proxy{}
 	peers := map[string]*fakePeers{}
 	for _, n := range names {
-		p, _ := newTestProxy(t, func(c *Config) { c.MaxBatch = 64 })
-		proxies[n] = p
+		proxies[n] = newRouteProxy(t)
 	}
 	for _, n := range names {
 		fp := &fakePeers{self: n, nodes: proxies}
@@ -212,5 +282,77 @@ func TestRouteConcurrentMissesFetchOnce(t *testing.T) {
 	}
 	if n := peers["a"].fetches.Load(); n != 1 {
 		t.Fatalf("%d fetches for 8 concurrent misses of one key, want 1", n)
+	}
+}
+
+// TestFetchLandsOrLeavesNothing: a remote read lands the block in the
+// local arenas through a reserved slot and gives the owner's pin back; a
+// transfer whose bytes fail their checksum aborts the slot (nothing is
+// stored, the key is not left reserved) and still gives the pin back.
+func TestFetchLandsOrLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	ps, peers := newFakeCluster(t, "a", "b")
+	fc := &fakeCluster{nodes: []string{"a", "b"}}
+	var keys [][]byte
+	for i := 0; len(keys) < 2; i++ {
+		if k := []byte(fmt.Sprint("k", i)); fc.Owners("ns", k)[0] == "b" {
+			keys = append(keys, k)
+		}
+	}
+	val := []byte("a block on its owner")
+	for _, k := range keys {
+		if _, err := ps["b"].PutLocal(ctx, "ns", k, val, cache.PutOptions{Depth: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := func() PeerStats {
+		for _, s := range ps["a"].PeerStats() {
+			if s.Node == "b" {
+				return s
+			}
+		}
+		return PeerStats{}
+	}
+
+	got, info, err := ps["a"].Get(ctx, "ns", keys[0], ScopeCluster)
+	if err != nil || string(got) != string(val) || info.Depth != 2 {
+		t.Fatalf("cluster get: %q depth %d, %v", got, info.Depth, err)
+	}
+	if _, ok, _ := ps["a"].Exists(ctx, "ns", keys[0], ScopeLocal); !ok {
+		t.Fatal("the fetched block did not land locally")
+	}
+	if s := stats(); s.Fetches != 1 || s.FetchedBlocks != 1 || s.FetchedBytes != int64(len(val)) || s.ChecksumFails != 0 {
+		t.Fatalf("peer stats %+v", s)
+	}
+	if n := peers["a"].liveLeases(); n != 0 {
+		t.Fatalf("%d owner pins not given back", n)
+	}
+
+	peers["a"].corrupt.Store(true)
+	if _, _, err := ps["a"].Get(ctx, "ns", keys[1], ScopeCluster); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("get of a block damaged in transit: %v, want a miss", err)
+	}
+	if _, ok, _ := ps["a"].Exists(ctx, "ns", keys[1], ScopeLocal); ok {
+		t.Fatal("a block damaged in transit was stored")
+	}
+	if s := stats(); s.ChecksumFails != 1 || s.FetchedBlocks != 1 {
+		t.Fatalf("peer stats after the damaged transfer %+v", s)
+	}
+	if n := peers["a"].liveLeases(); n != 0 {
+		t.Fatalf("%d owner pins not given back after a failed transfer", n)
+	}
+	// The slot was aborted: the next fetch of the key reserves it anew.
+	peers["a"].corrupt.Store(false)
+	if got, _, err := ps["a"].Get(ctx, "ns", keys[1], ScopeCluster); err != nil || string(got) != string(val) {
+		t.Fatalf("fetch after the failed one: %q, %v", got, err)
+	}
+}
+
+// TestAttachClusterNeedsArenas: fetched blocks land in the store's arenas,
+// so a proxy without them cannot route across the cluster.
+func TestAttachClusterNeedsArenas(t *testing.T) {
+	p, _ := newTestProxy(t, nil)
+	if err := p.AttachCluster(&fakeCluster{self: "a", nodes: []string{"a"}}, &fakePeers{self: "a"}, RouteConfig{}); err == nil {
+		t.Fatal("attached a cluster to a proxy without arenas")
 	}
 }

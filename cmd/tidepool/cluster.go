@@ -236,7 +236,6 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccl := peerapi.DefaultClientConfig()
 	ccl.Credentials = creds
 	ccl.Resolve = n.view.Addrs
-	ccl.Store = store
 	ccl.Transport = n.xt
 	ccl.Regions = n.regions
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {

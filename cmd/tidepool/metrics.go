@@ -283,7 +283,7 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	if c.cn.pcli != nil {
-		for _, ps := range c.cn.pcli.Stats() {
+		for _, ps := range c.p.PeerStats() {
 			ch <- m(c.peerFetches, ctr, float64(ps.FetchedBlocks), ps.Node)
 			ch <- m(c.peerBytes, ctr, float64(ps.FetchedBytes), ps.Node)
 			ch <- m(c.peerFails, ctr, float64(ps.Failures), ps.Node)

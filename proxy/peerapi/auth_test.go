@@ -48,7 +48,7 @@ func testClusterWithSecret(t *testing.T, encrypt bool) {
 	// A client with the right label but no secret.
 	cli, err := peerapi.NewClient(peerapi.ClientConfig{
 		Credentials: peerapi.Credentials{NodeID: "intruder", Label: "prod"},
-		Resolve:     b.view.Addrs, Store: b.tier, Transport: b.tr, Regions: b.regions,
+		Resolve:     b.view.Addrs, Transport: b.tr, Regions: b.regions,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +159,7 @@ func TestPeerAPISurvivesEMFILE(t *testing.T) {
 	c.Close()
 	// A fresh client: its call needs a new connection.
 	cli, err := peerapi.NewClient(peerapi.ClientConfig{
-		Credentials: b.cred, Resolve: b.view.Addrs, Store: b.tier, Transport: b.tr, Regions: b.regions,
+		Credentials: b.cred, Resolve: b.view.Addrs, Transport: b.tr, Regions: b.regions,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

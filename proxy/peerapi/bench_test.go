@@ -122,8 +122,9 @@ const (
 	remoteGetPinned remoteMode = iota
 	// remoteGetCopy: proxy.Get, which copies the block out of the arena.
 	remoteGetCopy
-	// remoteFetch: the peer client's Fetch alone (the block lands in the
-	// local store).
+	// remoteFetch: the peer client's calls alone, as the proxy's fetch
+	// makes them (Acquire, Pull into a reserved slot, Release; the block
+	// lands in the local store).
 	remoteFetch
 )
 
@@ -145,11 +146,7 @@ func benchRemote(b *testing.B, mode remoteMode, o nodeOpts) {
 		a.p.Delete(ctx, ns, keys[w], proxy.ScopeLocal)
 		switch mode {
 		case remoteFetch:
-			res, err := a.cli.Fetch(ctx, owner.name, ns, keys[w:w+1])
-			if err == nil {
-				err = res[0]
-			}
-			return err
+			return fetchAlone(ctx, a, owner.name, ns, keys[w])
 		case remoteGetPinned:
 			var pins proxy.Pins
 			v, _, err := a.p.GetPinned(ctx, ns, keys[w], proxy.ScopeCluster, &pins)
@@ -225,4 +222,28 @@ func benchRemote(b *testing.B, mode remoteMode, o nodeOpts) {
 	if st.FetchedBlocks < int64(b.N) {
 		b.Fatalf("only %d remote fetches for %d gets", st.FetchedBlocks, b.N)
 	}
+}
+
+// fetchAlone brings one block from node into a's store with the peer
+// client's calls only: what the proxy's fetch does, without the routing.
+func fetchAlone(ctx context.Context, a *node, node, ns string, key []byte) error {
+	blocks, err := a.cli.Acquire(ctx, node, ns, [][]byte{key})
+	if err != nil {
+		return err
+	}
+	b := blocks[0]
+	if b.Err != nil {
+		return b.Err
+	}
+	defer a.cli.Release(node, []int64{b.Lease})
+	slot, err := a.tier.Reserve(ctx, ns, key, b.Length, cache.PutOptions{Depth: b.Depth, LowPriority: true}, 0)
+	if err != nil {
+		return err
+	}
+	if err := a.cli.Pull(ctx, node, b, slot); err != nil {
+		slot.Abort()
+		return err
+	}
+	_, err = slot.CommitChecked(ctx, b.Checksum)
+	return err
 }

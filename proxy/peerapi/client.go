@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	kclient "github.com/cloudwego/kitex/client"
@@ -30,11 +28,9 @@ type ClientConfig struct {
 	// Resolve returns a node's peer API and transfer addresses
 	// (clusterview.View.Addrs). Required.
 	Resolve func(node string) (peerAddr, transferAddr string, ok bool)
-	// Store is this node's store: fetched blocks are reserved in its DRAM
-	// arenas and committed there as low-priority copies. Required.
-	Store proxy.ZeroCopyStore
-	// Transport pulls the bytes; Regions are this node's registered arenas,
-	// indexed like Store.Arenas (registered with the transport: cmd/tidepool's registerArenas). Required.
+	// Transport pulls the bytes (Pull); Regions are this node's registered
+	// arenas, indexed like the store's arenas (registered with the
+	// transport: cmd/tidepool's registerArenas). Required.
 	Transport rdma.Transport
 	Regions   []rdma.RegionDesc
 	// Timeout bounds one RPC when the caller's context has no earlier
@@ -45,22 +41,17 @@ type ClientConfig struct {
 	// Lease is how long the owner keeps a fetched block pinned for the
 	// transfer (released as soon as it is done). Default 10 s.
 	Lease time.Duration
-	// ReserveTTL is how long a local slot waits for its bytes. Default 10 s.
-	ReserveTTL time.Duration
 	// MaxResponseBytes bounds one framed response. Default 64 MiB.
 	MaxResponseBytes int
 	// MaxIdleConns is the idle API connections kept per peer. Default 16.
 	MaxIdleConns int
-	// Parallel bounds the transfers of one Fetch that run at once.
-	// Default 8.
-	Parallel int
 }
 
 // DefaultClientConfig returns the defaults documented on ClientConfig.
 func DefaultClientConfig() ClientConfig {
 	return ClientConfig{
 		Timeout: 5 * time.Second, ConnectTimeout: time.Second, Lease: 10 * time.Second,
-		ReserveTTL: 10 * time.Second, MaxResponseBytes: 64 << 20, MaxIdleConns: 16, Parallel: 8,
+		MaxResponseBytes: 64 << 20, MaxIdleConns: 16,
 	}
 }
 
@@ -75,17 +66,11 @@ func (c ClientConfig) withDefaults() ClientConfig {
 	if c.Lease == 0 {
 		c.Lease = d.Lease
 	}
-	if c.ReserveTTL == 0 {
-		c.ReserveTTL = d.ReserveTTL
-	}
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = d.MaxResponseBytes
 	}
 	if c.MaxIdleConns == 0 {
 		c.MaxIdleConns = d.MaxIdleConns
-	}
-	if c.Parallel == 0 {
-		c.Parallel = d.Parallel
 	}
 	return c
 }
@@ -98,9 +83,6 @@ func (c ClientConfig) Validate() error {
 	if c.Resolve == nil {
 		bad("Resolve is required")
 	}
-	if c.Store == nil {
-		bad("Store is required")
-	}
 	if c.Transport == nil {
 		bad("Transport is required")
 	}
@@ -110,7 +92,7 @@ func (c ClientConfig) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"Timeout", c.Timeout}, {"ConnectTimeout", c.ConnectTimeout}, {"Lease", c.Lease}, {"ReserveTTL", c.ReserveTTL}} {
+	}{{"Timeout", c.Timeout}, {"ConnectTimeout", c.ConnectTimeout}, {"Lease", c.Lease}} {
 		if d.v < 0 {
 			bad("%s %v is negative", d.name, d.v)
 		}
@@ -121,52 +103,21 @@ func (c ClientConfig) Validate() error {
 	if c.MaxIdleConns < 0 {
 		bad("MaxIdleConns %d is negative", c.MaxIdleConns)
 	}
-	if c.Parallel < 0 {
-		bad("Parallel %d is negative", c.Parallel)
-	}
 	return errors.Join(errs...)
 }
 
-// PeerStats counts one peer's calls made by this client.
-type PeerStats struct {
-	Node          string
-	Fetches       int64         // Fetch calls
-	FetchedBlocks int64         // blocks brought in (or found local meanwhile)
-	FetchedBytes  int64         // bytes pulled
-	HotFetched    int64         // keys asked with FetchHot (kept at full priority)
-	Misses        int64         // keys the peer did not hold
-	Failures      int64         // keys or calls that failed (transfer, checksum, RPC)
-	ChecksumFails int64         // fetched blocks whose bytes failed their CRC
-	Lookups       int64         // Lookup calls
-	Pushes        int64         // blocks pushed
-	PushFailures  int64         // pushed blocks the peer did not store
-	FetchLatency  time.Duration // summed over successful Fetch calls
-}
-
-// MeanFetchLatency is FetchLatency per Fetch call.
-func (s PeerStats) MeanFetchLatency() time.Duration {
-	if s.Fetches > 0 {
-		return s.FetchLatency / time.Duration(s.Fetches)
-	}
-	return 0
-}
-
-type peerCounters struct {
-	fetches, blocks, bytes, hot, misses, failures, csum, lookups, pushes, pushFails, latency atomic.Int64
-}
-
-// Client makes peer API calls and moves fetched bytes; it implements
-// proxy.Peers. Safe for concurrent use.
+// Client makes peer API calls and reads pinned blocks over the transfer
+// layer; it implements proxy.Peers (the proxy drives fetches: fetch.go).
+// Safe for concurrent use.
 type Client struct {
 	cfg  ClientConfig
 	lg   *zap.Logger
 	auth *peer.Auth
 
-	mu       sync.Mutex
-	closed   bool
-	apis     map[string]*apiConn      // by peer API address
-	xfers    map[string]rdma.Peer     // by transfer address
-	counters map[string]*peerCounters // by node
+	mu     sync.Mutex
+	closed bool
+	apis   map[string]*apiConn  // by peer API address
+	xfers  map[string]rdma.Peer // by transfer address
 
 	releases sync.WaitGroup // asynchronous lease releases
 	// pending holds, per node, owner leases this client is done with, not
@@ -191,10 +142,7 @@ const releaseDelay = 20 * time.Millisecond
 // applies to them).
 const maxRide = 256
 
-var (
-	_ proxy.Peers      = (*Client)(nil)
-	_ proxy.HotFetcher = (*Client)(nil)
-)
+var _ proxy.Peers = (*Client)(nil)
 
 // NewClient validates cfg and returns a client; connections are made on
 // first use. lg is used as given; nil is a no-op.
@@ -208,7 +156,7 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	}
 	return &Client{
 		cfg: cfg, lg: lg, auth: cfg.Credentials.auth(),
-		apis: map[string]*apiConn{}, xfers: map[string]rdma.Peer{}, counters: map[string]*peerCounters{},
+		apis: map[string]*apiConn{}, xfers: map[string]rdma.Peer{},
 		pending: map[string]*pendingRelease{},
 	}, nil
 }
@@ -263,34 +211,6 @@ func (c *Client) Forget(addr string) {
 			c.lg.Debug("closing peer connections", zap.String("addr", addr), zap.Error(err))
 		}
 	}
-}
-
-func (c *Client) stats(node string) *peerCounters {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	pc, ok := c.counters[node]
-	if !ok {
-		pc = &peerCounters{}
-		c.counters[node] = pc
-	}
-	return pc
-}
-
-// Stats returns per-peer counters, sorted by node.
-func (c *Client) Stats() []PeerStats {
-	c.mu.Lock()
-	out := make([]PeerStats, 0, len(c.counters))
-	for node, pc := range c.counters {
-		out = append(out, PeerStats{
-			Node: node, Fetches: pc.fetches.Load(), FetchedBlocks: pc.blocks.Load(), FetchedBytes: pc.bytes.Load(), HotFetched: pc.hot.Load(),
-			Misses: pc.misses.Load(), Failures: pc.failures.Load(), ChecksumFails: pc.csum.Load(),
-			Lookups: pc.lookups.Load(), Pushes: pc.pushes.Load(), PushFailures: pc.pushFails.Load(),
-			FetchLatency: time.Duration(pc.latency.Load()),
-		})
-	}
-	c.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
-	return out
 }
 
 // api returns the Kitex client for node's peer API and its transfer
@@ -377,19 +297,15 @@ func (c *Client) dropXfer(addr string, p rdma.Peer) {
 
 // Lookup reports, per key, whether node holds the block locally.
 func (c *Client) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
-	pc := c.stats(node)
-	pc.lookups.Add(1)
 	kc, _, err := c.api(node)
 	if err != nil {
 		return nil, err
 	}
 	res, err := kc.Lookup(ctx, &peer.LookupRequest{Auth: c.auth, Ns: ns, Keys: keys})
 	if err != nil {
-		pc.failures.Add(1)
 		return nil, callErr(node, err)
 	}
 	if len(res.Present) != len(keys) {
-		pc.failures.Add(1)
 		return nil, fmt.Errorf("%w: lookup of %d keys answered %d", ErrProtocol, len(keys), len(res.Present))
 	}
 	return res.Present, nil
@@ -398,10 +314,8 @@ func (c *Client) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]
 // Push stores blocks on node, each with its CRC-32C. Per item: nil (stored
 // or already present) or the error.
 func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutItem) ([]error, error) {
-	pc := c.stats(node)
 	kc, _, err := c.api(node)
 	if err != nil {
-		pc.pushFails.Add(int64(len(items)))
 		return nil, err
 	}
 	req := &peer.PutRequest{Auth: c.auth, Ns: ns, Items: make([]*peer.PutItem, len(items))}
@@ -417,21 +331,16 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 	}
 	res, err := kc.Put(ctx, req)
 	if err != nil {
-		pc.pushFails.Add(int64(len(items)))
 		return nil, callErr(node, err)
 	}
 	if len(res.Codes) != len(items) {
-		pc.pushFails.Add(int64(len(items)))
 		return nil, fmt.Errorf("%w: put of %d items answered %d", ErrProtocol, len(items), len(res.Codes))
 	}
 	out := make([]error, len(items))
 	for i, code := range res.Codes {
 		if e := codeErr(node, code, ""); e != nil && !errors.Is(e, cache.ErrExists) {
 			out[i] = e
-			pc.pushFails.Add(1)
-			continue
 		}
-		pc.pushes.Add(1)
 	}
 	return out, nil
 }
@@ -439,19 +348,15 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 // Delete removes keys from node's local tiers. Per key: whether it was
 // there.
 func (c *Client) Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
-	pc := c.stats(node)
 	kc, _, err := c.api(node)
 	if err != nil {
-		pc.failures.Add(1)
 		return nil, err
 	}
 	res, err := kc.Delete(ctx, &peer.DeleteRequest{Auth: c.auth, Ns: ns, Keys: keys})
 	if err != nil {
-		pc.failures.Add(1)
 		return nil, callErr(node, err)
 	}
 	if len(res.Deleted) != len(keys) {
-		pc.failures.Add(1)
 		return nil, fmt.Errorf("%w: delete of %d keys answered %d", ErrProtocol, len(keys), len(res.Deleted))
 	}
 	return res.Deleted, nil
@@ -460,45 +365,26 @@ func (c *Client) Delete(ctx context.Context, node, ns string, keys [][]byte) ([]
 // Clear removes every block of ns from node's local tiers and returns how
 // many there were.
 func (c *Client) Clear(ctx context.Context, node, ns string) (int64, error) {
-	pc := c.stats(node)
 	kc, _, err := c.api(node)
 	if err != nil {
-		pc.failures.Add(1)
 		return 0, err
 	}
 	res, err := kc.Clear(ctx, &peer.ClearRequest{Auth: c.auth, Ns: ns})
 	if err != nil {
-		pc.failures.Add(1)
 		return 0, callErr(node, err)
 	}
 	return max(res.Removed, 0), nil
 }
 
-// Fetch brings the blocks of keys held by node into the local store as
-// low-priority copies: the owner pins them (Acquire), each is pulled into
-// a reserved local slot with a one-sided Read and committed only if its
-// bytes match the owner's CRC-32C (else the slot is freed: a miss, never
-// wrong bytes), then the owner's pins are released in one call. Per key:
-// nil (local now), cache.ErrNotFound, or the error.
-func (c *Client) Fetch(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
-	return c.fetch(ctx, node, ns, keys, true)
-}
-
-// FetchHot is Fetch, but the blocks are committed at full priority: the
-// proxy's hot replicas, and blocks this node owns (a new owner filling
-// lazily from the previous one). It implements proxy.HotFetcher.
-func (c *Client) FetchHot(ctx context.Context, node, ns string, keys [][]byte) ([]error, error) {
-	c.stats(node).hot.Add(int64(len(keys)))
-	return c.fetch(ctx, node, ns, keys, false)
-}
-
-func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low bool) ([]error, error) {
-	start := time.Now()
-	pc := c.stats(node)
-	pc.fetches.Add(1)
+// Acquire asks node to pin the blocks of keys for this node to read: per
+// key, where the block lies (its transfer endpoint, registered region and
+// offset) or why it is not served. Leases this client is done with ride
+// along (Release). The answer is bounded by proxy.AnswerTimeout(ctx) when
+// set. An answer this side cannot use (a slot outside its region) is that
+// key's error, and its pin is given back here.
+func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]proxy.RemoteBlock, error) {
 	kc, resolvedXfer, err := c.api(node)
 	if err != nil {
-		pc.failures.Add(1)
 		return nil, err
 	}
 	lease := max(c.cfg.Lease.Milliseconds(), 1)
@@ -506,7 +392,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 	actx := ctx
 	if d, ok := proxy.AnswerTimeout(ctx); ok {
 		// The owner must answer within d (a hung or partitioned owner costs
-		// d, not the whole fetch); the pulls below use ctx.
+		// d, not the whole fetch); the pulls that follow use ctx.
 		var cancel context.CancelFunc
 		actx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
@@ -514,11 +400,9 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 	res, err := kc.Acquire(actx, &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride})
 	if err != nil {
 		c.release(node, kc, ride) // may not have reached the owner
-		pc.failures.Add(1)
 		return nil, callErr(node, err)
 	}
 	if len(res.Items) != len(keys) {
-		pc.failures.Add(1)
 		// Pins we cannot match to keys: give them back.
 		var ids []int64
 		for _, it := range res.Items {
@@ -529,115 +413,84 @@ func (c *Client) fetch(ctx context.Context, node, ns string, keys [][]byte, low 
 		c.release(node, kc, ids)
 		return nil, fmt.Errorf("%w: acquire of %d keys answered %d", ErrProtocol, len(keys), len(res.Items))
 	}
-	errs := make([]error, len(keys))
-	var leases []int64
-	pullOne := func(i int, it *peer.AcquireItem) {
-		n, err := c.pull(ctx, ns, keys[i], it, resolvedXfer, low)
-		errs[i] = err
-		switch {
-		case err == nil:
-			pc.blocks.Add(1)
-			pc.bytes.Add(n)
-		case errors.Is(err, cache.ErrChecksum):
-			pc.csum.Add(1)
-			pc.failures.Add(1)
-		default:
-			pc.failures.Add(1)
-		}
-	}
-	sem := make(chan struct{}, max(c.cfg.Parallel, 1))
-	var wg sync.WaitGroup
+	out := make([]proxy.RemoteBlock, len(keys))
+	var unusable []int64
 	for i, it := range res.Items {
-		if it == nil {
-			errs[i] = fmt.Errorf("%w: nil item", ErrProtocol)
-			continue
-		}
-		if it.Code != tp.ErrorCode_OK {
-			errs[i] = codeErr(node, it.Code, it.Message)
-			if errors.Is(errs[i], cache.ErrNotFound) {
-				pc.misses.Add(1)
-			} else {
-				pc.failures.Add(1)
+		switch {
+		case it == nil:
+			out[i].Err = fmt.Errorf("%w: nil item", ErrProtocol)
+		case it.Code != tp.ErrorCode_OK:
+			out[i].Err = codeErr(node, it.Code, it.Message)
+		default:
+			s := it.Slot
+			if s == nil || s.Length < 0 || s.Offset < 0 || s.RegionLen < 0 || s.Offset > s.RegionLen || s.Length > s.RegionLen-s.Offset {
+				unusable = append(unusable, it.LeaseId)
+				out[i].Err = fmt.Errorf("%w: bad slot %v", ErrProtocol, s)
+				continue
 			}
-			continue
+			addr := s.TransportAddr
+			if addr == "" {
+				addr = resolvedXfer
+			}
+			out[i] = proxy.RemoteBlock{
+				Lease: it.LeaseId, Length: s.Length, Checksum: uint32(it.Checksum), Depth: it.Depth,
+				Addr:   addr,
+				Region: rdma.RegionDesc{ID: rdma.RegionID(s.RegionId), Len: uint64(s.RegionLen), Key: uint32(s.RegionKey), Addr: uint64(s.RegionAddr)},
+				Offset: uint64(s.Offset),
+			}
 		}
-		leases = append(leases, it.LeaseId)
-		if len(res.Items) == 1 {
-			pullOne(i, it) // one block: pull it from here
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int, it *peer.AcquireItem) {
-			defer func() { <-sem; wg.Done() }()
-			pullOne(i, it)
-		}(i, it)
 	}
-	wg.Wait()
-	c.release(node, kc, leases)
-	pc.latency.Add(int64(time.Since(start)))
-	return errs, nil
+	c.release(node, kc, unusable)
+	return out, nil
 }
 
-// pull moves one acquired block into a reserved local slot and commits it.
-// It returns the bytes pulled.
-func (c *Client) pull(ctx context.Context, ns string, key []byte, it *peer.AcquireItem, resolvedXfer string, low bool) (int64, error) {
-	s := it.Slot
-	if s == nil || s.Length < 0 || s.Offset < 0 || s.RegionLen < 0 || s.Offset > s.RegionLen || s.Length > s.RegionLen-s.Offset {
-		return 0, fmt.Errorf("%w: bad slot %v", ErrProtocol, s)
+// Pull reads b's bytes from its owner into the reserved local slot into
+// with a one-sided Read of the transfer layer, checked as they land
+// against the owner's CRC-32C. It does not commit or abort into.
+func (c *Client) Pull(ctx context.Context, node string, b proxy.RemoteBlock, into cache.Reservation) error {
+	arena, off, n := into.Location()
+	if arena < 0 || arena >= len(c.cfg.Regions) || n != b.Length {
+		return fmt.Errorf("%w: local arena %d is not registered", cache.ErrUnavailable, arena)
 	}
-	r, err := c.cfg.Store.Reserve(ctx, ns, key, s.Length, cache.PutOptions{Depth: it.Depth, LowPriority: low}, c.cfg.ReserveTTL)
-	if errors.Is(err, cache.ErrExists) {
-		return 0, nil // stored locally meanwhile
-	}
+	p, err := c.xfer(ctx, b.Addr)
 	if err != nil {
-		return 0, fmt.Errorf("peerapi: reserve %d bytes: %w", s.Length, err)
+		return fmt.Errorf("peerapi: connect transfer %s: %w: %w", b.Addr, cache.ErrUnavailable, err)
 	}
-	arena, off, n := r.Location()
-	if arena < 0 || arena >= len(c.cfg.Regions) || n != s.Length {
-		_ = r.Abort()
-		return 0, fmt.Errorf("%w: local arena %d is not registered", cache.ErrUnavailable, arena)
+	op := rdma.Op{
+		Local: c.cfg.Regions[arena].ID, LocalOff: uint64(off),
+		Remote: b.Region, RemoteOff: b.Offset, Len: uint64(n),
+		// Checked once, end to end, against the owner's stored CRC-32C as
+		// the bytes land: a transfer error and a block damaged on the
+		// owner both fail the read.
+		Sum: b.Checksum, SumKnown: true,
 	}
-	if n > 0 {
-		addr := s.TransportAddr
-		if addr == "" {
-			addr = resolvedXfer
+	if err := p.Read(ctx, op); err != nil {
+		if errors.Is(err, rdma.ErrPeerLost) || errors.Is(err, rdma.ErrClosed) || errors.Is(err, rdma.ErrUnreachable) || errors.Is(err, rdma.ErrProtocol) {
+			c.dropXfer(b.Addr, p)
 		}
-		p, err := c.xfer(ctx, addr)
-		if err != nil {
-			_ = r.Abort()
-			return 0, fmt.Errorf("peerapi: connect transfer %s: %w: %w", addr, cache.ErrUnavailable, err)
+		if errors.Is(err, rdma.ErrChecksum) {
+			// The landed bytes do not match the owner's CRC-32C.
+			return fmt.Errorf("peerapi: read from %s: %w: %w", b.Addr, cache.ErrChecksum, err)
 		}
-		op := rdma.Op{
-			Local: c.cfg.Regions[arena].ID, LocalOff: uint64(off),
-			Remote:    rdma.RegionDesc{ID: rdma.RegionID(s.RegionId), Len: uint64(s.RegionLen), Key: uint32(s.RegionKey), Addr: uint64(s.RegionAddr)},
-			RemoteOff: uint64(s.Offset), Len: uint64(n),
-			// Checked once, end to end, against the owner's stored
-			// CRC-32C as the bytes land: a transfer error and a block
-			// damaged on the owner both fail the read.
-			Sum: uint32(it.Checksum), SumKnown: true,
-		}
-		if err := p.Read(ctx, op); err != nil {
-			_ = r.Abort()
-			if errors.Is(err, rdma.ErrPeerLost) || errors.Is(err, rdma.ErrClosed) || errors.Is(err, rdma.ErrUnreachable) || errors.Is(err, rdma.ErrProtocol) {
-				c.dropXfer(addr, p)
-			}
-			if errors.Is(err, rdma.ErrChecksum) {
-				// The landed bytes do not match the owner's CRC-32C.
-				return 0, fmt.Errorf("peerapi: read from %s: %w: %w", addr, cache.ErrChecksum, err)
-			}
-			return 0, fmt.Errorf("peerapi: read from %s: %w: %w", addr, cache.ErrUnavailable, err)
-		}
+		return fmt.Errorf("peerapi: read from %s: %w: %w", b.Addr, cache.ErrUnavailable, err)
 	}
-	if n > 0 {
-		_, err = r.CommitChecked(ctx, uint32(it.Checksum)) // the read checked the bytes
-	} else {
-		_, err = r.Commit(ctx, uint32(it.Checksum), true)
+	return nil
+}
+
+// Release gives back leases node granted: the next Acquire to node
+// carries them, or a Release call does, in the background, after
+// releaseDelay. When node cannot be resolved any more, the pins expire
+// with their lease.
+func (c *Client) Release(node string, ids []int64) {
+	if len(ids) == 0 {
+		return
 	}
+	kc, _, err := c.api(node)
 	if err != nil {
-		return 0, fmt.Errorf("peerapi: commit fetched block: %w", err)
+		c.lg.Debug("lease release not sent", zap.String("node", node), zap.Int("leases", len(ids)), zap.Error(err))
+		return
 	}
-	return n, nil
+	c.release(node, kc, ids)
 }
 
 // release queues the owner's pins for release: the next Acquire to node

@@ -113,7 +113,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("BatchGetBatchesPerOwner", func(t *testing.T) {
-		before := map[string]peerapi.PeerStats{a.name: c.stats(a.name), b.name: c.stats(b.name)}
+		before := map[string]proxy.PeerStats{a.name: c.stats(a.name), b.name: c.stats(b.name)}
 		// Keys c lacks go in one batch to their first remote owner (one
 		// for the keys c owns itself, kept at full priority, one for the
 		// others); an absent key is then asked of each further listed
@@ -213,7 +213,7 @@ func TestCluster(t *testing.T) {
 			{NodeID: "intruder", Label: "other-cluster"},
 		} {
 			cli, err := peerapi.NewClient(peerapi.ClientConfig{
-				Credentials: cred, Resolve: c.view.Addrs, Store: c.tier, Transport: c.tr, Regions: c.regions,
+				Credentials: cred, Resolve: c.view.Addrs, Transport: c.tr, Regions: c.regions,
 			}, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -223,7 +223,7 @@ func TestCluster(t *testing.T) {
 			if !errors.Is(err, peerapi.ErrRefused) || !errors.Is(err, cache.ErrUnavailable) {
 				t.Fatalf("%+v: lookup: %v, want ErrRefused", cred, err)
 			}
-			res, err := cli.Fetch(ctx, a.name, ns, chain[:1])
+			res, err := cli.Acquire(ctx, a.name, ns, chain[:1]) // a fetch's first call
 			if !errors.Is(err, peerapi.ErrRefused) || res != nil {
 				t.Fatalf("%+v: fetch: %v %v, want ErrRefused", cred, res, err)
 			}

@@ -87,7 +87,7 @@ func TestErrorsRoundTripThroughPeer(t *testing.T) {
 	<-srv.Ready()
 	addr := ln.Addr().String()
 	cli, err := peerapi.NewClient(peerapi.ClientConfig{
-		Credentials: cred, Store: tier, Transport: tr, Regions: regions,
+		Credentials: cred, Transport: tr, Regions: regions,
 		Resolve: func(string) (string, string, bool) { return addr, tr.Addr(), true },
 	}, nil)
 	if err != nil {

@@ -67,9 +67,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := (ClientConfig{}).Validate(); err == nil {
 		t.Fatal("empty client config accepted")
 	}
-	bad := ClientConfig{Timeout: -1, Parallel: -1}
+	// (Store, ReserveTTL and Parallel moved to the proxy, which lands
+	// fetched blocks itself: proxy.RouteConfig's ReserveTTL, FetchParallel.)
+	bad := ClientConfig{Timeout: -1}
 	err := bad.Validate()
-	for _, want := range []string{"Resolve", "Store", "Transport", "Regions", "Timeout", "Parallel"} {
+	for _, want := range []string{"Resolve", "Transport", "Regions", "Timeout"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("client Validate() = %v, want a problem with %s", err, want)
 		}

@@ -118,7 +118,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	<-n.srv.Ready()
 	n.cli, err = peerapi.NewClient(peerapi.ClientConfig{
-		Credentials: n.cred, Resolve: n.view.Addrs, Store: n.tier, Transport: n.tr, Regions: n.regions,
+		Credentials: n.cred, Resolve: n.view.Addrs, Transport: n.tr, Regions: n.regions,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -209,13 +209,13 @@ func keyOwnedBy(t testing.TB, nodes []*node, ns, prefix, owner string) []byte {
 	return nil
 }
 
-func (n *node) stats(node string) peerapi.PeerStats {
-	for _, s := range n.cli.Stats() {
+func (n *node) stats(node string) proxy.PeerStats {
+	for _, s := range n.p.PeerStats() {
 		if s.Node == node {
 			return s
 		}
 	}
-	return peerapi.PeerStats{Node: node}
+	return proxy.PeerStats{Node: node}
 }
 
 func value(seed byte, size int) []byte {

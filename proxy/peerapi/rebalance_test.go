@@ -111,7 +111,7 @@ func TestRebalanceOnJoin(t *testing.T) {
 		t.Fatal("nothing was pushed")
 	}
 	// The newcomer read nothing: the blocks were pushed, not filled lazily.
-	for _, s := range n2.cli.Stats() {
+	for _, s := range n2.p.PeerStats() {
 		if s.Fetches != 0 {
 			t.Fatalf("new node fetched from %s: %+v", s.Node, s)
 		}

@@ -27,9 +27,8 @@ func TestReleasesRideAlong(t *testing.T) {
 		}
 	}
 	for i := range keys {
-		res, err := a.cli.Fetch(ctx, owner.name, ns, keys[i:i+1])
-		if err != nil || res[0] != nil {
-			t.Fatalf("fetch %d: %v %v", i, err, res)
+		if _, _, err := a.p.Get(ctx, ns, keys[i], proxy.ScopeCluster); err != nil {
+			t.Fatalf("fetch %d: %v", i, err)
 		}
 	}
 	// Back to back: all but the last fetch's pin rode on a later Acquire,

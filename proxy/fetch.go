@@ -1,0 +1,264 @@
+package proxy
+
+// The remote fetch, in one place: a read that missed locally (GetPinned,
+// BatchGetPinned, Acquire) calls router.fetch, which
+//
+//  1. joins or leads the key's flight (internal/flight): concurrent misses
+//     on one key make one fetch, and the leader re-checks the store first;
+//  2. groups the keys it leads by first remote owner and asks each owner in
+//     parallel (fetchFrom), trying a key's other owners one by one when the
+//     first cannot give it;
+//  3. per owner (fetchCall → fetchBlocks): Peers.Acquire pins the blocks
+//     on the owner and says where they lie; per block (land), a slot is
+//     Reserved in this node's arenas, Peers.Pull reads the bytes into it
+//     over the transfer layer (checked against the owner's CRC-32C as they
+//     land), and the slot is committed (CommitChecked: not checksummed
+//     again) as a low-priority copy, or at full priority for a block this
+//     node owns or a hot replica (hot.go); a failure aborts the slot, so a
+//     fetch never leaves wrong or partial bytes;
+//  4. gives the owner's pins back (Peers.Release, which may ride on the
+//     next Acquire to that owner), and finishes the flights.
+//
+// The caller then reads the block from its own store.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/flight"
+)
+
+// fetch brings keys that missed locally into the local store, asking each
+// key's owners in order; one fetch per key at a time (concurrent misses on
+// one key join the flight). A fetched block is kept as a low-priority copy,
+// except when this node owns it (a new owner filling lazily from the
+// previous one) or it is fetched often (a hot replica, hot.go): those are
+// kept at full priority. Per key: nil (now local) or why not.
+func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
+	errs := make([]error, len(keys))
+	// Group by first remote owner (and by kept at full priority or not);
+	// keys with no remote owner miss.
+	groups := map[fetchGroup][]int{}
+	hot := make([]bool, len(keys))
+	type member struct {
+		i  int
+		fk string
+		c  *flight.Call[string, struct{}]
+	}
+	var mine, waits []member
+	for i, k := range keys {
+		owners := r.remoteOwners(ns, k)
+		if len(owners) == 0 {
+			errs[i] = cache.ErrNotFound
+			continue
+		}
+		fk := ns + "\x00" + string(k)
+		c, leader := r.flights.Join(fk)
+		if !leader {
+			r.coalesced.Add(1)
+			waits = append(waits, member{i, fk, c})
+			continue
+		}
+		mine = append(mine, member{i, fk, c})
+		// A flight that ended between the caller's local miss and now
+		// left the block here: do not fetch it again (as groupcache
+		// re-checks its cache inside the single-flight).
+		if _, ok := r.store.Stat(ctx, ns, k); ok {
+			continue
+		}
+		owned := r.owns(ns, k)
+		if !owned {
+			hot[i] = r.hot.note(fk)
+		}
+		g := fetchGroup{node: owners[0], keep: owned || hot[i]}
+		groups[g] = append(groups[g], i)
+	}
+	// Ask each first owner for its keys in parallel; a key it lacks is
+	// tried at its next owner (previous membership) one by one. The owner
+	// must answer within RemoteTimeout; the bytes then move within
+	// FetchTimeout.
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
+	defer cancel()
+	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
+	perNode(groups, keys, func(g fetchGroup, idx []int, batch [][]byte) {
+		r.fetchFrom(ctx, parent, g, ns, keys, idx, batch, errs)
+	})
+	for _, m := range mine {
+		if hot[m.i] {
+			r.hot.done(ctx, m.fk, ns, keys[m.i], errs[m.i] == nil, r.store)
+		}
+		m.c.Finish(struct{}{}, errs[m.i])
+		m.c.Leave()
+	}
+	for _, w := range waits {
+		_, errs[w.i] = w.c.Wait(ctx)
+		w.c.Leave()
+	}
+	return errs
+}
+
+// fetchGroup is the keys of one fetch call: one node, and whether the
+// blocks are kept at full priority.
+type fetchGroup struct {
+	node string
+	keep bool
+}
+
+// fetchFrom fetches batch (keys[idx]) from g.node and sets errs[idx[j]];
+// a key the node cannot give is tried at its other owners one by one.
+// parent is the caller's context (without the router's deadlines).
+func (r *router) fetchFrom(ctx, parent context.Context, g fetchGroup, ns string, keys [][]byte, idx []int, batch [][]byte, errs []error) {
+	res, err := r.fetchCall(ctx, parent, g.node, ns, batch, g.keep)
+	for j, i := range idx {
+		e := err
+		if e == nil {
+			e = res[j]
+		}
+		if e != nil && !errors.Is(e, cache.ErrNotFound) && !errors.Is(e, ErrPeerDown) {
+			r.fetchFailures.Add(1)
+			r.lg.Debug("remote fetch failed", zap.String("node", g.node), zap.Error(e))
+		}
+		if e != nil {
+			// Try the other owners of this key, in order.
+			for _, next := range r.remoteOwners(ns, keys[i])[1:] {
+				rr, ferr := r.fetchCall(ctx, parent, next, ns, [][]byte{keys[i]}, g.keep)
+				if ferr == nil && rr[0] == nil {
+					e = nil
+					break
+				}
+			}
+		}
+		if e == nil {
+			r.remoteHits.Add(1)
+		}
+		errs[i] = e
+	}
+}
+
+// fetchCall is one fetch of keys from node (fetchBlocks), unless node
+// failed a call recently (ErrPeerDown); its outcome feeds the breaker.
+func (r *router) fetchCall(ctx, parent context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
+	ok, probe := r.brk.allow(node)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrPeerDown, node)
+	}
+	r.remoteFetches.Add(int64(len(keys)))
+	res, err := r.fetchBlocks(ctx, node, ns, keys, keep)
+	o := outcomeOf(parent, err)
+	if err == nil {
+		o = perKeyOutcome(parent, res)
+	}
+	r.brk.done(node, probe, o)
+	return res, err
+}
+
+// fetchBlocks brings the blocks of keys held by node into the local store,
+// kept at full priority when keep, else as low-priority copies: node pins
+// them (Acquire), each is landed (land) and node's pins are given back.
+// Per key: nil (local now), cache.ErrNotFound, or the error.
+func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
+	start := time.Now()
+	pc := r.stats.of(node)
+	pc.fetches.Add(1)
+	if keep {
+		pc.hot.Add(int64(len(keys)))
+	}
+	blocks, err := r.peers.Acquire(ctx, node, ns, keys)
+	if err == nil && len(blocks) != len(keys) {
+		err = fmt.Errorf("%w: %s answered %d blocks for %d keys", cache.ErrUnavailable, node, len(blocks), len(keys))
+		var leases []int64
+		for _, b := range blocks {
+			if b.Err == nil {
+				leases = append(leases, b.Lease)
+			}
+		}
+		r.peers.Release(node, leases)
+	}
+	if err != nil {
+		pc.failures.Add(1)
+		return nil, err
+	}
+	errs := make([]error, len(keys))
+	var leases []int64
+	landOne := func(i int) {
+		n, err := r.land(ctx, node, ns, keys[i], blocks[i], !keep)
+		errs[i] = err
+		switch {
+		case err == nil:
+			pc.blocks.Add(1)
+			pc.bytes.Add(n)
+		case errors.Is(err, cache.ErrChecksum):
+			pc.csum.Add(1)
+			pc.failures.Add(1)
+		default:
+			pc.failures.Add(1)
+		}
+	}
+	sem := make(chan struct{}, r.cfg.FetchParallel)
+	var wg sync.WaitGroup
+	for i, b := range blocks {
+		if b.Err != nil {
+			errs[i] = b.Err
+			if errors.Is(b.Err, cache.ErrNotFound) {
+				pc.misses.Add(1)
+			} else {
+				pc.failures.Add(1)
+			}
+			continue
+		}
+		leases = append(leases, b.Lease)
+		if len(blocks) == 1 {
+			landOne(i) // one block: land it from here
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer func() { <-sem; wg.Done() }()
+			landOne(i)
+		}(i)
+	}
+	wg.Wait()
+	r.peers.Release(node, leases)
+	pc.latency.Add(int64(time.Since(start)))
+	return errs, nil
+}
+
+// land moves one block node pinned into a reserved local slot and commits
+// it; low keeps it as a low-priority copy. It returns the bytes pulled (0
+// when the block was stored here meanwhile).
+func (r *router) land(ctx context.Context, node, ns string, key []byte, b RemoteBlock, low bool) (int64, error) {
+	if b.Length < 0 {
+		return 0, fmt.Errorf("%w: %s: block of %d bytes", cache.ErrUnavailable, node, b.Length)
+	}
+	slot, err := r.zcs.Reserve(ctx, ns, key, b.Length, cache.PutOptions{Depth: b.Depth, LowPriority: low}, r.cfg.ReserveTTL)
+	if errors.Is(err, cache.ErrExists) {
+		return 0, nil // stored locally meanwhile
+	}
+	if err != nil {
+		return 0, fmt.Errorf("proxy: reserve %d bytes for a fetched block: %w", b.Length, err)
+	}
+	if _, _, n := slot.Location(); n != b.Length {
+		_ = slot.Abort()
+		return 0, fmt.Errorf("%w: reserved %d bytes for a block of %d", cache.ErrUnavailable, n, b.Length)
+	}
+	if b.Length == 0 {
+		_, err = slot.Commit(ctx, b.Checksum, true)
+	} else if err = r.peers.Pull(ctx, node, b, slot); err != nil {
+		_ = slot.Abort()
+		return 0, err
+	} else {
+		_, err = slot.CommitChecked(ctx, b.Checksum) // Pull checked the bytes
+	}
+	if err != nil {
+		return 0, fmt.Errorf("proxy: commit fetched block: %w", err)
+	}
+	return b.Length, nil
+}
