@@ -1,10 +1,12 @@
 // Package peerapi is the Thrift edge of the peer API (idl/peer.thrift): the
 // Kitex server a sidecar answers its peers with, over a *proxy.Proxy, and
-// the client that implements proxy.Peers. Control messages travel over
-// Kitex; block bytes move through the transfer layer (rdma/): the owner pins
-// a block (Acquire) and names where it lies in its registered arenas, the
-// requester reserves a slot in its own arenas, pulls the bytes with a
-// one-sided Read, verifies the CRC-32C on commit and releases the pin.
+// the client that implements proxy.Peers. It is an adapter: each call
+// converts, makes or serves the RPC, and converts back (errors through
+// proxy/wirecode). Control messages travel over Kitex; block bytes move
+// through the transfer layer (rdma/): the owner pins a block (Acquire) and
+// names where it lies in its registered arenas, and the client's Pull reads
+// it with a one-sided Read into a slot the proxy reserved. The fetch itself
+// (reserve, pull, commit, release) is the proxy's: proxy/fetch.go.
 //
 // With Credentials.Key every connection is mutually authenticated with the
 // cluster secret (internal/peerauth) before Kitex reads or writes a byte of
