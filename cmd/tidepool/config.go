@@ -21,10 +21,15 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/cache/tiered"
+	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
+	"github.com/tidepool-kv/tidepool/rdma/auto"
+	"github.com/tidepool-kv/tidepool/rdma/verbs"
 )
 
 // Config is every setting of `tidepool serve`. Each field is one setting,
@@ -320,7 +325,7 @@ func defaultDRAMCapacity() int64 {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
-	rc := proxy.DefaultRouteConfig()
+	rc, sc, tc := proxy.DefaultRouteConfig(), ssd.DefaultConfig(), tiered.DefaultConfig()
 	return Config{
 		Socket:          defaultSocket(),
 		SocketMode:      0o600,
@@ -341,13 +346,13 @@ func DefaultConfig() Config {
 		LogLevel:        "info",
 		LogFormat:       "console",
 		NodeID:          host,
-		Replicas:        1,
+		Replicas:        cluster.DefaultRingConfig().Replicas,
 		DrainTimeout:    ec.DrainTimeout,
 		ShutdownTimeout: 20 * time.Second,
 		PeerMaxConns:    pc.MaxConns,
 		PeerIdleTime:    pc.IdleTimeout,
-		Transport:       "auto",
-		RDMAGIDIndex:    -1,
+		Transport:       auto.ModeAuto,
+		RDMAGIDIndex:    verbs.DefaultConfig().GIDIndex,
 
 		RemoteTimeout:     rc.RemoteTimeout,
 		PeerDownFor:       rc.PeerDownFor,
@@ -359,9 +364,9 @@ func DefaultConfig() Config {
 		HotTTL:            rc.HotTTL,
 		HotMaxReplicas:    rc.HotMaxReplicas,
 
-		SSDCapacity:      16 << 30,
-		SSDMinFree:       1 << 30,
-		DemotionQueue:    256 << 20,
+		SSDCapacity:      sc.Capacity,
+		SSDMinFree:       sc.MinFreeBytes,
+		DemotionQueue:    tc.QueueBytes,
 		StopSpillTimeout: 30 * time.Second,
 
 		ScrubRate: dram.DefaultScrubRate,
