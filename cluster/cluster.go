@@ -81,6 +81,7 @@ func New(cfg Config, lg *zap.Logger) (*Cluster, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if lg == nil {
 		lg = zap.NewNop()
 	}
@@ -144,7 +145,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 	mc.PushPullInterval = c.cfg.PushPullInterval
 	mc.TCPTimeout = c.cfg.TCPTimeout
 	mc.RetransmitMult = c.cfg.RetransmitMult
-	mc.IndirectChecks = c.cfg.IndirectChecks
+	mc.IndirectChecks = max(c.cfg.IndirectChecks, 0)
 	mc.DeadNodeReclaimTime = c.cfg.DeadNodeReclaimTime
 	mc.GossipToTheDeadTime = max(2*c.cfg.PushPullInterval, 5*c.cfg.ProbeInterval)
 	d := delegate{c: c}
@@ -171,10 +172,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 	c.addr.Store(&addr)
 	c.ml.Store(ml)
 	c.lg.Info("gossip started", zap.String("node", c.cfg.NodeName), zap.String("addr", c.Addr()))
-	if iv := c.cfg.ReconnectInterval; iv >= 0 {
-		if iv == 0 {
-			iv = DefaultConfig().ReconnectInterval
-		}
+	if iv := c.cfg.ReconnectInterval; iv > 0 {
 		c.reconn.Add(1)
 		go c.reconnect(iv)
 	}

@@ -17,8 +17,11 @@ import (
 // DefaultPort is the gossip port used when a Join entry names none.
 const DefaultPort = 7946
 
-// Config configures a Cluster. Start from DefaultConfig or
-// DefaultLocalConfig; durations are wall-clock.
+// Config configures a Cluster. A zero field takes its default
+// (DefaultConfig, applied once in withDefaults by New and Validate); "off"
+// is a negative value where a field allows it. The one exception is
+// BindPort, where 0 keeps the operating system's meaning (a free port).
+// Durations are wall-clock; DefaultLocalConfig shortens them for tests.
 type Config struct {
 	// NodeName is this node's unique name in the cluster. Default: the host
 	// name (a pod name in Kubernetes).
@@ -87,7 +90,7 @@ type Config struct {
 	PushPullInterval time.Duration // default 30 s
 	TCPTimeout       time.Duration // default 10 s
 	RetransmitMult   int           // default 4
-	IndirectChecks   int           // default 3
+	IndirectChecks   int           // default 3; negative: none
 	// DeadNodeReclaimTime lets a dead node's name be taken by a new address
 	// after this long (a restarted pod with a new IP). Default 10 s.
 	DeadNodeReclaimTime time.Duration
@@ -100,9 +103,9 @@ type Config struct {
 	Tombstone time.Duration
 	// ReconnectInterval is how often this node tries to join members it
 	// holds as failed (not left), so that a healed network partition merges
-	// back: memberlist itself never probes a node it declared dead. 0 takes
-	// the default, 10 s; negative disables. Attempts stop when the member's
-	// tombstone expires.
+	// back: memberlist itself never probes a node it declared dead. Default
+	// 10 s; negative disables. Attempts stop when the member's tombstone
+	// expires.
 	ReconnectInterval time.Duration
 	// LogOutput receives memberlist's own log lines (bridge it to zap in
 	// cmd/). Default: discarded.
@@ -163,8 +166,43 @@ func DefaultLocalConfig(name string) Config {
 	return c
 }
 
-// Validate reports every problem with c.
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.NodeName == "" {
+		c.NodeName = d.NodeName
+	}
+	if c.BindAddr == "" {
+		c.BindAddr = d.BindAddr
+	}
+	for _, f := range []struct{ p, def *time.Duration }{
+		{&c.JoinRetryInterval, &d.JoinRetryInterval}, {&c.JoinRetryMax, &d.JoinRetryMax},
+		{&c.JoinWait, &d.JoinWait}, {&c.JoinRefreshInterval, &d.JoinRefreshInterval},
+		{&c.ProbeInterval, &d.ProbeInterval}, {&c.ProbeTimeout, &d.ProbeTimeout},
+		{&c.GossipInterval, &d.GossipInterval}, {&c.PushPullInterval, &d.PushPullInterval},
+		{&c.TCPTimeout, &d.TCPTimeout}, {&c.DeadNodeReclaimTime, &d.DeadNodeReclaimTime},
+		{&c.Tombstone, &d.Tombstone}, {&c.ReconnectInterval, &d.ReconnectInterval},
+	} {
+		if *f.p == 0 {
+			*f.p = *f.def
+		}
+	}
+	for _, f := range []struct{ p, def *int }{
+		{&c.SuspicionMult, &d.SuspicionMult}, {&c.GossipNodes, &d.GossipNodes},
+		{&c.RetransmitMult, &d.RetransmitMult}, {&c.IndirectChecks, &d.IndirectChecks},
+		{&c.EventBuffer, &d.EventBuffer},
+	} {
+		if *f.p == 0 {
+			*f.p = *f.def
+		}
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults).
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	var errs []error
 	bad := func(f string, a ...any) { errs = append(errs, fmt.Errorf("cluster: "+f, a...)) }
 	if c.NodeName == "" {
@@ -209,9 +247,6 @@ func (c Config) Validate() error {
 	if c.JoinRetryMax < c.JoinRetryInterval && c.JoinRetryMax > 0 {
 		bad("JoinRetryMax %v must not be below JoinRetryInterval %v", c.JoinRetryMax, c.JoinRetryInterval)
 	}
-	if c.JoinRefreshInterval == 0 {
-		bad("JoinRefreshInterval must be > 0 (negative disables)")
-	}
 	if c.ProbeTimeout > c.ProbeInterval && c.ProbeInterval > 0 {
 		bad("ProbeTimeout %v must not exceed ProbeInterval %v", c.ProbeTimeout, c.ProbeInterval)
 	}
@@ -225,9 +260,6 @@ func (c Config) Validate() error {
 		if n.v <= 0 {
 			bad("%s %d must be > 0", n.name, n.v)
 		}
-	}
-	if c.IndirectChecks < 0 {
-		bad("IndirectChecks %d must be >= 0", c.IndirectChecks)
 	}
 	m := c.meta()
 	if _, err := m.Encode(); err != nil {
