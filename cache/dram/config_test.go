@@ -22,3 +22,10 @@ func TestZeroConfigIsDefault(t *testing.T) {
 		t.Fatalf("Validate(zero config): %v", err)
 	}
 }
+
+// TestZeroScrubConfigIsDefault: the same for ScrubConfig.
+func TestZeroScrubConfigIsDefault(t *testing.T) {
+	if got, want := (ScrubConfig{}).withDefaults(), DefaultScrubConfig(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("ScrubConfig{} with defaults %+v, want %+v", got, want)
+	}
+}
