@@ -474,8 +474,8 @@ func (c Config) Validate() error {
 	if c.RebalanceRate < 0 || c.RebalanceMaxBytes < 0 {
 		bad("rebalance_rate %s, rebalance_max_bytes %s: must not be negative", units.FormatBytes(c.RebalanceRate), units.FormatBytes(c.RebalanceMaxBytes))
 	}
-	if c.RemoteTimeout <= 0 || c.RemoteTimeout > 5*time.Second {
-		bad("remote_timeout %s: must be in (0, 5s] (a fetch's whole bound)", c.RemoteTimeout)
+	if fetch := proxy.DefaultRouteConfig().FetchTimeout; c.RemoteTimeout <= 0 || c.RemoteTimeout > fetch {
+		bad("remote_timeout %s: must be in (0, %s] (a fetch's whole bound)", c.RemoteTimeout, fetch)
 	}
 	if c.PeerDownFor <= 0 {
 		bad("peer_down_for %s: must be positive", c.PeerDownFor)
