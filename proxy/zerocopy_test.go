@@ -423,7 +423,7 @@ func TestZeroCopyCommitPushesToOwners(t *testing.T) {
 	b := newZC(t, 4<<20, nil)
 	nodes := map[string]*Proxy{"a": a.p, "b": b.p}
 	for name, p := range nodes {
-		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{}); err != nil {
+		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.DetachCluster(0) })

@@ -21,10 +21,15 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/cache/tiered"
+	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
+	"github.com/tidepool-kv/tidepool/rdma/auto"
+	"github.com/tidepool-kv/tidepool/rdma/verbs"
 )
 
 // Config is every setting of `tidepool serve`. Each field is one setting,
@@ -297,7 +302,7 @@ func defaultDRAMCapacity() int64 {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
-	rc := proxy.DefaultRouteConfig()
+	rc, sc, tc := proxy.DefaultRouteConfig(), ssd.DefaultConfig(), tiered.DefaultConfig()
 	return Config{
 		Socket:          defaultSocket(),
 		SocketMode:      0o600,
@@ -318,13 +323,13 @@ func DefaultConfig() Config {
 		LogLevel:        "info",
 		LogFormat:       "console",
 		NodeID:          host,
-		Replicas:        1,
+		Replicas:        cluster.DefaultRingConfig().Replicas,
 		DrainTimeout:    ec.DrainTimeout,
 		ShutdownTimeout: 20 * time.Second,
 		PeerMaxConns:    pc.MaxConns,
 		PeerIdleTime:    pc.IdleTimeout,
-		Transport:       "auto",
-		RDMAGIDIndex:    -1,
+		Transport:       auto.ModeAuto,
+		RDMAGIDIndex:    verbs.DefaultConfig().GIDIndex,
 
 		RemoteTimeout:     rc.RemoteTimeout,
 		PeerDownFor:       rc.PeerDownFor,
@@ -336,9 +341,9 @@ func DefaultConfig() Config {
 		HotTTL:            rc.HotTTL,
 		HotMaxReplicas:    rc.HotMaxReplicas,
 
-		SSDCapacity:      16 << 30,
-		SSDMinFree:       1 << 30,
-		DemotionQueue:    256 << 20,
+		SSDCapacity:      sc.Capacity,
+		SSDMinFree:       sc.MinFreeBytes,
+		DemotionQueue:    tc.QueueBytes,
 		StopSpillTimeout: 30 * time.Second,
 
 		ScrubRate: dram.DefaultScrubRate,
@@ -446,8 +451,8 @@ func (c Config) Validate() error {
 	if c.RebalanceRate < 0 || c.RebalanceMaxBytes < 0 {
 		bad("rebalance_rate %s, rebalance_max_bytes %s: must not be negative", units.FormatBytes(c.RebalanceRate), units.FormatBytes(c.RebalanceMaxBytes))
 	}
-	if c.RemoteTimeout <= 0 || c.RemoteTimeout > 5*time.Second {
-		bad("remote_timeout %s: must be in (0, 5s] (a fetch's whole bound)", c.RemoteTimeout)
+	if fetch := proxy.DefaultRouteConfig().FetchTimeout; c.RemoteTimeout <= 0 || c.RemoteTimeout > fetch {
+		bad("remote_timeout %s: must be in (0, %s] (a fetch's whole bound)", c.RemoteTimeout, fetch)
 	}
 	if c.PeerDownFor <= 0 {
 		bad("peer_down_for %s: must be positive", c.PeerDownFor)
