@@ -141,8 +141,18 @@ func New(cfg Config, deps Deps, lg *zap.Logger) (*Proxy, error) {
 	}
 	p := &Proxy{cfg: cfg, store: deps.Store, zcs: deps.ZeroCopy, prefetch: deps.Prefetch, scan: deps.Scan,
 		zc: newZCState(), lg: lg, started: time.Now(), known: map[string]bool{}}
+	var off []string
 	if p.zcs == nil {
-		lg.Info("zero-copy calls off: the store has no shared arenas")
+		off = append(off, "zero-copy calls and in-place reads (no shared arenas)")
+	}
+	if p.prefetch == nil {
+		off = append(off, "prefetch")
+	}
+	if p.scan == nil {
+		off = append(off, "rebalancer (no scan of the store)")
+	}
+	if len(off) > 0 {
+		lg.Info("proxy features off: the store does not provide them", zap.Strings("off", off))
 	}
 	// Namespaces recovered by a persistent tier count against the limit.
 	for _, s := range p.store.Stats().Namespaces {
