@@ -29,7 +29,9 @@ const (
 // max_batch) and hands the same values to the tiers, which keep the key and
 // value bounds as invariants of their own.
 //
-// A zero field is not a valid limit: start from DefaultLimits.
+// A zero field is not a valid limit in itself: a Config that embeds Limits
+// reads zero as "the default" and fills it with WithDefaults before
+// validating, as every config of tidepool does.
 type Limits struct {
 	// MaxKeyBytes is the longest block key accepted, in [1, 4096].
 	// Default 128.
@@ -55,7 +57,28 @@ func DefaultLimits() Limits {
 	}
 }
 
-// Validate reports every limit out of its range at once.
+// WithDefaults returns l with every zero field set to its default: the
+// one place a zero limit becomes the default.
+func (l Limits) WithDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxKeyBytes == 0 {
+		l.MaxKeyBytes = d.MaxKeyBytes
+	}
+	if l.MaxValueBytes == 0 {
+		l.MaxValueBytes = d.MaxValueBytes
+	}
+	if l.MaxNamespaceBytes == 0 {
+		l.MaxNamespaceBytes = d.MaxNamespaceBytes
+	}
+	if l.MaxBatch == 0 {
+		l.MaxBatch = d.MaxBatch
+	}
+	return l
+}
+
+// Validate reports every limit out of its range at once (as given: a zero
+// field is out of range; call WithDefaults first to read zero as the
+// default).
 func (l Limits) Validate() error {
 	var errs []error
 	if l.MaxKeyBytes < 1 || l.MaxKeyBytes > MaxKeyBytesBound {

@@ -75,9 +75,9 @@ func TestConfigValidate(t *testing.T) {
 	}
 	bad := Config{BindAddr: "nope", BindPort: -1, SecretKey: []byte("short"), Join: []string{""},
 		ProbeInterval: time.Second, ProbeTimeout: 2 * time.Second, Label: strings.Repeat("l", 300),
-		Meta: Meta{Zone: strings.Repeat("z", 300)}}
+		Meta: Meta{Zone: strings.Repeat("z", 300)}, GossipInterval: -1, EventBuffer: -1, Tombstone: -1}
 	err := bad.Validate()
-	for _, want := range []string{"NodeName", "BindAddr", "BindPort", "SecretKey", "Join", "ProbeTimeout",
+	for _, want := range []string{"BindAddr", "BindPort", "SecretKey", "Join", "ProbeTimeout",
 		"GossipInterval", "EventBuffer", "Label", "zone", "Tombstone"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() does not report %s: %v", want, err)

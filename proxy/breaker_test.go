@@ -158,7 +158,7 @@ func TestHungOwnerFailsFast(t *testing.T) {
 		ps[n] = newRouteProxy(t)
 	}
 	hp := &hangPeers{fakePeers: &fakePeers{self: "a", nodes: ps}}
-	cfg := RouteConfig{RemoteTimeout: 20 * time.Millisecond, PeerDownFor: time.Minute, Clock: clk}
+	cfg := RouteConfig{RemoteTimeout: 20 * time.Millisecond, PeerDownFor: time.Minute, Clock: clk, RebalanceRate: Off, HotThreshold: Off}
 	if err := ps["a"].AttachCluster(&fakeCluster{self: "a", nodes: names}, hp, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestLookupAsksNextOwner(t *testing.T) {
 	mc := &listCluster{self: "c", owners: []string{"a", "b"}}
 	fp := &fakePeers{self: "c", nodes: ps}
 	ps["c"].DetachCluster(0)
-	if err := ps["c"].AttachCluster(mc, fp, RouteConfig{}); err != nil {
+	if err := ps["c"].AttachCluster(mc, fp, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ps["b"].PutLocal(ctx, "ns", key, []byte("v"), cache.PutOptions{}); err != nil {
@@ -344,7 +344,7 @@ func TestDeleteEverywhereReportsUnreached(t *testing.T) {
 		}
 	}
 	dp := &downPeers{fakePeers: &fakePeers{self: "a", nodes: ps}, down: "c"}
-	if err := ps["a"].AttachCluster(&fakeCluster{self: "a", nodes: names}, dp, RouteConfig{}); err != nil {
+	if err := ps["a"].AttachCluster(&fakeCluster{self: "a", nodes: names}, dp, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ps["a"].DetachCluster(0) })

@@ -51,7 +51,7 @@ func evictedGet(t *testing.T, a *zcFixture, key, want []byte) {
 // low-priority copy; a replica the store lost is forgotten.
 func TestHotReplica(t *testing.T) {
 	ctx := context.Background()
-	cfg := RouteConfig{HotThreshold: 3, HotWindow: time.Minute, HotTTL: 10 * time.Minute, HotMaxReplicas: 1}
+	cfg := RouteConfig{HotThreshold: 3, HotWindow: time.Minute, HotTTL: 10 * time.Minute, HotMaxReplicas: 1, RebalanceRate: Off}
 	a, b, peers, fc := hotPair(t, cfg)
 	keys := [][]byte{[]byte("hot1"), []byte("hot2")}
 	vals := [][]byte{value("hot1", 64<<10), value("hot2", 32<<10)}
@@ -134,10 +134,10 @@ func TestHotWindow(t *testing.T) {
 		fetches int
 		created int64
 	}{
-		{"within the window", RouteConfig{HotThreshold: 3, HotWindow: time.Minute}, 10 * time.Second, 3, 1},
-		{"spread out", RouteConfig{HotThreshold: 3, HotWindow: time.Minute}, 61 * time.Second, 6, 0},
-		{"threshold 1", RouteConfig{HotThreshold: 1, HotWindow: time.Minute}, time.Second, 1, 1},
-		{"off", RouteConfig{}, time.Second, 6, 0},
+		{"within the window", RouteConfig{HotThreshold: 3, HotWindow: time.Minute, RebalanceRate: Off}, 10 * time.Second, 3, 1},
+		{"spread out", RouteConfig{HotThreshold: 3, HotWindow: time.Minute, RebalanceRate: Off}, 61 * time.Second, 6, 0},
+		{"threshold 1", RouteConfig{HotThreshold: 1, HotWindow: time.Minute, RebalanceRate: Off}, time.Second, 1, 1},
+		{"off", RouteConfig{RebalanceRate: Off, HotThreshold: Off}, time.Second, 6, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

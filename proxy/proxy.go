@@ -51,9 +51,12 @@ type MemberInfo struct {
 	Self       bool
 }
 
-// Config holds the limits the proxy enforces before touching the store.
+// Config holds the limits the proxy enforces before touching the store. A
+// zero field takes its default (DefaultConfig, applied once by New and
+// Validate in withDefaults).
 type Config struct {
-	// NodeID names this sidecar in responses. Default: the host name.
+	// NodeID names this sidecar in responses. Default: empty (serve sets
+	// the node name).
 	NodeID string
 	// Limits bounds keys, values, namespace names and batches (see
 	// cache.Limits for each field's range and default); requests beyond
@@ -76,8 +79,18 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports every problem with c at once.
+// withDefaults fills the zero fields with their defaults.
+func (c Config) withDefaults() Config {
+	c.Limits = c.Limits.WithDefaults()
+	if c.MaxNamespaces == 0 {
+		c.MaxNamespaces = DefaultConfig().MaxNamespaces
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults) at once.
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	var errs []error
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)
@@ -122,13 +135,24 @@ func New(cfg Config, deps Deps, lg *zap.Logger) (*Proxy, error) {
 	if deps.Store == nil {
 		return nil, errors.New("proxy: nil store")
 	}
+	cfg = cfg.withDefaults()
 	if lg == nil {
 		lg = zap.NewNop()
 	}
 	p := &Proxy{cfg: cfg, store: deps.Store, zcs: deps.ZeroCopy, prefetch: deps.Prefetch, scan: deps.Scan,
 		zc: newZCState(), lg: lg, started: time.Now(), known: map[string]bool{}}
+	var off []string
 	if p.zcs == nil {
-		lg.Info("zero-copy calls off: the store has no shared arenas")
+		off = append(off, "zero-copy calls and in-place reads (no shared arenas)")
+	}
+	if p.prefetch == nil {
+		off = append(off, "prefetch")
+	}
+	if p.scan == nil {
+		off = append(off, "rebalancer (no scan of the store)")
+	}
+	if len(off) > 0 {
+		lg.Info("proxy features off: the store does not provide them", zap.Strings("off", off))
 	}
 	// Namespaces recovered by a persistent tier count against the limit.
 	for _, s := range p.store.Stats().Namespaces {

@@ -235,7 +235,7 @@ func TestLookupAndBatches(t *testing.T) {
 }
 
 func TestConfigValidateReportsAll(t *testing.T) {
-	c := Config{Limits: cache.Limits{MaxKeyBytes: 0, MaxValueBytes: -1, MaxBatch: 0, MaxNamespaceBytes: 0}, MaxNamespaces: 0}
+	c := Config{Limits: cache.Limits{MaxKeyBytes: -1, MaxValueBytes: -1, MaxBatch: -1, MaxNamespaceBytes: -1}, MaxNamespaces: -1}
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("invalid config accepted")

@@ -131,7 +131,7 @@ func waitRoute(t *testing.T, d time.Duration, what string, cond func() bool) {
 // moved to low-priority copies.
 func TestRebalanceMovesOwnedBlocksToNewOwner(t *testing.T) {
 	const ns, size, rate = "ns", 16 << 10, 2 << 20 // 2 MiB/s: ~1/4 s for the ~32 blocks b gets
-	cfg := RouteConfig{RebalanceRate: rate, RebalanceDelay: 10 * time.Millisecond}
+	cfg := RouteConfig{RebalanceRate: rate, RebalanceDelay: 10 * time.Millisecond, HotThreshold: Off}
 	s, fx, peers := newMovingCluster(t, cfg, []string{"a", "b"}, []string{"a"})
 	a, b := fx["a"].p, fx["b"].p
 	ctx := context.Background()
@@ -237,7 +237,7 @@ func TestRebalanceMovesOwnedBlocksToNewOwner(t *testing.T) {
 // another; DetachCluster cancels one promptly.
 func TestRebalanceCancel(t *testing.T) {
 	const ns, size = "ns", 64 << 10
-	cfg := RouteConfig{RebalanceRate: 64 << 10, RebalanceDelay: time.Millisecond} // one block per second
+	cfg := RouteConfig{RebalanceRate: 64 << 10, RebalanceDelay: time.Millisecond, HotThreshold: Off} // one block per second
 	s, fx, _ := newMovingCluster(t, cfg, []string{"a", "b"}, []string{"a"})
 	a := fx["a"].p
 	ctx := context.Background()
@@ -274,7 +274,8 @@ func TestRouteConfigValidate(t *testing.T) {
 	}{
 		{"zero", func(*RouteConfig) {}, 0},
 		{"defaults", func(c *RouteConfig) { *c = DefaultRouteConfig() }, 0},
-		{"negatives", func(c *RouteConfig) { c.RebalanceRate, c.HotThreshold, c.HotTTL = -1, -1, -1 }, 3},
+		{"negatives", func(c *RouteConfig) { c.PushQueue, c.HotWindow, c.HotTTL = -1, -1, -1 }, 3},
+		{"off", func(c *RouteConfig) { c.RebalanceRate, c.RebalanceMaxBytes, c.HotThreshold = Off, Off, Off }, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -297,7 +298,7 @@ func TestRouteConfigValidate(t *testing.T) {
 // not a copy), so the rebalancer finds it held and skips it.
 func TestLazyFillKeepsOwnedBlocks(t *testing.T) {
 	const ns = "ns"
-	s, fx, _ := newMovingCluster(t, RouteConfig{}, []string{"a", "b"}, []string{"a"})
+	s, fx, _ := newMovingCluster(t, RouteConfig{RebalanceRate: Off, HotThreshold: Off}, []string{"a", "b"}, []string{"a"})
 	ctx := context.Background()
 	var key []byte
 	for i := 0; key == nil; i++ {

@@ -113,7 +113,10 @@ func AnswerTimeout(ctx context.Context) (time.Duration, bool) {
 	return d, ok
 }
 
-// RouteConfig tunes routing.
+// RouteConfig tunes routing. A zero field takes its default
+// (DefaultRouteConfig, applied once in withDefaults); a feature that can be
+// turned off, or a bound that can be lifted, is spelled with a negative
+// value (Off).
 type RouteConfig struct {
 	// FetchTimeout bounds one remote fetch (the owner's answer and the
 	// transfer of the bytes), a push, and a cluster-wide Delete or Clear.
@@ -144,21 +147,23 @@ type RouteConfig struct {
 	PushWorkers int
 
 	// RebalanceRate bounds, in bytes per second, what the rebalancer pushes
-	// to new owners after a membership change (rebalance.go). 0 turns the
-	// rebalancer off (new owners then fill lazily only). Default 64 MiB/s.
+	// to new owners after a membership change (rebalance.go). Default
+	// 64 MiB/s; Off (negative) turns the rebalancer off (new owners then
+	// fill lazily only).
 	RebalanceRate int64
 	// RebalanceDelay is how long after the last membership change a pass
 	// starts: changes in a burst make one pass, and the placement view has
 	// rebuilt its ring by then. Default 2 s.
 	RebalanceDelay time.Duration
 	// RebalanceMaxBytes bounds the bytes one pass plans to move, hottest
-	// first; the rest fills lazily. 0: no bound. Default 1 GiB.
+	// first; the rest fills lazily. Default 1 GiB; Off (negative): no
+	// bound.
 	RebalanceMaxBytes int64
 
 	// HotThreshold is how many fetches of one block from other nodes,
 	// within about HotWindow, make the next fetch keep it as a hot replica:
-	// a full-priority copy instead of a low-priority one (hot.go). 0 turns
-	// hot replication off. Default 3.
+	// a full-priority copy instead of a low-priority one (hot.go). Default
+	// 3; Off (negative) turns hot replication off.
 	HotThreshold int
 	// HotWindow is the counting window of HotThreshold (fetches are counted
 	// over the current and the previous window). Default 1 min.
@@ -195,8 +200,13 @@ func DefaultRouteConfig() RouteConfig {
 	}
 }
 
-// withDefaults fills the zero fields that have a default; RebalanceRate,
-// RebalanceMaxBytes and HotThreshold keep 0 (off, no bound).
+// Off, in a RouteConfig field that allows it (RebalanceRate,
+// RebalanceMaxBytes, HotThreshold), turns the feature off or lifts the
+// bound; any negative value does.
+const Off = -1
+
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default.
 func (c RouteConfig) withDefaults() RouteConfig {
 	d := DefaultRouteConfig()
 	if c.FetchTimeout == 0 {
@@ -220,8 +230,17 @@ func (c RouteConfig) withDefaults() RouteConfig {
 	if c.PushWorkers == 0 {
 		c.PushWorkers = d.PushWorkers
 	}
+	if c.RebalanceRate == 0 {
+		c.RebalanceRate = d.RebalanceRate
+	}
 	if c.RebalanceDelay == 0 {
 		c.RebalanceDelay = d.RebalanceDelay
+	}
+	if c.RebalanceMaxBytes == 0 {
+		c.RebalanceMaxBytes = d.RebalanceMaxBytes
+	}
+	if c.HotThreshold == 0 {
+		c.HotThreshold = d.HotThreshold
 	}
 	if c.HotWindow == 0 {
 		c.HotWindow = d.HotWindow
@@ -249,7 +268,8 @@ func (c RouteConfig) withDefaults() RouteConfig {
 	return c
 }
 
-// Validate reports every problem with c (after defaults) at once.
+// Validate reports every problem with c (after defaults) at once. Only
+// RebalanceRate, RebalanceMaxBytes and HotThreshold may be negative (Off).
 func (c RouteConfig) Validate() error {
 	c = c.withDefaults()
 	var errs []error
@@ -258,8 +278,8 @@ func (c RouteConfig) Validate() error {
 		v    int64
 	}{
 		{"FetchTimeout", int64(c.FetchTimeout)}, {"RemoteTimeout", int64(c.RemoteTimeout)}, {"PeerDownFor", int64(c.PeerDownFor)}, {"FetchParallel", int64(c.FetchParallel)}, {"ReserveTTL", int64(c.ReserveTTL)}, {"PushQueue", int64(c.PushQueue)}, {"PushWorkers", int64(c.PushWorkers)},
-		{"RebalanceRate", c.RebalanceRate}, {"RebalanceDelay", int64(c.RebalanceDelay)}, {"RebalanceMaxBytes", c.RebalanceMaxBytes},
-		{"HotThreshold", int64(c.HotThreshold)}, {"HotWindow", int64(c.HotWindow)}, {"HotTTL", int64(c.HotTTL)},
+		{"RebalanceDelay", int64(c.RebalanceDelay)},
+		{"HotWindow", int64(c.HotWindow)}, {"HotTTL", int64(c.HotTTL)},
 		{"HotMaxReplicas", int64(c.HotMaxReplicas)}, {"HotMaxBytes", c.HotMaxBytes}, {"DRAMBytes", c.DRAMBytes}, {"HotTracked", int64(c.HotTracked)},
 	} {
 		if f.v < 0 {
@@ -326,8 +346,8 @@ type router struct {
 // AttachCluster makes the proxy route across the cluster. Call it once,
 // before serving; DetachCluster stops the push workers, the rebalancer and
 // the hot replica sweeper. cfg is validated (RouteConfig.Validate) and its
-// zero fields take their defaults, except that a zero RebalanceRate or
-// HotThreshold leaves that feature off.
+// zero fields take their defaults; a negative (Off) RebalanceRate or
+// HotThreshold turns that feature off.
 func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 	if c == nil || peers == nil {
 		return errors.New("proxy: nil cluster or peers")

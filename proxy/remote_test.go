@@ -191,7 +191,7 @@ func newFakeCluster(t *testing.T, names ...string) (map[string]*Proxy, map[strin
 	for _, n := range names {
 		fp := &fakePeers{self: n, nodes: proxies}
 		peers[n] = fp
-		if err := proxies[n].AttachCluster(&fakeCluster{self: n, nodes: names}, fp, RouteConfig{}); err != nil {
+		if err := proxies[n].AttachCluster(&fakeCluster{self: n, nodes: names}, fp, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { proxies[n].DetachCluster(0) })

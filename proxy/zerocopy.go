@@ -125,7 +125,7 @@ type reserved struct {
 	opts cache.PutOptions
 }
 
-// zcState is a proxy's zero-copy state.
+// zcState is a proxy's zero-copy state (the field Proxy.zc).
 type zcState struct {
 	mu           sync.Mutex
 	reservations map[int64]*reserved
@@ -137,6 +137,7 @@ type zcState struct {
 	liveReservations                                          atomic.Int64
 }
 
+// newZCState returns empty handle tables (New makes one per Proxy).
 func newZCState() *zcState {
 	return &zcState{reservations: map[int64]*reserved{}, leases: map[int64]cache.Lease{}}
 }

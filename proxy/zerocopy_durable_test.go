@@ -20,7 +20,7 @@ func TestDurableCommit(t *testing.T) {
 	cfg.DRAM = dram.DefaultConfig()
 	cfg.DRAM.Dir, cfg.DRAM.Capacity, cfg.DRAM.ArenaSize, cfg.DRAM.LazyFault = t.TempDir(), 16<<20, 16<<20, true
 	sc := ssd.DefaultConfig()
-	sc.Dir, sc.Capacity, sc.MinFreeBytes, sc.WriteBufferSize = t.TempDir(), 256<<20, 0, 8<<20
+	sc.Dir, sc.Capacity, sc.MinFreeBytes, sc.WriteBufferSize = t.TempDir(), 256<<20, -1, 8<<20
 	cfg.SSD = &sc
 	store, err := tiered.New(cfg, nil)
 	if err != nil {

@@ -423,7 +423,7 @@ func TestZeroCopyCommitPushesToOwners(t *testing.T) {
 	b := newZC(t, 4<<20, nil)
 	nodes := map[string]*Proxy{"a": a.p, "b": b.p}
 	for name, p := range nodes {
-		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{}); err != nil {
+		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.DetachCluster(0) })
@@ -448,5 +448,44 @@ func TestZeroCopyCommitPushesToOwners(t *testing.T) {
 	got, _, err := b.p.Get(bg, "ns", key, ScopeLocal)
 	if err != nil || !bytes.Equal(got, val) {
 		t.Fatalf("owner b after the commit on a: %v", err)
+	}
+}
+
+// TestZeroCopyStatePerProxy: each proxy has its own handle tables and
+// counters (the field Proxy.zc): a token or lease id of one proxy means
+// nothing to another, even over the same store.
+func TestZeroCopyStatePerProxy(t *testing.T) {
+	a := newZC(t, 4<<20, nil)
+	b, err := New(DefaultConfig(), Deps{Store: a.tier, ZeroCopy: a.tier}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	val := value("x", 4096)
+	rs, err := a.p.Reserve(bg, "ns", []ReserveItem{{Key: []byte("x"), Size: int64(len(val))}}, 0, false)
+	if err != nil || rs[0].Err != nil {
+		t.Fatal(err, rs)
+	}
+	if st := b.ZeroCopyStats(); st.LiveReservations != 0 || st.Reserved != 0 {
+		t.Fatalf("b counts a's reservation: %+v", st)
+	}
+	if cs, _ := b.Commit(bg, []CommitItem{{Token: rs[0].Token}}); !errors.Is(cs[0], ErrNoReservation) {
+		t.Fatalf("b committed a's token: %v", cs[0])
+	}
+	a.writeSlot(t, rs[0].Slot, val)
+	if cs, _ := a.p.Commit(bg, []CommitItem{{Token: rs[0].Token}}); cs[0] != nil {
+		t.Fatalf("a's Commit of its own token: %v", cs[0])
+	}
+	ac, err := a.p.Acquire(bg, "ns", [][]byte{[]byte("x")}, 0, ScopeLocal)
+	if err != nil || ac[0].Err != nil {
+		t.Fatal(err, ac)
+	}
+	if rel, _ := b.Release(bg, []int64{ac[0].LeaseID}); !errors.Is(rel[0], ErrNoLease) {
+		t.Fatalf("b released a's lease: %v", rel[0])
+	}
+	if st := a.p.ZeroCopyStats(); st.LiveLeases != 1 || st.Committed != 1 {
+		t.Fatalf("a's counters: %+v", st)
+	}
+	if rel, _ := a.p.Release(bg, []int64{ac[0].LeaseID}); rel[0] != nil {
+		t.Fatalf("a's Release of its own lease: %v", rel[0])
 	}
 }

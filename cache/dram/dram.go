@@ -125,16 +125,18 @@ func arenaPath(dir string, i int) string {
 // TierName is the name of this tier in cache.Info and cache.TierStats.
 const TierName = "dram"
 
-// Config configures a Tier. Zero values of the fields marked "default" take
-// that default in New and Validate.
+// Config configures a Tier. A zero field takes its default (DefaultConfig,
+// applied once by New and Validate, in withDefaults); Dir has no default
+// and must be set.
 type Config struct {
 	// Dir holds the arena files (arena-NNNN.mem, mode 0600). Created 0700 if
-	// missing. Required; DefaultConfig uses /dev/shm/tidepool.
+	// missing. Required: a zero Dir is an error (DefaultConfig suggests
+	// /dev/shm/tidepool; serve derives one per socket).
 	Dir string
 	// Capacity is the byte budget of the tier: the sum of the footprints of
 	// the stored values (a value's size rounded up to its size class or to
 	// 64 KiB pages). It is also the total size of the arena files, rounded
-	// up to 64 KiB. At least 1 MiB. Default (DefaultConfig) 1 GiB.
+	// up to 64 KiB. At least 1 MiB. Default 1 GiB.
 	Capacity int64
 	// ArenaSize is the size of one arena file in bytes, a multiple of 64 KiB
 	// (default 256 MiB, capped at Capacity).
@@ -206,6 +208,9 @@ func DefaultConfig() Config {
 // withDefaults fills the defaultable zero fields.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	if c.Capacity == 0 {
+		c.Capacity = d.Capacity
+	}
 	if c.ArenaSize == 0 {
 		c.ArenaSize = d.ArenaSize
 	}

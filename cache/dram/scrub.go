@@ -37,6 +37,25 @@ type ScrubConfig struct {
 	Clock clock.Clock
 }
 
+// DefaultScrubConfig returns the defaults documented on ScrubConfig (Clock
+// stays nil: the tier's clock).
+func DefaultScrubConfig() ScrubConfig {
+	return ScrubConfig{Rate: DefaultScrubRate, Tick: 100 * time.Millisecond}
+}
+
+// withDefaults fills the zero fields with their defaults (Clock: the
+// tier's, set by NewScrubber).
+func (c ScrubConfig) withDefaults() ScrubConfig {
+	d := DefaultScrubConfig()
+	if c.Rate == 0 {
+		c.Rate = d.Rate
+	}
+	if c.Tick == 0 {
+		c.Tick = d.Tick
+	}
+	return c
+}
+
 // Validate reports every problem of c at once.
 func (c ScrubConfig) Validate() error {
 	var errs []error
@@ -103,12 +122,7 @@ func NewScrubber(t *Tier, cfg ScrubConfig, lg *zap.Logger) (*Scrubber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Rate == 0 {
-		cfg.Rate = DefaultScrubRate
-	}
-	if cfg.Tick == 0 {
-		cfg.Tick = 100 * time.Millisecond
-	}
+	cfg = cfg.withDefaults()
 	if cfg.Clock == nil {
 		cfg.Clock = t.clk
 	}

@@ -42,7 +42,7 @@ func BenchmarkSSD(b *testing.B) {
 		cfg := DefaultConfig()
 		cfg.Dir = dir
 		cfg.Capacity = 1 << 40
-		cfg.MinFreeBytes = 0
+		cfg.MinFreeBytes = -1 // no free-space floor
 		cfg.DirectReads = os.Getenv("TIDEPOOL_SSD_BENCH_DIRECT") == "1"
 		cfg.Clock = clock.Real{}
 		tr, err := New(cfg, zap.NewNop())

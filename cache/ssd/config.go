@@ -10,7 +10,9 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/clock"
 )
 
-// Config configures a Tier. Start from DefaultConfig.
+// Config configures a Tier. A zero field takes its default (DefaultConfig,
+// applied once by New and Validate); where a feature can be turned off, a
+// negative value does it. Dir has no default.
 type Config struct {
 	// Dir is the RocksDB directory. Created 0700 if missing; an existing
 	// database there is reopened and its blocks served again. Required.
@@ -18,7 +20,7 @@ type Config struct {
 	// Capacity is the byte budget of the tier: the sum of the footprints
 	// (value + 2×encoded key + 38-byte record + 64 bytes) of the blocks held.
 	// Disk usage can exceed it by the garbage RocksDB has not reclaimed yet
-	// (see docs/ssd.md). Default 64 GiB.
+	// (see docs/ssd.md). Default 16 GiB.
 	Capacity int64
 	// MaxValueSize is the largest value accepted, in bytes. Default
 	// cache.DefaultMaxValueBytes (64 MiB). A store behind the proxy gets
@@ -36,26 +38,26 @@ type Config struct {
 	// bytes: block bytes wait there until a flush writes them to a blob
 	// file. Default 32 MiB (64 MiB measured no faster and costs more
 	// memory that is touched for the first time: see docs/ssd.md).
-	WriteBufferSize uint64
+	WriteBufferSize int64
 	// MaxWriteBuffers is how many data memtables may exist at once
 	// (filling + waiting for flush); RAM use is up to
 	// WriteBufferSize×MaxWriteBuffers. Default 4.
 	MaxWriteBuffers int
 	// MinBlobSize: values of at least this many bytes go to blob files;
 	// smaller ones stay inline in SST files. Default 4 KiB.
-	MinBlobSize uint64
+	MinBlobSize int64
 	// BlobFileSize is the size at which a blob file is closed and a new one
 	// started, in bytes. Smaller files let space be reclaimed sooner.
 	// Default 128 MiB.
-	BlobFileSize uint64
+	BlobFileSize int64
 	// BlobGCAgeCutoff is the fraction (0..1] of the oldest blob files whose
 	// live blobs compaction relocates so the files can be deleted.
 	// Default 0.25.
 	BlobGCAgeCutoff float64
 	// CompactAfter: after this many bytes of blocks were evicted or deleted,
 	// the tier compacts the data family in the background so RocksDB drops
-	// the dead blob references and deletes blob files. 0 means
-	// Capacity/8; negative disables it. Default 0.
+	// the dead blob references and deletes blob files. Default (0):
+	// Capacity/8; negative disables it.
 	CompactAfter int64
 	// BackgroundJobs is the number of RocksDB background threads: half of
 	// them (at least one) flush memtables, the others compact. Default 4.
@@ -66,8 +68,8 @@ type Config struct {
 
 	// MinFreeBytes: when the filesystem holding Dir has less free space
 	// than this, the tier stops admitting blocks (degraded) before RocksDB
-	// hits ENOSPC. 0 disables the check (ENOSPC from RocksDB still
-	// degrades). Default 256 MiB.
+	// hits ENOSPC. Default 1 GiB; negative disables the check (ENOSPC
+	// from RocksDB still degrades).
 	MinFreeBytes int64
 	// ProbeInterval is how long a degraded tier waits before a put tries
 	// the disk again. Default 5 s.
@@ -83,7 +85,7 @@ type Config struct {
 // DefaultConfig returns the defaults; Dir must still be set.
 func DefaultConfig() Config {
 	return Config{
-		Capacity:         64 << 30,
+		Capacity:         16 << 30,
 		MaxValueSize:     cache.DefaultMaxValueBytes,
 		MaxKeySize:       cache.DefaultMaxKeyBytes,
 		MaxNamespaceSize: cache.DefaultMaxNamespaceBytes,
@@ -93,15 +95,49 @@ func DefaultConfig() Config {
 		BlobFileSize:     128 << 20,
 		BlobGCAgeCutoff:  0.25,
 		BackgroundJobs:   4,
-		MinFreeBytes:     256 << 20,
+		MinFreeBytes:     1 << 30,
 		ProbeInterval:    5 * time.Second,
 		Policy:           evict.NewLRU,
 		Clock:            clock.Real{},
 	}
 }
 
-// Validate reports every problem with cfg at once.
-func (c *Config) Validate() error {
+// withDefaults fills the zero fields from DefaultConfig: the one place a
+// zero field becomes its default.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	fill(&c.Capacity, d.Capacity)
+	fill(&c.MaxValueSize, d.MaxValueSize)
+	fill(&c.MaxKeySize, d.MaxKeySize)
+	fill(&c.MaxNamespaceSize, d.MaxNamespaceSize)
+	fill(&c.WriteBufferSize, d.WriteBufferSize)
+	fill(&c.MaxWriteBuffers, d.MaxWriteBuffers)
+	fill(&c.MinBlobSize, d.MinBlobSize)
+	fill(&c.BlobFileSize, d.BlobFileSize)
+	fill(&c.BlobGCAgeCutoff, d.BlobGCAgeCutoff)
+	fill(&c.BackgroundJobs, d.BackgroundJobs)
+	fill(&c.MinFreeBytes, d.MinFreeBytes)
+	fill(&c.ProbeInterval, d.ProbeInterval)
+	if c.Policy == nil {
+		c.Policy = d.Policy
+	}
+	if c.Clock == nil {
+		c.Clock = d.Clock
+	}
+	return c
+}
+
+// fill sets *p to def when it is zero.
+func fill[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
+// Validate reports every problem with c (after defaults) at once.
+func (c Config) Validate() error {
+	c = c.withDefaults()
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("ssd: config: "+format, args...))
@@ -120,11 +156,14 @@ func (c *Config) Validate() error {
 	if c.MaxKeySize <= 0 {
 		bad("MaxKeySize must be > 0, got %d", c.MaxKeySize)
 	}
-	if c.MaxNamespaceSize < 0 {
-		bad("MaxNamespaceSize must be >= 0, got %d", c.MaxNamespaceSize)
+	if c.MaxNamespaceSize <= 0 {
+		bad("MaxNamespaceSize must be > 0, got %d", c.MaxNamespaceSize)
 	}
 	if c.WriteBufferSize < 1<<20 {
 		bad("WriteBufferSize must be >= 1 MiB, got %d", c.WriteBufferSize)
+	}
+	if c.MinBlobSize < 0 {
+		bad("MinBlobSize must be > 0, got %d", c.MinBlobSize)
 	}
 	if c.MaxWriteBuffers < 2 {
 		bad("MaxWriteBuffers must be >= 2, got %d", c.MaxWriteBuffers)
@@ -138,17 +177,8 @@ func (c *Config) Validate() error {
 	if c.BackgroundJobs < 2 {
 		bad("BackgroundJobs must be >= 2, got %d", c.BackgroundJobs)
 	}
-	if c.MinFreeBytes < 0 {
-		bad("MinFreeBytes must be >= 0, got %d", c.MinFreeBytes)
-	}
 	if c.ProbeInterval <= 0 {
 		bad("ProbeInterval must be > 0, got %v", c.ProbeInterval)
-	}
-	if c.Policy == nil {
-		bad("Policy is required (DefaultConfig sets evict.NewLRU)")
-	}
-	if c.Clock == nil {
-		bad("Clock is required (DefaultConfig sets clock.Real)")
 	}
 	return errors.Join(errs...)
 }

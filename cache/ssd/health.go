@@ -9,7 +9,7 @@ import (
 // freeSpace returns the bytes available to us on Dir's filesystem; ok is
 // false when the check is disabled or fails.
 func (t *Tier) freeSpace() (int64, bool) {
-	if t.cfg.MinFreeBytes == 0 && t.hookFreeSpace == nil {
+	if t.cfg.MinFreeBytes < 0 && t.hookFreeSpace == nil {
 		return 0, false
 	}
 	return t.diskFree()
@@ -39,7 +39,7 @@ func (t *Tier) tryRecoverLocked() bool {
 		return false
 	}
 	t.nextProbe = now.Add(t.cfg.ProbeInterval)
-	if free, ok := t.freeSpace(); ok && free < t.cfg.MinFreeBytes {
+	if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
 		return false
 	}
 	stamp := []byte(now.UTC().Format(time.RFC3339Nano))

@@ -106,7 +106,7 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.opts.SetMaxBackgroundCompactions(max(1, cfg.BackgroundJobs-flushes))
 	s.opts.SetBytesPerSync(1 << 20)
 	s.opts.SetWALBytesPerSync(1 << 20)
-	s.opts.SetMaxTotalWalSize(cfg.WriteBufferSize * 2)
+	s.opts.SetMaxTotalWalSize(uint64(cfg.WriteBufferSize) * 2)
 	s.opts.SetKeepLogFileNum(3)
 	s.opts.SetMaxLogFileSize(8 << 20)
 	// RocksDB's info LOG lives in Dir and its writer (EnvLogger in 7.8)
@@ -134,15 +134,15 @@ func openStore(cfg *Config) (_ *store, err error) {
 
 	s.dataOpts = grocksdb.NewDefaultOptions()
 	s.dataOpts.SetCompression(grocksdb.NoCompression)
-	s.dataOpts.SetWriteBufferSize(cfg.WriteBufferSize)
+	s.dataOpts.SetWriteBufferSize(uint64(cfg.WriteBufferSize))
 	s.dataOpts.SetMaxWriteBufferNumber(cfg.MaxWriteBuffers)
 	// Integrated BlobDB: values of MinBlobSize bytes or more go to blob
 	// files written sequentially at flush time; the LSM tree holds only
 	// small blob references, so compactions never rewrite block bytes
 	// except when blob GC relocates the live blobs of old files.
 	s.dataOpts.EnableBlobFiles(true)
-	s.dataOpts.SetMinBlobSize(cfg.MinBlobSize)
-	s.dataOpts.SetBlobFileSize(cfg.BlobFileSize)
+	s.dataOpts.SetMinBlobSize(uint64(cfg.MinBlobSize))
+	s.dataOpts.SetBlobFileSize(uint64(cfg.BlobFileSize))
 	s.dataOpts.SetBlobCompressionType(grocksdb.NoCompression)
 	s.dataOpts.EnableBlobGC(true)
 	s.dataOpts.SetBlobGCAgeCutoff(cfg.BlobGCAgeCutoff)

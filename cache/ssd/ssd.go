@@ -163,6 +163,7 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("ssd: create dir: %w", err)
 	}
@@ -237,7 +238,7 @@ func (t *Tier) openAtStart() (blocks, bytes int64, err error) {
 			return 0, 0, err
 		}
 	}
-	if free, ok := t.freeSpace(); ok && free < t.cfg.MinFreeBytes {
+	if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
 		t.wmu.Lock()
 		t.degradeLocked("low free space at start", zap.Int64("free_bytes", free))
 		t.wmu.Unlock()
@@ -354,7 +355,7 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 	if t.degraded.Load() && !t.tryRecoverLocked() {
 		return false, fmt.Errorf("%w: ssd tier degraded", cache.ErrUnavailable)
 	}
-	if free, ok := t.freeSpace(); ok && free < t.cfg.MinFreeBytes+int64(len(value)) {
+	if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0)+int64(len(value)) {
 		t.degradeLocked("low free space", zap.Int64("free_bytes", free))
 		return false, fmt.Errorf("%w: ssd: %d bytes free on disk", cache.ErrUnavailable, free)
 	}

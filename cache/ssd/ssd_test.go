@@ -46,7 +46,7 @@ func testConfig(dir string) Config {
 	cfg.MaxWriteBuffers = 3
 	cfg.BlobFileSize = 16 * mib
 	cfg.BackgroundJobs = 2
-	cfg.MinFreeBytes = 0
+	cfg.MinFreeBytes = -1 // no free-space floor
 	cfg.MaxValueSize = 4 * mib
 	cfg.Clock = clock.NewFake(t0)
 	return cfg
@@ -110,14 +110,15 @@ func TestConfigValidate(t *testing.T) {
 		{"defaults with dir", func(c *Config) {}, nil},
 		{"no dir", func(c *Config) { c.Dir = "" }, []string{"Dir is required"}},
 		{"every problem at once", func(c *Config) {
-			c.Capacity = 0
-			c.MaxKeySize = 0
+			c.Capacity = -1
+			c.MaxKeySize = -1
 			c.WriteBufferSize = 10
 			c.BlobGCAgeCutoff = 2
-			c.ProbeInterval = 0
-			c.Policy = nil
-			c.Clock = nil
-		}, []string{"Capacity", "MaxKeySize", "WriteBufferSize", "BlobGCAgeCutoff", "ProbeInterval", "Policy", "Clock"}},
+			c.ProbeInterval = -1
+			c.MaxNamespaceSize = -1
+		}, []string{"Capacity", "MaxKeySize", "WriteBufferSize", "BlobGCAgeCutoff", "ProbeInterval", "MaxNamespaceSize"}},
+		{"zero fields take the defaults", func(c *Config) { *c = Config{Dir: c.Dir} }, nil},
+		{"free-space floor off", func(c *Config) { c.MinFreeBytes = -1 }, nil},
 		{"value larger than capacity", func(c *Config) { c.Capacity = mib; c.MaxValueSize = 2 * mib }, []string{"exceeds Capacity"}},
 	}
 	for _, tc := range tests {

@@ -71,8 +71,9 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/flight"
 )
 
-// Config configures a Store. Zero values of the fields marked "default"
-// take that default.
+// Config configures a Store. A zero field takes its default (DefaultConfig,
+// applied once by New and Validate); a feature that can be turned off is
+// turned off by a negative value.
 type Config struct {
 	// DRAM configures the DRAM tier. Its OnEvict must be nil: the store
 	// sets it.
@@ -87,8 +88,9 @@ type Config struct {
 	QueueBytes int64
 	// HighWatermark and LowWatermark are fractions of the DRAM capacity:
 	// above High, the background loop evicts (demotes) down to Low. Used
-	// only when the DRAM tier offers EvictTo. 0 disables. Defaults 0.95
-	// and 0.85.
+	// only when the DRAM tier offers EvictTo. Defaults 0.95 and 0.85; a
+	// negative HighWatermark turns the loop off (LowWatermark is then
+	// ignored).
 	HighWatermark, LowWatermark float64
 	// WatermarkInterval is how often the loop checks DRAM use
 	// (default 50 ms).
@@ -99,10 +101,13 @@ type Config struct {
 	// (default 2).
 	PrefetchWorkers int
 	// StopSpillTimeout bounds how long Close spends draining the demotion
-	// queue and copying DRAM blocks the SSD lacks into SSD. 0 disables the
-	// copy (the queue is still drained for up to 10 s). Default 0; serve
-	// sets it.
+	// queue and copying DRAM blocks the SSD lacks into SSD. Default: off
+	// (0 or negative): no copy, and the queue is still drained for up to
+	// DrainTimeout. serve turns it on (stop_spill_timeout).
 	StopSpillTimeout time.Duration
+	// DrainTimeout bounds how long Close drains the demotion queue when
+	// StopSpillTimeout is off (default 10 s).
+	DrainTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults: a default DRAM tier and no SSD tier.
@@ -116,6 +121,7 @@ func DefaultConfig() Config {
 		WatermarkInterval: 50 * time.Millisecond,
 		PrefetchQueue:     4096,
 		PrefetchWorkers:   2,
+		DrainTimeout:      10 * time.Second,
 	}
 }
 
@@ -135,6 +141,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PrefetchWorkers == 0 {
 		c.PrefetchWorkers = d.PrefetchWorkers
+	}
+	if c.HighWatermark == 0 {
+		c.HighWatermark = d.HighWatermark
+	}
+	if c.LowWatermark == 0 {
+		c.LowWatermark = d.LowWatermark
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = d.DrainTimeout
 	}
 	return c
 }
@@ -163,8 +178,8 @@ func (c Config) Validate() error {
 	if c.QueueBytes < 0 {
 		bad("QueueBytes %d is negative", c.QueueBytes)
 	}
-	if c.HighWatermark < 0 || c.HighWatermark > 1 || c.LowWatermark < 0 || c.LowWatermark > 1 {
-		bad("watermarks %g/%g must be in [0, 1]", c.HighWatermark, c.LowWatermark)
+	if c.HighWatermark >= 0 && (c.HighWatermark > 1 || c.LowWatermark < 0 || c.LowWatermark > 1) {
+		bad("watermarks %g/%g must be in [0, 1] (a negative HighWatermark turns them off)", c.HighWatermark, c.LowWatermark)
 	} else if c.HighWatermark > 0 && c.LowWatermark >= c.HighWatermark {
 		bad("LowWatermark %g must be below HighWatermark %g", c.LowWatermark, c.HighWatermark)
 	}
@@ -174,8 +189,8 @@ func (c Config) Validate() error {
 	if c.PrefetchQueue < 0 || c.PrefetchWorkers < 0 {
 		bad("PrefetchQueue %d and PrefetchWorkers %d must not be negative", c.PrefetchQueue, c.PrefetchWorkers)
 	}
-	if c.StopSpillTimeout < 0 {
-		bad("StopSpillTimeout %v is negative", c.StopSpillTimeout)
+	if c.DrainTimeout < 0 {
+		bad("DrainTimeout %v is negative", c.DrainTimeout)
 	}
 	return errors.Join(errs...)
 }
@@ -606,7 +621,7 @@ func (s *Store) Close() error {
 		if s.ssd != nil {
 			wait := s.cfg.StopSpillTimeout
 			if wait <= 0 {
-				wait = 10 * time.Second
+				wait = s.cfg.DrainTimeout
 			}
 			deadline := time.Now().Add(wait)
 			s.drain(deadline)

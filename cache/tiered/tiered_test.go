@@ -40,7 +40,7 @@ func testConfig(t testing.TB, dramCap int64, ssdDir string) Config {
 		sc.MaxWriteBuffers = 3
 		sc.BlobFileSize = 16 * mib
 		sc.BackgroundJobs = 2
-		sc.MinFreeBytes = 0
+		sc.MinFreeBytes = -1 // no free-space floor
 		sc.MaxValueSize = 4 * mib
 		cfg.SSD = &sc
 	}
@@ -512,7 +512,7 @@ func (f fakeEvicter) EvictTo(target int64) int {
 // (against the real DRAM tier) cannot evict first, then given them.
 func TestWatermarkLoop(t *testing.T) {
 	cfg := testConfig(t, 8*mib, t.TempDir())
-	cfg.HighWatermark, cfg.LowWatermark = 0, 0
+	cfg.HighWatermark, cfg.LowWatermark = -1, -1 // off
 	cfg.WatermarkInterval = time.Millisecond
 	s := newStore(t, cfg)
 	s.cfg.HighWatermark, s.cfg.LowWatermark = 0.5, 0.25

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/client"
@@ -23,9 +23,7 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/units"
 )
 
-const benchUsage = `usage: tidepool bench [flags]
-
-Load generator over the engine API. N callers repeat one operation for a
+const benchLong = `Load generator over the engine API. N callers repeat one operation for a
 duration (or an op count) and the run ends with ops/s, bytes/s, latency
 percentiles (p50/p90/p99/p99.9, HDR histogram) and errors.
 
@@ -40,10 +38,7 @@ batch-get (--batch random keys). Raw limits, without the sidecar: memcpy
 reply over a Unix stream socket pair). --zero-copy moves values through the shared
 arenas (PutFrom/GetInto) instead of the socket. --remote SOCKET prefills the
 keys through another node of the cluster and reads them through --socket with
-cluster scope (keys owned by another node).
-
-flags:
-`
+cluster scope (keys owned by another node).`
 
 type benchFlags struct {
 	socket, ns, op, size, conc, remote, scope, plot, progress string
@@ -166,11 +161,21 @@ func progressPrinter(w io.Writer, mode, label string) (func(bench.Progress), fun
 	}
 }
 
-func cmdBench(args []string, stdout, stderr io.Writer) int {
+func newBenchCmd(io *stdio) *cobra.Command {
 	var f benchFlags
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
+	cmd := &cobra.Command{
+		Use:               "bench [flags]",
+		Short:             "load generator",
+		Long:              benchLong,
+		GroupID:           groupTools,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(*cobra.Command, []string) error {
+			return exitWith(cmdBench(&f, io.out, io.err))
+		},
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	fs.StringVar(&f.socket, "socket", envOr("TIDEPOOL_SOCKET", defaultSocket()), "sidecar socket (env TIDEPOOL_SOCKET)")
 	fs.StringVar(&f.ns, "ns", envOr("TIDEPOOL_NS", "bench"), "namespace (env TIDEPOOL_NS)")
 	fs.StringVar(&f.op, "op", "get", "operation: put, get, mixed, lookup, batch-get; raw limits: memcpy, socket-copy")
@@ -190,13 +195,15 @@ func cmdBench(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.plot, "plot", "", "write latency percentiles against concurrency to this PNG")
 	fs.StringVar(&f.progress, "progress", "auto", "progress on stderr: auto (bar on a terminal, else lines), bar, plain, none")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tidepool bench: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
+	completeWords(cmd, "op", "put", "get", "mixed", "lookup", "batch-get", rawMemcpy, rawSocketCopy)
+	completeWords(cmd, "scope", "local", "cluster", "default")
+	completeWords(cmd, "progress", "auto", "bar", "plain", "none")
+	return cmd
+}
+
+// cmdBench runs `tidepool bench` with its parsed flags.
+func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
+	f := *fp
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "tidepool bench: "+format+"\n", a...)
 		return exitUsage

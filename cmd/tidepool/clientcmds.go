@@ -5,22 +5,16 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/tidepool-kv/tidepool/client"
-)
+	"github.com/spf13/cobra"
 
-// Exit codes of the client commands.
-const (
-	exitOK       = 0
-	exitError    = 1
-	exitUsage    = 2
-	exitNotFound = 3 // get/exists/delete of an absent key
+	"github.com/tidepool-kv/tidepool/client"
 )
 
 type clientFlags struct {
@@ -56,34 +50,81 @@ func envOr(k, def string) string {
 	return def
 }
 
-func cmdClient(cmd string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// clientSpec describes one client command.
+type clientSpec struct {
+	name, args, short, long string
+	files                   bool // the arguments may name files (shell completion)
+}
+
+var clientSpecs = []clientSpec{
+	{"put", "KEY [FILE|-]", "store a block", `Stores a block: its value comes from FILE, or standard input when FILE is
+absent or '-'. An existing block is left unchanged ("exists").`, true},
+	{"get", "KEY", "fetch a block", `Prints a block's bytes on standard output, or writes them to -o FILE.
+Exit status 3 when the key is absent.`, false},
+	{"exists", "KEY...", "presence of blocks", `Prints per key whether it is present, with its tier and node.
+Exit status 3 when any key is absent.`, false},
+	{"lookup", "KEY...", "longest present prefix", `Prints how many of the leading keys are present (the keys are one prefix
+chain, first block first).`, false},
+	{"delete", "KEY", "remove a block", `Removes a block. Exit status 3 when the key was absent.`, false},
+	{"clear", "", "remove every block of a namespace", `Removes every block of the namespace --ns.`, false},
+	{"stat", "", "tiers and namespaces", `Prints the tiers and the namespaces (one namespace with --ns or TIDEPOOL_NS).`, false},
+	{"members", "", "the cluster view", `Prints the members of the cluster as this sidecar sees them.`, false},
+}
+
+// clientCommands are the commands that call a running sidecar.
+func clientCommands(io *stdio) []*cobra.Command {
+	cmds := make([]*cobra.Command, len(clientSpecs))
+	for i, sp := range clientSpecs {
+		cmds[i] = newClientCmd(sp, io)
+	}
+	return cmds
+}
+
+func newClientCmd(sp clientSpec, io *stdio) *cobra.Command {
 	var f clientFlags
-	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	name := sp.name
+	cmd := &cobra.Command{
+		Use:     strings.TrimSpace(name + " [flags] " + sp.args),
+		Short:   sp.short,
+		Long:    sp.long,
+		GroupID: groupClient,
+	}
+	if !sp.files {
+		cmd.ValidArgsFunction = cobra.NoFileCompletions
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	fs.StringVar(&f.socket, "socket", envOr("TIDEPOOL_SOCKET", defaultSocket()), "sidecar socket (env TIDEPOOL_SOCKET)")
 	fs.StringVar(&f.ns, "ns", envOr("TIDEPOOL_NS", "default"), "namespace (env TIDEPOOL_NS)")
 	fs.BoolVar(&f.hexKeys, "hex", false, "keys are hex-encoded bytes instead of UTF-8 strings")
 	fs.BoolVar(&f.json, "json", false, "machine-readable output")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "call timeout")
-	if cmd == "get" || cmd == "exists" || cmd == "lookup" {
+	if name == "get" || name == "exists" || name == "lookup" {
 		fs.StringVar(&f.scope, "scope", "", "where to look: local (this sidecar) or cluster (also the owners); default: cluster on a clustered node")
 	}
-	if cmd == "delete" || cmd == "clear" {
+	if name == "delete" || name == "clear" {
 		fs.StringVar(&f.scope, "scope", "", "where to delete: local (this sidecar) or cluster (every member); default: cluster on a clustered node")
 	}
-	if cmd == "put" {
+	if fs.Lookup("scope") != nil {
+		completeWords(cmd, "scope", "local", "cluster", "default")
+	}
+	if name == "put" {
 		fs.IntVar(&f.depth, "depth", 0, "position of the block in its prefix chain (0 = first)")
 		fs.BoolVar(&f.durable, "durable", false, "write the block through to the SSD tier (WAL synced) before answering")
 	}
-	if cmd == "get" {
-		fs.StringVar(&f.out, "o", "", "write the value to this file instead of stdout")
+	if name == "get" {
+		fs.StringVarP(&f.out, "output", "o", "", "write the value to this file instead of stdout")
 	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		f.nsSet = os.Getenv("TIDEPOOL_NS") != "" || cmd.Flags().Changed("ns")
+		return exitWith(cmdClient(name, f, args, io.in, io.out, io.err))
 	}
-	f.nsSet = os.Getenv("TIDEPOOL_NS") != ""
-	fs.Visit(func(fl *flag.Flag) { f.nsSet = f.nsSet || fl.Name == "ns" })
-	keys, err := parseKeys(fs.Args(), cmd, f.hexKeys)
+	return cmd
+}
+
+// cmdClient runs client command cmd with its parsed flags f and arguments.
+func cmdClient(cmd string, f clientFlags, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	keys, err := parseKeys(args, cmd, f.hexKeys)
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool %s: %v\n", cmd, err)
 		return exitUsage
@@ -96,7 +137,7 @@ func cmdClient(cmd string, args []string, stdin io.Reader, stdout, stderr io.Wri
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
-	cc := clientCmd{c: c, f: f, stdin: stdin, stdout: stdout, stderr: stderr, args: fs.Args()}
+	cc := clientCmd{c: c, f: f, stdin: stdin, stdout: stdout, stderr: stderr, args: args}
 	code, err := cc.run(ctx, cmd, keys)
 	if err != nil {
 		if f.json {

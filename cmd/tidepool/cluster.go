@@ -241,13 +241,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {
 		return nil, err
 	}
-	rcfg := proxy.DefaultRouteConfig()
-	rcfg.RemoteTimeout, rcfg.PeerDownFor = cfg.RemoteTimeout, cfg.PeerDownFor
-	rcfg.RebalanceRate, rcfg.RebalanceDelay, rcfg.RebalanceMaxBytes = cfg.RebalanceRate, cfg.RebalanceDelay, cfg.RebalanceMaxBytes
-	rcfg.HotThreshold, rcfg.HotWindow, rcfg.HotTTL = cfg.HotThreshold, cfg.HotWindow, cfg.HotTTL
-	rcfg.HotMaxReplicas, rcfg.HotMaxBytes = cfg.HotMaxReplicas, cfg.HotMaxBytes // 0: derived from DRAMBytes
-	rcfg.DRAMBytes = cfg.DRAMCapacity
-	if err := p.AttachCluster(n.view, n.pcli, rcfg); err != nil {
+	if err := p.AttachCluster(n.view, n.pcli, cfg.routeConfig()); err != nil {
 		return nil, err
 	}
 	n.unwatch = watchMembership(n.c, p)

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -15,16 +14,22 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/cache/tiered"
+	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
+	"github.com/tidepool-kv/tidepool/rdma/auto"
+	"github.com/tidepool-kv/tidepool/rdma/verbs"
 )
 
 // Config is every setting of `tidepool serve`. Each field is one setting,
@@ -102,6 +107,7 @@ type setting struct {
 	usage string
 	get   func(c *Config) string
 	set   func(c *Config, v string) error
+	kind  string // the value's syntax, named in serve's help: string, bytes, int, true|false, duration, list, mode
 }
 
 func (s setting) flagName() string { return strings.ReplaceAll(s.key, "_", "-") }
@@ -117,13 +123,13 @@ func sizeSetting(key, usage string, p func(c *Config) *int64) setting {
 			}
 			*p(c) = n
 			return nil
-		}}
+		}, "bytes"}
 }
 
 func stringSetting(key, usage string, p func(c *Config) *string) setting {
 	return setting{key, usage,
 		func(c *Config) string { return *p(c) },
-		func(c *Config, v string) error { *p(c) = v; return nil }}
+		func(c *Config, v string) error { *p(c) = v; return nil }, "string"}
 }
 
 func intSetting(key, usage string, p func(c *Config) *int) setting {
@@ -136,7 +142,7 @@ func intSetting(key, usage string, p func(c *Config) *int) setting {
 			}
 			*p(c) = n
 			return nil
-		}}
+		}, "int"}
 }
 
 func boolSetting(key, usage string, p func(c *Config) *bool) setting {
@@ -149,7 +155,7 @@ func boolSetting(key, usage string, p func(c *Config) *bool) setting {
 			}
 			*p(c) = b
 			return nil
-		}}
+		}, "true|false"}
 }
 
 func durationSetting(key, usage string, p func(c *Config) *time.Duration) setting {
@@ -162,7 +168,23 @@ func durationSetting(key, usage string, p func(c *Config) *time.Duration) settin
 			}
 			*p(c) = d
 			return nil
-		}}
+		}, "duration"}
+}
+
+// listSetting is a comma-separated list (a YAML sequence in the file);
+// blank items are dropped.
+func listSetting(key, usage string, p func(c *Config) *[]string) setting {
+	return setting{key, usage,
+		func(c *Config) string { return strings.Join(*p(c), ",") },
+		func(c *Config, v string) error {
+			*p(c) = nil
+			for _, e := range strings.Split(v, ",") {
+				if e = strings.TrimSpace(e); e != "" {
+					*p(c) = append(*p(c), e)
+				}
+			}
+			return nil
+		}, "list"}
 }
 
 var settings = []setting{
@@ -176,21 +198,11 @@ var settings = []setting{
 			}
 			c.SocketMode = os.FileMode(m)
 			return nil
-		}},
+		}, "mode"},
 	stringSetting("socket_group", "group (name or numeric gid) given the socket; empty keeps the process's group", func(c *Config) *string { return &c.SocketGroup }),
 	stringSetting("data_dir", "directory for persistent data", func(c *Config) *string { return &c.DataDir }),
 	stringSetting("arena_dir", "directory of the DRAM arena files (use a tmpfs); empty: one of this socket's own under /dev/shm", func(c *Config) *string { return &c.ArenaDir }),
-	{"trusted_dirs", "comma-separated directories used whatever their owner and mode (such as a Kubernetes emptyDir mount)",
-		func(c *Config) string { return strings.Join(c.TrustedDirs, ",") },
-		func(c *Config, v string) error {
-			c.TrustedDirs = nil
-			for _, d := range strings.Split(v, ",") {
-				if d = strings.TrimSpace(d); d != "" {
-					c.TrustedDirs = append(c.TrustedDirs, d)
-				}
-			}
-			return nil
-		}},
+	listSetting("trusted_dirs", "comma-separated directories used whatever their owner and mode (such as a Kubernetes emptyDir mount)", func(c *Config) *[]string { return &c.TrustedDirs }),
 	sizeSetting("dram_capacity", "DRAM tier budget (e.g. 512MiB, 4GiB)", func(c *Config) *int64 { return &c.DRAMCapacity }),
 	sizeSetting("arena_size", "size of one DRAM arena file", func(c *Config) *int64 { return &c.ArenaSize }),
 	intSetting("max_key_size", "longest block key in bytes", func(c *Config) *int { return &c.MaxKeySize }),
@@ -199,17 +211,7 @@ var settings = []setting{
 	sizeSetting("max_request_size", "largest framed request accepted", func(c *Config) *int64 { return &c.MaxRequestSize }),
 	intSetting("engine_max_connections", "most engine API connections open at once; more are closed on accept", func(c *Config) *int { return &c.EngineMaxConns }),
 	durationSetting("engine_idle_timeout", "close an engine API connection idle this long", func(c *Config) *time.Duration { return &c.EngineIdle }),
-	{"namespaces", "comma-separated allow-list of namespaces; empty allows any",
-		func(c *Config) string { return strings.Join(c.Namespaces, ",") },
-		func(c *Config, v string) error {
-			c.Namespaces = nil
-			for _, ns := range strings.Split(v, ",") {
-				if ns = strings.TrimSpace(ns); ns != "" {
-					c.Namespaces = append(c.Namespaces, ns)
-				}
-			}
-			return nil
-		}},
+	listSetting("namespaces", "comma-separated allow-list of namespaces; empty allows any", func(c *Config) *[]string { return &c.Namespaces }),
 	intSetting("max_namespaces", "most namespaces holding data at once", func(c *Config) *int { return &c.MaxNamespaces }),
 	stringSetting("eviction_policy", "eviction policy of every tier: prefix (frequency and prefix aware) or lru", func(c *Config) *string { return &c.EvictionPolicy }),
 	durationSetting("lease_timeout", "longest time a read may pin a block", func(c *Config) *time.Duration { return &c.LeaseTimeout }),
@@ -225,17 +227,7 @@ var settings = []setting{
 	stringSetting("transport", "how blocks move between nodes: auto (RDMA to peers that serve it, when this binary has the verbs binding and the host a device; TCP otherwise), tcp, or rdma (like auto, but refuse to start without a device); docs/rdma.md", func(c *Config) *string { return &c.Transport }),
 	stringSetting("rdma_device", "RDMA device(s) for transport auto or rdma (e.g. mlx5_0, or mlx5_0,mlx5_1 to slice transfers across several); empty: the first with an active port", func(c *Config) *string { return &c.RDMADevice }),
 	intSetting("rdma_gid_index", "GID index of the RDMA port; -1: the first RoCE v2 GID, preferring an IPv4-mapped one", func(c *Config) *int { return &c.RDMAGIDIndex }),
-	{"join", "comma-separated addresses or DNS names (default port 7946) of cluster members to join; turns cluster mode on; retried in the background until a peer answers",
-		func(c *Config) string { return strings.Join(c.Join, ",") },
-		func(c *Config, v string) error {
-			c.Join = nil
-			for _, a := range strings.Split(v, ",") {
-				if a = strings.TrimSpace(a); a != "" {
-					c.Join = append(c.Join, a)
-				}
-			}
-			return nil
-		}},
+	listSetting("join", "comma-separated addresses or DNS names (default port 7946) of cluster members to join; turns cluster mode on; retried in the background until a peer answers", func(c *Config) *[]string { return &c.Join }),
 	intSetting("replicas", "owners per block (R)", func(c *Config) *int { return &c.Replicas }),
 	stringSetting("gossip_key_file", "file holding the gossip encryption key (16, 24 or 32 bytes, raw or base64)", func(c *Config) *string { return &c.GossipKeyFile }),
 	stringSetting("cluster_label", "cluster label; peers with another label are refused", func(c *Config) *string { return &c.ClusterLabel }),
@@ -263,17 +255,7 @@ var settings = []setting{
 	durationSetting("stop_spill_timeout", "on a clean stop, how long to spend copying DRAM blocks into SSD; 0 disables", func(c *Config) *time.Duration { return &c.StopSpillTimeout }),
 	sizeSetting("scrub_rate", "bytes per second the background scrubber re-checks the CRC-32C of resident DRAM blocks (removing any that fail); 0 disables it", func(c *Config) *int64 { return &c.ScrubRate }),
 	boolSetting("verify_reads", "check every same-host read of a DRAM block (Get, Acquire, zero-copy GetInto) against its CRC-32C before answering; off, the scrubber finds damage instead", func(c *Config) *bool { return &c.VerifyReads }),
-	{"verify_reads_namespaces", "comma-separated namespaces whose same-host DRAM reads are verified as with verify_reads",
-		func(c *Config) string { return strings.Join(c.VerifyReadsNamespaces, ",") },
-		func(c *Config, v string) error {
-			c.VerifyReadsNamespaces = nil
-			for _, ns := range strings.Split(v, ",") {
-				if ns = strings.TrimSpace(ns); ns != "" {
-					c.VerifyReadsNamespaces = append(c.VerifyReadsNamespaces, ns)
-				}
-			}
-			return nil
-		}},
+	listSetting("verify_reads_namespaces", "comma-separated namespaces whose same-host DRAM reads are verified as with verify_reads", func(c *Config) *[]string { return &c.VerifyReadsNamespaces }),
 }
 
 // runtimeDir is where the socket lives by default: $XDG_RUNTIME_DIR/tidepool,
@@ -320,7 +302,7 @@ func defaultDRAMCapacity() int64 {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
-	rc := proxy.DefaultRouteConfig()
+	rc, sc, tc := proxy.DefaultRouteConfig(), ssd.DefaultConfig(), tiered.DefaultConfig()
 	return Config{
 		Socket:          defaultSocket(),
 		SocketMode:      0o600,
@@ -341,13 +323,13 @@ func DefaultConfig() Config {
 		LogLevel:        "info",
 		LogFormat:       "console",
 		NodeID:          host,
-		Replicas:        1,
+		Replicas:        cluster.DefaultRingConfig().Replicas,
 		DrainTimeout:    ec.DrainTimeout,
 		ShutdownTimeout: 20 * time.Second,
 		PeerMaxConns:    pc.MaxConns,
 		PeerIdleTime:    pc.IdleTimeout,
-		Transport:       "auto",
-		RDMAGIDIndex:    -1,
+		Transport:       auto.ModeAuto,
+		RDMAGIDIndex:    verbs.DefaultConfig().GIDIndex,
 
 		RemoteTimeout:     rc.RemoteTimeout,
 		PeerDownFor:       rc.PeerDownFor,
@@ -359,9 +341,9 @@ func DefaultConfig() Config {
 		HotTTL:            rc.HotTTL,
 		HotMaxReplicas:    rc.HotMaxReplicas,
 
-		SSDCapacity:      16 << 30,
-		SSDMinFree:       1 << 30,
-		DemotionQueue:    256 << 20,
+		SSDCapacity:      sc.Capacity,
+		SSDMinFree:       sc.MinFreeBytes,
+		DemotionQueue:    tc.QueueBytes,
 		StopSpillTimeout: 30 * time.Second,
 
 		ScrubRate: dram.DefaultScrubRate,
@@ -469,8 +451,8 @@ func (c Config) Validate() error {
 	if c.RebalanceRate < 0 || c.RebalanceMaxBytes < 0 {
 		bad("rebalance_rate %s, rebalance_max_bytes %s: must not be negative", units.FormatBytes(c.RebalanceRate), units.FormatBytes(c.RebalanceMaxBytes))
 	}
-	if c.RemoteTimeout <= 0 || c.RemoteTimeout > 5*time.Second {
-		bad("remote_timeout %s: must be in (0, 5s] (a fetch's whole bound)", c.RemoteTimeout)
+	if fetch := proxy.DefaultRouteConfig().FetchTimeout; c.RemoteTimeout <= 0 || c.RemoteTimeout > fetch {
+		bad("remote_timeout %s: must be in (0, %s] (a fetch's whole bound)", c.RemoteTimeout, fetch)
 	}
 	if c.PeerDownFor <= 0 {
 		bad("peer_down_for %s: must be positive", c.PeerDownFor)
@@ -540,7 +522,7 @@ func (c Config) Validate() error {
 // loadConfig builds the serve config from defaults, the YAML file
 // (--config or TIDEPOOL_CONFIG), the environment and the flags, in rising
 // precedence. fs must already be parsed with flags from bindFlags.
-func loadConfig(fs *flag.FlagSet, flagVals map[string]*string, configPath string, environ []string) (Config, error) {
+func loadConfig(fs *pflag.FlagSet, flagVals map[string]*string, configPath string, environ []string) (Config, error) {
 	c := DefaultConfig()
 	c.ArenaDir = "" // derived from the final socket unless a source sets it
 	env := map[string]string{}
@@ -573,7 +555,7 @@ func loadConfig(fs *flag.FlagSet, flagVals map[string]*string, configPath string
 			}
 		}
 	}
-	fs.Visit(func(f *flag.Flag) {
+	fs.Visit(func(f *pflag.Flag) {
 		for _, s := range settings {
 			if s.flagName() == f.Name {
 				if err := s.set(&c, *flagVals[s.key]); err != nil {
@@ -731,16 +713,32 @@ func applyYAML(c *Config, path string) error {
 	return errors.Join(errs...)
 }
 
-// bindFlags registers one string flag per setting; values are parsed by the
-// setting so that flags, variables and YAML accept the same syntax.
-func bindFlags(fs *flag.FlagSet) map[string]*string {
+// bindFlags registers serve's flags on fs, generated from the settings
+// table: one flag per setting (--key with '-' for '_'), showing the
+// embedded default and the variable. A flag keeps the text it was given;
+// loadConfig parses it with the setting, so flags, variables and YAML
+// accept the same syntax and every bad value is reported at once.
+func bindFlags(fs *pflag.FlagSet) map[string]*string {
 	def := DefaultConfig()
 	vals := map[string]*string{}
 	for _, s := range settings {
-		vals[s.key] = fs.String(s.flagName(), s.get(&def), fmt.Sprintf("%s (env %s)", s.usage, s.envName()))
+		v := &settingValue{s: s, v: s.get(&def)}
+		fs.Var(v, s.flagName(), fmt.Sprintf("%s (env %s)", s.usage, s.envName()))
+		vals[s.key] = &v.v
 	}
 	return vals
 }
+
+// settingValue is the pflag.Value of one setting's flag: the raw text,
+// with the setting's kind as its type name.
+type settingValue struct {
+	s setting
+	v string
+}
+
+func (v *settingValue) String() string     { return v.v }
+func (v *settingValue) Set(x string) error { v.v = x; return nil }
+func (v *settingValue) Type() string       { return v.s.kind }
 
 // policies are the eviction policies a config may name.
 var policies = map[string]evict.Factory{

@@ -1,13 +1,14 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
@@ -16,7 +17,7 @@ import (
 
 func parse(t *testing.T, args []string, env []string) (Config, error) {
 	t.Helper()
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	configPath := fs.String("config", "", "")
 	vals := bindFlags(fs)

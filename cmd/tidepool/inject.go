@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/go-logr/zapr"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -26,9 +27,7 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/units"
 )
 
-const injectUsage = `usage: tidepool inject [flags] [FILE|-]...
-
-Adds the tidepool sidecar to the pods of Kubernetes YAML (Deployments,
+const injectLong = `Adds the tidepool sidecar to the pods of Kubernetes YAML (Deployments,
 StatefulSets, DaemonSets, ReplicaSets, Jobs, CronJobs, Pods, LeaderWorkerSets;
 multi-document files) and writes it to stdout, like istioctl kube-inject:
 
@@ -41,26 +40,18 @@ annotations that override these flags per pod. Injecting twice changes
 nothing; other objects and fields are left as they are. On any error
 (malformed YAML, an object without a pod template, a volume of tidepool's
 name with another source) it names the file, document, object and field,
-and writes nothing.
+and writes nothing.`
 
-flags:
-`
-
-const webhookUsage = `usage: tidepool webhook [flags]
-
-Serves the injection of 'tidepool inject' as a Kubernetes mutating admission
+const webhookLong = `Serves the injection of 'tidepool inject' as a Kubernetes mutating admission
 webhook (AdmissionReview v1 over HTTPS at /inject, JSONPatch responses),
 for pods labelled tidepool.io/inject=true or in namespaces labelled so
 (deploy/ registers it). TLS comes from --cert-dir in cert-manager's layout
 (tls.crt, tls.key) and is reloaded when the files change. /healthz and
-/readyz are served over plain HTTP on --health-addr.
-
-flags:
-`
+/readyz are served over plain HTTP on --health-addr.`
 
 // injectorFlags binds the injector's settings to fs, with cfg's values as
 // defaults; the returned function applies the byte sizes and lists.
-func injectorFlags(fs *flag.FlagSet, cfg *inject.Config) func() error {
+func injectorFlags(fs *pflag.FlagSet, cfg *inject.Config) func() error {
 	fs.StringVar(&cfg.Image, "image", cfg.Image, "sidecar image (annotation tidepool.io/image)")
 	fs.StringVar(&cfg.ImagePullPolicy, "image-pull-policy", cfg.ImagePullPolicy, "sidecar imagePullPolicy: Always, IfNotPresent, Never; empty: the cluster default")
 	fs.StringVar(&cfg.Socket, "sidecar-socket", cfg.Socket, "socket path in the pod (annotation tidepool.io/socket)")
@@ -99,21 +90,31 @@ func injectorFlags(fs *flag.FlagSet, cfg *inject.Config) func() error {
 	}
 }
 
-func cmdInject(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("inject", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, injectUsage); fs.PrintDefaults() }
+func newInjectCmd(io *stdio) *cobra.Command {
 	cfg := inject.DefaultConfig(version)
+	var out string
+	cmd := &cobra.Command{
+		Use:     "inject [flags] [FILE|-]...",
+		Short:   "add the sidecar to the pods of Kubernetes YAML",
+		Long:    injectLong,
+		GroupID: groupTools,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	finish := injectorFlags(fs, &cfg)
-	out := fs.String("o", "", "write to this file (replaced whole, only on success) instead of stdout")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	fs.StringVarP(&out, "output", "o", "", "write to this file (replaced whole, only on success) instead of stdout")
+	cmd.RunE = func(_ *cobra.Command, args []string) error {
+		if err := finish(); err != nil {
+			return usageError("%v", err)
+		}
+		return exitWith(cmdInject(&cfg, out, args, io.in, io.out, io.err))
 	}
-	if err := finish(); err != nil {
-		fmt.Fprintf(stderr, "tidepool inject: %v\n", err)
-		return 2
-	}
-	files := fs.Args()
+	return cmd
+}
+
+// cmdInject runs `tidepool inject` with the injector's configuration, the
+// -o file ("" for stdout) and the input files.
+func cmdInject(cfg *inject.Config, out string, files []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(files) == 0 {
 		files = []string{"-"}
 	}
@@ -135,14 +136,14 @@ func cmdInject(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		result = append(result, res...)
 	}
-	if *out == "" {
+	if out == "" {
 		if _, err := stdout.Write(result); err != nil {
 			fmt.Fprintf(stderr, "tidepool inject: %v\n", err)
 			return 1
 		}
 		return 0
 	}
-	if err := writeFileAtomic(*out, result); err != nil {
+	if err := writeFileAtomic(out, result); err != nil {
 		fmt.Fprintf(stderr, "tidepool inject: %v\n", err)
 		return 1
 	}
@@ -195,41 +196,57 @@ func writeFileAtomic(path string, data []byte) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-func cmdWebhook(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("webhook", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, webhookUsage); fs.PrintDefaults() }
+// webhookFlags are the flags of `tidepool webhook` beyond the injector's.
+type webhookFlags struct {
+	addr, certDir, healthAddr, logLevel, logFormat string
+}
+
+func newWebhookCmd(io *stdio) *cobra.Command {
 	cfg := inject.DefaultConfig(version)
+	var f webhookFlags
+	cmd := &cobra.Command{
+		Use:               "webhook [flags]",
+		Short:             "the injection as a mutating admission webhook",
+		Long:              webhookLong,
+		GroupID:           groupTools,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	finish := injectorFlags(fs, &cfg)
-	addr := fs.String("addr", ":9443", "HTTPS listen address of the webhook")
-	certDir := fs.String("cert-dir", "/etc/tidepool/webhook", "directory holding tls.crt and tls.key (a cert-manager Secret mount)")
-	healthAddr := fs.String("health-addr", ":8081", "plain HTTP address of /healthz and /readyz; empty disables")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	logFormat := fs.String("log-format", "json", "json or console")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	fs.StringVar(&f.addr, "addr", ":9443", "HTTPS listen address of the webhook")
+	fs.StringVar(&f.certDir, "cert-dir", "/etc/tidepool/webhook", "directory holding tls.crt and tls.key (a cert-manager Secret mount)")
+	fs.StringVar(&f.healthAddr, "health-addr", ":8081", "plain HTTP address of /healthz and /readyz; empty disables")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "json", "json or console")
+	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
+	completeWords(cmd, "log-format", "json", "console")
+	cmd.RunE = func(*cobra.Command, []string) error {
+		if err := finish(); err != nil {
+			return usageError("%v", err)
+		}
+		return exitWith(cmdWebhook(cfg, f, io.err))
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tidepool webhook: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	if err := finish(); err != nil {
-		fmt.Fprintf(stderr, "tidepool webhook: %v\n", err)
-		return 2
-	}
-	host, portStr, err := net.SplitHostPort(*addr)
+	return cmd
+}
+
+// cmdWebhook runs `tidepool webhook` with the injector's configuration and
+// its own flags.
+func cmdWebhook(cfg inject.Config, f webhookFlags, stderr io.Writer) int {
+	host, portStr, err := net.SplitHostPort(f.addr)
 	port, perr := strconv.Atoi(portStr)
 	if err != nil || perr != nil || port < 1 || port > 65535 {
-		fmt.Fprintf(stderr, "tidepool webhook: --addr %q: want host:port\n", *addr)
+		fmt.Fprintf(stderr, "tidepool webhook: --addr %q: want host:port\n", f.addr)
 		return 2
 	}
-	for _, f := range []string{"tls.crt", "tls.key"} {
-		if _, err := os.Stat(filepath.Join(*certDir, f)); err != nil {
+	for _, name := range []string{"tls.crt", "tls.key"} {
+		if _, err := os.Stat(filepath.Join(f.certDir, name)); err != nil {
 			fmt.Fprintf(stderr, "tidepool webhook: --cert-dir: %v\n", err)
 			return 1
 		}
 	}
-	lg, err := newLogger(*logLevel, *logFormat)
+	lg, err := newLogger(f.logLevel, f.logFormat)
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool webhook: --log-level/--log-format: %v\n", err)
 		return 2
@@ -242,12 +259,12 @@ func cmdWebhook(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tidepool webhook: %v\n", err)
 		return 2
 	}
-	srv := webhook.NewServer(webhook.Options{Host: host, Port: port, CertDir: *certDir, CertName: "tls.crt", KeyName: "tls.key"})
+	srv := webhook.NewServer(webhook.Options{Host: host, Port: port, CertDir: f.certDir, CertName: "tls.crt", KeyName: "tls.key"})
 	srv.Register(admit.Path, h.Webhook())
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if *healthAddr != "" {
+	if f.healthAddr != "" {
 		mux := http.NewServeMux()
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
@@ -257,7 +274,7 @@ func cmdWebhook(args []string, stdout, stderr io.Writer) int {
 			}
 			fmt.Fprintln(w, "ok")
 		})
-		l, err := net.Listen("tcp", *healthAddr)
+		l, err := net.Listen("tcp", f.healthAddr)
 		if err != nil {
 			fmt.Fprintf(stderr, "tidepool webhook: --health-addr: %v\n", err)
 			return 1
@@ -266,7 +283,7 @@ func cmdWebhook(args []string, stdout, stderr io.Writer) int {
 		go hs.Serve(l)
 		defer hs.Close()
 	}
-	lg.Info("webhook serving", zap.String("addr", *addr), zap.String("path", admit.Path), zap.String("cert_dir", *certDir))
+	lg.Info("webhook serving", zap.String("addr", f.addr), zap.String("path", admit.Path), zap.String("cert_dir", f.certDir))
 	if err := srv.Start(ctx); err != nil {
 		lg.Error("webhook server failed", zap.Error(err))
 		return 1

@@ -2,23 +2,35 @@
 //
 //	tidepool serve                    run the sidecar (embedded defaults)
 //	tidepool put KEY [FILE]           store a block (value from FILE or stdin)
-//	tidepool get KEY                  print a block's bytes
+//	tidepool get KEY [-o FILE]        print a block's bytes
 //	tidepool exists KEY...            presence per key
 //	tidepool lookup KEY...            length of the longest present prefix
 //	tidepool delete KEY               remove a block
 //	tidepool clear                    remove every block of a namespace
 //	tidepool stat                     tiers and namespaces
+//	tidepool members                  the cluster view
 //	tidepool prefetch KEY...          bring blocks from SSD into DRAM
+//	tidepool bench                    load generator
+//	tidepool replay                   replay a request trace
 //	tidepool inject [FILE]...         add the sidecar to Kubernetes YAML
 //	tidepool webhook                  the same as a mutating admission webhook
 //	tidepool version                  print the version
+//	tidepool completion SHELL         shell completion (bash, zsh, fish)
+//
+// The command tree is spf13/cobra's (flags are pflag's): flags go before or
+// after the arguments, every command has --help, and the exit status is
+// one of the codes below. docs/cli.md describes it.
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime/debug"
+	"strings"
+
+	"github.com/spf13/cobra"
 )
 
 // version is set at build time by `make build` (-ldflags
@@ -63,64 +75,211 @@ func buildVersion() string {
 	return fallbackVersion + "+" + rev[:min(12, len(rev))] + dirty
 }
 
-const usage = `tidepool: a KV-cache sidecar for LLM inference pods
+// Exit codes of every command, listed in the root help (exitCodesHelp)
+// and in docs/cli.md.
+const (
+	exitOK       = 0
+	exitError    = 1 // the command failed (the sidecar answered an error, a file could not be read, ...)
+	exitUsage    = 2 // bad command line or configuration: unknown command or flag, bad value, missing argument
+	exitNotFound = 3 // get/exists/delete of an absent key
+)
 
-usage: tidepool <command> [flags] [args]
+const exitCodesHelp = `Exit status:
+  0  success
+  1  error (the sidecar or the system refused the command)
+  2  usage error: unknown command or flag, bad flag value or argument,
+     invalid serve configuration
+  3  not found: get or delete of an absent key, exists with any key absent`
 
-commands:
-  serve     run the sidecar (no flags: embedded defaults)
-  put       store a block:            tidepool put [--ns NS] [--durable] KEY [FILE|-]
-  get       fetch a block:            tidepool get [--ns NS] [-o FILE] KEY
-  exists    presence of blocks:       tidepool exists [--ns NS] KEY...
-  lookup    longest present prefix:   tidepool lookup [--ns NS] KEY...
-  delete    remove a block:           tidepool delete [--ns NS] KEY
-  clear     remove a namespace:       tidepool clear --ns NS
-  stat      tiers and namespaces:     tidepool stat [--ns NS]
-  members   the cluster view:         tidepool members [--json]
-  prefetch  SSD blocks into DRAM:     tidepool prefetch [--ns NS] KEY...
-  bench     load generator:           tidepool bench --op get --size 1MiB --concurrency 16
-  replay    replay a request trace:   tidepool replay --trace FILE --nodes 1 --capacity-tokens 3M
-  inject    add the sidecar to pods:  tidepool inject [--dram-capacity 32GiB] [FILE|-]... | kubectl apply -f -
-  webhook   injection as an admission webhook: tidepool webhook --cert-dir DIR
-  version   print the version
+const rootLong = `tidepool: a KV-cache sidecar for LLM inference pods.
 
-Client commands take --socket (env TIDEPOOL_SOCKET), --ns (env TIDEPOOL_NS),
---hex (keys are hex bytes) and --json. Run 'tidepool <command> -h' for more.
-`
+'tidepool serve' runs the sidecar; the client commands call a running one
+over its Unix socket. Flags may come before or after the arguments; put
+'--' before a key that starts with '-'. Client commands take --socket
+(env TIDEPOOL_SOCKET), --ns (env TIDEPOOL_NS), --hex (keys are hex bytes)
+and --json. Run 'tidepool <command> --help' for a command's flags.
+
+` + exitCodesHelp
+
+// exitStatus ends a command with an exit code. A nil err means the command
+// already said why on stderr; run prints err otherwise.
+type exitStatus struct {
+	code int
+	err  error
+}
+
+func (e *exitStatus) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitStatus) Unwrap() error { return e.err }
+
+// exitWith turns the exit code of a command body (which printed its own
+// messages) into RunE's result.
+func exitWith(code int) error {
+	if code == exitOK {
+		return nil
+	}
+	return &exitStatus{code: code}
+}
+
+// stdio is where a command reads and writes.
+type stdio struct {
+	in       io.Reader
+	out, err io.Writer
+}
+
+func init() {
+	cobra.EnableCommandSorting = false // the help lists commands in the order they are added
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
+// run executes one command line and returns its exit status: exitOK, or
+// the code of an *exitStatus, or exitUsage for what cobra and pflag reject
+// before a command runs (unknown command or flag, a flag value of the
+// wrong type). Help (--help, -h, 'tidepool help CMD') goes to stdout and
+// exits 0.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if args == nil {
+		args = []string{} // cobra reads os.Args when given nil
+	}
+	root := newRootCmd(&stdio{in: stdin, out: stdout, err: stderr})
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return exitOK
+	}
+	if ee, ok := errors.AsType[*exitStatus](err); ok {
+		if ee.err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), ee.err)
+		}
+		if ee.code == exitUsage && ee.err != nil {
+			fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		}
+		return ee.code
+	}
+	// Not a command's own error: the command line was refused.
+	fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd.CommandPath(), err, cmd.CommandPath())
+	return exitUsage
+}
+
+// usageError is a bad command line found by a command itself.
+func usageError(format string, a ...any) error {
+	return &exitStatus{code: exitUsage, err: fmt.Errorf(format, a...)}
+}
+
+// Command groups of the root help.
+const (
+	groupSidecar = "sidecar"
+	groupClient  = "client"
+	groupTools   = "tools"
+)
+
+// newRootCmd builds the command tree; each call is independent (tests run
+// several in one process).
+func newRootCmd(io *stdio) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "tidepool",
+		Short:         "a KV-cache sidecar for LLM inference pods",
+		Long:          rootLong,
+		Version:       buildVersion(),
+		SilenceErrors: true, // run prints errors, with the exit code's meaning
+		SilenceUsage:  true,
+		Args:          noArgs, // "tidepool frobnicate" is an unknown command
+		// No command: the usage, as a usage error.
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprint(io.err, cmd.UsageString())
+			return &exitStatus{code: exitUsage}
+		},
+	}
+	root.SetIn(io.in)
+	root.SetOut(io.out)
+	root.SetErr(io.err)
+	root.SetVersionTemplate("tidepool {{.Version}} (" + goVersion + ")\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &exitStatus{code: exitUsage, err: err}
+	})
+	root.AddGroup(
+		&cobra.Group{ID: groupSidecar, Title: "Sidecar:"},
+		&cobra.Group{ID: groupClient, Title: "Client commands (call a running sidecar):"},
+		&cobra.Group{ID: groupTools, Title: "Tools:"},
+	)
+	root.AddCommand(newServeCmd(io))
+	root.AddCommand(clientCommands(io)...)
+	root.AddCommand(newPrefetchCmd(io), newBenchCmd(io), newReplayCmd(io), newInjectCmd(io), newWebhookCmd(io))
+	root.AddCommand(&cobra.Command{
+		Use:               "version",
+		Short:             "print the version",
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(*cobra.Command, []string) error {
+			fmt.Fprintf(io.out, "tidepool %s (%s)\n", buildVersion(), goVersion)
+			return nil
+		},
+	})
+	// cobra adds "help" and "completion" (bash, zsh, fish, powershell).
+	return root
+}
+
+const serveLong = `Runs the sidecar. Settings come from flags, then TIDEPOOL_* variables, then
+the YAML file (--config or TIDEPOOL_CONFIG), then embedded defaults; each
+flag is a key of the file with '-' for '_'. See docs/config.md.
+
+An invalid configuration exits with status 2, a failure while serving
+with status 1; SIGTERM or SIGINT stops it cleanly (status 0).`
+
+// newServeCmd is `tidepool serve`; its flags are generated from the
+// settings table (bindFlags).
+func newServeCmd(io *stdio) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:               "serve [flags]",
+		Short:             "run the sidecar (no flags: embedded defaults)",
+		Long:              serveLong,
+		GroupID:           groupSidecar,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false // the table's order
+	configPath := fs.String("config", "", "YAML config file (env TIDEPOOL_CONFIG)")
+	vals := bindFlags(fs)
+	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
+	completeWords(cmd, "log-format", "json", "console")
+	completeWords(cmd, "eviction-policy", "prefix", "lru")
+	completeWords(cmd, "transport", "auto", "tcp", "rdma")
+	for _, s := range settings {
+		if s.kind == "true|false" {
+			completeWords(cmd, s.flagName(), "true", "false")
+		}
+	}
+	cmd.RunE = func(*cobra.Command, []string) error {
+		return exitWith(cmdServe(fs, vals, *configPath, io.out, io.err))
+	}
+	return cmd
+}
+
+// noArgs refuses any argument, as a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
+		return nil
 	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
-	case "serve":
-		return cmdServe(rest, stdout, stderr)
-	case "put", "get", "exists", "lookup", "delete", "clear", "stat", "members":
-		return cmdClient(cmd, rest, stdin, stdout, stderr)
-	case "prefetch":
-		return cmdPrefetch(rest, stdout, stderr)
-	case "bench":
-		return cmdBench(rest, stdout, stderr)
-	case "replay":
-		return cmdReplay(rest, stdout, stderr)
-	case "inject":
-		return cmdInject(rest, stdin, stdout, stderr)
-	case "webhook":
-		return cmdWebhook(rest, stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintf(stdout, "tidepool %s (%s)\n", buildVersion(), goVersion)
-		return 0
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "tidepool: unknown command %q\n\n%s", cmd, usage)
-		return 2
+	if !cmd.HasParent() {
+		msg := fmt.Sprintf("unknown command %q", args[0])
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += "; did you mean " + strings.Join(s, " or ") + "?"
+		}
+		return usageError("%s", msg)
 	}
+	return usageError("unexpected argument %q", args[0])
+}
+
+// completeWords completes a flag's value from a fixed list.
+func completeWords(cmd *cobra.Command, flag string, words ...string) {
+	cmd.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp))
 }

@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/client"
 	"github.com/tidepool-kv/tidepool/internal/replay"
@@ -28,9 +29,7 @@ import (
 	"github.com/tidepool-kv/tidepool/protocol"
 )
 
-const replayUsage = `usage: tidepool replay [flags]
-
-Replays a Mooncake-format request trace (one JSON object per line with
+const replayLong = `Replays a Mooncake-format request trace (one JSON object per line with
 hash_ids, one id per 512-token block) against real sidecars, the way engines
 would: per request, Lookup the chained block keys, count the longest present
 prefix as hits, read those blocks, then Put the missing ones. Reports the
@@ -47,10 +46,7 @@ With --nodes, replay starts that many local sidecars itself (this binary's
 of --block-bytes each, and stops them at the end; lists in --capacity-tokens
 and --policy sweep every combination (fresh sidecars each). --sim runs the
 same sweep in the offline simulator (cache/evict/sim) instead: much faster,
-labelled "simulated".
-
-flags:
-`
+labelled "simulated".`
 
 type replayFlags struct {
 	tracePath, sockets, capacities, blockBytes, route, scope, policies, ns, plot, progress string
@@ -398,11 +394,21 @@ func splitList(s string) []string {
 	return out
 }
 
-func cmdReplay(args []string, stdout, stderr io.Writer) int {
+func newReplayCmd(io *stdio) *cobra.Command {
 	var f replayFlags
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, replayUsage); fs.PrintDefaults() }
+	cmd := &cobra.Command{
+		Use:               "replay [flags]",
+		Short:             "replay a request trace",
+		Long:              replayLong,
+		GroupID:           groupTools,
+		Args:              noArgs,
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(*cobra.Command, []string) error {
+			return exitWith(cmdReplay(&f, io.out, io.err))
+		},
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	fs.StringVar(&f.tracePath, "trace", "", "trace file (default: the shared conversation trace, or $TIDEPOOL_TRACE)")
 	fs.IntVar(&f.requests, "requests", 0, "replay only the first N requests (0: all)")
 	fs.IntVar(&f.nodes, "nodes", 1, "local sidecars to start (ignored with --sockets)")
@@ -426,15 +432,20 @@ func cmdReplay(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.plot, "plot", "", "write hit rate against capacity (one line per policy) to this PNG")
 	fs.StringVar(&f.progress, "progress", "auto", "progress on stderr: auto, plain, none")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
+	completeWords(cmd, "route", string(replay.RouteRoundRobin), string(replay.RoutePrefix))
+	completeWords(cmd, "scope", "local", "cluster")
+	completeWords(cmd, "policy", "prefix", "lru")
+	completeWords(cmd, "policies", "prefix", "lru")
+	completeWords(cmd, "progress", "auto", "plain", "none")
+	return cmd
+}
+
+// cmdReplay runs `tidepool replay` with its parsed flags.
+func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
+	f := *fp
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "tidepool replay: "+format+"\n", a...)
 		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		return usageErr("unexpected argument %q", fs.Arg(0))
 	}
 	var caps []int64
 	for _, c := range splitList(f.capacities) {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/internal/units"
@@ -20,23 +20,11 @@ import (
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
 
-func cmdServe(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	configPath := fs.String("config", "", "YAML config file (env TIDEPOOL_CONFIG)")
-	vals := bindFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: tidepool serve [flags]\n\nRuns the sidecar. Settings come from flags, then TIDEPOOL_* variables, then the\nYAML file, then embedded defaults. See docs/config.md.\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tidepool serve: unexpected argument %q\n", fs.Arg(0))
-		return 2
-	}
-	cfg, err := loadConfig(fs, vals, *configPath, os.Environ())
+// cmdServe runs `tidepool serve` with its parsed flags (newServeCmd):
+// vals holds the flags generated from the settings table, configPath the
+// --config file.
+func cmdServe(fs *pflag.FlagSet, vals map[string]*string, configPath string, stdout, stderr io.Writer) int {
+	cfg, err := loadConfig(fs, vals, configPath, os.Environ())
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool serve: invalid configuration:\n%v\n", err)
 		return 2

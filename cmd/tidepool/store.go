@@ -13,9 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
-	"github.com/tidepool-kv/tidepool/cache/ssd"
 	"github.com/tidepool-kv/tidepool/cache/tiered"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
@@ -24,50 +22,17 @@ import (
 // ssdDir is where the SSD tier lives under data_dir.
 func ssdDir(dataDir string) string { return filepath.Join(dataDir, "ssd") }
 
-// limits are the request limits of cfg, built once: the proxy enforces them
-// at the edge and the tiers get the same values. The namespace bound is
-// not a setting and keeps its default.
-func (c Config) limits() cache.Limits {
-	l := cache.DefaultLimits()
-	l.MaxKeyBytes, l.MaxValueBytes, l.MaxBatch = c.MaxKeySize, c.MaxValueSize, c.MaxBatch
-	return l
-}
-
 // openStore builds the block store: the DRAM tier, and the SSD tier under
 // data_dir/ssd unless ssd_capacity is 0, composed by cache/tiered.
 func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	tc := tiered.DefaultConfig()
-	tc.DRAM = dram.DefaultConfig()
-	tc.DRAM.Dir = cfg.ArenaDir
-	tc.DRAM.Capacity = cfg.DRAMCapacity
-	tc.DRAM.ArenaSize = min(cfg.ArenaSize, cfg.DRAMCapacity)
-	lim := cfg.limits()
-	tc.DRAM.MaxValueSize = lim.MaxValueBytes
-	tc.DRAM.MaxKeySize = lim.MaxKeyBytes
-	tc.DRAM.LeaseTimeout = cfg.LeaseTimeout
-	tc.DRAM.Policy = policies[cfg.EvictionPolicy]
-	tc.DRAM.VerifyReads = cfg.VerifyReads
-	tc.DRAM.VerifyReadsNamespaces = cfg.VerifyReadsNamespaces
-	tc.QueueBytes = cfg.DemotionQueue
-	// The spill is one part of a stop bounded by shutdown_timeout.
-	tc.StopSpillTimeout = min(cfg.StopSpillTimeout, cfg.ShutdownTimeout/2)
-	if capacity, err := ssdCapacity(cfg, lg); err != nil {
+	capacity, err := ssdCapacity(cfg, lg)
+	if err != nil {
 		return nil, err
-	} else if capacity > 0 {
-		sc := ssd.DefaultConfig()
-		sc.Dir = ssdDir(cfg.DataDir)
-		sc.Capacity = capacity
-		sc.MaxValueSize = lim.MaxValueBytes
-		sc.MaxKeySize = lim.MaxKeyBytes
-		sc.MaxNamespaceSize = lim.MaxNamespaceBytes
-		sc.MinFreeBytes = cfg.SSDMinFree
-		sc.Policy = policies[cfg.EvictionPolicy]
-		tc.SSD = &sc
 	}
-	s, err := tiered.New(tc, lg)
+	s, err := tiered.New(cfg.storeConfig(capacity), lg)
 	if err != nil {
 		return nil, fmt.Errorf("block store: %w", err)
 	}
@@ -235,11 +200,12 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 // startScrubber starts the DRAM tier's scrubber at scrub_rate; nil when
 // scrub_rate is 0. The caller closes it before the store.
 func startScrubber(ctx context.Context, cfg Config, s *tiered.Store, lg *zap.Logger) (*dram.Scrubber, error) {
-	if cfg.ScrubRate == 0 {
+	scfg, on := cfg.scrubConfig()
+	if !on {
 		lg.Warn("dram scrubber disabled (scrub_rate 0): a DRAM block damaged in place is found only by a verified read")
 		return nil, nil
 	}
-	sc, err := dram.NewScrubber(s.DRAM(), dram.ScrubConfig{Rate: cfg.ScrubRate}, lg)
+	sc, err := dram.NewScrubber(s.DRAM(), scfg, lg)
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,9 @@ import (
 // histograms. It must not block.
 type Observer func(method string, took time.Duration, code string)
 
-// Config configures the engine API server.
+// Config configures the engine API server. A zero field takes its default
+// (DefaultConfig, applied once in withDefaults); negative values are
+// errors.
 type Config struct {
 	// MaxRequestBytes bounds the size of one framed request; larger frames
 	// are refused before the body is read. Default 256 MiB.
@@ -48,7 +50,43 @@ type Config struct {
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxConnections: 1024, IdleTimeout: 10 * time.Minute}
+	return Config{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxConnections: 1024, IdleTimeout: 10 * time.Minute, Build: "dev"}
+}
+
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = d.MaxRequestBytes
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = d.DrainTimeout
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = d.MaxConnections
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	if c.Build == "" {
+		c.Build = d.Build
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults) at once.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.MaxRequestBytes < 0 {
+		errs = append(errs, fmt.Errorf("engineapi: max request bytes %d must be positive", c.MaxRequestBytes))
+	}
+	if c.DrainTimeout < 0 || c.MaxConnections < 0 || c.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("engineapi: DrainTimeout %v, MaxConnections %d, IdleTimeout %v: none may be negative",
+			c.DrainTimeout, c.MaxConnections, c.IdleTimeout))
+	}
+	return errors.Join(errs...)
 }
 
 // ConnStats counts the engine connections.
@@ -96,23 +134,11 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		ln.Close()
 		return nil, errors.New("engineapi: nil proxy")
 	}
-	if cfg.MaxRequestBytes <= 0 {
+	if err := cfg.Validate(); err != nil {
 		ln.Close()
-		return nil, fmt.Errorf("engineapi: max request bytes %d must be positive", cfg.MaxRequestBytes)
+		return nil, err
 	}
-	def := DefaultConfig()
-	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = def.DrainTimeout
-	}
-	if cfg.MaxConnections <= 0 {
-		cfg.MaxConnections = def.MaxConnections
-	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = def.IdleTimeout
-	}
-	if cfg.Build == "" {
-		cfg.Build = "dev"
-	}
+	cfg = cfg.withDefaults()
 	if lg == nil {
 		lg = zap.NewNop()
 	}

@@ -123,7 +123,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rcfg := proxy.RouteConfig{}
+	rcfg := proxy.RouteConfig{RebalanceRate: proxy.Off, HotThreshold: proxy.Off}
 	if o.route != nil {
 		rcfg = *o.route
 	}

@@ -37,7 +37,7 @@ func TestRebalanceOnJoin(t *testing.T) {
 		size   = 64 << 10
 		rate   = 1 << 20 // bytes/s: ~16 blocks move, ~0.5 s per old owner
 	)
-	o := nodeOpts{route: &proxy.RouteConfig{RebalanceRate: rate, RebalanceDelay: 200 * time.Millisecond}}
+	o := nodeOpts{route: &proxy.RouteConfig{RebalanceRate: rate, RebalanceDelay: 200 * time.Millisecond, HotThreshold: proxy.Off}}
 	nodes := newCluster(t, 2, o)
 	ctx := context.Background()
 	keys := make([][]byte, blocks)
@@ -153,7 +153,7 @@ func indexOf(keys [][]byte, k []byte) int {
 // the owner.
 func TestHotReplicaServesReads(t *testing.T) {
 	const ns = "llama"
-	o := nodeOpts{route: &proxy.RouteConfig{HotThreshold: 3, HotWindow: time.Minute, HotTTL: time.Minute}}
+	o := nodeOpts{route: &proxy.RouteConfig{HotThreshold: 3, HotWindow: time.Minute, HotTTL: time.Minute, RebalanceRate: proxy.Off}}
 	nodes := newCluster(t, 3, o)
 	a, b := nodes[0], nodes[1]
 	ctx := context.Background()

@@ -36,7 +36,8 @@ func (n *Network) lookup(addr string) *Transport {
 	return n.ts[addr]
 }
 
-// Config configures a Transport.
+// Config configures a Transport. A zero field takes its default
+// (DefaultConfig, applied in withDefaults by New and Validate).
 type Config struct {
 	// Network the transport attaches to. Required.
 	Network *Network
@@ -54,8 +55,22 @@ func DefaultConfig() Config {
 	return Config{ChunkSize: 256 << 10, MaxTransfer: 1 << 30}
 }
 
-// Validate reports every problem with c.
+// withDefaults fills the zero fields with their defaults (Addr is named
+// by New).
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ChunkSize == 0 {
+		c.ChunkSize = d.ChunkSize
+	}
+	if c.MaxTransfer == 0 {
+		c.MaxTransfer = d.MaxTransfer
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults).
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	var errs []error
 	if c.Network == nil {
 		errs = append(errs, errors.New("inproc: Network is required"))
@@ -89,6 +104,7 @@ func New(cfg Config, lg *zap.Logger) (*Transport, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if lg == nil {
 		lg = zap.NewNop()
 	}

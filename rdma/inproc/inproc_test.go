@@ -27,11 +27,14 @@ func TestConformance(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	err := inproc.Config{}.Validate()
-	if err == nil {
-		t.Fatal("zero config validated")
+	if err := (inproc.Config{Network: inproc.NewNetwork()}).Validate(); err != nil {
+		t.Fatalf("zero config (all defaults) but Network: %v", err)
 	}
-	for _, want := range []string{"Network", "ChunkSize", "MaxTransfer"} {
+	err := inproc.Config{ChunkSize: -1}.Validate()
+	if err == nil {
+		t.Fatal("bad config validated")
+	}
+	for _, want := range []string{"Network", "ChunkSize"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %q, missing %s", err, want)
 		}

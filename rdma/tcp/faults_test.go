@@ -221,8 +221,11 @@ func TestConfigValidate(t *testing.T) {
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	err := Config{ChunkSize: frame.MaxLength + 1}.Validate()
-	for _, w := range []string{"ListenAddr", "MaxConnsPerPeer", "ChunkSize", "MaxTransfer", "DialTimeout", "IOTimeout", "IdleTimeout"} {
+	if err := (Config{}).Validate(); err != nil {
+		t.Fatalf("zero config (all defaults): %v", err)
+	}
+	err := Config{ChunkSize: frame.MaxLength + 1, MaxConnsPerPeer: -1, DialTimeout: -1, IOTimeout: -1, IdleTimeout: -1}.Validate()
+	for _, w := range []string{"MaxConnsPerPeer", "ChunkSize", "DialTimeout", "IOTimeout", "IdleTimeout"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("Validate() = %v, missing %s", err, w)
 		}

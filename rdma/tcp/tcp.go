@@ -53,10 +53,11 @@ import (
 	"github.com/tidepool-kv/tidepool/rdma/internal/region"
 )
 
-// Config configures a Transport. Zero fields are not defaulted: start from
-// DefaultConfig.
+// Config configures a Transport. A zero field takes its default
+// (DefaultConfig, applied once in withDefaults by New and Validate).
 type Config struct {
-	// ListenAddr is the TCP address to serve on. Default ":7950".
+	// ListenAddr is the TCP address to serve on. Default ":7950" (unless
+	// Listener is set).
 	ListenAddr string
 	// AdvertiseAddr is what Addr returns, the endpoint peers dial (put it in
 	// the node metadata). Default: the listener's address, which is only
@@ -92,12 +93,12 @@ type Config struct {
 	// no handshake (insecure mode; both sides must agree).
 	Key *peerauth.Key
 	// MaxConns caps the served connections open at once; more are closed
-	// as they come. Zero: 1024.
+	// as they come. Default 1024.
 	MaxConns int
 	// MaxKeyFailures closes a served connection after that many requests
 	// naming a region it does not know or with the wrong key; each such
 	// refusal is delayed by KeyFailureDelay times the failures so far.
-	// Zero: 3 and 100 ms.
+	// Defaults 3 and 100 ms.
 	MaxKeyFailures  int
 	KeyFailureDelay time.Duration
 }
@@ -118,8 +119,31 @@ func DefaultConfig() Config {
 	}
 }
 
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	if c.ListenAddr == "" && c.Listener == nil {
+		c.ListenAddr = d.ListenAddr
+	}
+	if c.MaxConnsPerPeer == 0 {
+		c.MaxConnsPerPeer = d.MaxConnsPerPeer
+	}
+	if c.ChunkSize == 0 {
+		c.ChunkSize = d.ChunkSize
+	}
+	if c.MaxTransfer == 0 {
+		c.MaxTransfer = d.MaxTransfer
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = d.DialTimeout
+	}
+	if c.IOTimeout == 0 {
+		c.IOTimeout = d.IOTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
 	if c.MaxConns == 0 {
 		c.MaxConns = d.MaxConns
 	}
@@ -143,8 +167,9 @@ func DefaultLocalConfig() Config {
 	return c
 }
 
-// Validate reports every problem with c.
+// Validate reports every problem with c (after defaults).
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	var errs []error
 	if c.ListenAddr == "" && c.Listener == nil {
 		errs = append(errs, errors.New("tcp: ListenAddr or Listener is required"))

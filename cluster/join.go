@@ -1,0 +1,195 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// reconnect periodically joins members held as failed, one at a time, so
+// that the two sides of a healed partition merge again (serf's reconnect).
+// A member that left gracefully is never contacted again.
+func (c *Cluster) reconnect(every time.Duration) {
+	defer c.reconn.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		ml := c.ml.Load()
+		if ml == nil || c.closed.Load() {
+			continue
+		}
+		var addrs []string
+		c.mu.RLock()
+		for _, m := range c.members {
+			if m.State == StateFailed && !m.Local && m.Addr != "" {
+				addrs = append(addrs, m.Addr)
+			}
+		}
+		c.mu.RUnlock()
+		for _, a := range addrs {
+			select {
+			case <-c.stop:
+				return
+			default:
+			}
+			if n, err := ml.Join([]string{a}); err == nil && n > 0 {
+				c.lg.Info("reconnected to a failed member", zap.String("addr", a))
+			}
+		}
+	}
+}
+
+// hasPeer reports whether some other member is live.
+func (c *Cluster) hasPeer() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, m := range c.members {
+		if !m.Local && m.State.Live() {
+			return true
+		}
+	}
+	return false
+}
+
+// joinRound resolves cfg.Join and joins every address other than this
+// node's own; with onlyNew, live members' addresses are skipped too (and
+// finding nothing to join is no error). It returns how many answered.
+func (c *Cluster) joinRound(ctx context.Context, onlyNew bool) (int, error) {
+	ml := c.ml.Load()
+	if ml == nil {
+		return 0, ErrNotStarted
+	}
+	c.joinRounds.Add(1)
+	targets, rerr := c.resolve(ctx, c.cfg.Join)
+	skip := map[string]bool{c.Addr(): true}
+	if onlyNew {
+		c.mu.RLock()
+		for _, m := range c.members {
+			if m.State.Live() {
+				skip[m.Addr] = true
+			}
+		}
+		c.mu.RUnlock()
+	}
+	targets = slices.DeleteFunc(targets, func(a string) bool { return skip[a] })
+	if len(targets) == 0 {
+		if onlyNew && rerr == nil {
+			return 0, nil
+		}
+		c.joinFailures.Add(1)
+		if rerr == nil {
+			rerr = errors.New("the names resolve to this node only")
+		}
+		return 0, fmt.Errorf("%w: no other address to join: %w", ErrJoin, rerr)
+	}
+	n, err := ml.Join(targets)
+	if n == 0 {
+		c.joinFailures.Add(1)
+		return 0, fmt.Errorf("%w: %v", ErrJoin, errors.Join(err, rerr))
+	}
+	return n, nil
+}
+
+// joinLoop is the background join (BackgroundJoin; ctx ends with Close): it retries with a
+// doubling pause until another member is live, then resolves the names
+// again every JoinRefreshInterval to merge with nodes it does not know.
+func (c *Cluster) joinLoop(ctx context.Context) {
+	wait := c.cfg.JoinRetryInterval
+	for {
+		joined := c.hasPeer()
+		pause := wait
+		if joined {
+			if c.cfg.JoinRefreshInterval < 0 {
+				return
+			}
+			pause = c.cfg.JoinRefreshInterval
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-c.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		lctx, lcancel := context.WithTimeout(ctx, c.cfg.TCPTimeout)
+		n, err := c.joinRound(lctx, joined)
+		lcancel()
+		switch {
+		case c.closed.Load():
+			return
+		case err == nil && n > 0:
+			c.lg.Info("joined", zap.Int("contacted", n), zap.Bool("refresh", joined))
+			wait = c.cfg.JoinRetryInterval
+		case err != nil && !joined && !c.hasPeer():
+			wait = min(2*wait, max(c.cfg.JoinRetryMax, c.cfg.JoinRetryInterval))
+			c.lg.Warn("join failed; retrying in the background", zap.Strings("join", c.cfg.Join),
+				zap.Duration("retry_in", wait), zap.Error(err))
+		case err != nil:
+			c.lg.Debug("join refresh failed", zap.Error(err))
+		}
+	}
+}
+
+// Join contacts the given addresses or DNS names (resolved to all their
+// addresses) and merges state with every one that answers. It returns how
+// many answered; the error wraps ErrJoin when none did.
+func (c *Cluster) Join(ctx context.Context, addrs []string) (int, error) {
+	ml := c.ml.Load()
+	if ml == nil {
+		return 0, ErrNotStarted
+	}
+	if c.closed.Load() {
+		return 0, ErrClosed
+	}
+	targets, rerr := c.resolve(ctx, addrs)
+	if len(targets) == 0 {
+		return 0, fmt.Errorf("%w: no address to join: %w", ErrJoin, rerr)
+	}
+	n, err := ml.Join(targets)
+	if n == 0 {
+		return 0, fmt.Errorf("%w: %v", ErrJoin, errors.Join(err, rerr))
+	}
+	return n, nil
+}
+
+// resolve turns Join entries into ip:port strings.
+func (c *Cluster) resolve(ctx context.Context, entries []string) ([]string, error) {
+	lookup := c.cfg.LookupHost
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupHost
+	}
+	var out []string
+	var errs []error
+	for _, e := range entries {
+		host, port := e, strconv.Itoa(DefaultPort)
+		if h, p, err := net.SplitHostPort(e); err == nil {
+			host, port = h, p
+		}
+		if ip := net.ParseIP(host); ip != nil {
+			out = append(out, net.JoinHostPort(ip.String(), port))
+			continue
+		}
+		ips, err := lookup(ctx, host)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("resolve %s: %w", host, err))
+			continue
+		}
+		for _, ip := range ips {
+			out = append(out, net.JoinHostPort(ip, port))
+		}
+	}
+	sort.Strings(out)
+	return slices.Compact(out), errors.Join(errs...)
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/cache/tiered"
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/rdma/auto"
+	"github.com/tidepool-kv/tidepool/rdma/verbs"
+)
+
+// TestServeDefaultsAreTheComponents: a setting that configures one
+// component takes that component's default, written once there.
+func TestServeDefaultsAreTheComponents(t *testing.T) {
+	d := DefaultConfig()
+	sc, tc, rc := ssd.DefaultConfig(), tiered.DefaultConfig(), proxy.DefaultRouteConfig()
+	for _, c := range []struct {
+		key       string
+		got, want any
+	}{
+		{"ssd_capacity", d.SSDCapacity, sc.Capacity},
+		{"ssd_min_free", d.SSDMinFree, sc.MinFreeBytes},
+		{"demotion_queue", d.DemotionQueue, tc.QueueBytes},
+		{"replicas", d.Replicas, cluster.DefaultRingConfig().Replicas},
+		{"transport", d.Transport, auto.ModeAuto},
+		{"rdma_gid_index", d.RDMAGIDIndex, verbs.DefaultConfig().GIDIndex},
+		{"rebalance_rate", d.RebalanceRate, rc.RebalanceRate},
+		{"rebalance_max_bytes", d.RebalanceMaxBytes, rc.RebalanceMaxBytes},
+		{"hot_threshold", d.HotThreshold, rc.HotThreshold},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s default %v, component's %v", c.key, c.got, c.want)
+		}
+	}
+}
+
+// TestUserZeroIsOff: the settings whose documented 0 means "off" (or "no
+// bound") reach the components as their explicit off (negative), never as
+// a zero that a component would read as "the default"; other values pass
+// unchanged, and the component configs validate either way.
+func TestUserZeroIsOff(t *testing.T) {
+	off := DefaultConfig()
+	off.RebalanceRate, off.RebalanceMaxBytes, off.HotThreshold = 0, 0, 0
+	off.SSDMinFree, off.StopSpillTimeout, off.ScrubRate = 0, 0, 0
+	rc, tc := off.routeConfig(), off.storeConfig(64<<20)
+	if rc.RebalanceRate >= 0 || rc.RebalanceMaxBytes >= 0 || rc.HotThreshold >= 0 {
+		t.Fatalf("route config %+v: want rebalance and hot replication off (negative)", rc)
+	}
+	if tc.SSD.MinFreeBytes >= 0 || tc.StopSpillTimeout >= 0 {
+		t.Fatalf("ssd MinFreeBytes %d, StopSpillTimeout %v: want off (negative)", tc.SSD.MinFreeBytes, tc.StopSpillTimeout)
+	}
+	if _, on := off.scrubConfig(); on {
+		t.Fatal("scrub_rate 0: scrubber on")
+	}
+	on := DefaultConfig()
+	on.RebalanceRate, on.RebalanceMaxBytes, on.HotThreshold = 5<<20, 7<<20, 2
+	on.SSDMinFree, on.StopSpillTimeout = 3<<20, 4*time.Second
+	rc2, tc2 := on.routeConfig(), on.storeConfig(64<<20)
+	if rc2.RebalanceRate != 5<<20 || rc2.RebalanceMaxBytes != 7<<20 || rc2.HotThreshold != 2 {
+		t.Fatalf("route config %+v: values not passed through", rc2)
+	}
+	if tc2.SSD.MinFreeBytes != 3<<20 || tc2.StopSpillTimeout != 4*time.Second {
+		t.Fatalf("ssd MinFreeBytes %d, StopSpillTimeout %v: values not passed through", tc2.SSD.MinFreeBytes, tc2.StopSpillTimeout)
+	}
+	if sc, ok := on.scrubConfig(); !ok || sc.Rate != on.ScrubRate {
+		t.Fatalf("scrub config %+v, on %v", sc, ok)
+	}
+	for _, c := range []Config{off, on} {
+		c.ArenaDir, c.DataDir = t.TempDir(), t.TempDir()
+		if err := c.routeConfig().Validate(); err != nil {
+			t.Errorf("route config: %v", err)
+		}
+		if err := c.storeConfig(64 << 20).Validate(); err != nil {
+			t.Errorf("store config: %v", err)
+		}
+	}
+	if tc := on.storeConfig(0); tc.SSD != nil {
+		t.Fatal("ssd capacity 0: SSD tier configured")
+	}
+}
