@@ -265,7 +265,10 @@ func (t *Tier) quarantine(cause error) error {
 	return nil
 }
 
-// isNoSpace reports whether err means the disk is full.
+// isNoSpace reports whether err means the disk is full. RocksDB's C API
+// reports a Status as text only (grocksdb returns errors.New of it), so
+// for RocksDB's own errors its fixed status prefixes are the only
+// classification there is; errors of ours are tested with errors.Is.
 func isNoSpace(err error) bool {
 	return errors.Is(err, errDiskFull) || errors.Is(err, syscall.ENOSPC) ||
 		(err != nil && strings.Contains(err.Error(), "No space left on device"))
