@@ -716,12 +716,25 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 		}
 		return crc, nil
 	}
-	crc := crc32.Checksum(buf, castagnoli)
-	if _, err := a.rw.WriteAt(buf, s.Offset); err != nil {
-		return 0, fmt.Errorf("tidepool: zero-copy: write slot: %w", err)
+	// A piece at a time: pwrite copies it (reading buf from memory), then
+	// the checksum reads it again from cache. Checksumming the whole of buf
+	// first read it twice from memory (a 1 MiB CRC-32C from memory runs at
+	// a third of its speed from cache).
+	var crc uint32
+	for off := int64(0); off < int64(len(buf)); off += pwriteChunk {
+		p := buf[off:min(off+pwriteChunk, int64(len(buf)))]
+		if _, err := a.rw.WriteAt(p, s.Offset+off); err != nil {
+			return 0, fmt.Errorf("tidepool: zero-copy: write slot: %w", err)
+		}
+		crc = crc32.Update(crc, castagnoli, p)
 	}
 	return crc, nil
 }
+
+// pwriteChunk is the piece writeSlot writes with one pwrite before it
+// checksums it: small enough to stay in the L2 cache, large enough that
+// the syscalls cost little (8 per MiB).
+const pwriteChunk = 128 << 10
 
 // PutFrom stores buf under key without sending it over the socket: Reserve,
 // copy into the slot in the shared arena, Commit with the CRC-32C computed
