@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/crc32c"
 )
 
 // namespace returns the state of ns, creating it on first use.
@@ -151,6 +152,9 @@ const copyChunk = 48 << 10
 // the bytes as read back from dst (ofDst) or from src, reading them from
 // memory once.
 func copyChecksum(dst, src []byte, ofDst bool) uint32 {
+	if !ofDst {
+		return crc32c.Copy(dst, src) // one pass: copy and checksum fused
+	}
 	var crc uint32
 	for len(src) > 0 {
 		n := min(len(src), copyChunk)

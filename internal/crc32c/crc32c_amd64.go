@@ -10,6 +10,9 @@ import (
 //go:noescape
 func crc3(src *byte, crc uint32) (a, b, c uint32)
 
+//go:noescape
+func copy3(dst, src *byte, crc uint32) (a, b, c uint32)
+
 var (
 	useKernel = cpu.X86.HasSSE42
 	// shiftTab[k][v] is the raw CRC-32C register after streamLen zero
@@ -56,4 +59,16 @@ func updatePieces(crc uint32, b []byte) (uint32, []byte) {
 		b = b[pieceLen:]
 	}
 	return ^r, b
+}
+
+// copyPieces copies the whole pieces of src into dst, checksumming them
+// into crc, and returns the rest of both.
+func copyPieces(crc uint32, dst, src []byte) (uint32, []byte, []byte) {
+	r := ^crc
+	for len(src) >= pieceLen {
+		x, y, z := copy3(unsafe.SliceData(dst), unsafe.SliceData(src), r)
+		r = shiftStream(shiftStream(x)^y) ^ z
+		dst, src = dst[pieceLen:], src[pieceLen:]
+	}
+	return ^r, dst, src
 }

@@ -1,6 +1,7 @@
 package crc32c
 
 import (
+	"bytes"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
@@ -30,6 +31,10 @@ func TestChecksumMatchesHashCRC32(t *testing.T) {
 			b := buf[tc.off : tc.off+tc.len]
 			if got, want := Checksum(b), crc32.Checksum(b, table); got != want {
 				t.Fatalf("Checksum = %08x, want %08x", got, want)
+			}
+			dst := make([]byte, tc.len+3)
+			if got, want := Copy(dst, b), crc32.Checksum(b, table); got != want || !bytes.Equal(dst[:tc.len], b) {
+				t.Fatalf("Copy = %08x, want %08x (bytes equal: %v)", got, want, bytes.Equal(dst[:tc.len], b))
 			}
 			// Continued from a prefix, split at awkward points.
 			for _, cut := range []int{0, 1, tc.len / 3, tc.len - 1} {
