@@ -578,6 +578,15 @@ func errNoArenas(format string, args ...any) error {
 // restarted and made new files).
 func (c *Client) mapArenas(ctx context.Context, remap bool) error {
 	z := &c.zc
+	if !remap {
+		// The common case, without z.mu (every GetInto and PutFrom asks).
+		z.rw.RLock()
+		mapped := z.arenas != nil && !z.closed
+		z.rw.RUnlock()
+		if mapped {
+			return nil
+		}
+	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	z.rw.RLock()
