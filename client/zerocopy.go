@@ -498,6 +498,8 @@ type releaser struct {
 	exited  chan struct{} // closed when the goroutine ends
 	started bool
 	stopped bool
+
+	calls, items atomic.Int64 // Releases made, ids sent in them
 }
 
 // add queues id, starting the goroutine on first use. After stop the
@@ -550,6 +552,8 @@ func (r *releaser) flush(c *Client) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r.calls.Add(1)
+		r.items.Add(int64(len(batch)))
 		c.Release(ctx, batch)
 		cancel()
 	}

@@ -447,7 +447,7 @@ func reportBatches(b *testing.B, from, to client.CoalesceStats) {
 	for _, k := range []struct {
 		unit     string
 		from, to client.CallStats
-	}{{"keys/Acquire", from.Acquire, to.Acquire}, {"items/Reserve", from.Reserve, to.Reserve}, {"items/Commit", from.Commit, to.Commit}} {
+	}{{"keys/Acquire", from.Acquire, to.Acquire}, {"items/Reserve", from.Reserve, to.Reserve}, {"items/Commit", from.Commit, to.Commit}, {"ids/Release", from.Release, to.Release}} {
 		if calls := k.to.Calls - k.from.Calls; calls > 0 {
 			b.ReportMetric(float64(k.to.Items-k.from.Items)/float64(calls), k.unit)
 		}
