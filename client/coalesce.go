@@ -271,10 +271,14 @@ type CoalesceStats struct {
 	Acquire CallStats
 	Reserve CallStats
 	Commit  CallStats
+	// Release counts the background Releases of GetInto (Calls and
+	// Items only).
+	Release CallStats
 }
 
 // CoalesceStats returns a snapshot of the counters of the coalesced calls.
 func (c *Client) CoalesceStats() CoalesceStats {
 	z := &c.zc
-	return CoalesceStats{Acquire: z.acquires.stats(), Reserve: z.reserves.stats(), Commit: z.commits.stats()}
+	return CoalesceStats{Acquire: z.acquires.stats(), Reserve: z.reserves.stats(), Commit: z.commits.stats(),
+		Release: CallStats{Calls: z.rel.calls.Load(), Items: z.rel.items.Load()}}
 }

@@ -8,9 +8,10 @@ import (
 // The copy of GetInto and WriteMapped checksums what it copies. Done as a
 // copy and then a CRC pass over the copied chunk (the portable copyCRC),
 // the two cost about as much as their sum; on amd64 copyCRC3 does both in
-// one pass over three interleaved streams, bounded by the crc32
-// instruction alone (~1.4x the chunked pair on the dev VM; see
-// BenchmarkCopyCRC).
+// one pass over three interleaved streams, with software prefetches so that
+// a source in main memory does not stall it (best of 40 on the dev VM, 1 MiB
+// from memory to memory: chunked 159 µs, copyCRC3 with 8-byte moves and no
+// prefetch 130 µs, this one 115 µs, a plain copy 69 µs; BenchmarkCopyCRC).
 
 // streamLen is the length of each of copyCRC3's three streams.
 const streamLen = 4096

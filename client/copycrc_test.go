@@ -63,32 +63,41 @@ func FuzzCopyCRC(f *testing.F) {
 	})
 }
 
-// BenchmarkCopyCRC: one 1 MiB copy with its CRC-32C, chunked (copy, then
-// checksum the chunk) against copyCRC, and a plain copy for reference.
+// BenchmarkCopyCRC: a 1 MiB copy with its CRC-32C, chunked (copy, then
+// checksum the chunk) against copyCRC, and a plain copy for reference;
+// "hot" copies one buffer over and over (all in cache), "cold" cycles
+// through 64 sources and 64 destinations (64 MiB each, beyond the last-
+// level cache), as PutFrom's copy into the arena and GetInto's out of it.
 //
 //	go test -run '^$' -bench CopyCRC ./client/
 func BenchmarkCopyCRC(b *testing.B) {
-	src := make([]byte, 1<<20)
-	for i := range src {
-		src[i] = byte(i * 7)
+	for _, set := range []struct {
+		name string
+		n    int
+	}{{"hot", 1}, {"cold", 64}} {
+		srcs, dsts := make([][]byte, set.n), make([][]byte, set.n)
+		for k := range srcs {
+			srcs[k], dsts[k] = make([]byte, 1<<20), make([]byte, 1<<20)
+			for i := range srcs[k] {
+				srcs[k][i] = byte(i*7 + k)
+			}
+		}
+		for _, f := range []struct {
+			name string
+			f    func(dst, src []byte)
+		}{
+			{"copy", func(dst, src []byte) { copy(dst, src) }},
+			{"chunked", func(dst, src []byte) { copyCRCChunked(0, dst, src) }},
+			{"copyCRC", func(dst, src []byte) { copyCRC(dst, src) }},
+		} {
+			b.Run(set.name+"/"+f.name, func(b *testing.B) {
+				b.SetBytes(1 << 20)
+				i := 0
+				for b.Loop() {
+					f.f(dsts[(i+7)%set.n], srcs[i%set.n])
+					i++
+				}
+			})
+		}
 	}
-	dst := make([]byte, len(src))
-	b.Run("copy", func(b *testing.B) {
-		b.SetBytes(int64(len(src)))
-		for b.Loop() {
-			copy(dst, src)
-		}
-	})
-	b.Run("chunked", func(b *testing.B) {
-		b.SetBytes(int64(len(src)))
-		for b.Loop() {
-			copyCRCChunked(0, dst, src)
-		}
-	})
-	b.Run("copyCRC", func(b *testing.B) {
-		b.SetBytes(int64(len(src)))
-		for b.Loop() {
-			copyCRC(dst, src)
-		}
-	})
 }

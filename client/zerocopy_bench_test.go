@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,20 +183,22 @@ func runParallel(b *testing.B, op func(caller, i int) error) {
 	measured := op
 	memcpy := func(g, i int) error { copy(dsts[g], refSrcs[key(i)[0]]); return nil }
 	const rounds = 8
-	var took, ref time.Duration
+	var took, ref, cpu, refCPU time.Duration
 	b.SetBytes(benchBlock)
 	b.ResetTimer()
 	for r := 0; r < rounds; r++ {
 		from, to := b.N*r/rounds, b.N*(r+1)/rounds
-		start := time.Now()
+		start, cpu0 := time.Now(), cpuTime()
 		op = measured
 		run(from, to)
 		took += time.Since(start)
+		cpu += cpuTime() - cpu0
 		b.StopTimer()
-		start = time.Now()
+		start, cpu0 = time.Now(), cpuTime()
 		op = memcpy
 		run(from, to)
 		ref += time.Since(start)
+		refCPU += cpuTime() - cpu0
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -203,7 +206,23 @@ func runParallel(b *testing.B, op func(caller, i int) error) {
 		mbs := func(d time.Duration) float64 { return float64(b.N) * benchBlock / d.Seconds() / 1e6 }
 		b.ReportMetric(mbs(ref), "memcpy-MB/s")
 		b.ReportMetric(100*mbs(took)/mbs(ref), "%memcpy")
+		// How many of the machine's cores the op kept busy (client and
+		// in-process sidecar together): below GOMAXPROCS, it waits.
+		b.ReportMetric(cpu.Seconds()/took.Seconds(), "cores")
+		// CPU time per op against the memcpy's: less sensitive to other
+		// processes on the machine than the throughputs.
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+		b.ReportMetric(float64(refCPU.Microseconds())/float64(b.N), "memcpy-cpu-µs/op")
 	}
+}
+
+// cpuTime returns the CPU time the process used so far (user and system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 var (
@@ -428,7 +447,7 @@ func reportBatches(b *testing.B, from, to client.CoalesceStats) {
 	for _, k := range []struct {
 		unit     string
 		from, to client.CallStats
-	}{{"keys/Acquire", from.Acquire, to.Acquire}, {"items/Reserve", from.Reserve, to.Reserve}, {"items/Commit", from.Commit, to.Commit}} {
+	}{{"keys/Acquire", from.Acquire, to.Acquire}, {"items/Reserve", from.Reserve, to.Reserve}, {"items/Commit", from.Commit, to.Commit}, {"ids/Release", from.Release, to.Release}} {
 		if calls := k.to.Calls - k.from.Calls; calls > 0 {
 			b.ReportMetric(float64(k.to.Items-k.from.Items)/float64(calls), k.unit)
 		}

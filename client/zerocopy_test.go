@@ -127,6 +127,9 @@ func TestGetIntoReleasesLeases(t *testing.T) {
 	wg.Wait()
 	c.Close()
 	c.Close()
+	if rs := c.CoalesceStats().Release; rs.Items > callers*each || rs.Calls > rs.Items {
+		t.Fatalf("background Releases: %+v, for %d GetIntos", rs, callers*each)
+	}
 	st := p.ZeroCopyStats()
 	if st.LiveLeases != 0 || st.Acquired != callers*each || st.Released != callers*each || st.LeaseExpirations != 0 {
 		t.Fatalf("after Close: %+v", st)

@@ -15,10 +15,12 @@ import (
 )
 
 // DefaultScrubRate is the default Scrubber rate, in bytes per second: about
-// 5 % of one core. Scrubbing unthrottled, one core checks 6.1–7.0 GB per
-// CPU second of 1 MiB blocks coming from memory (BenchmarkScrubOneCore on
-// the dev VM, AMD EPYC, 2026-12-03); 320 MiB/s (335 MB/s) is 4.8–5.5 % of
-// that. At that rate a pass over a full 4 GiB tier takes 13 s.
+// 2.6 % of one core. Scrubbing unthrottled, one core checks 12.6–12.8 GB
+// per CPU second of 1 MiB blocks coming from memory with internal/crc32c
+// (4.9–5.7 with hash/crc32 before it; BenchmarkScrubOneCore on the dev VM,
+// AMD EPYC, 2026-12-03 07:44 UTC, both builds alternating); 320 MiB/s
+// (335 MB/s) is 2.6 % of that. At that rate a pass over a full 4 GiB tier
+// takes 13 s.
 const DefaultScrubRate = 320 << 20
 
 // ScrubConfig configures a Scrubber.
