@@ -46,7 +46,7 @@ var rules = []rule{
 	// wire; the webhook adapter alone knows controller-runtime.
 	{pkg: "inject/admit", ours: []string{"inject"}, thirdParty: []string{"k8s.io/api", "k8s.io/apimachinery", "sigs.k8s.io/controller-runtime", "go.uber.org/zap"}},
 	{pkg: "inject", ours: []string{"internal/units"}, thirdParty: []string{"gopkg.in/yaml.v3", "k8s.io/api", "k8s.io/apimachinery"}},
-	{pkg: "client", ours: []string{"protocol", "client"}, thirdParty: []string{"github.com/cloudwego/"}},
+	{pkg: "client", ours: []string{"protocol", "client", "internal/crc32c"}, thirdParty: []string{"github.com/cloudwego/"}},
 	{pkg: "cmd", ours: []string{""}, thirdParty: []string{""}},
 	// Research code (experiments build only with -tags research).
 	{pkg: "research", ours: []string{"cache", "internal/"}, thirdParty: nil},

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/internal/crc32c"
+
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
 
@@ -258,7 +260,7 @@ func (a *arenaMap) writeWindow(off int64, buf []byte) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
-	crc := copyCRC(mem[off:off+int64(len(buf))], buf)
+	crc := crc32c.Copy(mem[off:off+int64(len(buf))], buf)
 	return crc, a.closeWindow(w)
 }
 
@@ -744,7 +746,7 @@ func (c *Client) ReadSlot(ctx context.Context, s Slot, dst []byte) (crc uint32, 
 		if err != nil {
 			return err
 		}
-		crc = copyCRC(dst, src)
+		crc = crc32c.Copy(dst, src)
 		return nil
 	})
 	return crc, err
@@ -792,23 +794,6 @@ func (c *Client) WriteSlot(ctx context.Context, s Slot, src []byte) (crc uint32,
 	return crc, err
 }
 
-// copyChunk is the piece copied before it is checksummed, so that the
-// checksum reads it from cache.
-const copyChunk = 32 << 10
-
-// copyCRCChunked copies src to dst a chunk at a time, checksumming each
-// chunk after its copy, and returns the CRC-32C of the bytes continued from
-// crc (copyCRC, where the one-pass copyCRC3 is not available, and its tail).
-func copyCRCChunked(crc uint32, dst, src []byte) uint32 {
-	for len(src) > 0 {
-		n := min(len(src), copyChunk)
-		copy(dst[:n], src[:n])
-		crc = crc32.Update(crc, castagnoli, dst[:n])
-		dst, src = dst[n:], src[n:]
-	}
-	return crc
-}
-
 // writeSlot writes buf into a reserved slot and returns its CRC-32C.
 func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, error) {
 	if _, err := view(arenas, s); err != nil {
@@ -821,7 +806,7 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 		if err != nil {
 			return 0, err
 		}
-		return copyCRC(mem[s.Offset:s.Offset+s.Length], buf), nil
+		return crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf), nil
 	case WriteMmap:
 		return a.writeWindow(s.Offset, buf)
 	}

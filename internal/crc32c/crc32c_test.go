@@ -49,6 +49,61 @@ func TestChecksumMatchesHashCRC32(t *testing.T) {
 	}
 }
 
+// TestCopyEveryLength checks Copy and Checksum against copy + hash/crc32 on
+// every length up to 400 bytes and around one to four pieces, at several
+// alignments of source and destination.
+func TestCopyEveryLength(t *testing.T) {
+	const max = 4*pieceLen + 64
+	rng := rand.New(rand.NewPCG(3, 4))
+	src := make([]byte, max+8)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	var lengths []int
+	for n := 0; n <= 400; n++ {
+		lengths = append(lengths, n)
+	}
+	for k := 1; k <= 4; k++ {
+		for d := -17; d <= 17; d++ {
+			lengths = append(lengths, k*pieceLen+d)
+		}
+	}
+	dst := make([]byte, max+16)
+	for _, n := range lengths {
+		for _, al := range [][2]int{{0, 0}, {1, 0}, {0, 3}, {5, 7}, {7, 1}} {
+			s := src[al[0] : al[0]+n]
+			d := dst[al[1] : al[1]+n]
+			clear(dst)
+			want := crc32.Checksum(s, table)
+			if got := Copy(d, s); got != want || !bytes.Equal(d, s) {
+				t.Fatalf("Copy of %d bytes at alignment %v: %08x, want %08x (bytes equal: %v)", n, al, got, want, bytes.Equal(d, s))
+			}
+			if got := Checksum(s); got != want {
+				t.Fatalf("Checksum of %d bytes at alignment %d: %08x, want %08x", n, al[0], got, want)
+			}
+		}
+	}
+}
+
+func FuzzCopy(f *testing.F) {
+	f.Add([]byte{}, uint8(0))
+	f.Add(bytes.Repeat([]byte{0xa5}, pieceLen+17), uint8(3))
+	f.Add(bytes.Repeat([]byte("tidepool"), 2*pieceLen/8), uint8(0))
+	f.Fuzz(func(t *testing.T, src []byte, off uint8) {
+		dst := make([]byte, len(src)+int(off%8))
+		got := Copy(dst[off%8:], src)
+		if want := crc32.Checksum(src, table); got != want {
+			t.Fatalf("%d bytes: CRC %08x, want %08x", len(src), got, want)
+		}
+		if !bytes.Equal(dst[off%8:], src) {
+			t.Fatalf("%d bytes: copy differs", len(src))
+		}
+		if got, want := Checksum(src), crc32.Checksum(src, table); got != want {
+			t.Fatalf("%d bytes: Checksum %08x, want %08x", len(src), got, want)
+		}
+	})
+}
+
 // BenchmarkChecksum checksums 1 MiB blocks from cache (hot: one block),
 // from the last-level cache (l3: 12 blocks) and from memory (cold: 64
 // blocks), against hash/crc32 on the same blocks:
