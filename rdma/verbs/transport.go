@@ -1119,8 +1119,16 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	if err := rdma.CheckRange(rm.size, op.RemoteOff, op.Len); err != nil {
 		return fmt.Errorf("remote region %d: %w", op.Remote.ID, err)
 	}
+	// A summed read checks the bytes as its work requests complete (each
+	// landed slice while the next ones are still moving), not after.
+	var dst []byte
+	if op.SumKnown && !write {
+		dst = span.B
+	}
+	var got uint32
 	if op.Len > 0 {
-		err := p.sliced(ctx, write, m, op.LocalOff, rm, op.RemoteOff, op.Len)
+		var err error
+		got, err = p.sliced(ctx, write, m, op.LocalOff, rm, op.RemoteOff, op.Len, dst)
 		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("verbs: %s: %w (%v)", what, ctx.Err(), err)
 		}
@@ -1145,7 +1153,7 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		return nil
 	}
 	if !write {
-		if got := frame.Checksum(span.B); got != op.Sum {
+		if got != op.Sum {
 			return fmt.Errorf("%w: read of %d bytes: crc %08x, want %08x", rdma.ErrChecksum, op.Len, got, op.Sum)
 		}
 		return nil
@@ -1167,8 +1175,10 @@ const SliceAcross = 64 << 10
 // sliced runs one transfer, cut into one contiguous part per local device
 // when there are several and it is at least SliceAcross long (Mooncake
 // sprays slices over NICs the same way), each part on a QP of its device,
-// all at once; the first error wins.
-func (p *peer) sliced(ctx context.Context, write bool, m *regMRs, loff uint64, rm remoteMR, roff, n uint64) error {
+// all at once; the first error wins. With dst (the local range of a read)
+// it returns the CRC-32C of the landed bytes, each part summed as its work
+// requests complete and the parts combined.
+func (p *peer) sliced(ctx context.Context, write bool, m *regMRs, loff uint64, rm remoteMR, roff, n uint64, dst []byte) (uint32, error) {
 	parts := uint64(len(p.t.devs))
 	if n < SliceAcross || parts == 1 {
 		parts = 1
@@ -1177,31 +1187,50 @@ func (p *peer) sliced(ctx context.Context, write bool, m *regMRs, loff uint64, r
 	if parts == 1 {
 		step = n
 	}
-	errs := make(chan error, parts)
+	type result struct {
+		i   int
+		crc uint32
+		err error
+	}
+	res := make(chan result, parts)
 	var launched int
 	for i, off := 0, uint64(0); off < n; i, off = i+1, off+step {
 		l := min(step, n-off)
 		dev := i
+		var part []byte
+		if dst != nil {
+			part = dst[off : off+l]
+		}
 		go func() {
 			q, err := p.get(ctx, dev)
 			if err != nil {
-				errs <- err
+				res <- result{i: dev, err: err}
 				return
 			}
 			rkey := rm.rkeys[dev%len(rm.rkeys)]
-			err = p.run(ctx, q, write, m.addr+loff+off, m.per[dev].lkey, rm.addr+roff+off, rkey, l)
+			crc, err := p.run(ctx, q, write, m.addr+loff+off, m.per[dev].lkey, rm.addr+roff+off, rkey, l, part)
 			p.put(q, err == nil)
-			errs <- err
+			res <- result{i: dev, crc: crc, err: err}
 		}()
 		launched++
 	}
+	sums := make([]uint32, launched)
 	var first error
-	for ; launched > 0; launched-- {
-		if err := <-errs; err != nil && first == nil {
-			first = err
+	for k := 0; k < launched; k++ {
+		r := <-res
+		if r.err != nil && first == nil {
+			first = r.err
 		}
+		sums[r.i] = r.crc
 	}
-	return first
+	if first != nil || dst == nil {
+		return 0, first
+	}
+	crc := sums[0]
+	for i := 1; i < launched; i++ {
+		crc = crcCombine(crc, sums[i], min(step, n-uint64(i)*step))
+	}
+	return crc, nil
 }
 
 // remoteMR is a resolved remote region.
@@ -1260,7 +1289,11 @@ func (p *peer) isClosed() bool {
 // ctx ends first, the QP is moved to the error state so that the posted
 // requests flush, and run still waits for their completions: when it
 // returns, the device no longer touches the local range.
-func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey uint32, raddr uint64, rkey uint32, n uint64) error {
+//
+// With dst (the n local bytes of a read) it returns their CRC-32C, summing
+// each slice as soon as its completion arrived: an RC send queue completes
+// in order, so the slices are summed in order while later ones still move.
+func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey uint32, raddr uint64, rkey uint32, n uint64, dst []byte) (uint32, error) {
 	t := p.t
 	depth := t.cfg.QueueDepth
 	slice := uint64(t.cfg.SliceSize)
@@ -1272,6 +1305,7 @@ func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey u
 	total := int((n + slice - 1) / slice)
 	posted, done := 0, 0
 	var first error
+	var crc uint32
 	ctxDone := ctx.Done()
 	var flushTimer <-chan time.Time
 	ws := make([]wr, 0, depth)
@@ -1291,13 +1325,17 @@ func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey u
 			}
 		}
 		if done == posted && (first != nil || posted == total) {
-			return first
+			return crc, first
 		}
 		select {
 		case w := <-ch:
 			done++
 			if w.status != wcSuccess && first == nil {
 				first = statusErr(uint32(w.status), uint32(w.vendor_err), raddr, n)
+			}
+			if first == nil && dst != nil {
+				i := uint64(done - 1)
+				crc = frame.UpdateChecksum(crc, dst[i*slice:min((i+1)*slice, n)])
 			}
 		case <-ctxDone:
 			ctxDone = nil
@@ -1310,7 +1348,7 @@ func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey u
 			// The device never flushed: leave the QP broken (put destroys
 			// it) rather than wait forever.
 			t.lg.Error("queue pair did not flush", zap.Int("outstanding", posted-done))
-			return first
+			return 0, first
 		}
 	}
 }
