@@ -162,7 +162,10 @@ for s in "${STEPS[@]}"; do
 	verbs)
 		add verbs "TIDEPOOL_RDMA_DEVICE=rxe0 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '$RUN'"
 		# Two devices at once: the suite again, transfers sliced across them.
-		add verbs-2dev "TIDEPOOL_RDMA_DEVICE=rxe0,rxe1 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run 'TestConformance|TestMultiDevice|TestDeregisterMidRead'"
+		add verbs-2dev "TIDEPOOL_RDMA_DEVICE=rxe0,rxe1 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run 'TestConformance|TestMultiDevice|TestDeregisterMidRead|TestSliceRetriedOnOtherDevice|TestQPEvent'"
+		# Asynchronous events: rxe2's link (veth2, carrier from veth3) goes
+		# down and up under a transport using rxe0 and rxe2.
+		add verbs-events "TIDEPOOL_RDMA_DEVICE=rxe0,rxe2 TIDEPOOL_RDMA_EVENT_LINK=veth3 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run 'TestPortEvents'"
 		add auto "TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_RDMA_NETDEV=veth0 /tests/auto.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '$RUN'"
 		;;
 	bench)

@@ -59,7 +59,8 @@ func TestBenchRounds(t *testing.T) {
 	}
 	cfg.ListenAddr = ip + ":0"
 	cfg.Key = key
-	cfg.IOTimeout = 5 * time.Minute
+	// Generous limits: a busy host slows the guest down many times.
+	cfg.IOTimeout, cfg.DialTimeout = 5*time.Minute, 30*time.Second
 	// The production RC timeout and retries (testConfig shortens them for
 	// the fault tests), as ib_read_bw uses its own default (14).
 	def := DefaultConfig()
@@ -68,6 +69,7 @@ func TestBenchRounds(t *testing.T) {
 	tc.ListenAddr = ip + ":0"
 	tc.Key = key
 	tc.IdleTimeout = time.Hour // pooled connections wait out the other phases
+	tc.DialTimeout, tc.IOTimeout = 30*time.Second, 5*time.Minute
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 

@@ -207,6 +207,19 @@ type DeviceInfo struct {
 	mtuEnum int
 }
 
+// DeviceHealth is a device's state as asynchronous events left it.
+type DeviceHealth struct {
+	Name     string
+	NUMANode int
+	// Usable: the port is active and no fatal event came; transfers use
+	// only usable devices (none: they fail over to TCP in rdma/auto).
+	Usable bool
+	// Events counts asynchronous events by name (port_err, port_active,
+	// qp_fatal, qp_req_err, qp_access_err, cq_err, device_fatal,
+	// gid_change, ...).
+	Events map[string]uint64
+}
+
 // GIDEntry is one populated GID table entry.
 type GIDEntry struct {
 	Index int
