@@ -178,12 +178,14 @@ static int tp_poll(struct ibv_cq *cq, tp_wc *out, int n) {
 
 static int tp_arm(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
 
-// tp_wait blocks up to ms for a completion event on ch; 1: an event was
-// taken and acknowledged, 0: timeout, <0: error.
-static int tp_wait(struct ibv_comp_channel *ch, int ms) {
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	int rc = poll(&p, 1, ms);
+// tp_wait blocks until a completion event on ch or wake becomes readable
+// (ms < 0: no timeout); 1: an event was taken and acknowledged, 0: none
+// (woken or timeout), <0: error.
+static int tp_wait(struct ibv_comp_channel *ch, int wake, int ms) {
+	struct pollfd p[2] = { { .fd = ch->fd, .events = POLLIN }, { .fd = wake, .events = POLLIN } };
+	int rc = poll(p, 2, ms);
 	if (rc <= 0) return rc < 0 && errno != EINTR ? -1 : 0;
+	if (!(p[0].revents & POLLIN)) return 0;
 	struct ibv_cq *cq;
 	void *ctx;
 	if (ibv_get_cq_event(ch, &cq, &ctx)) return errno == EAGAIN ? 0 : -1;
@@ -204,14 +206,16 @@ typedef struct {
 	uint32_t port;
 } tp_async;
 
-// tp_async_wait blocks up to ms for one asynchronous event of c, copies
+// tp_async_wait blocks until one asynchronous event of c (or wake
+// readable, or ms when >= 0), copies
 // what the transport needs out of it and acknowledges it at once (a QP
 // cannot be destroyed while an event about it is unacknowledged). 1: an
 // event, 0: none, <0: error.
-static int tp_async_wait(struct ibv_context *c, int ms, tp_async *out) {
-	struct pollfd p = { .fd = c->async_fd, .events = POLLIN };
-	int rc = poll(&p, 1, ms);
+static int tp_async_wait(struct ibv_context *c, int wake, int ms, tp_async *out) {
+	struct pollfd p[2] = { { .fd = c->async_fd, .events = POLLIN }, { .fd = wake, .events = POLLIN } };
+	int rc = poll(p, 2, ms);
 	if (rc <= 0) return rc < 0 && errno != EINTR ? -1 : 0;
+	if (!(p[0].revents & POLLIN)) return 0;
 	struct ibv_async_event e;
 	if (ibv_get_async_event(c, &e)) return errno == EAGAIN ? 0 : -1;
 	out->type = e.event_type;
@@ -296,11 +300,11 @@ type asyncEvent struct {
 	port int    // port events
 }
 
-// asyncWait blocks up to ms for the device's next asynchronous event,
-// which is acknowledged before it returns.
-func (c *device) asyncWait(ms int) (asyncEvent, bool, error) {
+// asyncWait blocks until the device's next asynchronous event, which is
+// acknowledged before it returns, or until wake is readable (false).
+func (c *device) asyncWait(wake int) (asyncEvent, bool, error) {
 	var e C.tp_async
-	switch rc := C.tp_async_wait(c.ctx, C.int(ms), &e); {
+	switch rc := C.tp_async_wait(c.ctx, C.int(wake), -1, &e); {
 	case rc < 0:
 		return asyncEvent{}, false, errors.New("verbs: ibv_get_async_event failed")
 	case rc == 0:
@@ -722,9 +726,9 @@ func (c *device) poll(out []wc) (int, error) {
 // arm requests an event for the next completion.
 func (c *device) arm() error { return errnoErr("ibv_req_notify_cq", C.tp_arm(c.cq)) }
 
-// wait blocks up to ms milliseconds for a completion event.
-func (c *device) wait(ms int) (bool, error) {
-	rc := C.tp_wait(c.ch, C.int(ms))
+// wait blocks until a completion event, or until wake is readable (false).
+func (c *device) wait(wake int) (bool, error) {
+	rc := C.tp_wait(c.ch, C.int(wake), -1)
 	if rc < 0 {
 		return false, errors.New("verbs: waiting for a completion event failed")
 	}

@@ -87,7 +87,11 @@ type Transport struct {
 	qps       atomic.Int64
 	pollWG    sync.WaitGroup
 	stopPol   atomic.Bool
-	acceptW   sync.WaitGroup
+	// wake is an eventfd the completion and event loops block on next to
+	// their device fds (no timeout, so an idle transport never wakes);
+	// Close makes it readable.
+	wake    int
+	acceptW sync.WaitGroup
 
 	// life: transfers hold it for reading; Close takes it for writing once
 	// it broke every QP, to wait them out before freeing the device.
@@ -180,6 +184,11 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 	t.addr = cfg.AdvertiseAddr
 	if t.addr == "" {
 		t.addr = ln.Addr().String()
+	}
+	if t.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		_ = t.ln.Close()
+		closeDevs()
+		return nil, fmt.Errorf("verbs: eventfd: %w", err)
 	}
 	if err := forkInit(); err != nil {
 		lg.Warn("ibv_fork_init failed: a child made by fork() may break registrations", zap.Error(err))
@@ -349,7 +358,11 @@ func (t *Transport) Close() error {
 	t.life.Lock() // every transfer has returned
 	t.life.Unlock()
 	t.stopPol.Store(true)
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(t.wake, one[:])
 	t.pollWG.Wait()
+	_ = unix.Close(t.wake)
 	t.mrMu.Lock()
 	for id, m := range t.mrs {
 		_ = m.dereg()
@@ -391,7 +404,7 @@ func (t *Transport) pollLoop(dev *device) {
 			t.dispatch(buf[:n])
 			continue
 		}
-		if _, err := dev.wait(50); err != nil {
+		if _, err := dev.wait(t.wake); err != nil {
 			t.lg.Error("cq event", zap.Error(err))
 			return
 		}
@@ -1394,7 +1407,7 @@ func (t *Transport) asyncLoop(i int) {
 	defer t.pollWG.Done()
 	dev := t.devs[i]
 	for !t.stopPol.Load() {
-		ev, ok, err := dev.asyncWait(50)
+		ev, ok, err := dev.asyncWait(t.wake)
 		if err != nil {
 			t.lg.Error("async events", zap.String("device", dev.cur().Name), zap.Error(err))
 			return
