@@ -96,9 +96,10 @@ type Config struct {
 	// QueueDepth is the send queue depth of a QP: work requests in flight
 	// per transfer. Default 16.
 	QueueDepth int
-	// SliceSize is the most bytes one work request moves. Default 256
-	// KiB: a 1 MiB block is 4 chained READs, and a summed read checks each
-	// slice as it lands while the next ones move.
+	// SliceSize is the most bytes one work request moves. Default 1 MiB.
+	// A summed read checks each slice as it lands while the next ones
+	// move; cutting a 1 MiB block into 256 KiB slices for that did not pay
+	// on Soft-RoCE (docs/rdma.md, TestBenchRounds' rdma256k phases).
 	SliceSize int
 	// MaxTransfer bounds Op.Len. Default 1 GiB.
 	MaxTransfer uint64
@@ -120,7 +121,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Port: 1, GIDIndex: -1, ListenAddr: ":7951",
-		MaxQPsPerPeer: 16, MaxQPsServed: 64, QueueDepth: 16, SliceSize: 256 << 10,
+		MaxQPsPerPeer: 16, MaxQPsServed: 64, QueueDepth: 16, SliceSize: 1 << 20,
 		MaxTransfer: 1 << 30, DialTimeout: 3 * time.Second, IOTimeout: 30 * time.Second,
 		QPTimeout: 14, QPRetry: 7, StatsInterval: 50 * time.Millisecond,
 	}
