@@ -52,13 +52,22 @@ $ip addr add 10.0.0.1/24 dev veth0
 $ip addr add 10.0.0.2/24 dev veth1
 $ip link set veth0 up
 $ip link set veth1 up
+# A second pair for rxe2: taking veth3 down takes veth2's carrier, and so
+# rxe2's port, away without touching rxe0/rxe1 (the port event test).
+$ip link add veth2 type veth peer name veth3 || done_ 3
+$ip addr add 10.0.1.1/24 dev veth2
+$ip addr add 10.0.1.2/24 dev veth3
+$ip link set veth2 up
+$ip link set veth3 up
 # rxe0 on veth0 for everything; rxe1 on veth1 for the multi-device tests
-# (each pairs with itself in loopback: two rxe devices talking to each other
-# is not what is tested here).
+# and rxe2 on veth2 for the port event test (each pairs with itself in
+# loopback: two rxe devices talking to each other is not what is tested
+# here).
 /usr/bin/rdma link add rxe0 type rxe netdev veth0 || done_ 4
 /usr/bin/rdma link add rxe1 type rxe netdev veth1 || done_ 4
+/usr/bin/rdma link add rxe2 type rxe netdev veth2 || done_ 4
 # A port turns ACTIVE once the veth has carrier.
-for d in rxe0 rxe1; do
+for d in rxe0 rxe1 rxe2; do
 	i=0
 	until /usr/bin/rdma link show $d/1 2>/dev/null | grep -q 'state ACTIVE'; do
 		i=$((i + 1))

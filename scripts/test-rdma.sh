@@ -17,6 +17,9 @@
 # Usage: scripts/test-rdma.sh [step...]
 #   steps: devinfo readbw verbs bench cluster (default: devinfo readbw verbs cluster)
 # Env: RDMA_GUEST_TIMEOUT (s, whole guest, default 900),
+#      RDMA_BENCH_ROUNDS (bench rounds, default 5), RDMA_BENCH_READS (1 MiB
+#      reads per 16-caller phase and ib_read_bw iterations, default 96; a
+#      1-caller phase does a third),
 #      RDMA_STEP_TIMEOUT (s, each step, default 600),
 #      RDMA_TEST_RUN (regexp passed to the verbs test binary's -test.run),
 #      RDMA_GUEST_LOG (where the console is kept, default .cache/rdma/guest.log).
@@ -159,11 +162,17 @@ for s in "${STEPS[@]}"; do
 	verbs)
 		add verbs "TIDEPOOL_RDMA_DEVICE=rxe0 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '$RUN'"
 		# Two devices at once: the suite again, transfers sliced across them.
-		add verbs-2dev "TIDEPOOL_RDMA_DEVICE=rxe0,rxe1 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run 'TestConformance|TestMultiDevice|TestDeregisterMidRead'"
+		add verbs-2dev "TIDEPOOL_RDMA_DEVICE=rxe0,rxe1 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run 'TestConformance|TestMultiDevice|TestDeregisterMidRead|TestSliceRetriedOnOtherDevice|TestQPEvent'"
+		# Asynchronous events: rxe2's link (veth2, carrier from veth3) goes
+		# down and up under a transport using rxe0 and rxe2.
+		add verbs-events "TIDEPOOL_RDMA_DEVICE=rxe0,rxe2 TIDEPOOL_RDMA_EVENT_LINK=veth3 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run 'TestPortEvents'"
 		add auto "TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_RDMA_NETDEV=veth0 /tests/auto.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '$RUN'"
 		;;
 	bench)
-		add bench "(/usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 300 --report_gbits >/tmp/rbw-server.log 2>&1 &) ; sleep 1; /usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 300 --report_gbits 10.0.0.1; TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_RDMA_BENCH_IP=10.0.0.1 /tests/verbs.test -test.run '^\$' -test.bench 'BenchmarkRemoteRead' -test.benchtime=${RDMA_BENCHTIME:-100x} -test.count=1 -test.timeout=${STEP_TIMEOUT}s"
+		# Interleaved rounds of ib_read_bw and 1 MiB summed reads over
+		# verbs and tcp (1 and 16 callers) in this one boot; per-round
+		# ratios, medians and a CPU profile of the test process.
+		add bench "TIDEPOOL_RDMA_DEVICE=rxe0 TIDEPOOL_RDMA_BENCH_IP=10.0.0.1 TIDEPOOL_RDMA_BENCH_ROUNDS=${RDMA_BENCH_ROUNDS:-5} TIDEPOOL_RDMA_BENCH_READS=${RDMA_BENCH_READS:-96} /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '^TestBenchRounds\$' -test.cpuprofile /tmp/cpu.prof; rc=\$?; echo RDMA-PPROF-BEGIN; base64 /tmp/cpu.prof; echo RDMA-PPROF-END; exit \$rc"
 		;;
 	cluster)
 		# Two real sidecars on rxe0: a fetch over RDMA, the owner killed.
@@ -266,7 +275,8 @@ set +e
 timeout --kill-after=10 "$GUEST_TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -m 3072 -smp 2 \
 	-kernel "$VMLINUX" -initrd "$INITRD" \
 	-append "console=ttyS0 quiet panic=-1 rdma.step_timeout=$STEP_TIMEOUT" \
-	-nographic -no-reboot -nic none -monitor none -serial stdio </dev/null 2>&1 | tr -d '\r' | tee "$LOG"
+	-nographic -no-reboot -nic none -monitor none -serial stdio </dev/null 2>&1 | tr -d '\r' | tee "$LOG" |
+	sed -u '/^RDMA-PPROF-BEGIN/,/^RDMA-PPROF-END/d' # the profile is in $LOG
 qrc=${PIPESTATUS[0]}
 set -e
 
@@ -282,6 +292,16 @@ done_line=$(grep -a '^RDMA-GUEST-DONE rc=' "$LOG" | tail -1 || true)
 for s in $(cut -f1 "$steps_file"); do
 	grep -aq "^RDMA-STEP $s rc=" "$LOG" || die "step $s did not run (console: $LOG)"
 done
+if grep -aq '^BENCH-SUMMARY' "$LOG"; then
+	say "bench (Soft-RoCE under TCG: says nothing about real NICs):"
+	grep -aE '^ *rounds_test.go:[0-9]+: round ' "$LOG" | sed 's/^ *rounds_test.go:[0-9]*: /  /' >&2 || true
+	grep -a '^BENCH-SUMMARY' "$LOG" | sed 's/^BENCH-SUMMARY /  /' >&2
+	if grep -aq '^RDMA-PPROF-END' "$LOG"; then
+		sed -n '/^RDMA-PPROF-BEGIN/,/^RDMA-PPROF-END/p' "$LOG" | grep -av '^RDMA-PPROF' | base64 -d >"$CACHE/bench-cpu.prof" 2>/dev/null &&
+			say "CPU profile of the bench process: $CACHE/bench-cpu.prof (go tool pprof -top $BINS/verbs.test $CACHE/bench-cpu.prof)" &&
+			$GO tool pprof -top -nodecount=30 "$BINS/verbs.test" "$CACHE/bench-cpu.prof" 2>/dev/null | sed 's/^/  /' >&2 || true
+	fi
+fi
 if [[ $done_line != "RDMA-GUEST-DONE rc=0" ]]; then
 	grep -aE -- '^(--- FAIL|FAIL|panic:|RDMA-INIT)' "$LOG" | head -40 >&2 || true
 	die "$done_line (console: $LOG)"

@@ -74,6 +74,8 @@ type verbsTransport interface {
 	RegisterAs(buf []byte, d rdma.RegionDesc) error
 	Device() verbs.DeviceInfo
 	QPs() int
+	Health() []verbs.DeviceHealth
+	SliceRetries() uint64
 }
 
 // Transport is the composite.
@@ -213,6 +215,10 @@ type Counters struct {
 	Fallbacks uint64 // verbs transfers retried over TCP
 	QPs       int    // queue pairs open now
 	Device    string // "" without RDMA
+	// Devices: each RDMA device's state and asynchronous events.
+	Devices []verbs.DeviceHealth
+	// SliceRetries: parts of RDMA transfers moved again on another device.
+	SliceRetries uint64
 }
 
 // Counters returns the per-transport counters.
@@ -225,6 +231,8 @@ func (t *Transport) Counters() Counters {
 	if t.vt != nil {
 		c.QPs = t.vt.QPs()
 		c.Device = t.vt.Device().Name
+		c.Devices = t.vt.Health()
+		c.SliceRetries = t.vt.SliceRetries()
 	}
 	return c
 }

@@ -178,12 +178,14 @@ static int tp_poll(struct ibv_cq *cq, tp_wc *out, int n) {
 
 static int tp_arm(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
 
-// tp_wait blocks up to ms for a completion event on ch; 1: an event was
-// taken and acknowledged, 0: timeout, <0: error.
-static int tp_wait(struct ibv_comp_channel *ch, int ms) {
-	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
-	int rc = poll(&p, 1, ms);
+// tp_wait blocks until a completion event on ch or wake becomes readable
+// (ms < 0: no timeout); 1: an event was taken and acknowledged, 0: none
+// (woken or timeout), <0: error.
+static int tp_wait(struct ibv_comp_channel *ch, int wake, int ms) {
+	struct pollfd p[2] = { { .fd = ch->fd, .events = POLLIN }, { .fd = wake, .events = POLLIN } };
+	int rc = poll(p, 2, ms);
 	if (rc <= 0) return rc < 0 && errno != EINTR ? -1 : 0;
+	if (!(p[0].revents & POLLIN)) return 0;
 	struct ibv_cq *cq;
 	void *ctx;
 	if (ibv_get_cq_event(ch, &cq, &ctx)) return errno == EAGAIN ? 0 : -1;
@@ -195,6 +197,59 @@ static int tp_nonblock(int fd) {
 	int fl = fcntl(fd, F_GETFL);
 	return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
+
+static int tp_async_nonblock(struct ibv_context *c) { return tp_nonblock(c->async_fd); }
+
+typedef struct {
+	uint32_t type;
+	uint32_t qp_num;
+	uint32_t port;
+} tp_async;
+
+// tp_async_wait blocks until one asynchronous event of c (or wake
+// readable, or ms when >= 0), copies
+// what the transport needs out of it and acknowledges it at once (a QP
+// cannot be destroyed while an event about it is unacknowledged). 1: an
+// event, 0: none, <0: error.
+static int tp_async_wait(struct ibv_context *c, int wake, int ms, tp_async *out) {
+	struct pollfd p[2] = { { .fd = c->async_fd, .events = POLLIN }, { .fd = wake, .events = POLLIN } };
+	int rc = poll(p, 2, ms);
+	if (rc <= 0) return rc < 0 && errno != EINTR ? -1 : 0;
+	if (!(p[0].revents & POLLIN)) return 0;
+	struct ibv_async_event e;
+	if (ibv_get_async_event(c, &e)) return errno == EAGAIN ? 0 : -1;
+	out->type = e.event_type;
+	out->qp_num = 0;
+	out->port = 0;
+	switch (e.event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->qp_num = e.element.qp->qp_num;
+		break;
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_GID_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+		out->port = e.element.port_num;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&e);
+	return 1;
+}
+
+static int tp_fork_init(void) { return ibv_fork_init(); }
+static int tp_fork_status(void) { return ibv_is_fork_initialized(); }
 */
 import "C"
 
@@ -205,6 +260,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -226,12 +282,83 @@ func wcStatusString(s uint32) string {
 	return C.GoString(C.ibv_wc_status_str(C.enum_ibv_wc_status(s)))
 }
 
+// Asynchronous events (enum ibv_event_type) by the name the metrics use.
+var asyncNames = map[uint32]string{
+	C.IBV_EVENT_CQ_ERR: "cq_err", C.IBV_EVENT_QP_FATAL: "qp_fatal", C.IBV_EVENT_QP_REQ_ERR: "qp_req_err",
+	C.IBV_EVENT_QP_ACCESS_ERR: "qp_access_err", C.IBV_EVENT_COMM_EST: "comm_est", C.IBV_EVENT_SQ_DRAINED: "sq_drained",
+	C.IBV_EVENT_PATH_MIG: "path_mig", C.IBV_EVENT_PATH_MIG_ERR: "path_mig_err", C.IBV_EVENT_DEVICE_FATAL: "device_fatal",
+	C.IBV_EVENT_PORT_ACTIVE: "port_active", C.IBV_EVENT_PORT_ERR: "port_err", C.IBV_EVENT_LID_CHANGE: "lid_change",
+	C.IBV_EVENT_PKEY_CHANGE: "pkey_change", C.IBV_EVENT_SM_CHANGE: "sm_change", C.IBV_EVENT_SRQ_ERR: "srq_err",
+	C.IBV_EVENT_SRQ_LIMIT_REACHED: "srq_limit", C.IBV_EVENT_QP_LAST_WQE_REACHED: "qp_last_wqe",
+	C.IBV_EVENT_CLIENT_REREGISTER: "client_reregister", C.IBV_EVENT_GID_CHANGE: "gid_change", C.IBV_EVENT_WQ_FATAL: "wq_fatal",
+}
+
+// asyncEvent is one asynchronous event of a device.
+type asyncEvent struct {
+	name string
+	qpn  uint32 // QP events
+	port int    // port events
+}
+
+// asyncWait blocks until the device's next asynchronous event, which is
+// acknowledged before it returns, or until wake is readable (false).
+func (c *device) asyncWait(wake int) (asyncEvent, bool, error) {
+	var e C.tp_async
+	switch rc := C.tp_async_wait(c.ctx, C.int(wake), -1, &e); {
+	case rc < 0:
+		return asyncEvent{}, false, errors.New("verbs: ibv_get_async_event failed")
+	case rc == 0:
+		return asyncEvent{}, false, nil
+	}
+	name, ok := asyncNames[uint32(e._type)]
+	if !ok {
+		name = "other"
+	}
+	return asyncEvent{name: name, qpn: uint32(e.qp_num), port: int(e.port)}, true, nil
+}
+
+// Fork safety: ibv_fork_init runs once, before the first other libibverbs
+// call (so before any registration). With a kernel that copies pinned
+// pages on fork (>= 5.13) it does nothing ("unneeded"); on older ones it
+// makes every registered range MADV_DONTFORK, so that a child made by
+// fork() (not Go's os/exec, which uses vfork-style clone and exec) does
+// not break the parent's registrations; the child has no access to
+// those ranges.
+var (
+	forkOnce sync.Once
+	forkErr  error
+)
+
+func forkInit() error {
+	forkOnce.Do(func() {
+		if rc := C.tp_fork_init(); rc != 0 {
+			forkErr = fmt.Errorf("verbs: ibv_fork_init: %v", syscall.Errno(rc))
+		}
+	})
+	return forkErr
+}
+
+// ForkSafety reports what ibv_fork_init did: "enabled" (registered ranges
+// are not inherited by fork), "unneeded" (the kernel copies pinned pages
+// on fork), or "disabled" (ibv_fork_init failed or was not called yet).
+func ForkSafety() string {
+	switch C.tp_fork_status() {
+	case C.IBV_FORK_ENABLED:
+		return "enabled"
+	case C.IBV_FORK_UNNEEDED:
+		return "unneeded"
+	default:
+		return "disabled"
+	}
+}
+
 // maxPost is how many work requests one tp_post call chains.
 const maxPost = 64
 
 // listDevices returns the names of the RDMA devices libibverbs sees. No
 // devices, or ENOSYS (no kernel support), is ErrNoDevice.
 func listDevices() ([]string, error) {
+	_ = forkInit() // reported by NewTransport
 	var n, e C.int
 	l := C.tp_devices(&n, &e)
 	if l == nil {
@@ -255,12 +382,14 @@ func listDevices() ([]string, error) {
 // of the initiator queue pairs (with its event channel) and the small one
 // the responder queue pairs must name but never fill.
 type device struct {
-	info DeviceInfo
-	ctx  *C.struct_ibv_context
-	pd   *C.struct_ibv_pd
-	ch   *C.struct_ibv_comp_channel
-	cq   *C.struct_ibv_cq
-	rcq  *C.struct_ibv_cq
+	mu      sync.RWMutex // guards info (re-queried after port and GID events)
+	info    DeviceInfo
+	gidWant int // Config.GIDIndex
+	ctx     *C.struct_ibv_context
+	pd      *C.struct_ibv_pd
+	ch      *C.struct_ibv_comp_channel
+	cq      *C.struct_ibv_cq
+	rcq     *C.struct_ibv_cq
 }
 
 func errnoErr(what string, rc C.int) error {
@@ -273,6 +402,7 @@ func errnoErr(what string, rc C.int) error {
 // openDevice opens name, queries port, picks the GID and allocates the
 // protection domain and completion queues.
 func openDevice(name string, port int, gidIndex int, cqSize int) (*device, error) {
+	_ = forkInit()
 	var n, e C.int
 	l := C.tp_devices(&n, &e)
 	if l == nil {
@@ -300,6 +430,7 @@ func openDevice(name string, port int, gidIndex int, cqSize int) (*device, error
 		return nil, err
 	}
 	c.info = info
+	c.gidWant = gidIndex
 	if c.pd = C.ibv_alloc_pd(c.ctx); c.pd == nil {
 		c.close()
 		return nil, fmt.Errorf("verbs: %s: ibv_alloc_pd failed", name)
@@ -308,9 +439,9 @@ func openDevice(name string, port int, gidIndex int, cqSize int) (*device, error
 		c.close()
 		return nil, fmt.Errorf("verbs: %s: ibv_create_comp_channel failed", name)
 	}
-	if C.tp_nonblock(c.ch.fd) != 0 {
+	if C.tp_nonblock(c.ch.fd) != 0 || C.tp_async_nonblock(c.ctx) != 0 {
 		c.close()
-		return nil, fmt.Errorf("verbs: %s: comp channel O_NONBLOCK failed", name)
+		return nil, fmt.Errorf("verbs: %s: O_NONBLOCK failed", name)
 	}
 	if c.cq = C.tp_create_cq(c.ctx, C.int(cqSize), c.ch, &e); c.cq == nil {
 		c.close()
@@ -325,6 +456,26 @@ func openDevice(name string, port int, gidIndex int, cqSize int) (*device, error
 		return nil, errnoErr("ibv_req_notify_cq", rc)
 	}
 	return c, nil
+}
+
+// cur returns what is known about the device's port now.
+func (c *device) cur() DeviceInfo {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.info
+}
+
+// refresh queries the port again (state, MTU, GID table) after a port or
+// GID event; it reports whether the port is active.
+func (c *device) refresh() (DeviceInfo, error) {
+	info, err := c.query(c.cur().Name, c.cur().Port, c.gidWant)
+	if err != nil {
+		return info, err
+	}
+	c.mu.Lock()
+	c.info = info
+	c.mu.Unlock()
+	return info, nil
 }
 
 // query fills the device's port attributes and chooses the GID: gidIndex
@@ -500,7 +651,7 @@ func (c *device) createQP(responder bool, depth int, psn uint32) (*qp, error) {
 		return nil, fmt.Errorf("%w: ibv_create_qp: %v", errQP, syscall.Errno(e))
 	}
 	q := &qp{p: p, num: uint32(p.qp_num), psn: psn & 0xffffff}
-	if rc := C.tp_qp_init(p, C.uint8_t(c.info.Port)); rc != 0 {
+	if rc := C.tp_qp_init(p, C.uint8_t(c.cur().Port)); rc != 0 {
 		q.destroy()
 		return nil, fmt.Errorf("%w: RESET->INIT: %v", errQP, syscall.Errno(rc))
 	}
@@ -509,12 +660,13 @@ func (c *device) createQP(responder bool, depth int, psn uint32) (*qp, error) {
 
 // connect brings q from INIT through RTR to RTS towards remote.
 func (c *device) connect(q *qp, remote connData, timeout, retry, rdAtomic int) error {
-	mtu := c.info.mtuEnum
+	info := c.cur()
+	mtu := info.mtuEnum
 	if int(remote.MTU) < mtu {
 		mtu = int(remote.MTU)
 	}
-	if rc := C.tp_qp_rtr(q.p, C.uint8_t(c.info.Port), C.int(mtu), C.uint32_t(remote.QPN), C.uint32_t(remote.PSN),
-		(*C.uint8_t)(unsafe.Pointer(&remote.GID[0])), C.int(c.info.GIDIndex), C.uint16_t(remote.LID), C.int(rdAtomic)); rc != 0 {
+	if rc := C.tp_qp_rtr(q.p, C.uint8_t(info.Port), C.int(mtu), C.uint32_t(remote.QPN), C.uint32_t(remote.PSN),
+		(*C.uint8_t)(unsafe.Pointer(&remote.GID[0])), C.int(info.GIDIndex), C.uint16_t(remote.LID), C.int(rdAtomic)); rc != 0 {
 		return fmt.Errorf("%w: INIT->RTR (remote qpn %d mtu %d): %v", errQP, remote.QPN, mtu, syscall.Errno(rc))
 	}
 	if rc := C.tp_qp_rts(q.p, C.uint32_t(q.psn), C.int(timeout), C.int(retry), C.int(rdAtomic)); rc != 0 {
@@ -524,7 +676,8 @@ func (c *device) connect(q *qp, remote connData, timeout, retry, rdAtomic int) e
 }
 
 func (c *device) local(q *qp) connData {
-	return connData{GID: c.info.GID, QPN: q.num, PSN: q.psn, MTU: uint8(c.info.mtuEnum), LID: c.info.LID}
+	info := c.cur()
+	return connData{GID: info.GID, QPN: q.num, PSN: q.psn, MTU: uint8(info.mtuEnum), LID: info.LID}
 }
 
 // toError moves q to the error state: posted work requests are flushed
@@ -573,9 +726,9 @@ func (c *device) poll(out []wc) (int, error) {
 // arm requests an event for the next completion.
 func (c *device) arm() error { return errnoErr("ibv_req_notify_cq", C.tp_arm(c.cq)) }
 
-// wait blocks up to ms milliseconds for a completion event.
-func (c *device) wait(ms int) (bool, error) {
-	rc := C.tp_wait(c.ch, C.int(ms))
+// wait blocks until a completion event, or until wake is readable (false).
+func (c *device) wait(wake int) (bool, error) {
+	rc := C.tp_wait(c.ch, C.int(wake), -1)
 	if rc < 0 {
 		return false, errors.New("verbs: waiting for a completion event failed")
 	}

@@ -14,8 +14,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/frame"
@@ -72,9 +74,23 @@ type Transport struct {
 
 	wrID    atomic.Uint64
 	waiters sync.Map // wr_id -> chan wc
-	qps     atomic.Int64
-	pollWG  sync.WaitGroup
-	stopPol atomic.Bool
+
+	// health is each device's state (by index), set by asynchronous
+	// events; iqps finds an initiator QP by device and number for them.
+	health       []*devHealth
+	iqps         sync.Map // qpKey -> *iqp
+	sliceRetries atomic.Uint64
+	// testBreak, when set (tests), is asked before a part's first post
+	// whether to move its QP to the error state (its work requests then
+	// flush; on rxe a post runs the transfer inline, so later is too late).
+	testBreak func(dev int) bool
+	qps       atomic.Int64
+	pollWG    sync.WaitGroup
+	stopPol   atomic.Bool
+	// wake is an eventfd the completion and event loops block on next to
+	// their device fds (no timeout, so an idle transport never wakes);
+	// Close makes it readable.
+	wake    int
 	acceptW sync.WaitGroup
 
 	// life: transfers hold it for reading; Close takes it for writing once
@@ -108,15 +124,25 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 		return nil, err
 	}
 	var picks []string
+	var active []DeviceInfo
 	for _, d := range infos {
 		switch {
 		case d.Active && len(cfg.names()) > 0:
 			picks = append(picks, d.Name)
-		case d.Active && len(picks) == 0:
-			picks = append(picks, d.Name) // none named: the first active one
-		case !d.Active && len(cfg.names()) > 0:
+		case d.Active:
+			active = append(active, d)
+		case len(cfg.names()) > 0:
 			return nil, fmt.Errorf("%w: %s port %d is %s", ErrNoDevice, d.Name, d.Port, d.State)
 		}
+	}
+	if len(active) > 0 {
+		// None named: the first active device on this process's NUMA
+		// node, else the first active one.
+		nodes := make([]int, len(active))
+		for i, d := range active {
+			nodes[i] = d.NUMANode
+		}
+		picks = append(picks, active[preferNUMA(nodes, processNode())[0]].Name)
 	}
 	if len(picks) == 0 {
 		return nil, fmt.Errorf("%w: no active port among %d device(s) (%s: %s)", ErrNoDevice, len(infos), infos[0].Name, infos[0].State)
@@ -148,7 +174,8 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 	}
 	t := &Transport{
 		cfg: cfg, lg: lg, devs: devs, table: region.NewTable(), mrs: make(map[rdma.RegionID]*regMRs),
-		peers: make(map[string]*counters.Peer), hs: make(map[*peer]struct{}), in: make(map[net.Conn]struct{}),
+		health: make([]*devHealth, len(devs)),
+		peers:  make(map[string]*counters.Peer), hs: make(map[*peer]struct{}), in: make(map[net.Conn]struct{}),
 		done: make(chan struct{}),
 	}
 	t.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
@@ -158,13 +185,25 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 	if t.addr == "" {
 		t.addr = ln.Addr().String()
 	}
-	for _, dev := range devs {
-		lg.Info("verbs transport up", zap.String("device", dev.info.Name), zap.Int("port", dev.info.Port),
-			zap.String("link_layer", dev.info.LinkLayer), zap.Int("gid_index", dev.info.GIDIndex),
-			zap.String("gid", net.IP(dev.info.GID[:]).String()), zap.Int("mtu", dev.info.ActiveMTU),
-			zap.Int("numa_node", dev.info.NUMANode), zap.String("addr", t.addr))
-		t.pollWG.Add(1)
+	if t.wake, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		_ = t.ln.Close()
+		closeDevs()
+		return nil, fmt.Errorf("verbs: eventfd: %w", err)
+	}
+	if err := forkInit(); err != nil {
+		lg.Warn("ibv_fork_init failed: a child made by fork() may break registrations", zap.Error(err))
+	}
+	for i, dev := range devs {
+		info := dev.cur()
+		lg.Info("verbs transport up", zap.String("device", info.Name), zap.Int("port", info.Port),
+			zap.String("link_layer", info.LinkLayer), zap.Int("gid_index", info.GIDIndex),
+			zap.String("gid", net.IP(info.GID[:]).String()), zap.Int("mtu", info.ActiveMTU),
+			zap.Int("numa_node", info.NUMANode), zap.String("fork_safety", ForkSafety()), zap.String("addr", t.addr))
+		t.health[i] = &devHealth{events: map[string]uint64{}}
+		t.health[i].usable.Store(true)
+		t.pollWG.Add(2)
 		go t.pollLoop(dev)
+		go t.asyncLoop(i)
 	}
 	t.acceptW.Add(1)
 	go t.acceptLoop()
@@ -172,13 +211,13 @@ func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
 }
 
 // Device returns what was discovered about the (first) device in use.
-func (t *Transport) Device() DeviceInfo { return t.devs[0].info }
+func (t *Transport) Device() DeviceInfo { return t.devs[0].cur() }
 
 // Devices returns every device in use.
 func (t *Transport) Devices() []DeviceInfo {
 	out := make([]DeviceInfo, len(t.devs))
 	for i, d := range t.devs {
-		out[i] = d.info
+		out[i] = d.cur()
 	}
 	return out
 }
@@ -231,6 +270,9 @@ func (t *Transport) RegisterAs(buf []byte, d rdma.RegionDesc) error {
 type regMRs struct {
 	addr, size uint64
 	per        []*mr // by device index
+	// order lists the device indices to prefer for this region: those on
+	// the NUMA node of its memory first (preferNUMA).
+	order []int
 }
 
 func (r *regMRs) dereg() error {
@@ -252,6 +294,15 @@ func (t *Transport) regMR(buf []byte, id rdma.RegionID) error {
 		r.addr = m.addr
 		r.per = append(r.per, m)
 	}
+	nodes := make([]int, len(t.devs))
+	for i, d := range t.devs {
+		nodes[i] = d.cur().NUMANode
+	}
+	node := memNode(buf)
+	if node < 0 {
+		node = processNode()
+	}
+	r.order = preferNUMA(nodes, node)
 	t.mrMu.Lock()
 	t.mrs[id] = r
 	t.mrMu.Unlock()
@@ -307,7 +358,11 @@ func (t *Transport) Close() error {
 	t.life.Lock() // every transfer has returned
 	t.life.Unlock()
 	t.stopPol.Store(true)
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(t.wake, one[:])
 	t.pollWG.Wait()
+	_ = unix.Close(t.wake)
 	t.mrMu.Lock()
 	for id, m := range t.mrs {
 		_ = m.dereg()
@@ -349,7 +404,7 @@ func (t *Transport) pollLoop(dev *device) {
 			t.dispatch(buf[:n])
 			continue
 		}
-		if _, err := dev.wait(50); err != nil {
+		if _, err := dev.wait(t.wake); err != nil {
 			t.lg.Error("cq event", zap.Error(err))
 			return
 		}
@@ -778,7 +833,17 @@ func msgText(p []byte) string {
 type iqp struct {
 	q      *qp
 	remote uint32
-	dev    int // local device index
+	dev    int   // local device index
+	p      *peer // the handle whose pool holds it
+	// broken: an asynchronous event reported it failed; put and get
+	// destroy it instead of reusing it.
+	broken atomic.Bool
+}
+
+// qpKey names an initiator QP for asynchronous events.
+type qpKey struct {
+	dev int
+	qpn uint32
 }
 
 // pool is a handle's QPs on one local device.
@@ -851,6 +916,7 @@ func (p *peer) shutdown() {
 	p.mu.Unlock()
 	p.life.Unlock()
 	for q := range all {
+		p.t.iqps.Delete(qpKey{q.dev, q.q.num})
 		q.q.destroy()
 		p.t.qps.Add(-1)
 		p.c.Conn(-1)
@@ -967,11 +1033,16 @@ func (p *peer) get(ctx context.Context, dev int) (*iqp, error) {
 		<-pl.sem
 		return nil, fmt.Errorf("%w: %s", rdma.ErrPeerLost, p.addr)
 	}
-	if n := len(pl.idle); n > 0 {
+	for n := len(pl.idle); n > 0; n = len(pl.idle) {
 		q := pl.idle[n-1]
 		pl.idle = pl.idle[:n-1]
+		if !q.broken.Load() {
+			p.mu.Unlock()
+			return q, nil
+		}
 		p.mu.Unlock()
-		return q, nil
+		p.drop(q) // failed while idle (asynchronous event)
+		p.mu.Lock()
 	}
 	p.mu.Unlock()
 	q, err := p.connectQP(dev)
@@ -1009,7 +1080,7 @@ func (p *peer) connectQP(dev int) (*iqp, error) {
 		}
 		return nil, err
 	}
-	iq := &iqp{q: q, remote: remote.QPN, dev: dev}
+	iq := &iqp{q: q, remote: remote.QPN, dev: dev, p: p}
 	p.mu.Lock()
 	if p.closed || p.lost {
 		p.mu.Unlock()
@@ -1020,6 +1091,7 @@ func (p *peer) connectQP(dev int) (*iqp, error) {
 		return nil, fmt.Errorf("%w: %s", rdma.ErrPeerLost, p.addr)
 	}
 	p.all[iq] = struct{}{}
+	p.t.iqps.Store(qpKey{dev, q.num}, iq)
 	p.mu.Unlock()
 	p.t.qps.Add(1)
 	p.c.Conn(1)
@@ -1032,14 +1104,25 @@ func (p *peer) connectQP(dev int) (*iqp, error) {
 func (p *peer) put(q *iqp, clean bool) {
 	pl := p.pools[q.dev]
 	p.mu.Lock()
-	if clean && !p.closed && !p.lost {
+	if clean && !q.broken.Load() && !p.closed && !p.lost {
 		pl.idle = append(pl.idle, q)
 		p.mu.Unlock()
 		<-pl.sem
 		return
 	}
+	p.mu.Unlock()
+	p.drop(q)
+	<-pl.sem
+}
+
+// drop destroys q and its twin on the owner.
+func (p *peer) drop(q *iqp) {
+	p.mu.Lock()
 	_, tracked := p.all[q]
 	delete(p.all, q)
+	if tracked {
+		p.t.iqps.Delete(qpKey{q.dev, q.q.num})
+	}
 	p.mu.Unlock()
 	if tracked {
 		q.q.destroy()
@@ -1049,7 +1132,6 @@ func (p *peer) put(q *iqp, clean bool) {
 		binary.BigEndian.PutUint32(b, q.remote)
 		_, _ = p.call(msgDestroy, b)
 	}
-	<-pl.sem
 }
 
 // Write implements rdma.Peer.
@@ -1119,8 +1201,16 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	if err := rdma.CheckRange(rm.size, op.RemoteOff, op.Len); err != nil {
 		return fmt.Errorf("remote region %d: %w", op.Remote.ID, err)
 	}
+	// A summed read checks the bytes as its work requests complete (each
+	// landed slice while the next ones are still moving), not after.
+	var dst []byte
+	if op.SumKnown && !write {
+		dst = span.B
+	}
+	var got uint32
 	if op.Len > 0 {
-		err := p.sliced(ctx, write, m, op.LocalOff, rm, op.RemoteOff, op.Len)
+		var err error
+		got, err = p.sliced(ctx, write, m, op.LocalOff, rm, op.RemoteOff, op.Len, dst)
 		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("verbs: %s: %w (%v)", what, ctx.Err(), err)
 		}
@@ -1145,7 +1235,7 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		return nil
 	}
 	if !write {
-		if got := frame.Checksum(span.B); got != op.Sum {
+		if got != op.Sum {
 			return fmt.Errorf("%w: read of %d bytes: crc %08x, want %08x", rdma.ErrChecksum, op.Len, got, op.Sum)
 		}
 		return nil
@@ -1164,44 +1254,260 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 // are multiples of 4 KiB.
 const SliceAcross = 64 << 10
 
-// sliced runs one transfer, cut into one contiguous part per local device
-// when there are several and it is at least SliceAcross long (Mooncake
-// sprays slices over NICs the same way), each part on a QP of its device,
-// all at once; the first error wins.
-func (p *peer) sliced(ctx context.Context, write bool, m *regMRs, loff uint64, rm remoteMR, roff, n uint64) error {
-	parts := uint64(len(p.t.devs))
-	if n < SliceAcross || parts == 1 {
+// sliced runs one transfer on the usable devices, in the local region's
+// NUMA order: cut into one contiguous part per device when there are
+// several and it is at least SliceAcross long (Mooncake sprays slices over
+// NICs the same way), each part on a QP of its device, all at once; a part
+// that fails for a transport reason is moved again on another usable
+// device (part); the first error that remains wins. With dst (the local
+// range of a read) it returns the CRC-32C of the landed bytes, each part
+// summed as its work requests complete and the parts combined.
+func (p *peer) sliced(ctx context.Context, write bool, m *regMRs, loff uint64, rm remoteMR, roff, n uint64, dst []byte) (uint32, error) {
+	devs := p.t.usable(m.order)
+	if len(devs) == 0 {
+		return 0, fmt.Errorf("%w: no usable RDMA device (ports down or failed)", rdma.ErrPeerLost)
+	}
+	parts := uint64(len(devs))
+	if n < SliceAcross {
 		parts = 1
 	}
 	step := (n/parts + 4095) &^ 4095
 	if parts == 1 {
 		step = n
 	}
-	errs := make(chan error, parts)
+	type result struct {
+		i   int
+		crc uint32
+		err error
+	}
+	res := make(chan result, parts)
 	var launched int
 	for i, off := 0, uint64(0); off < n; i, off = i+1, off+step {
 		l := min(step, n-off)
-		dev := i
+		var part []byte
+		if dst != nil {
+			part = dst[off : off+l]
+		}
 		go func() {
-			q, err := p.get(ctx, dev)
-			if err != nil {
-				errs <- err
-				return
-			}
-			rkey := rm.rkeys[dev%len(rm.rkeys)]
-			err = p.run(ctx, q, write, m.addr+loff+off, m.per[dev].lkey, rm.addr+roff+off, rkey, l)
-			p.put(q, err == nil)
-			errs <- err
+			crc, err := p.part(ctx, write, m, loff+off, rm, roff+off, l, part, devs, i)
+			res <- result{i: i, crc: crc, err: err}
 		}()
 		launched++
 	}
+	sums := make([]uint32, launched)
 	var first error
-	for ; launched > 0; launched-- {
-		if err := <-errs; err != nil && first == nil {
-			first = err
+	for k := 0; k < launched; k++ {
+		r := <-res
+		if r.err != nil && first == nil {
+			first = r.err
+		}
+		sums[r.i] = r.crc
+	}
+	if first != nil || dst == nil {
+		return 0, first
+	}
+	crc := sums[0]
+	for i := 1; i < launched; i++ {
+		crc = crcCombine(crc, sums[i], min(step, n-uint64(i)*step))
+	}
+	return crc, nil
+}
+
+// part moves one part on devs[first]; when that fails for a transport
+// reason (an error completion, a QP that could not be made) and the owner
+// still answers, it moves the whole part again on the next usable device,
+// each at most once, before the error goes up (and auto falls back to
+// TCP). A failed run has waited for its flushed completions, so the local
+// range is no longer written when the next device rewrites it.
+func (p *peer) part(ctx context.Context, write bool, m *regMRs, loff uint64, rm remoteMR, roff, n uint64, dst []byte, devs []int, first int) (uint32, error) {
+	var err error
+	for k := 0; k < len(devs); k++ {
+		dev := devs[(first+k)%len(devs)]
+		if k > 0 {
+			if !p.t.health[dev].usable.Load() {
+				continue
+			}
+			if ctx.Err() != nil || !(errors.Is(err, rdma.ErrPeerLost) || errors.Is(err, errQP)) {
+				break
+			}
+			if _, perr := p.call(msgPing, nil); perr != nil {
+				break // the owner is gone, not a device
+			}
+			p.t.sliceRetries.Add(1)
+			p.t.lg.Warn("RDMA part failed: moving it on another device", zap.String("peer", p.addr),
+				zap.String("failed", p.t.devs[devs[(first+k-1)%len(devs)]].cur().Name),
+				zap.String("device", p.t.devs[dev].cur().Name), zap.Error(err))
+		}
+		q, gerr := p.get(ctx, dev)
+		if gerr != nil {
+			err = gerr
+			continue
+		}
+		rkey := rm.rkeys[dev%len(rm.rkeys)]
+		crc, rerr := p.run(ctx, q, write, m.addr+loff, m.per[dev].lkey, rm.addr+roff, rkey, n, dst)
+		p.put(q, rerr == nil)
+		if rerr == nil {
+			return crc, nil
+		}
+		err = rerr
+	}
+	return 0, err
+}
+
+// usable returns the devices of order whose port is usable now.
+func (t *Transport) usable(order []int) []int {
+	out := make([]int, 0, len(order))
+	for _, i := range order {
+		if t.health[i].usable.Load() {
+			out = append(out, i)
 		}
 	}
-	return first
+	return out
+}
+
+// ---- asynchronous events ----
+
+// devHealth is what asynchronous events said about a device.
+type devHealth struct {
+	usable atomic.Bool // port active and no fatal event
+	fatal  atomic.Bool // device_fatal or cq_err: unusable until restart
+	mu     sync.Mutex
+	events map[string]uint64
+}
+
+func (h *devHealth) count(name string) {
+	h.mu.Lock()
+	h.events[name]++
+	h.mu.Unlock()
+}
+
+// Health reports every device's state and its asynchronous events.
+func (t *Transport) Health() []DeviceHealth {
+	out := make([]DeviceHealth, len(t.devs))
+	for i, d := range t.devs {
+		h := t.health[i]
+		info := d.cur()
+		out[i] = DeviceHealth{Name: info.Name, NUMANode: info.NUMANode, Usable: h.usable.Load(), Events: map[string]uint64{}}
+		h.mu.Lock()
+		for k, v := range h.events {
+			out[i].Events[k] = v
+		}
+		h.mu.Unlock()
+	}
+	return out
+}
+
+// SliceRetries counts parts moved again on another device after a
+// transport failure on theirs.
+func (t *Transport) SliceRetries() uint64 { return t.sliceRetries.Load() }
+
+// asyncLoop reads the device's asynchronous events (each acknowledged at
+// once) until Close, and acts on them (onEvent).
+func (t *Transport) asyncLoop(i int) {
+	defer t.pollWG.Done()
+	dev := t.devs[i]
+	for !t.stopPol.Load() {
+		ev, ok, err := dev.asyncWait(t.wake)
+		if err != nil {
+			t.lg.Error("async events", zap.String("device", dev.cur().Name), zap.Error(err))
+			return
+		}
+		if ok {
+			t.onEvent(i, ev)
+		}
+	}
+}
+
+// onEvent: a port going down makes the device unusable for new transfers
+// (transfers in flight end on RC retries or succeed); a port coming up, or
+// a GID/LID change, re-queries the port (new GID for new QPs) and makes it
+// usable again; a QP error marks that initiator QP broken and moves it to
+// the error state, so its transfer fails now and the QP is rebuilt; a
+// device or CQ fatal error makes the device unusable until restart and
+// breaks its QPs. Every event is counted (Health).
+func (t *Transport) onEvent(i int, ev asyncEvent) {
+	dev, h := t.devs[i], t.health[i]
+	h.count(ev.name)
+	name := dev.cur().Name
+	lg := t.lg.With(zap.String("device", name), zap.String("event", ev.name))
+	switch ev.name {
+	case "port_err":
+		if ev.port == dev.cur().Port {
+			h.usable.Store(false)
+			lg.Warn("RDMA port down: device unusable until it comes back", zap.Int("port", ev.port))
+		}
+	case "port_active", "gid_change", "lid_change", "pkey_change", "sm_change", "client_reregister":
+		if ev.port != dev.cur().Port {
+			return
+		}
+		info, err := dev.refresh()
+		switch {
+		case err != nil:
+			h.usable.Store(false)
+			lg.Warn("RDMA port query after event failed: device unusable", zap.Error(err))
+		case info.Active && !h.fatal.Load():
+			h.usable.Store(true)
+			lg.Info("RDMA port usable", zap.Int("gid_index", info.GIDIndex),
+				zap.String("gid", net.IP(info.GID[:]).String()), zap.Int("mtu", info.ActiveMTU))
+		case !info.Active:
+			h.usable.Store(false)
+		}
+	case "qp_fatal", "qp_req_err", "qp_access_err", "path_mig_err":
+		if v, ok := t.iqps.Load(qpKey{i, ev.qpn}); ok {
+			q := v.(*iqp)
+			q.p.mu.Lock()
+			if _, live := q.p.all[q]; live {
+				q.broken.Store(true)
+				_ = q.q.toError()
+			}
+			q.p.mu.Unlock()
+		}
+		lg.Warn("RDMA queue pair failed: rebuilt on next use", zap.Uint32("qpn", ev.qpn))
+	case "cq_err", "device_fatal":
+		h.fatal.Store(true)
+		h.usable.Store(false)
+		t.iqps.Range(func(k, v any) bool {
+			if k.(qpKey).dev == i {
+				q := v.(*iqp)
+				q.p.mu.Lock()
+				if _, live := q.p.all[q]; live {
+					q.broken.Store(true)
+					_ = q.q.toError()
+				}
+				q.p.mu.Unlock()
+			}
+			return true
+		})
+		lg.Error("RDMA device failed: unusable until restart")
+	default:
+		lg.Debug("RDMA asynchronous event")
+	}
+}
+
+// memNode is the NUMA node of b's first page (registered, so present),
+// or -1.
+func memNode(b []byte) int {
+	if len(b) == 0 {
+		return -1
+	}
+	var node int32
+	const mpolFNode, mpolFAddr = 1, 2
+	_, _, e := unix.Syscall6(unix.SYS_GET_MEMPOLICY, uintptr(unsafe.Pointer(&node)), 0, 0,
+		uintptr(unsafe.Pointer(&b[0])), mpolFNode|mpolFAddr, 0)
+	if e != 0 {
+		return -1
+	}
+	return int(node)
+}
+
+// processNode is the NUMA node of the CPU this thread runs on, or -1.
+func processNode() int {
+	var cpu, node uint32
+	_, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), uintptr(unsafe.Pointer(&node)), 0)
+	if e != 0 {
+		return -1
+	}
+	return int(node)
 }
 
 // remoteMR is a resolved remote region.
@@ -1260,7 +1566,11 @@ func (p *peer) isClosed() bool {
 // ctx ends first, the QP is moved to the error state so that the posted
 // requests flush, and run still waits for their completions: when it
 // returns, the device no longer touches the local range.
-func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey uint32, raddr uint64, rkey uint32, n uint64) error {
+//
+// With dst (the n local bytes of a read) it returns their CRC-32C, summing
+// each slice as soon as its completion arrived: an RC send queue completes
+// in order, so the slices are summed in order while later ones still move.
+func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey uint32, raddr uint64, rkey uint32, n uint64, dst []byte) (uint32, error) {
 	t := p.t
 	depth := t.cfg.QueueDepth
 	slice := uint64(t.cfg.SliceSize)
@@ -1272,6 +1582,7 @@ func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey u
 	total := int((n + slice - 1) / slice)
 	posted, done := 0, 0
 	var first error
+	var crc uint32
 	ctxDone := ctx.Done()
 	var flushTimer <-chan time.Time
 	ws := make([]wr, 0, depth)
@@ -1283,6 +1594,10 @@ func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey u
 				l := min(slice, n-i*slice)
 				ws = append(ws, mkWR(id, laddr+i*slice, raddr+i*slice, uint32(l), lkey, rkey))
 			}
+			if posted == 0 && t.testBreak != nil && t.testBreak(q.dev) {
+				q.broken.Store(true)
+				_ = q.q.toError() // what is posted now flushes
+			}
 			if err := q.q.post(write, ws); err != nil {
 				first = fmt.Errorf("%w: %w", rdma.ErrPeerLost, err)
 				_ = q.q.toError()
@@ -1291,13 +1606,17 @@ func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey u
 			}
 		}
 		if done == posted && (first != nil || posted == total) {
-			return first
+			return crc, first
 		}
 		select {
 		case w := <-ch:
 			done++
 			if w.status != wcSuccess && first == nil {
 				first = statusErr(uint32(w.status), uint32(w.vendor_err), raddr, n)
+			}
+			if first == nil && dst != nil {
+				i := uint64(done - 1)
+				crc = frame.UpdateChecksum(crc, dst[i*slice:min((i+1)*slice, n)])
 			}
 		case <-ctxDone:
 			ctxDone = nil
@@ -1310,7 +1629,7 @@ func (p *peer) run(ctx context.Context, q *iqp, write bool, laddr uint64, lkey u
 			// The device never flushed: leave the QP broken (put destroys
 			// it) rather than wait forever.
 			t.lg.Error("queue pair did not flush", zap.Int("outstanding", posted-done))
-			return first
+			return 0, first
 		}
 	}
 }
