@@ -21,7 +21,10 @@ func rdmaMembers(t *testing.T) (dev string, a, b *clusterMember) {
 	if dev == "" {
 		t.Skip("needs an RDMA device (make test-rdma)")
 	}
-	extra := []string{"--transport", "rdma", "--rdma-device", dev}
+	// The guest runs under emulation (TCG) on a shared host: an owner's
+	// answer can take longer than the default 500 ms answer budget, which
+	// would turn a slow fetch into a miss (seen once on a loaded host).
+	extra := []string{"--transport", "rdma", "--rdma-device", dev, "--remote-timeout", "5s"}
 	a = clusterArgs(t, "rdma-a", "")
 	a.d = startDaemon(t, append(a.args, extra...)...)
 	b = clusterArgs(t, "rdma-b", a.gossip)
