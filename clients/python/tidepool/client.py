@@ -9,6 +9,7 @@ import collections
 import contextlib
 import mmap
 import os
+import time
 
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
@@ -17,9 +18,17 @@ from .checksum import FAST as CRC_FAST
 from .checksum import crc32c, from_i32, to_i32
 from .gen import Tidepool
 from .gen import ttypes as T
+from .transport import FramedTransport
 
 ARENA_LAYOUT_VERSION = 1
 CLIENT_VERSION = 1
+
+# HelloResponse.features: Acquire honours release_lease_ids.
+FEATURE_ACQUIRE_RELEASE = "acquire_release"
+# A finished read's leases ride on the next Acquire only when its copy ended
+# at least this long before the lease deadline (as the Go client's GetInto);
+# otherwise they are released at once and an expired one fails the read.
+RELEASE_MARGIN_MS = 100
 
 ErrorCode = T.ErrorCode
 Scope = T.Scope
@@ -91,11 +100,11 @@ class Client:
     """A connection to the sidecar's Unix socket (binary protocol; framed
     transport by default, buffered with framed=False)."""
 
-    def __init__(self, socket_path, framed=True, timeout=30.0, client_name="tidepool-py"):
+    def __init__(self, socket_path, framed=True, timeout=30.0, client_name="tidepool-py", lazy_release=True):
         sock = TSocket.TSocket(unix_socket=socket_path)
         sock.setTimeout(int(timeout * 1000))
         if framed:
-            self._transport = TTransport.TFramedTransport(sock)
+            self._transport = FramedTransport(sock)
         else:
             self._transport = TTransport.TBufferedTransport(sock)
         try:
@@ -111,13 +120,35 @@ class Client:
         self._cw = Tidepool.Client(proto, TBinaryProtocol.TBinaryProtocol(self._transport))
         self._name = client_name
         self._arenas = None
+        # Lazy release (batch_get_into, get_into): the leases of a finished
+        # copy are queued and ride on the next Acquire (release_lease_ids)
+        # when the server lists FEATURE_ACQUIRE_RELEASE, instead of a
+        # Release round trip of their own.
+        self._lazy = lazy_release
+        self._acq_release = False  # learnt from Hello in _map
+        self._max_batch = 256  # learnt from Hello in _map
+        self._pending = []  # lease ids queued for release
         self._transport.open()
 
     def close(self):
-        """Unmaps the arenas and closes the connection. Views returned by
-        slot_view must have been released first."""
+        """Releases the queued leases, unmaps the arenas and closes the
+        connection. Views returned by slot_view must have been released
+        first."""
+        try:
+            self.flush_releases()
+        except Exception:  # the leases lapse at their deadlines anyway
+            pass
         self._unmap()
         self._transport.close()
+
+    def flush_releases(self):
+        """Sends the leases queued by lazy release now (one Release call).
+        A client that goes idle after a read holds those blocks pinned until
+        its next zero-copy read, this call, close(), or the leases' deadline
+        (the server's lease_timeout, 5 s by default), whichever comes first."""
+        if self._pending:
+            ids, self._pending = self._pending, []
+            self.release(ids)
 
     def __enter__(self):
         return self
@@ -219,10 +250,17 @@ class Client:
     def abort(self, tokens):
         return _codes(self._call(self._c.Abort, T.AbortRequest(tokens=list(tokens))).results)
 
-    def acquire(self, ns, keys, lease_ms=0, scope=Scope.DEFAULT):
+    def acquire(self, ns, keys, lease_ms=0, scope=Scope.DEFAULT, release=None):
         """Pins blocks; returns ([Lease], deadline_ms). Every OK lease MUST
-        be released (or left to expire: then its bytes must not be read)."""
-        r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=list(keys), lease_ms=lease_ms, scope=scope))
+        be released (or left to expire: then its bytes must not be read).
+
+        release: lease ids to release first, in the same call (a server
+        whose Hello lists FEATURE_ACQUIRE_RELEASE; an older one ignores
+        them and they stay pinned until their deadline). No outcome is
+        answered per id: release them this way only after checking the
+        copies against their deadline."""
+        r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=list(keys), lease_ms=lease_ms, scope=scope,
+                                                         release_lease_ids=list(release) if release else None))
         return [Lease(x.code, _slot(x.slot), x.lease_id, from_i32(x.checksum), x.tier) for x in r.results], \
             r.deadline_unix_ms
 
@@ -247,6 +285,9 @@ class Client:
         if h.layout_version != ARENA_LAYOUT_VERSION:
             raise Error(ErrorCode.UNAVAILABLE, "arena layout version %d, this client knows %d"
                         % (h.layout_version, ARENA_LAYOUT_VERSION))
+        self._acq_release = FEATURE_ACQUIRE_RELEASE in (h.features or ())
+        if h.limits is not None and h.limits.max_batch > 0:
+            self._max_batch = h.limits.max_batch
         arenas = []
         try:
             for i, a in enumerate(h.arenas):
@@ -398,33 +439,48 @@ class Client:
         keys = list(keys)
         if len(buffers) != len(keys):
             raise ValueError("one buffer per key")
-        self._map()
-        leases, _ = self.acquire(ns, keys, scope=scope)
+        arenas = self._map()
+        # Queued leases ride along (never more than max_batch: see below).
+        pending, self._pending = self._pending or None, []
+        r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=keys, scope=scope, release_lease_ids=pending))
+        leases = r.results
         out, err = [None] * len(keys), None
         held = [l.lease_id for l in leases if l.code == OK]
+        done = False
         try:
             for i, (l, buf) in enumerate(zip(leases, buffers)):
-                if l.code == NOT_FOUND:
+                code = l.code
+                if code == NOT_FOUND:
                     continue
-                if l.code != OK:
-                    err = err or Error(l.code, "acquire of key %d" % i)
+                if code != OK:
+                    err = err or Error(code, "acquire of key %d" % i)
                     continue
+                s = l.slot
                 dst = memoryview(buf).cast("B")
-                n = l.slot.length
+                n = s.length
                 if n > len(dst):
                     err = err or Error(ErrorCode.TOO_LARGE, "block %d is %d bytes, buffer %d" % (i, n, len(dst)))
                     continue
-                src = self.slot_view(l.slot)
-                try:
-                    dst[:n] = src
-                finally:
-                    src.release()
-                if verify and crc32c(dst[:n]) != l.checksum:
+                if not 0 <= s.arena < len(arenas) or s.offset < 0 or n < 0 \
+                        or s.offset + n > arenas[s.arena].size:
+                    raise Error(ErrorCode.INTERNAL, "slot %r outside the arenas" % (_slot(s),))
+                dst[:n] = arenas[s.arena].view[s.offset:s.offset + n]
+                if verify and crc32c(dst[:n]) != from_i32(l.checksum):
                     err = err or Error(ErrorCode.CHECKSUM_MISMATCH, "block %d" % i)
                     continue
                 out[i] = n
+            done = True
         finally:
-            rel = self.release(held) if held else []
+            rel = []
+            if held:
+                if (done and self._lazy and self._acq_release and err is None
+                        and time.time() * 1000 + RELEASE_MARGIN_MS < r.deadline_unix_ms
+                        and len(self._pending) + len(held) <= self._max_batch):
+                    # Copied well before the deadline: the bytes were pinned
+                    # throughout, so the release needs no answer.
+                    self._pending.extend(held)
+                else:
+                    rel = self.release(held)
         if any(c != OK for c in rel):
             raise Error(ErrorCode.LEASE_EXPIRED, "a lease expired during the copy; retry")
         if err is not None:
