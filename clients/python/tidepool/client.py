@@ -17,8 +17,8 @@ from thrift.transport import TSocket, TTransport
 from .checksum import FAST as CRC_FAST
 from .checksum import crc32c, from_i32, to_i32
 from .gen import Tidepool
+from .transport import FramedSocketTransport
 from .gen import ttypes as T
-from .transport import FramedTransport
 
 ARENA_LAYOUT_VERSION = 1
 CLIENT_VERSION = 1
@@ -104,7 +104,7 @@ class Client:
         sock = TSocket.TSocket(unix_socket=socket_path)
         sock.setTimeout(int(timeout * 1000))
         if framed:
-            self._transport = FramedTransport(sock)
+            self._transport = FramedSocketTransport(sock)
         else:
             self._transport = TTransport.TBufferedTransport(sock)
         try:

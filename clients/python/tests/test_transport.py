@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Offline tests of tidepool.transport.FramedSocketTransport over a socket
+pair (run by scripts/test-python-client.sh)."""
+
+import os
+import socket
+import struct
+import sys
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from thrift.transport.TTransport import TTransportException  # noqa: E402
+
+from tidepool.transport import FramedSocketTransport  # noqa: E402
+
+
+class _Sock:
+    """The part of thrift's TSocket the transport uses."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def isOpen(self):
+        return self.handle is not None
+
+    def open(self):
+        pass
+
+    def close(self):
+        self.handle.close()
+
+
+def pair():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.settimeout(10)
+    b.settimeout(10)
+    return FramedSocketTransport(_Sock(a)), b
+
+
+def send_in_pieces(sock, data, piece):
+    for i in range(0, len(data), piece):
+        sock.sendall(data[i:i + piece])
+
+
+class FramedSocketTransportTest(unittest.TestCase):
+    def test_frames_arriving_in_pieces(self):
+        t, peer = pair()
+        frames = [b"", b"x", os.urandom(100000), os.urandom(3 << 20)]
+        wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
+        sender = threading.Thread(target=send_in_pieces, args=(peer, wire, 7777))
+        sender.start()
+        for f in frames:
+            t.readFrame()
+            self.assertEqual(t.cstringio_buf.getvalue(), f)
+        sender.join()
+        t.cstringio_buf.read()  # the last frame, used up
+        # read() continues with the next frame once one is used up.
+        peer.sendall(struct.pack("!i", 3) + b"abc" + struct.pack("!i", 2) + b"de")
+        self.assertEqual(t.read(2), b"ab")
+        self.assertEqual(t.read(5), b"c")
+        self.assertEqual(t.read(5), b"de")
+
+    def test_write_is_one_frame(self):
+        t, peer = pair()
+        payload = os.urandom(2 << 20)
+        t.write(payload[:10])
+        t.write(payload[10:])
+        got = bytearray()
+        reader = threading.Thread(target=lambda: got.extend(recv_exactly(peer, 4 + len(payload))))
+        reader.start()
+        t.flush()
+        reader.join()
+        self.assertEqual(struct.unpack("!i", got[:4])[0], len(payload))
+        self.assertEqual(bytes(got[4:]), payload)
+        t.flush()  # an empty frame, as TFramedTransport sends
+        self.assertEqual(recv_exactly(peer, 4), struct.pack("!i", 0))
+
+    def test_bad_frame_sizes_refused_before_reading(self):
+        for size, kind in ((-1, TTransportException.NEGATIVE_SIZE), (1 << 30, TTransportException.SIZE_LIMIT)):
+            t, peer = pair()
+            peer.sendall(struct.pack("!i", size))
+            with self.assertRaises(TTransportException) as cm:
+                t.readFrame()
+            self.assertEqual(cm.exception.type, kind)
+
+    def test_peer_closing_mid_frame(self):
+        t, peer = pair()
+        peer.sendall(struct.pack("!i", 10) + b"abc")
+        peer.close()
+        with self.assertRaises(TTransportException) as cm:
+            t.readFrame()
+        self.assertEqual(cm.exception.type, TTransportException.END_OF_FILE)
+
+
+def recv_exactly(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf.extend(chunk)
+    return bytes(buf)
+
+
+if __name__ == "__main__":
+    unittest.main()
