@@ -41,7 +41,10 @@
 #   MC_THREADS      the Mooncake real client's service threads (default nproc)
 #   TIDEPOOL_BIN    a prebuilt tidepool binary (default: built from this tree)
 #   TP_VERIFY       0 passes verify=False to the tidepool Python client's
-#                   zero-copy calls (default: the client's own default)
+#                   zero-copy calls, 1 verify=True (default: the client's
+#                   own default)
+#   TP_CLIENT       another copy of clients/python to drive tidepool with
+#                   (a before/after comparison; default: this tree's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -37,10 +37,12 @@ engine). Per workload:
                        uses `tidepool replay`): see replay().
 
 Where the clients differ: tidepool's client, on its defaults (which the
-driver keeps), checks every zero-copy read against the block's CRC-32C (the
-`crc32c` C module, hardware CRC) and sends the CRC-32C of every zero-copy
-put for the sidecar to check at Commit; Mooncake's client checks nothing.
-TP_VERIFY=0 passes verify=False to tidepool's zero-copy calls.
+driver keeps), sends the CRC-32C of every zero-copy put (the `crc32c` C
+module, hardware CRC) for the sidecar to check at Commit; it does not check
+zero-copy reads (the sidecar checks bytes where they enter and scrubs
+resident blocks; verify=True would). Mooncake's client checks nothing.
+TP_VERIFY=0 passes verify=False to tidepool's zero-copy calls; TP_VERIFY=1
+passes verify=True (reads checked too).
 """
 
 import argparse
@@ -54,11 +56,14 @@ import time
 
 MIB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+# TP_CLIENT: another copy of clients/python to measure (say, main's, for a
+# before/after comparison in one run); default: this tree's.
+sys.path.insert(0, os.environ.get("TP_CLIENT") or os.path.join(HERE, "..", "..", "clients", "python"))
 
-# TP_VERIFY=0: verify=False on every tidepool zero-copy call; otherwise the
-# client's own default (None), whatever that is in the client being measured.
-_VERIFY_ARG = False if os.environ.get("TP_VERIFY", "1") == "0" else None
+# TP_VERIFY=0: verify=False on every tidepool zero-copy call, 1: verify=True;
+# unset: the client's own default (None), whatever that is in the client
+# being measured.
+_VERIFY_ARG = {"0": False, "1": True}.get(os.environ.get("TP_VERIFY", ""))
 
 
 # ---------------------------------------------------------------- adapters --

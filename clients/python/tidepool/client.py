@@ -7,6 +7,7 @@ for the zero-copy calls belong to the Client and go away with close().
 
 import collections
 import contextlib
+import errno
 import mmap
 import os
 import time
@@ -64,6 +65,26 @@ def _slot(s):
 
 def _codes(results):
     return [r.code for r in results]
+
+
+# The most buffers one pwritev is given (Linux's IOV_MAX is 1024).
+_MAX_IOV = 512
+
+
+def _pwritev_all(fd, bufs, off):
+    """Writes bufs (byte memoryviews) back to back at off, all of them."""
+    bufs = [b for b in bufs if len(b)]
+    i = 0
+    while i < len(bufs):
+        done = os.pwritev(fd, bufs[i:i + _MAX_IOV], off)
+        if done <= 0:
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        off += done
+        while i < len(bufs) and done >= len(bufs[i]):
+            done -= len(bufs[i])
+            i += 1
+        if done:
+            bufs[i] = bufs[i][done:]
 
 
 class _Arena:
@@ -390,28 +411,46 @@ class Client:
         bytes on the socket. Returns one ErrorCode per item (OK, EXISTS, or
         the item's error). verify (default: when a fast CRC-32C is installed)
         sends the client's checksum for the server to check; else the server
-        computes it from the arena."""
+        computes it from the arena. Slots that follow one another in an
+        arena (as a batch's usually do) are written with one pwritev."""
         if verify is None:
             verify = CRC_FAST
         items = list(items)
         bufs = [memoryview(it[1]).cast("B") for it in items]
-        self._map()
-        rs = self.reserve(ns, [(it[0], len(b), it[2] if len(it) > 2 else 0) for it, b in zip(items, bufs)], ttl_ms)
+        arenas = self._map()
+        req = T.ReserveRequest(ns=ns, ttl_ms=ttl_ms, durable=False, items=[
+            T.ReserveItem(key=it[0], size=len(b), depth=it[2] if len(it) > 2 else 0) for it, b in zip(items, bufs)])
+        rs = self._call(self._c.Reserve, req).results
         codes = [r.code for r in rs]
         commits, where = [], []
+        run_fd, run_off, run_end, run = None, 0, 0, []
         try:
             for i, (r, b) in enumerate(zip(rs, bufs)):
                 if r.code != OK:
                     continue
-                self.write_slot(r.slot, b)
-                commits.append((r.token, crc32c(b) if verify else None))
+                s, n = r.slot, len(b)
+                if s is None or not 0 <= s.arena < len(arenas) or s.offset < 0 or s.length != n \
+                        or s.offset + n > arenas[s.arena].size:
+                    raise Error(ErrorCode.INTERNAL, "slot %r for %d bytes outside the arenas" % (_slot(s), n))
+                fd = arenas[s.arena].fd
+                if fd == run_fd and s.offset == run_end:
+                    run.append(b)
+                    run_end += n
+                else:
+                    if run:
+                        _pwritev_all(run_fd, run, run_off)
+                    run_fd, run_off, run_end, run = fd, s.offset, s.offset + n, [b]
+                commits.append(T.CommitItem(token=r.token, has_checksum=bool(verify),
+                                            checksum=to_i32(crc32c(b)) if verify else 0))
                 where.append(i)
+            if run:
+                _pwritev_all(run_fd, run, run_off)
         except BaseException:
             self.abort([r.token for r in rs if r.code == OK])
             raise
         if commits:
-            for i, code in zip(where, self.commit(commits)):
-                codes[i] = code
+            for i, r in zip(where, self._call(self._c.Commit, T.CommitRequest(items=commits)).results):
+                codes[i] = r.code
         return codes
 
     def put_from(self, ns, key, buf, depth=0, verify=None):
