@@ -45,6 +45,10 @@
 #                   own default)
 #   TP_CLIENT       another copy of clients/python to drive tidepool with
 #                   (a before/after comparison; default: this tree's)
+#   TP_OWNED_KEYS   0: tidepool's local put rows write fresh keys whatever
+#                   their owner (half of them are then pushed to node 2 as
+#                   well); default 1: keys node 1 owns, one copy, as
+#                   Mooncake's preferred_segment (bench/mooncake/driver.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -224,7 +228,7 @@ run_driver() { # SYSTEM ROUND LABEL WORKLOAD CONC ARGS...
 		--duration "$DURATION" "${nodes[@]}" "$@" 2>>"$WORK/driver-$sys.log" | tail -n 1); then
 		"$PY" -c 'import json, sys; d = json.loads(sys.argv[1]); d.update(round=int(sys.argv[2]), label=sys.argv[3]); print(json.dumps(d))' \
 			"$out" "$round" "$label" >>"$RESULTS"
-		log "round $round $sys $label: $(jq -r '"\(.value) \(.unit) (\(.ok) ok, \(.fail) failed)"' <<<"$out" 2>/dev/null || echo "$out")"
+		log "round $round $sys $label: $(jq -r '"\(.value) \(.unit) (\(.ok) ok, \(.fail) failed\(if .owned_keys then ", \(.exhausted) of them not on owned keys" else "" end))"' <<<"$out" 2>/dev/null || echo "$out")"
 	else
 		log "round $round $sys $label: driver failed: $(grep -v "^[IWE][0-9]" "$WORK/driver-$sys.log" | tail -n 1)"
 	fi

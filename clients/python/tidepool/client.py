@@ -10,6 +10,7 @@ import contextlib
 import errno
 import mmap
 import os
+import socket
 import time
 
 from thrift.protocol import TBinaryProtocol
@@ -87,6 +88,26 @@ def _pwritev_all(fd, bufs, off):
             bufs[i] = bufs[i][done:]
 
 
+# The send buffer asked for the connection (SO_SNDBUF; Linux doubles it and
+# caps the request at net.core.wmem_max). On a Unix socket the sender's
+# buffer bounds what is queued for the reader: with the default (208 KiB) a
+# 1 MiB Put is five partial sends, each waiting for the sidecar to drain
+# the queue; with a buffer above the request size it is one. The sidecar
+# does the same for its replies (proxy/engineapi/sockbuf.go).
+SEND_BUFFER = 4 << 20
+
+
+def _grow_send_buffer(tsock):
+    """Best effort: a refusal (or a cap) only costs speed."""
+    h = getattr(tsock, "handle", None)
+    if h is None:
+        return
+    try:
+        h.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    except OSError:
+        pass
+
+
 class _Arena:
     """One arena file: mapped read-only, and a descriptor to write slots."""
 
@@ -150,6 +171,7 @@ class Client:
         self._max_batch = 256  # learnt from Hello in _map
         self._pending = []  # lease ids queued for release
         self._transport.open()
+        _grow_send_buffer(sock)
 
     def close(self):
         """Releases the queued leases, unmaps the arenas and closes the
