@@ -166,8 +166,11 @@ start_mooncake() {
 }
 
 # ---- tidepool: two clustered sidecars ---------------------------------------
-head -c 32 /dev/urandom >"$WORK/gossip.key"
-head -c 32 /dev/urandom >"$WORK/peer.secret"
+# Base64, not raw: serve trims white space around a key file's contents, so
+# 32 raw random bytes that end in one (about 1 run in 40) make a 31-byte key
+# and serve refuses to start.
+head -c 32 /dev/urandom | base64 >"$WORK/gossip.key"
+head -c 32 /dev/urandom | base64 >"$WORK/peer.secret"
 chmod 0600 "$WORK/gossip.key" "$WORK/peer.secret"
 g1=127.0.0.1:$(free_port)
 for i in 1 2; do
