@@ -86,6 +86,10 @@ struct HelloResponse {
     // Shared arenas for the zero-copy calls, and their layout version.
     6: list<ArenaInfo> arenas,
     7: i32 layout_version,
+    // Optional behaviours of this server, by name, for clients to use only
+    // when listed (an older server leaves the list empty):
+    //   "acquire_release"  AcquireRequest.release_lease_ids is honoured.
+    8: list<string> features,
 }
 
 struct PutRequest {
@@ -326,6 +330,14 @@ struct AcquireRequest {
     // Lease length; 0 = the server's default.
     3: i32 lease_ms,
     4: Scope scope,
+    // Leases to release before acquiring: a client's finished reads riding
+    // along instead of a Release call of their own (servers whose Hello
+    // lists the feature "acquire_release"; an older server ignores the
+    // field, so the leases would stay pinned until their deadline). No
+    // per-id outcome is answered: an id not held is ignored, and a client
+    // that sends one here has checked its copy against the lease's
+    // deadline itself. At most max_batch ids.
+    5: list<i64> release_lease_ids,
 }
 
 struct Lease {

@@ -41,7 +41,14 @@
 #   MC_THREADS      the Mooncake real client's service threads (default nproc)
 #   TIDEPOOL_BIN    a prebuilt tidepool binary (default: built from this tree)
 #   TP_VERIFY       0 passes verify=False to the tidepool Python client's
-#                   zero-copy calls (default: the client's own default)
+#                   zero-copy calls, 1 verify=True (default: the client's
+#                   own default)
+#   TP_CLIENT       another copy of clients/python to drive tidepool with
+#                   (a before/after comparison; default: this tree's)
+#   TP_OWNED_KEYS   0: tidepool's local put rows write fresh keys whatever
+#                   their owner (half of them are then pushed to node 2 as
+#                   well); default 1: keys node 1 owns, one copy, as
+#                   Mooncake's preferred_segment (bench/mooncake/driver.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -159,8 +166,11 @@ start_mooncake() {
 }
 
 # ---- tidepool: two clustered sidecars ---------------------------------------
-head -c 32 /dev/urandom >"$WORK/gossip.key"
-head -c 32 /dev/urandom >"$WORK/peer.secret"
+# Base64, not raw: serve trims white space around a key file's contents, so
+# 32 raw random bytes that end in one (about 1 run in 40) make a 31-byte key
+# and serve refuses to start.
+head -c 32 /dev/urandom | base64 >"$WORK/gossip.key"
+head -c 32 /dev/urandom | base64 >"$WORK/peer.secret"
 chmod 0600 "$WORK/gossip.key" "$WORK/peer.secret"
 g1=127.0.0.1:$(free_port)
 for i in 1 2; do
@@ -221,7 +231,7 @@ run_driver() { # SYSTEM ROUND LABEL WORKLOAD CONC ARGS...
 		--duration "$DURATION" "${nodes[@]}" "$@" 2>>"$WORK/driver-$sys.log" | tail -n 1); then
 		"$PY" -c 'import json, sys; d = json.loads(sys.argv[1]); d.update(round=int(sys.argv[2]), label=sys.argv[3]); print(json.dumps(d))' \
 			"$out" "$round" "$label" >>"$RESULTS"
-		log "round $round $sys $label: $(jq -r '"\(.value) \(.unit) (\(.ok) ok, \(.fail) failed)"' <<<"$out" 2>/dev/null || echo "$out")"
+		log "round $round $sys $label: $(jq -r '"\(.value) \(.unit) (\(.ok) ok, \(.fail) failed\(if .owned_keys then ", \(.exhausted) of them not on owned keys" else "" end))"' <<<"$out" 2>/dev/null || echo "$out")"
 	else
 		log "round $round $sys $label: driver failed: $(grep -v "^[IWE][0-9]" "$WORK/driver-$sys.log" | tail -n 1)"
 	fi

@@ -37,10 +37,12 @@ engine). Per workload:
                        uses `tidepool replay`): see replay().
 
 Where the clients differ: tidepool's client, on its defaults (which the
-driver keeps), checks every zero-copy read against the block's CRC-32C (the
-`crc32c` C module, hardware CRC) and sends the CRC-32C of every zero-copy
-put for the sidecar to check at Commit; Mooncake's client checks nothing.
-TP_VERIFY=0 passes verify=False to tidepool's zero-copy calls.
+driver keeps), sends the CRC-32C of every zero-copy put (the `crc32c` C
+module, hardware CRC) for the sidecar to check at Commit; it does not check
+zero-copy reads (the sidecar checks bytes where they enter and scrubs
+resident blocks; verify=True would). Mooncake's client checks nothing.
+TP_VERIFY=0 passes verify=False to tidepool's zero-copy calls; TP_VERIFY=1
+passes verify=True (reads checked too).
 """
 
 import argparse
@@ -54,11 +56,21 @@ import time
 
 MIB = 1 << 20
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+# TP_CLIENT: another copy of clients/python to measure (say, main's, for a
+# before/after comparison in one run); default: this tree's.
+sys.path.insert(0, os.environ.get("TP_CLIENT") or os.path.join(HERE, "..", "..", "clients", "python"))
 
-# TP_VERIFY=0: verify=False on every tidepool zero-copy call; otherwise the
-# client's own default (None), whatever that is in the client being measured.
-_VERIFY_ARG = False if os.environ.get("TP_VERIFY", "1") == "0" else None
+# TP_VERIFY=0: verify=False on every tidepool zero-copy call, 1: verify=True;
+# unset: the client's own default (None), whatever that is in the client
+# being measured.
+_VERIFY_ARG = {"0": False, "1": True}.get(os.environ.get("TP_VERIFY", ""))
+
+# The local put rows write keys that node 1 owns, so that tidepool stores one
+# copy on node 1 as Mooncake does with preferred_segment (a key owned by
+# node 2 is stored on node 1 and pushed to node 2 as well: a TCP transfer
+# and a second write, on the same two cores). TP_OWNED_KEYS=0 writes fresh
+# keys whatever their owner (the pushes included).
+_OWNED = os.environ.get("TP_OWNED_KEYS", "1") != "0"
 
 
 # ---------------------------------------------------------------- adapters --
@@ -226,6 +238,8 @@ def w_put_get(args, wid, ready, q, keys=None):
     c.buffer("b", size, fill=True)
     value = os.urandom(size)
     nget = args.keys
+    mine = keys[wid::args.conc] if keys else []
+    exhausted = 0
     if wl.startswith("get") and wid == 0:
         for i in range(nget):
             c.put_zc("%s-g%d" % (args.prefix, i), "b", size)
@@ -238,10 +252,13 @@ def w_put_get(args, wid, ready, q, keys=None):
         s = time.perf_counter()
         if s >= end:
             break
-        if wl == "put-zc":
-            r = c.put_zc("%s-p%d-%d" % (args.prefix, wid, i), "b", size)
-        elif wl == "put":
-            r = c.put("%s-p%d-%d" % (args.prefix, wid, i), value)
+        if wl in ("put-zc", "put"):
+            if i < len(mine):
+                k = mine[i]
+            else:
+                k = "%s-p%d-%d" % (args.prefix, wid, i)
+                exhausted += 1 if keys else 0
+            r = c.put_zc(k, "b", size) if wl == "put-zc" else c.put(k, value)
         elif wl == "get-zc":
             r = c.get_zc("%s-g%d" % (args.prefix, (wid * 7 + i) % nget), "b", size)
         else:
@@ -254,7 +271,7 @@ def w_put_get(args, wid, ready, q, keys=None):
             fail += 1
     t1 = time.perf_counter()
     c.close()
-    q.put({"ok": ok, "fail": fail, "bytes": ok * size, "t0": t0, "t1": t1, "lat": lat})
+    q.put({"ok": ok, "fail": fail, "bytes": ok * size, "t0": t0, "t1": t1, "lat": lat, "exhausted": exhausted})
 
 
 def w_remote(args, wid, ready, q, keys):
@@ -285,6 +302,8 @@ def w_batch(args, wid, ready, q, keys=None):
     c = connect(args, args.node1, args.seg1)
     c.buffer("b", n * size, fill=True)
     gkeys = ["%s-bg%d" % (args.prefix, i) for i in range(n)]
+    mine = keys[wid::args.conc] if keys else []
+    exhausted = 0
     if wl == "batch-get" and wid == 0:
         c.batch_put_zc(gkeys, "b", size)
     ready.wait()
@@ -297,7 +316,11 @@ def w_batch(args, wid, ready, q, keys=None):
         if s >= end:
             break
         if wl == "batch-put":
-            got = c.batch_put_zc(["%s-bp%d-%d-%d" % (args.prefix, wid, i, j) for j in range(n)], "b", size)
+            ks = mine[i * n:(i + 1) * n]
+            if len(ks) < n:
+                ks = ["%s-bp%d-%d-%d" % (args.prefix, wid, i, j) for j in range(n)]
+                exhausted += n if keys else 0
+            got = c.batch_put_zc(ks, "b", size)
         else:
             got = c.batch_get_zc(gkeys, "b", size)
         lat.append(time.perf_counter() - s)
@@ -306,7 +329,7 @@ def w_batch(args, wid, ready, q, keys=None):
         fail += n - got
     t1 = time.perf_counter()
     c.close()
-    q.put({"ok": ok, "fail": fail, "bytes": ok * size, "t0": t0, "t1": t1, "lat": lat})
+    q.put({"ok": ok, "fail": fail, "bytes": ok * size, "t0": t0, "t1": t1, "lat": lat, "exhausted": exhausted})
 
 
 def w_lookup(args, wid, ready, q, keys=None):
@@ -370,6 +393,42 @@ def prepare_remote(args):
     return keys
 
 
+def owned_keys(args):
+    """tidepool: fresh keys that node 1 owns (the local put rows write
+    these; see _OWNED). Candidates are put through node 1 as 1-byte values;
+    node 1 pushes those node 2 owns to node 2; once what node 2 holds stops
+    changing, the keys it does not hold are node 1's. Then both are
+    cleared. Enough for well above the fastest rates seen here (3 GiB/s,
+    at most 16000 keys a second) for the whole run; a worker that runs out
+    writes fresh keys and says so (exhausted in the output)."""
+    per_s = min(3 * 1024 * MIB // args.size, 16000)
+    want = int(per_s * args.duration) + 256
+    cand = ["%s-o%d" % (args.prefix, i) for i in range(2 * want)]
+    w = connect(args, args.node1, args.seg1)
+    for j in range(0, len(cand), 256):
+        w.c.batch_put(w.ns, [(k.encode(), b"x") for k in cand[j:j + 256]])
+    r = connect(args, args.node2, args.seg2)
+    deadline, last, stable = time.time() + 20, None, 0
+    while time.time() < deadline:
+        held = set()
+        for j in range(0, len(cand), 256):
+            part = cand[j:j + 256]
+            held.update(k for k, p in zip(part, r.c.batch_exists(r.ns, [k.encode() for k in part],
+                                                                  scope=r.tp.Scope.LOCAL)) if p.present)
+        if held == last:
+            stable += 1
+            if stable >= 2:
+                break
+        else:
+            stable = 0
+        last = held
+        time.sleep(0.2)
+    r.close()
+    w.clear()
+    w.close()
+    return [k for k in cand if k not in last]
+
+
 WORKERS = {"put-zc": w_put_get, "get-zc": w_put_get, "put": w_put_get, "get": w_put_get,
            "remote-get": w_remote, "batch-put": w_batch, "batch-get": w_batch, "lookup": w_lookup}
 
@@ -416,6 +475,8 @@ def measure(args):
         _in_child(ctx, _clear, args)  # fresh capacity for every put run
     if args.workload == "remote-get":
         keys = _in_child(ctx, prepare_remote, args)
+    elif args.system == "tidepool" and _OWNED and args.node2 and args.workload in ("put-zc", "put", "batch-put"):
+        keys = _in_child(ctx, owned_keys, args)
     ready = ctx.Barrier(args.conc + 1)
     q = ctx.Queue()
     ps = [ctx.Process(target=_worker, args=(WORKERS[args.workload], args, w, ready, q, keys))
@@ -438,6 +499,8 @@ def measure(args):
     p50 = lat[len(lat) // 2] * 1e6 if lat else 0.0
     out = {"system": args.system, "workload": args.workload, "conc": args.conc, "ok": ok, "fail": fail,
            "seconds": round(t1 - t0, 3), "p50_us": round(p50, 1)}
+    if keys is not None and args.workload != "remote-get":
+        out.update(owned_keys=len(keys), exhausted=sum(r.get("exhausted", 0) for r in rs))
     if args.workload == "lookup":
         out.update(value=round(p50, 1), unit="us p50", better="lower")
     else:

@@ -51,6 +51,7 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 		ServerVersion: protocol.Version,
 		Build:         h.build,
 		NodeId:        cfg.NodeID,
+		Features:      []string{FeatureAcquireRelease},
 		Limits: &tp.Limits{
 			MaxKeyBytes:       int32(cfg.MaxKeyBytes),
 			MaxValueBytes:     cfg.MaxValueBytes,

@@ -84,6 +84,67 @@ class ClientTest(unittest.TestCase):
             self.c.put(self.ns, b"", b"x")
         self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
 
+    def test_inline_values_of_every_size(self):
+        # The framed transport (tidepool/transport.py) sends a message's
+        # parts with sendmsg, partial sends included (a 2 MiB frame does not
+        # fit the socket buffer), and reads a frame arriving in pieces.
+        sizes = [0, 1, 64 * KiB - 1, 64 * KiB, 1 << 20, MAX_VALUE]
+        for i, n in enumerate(sizes):
+            v = payload(n, 30 + i)
+            self.assertFalse(self.c.put(self.ns, b"in-%d" % i, v if i % 2 else bytearray(v)))
+            self.assertEqual(self.c.get(self.ns, b"in-%d" % i), v)
+        items = [(b"bin-%d" % i, payload(n, 40 + i)) for i, n in enumerate(sizes[:5])]
+        self.assertEqual(self.c.batch_put(self.ns, items), [tidepool.OK] * len(items))
+        self.assertEqual(self.c.batch_get(self.ns, [k for k, _ in items]), [v for _, v in items])
+        self.assertEqual(self.c.hello().server_version, 1)  # the connection is still in step
+
+    def test_lazy_release(self):
+        """get_into's lease rides on the next Acquire (or flush_releases,
+        or close) instead of a Release call of its own."""
+        value = payload(4 * KiB, 21)
+        self.assertFalse(self.c.put_from(self.ns, b"lz", value))
+        buf = bytearray(4 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"lz", buf), 4 * KiB)
+        self.assertEqual(bytes(buf), value)
+        self.assertEqual(len(self.c._pending), 1)
+        (id1,) = self.c._pending
+        self.assertEqual(self.c.get_into(self.ns, b"lz", buf), 4 * KiB)
+        (id2,) = self.c._pending
+        # id1 was released by the second Acquire: not held any more.
+        self.assertEqual(self.c.release([id1]), [ErrorCode.LEASE_EXPIRED])
+        self.c.flush_releases()
+        self.assertEqual(self.c._pending, [])
+        self.assertEqual(self.c.release([id2]), [ErrorCode.LEASE_EXPIRED])
+        # close() sends what is queued.
+        c2 = tidepool.Client(SOCKET, framed=self.framed)
+        self.assertEqual(c2.get_into(self.ns, b"lz", buf), 4 * KiB)
+        (id3,) = c2._pending
+        c2.close()
+        self.assertEqual(self.c.release([id3]), [ErrorCode.LEASE_EXPIRED])
+        # lazy_release=False, or a server without the feature (an older
+        # one would ignore the ids): released at once, nothing queued.
+        for c in (tidepool.Client(SOCKET, framed=self.framed, lazy_release=False),
+                  tidepool.Client(SOCKET, framed=self.framed)):
+            try:
+                c._map()
+                if c._lazy:
+                    c._acq_release = False
+                self.assertEqual(c.get_into(self.ns, b"lz", buf), 4 * KiB)
+                self.assertEqual(c._pending, [])
+            finally:
+                c.close()
+        # A copy that ends within RELEASE_MARGIN_MS of the lease deadline
+        # (here: any copy, the margin made longer than the lease) is
+        # released at once and its release checked.
+        from tidepool import client as client_mod
+        saved = client_mod.RELEASE_MARGIN_MS
+        client_mod.RELEASE_MARGIN_MS = 10 * 60 * 1000
+        try:
+            self.assertEqual(self.c.get_into(self.ns, b"lz", buf), 4 * KiB)
+            self.assertEqual(self.c._pending, [])
+        finally:
+            client_mod.RELEASE_MARGIN_MS = saved
+
     def test_zero_copy_round_trip(self):
         sizes = [0, 1, 4 * KiB, 64 * KiB + 3, MAX_VALUE]
         items = [(b"zc-%d" % i, payload(n, i), i) for i, n in enumerate(sizes)]

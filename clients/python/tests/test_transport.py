@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Offline tests of tidepool.transport.FramedSocketTransport over a socket
-pair (run by scripts/test-python-client.sh)."""
+pair, and of the client's pwritev helper (run by
+scripts/test-python-client.sh)."""
 
 import os
 import socket
@@ -78,6 +79,41 @@ class FramedSocketTransportTest(unittest.TestCase):
         t.flush()  # an empty frame, as TFramedTransport sends
         self.assertEqual(recv_exactly(peer, 4), struct.pack("!i", 0))
 
+    def test_write_keeps_large_bytes_and_copies_the_rest(self):
+        # Large bytes objects are sent from where they are; short writes
+        # and mutable buffers are copied when written, so changing a
+        # bytearray after write() does not change the frame.
+        t, peer = pair()
+        big = os.urandom(256 << 10)
+        mutable = bytearray(os.urandom(100 << 10))
+        pieces = [b"hdr", big, b"mid", bytes(mutable), big[:10]]
+        t.write(b"hdr")
+        t.write(big)
+        t.write(b"mid")
+        t.write(mutable)
+        mutable[:] = bytes(len(mutable))
+        t.write(big[:10])
+        want = b"".join(pieces)
+        got = bytearray()
+        reader = threading.Thread(target=lambda: got.extend(recv_exactly(peer, 4 + len(want))))
+        reader.start()
+        t.flush()
+        reader.join()
+        self.assertEqual(bytes(got), struct.pack("!i", len(want)) + want)
+        # Nothing of that frame is left for the next one.
+        t.write(b"next")
+        t.flush()
+        self.assertEqual(recv_exactly(peer, 8), struct.pack("!i", 4) + b"next")
+
+    def test_frame_in_one_piece(self):
+        t, peer = pair()
+        frame = os.urandom(100000)
+        peer.sendall(struct.pack("!i", len(frame)) + frame + struct.pack("!i", 1) + b"z")
+        t.readFrame()
+        self.assertEqual(t.cstringio_buf.getvalue(), frame)
+        self.assertEqual(t.read(len(frame) + 5), frame)
+        self.assertEqual(t.read(5), b"z")
+
     def test_bad_frame_sizes_refused_before_reading(self):
         for size, kind in ((-1, TTransportException.NEGATIVE_SIZE), (1 << 30, TTransportException.SIZE_LIMIT)):
             t, peer = pair()
@@ -93,6 +129,23 @@ class FramedSocketTransportTest(unittest.TestCase):
         with self.assertRaises(TTransportException) as cm:
             t.readFrame()
         self.assertEqual(cm.exception.type, TTransportException.END_OF_FILE)
+
+
+class PwritevTest(unittest.TestCase):
+    """client._pwritev_all: batch_put_from's write of slots that follow one
+    another, more buffers than one pwritev takes, empty ones among them."""
+
+    def test_many_buffers(self):
+        import tempfile
+
+        from tidepool.client import _MAX_IOV, _pwritev_all
+        bufs = [memoryview(os.urandom(i % 7 * 100)) for i in range(_MAX_IOV * 2 + 5)]
+        with tempfile.TemporaryFile() as f:
+            f.write(b"x" * 10)
+            f.flush()
+            _pwritev_all(f.fileno(), list(bufs), 10)
+            f.seek(0)
+            self.assertEqual(f.read(), b"x" * 10 + b"".join(bytes(b) for b in bufs))
 
 
 def recv_exactly(sock, n):

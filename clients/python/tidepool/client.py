@@ -7,8 +7,11 @@ for the zero-copy calls belong to the Client and go away with close().
 
 import collections
 import contextlib
+import errno
 import mmap
 import os
+import socket
+import time
 
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
@@ -21,6 +24,13 @@ from .gen import ttypes as T
 
 ARENA_LAYOUT_VERSION = 1
 CLIENT_VERSION = 1
+
+# HelloResponse.features: Acquire honours release_lease_ids.
+FEATURE_ACQUIRE_RELEASE = "acquire_release"
+# A finished read's leases ride on the next Acquire only when its copy ended
+# at least this long before the lease deadline (as the Go client's GetInto);
+# otherwise they are released at once and an expired one fails the read.
+RELEASE_MARGIN_MS = 100
 
 ErrorCode = T.ErrorCode
 Scope = T.Scope
@@ -58,6 +68,46 @@ def _codes(results):
     return [r.code for r in results]
 
 
+# The most buffers one pwritev is given (Linux's IOV_MAX is 1024).
+_MAX_IOV = 512
+
+
+def _pwritev_all(fd, bufs, off):
+    """Writes bufs (byte memoryviews) back to back at off, all of them."""
+    bufs = [b for b in bufs if len(b)]
+    i = 0
+    while i < len(bufs):
+        done = os.pwritev(fd, bufs[i:i + _MAX_IOV], off)
+        if done <= 0:
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        off += done
+        while i < len(bufs) and done >= len(bufs[i]):
+            done -= len(bufs[i])
+            i += 1
+        if done:
+            bufs[i] = bufs[i][done:]
+
+
+# The send buffer asked for the connection (SO_SNDBUF; Linux doubles it and
+# caps the request at net.core.wmem_max). On a Unix socket the sender's
+# buffer bounds what is queued for the reader: with the default (208 KiB) a
+# 1 MiB Put is five partial sends, each waiting for the sidecar to drain
+# the queue; with a buffer above the request size it is one. The sidecar
+# does the same for its replies (proxy/engineapi/sockbuf.go).
+SEND_BUFFER = 4 << 20
+
+
+def _grow_send_buffer(tsock):
+    """Best effort: a refusal (or a cap) only costs speed."""
+    h = getattr(tsock, "handle", None)
+    if h is None:
+        return
+    try:
+        h.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    except OSError:
+        pass
+
+
 class _Arena:
     """One arena file: mapped read-only, and a descriptor to write slots."""
 
@@ -92,7 +142,7 @@ class Client:
     """A connection to the sidecar's Unix socket (binary protocol; framed
     transport by default, buffered with framed=False)."""
 
-    def __init__(self, socket_path, framed=True, timeout=30.0, client_name="tidepool-py"):
+    def __init__(self, socket_path, framed=True, timeout=30.0, client_name="tidepool-py", lazy_release=True):
         sock = TSocket.TSocket(unix_socket=socket_path)
         sock.setTimeout(int(timeout * 1000))
         if framed:
@@ -112,13 +162,36 @@ class Client:
         self._cw = Tidepool.Client(proto, TBinaryProtocol.TBinaryProtocol(self._transport))
         self._name = client_name
         self._arenas = None
+        # Lazy release (batch_get_into, get_into): the leases of a finished
+        # copy are queued and ride on the next Acquire (release_lease_ids)
+        # when the server lists FEATURE_ACQUIRE_RELEASE, instead of a
+        # Release round trip of their own.
+        self._lazy = lazy_release
+        self._acq_release = False  # learnt from Hello in _map
+        self._max_batch = 256  # learnt from Hello in _map
+        self._pending = []  # lease ids queued for release
         self._transport.open()
+        _grow_send_buffer(sock)
 
     def close(self):
-        """Unmaps the arenas and closes the connection. Views returned by
-        slot_view must have been released first."""
+        """Releases the queued leases, unmaps the arenas and closes the
+        connection. Views returned by slot_view must have been released
+        first."""
+        try:
+            self.flush_releases()
+        except Exception:  # the leases lapse at their deadlines anyway
+            pass
         self._unmap()
         self._transport.close()
+
+    def flush_releases(self):
+        """Sends the leases queued by lazy release now (one Release call).
+        A client that goes idle after a read holds those blocks pinned until
+        its next zero-copy read, this call, close(), or the leases' deadline
+        (the server's lease_timeout, 5 s by default), whichever comes first."""
+        if self._pending:
+            ids, self._pending = self._pending, []
+            self.release(ids)
 
     def __enter__(self):
         return self
@@ -220,10 +293,17 @@ class Client:
     def abort(self, tokens):
         return _codes(self._call(self._c.Abort, T.AbortRequest(tokens=list(tokens))).results)
 
-    def acquire(self, ns, keys, lease_ms=0, scope=Scope.DEFAULT):
+    def acquire(self, ns, keys, lease_ms=0, scope=Scope.DEFAULT, release=None):
         """Pins blocks; returns ([Lease], deadline_ms). Every OK lease MUST
-        be released (or left to expire: then its bytes must not be read)."""
-        r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=list(keys), lease_ms=lease_ms, scope=scope))
+        be released (or left to expire: then its bytes must not be read).
+
+        release: lease ids to release first, in the same call (a server
+        whose Hello lists FEATURE_ACQUIRE_RELEASE; an older one ignores
+        them and they stay pinned until their deadline). No outcome is
+        answered per id: release them this way only after checking the
+        copies against their deadline."""
+        r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=list(keys), lease_ms=lease_ms, scope=scope,
+                                                         release_lease_ids=list(release) if release else None))
         return [Lease(x.code, _slot(x.slot), x.lease_id, from_i32(x.checksum), x.tier) for x in r.results], \
             r.deadline_unix_ms
 
@@ -248,6 +328,9 @@ class Client:
         if h.layout_version != ARENA_LAYOUT_VERSION:
             raise Error(ErrorCode.UNAVAILABLE, "arena layout version %d, this client knows %d"
                         % (h.layout_version, ARENA_LAYOUT_VERSION))
+        self._acq_release = FEATURE_ACQUIRE_RELEASE in (h.features or ())
+        if h.limits is not None and h.limits.max_batch > 0:
+            self._max_batch = h.limits.max_batch
         arenas = []
         try:
             for i, a in enumerate(h.arenas):
@@ -350,28 +433,46 @@ class Client:
         bytes on the socket. Returns one ErrorCode per item (OK, EXISTS, or
         the item's error). verify (default: when a fast CRC-32C is installed)
         sends the client's checksum for the server to check; else the server
-        computes it from the arena."""
+        computes it from the arena. Slots that follow one another in an
+        arena (as a batch's usually do) are written with one pwritev."""
         if verify is None:
             verify = CRC_FAST
         items = list(items)
         bufs = [memoryview(it[1]).cast("B") for it in items]
-        self._map()
-        rs = self.reserve(ns, [(it[0], len(b), it[2] if len(it) > 2 else 0) for it, b in zip(items, bufs)], ttl_ms)
+        arenas = self._map()
+        req = T.ReserveRequest(ns=ns, ttl_ms=ttl_ms, durable=False, items=[
+            T.ReserveItem(key=it[0], size=len(b), depth=it[2] if len(it) > 2 else 0) for it, b in zip(items, bufs)])
+        rs = self._call(self._c.Reserve, req).results
         codes = [r.code for r in rs]
         commits, where = [], []
+        run_fd, run_off, run_end, run = None, 0, 0, []
         try:
             for i, (r, b) in enumerate(zip(rs, bufs)):
                 if r.code != OK:
                     continue
-                self.write_slot(r.slot, b)
-                commits.append((r.token, crc32c(b) if verify else None))
+                s, n = r.slot, len(b)
+                if s is None or not 0 <= s.arena < len(arenas) or s.offset < 0 or s.length != n \
+                        or s.offset + n > arenas[s.arena].size:
+                    raise Error(ErrorCode.INTERNAL, "slot %r for %d bytes outside the arenas" % (_slot(s), n))
+                fd = arenas[s.arena].fd
+                if fd == run_fd and s.offset == run_end:
+                    run.append(b)
+                    run_end += n
+                else:
+                    if run:
+                        _pwritev_all(run_fd, run, run_off)
+                    run_fd, run_off, run_end, run = fd, s.offset, s.offset + n, [b]
+                commits.append(T.CommitItem(token=r.token, has_checksum=bool(verify),
+                                            checksum=to_i32(crc32c(b)) if verify else 0))
                 where.append(i)
+            if run:
+                _pwritev_all(run_fd, run, run_off)
         except BaseException:
             self.abort([r.token for r in rs if r.code == OK])
             raise
         if commits:
-            for i, code in zip(where, self.commit(commits)):
-                codes[i] = code
+            for i, r in zip(where, self._call(self._c.Commit, T.CommitRequest(items=commits)).results):
+                codes[i] = r.code
         return codes
 
     def put_from(self, ns, key, buf, depth=0, verify=None):
@@ -399,33 +500,48 @@ class Client:
         keys = list(keys)
         if len(buffers) != len(keys):
             raise ValueError("one buffer per key")
-        self._map()
-        leases, _ = self.acquire(ns, keys, scope=scope)
+        arenas = self._map()
+        # Queued leases ride along (never more than max_batch: see below).
+        pending, self._pending = self._pending or None, []
+        r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=keys, scope=scope, release_lease_ids=pending))
+        leases = r.results
         out, err = [None] * len(keys), None
         held = [l.lease_id for l in leases if l.code == OK]
+        done = False
         try:
             for i, (l, buf) in enumerate(zip(leases, buffers)):
-                if l.code == NOT_FOUND:
+                code = l.code
+                if code == NOT_FOUND:
                     continue
-                if l.code != OK:
-                    err = err or Error(l.code, "acquire of key %d" % i)
+                if code != OK:
+                    err = err or Error(code, "acquire of key %d" % i)
                     continue
+                s = l.slot
                 dst = memoryview(buf).cast("B")
-                n = l.slot.length
+                n = s.length
                 if n > len(dst):
                     err = err or Error(ErrorCode.TOO_LARGE, "block %d is %d bytes, buffer %d" % (i, n, len(dst)))
                     continue
-                src = self.slot_view(l.slot)
-                try:
-                    dst[:n] = src
-                finally:
-                    src.release()
-                if verify and crc32c(dst[:n]) != l.checksum:
+                if not 0 <= s.arena < len(arenas) or s.offset < 0 or n < 0 \
+                        or s.offset + n > arenas[s.arena].size:
+                    raise Error(ErrorCode.INTERNAL, "slot %r outside the arenas" % (_slot(s),))
+                dst[:n] = arenas[s.arena].view[s.offset:s.offset + n]
+                if verify and crc32c(dst[:n]) != from_i32(l.checksum):
                     err = err or Error(ErrorCode.CHECKSUM_MISMATCH, "block %d" % i)
                     continue
                 out[i] = n
+            done = True
         finally:
-            rel = self.release(held) if held else []
+            rel = []
+            if held:
+                if (done and self._lazy and self._acq_release and err is None
+                        and time.time() * 1000 + RELEASE_MARGIN_MS < r.deadline_unix_ms
+                        and len(self._pending) + len(held) <= self._max_batch):
+                    # Copied well before the deadline: the bytes were pinned
+                    # throughout, so the release needs no answer.
+                    self._pending.extend(held)
+                else:
+                    rel = self.release(held)
         if any(c != OK for c in rel):
             raise Error(ErrorCode.LEASE_EXPIRED, "a lease expired during the copy; retry")
         if err is not None:

@@ -6,8 +6,11 @@ the pieces that recv returns with bytes += (every piece copies all the frame
 so far: about three copies of a 1 MiB Get answer, received in pieces of the
 socket buffer's size), and wraps the result in a BytesIO; it writes a frame
 as header + payload, one more copy of a 1 MiB Put. Here a frame is received
-with recv_into straight into the BytesIO the protocol decodes from, and
-sent with one sendmsg of the header and the payload in place.
+with recv_into straight into the BytesIO the protocol decodes from (or,
+when it arrives in one piece, as the one bytes object recv returns, which
+the BytesIO shares), and sent with one sendmsg of the header and the
+payload in place: a large bytes object written whole (a block's value, as
+the pure-Python protocol writes it) is sent from where it is, not copied.
 """
 
 import socket
@@ -20,6 +23,11 @@ from thrift.transport.TTransport import TTransportException
 # thrift's default (TTransport.DEFAULT_MAX_FRAME_SIZE, not in every version).
 MAX_FRAME_SIZE = 16384000
 
+# A write of a bytes object at least this long is kept as it is (bytes are
+# immutable) and sent from there; shorter writes, and mutable buffers, are
+# copied into the frame's buffer.
+KEEP_WRITE = 64 << 10
+
 
 class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTransport):
     """Framed transport over a thrift TSocket (what TFramedTransport(sock)
@@ -29,6 +37,7 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
         self._trans = sock
         self._rbuf = BytesIO(b"")
         self._wbuf = BytesIO()
+        self._wparts = []  # the frame so far: BytesIO buffers and kept bytes
         self._max_frame_size = max_frame_size
 
     def isOpen(self):
@@ -76,26 +85,51 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
         if sz > self._max_frame_size:
             raise TTransportException(TTransportException.SIZE_LIMIT,
                                       "Frame size (%d) larger than the maximum (%d)" % (sz, self._max_frame_size))
+        if sz == 0:
+            self._rbuf = BytesIO(b"")
+            return
+        try:
+            first = self._handle().recv(sz)
+        except (socket.timeout, TimeoutError) as e:
+            raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e)
+        except OSError as e:
+            raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
+        if not first:
+            raise TTransportException(TTransportException.END_OF_FILE, "TSocket read 0 bytes")
+        if len(first) == sz:
+            # The whole frame in one piece (the usual case): the BytesIO
+            # shares the bytes object, nothing is copied or zeroed.
+            self._rbuf = BytesIO(first)
+            return
         buf = BytesIO()
-        if sz > 0:
-            buf.seek(sz - 1)
-            buf.write(b"\0")
-            buf.seek(0)
-            view = buf.getbuffer()
-            try:
-                self._recv_into(view)
-            finally:
-                view.release()
+        buf.write(first)
+        buf.seek(sz - 1)
+        buf.write(b"\0")
+        buf.seek(0)
+        view = buf.getbuffer()
+        try:
+            self._recv_into(view[len(first):])
+        finally:
+            view.release()
         self._rbuf = buf
 
     def write(self, buf):
-        self._wbuf.write(buf)
+        if type(buf) is bytes and len(buf) >= KEEP_WRITE:
+            if self._wbuf.tell():
+                self._wparts.append(self._wbuf)
+                self._wbuf = BytesIO()
+            self._wparts.append(buf)
+        else:
+            self._wbuf.write(buf)
 
     def flush(self):
+        wparts, self._wparts = self._wparts, []
         wbuf, self._wbuf = self._wbuf, BytesIO()
-        payload = wbuf.getbuffer()
+        if wbuf.tell():
+            wparts.append(wbuf)
+        views = [p.getbuffer() if isinstance(p, BytesIO) else memoryview(p) for p in wparts]
         try:
-            parts = [memoryview(pack("!i", len(payload))), payload]
+            parts = [memoryview(pack("!i", sum(len(v) for v in views)))] + views
             h = self._handle()
             while parts:
                 try:
@@ -110,7 +144,8 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
                 if parts and sent:
                     parts[0] = parts[0][sent:]
         finally:
-            payload.release()
+            for v in views:
+                v.release()
 
     # The CReadableTransport interface (the accelerated protocol reads the
     # frame's BytesIO directly).

@@ -405,6 +405,7 @@ type HelloResponse struct {
 	NodeId        string       `thrift:"node_id,5" frugal:"5,default,string" json:"node_id"`
 	Arenas        []*ArenaInfo `thrift:"arenas,6" frugal:"6,default,list<ArenaInfo>" json:"arenas"`
 	LayoutVersion int32        `thrift:"layout_version,7" frugal:"7,default,i32" json:"layout_version"`
+	Features      []string     `thrift:"features,8" frugal:"8,default,list<string>" json:"features"`
 }
 
 func NewHelloResponse() *HelloResponse {
@@ -446,6 +447,10 @@ func (p *HelloResponse) GetArenas() (v []*ArenaInfo) {
 func (p *HelloResponse) GetLayoutVersion() (v int32) {
 	return p.LayoutVersion
 }
+
+func (p *HelloResponse) GetFeatures() (v []string) {
+	return p.Features
+}
 func (p *HelloResponse) SetServerVersion(val int32) {
 	p.ServerVersion = val
 }
@@ -467,6 +472,9 @@ func (p *HelloResponse) SetArenas(val []*ArenaInfo) {
 func (p *HelloResponse) SetLayoutVersion(val int32) {
 	p.LayoutVersion = val
 }
+func (p *HelloResponse) SetFeatures(val []string) {
+	p.Features = val
+}
 
 func (p *HelloResponse) IsSetLimits() bool {
 	return p.Limits != nil
@@ -487,6 +495,7 @@ var fieldIDToName_HelloResponse = map[int16]string{
 	5: "node_id",
 	6: "arenas",
 	7: "layout_version",
+	8: "features",
 }
 
 type PutRequest struct {
@@ -2083,10 +2092,11 @@ var fieldIDToName_AbortResponse = map[int16]string{
 }
 
 type AcquireRequest struct {
-	Ns      string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Keys    [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
-	LeaseMs int32    `thrift:"lease_ms,3" frugal:"3,default,i32" json:"lease_ms"`
-	Scope   Scope    `thrift:"scope,4" frugal:"4,default,Scope" json:"scope"`
+	Ns              string   `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Keys            [][]byte `thrift:"keys,2" frugal:"2,default,list<binary>" json:"keys"`
+	LeaseMs         int32    `thrift:"lease_ms,3" frugal:"3,default,i32" json:"lease_ms"`
+	Scope           Scope    `thrift:"scope,4" frugal:"4,default,Scope" json:"scope"`
+	ReleaseLeaseIds []int64  `thrift:"release_lease_ids,5" frugal:"5,default,list<i64>" json:"release_lease_ids"`
 }
 
 func NewAcquireRequest() *AcquireRequest {
@@ -2111,6 +2121,10 @@ func (p *AcquireRequest) GetLeaseMs() (v int32) {
 func (p *AcquireRequest) GetScope() (v Scope) {
 	return p.Scope
 }
+
+func (p *AcquireRequest) GetReleaseLeaseIds() (v []int64) {
+	return p.ReleaseLeaseIds
+}
 func (p *AcquireRequest) SetNs(val string) {
 	p.Ns = val
 }
@@ -2122,6 +2136,9 @@ func (p *AcquireRequest) SetLeaseMs(val int32) {
 }
 func (p *AcquireRequest) SetScope(val Scope) {
 	p.Scope = val
+}
+func (p *AcquireRequest) SetReleaseLeaseIds(val []int64) {
+	p.ReleaseLeaseIds = val
 }
 
 func (p *AcquireRequest) String() string {
@@ -2136,6 +2153,7 @@ var fieldIDToName_AcquireRequest = map[int16]string{
 	2: "keys",
 	3: "lease_ms",
 	4: "scope",
+	5: "release_lease_ids",
 }
 
 type Lease struct {

@@ -584,11 +584,12 @@ class HelloResponse(object):
      - node_id
      - arenas
      - layout_version
+     - features
 
     """
 
 
-    def __init__(self, server_version=None, build=None, limits=None, tiers=None, node_id=None, arenas=None, layout_version=None,):
+    def __init__(self, server_version=None, build=None, limits=None, tiers=None, node_id=None, arenas=None, layout_version=None, features=None,):
         self.server_version = server_version
         self.build = build
         self.limits = limits
@@ -596,6 +597,7 @@ class HelloResponse(object):
         self.node_id = node_id
         self.arenas = arenas
         self.layout_version = layout_version
+        self.features = features
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -654,6 +656,16 @@ class HelloResponse(object):
                     self.layout_version = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.LIST:
+                    self.features = []
+                    (_etype15, _size12) = iprot.readListBegin()
+                    for _i16 in range(_size12):
+                        _elem17 = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                        self.features.append(_elem17)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -679,8 +691,8 @@ class HelloResponse(object):
         if self.tiers is not None:
             oprot.writeFieldBegin('tiers', TType.LIST, 4)
             oprot.writeListBegin(TType.STRUCT, len(self.tiers))
-            for iter12 in self.tiers:
-                iter12.write(oprot)
+            for iter18 in self.tiers:
+                iter18.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.node_id is not None:
@@ -690,13 +702,20 @@ class HelloResponse(object):
         if self.arenas is not None:
             oprot.writeFieldBegin('arenas', TType.LIST, 6)
             oprot.writeListBegin(TType.STRUCT, len(self.arenas))
-            for iter13 in self.arenas:
-                iter13.write(oprot)
+            for iter19 in self.arenas:
+                iter19.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.layout_version is not None:
             oprot.writeFieldBegin('layout_version', TType.I32, 7)
             oprot.writeI32(self.layout_version)
+            oprot.writeFieldEnd()
+        if self.features is not None:
+            oprot.writeFieldBegin('features', TType.LIST, 8)
+            oprot.writeListBegin(TType.STRING, len(self.features))
+            for iter20 in self.features:
+                oprot.writeString(iter20.encode('utf-8') if sys.version_info[0] == 2 else iter20)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -998,11 +1017,11 @@ class BatchPutRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype17, _size14) = iprot.readListBegin()
-                    for _i18 in range(_size14):
-                        _elem19 = PutItem()
-                        _elem19.read(iprot)
-                        self.items.append(_elem19)
+                    (_etype24, _size21) = iprot.readListBegin()
+                    for _i25 in range(_size21):
+                        _elem26 = PutItem()
+                        _elem26.read(iprot)
+                        self.items.append(_elem26)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1033,8 +1052,8 @@ class BatchPutRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter20 in self.items:
-                iter20.write(oprot)
+            for iter27 in self.items:
+                iter27.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.durable is not None:
@@ -1154,11 +1173,11 @@ class BatchPutResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype24, _size21) = iprot.readListBegin()
-                    for _i25 in range(_size21):
-                        _elem26 = ItemStatus()
-                        _elem26.read(iprot)
-                        self.results.append(_elem26)
+                    (_etype31, _size28) = iprot.readListBegin()
+                    for _i32 in range(_size28):
+                        _elem33 = ItemStatus()
+                        _elem33.read(iprot)
+                        self.results.append(_elem33)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1175,8 +1194,8 @@ class BatchPutResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter27 in self.results:
-                iter27.write(oprot)
+            for iter34 in self.results:
+                iter34.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1387,10 +1406,10 @@ class BatchGetRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype31, _size28) = iprot.readListBegin()
-                    for _i32 in range(_size28):
-                        _elem33 = iprot.readBinary()
-                        self.keys.append(_elem33)
+                    (_etype38, _size35) = iprot.readListBegin()
+                    for _i39 in range(_size35):
+                        _elem40 = iprot.readBinary()
+                        self.keys.append(_elem40)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1416,8 +1435,8 @@ class BatchGetRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter34 in self.keys:
-                oprot.writeBinary(iter34)
+            for iter41 in self.keys:
+                oprot.writeBinary(iter41)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -1544,11 +1563,11 @@ class BatchGetResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype38, _size35) = iprot.readListBegin()
-                    for _i39 in range(_size35):
-                        _elem40 = GetItem()
-                        _elem40.read(iprot)
-                        self.results.append(_elem40)
+                    (_etype45, _size42) = iprot.readListBegin()
+                    for _i46 in range(_size42):
+                        _elem47 = GetItem()
+                        _elem47.read(iprot)
+                        self.results.append(_elem47)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1565,8 +1584,8 @@ class BatchGetResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter41 in self.results:
-                iter41.write(oprot)
+            for iter48 in self.results:
+                iter48.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1777,10 +1796,10 @@ class BatchExistsRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype45, _size42) = iprot.readListBegin()
-                    for _i46 in range(_size42):
-                        _elem47 = iprot.readBinary()
-                        self.keys.append(_elem47)
+                    (_etype52, _size49) = iprot.readListBegin()
+                    for _i53 in range(_size49):
+                        _elem54 = iprot.readBinary()
+                        self.keys.append(_elem54)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1806,8 +1825,8 @@ class BatchExistsRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter48 in self.keys:
-                oprot.writeBinary(iter48)
+            for iter55 in self.keys:
+                oprot.writeBinary(iter55)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -1855,11 +1874,11 @@ class BatchExistsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype52, _size49) = iprot.readListBegin()
-                    for _i53 in range(_size49):
-                        _elem54 = ExistsResponse()
-                        _elem54.read(iprot)
-                        self.results.append(_elem54)
+                    (_etype59, _size56) = iprot.readListBegin()
+                    for _i60 in range(_size56):
+                        _elem61 = ExistsResponse()
+                        _elem61.read(iprot)
+                        self.results.append(_elem61)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1876,8 +1895,8 @@ class BatchExistsResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter55 in self.results:
-                iter55.write(oprot)
+            for iter62 in self.results:
+                iter62.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1930,10 +1949,10 @@ class LookupRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype59, _size56) = iprot.readListBegin()
-                    for _i60 in range(_size56):
-                        _elem61 = iprot.readBinary()
-                        self.keys.append(_elem61)
+                    (_etype66, _size63) = iprot.readListBegin()
+                    for _i67 in range(_size63):
+                        _elem68 = iprot.readBinary()
+                        self.keys.append(_elem68)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1959,8 +1978,8 @@ class LookupRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter62 in self.keys:
-                oprot.writeBinary(iter62)
+            for iter69 in self.keys:
+                oprot.writeBinary(iter69)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -2657,22 +2676,22 @@ class StatsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.tiers = []
-                    (_etype66, _size63) = iprot.readListBegin()
-                    for _i67 in range(_size63):
-                        _elem68 = TierStats()
-                        _elem68.read(iprot)
-                        self.tiers.append(_elem68)
+                    (_etype73, _size70) = iprot.readListBegin()
+                    for _i74 in range(_size70):
+                        _elem75 = TierStats()
+                        _elem75.read(iprot)
+                        self.tiers.append(_elem75)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.namespaces = []
-                    (_etype72, _size69) = iprot.readListBegin()
-                    for _i73 in range(_size69):
-                        _elem74 = NamespaceStats()
-                        _elem74.read(iprot)
-                        self.namespaces.append(_elem74)
+                    (_etype79, _size76) = iprot.readListBegin()
+                    for _i80 in range(_size76):
+                        _elem81 = NamespaceStats()
+                        _elem81.read(iprot)
+                        self.namespaces.append(_elem81)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2699,15 +2718,15 @@ class StatsResponse(object):
         if self.tiers is not None:
             oprot.writeFieldBegin('tiers', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.tiers))
-            for iter75 in self.tiers:
-                iter75.write(oprot)
+            for iter82 in self.tiers:
+                iter82.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.namespaces is not None:
             oprot.writeFieldBegin('namespaces', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.namespaces))
-            for iter76 in self.namespaces:
-                iter76.write(oprot)
+            for iter83 in self.namespaces:
+                iter83.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.uptime_ms is not None:
@@ -2768,10 +2787,10 @@ class PrefetchRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype80, _size77) = iprot.readListBegin()
-                    for _i81 in range(_size77):
-                        _elem82 = iprot.readBinary()
-                        self.keys.append(_elem82)
+                    (_etype87, _size84) = iprot.readListBegin()
+                    for _i88 in range(_size84):
+                        _elem89 = iprot.readBinary()
+                        self.keys.append(_elem89)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2797,8 +2816,8 @@ class PrefetchRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter83 in self.keys:
-                oprot.writeBinary(iter83)
+            for iter90 in self.keys:
+                oprot.writeBinary(iter90)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -2993,11 +3012,11 @@ class ReserveRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype87, _size84) = iprot.readListBegin()
-                    for _i88 in range(_size84):
-                        _elem89 = ReserveItem()
-                        _elem89.read(iprot)
-                        self.items.append(_elem89)
+                    (_etype94, _size91) = iprot.readListBegin()
+                    for _i95 in range(_size91):
+                        _elem96 = ReserveItem()
+                        _elem96.read(iprot)
+                        self.items.append(_elem96)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3028,8 +3047,8 @@ class ReserveRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter90 in self.items:
-                iter90.write(oprot)
+            for iter97 in self.items:
+                iter97.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ttl_ms is not None:
@@ -3183,11 +3202,11 @@ class ReserveResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype94, _size91) = iprot.readListBegin()
-                    for _i95 in range(_size91):
-                        _elem96 = Reservation()
-                        _elem96.read(iprot)
-                        self.results.append(_elem96)
+                    (_etype101, _size98) = iprot.readListBegin()
+                    for _i102 in range(_size98):
+                        _elem103 = Reservation()
+                        _elem103.read(iprot)
+                        self.results.append(_elem103)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3204,8 +3223,8 @@ class ReserveResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter97 in self.results:
-                iter97.write(oprot)
+            for iter104 in self.results:
+                iter104.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3328,11 +3347,11 @@ class CommitRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype101, _size98) = iprot.readListBegin()
-                    for _i102 in range(_size98):
-                        _elem103 = CommitItem()
-                        _elem103.read(iprot)
-                        self.items.append(_elem103)
+                    (_etype108, _size105) = iprot.readListBegin()
+                    for _i109 in range(_size105):
+                        _elem110 = CommitItem()
+                        _elem110.read(iprot)
+                        self.items.append(_elem110)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3349,8 +3368,8 @@ class CommitRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter104 in self.items:
-                iter104.write(oprot)
+            for iter111 in self.items:
+                iter111.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3394,11 +3413,11 @@ class CommitResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype108, _size105) = iprot.readListBegin()
-                    for _i109 in range(_size105):
-                        _elem110 = ItemStatus()
-                        _elem110.read(iprot)
-                        self.results.append(_elem110)
+                    (_etype115, _size112) = iprot.readListBegin()
+                    for _i116 in range(_size112):
+                        _elem117 = ItemStatus()
+                        _elem117.read(iprot)
+                        self.results.append(_elem117)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3415,8 +3434,8 @@ class CommitResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter111 in self.results:
-                iter111.write(oprot)
+            for iter118 in self.results:
+                iter118.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3460,10 +3479,10 @@ class AbortRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.tokens = []
-                    (_etype115, _size112) = iprot.readListBegin()
-                    for _i116 in range(_size112):
-                        _elem117 = iprot.readI64()
-                        self.tokens.append(_elem117)
+                    (_etype122, _size119) = iprot.readListBegin()
+                    for _i123 in range(_size119):
+                        _elem124 = iprot.readI64()
+                        self.tokens.append(_elem124)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3480,8 +3499,8 @@ class AbortRequest(object):
         if self.tokens is not None:
             oprot.writeFieldBegin('tokens', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.tokens))
-            for iter118 in self.tokens:
-                oprot.writeI64(iter118)
+            for iter125 in self.tokens:
+                oprot.writeI64(iter125)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3525,11 +3544,11 @@ class AbortResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype122, _size119) = iprot.readListBegin()
-                    for _i123 in range(_size119):
-                        _elem124 = ItemStatus()
-                        _elem124.read(iprot)
-                        self.results.append(_elem124)
+                    (_etype129, _size126) = iprot.readListBegin()
+                    for _i130 in range(_size126):
+                        _elem131 = ItemStatus()
+                        _elem131.read(iprot)
+                        self.results.append(_elem131)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3546,8 +3565,8 @@ class AbortResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter125 in self.results:
-                iter125.write(oprot)
+            for iter132 in self.results:
+                iter132.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3575,15 +3594,17 @@ class AcquireRequest(object):
      - keys
      - lease_ms
      - scope
+     - release_lease_ids
 
     """
 
 
-    def __init__(self, ns=None, keys=None, lease_ms=None, scope=None,):
+    def __init__(self, ns=None, keys=None, lease_ms=None, scope=None, release_lease_ids=None,):
         self.ns = ns
         self.keys = keys
         self.lease_ms = lease_ms
         self.scope = scope
+        self.release_lease_ids = release_lease_ids
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3602,10 +3623,10 @@ class AcquireRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype129, _size126) = iprot.readListBegin()
-                    for _i130 in range(_size126):
-                        _elem131 = iprot.readBinary()
-                        self.keys.append(_elem131)
+                    (_etype136, _size133) = iprot.readListBegin()
+                    for _i137 in range(_size133):
+                        _elem138 = iprot.readBinary()
+                        self.keys.append(_elem138)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3617,6 +3638,16 @@ class AcquireRequest(object):
             elif fid == 4:
                 if ftype == TType.I32:
                     self.scope = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.LIST:
+                    self.release_lease_ids = []
+                    (_etype142, _size139) = iprot.readListBegin()
+                    for _i143 in range(_size139):
+                        _elem144 = iprot.readI64()
+                        self.release_lease_ids.append(_elem144)
+                    iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             else:
@@ -3636,8 +3667,8 @@ class AcquireRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter132 in self.keys:
-                oprot.writeBinary(iter132)
+            for iter145 in self.keys:
+                oprot.writeBinary(iter145)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.lease_ms is not None:
@@ -3647,6 +3678,13 @@ class AcquireRequest(object):
         if self.scope is not None:
             oprot.writeFieldBegin('scope', TType.I32, 4)
             oprot.writeI32(self.scope)
+            oprot.writeFieldEnd()
+        if self.release_lease_ids is not None:
+            oprot.writeFieldBegin('release_lease_ids', TType.LIST, 5)
+            oprot.writeListBegin(TType.I64, len(self.release_lease_ids))
+            for iter146 in self.release_lease_ids:
+                oprot.writeI64(iter146)
+            oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3793,11 +3831,11 @@ class AcquireResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype136, _size133) = iprot.readListBegin()
-                    for _i137 in range(_size133):
-                        _elem138 = Lease()
-                        _elem138.read(iprot)
-                        self.results.append(_elem138)
+                    (_etype150, _size147) = iprot.readListBegin()
+                    for _i151 in range(_size147):
+                        _elem152 = Lease()
+                        _elem152.read(iprot)
+                        self.results.append(_elem152)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3819,8 +3857,8 @@ class AcquireResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter139 in self.results:
-                iter139.write(oprot)
+            for iter153 in self.results:
+                iter153.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.deadline_unix_ms is not None:
@@ -3868,10 +3906,10 @@ class ReleaseRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.lease_ids = []
-                    (_etype143, _size140) = iprot.readListBegin()
-                    for _i144 in range(_size140):
-                        _elem145 = iprot.readI64()
-                        self.lease_ids.append(_elem145)
+                    (_etype157, _size154) = iprot.readListBegin()
+                    for _i158 in range(_size154):
+                        _elem159 = iprot.readI64()
+                        self.lease_ids.append(_elem159)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3888,8 +3926,8 @@ class ReleaseRequest(object):
         if self.lease_ids is not None:
             oprot.writeFieldBegin('lease_ids', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.lease_ids))
-            for iter146 in self.lease_ids:
-                oprot.writeI64(iter146)
+            for iter160 in self.lease_ids:
+                oprot.writeI64(iter160)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3933,11 +3971,11 @@ class ReleaseResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype150, _size147) = iprot.readListBegin()
-                    for _i151 in range(_size147):
-                        _elem152 = ItemStatus()
-                        _elem152.read(iprot)
-                        self.results.append(_elem152)
+                    (_etype164, _size161) = iprot.readListBegin()
+                    for _i165 in range(_size161):
+                        _elem166 = ItemStatus()
+                        _elem166.read(iprot)
+                        self.results.append(_elem166)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3954,8 +3992,8 @@ class ReleaseResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter153 in self.results:
-                iter153.write(oprot)
+            for iter167 in self.results:
+                iter167.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4001,10 +4039,10 @@ class RenewRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.lease_ids = []
-                    (_etype157, _size154) = iprot.readListBegin()
-                    for _i158 in range(_size154):
-                        _elem159 = iprot.readI64()
-                        self.lease_ids.append(_elem159)
+                    (_etype171, _size168) = iprot.readListBegin()
+                    for _i172 in range(_size168):
+                        _elem173 = iprot.readI64()
+                        self.lease_ids.append(_elem173)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4026,8 +4064,8 @@ class RenewRequest(object):
         if self.lease_ids is not None:
             oprot.writeFieldBegin('lease_ids', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.lease_ids))
-            for iter160 in self.lease_ids:
-                oprot.writeI64(iter160)
+            for iter174 in self.lease_ids:
+                oprot.writeI64(iter174)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.lease_ms is not None:
@@ -4077,11 +4115,11 @@ class RenewResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype164, _size161) = iprot.readListBegin()
-                    for _i165 in range(_size161):
-                        _elem166 = ItemStatus()
-                        _elem166.read(iprot)
-                        self.results.append(_elem166)
+                    (_etype178, _size175) = iprot.readListBegin()
+                    for _i179 in range(_size175):
+                        _elem180 = ItemStatus()
+                        _elem180.read(iprot)
+                        self.results.append(_elem180)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4103,8 +4141,8 @@ class RenewResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter167 in self.results:
-                iter167.write(oprot)
+            for iter181 in self.results:
+                iter181.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.deadline_unix_ms is not None:
@@ -4304,11 +4342,11 @@ class MembersResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype171, _size168) = iprot.readListBegin()
-                    for _i172 in range(_size168):
-                        _elem173 = Member()
-                        _elem173.read(iprot)
-                        self.members.append(_elem173)
+                    (_etype185, _size182) = iprot.readListBegin()
+                    for _i186 in range(_size182):
+                        _elem187 = Member()
+                        _elem187.read(iprot)
+                        self.members.append(_elem187)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4325,8 +4363,8 @@ class MembersResponse(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter174 in self.members:
-                iter174.write(oprot)
+            for iter188 in self.members:
+                iter188.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4397,6 +4435,7 @@ HelloResponse.thrift_spec = (
     (5, TType.STRING, 'node_id', 'UTF8', None, ),  # 5
     (6, TType.LIST, 'arenas', (TType.STRUCT, [ArenaInfo, None], False), None, ),  # 6
     (7, TType.I32, 'layout_version', None, None, ),  # 7
+    (8, TType.LIST, 'features', (TType.STRING, 'UTF8', False), None, ),  # 8
 )
 all_structs.append(PutRequest)
 PutRequest.thrift_spec = (
@@ -4645,6 +4684,7 @@ AcquireRequest.thrift_spec = (
     (2, TType.LIST, 'keys', (TType.STRING, 'BINARY', False), None, ),  # 2
     (3, TType.I32, 'lease_ms', None, None, ),  # 3
     (4, TType.I32, 'scope', None, None, ),  # 4
+    (5, TType.LIST, 'release_lease_ids', (TType.I64, None, False), None, ),  # 5
 )
 all_structs.append(Lease)
 Lease.thrift_spec = (
