@@ -28,8 +28,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
+
+	"github.com/tidepool-kv/tidepool/internal/crc32c"
 )
 
 // HeaderSize is the encoded size of a Header in bytes.
@@ -166,14 +167,13 @@ type Header struct {
 // Last reports whether FlagLast is set.
 func (h Header) Last() bool { return h.Flags&FlagLast != 0 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// Checksum returns the CRC-32C of b (the payload checksum of a frame).
-func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+// Checksum returns the CRC-32C of b (the payload checksum of a frame; the
+// same function as the store's cache.Checksum).
+func Checksum(b []byte) uint32 { return crc32c.Checksum(b) }
 
 // UpdateChecksum extends crc with b: the CRC-32C of a transfer taken
 // chunk by chunk (FlagSummed).
-func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32c.Update(crc, b) }
 
 // Summed reports whether FlagSummed is set.
 func (h Header) Summed() bool { return h.Flags&FlagSummed != 0 }
@@ -193,7 +193,7 @@ func Encode(dst []byte, h Header) []byte {
 	binary.BigEndian.PutUint64(b[28:], h.Offset)
 	binary.BigEndian.PutUint32(b[36:], h.Length)
 	binary.BigEndian.PutUint32(b[40:], h.CRC)
-	binary.BigEndian.PutUint32(b[44:], crc32.Checksum(b[:44], castagnoli))
+	binary.BigEndian.PutUint32(b[44:], crc32c.Checksum(b[:44]))
 	return b
 }
 
@@ -210,7 +210,7 @@ func Decode(b []byte) (Header, error) {
 	if b[4] != Version {
 		return Header{}, fmt.Errorf("%w: %d (want %d)", ErrVersion, b[4], Version)
 	}
-	if got, want := binary.BigEndian.Uint32(b[44:]), crc32.Checksum(b[:44], castagnoli); got != want {
+	if got, want := binary.BigEndian.Uint32(b[44:]), crc32c.Checksum(b[:44]); got != want {
 		return Header{}, ErrHeaderCRC
 	}
 	h := Header{
