@@ -12,7 +12,8 @@ import (
 )
 
 // item is one demotion waiting for the writer. value is the store's own
-// copy; it is never modified once queued.
+// copy, checked against info.Checksum when it was made; it is never
+// modified while queued.
 type item struct {
 	fk        string
 	ns        string
@@ -21,6 +22,43 @@ type item struct {
 	info      cache.Info
 	low       bool
 	cancelled bool // guarded by qmu: deleted meanwhile, do not write
+	// shared (guarded by qmu) is set when a reader took value from the
+	// queue: its buffer may then be referenced after the item is done and
+	// is left to the garbage collector instead of being reused.
+	shared bool
+}
+
+// maxFreeBytes bounds the demotion buffers kept for reuse. A flood that
+// evicts faster than the writer drains keeps the queue full, so each
+// buffer the writer frees is taken by the next eviction: a few are enough.
+// Reusing them spares each demoted block a fresh MiB-sized allocation
+// (zeroed or page-faulted memory and garbage-collector work).
+const maxFreeBytes = 32 << 20
+
+// takeBuf returns a reusable buffer of capacity at least n (and at most
+// 2n, so that small blocks do not pin large buffers), or nil. qmu held.
+func (s *Store) takeBuf(n int) []byte {
+	for i := len(s.free) - 1; i >= 0; i-- {
+		b := s.free[i]
+		if c := cap(b); c >= n && c <= 2*n {
+			last := len(s.free) - 1
+			s.free[i] = s.free[last]
+			s.free[last] = nil
+			s.free = s.free[:last]
+			s.freeBytes -= int64(cap(b))
+			return b[:n]
+		}
+	}
+	return nil
+}
+
+// putBuf keeps b for reuse if there is room. No reader may hold b. qmu held.
+func (s *Store) putBuf(b []byte) {
+	if b == nil || s.freeBytes+int64(cap(b)) > maxFreeBytes {
+		return
+	}
+	s.free = append(s.free, b)
+	s.freeBytes += int64(cap(b))
 }
 
 // onEvict is the DRAM tier's OnEvict: it runs with no DRAM lock held, maybe
@@ -47,19 +85,38 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	}
 	s.qbytes += size
 	s.qslots++
+	buf := s.takeBuf(len(value))
 	s.qmu.Unlock()
 
 	// Copy outside qmu (a MiB copy takes tens of µs); the bytes and the
 	// place were reserved above so both bounds hold while several
 	// evictions copy at once.
-	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: append([]byte(nil), value...), info: info}
+	if buf != nil {
+		copy(buf, value)
+	} else {
+		buf = append([]byte(nil), value...)
+	}
+	// Check the copy against the block's DRAM checksum now, while it is
+	// in the CPU cache (a cold MiB reads several times slower), rather
+	// than in the SSD tier when the writer gets to it: a block damaged in
+	// DRAM after it was checked is not moved down, and the copy, private
+	// to the queue from here on, goes to SSD with that checksum
+	// (ssd.PutVerified) without another pass over its bytes.
+	damaged := cache.Checksum(buf) != info.Checksum
+	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: buf, info: info}
 	it.info.Tier = ssd.TierName
 	s.qmu.Lock()
 	s.qslots--
-	if _, ok := s.pending[fk]; ok || s.qstop {
+	if _, ok := s.pending[fk]; ok || s.qstop || damaged {
 		s.qbytes -= size
+		s.putBuf(buf)
 		s.qmu.Unlock()
-		if s.qstop {
+		switch {
+		case damaged:
+			s.demotionErrors.Add(1)
+			s.lg.Error("demoted block does not match its checksum: dropped", zap.String("ns", ns),
+				zap.Uint32("want", info.Checksum))
+		case s.qstop:
 			s.demotionsDropped.Add(1)
 		}
 		return
@@ -97,10 +154,10 @@ func (s *Store) writer() {
 		s.qmu.Unlock()
 		var err error
 		if !skip {
-			// With the DRAM block's checksum: bytes damaged in DRAM
-			// after they were checked are not stored as good.
-			_, err = s.ssd.Put(ctx, it.ns, it.key, it.value, cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low,
-				Checksum: it.info.Checksum, HasChecksum: true})
+			// The copy was checked against the DRAM block's checksum
+			// when it was made (onEvict).
+			_, err = s.ssd.PutVerified(ctx, it.ns, it.key, it.value, it.info.Checksum,
+				cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low})
 		}
 		s.demoteMu.Unlock()
 		switch {
@@ -119,6 +176,12 @@ func (s *Store) writer() {
 			delete(s.pending, it.fk)
 		}
 		s.qbytes -= int64(len(it.value))
+		if !it.shared {
+			// Out of pending (or never readable: cancelled items left
+			// it at cancel), so no reader can take it any more.
+			s.putBuf(it.value)
+		}
+		it.value = nil
 		s.qmu.Unlock()
 		s.qcond.Broadcast() // wake drain
 	}
@@ -241,11 +304,15 @@ func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte, prefet
 	}
 	s.qmu.Lock()
 	it := s.pending[fk]
-	s.qmu.Unlock()
 	var v []byte
 	var info cache.Info
 	if it != nil {
+		// The buffer is not reused once a reader has it (writer).
+		it.shared = true
 		v, info = it.value, it.info
+	}
+	s.qmu.Unlock()
+	if it != nil {
 		if !prefetch {
 			s.queueHits.Add(1)
 			nsCounter(&s.nsQueueHits, ns).Add(1)

@@ -218,6 +218,8 @@ type Store struct {
 	qbytes    int64
 	qslots    int // queue places reserved by onEvicts still copying (they run concurrently)
 	qstop     bool
+	free      [][]byte // demotion buffers to reuse (demote.go, takeBuf)
+	freeBytes int64    // sum of their capacities, at most maxFreeBytes
 	demoteMu  sync.Mutex
 	writerWG  sync.WaitGroup
 	hookWrite func() // test seam: called by the writer before each SSD write
