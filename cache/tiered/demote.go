@@ -9,6 +9,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/internal/crc32c"
 )
 
 // item is one demotion waiting for the writer. value is the store's own
@@ -28,12 +29,14 @@ type item struct {
 	shared bool
 }
 
-// maxFreeBytes bounds the demotion buffers kept for reuse. A flood that
-// evicts faster than the writer drains keeps the queue full, so each
-// buffer the writer frees is taken by the next eviction: a few are enough.
-// Reusing them spares each demoted block a fresh MiB-sized allocation
-// (zeroed or page-faulted memory and garbage-collector work).
-const maxFreeBytes = 32 << 20
+// Written demotion buffers are kept for the next evictions, up to the
+// queue's own byte bound (QueueBytes, memory the queue may hold anyway),
+// and dropped once the queue has been idle for freeIdle. Reusing them
+// spares each demoted block a fresh MiB-sized allocation (page faults on
+// memory the Go heap got back from the OS, garbage-collector work) and lets
+// the copy and its checksum be one pass (crc32c.Copy). A spill that comes
+// in bursts (a queue that fills, drains and fills again) reuses them all.
+const freeIdle = 5 * time.Second
 
 // takeBuf returns a reusable buffer of capacity at least n (and at most
 // 2n, so that small blocks do not pin large buffers), or nil. qmu held.
@@ -54,11 +57,27 @@ func (s *Store) takeBuf(n int) []byte {
 
 // putBuf keeps b for reuse if there is room. No reader may hold b. qmu held.
 func (s *Store) putBuf(b []byte) {
-	if b == nil || s.freeBytes+int64(cap(b)) > maxFreeBytes {
+	if b == nil || s.freeBytes+int64(cap(b)) > s.cfg.QueueBytes {
 		return
 	}
 	s.free = append(s.free, b)
 	s.freeBytes += int64(cap(b))
+	if s.freeTrim == nil {
+		s.freeTrim = time.AfterFunc(s.freeIdle, s.trimFree)
+	}
+}
+
+// trimFree drops the kept buffers once the queue has been idle for
+// freeIdle, and otherwise looks again freeIdle later.
+func (s *Store) trimFree() {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if len(s.pending) == 0 && len(s.queue) == 0 && time.Since(s.lastWrite) >= s.freeIdle {
+		clear(s.free)
+		s.free, s.freeBytes, s.freeTrim = nil, 0, nil
+		return
+	}
+	s.freeTrim.Reset(s.freeIdle)
 }
 
 // onEvict is the DRAM tier's OnEvict: it runs with no DRAM lock held, maybe
@@ -91,18 +110,23 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	// Copy outside qmu (a MiB copy takes tens of µs); the bytes and the
 	// place were reserved above so both bounds hold while several
 	// evictions copy at once.
-	if buf != nil {
-		copy(buf, value)
-	} else {
-		buf = append([]byte(nil), value...)
-	}
-	// Check the copy against the block's DRAM checksum now, while it is
-	// in the CPU cache (a cold MiB reads several times slower), rather
-	// than in the SSD tier when the writer gets to it: a block damaged in
+	//
+	// The copy is checked against the block's DRAM checksum here rather
+	// than by the SSD tier when the writer gets to it: a block damaged in
 	// DRAM after it was checked is not moved down, and the copy, private
 	// to the queue from here on, goes to SSD with that checksum
-	// (ssd.PutVerified) without another pass over its bytes.
-	damaged := cache.Checksum(buf) != info.Checksum
+	// (ssd.PutVerified) without another pass over its bytes. Into a reused
+	// buffer, copy and checksum are one pass (crc32c.Copy: the sum is of
+	// the bytes as stored in buf); a fresh buffer is filled by append,
+	// which does not zero it first.
+	var sum uint32
+	if buf != nil {
+		sum = crc32c.Copy(buf, value)
+	} else {
+		buf = append([]byte(nil), value...)
+		sum = cache.Checksum(buf)
+	}
+	damaged := sum != info.Checksum
 	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: buf, info: info}
 	it.info.Tier = ssd.TierName
 	s.qmu.Lock()
@@ -176,6 +200,7 @@ func (s *Store) writer() {
 			delete(s.pending, it.fk)
 		}
 		s.qbytes -= int64(len(it.value))
+		s.lastWrite = time.Now()
 		if !it.shared {
 			// Out of pending (or never readable: cancelled items left
 			// it at cancel), so no reader can take it any more.
@@ -235,6 +260,13 @@ func (s *Store) stopWriter() {
 	s.qmu.Unlock()
 	s.qcond.Broadcast()
 	s.writerWG.Wait()
+	s.qmu.Lock()
+	if s.freeTrim != nil {
+		s.freeTrim.Stop()
+	}
+	clear(s.free)
+	s.free, s.freeBytes = nil, 0
+	s.qmu.Unlock()
 	if left > 0 {
 		s.demotionsDropped.Add(int64(left))
 		s.lg.Warn("demotions dropped at close", zap.Int("blocks", left))

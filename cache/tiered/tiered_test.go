@@ -795,3 +795,25 @@ func TestQueueReadKeepsItsBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestFreeBuffersTrimmedWhenIdle: the demotion buffers kept for reuse are
+// dropped once the queue has been idle, so a burst of spills does not pin
+// its memory.
+func TestFreeBuffersTrimmedWhenIdle(t *testing.T) {
+	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+	s.freeIdle = 20 * time.Millisecond
+	for i := range 12 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	if s.Movement().Demotions == 0 {
+		t.Fatal("nothing demoted")
+	}
+	poll(t, "kept buffers to be dropped", func() bool {
+		s.qmu.Lock()
+		defer s.qmu.Unlock()
+		return len(s.free) == 0 && s.freeBytes == 0 && s.freeTrim == nil
+	})
+}
