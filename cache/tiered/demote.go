@@ -55,9 +55,10 @@ func (s *Store) takeBuf(n int) []byte {
 	return nil
 }
 
-// putBuf keeps b for reuse if there is room. No reader may hold b. qmu held.
+// putBuf keeps b for reuse if there is room and the writer is not stopped.
+// No reader may hold b. qmu held.
 func (s *Store) putBuf(b []byte) {
-	if b == nil || s.freeBytes+int64(cap(b)) > s.cfg.QueueBytes {
+	if b == nil || s.qstop || s.freeBytes+int64(cap(b)) > s.cfg.QueueBytes {
 		return
 	}
 	s.free = append(s.free, b)
