@@ -51,13 +51,15 @@ type Config struct {
 	// Default 128 MiB.
 	BlobFileSize int64
 	// BlobGCAgeCutoff is the fraction (0..1] of the oldest blob files whose
-	// live blobs compaction relocates so the files can be deleted.
+	// live blobs the tier's compaction (CompactAfter) relocates so the
+	// files can be deleted; RocksDB's own compactions do not (docs/ssd.md).
 	// Default 0.25.
 	BlobGCAgeCutoff float64
 	// CompactAfter: after this many bytes of blocks were evicted or deleted,
 	// the tier compacts the data family in the background so RocksDB drops
 	// the dead blob references and deletes blob files. Default (0):
-	// Capacity/8; negative disables it.
+	// Capacity/8; negative disables it, and with it blob GC (blob files
+	// with some dead blocks are then never rewritten).
 	CompactAfter int64
 	// BackgroundJobs is the number of RocksDB background threads: half of
 	// them (at least one) flush memtables, the others compact. Default 4.

@@ -420,3 +420,29 @@ func TestQuarantine(t *testing.T) {
 		})
 	}
 }
+
+// TestPutVerifiedStoresItsSum: PutVerified stores the caller's checksum
+// without reading the bytes again; a block stored under a sum that does
+// not match its bytes is refused on read (a miss, counted), never returned.
+func TestPutVerifiedStoresItsSum(t *testing.T) {
+	tr := newTier(t, testConfig(t.TempDir()))
+	const size = 256 << 10
+	good, bad := value(1, size), value(2, size)
+	if _, err := tr.PutVerified(context.Background(), "pv", key(1), good, cache.Checksum(good), cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.PutVerified(context.Background(), "pv", key(2), bad, cache.Checksum(bad)^1, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if info, ok := tr.Stat(context.Background(), "pv", key(1)); !ok || info.Checksum != cache.Checksum(good) {
+		t.Fatalf("stat of the good block: %+v %v", info, ok)
+	}
+	mustGet(t, tr, "pv", key(1), good)
+	v, _, err := tr.Get(context.Background(), "pv", key(2), nil)
+	if !errors.Is(err, cache.ErrChecksum) || !errors.Is(err, cache.ErrNotFound) || len(v) != 0 {
+		t.Fatalf("get of the block stored under a wrong sum: %d bytes, %v", len(v), err)
+	}
+	if n := tr.Health().ChecksumFailures; n != 1 {
+		t.Fatalf("checksum failures %d, want 1", n)
+	}
+}

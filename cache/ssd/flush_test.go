@@ -3,6 +3,10 @@ package ssd
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache"
@@ -43,5 +47,63 @@ func TestFlushBesideBackgroundFlushes(t *testing.T) {
 		if err != nil || !bytes.Equal(got, value(uint64(i), 512<<10)) {
 			t.Fatalf("Get %d after reopen: %d bytes, %v", i, len(got), err)
 		}
+	}
+}
+
+// optionsBlobGC reads enable_blob_garbage_collection of the data family
+// from the newest OPTIONS file RocksDB wrote in dir (it writes one at open
+// and at every option change).
+func optionsBlobGC(t *testing.T, dir string) string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "OPTIONS-*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no OPTIONS file in %s: %v", dir, err)
+	}
+	newest, num := "", -1
+	for _, f := range files {
+		n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(f), "OPTIONS-"))
+		if err == nil && n > num {
+			newest, num = f, n
+		}
+	}
+	b, err := os.ReadFile(newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, data, ok := strings.Cut(string(b), `[CFOptions "`+cfDataName+`"]`)
+	if !ok {
+		t.Fatalf("%s has no data family", newest)
+	}
+	data, _, _ = strings.Cut(data, "\n[")
+	for _, l := range strings.Split(data, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), blobGCOption+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("%s: no %s", newest, blobGCOption)
+	return ""
+}
+
+// TestBlobGCOnlyInTierCompaction: RocksDB's own compactions do not
+// relocate live blobs (blob GC off, so spilled blocks are written once);
+// the tier's compaction after dropped blocks turns it on for its run and
+// off again.
+func TestBlobGCOnlyInTierCompaction(t *testing.T) {
+	dir := t.TempDir()
+	tr := newTier(t, testConfig(dir))
+	if v := optionsBlobGC(t, dir); v != "false" {
+		t.Fatalf("blob GC at open: %s, want false", v)
+	}
+	tr.dbMu.RLock()
+	tr.st.setBlobGC(true)
+	tr.dbMu.RUnlock()
+	if v := optionsBlobGC(t, dir); v != "true" {
+		t.Fatalf("blob GC after setBlobGC(true): %s", v)
+	}
+	tr.dbMu.RLock()
+	tr.st.compactData()
+	tr.dbMu.RUnlock()
+	if v := optionsBlobGC(t, dir); v != "false" {
+		t.Fatalf("blob GC after the tier's compaction: %s, want false", v)
 	}
 }

@@ -144,7 +144,14 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.dataOpts.SetMinBlobSize(uint64(cfg.MinBlobSize))
 	s.dataOpts.SetBlobFileSize(uint64(cfg.BlobFileSize))
 	s.dataOpts.SetBlobCompressionType(grocksdb.NoCompression)
-	s.dataOpts.EnableBlobGC(true)
+	// Blob GC stays off for RocksDB's own compactions: with it on, every
+	// L0 compaction of blob references rewrote the live blobs of the
+	// oldest BlobGCAgeCutoff of the blob files, garbage or not, so blocks
+	// spilled from DRAM were written to disk twice and a quarter of the
+	// sidecar's CPU during a spill went to that relocation (docs/ssd.md,
+	// "The spill's write path"). compactData turns it on for the tier's own
+	// compaction, which runs once CompactAfter bytes were dropped.
+	s.dataOpts.EnableBlobGC(false)
 	s.dataOpts.SetBlobGCAgeCutoff(cfg.BlobGCAgeCutoff)
 	s.dataOpts.SetBlobGCForceThreshold(0.5)
 	s.dataOpts.SetBlobCompactionReadaheadSize(2 << 20)
@@ -398,8 +405,24 @@ func (s *store) waitFlushesIdle() {
 // compactData compacts the whole data family so that blob references of
 // deleted blocks are dropped and blob GC can delete or rewrite old blob
 // files.
+//
+// Blob GC is on for the duration (it is off for RocksDB's own compactions,
+// see openStore): the live blobs of the oldest BlobGCAgeCutoff of the blob
+// files are relocated so that those files can go. Compactions RocksDB
+// starts meanwhile GC too, which only frees space sooner.
 func (s *store) compactData() {
+	s.setBlobGC(true)
+	defer s.setBlobGC(false)
 	s.db.CompactRangeCFOpt(s.cfData, grocksdb.Range{}, s.compact)
+}
+
+const blobGCOption = "enable_blob_garbage_collection"
+
+// setBlobGC turns blob GC of the data family on or off (a mutable column
+// family option). A failure leaves it as it was: compaction still drops the
+// references of dead blocks and deletes blob files that hold only those.
+func (s *store) setBlobGC(on bool) {
+	_ = s.db.SetOptionsCF(s.cfData, []string{blobGCOption}, []string{strconv.FormatBool(on)})
 }
 
 // pauseCompaction aborts a running manual compaction and makes later ones

@@ -325,6 +325,23 @@ func (t *Tier) checkKey(ns string, key []byte) error {
 // no longer match it are refused with cache.ErrChecksum, so damage done in
 // DRAM is never stored under a fresh checksum.
 func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, opts, 0, false)
+}
+
+// PutVerified is Put for a caller that has already checked value against
+// sum itself, on a private copy nobody else can write (the tiered store's
+// demotion queue checks each evicted block's copy against its DRAM
+// checksum while the copy is still in the CPU cache): the tier stores sum
+// as the block's CRC-32C without another pass over the bytes.
+// opts.Checksum and opts.HasChecksum are ignored. Reads verify the bytes
+// against sum as for any block, so a wrong sum makes the block unreadable
+// (a miss), never wrong bytes.
+func (t *Tier) PutVerified(ctx context.Context, ns string, key, value []byte, sum uint32, opts cache.PutOptions) (existed bool, err error) {
+	return t.put(ctx, ns, key, value, opts, sum, true)
+}
+
+// put is Put; with verified, sum is the value's CRC-32C, known already.
+func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions, sum uint32, verified bool) (existed bool, err error) {
 	if err := t.checkKey(ns, key); err != nil {
 		return false, err
 	}
@@ -339,8 +356,10 @@ func (t *Tier) Put(ctx context.Context, ns string, key, value []byte, opts cache
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	sum := cache.Checksum(value)
-	if opts.HasChecksum && sum != opts.Checksum {
+	if !verified {
+		sum = cache.Checksum(value)
+	}
+	if !verified && opts.HasChecksum && sum != opts.Checksum {
 		return false, fmt.Errorf("%w: value of %d bytes has CRC-32C %08x, its block %08x", cache.ErrChecksum, len(value), sum, opts.Checksum)
 	}
 

@@ -9,10 +9,12 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/internal/crc32c"
 )
 
 // item is one demotion waiting for the writer. value is the store's own
-// copy; it is never modified once queued.
+// copy, checked against info.Checksum when it was made; it is never
+// modified while queued.
 type item struct {
 	fk        string
 	ns        string
@@ -21,6 +23,62 @@ type item struct {
 	info      cache.Info
 	low       bool
 	cancelled bool // guarded by qmu: deleted meanwhile, do not write
+	// shared (guarded by qmu) is set when a reader took value from the
+	// queue: its buffer may then be referenced after the item is done and
+	// is left to the garbage collector instead of being reused.
+	shared bool
+}
+
+// Written demotion buffers are kept for the next evictions, up to the
+// queue's own byte bound (QueueBytes, memory the queue may hold anyway),
+// and dropped once the queue has been idle for freeIdle. Reusing them
+// spares each demoted block a fresh MiB-sized allocation (page faults on
+// memory the Go heap got back from the OS, garbage-collector work) and lets
+// the copy and its checksum be one pass (crc32c.Copy). A spill that comes
+// in bursts (a queue that fills, drains and fills again) reuses them all.
+const freeIdle = 5 * time.Second
+
+// takeBuf returns a reusable buffer of capacity at least n (and at most
+// 2n, so that small blocks do not pin large buffers), or nil. qmu held.
+func (s *Store) takeBuf(n int) []byte {
+	for i := len(s.free) - 1; i >= 0; i-- {
+		b := s.free[i]
+		if c := cap(b); c >= n && c <= 2*n {
+			last := len(s.free) - 1
+			s.free[i] = s.free[last]
+			s.free[last] = nil
+			s.free = s.free[:last]
+			s.freeBytes -= int64(cap(b))
+			return b[:n]
+		}
+	}
+	return nil
+}
+
+// putBuf keeps b for reuse if there is room and the writer is not stopped.
+// No reader may hold b. qmu held.
+func (s *Store) putBuf(b []byte) {
+	if b == nil || s.qstop || s.freeBytes+int64(cap(b)) > s.cfg.QueueBytes {
+		return
+	}
+	s.free = append(s.free, b)
+	s.freeBytes += int64(cap(b))
+	if s.freeTrim == nil {
+		s.freeTrim = time.AfterFunc(s.freeIdle, s.trimFree)
+	}
+}
+
+// trimFree drops the kept buffers once the queue has been idle for
+// freeIdle, and otherwise looks again freeIdle later.
+func (s *Store) trimFree() {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	if len(s.pending) == 0 && len(s.queue) == 0 && time.Since(s.lastWrite) >= s.freeIdle {
+		clear(s.free)
+		s.free, s.freeBytes, s.freeTrim = nil, 0, nil
+		return
+	}
+	s.freeTrim.Reset(s.freeIdle)
 }
 
 // onEvict is the DRAM tier's OnEvict: it runs with no DRAM lock held, maybe
@@ -47,19 +105,43 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	}
 	s.qbytes += size
 	s.qslots++
+	buf := s.takeBuf(len(value))
 	s.qmu.Unlock()
 
 	// Copy outside qmu (a MiB copy takes tens of µs); the bytes and the
 	// place were reserved above so both bounds hold while several
 	// evictions copy at once.
-	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: append([]byte(nil), value...), info: info}
+	//
+	// The copy is checked against the block's DRAM checksum here rather
+	// than by the SSD tier when the writer gets to it: a block damaged in
+	// DRAM after it was checked is not moved down, and the copy, private
+	// to the queue from here on, goes to SSD with that checksum
+	// (ssd.PutVerified) without another pass over its bytes. Into a reused
+	// buffer, copy and checksum are one pass (crc32c.Copy: the sum is of
+	// the bytes as stored in buf); a fresh buffer is filled by append,
+	// which does not zero it first.
+	var sum uint32
+	if buf != nil {
+		sum = crc32c.Copy(buf, value)
+	} else {
+		buf = append([]byte(nil), value...)
+		sum = cache.Checksum(buf)
+	}
+	damaged := sum != info.Checksum
+	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: buf, info: info}
 	it.info.Tier = ssd.TierName
 	s.qmu.Lock()
 	s.qslots--
-	if _, ok := s.pending[fk]; ok || s.qstop {
+	if _, ok := s.pending[fk]; ok || s.qstop || damaged {
 		s.qbytes -= size
+		s.putBuf(buf)
 		s.qmu.Unlock()
-		if s.qstop {
+		switch {
+		case damaged:
+			s.demotionErrors.Add(1)
+			s.lg.Error("demoted block does not match its checksum: dropped", zap.String("ns", ns),
+				zap.Uint32("want", info.Checksum))
+		case s.qstop:
 			s.demotionsDropped.Add(1)
 		}
 		return
@@ -97,10 +179,10 @@ func (s *Store) writer() {
 		s.qmu.Unlock()
 		var err error
 		if !skip {
-			// With the DRAM block's checksum: bytes damaged in DRAM
-			// after they were checked are not stored as good.
-			_, err = s.ssd.Put(ctx, it.ns, it.key, it.value, cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low,
-				Checksum: it.info.Checksum, HasChecksum: true})
+			// The copy was checked against the DRAM block's checksum
+			// when it was made (onEvict).
+			_, err = s.ssd.PutVerified(ctx, it.ns, it.key, it.value, it.info.Checksum,
+				cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low})
 		}
 		s.demoteMu.Unlock()
 		switch {
@@ -119,6 +201,13 @@ func (s *Store) writer() {
 			delete(s.pending, it.fk)
 		}
 		s.qbytes -= int64(len(it.value))
+		s.lastWrite = time.Now()
+		if !it.shared {
+			// Out of pending (or never readable: cancelled items left
+			// it at cancel), so no reader can take it any more.
+			s.putBuf(it.value)
+		}
+		it.value = nil
 		s.qmu.Unlock()
 		s.qcond.Broadcast() // wake drain
 	}
@@ -172,6 +261,13 @@ func (s *Store) stopWriter() {
 	s.qmu.Unlock()
 	s.qcond.Broadcast()
 	s.writerWG.Wait()
+	s.qmu.Lock()
+	if s.freeTrim != nil {
+		s.freeTrim.Stop()
+	}
+	clear(s.free)
+	s.free, s.freeBytes = nil, 0
+	s.qmu.Unlock()
 	if left > 0 {
 		s.demotionsDropped.Add(int64(left))
 		s.lg.Warn("demotions dropped at close", zap.Int("blocks", left))
@@ -241,11 +337,15 @@ func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte, prefet
 	}
 	s.qmu.Lock()
 	it := s.pending[fk]
-	s.qmu.Unlock()
 	var v []byte
 	var info cache.Info
 	if it != nil {
+		// The buffer is not reused once a reader has it (writer).
+		it.shared = true
 		v, info = it.value, it.info
+	}
+	s.qmu.Unlock()
+	if it != nil {
 		if !prefetch {
 			s.queueHits.Add(1)
 			nsCounter(&s.nsQueueHits, ns).Add(1)

@@ -218,6 +218,11 @@ type Store struct {
 	qbytes    int64
 	qslots    int // queue places reserved by onEvicts still copying (they run concurrently)
 	qstop     bool
+	free      [][]byte // demotion buffers to reuse (demote.go, takeBuf)
+	freeBytes int64    // sum of their capacities, at most cfg.QueueBytes
+	freeTrim  *time.Timer
+	freeIdle  time.Duration // the queue idle this long drops free (test seam)
+	lastWrite time.Time     // when the writer last finished an item
 	demoteMu  sync.Mutex
 	writerWG  sync.WaitGroup
 	hookWrite func() // test seam: called by the writer before each SSD write
@@ -284,6 +289,7 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 		stop:    make(chan struct{}),
 	}
 	s.qcond = sync.NewCond(&s.qmu)
+	s.freeIdle = freeIdle
 	if cfg.SSD != nil {
 		st, err := ssd.New(*cfg.SSD, lg)
 		if err != nil {

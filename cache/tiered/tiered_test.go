@@ -737,3 +737,83 @@ func TestAcquireVerifiedFallsBackToSSD(t *testing.T) {
 		t.Fatalf("dram checksum failures %d", st.ChecksumFailures)
 	}
 }
+
+// TestQueueReadKeepsItsBytes: demotion buffers are reused once written,
+// except one a reader took from the queue, which keeps its bytes however
+// many demotions follow.
+func TestQueueReadKeepsItsBytes(t *testing.T) {
+	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+	gate := make(chan struct{})
+	s.hookWrite = func() { <-gate }
+	for i := range 8 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll(t, "writer to take an item", func() bool { return s.Movement().QueueBlocks >= 2 })
+	read := -1
+	for i := range 8 {
+		if info, ok := s.Stat(ctx, "ns", key(i)); ok && info.Tier == ssd.TierName {
+			s.qmu.Lock()
+			_, queued := s.pending[fkey("ns", key(i))]
+			s.qmu.Unlock()
+			if queued {
+				read = i
+			}
+		}
+	}
+	if read < 0 {
+		t.Fatal("no block in the queue")
+	}
+	// fetch returns the queue's own buffer (callers copy it): held here
+	// across the demotions below.
+	v, _, err := s.fetch(ctx, "ns", key(read))
+	if err != nil || !bytes.Equal(v, value(uint64(read), mib)) {
+		t.Fatalf("queue read of block %d: %d bytes, %v", read, len(v), err)
+	}
+	close(gate)
+	waitIdle(t, s)
+	s.qmu.Lock()
+	free := len(s.free)
+	s.qmu.Unlock()
+	if free == 0 {
+		t.Fatal("no demotion buffer kept for reuse")
+	}
+	for i := 100; i < 140; i++ {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	if !bytes.Equal(v, value(uint64(read), mib)) {
+		t.Fatalf("block %d read from the queue changed under its reader", read)
+	}
+	for i := 100; i < 140; i++ {
+		got, _, err := s.Get(ctx, "ns", key(i), nil)
+		if err != nil || !bytes.Equal(got, value(uint64(i), mib)) {
+			t.Fatalf("block %d: %d bytes, %v", i, len(got), err)
+		}
+	}
+}
+
+// TestFreeBuffersTrimmedWhenIdle: the demotion buffers kept for reuse are
+// dropped once the queue has been idle, so a burst of spills does not pin
+// its memory.
+func TestFreeBuffersTrimmedWhenIdle(t *testing.T) {
+	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+	s.freeIdle = 20 * time.Millisecond
+	for i := range 12 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitIdle(t, s)
+	if s.Movement().Demotions == 0 {
+		t.Fatal("nothing demoted")
+	}
+	poll(t, "kept buffers to be dropped", func() bool {
+		s.qmu.Lock()
+		defer s.qmu.Unlock()
+		return len(s.free) == 0 && s.freeBytes == 0 && s.freeTrim == nil
+	})
+}
