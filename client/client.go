@@ -67,8 +67,12 @@ func CodeOf(err error) ErrorCode {
 }
 
 // Config configures a Client.
+//
+// A zero field means its default (DefaultConfig, applied by withDefaults);
+// a negative value is an error from NewWithConfig (no field gives a
+// negative a meaning).
 type Config struct {
-	// Socket is the absolute path of the sidecar's Unix socket.
+	// Socket is the absolute path of the sidecar's Unix socket. Required.
 	Socket string
 	// Timeout bounds each call. Default 30s.
 	Timeout time.Duration
@@ -96,6 +100,46 @@ func DefaultConfig(socket string) Config {
 	return Config{Socket: socket, Timeout: 30 * time.Second, ConnectTimeout: time.Second, MaxIdleConns: 64, MaxResponseBytes: 1 << 30, ZeroCopyInFlight: 1}
 }
 
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig(c.Socket)
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = d.ConnectTimeout
+	}
+	if c.MaxIdleConns == 0 {
+		c.MaxIdleConns = d.MaxIdleConns
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = d.MaxResponseBytes
+	}
+	if c.ZeroCopyInFlight == 0 {
+		c.ZeroCopyInFlight = d.ZeroCopyInFlight
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults): a socket path
+// that is not absolute, and any negative field.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if !filepath.IsAbs(c.Socket) {
+		errs = append(errs, fmt.Errorf("client: socket path %q must be absolute", c.Socket))
+	}
+	if c.Timeout < 0 || c.ConnectTimeout < 0 {
+		errs = append(errs, fmt.Errorf("client: Timeout %v, ConnectTimeout %v: neither may be negative", c.Timeout, c.ConnectTimeout))
+	}
+	if c.MaxIdleConns < 0 || c.MaxResponseBytes < 0 || c.ZeroCopyInFlight < 0 {
+		errs = append(errs, fmt.Errorf("client: MaxIdleConns %d, MaxResponseBytes %d, ZeroCopyInFlight %d: none may be negative",
+			c.MaxIdleConns, c.MaxResponseBytes, c.ZeroCopyInFlight))
+	}
+	return errors.Join(errs...)
+}
+
 // Client calls one sidecar. Safe for concurrent use.
 type Client struct {
 	kc kclient.Client
@@ -110,24 +154,9 @@ func New(socket string) (*Client, error) { return NewWithConfig(DefaultConfig(so
 
 // NewWithConfig makes a client from cfg.
 func NewWithConfig(cfg Config) (*Client, error) {
-	if !filepath.IsAbs(cfg.Socket) {
-		return nil, fmt.Errorf("client: socket path %q must be absolute", cfg.Socket)
-	}
-	def := DefaultConfig(cfg.Socket)
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = def.Timeout
-	}
-	if cfg.ConnectTimeout <= 0 {
-		cfg.ConnectTimeout = def.ConnectTimeout
-	}
-	if cfg.MaxIdleConns <= 0 {
-		cfg.MaxIdleConns = def.MaxIdleConns
-	}
-	if cfg.MaxResponseBytes <= 0 {
-		cfg.MaxResponseBytes = def.MaxResponseBytes
-	}
-	if cfg.ZeroCopyInFlight <= 0 {
-		cfg.ZeroCopyInFlight = def.ZeroCopyInFlight
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	kc, err := kclient.NewClient(tpsvc.NewServiceInfoForClient(),
 		kclient.WithDestService("tidepool"),

@@ -9,7 +9,9 @@ import (
 	"sort"
 )
 
-// RingConfig configures placement.
+// RingConfig configures placement. A zero field means its default
+// (DefaultRingConfig, applied per field by WithDefaults, which NewRing and
+// Validate call); a negative value, or a value out of range, is an error.
 type RingConfig struct {
 	// Partitions cuts the key space into this many fixed slices, the
 	// virtual nodes of the ring: a key belongs to one partition (by hash),
@@ -31,8 +33,26 @@ func DefaultRingConfig() RingConfig {
 	return RingConfig{Partitions: 8192, LoadFactor: 1.1, Replicas: 1}
 }
 
-// Validate reports every problem with c.
+// WithDefaults fills the zero fields with their defaults: the one place a
+// zero RingConfig field becomes its default (exported for the configs that
+// hold a RingConfig: clusterview.Config).
+func (c RingConfig) WithDefaults() RingConfig {
+	d := DefaultRingConfig()
+	if c.Partitions == 0 {
+		c.Partitions = d.Partitions
+	}
+	if c.LoadFactor == 0 {
+		c.LoadFactor = d.LoadFactor
+	}
+	if c.Replicas == 0 {
+		c.Replicas = d.Replicas
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults).
 func (c RingConfig) Validate() error {
+	c = c.WithDefaults()
 	var errs []error
 	if c.Partitions <= 0 || c.Partitions > 1<<20 {
 		errs = append(errs, fmt.Errorf("cluster: ring Partitions %d must be in [1, %d]", c.Partitions, 1<<20))
@@ -66,10 +86,12 @@ type Ring struct {
 	owners  []int32 // partition p's owners: owners[p*depth : (p+1)*depth]
 }
 
-// NewRing places cfg.Partitions partitions on members (names, e.g. node
+// NewRing places cfg.Partitions partitions (zero fields of cfg: their
+// defaults) on members (names, e.g. node
 // ids; order and duplicates do not matter; names must not be empty). An
 // empty member list gives a ring whose Owners are always empty.
 func NewRing(members []string, cfg RingConfig) (*Ring, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -134,7 +156,7 @@ func (r *Ring) Members() []string { return slices.Clone(r.members) }
 // Len returns the number of members.
 func (r *Ring) Len() int { return len(r.members) }
 
-// Config returns the ring's config.
+// Config returns the ring's config, defaults applied.
 func (r *Ring) Config() RingConfig { return r.cfg }
 
 // Partition returns the partition key belongs to.

@@ -43,7 +43,8 @@ func TestRingConfigValidate(t *testing.T) {
 	if err := DefaultRingConfig().Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	err := RingConfig{Partitions: 0, LoadFactor: 0.5, Replicas: 0}.Validate()
+	// Negative, not zero: a zero field is its default (TestZeroRingConfigIsDefault).
+	err := RingConfig{Partitions: -1, LoadFactor: 0.5, Replicas: -1}.Validate()
 	for _, w := range []string{"Partitions", "LoadFactor", "Replicas"} {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("Validate() = %v, want a problem with %s", err, w)

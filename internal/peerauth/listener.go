@@ -2,6 +2,7 @@ package peerauth
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -10,7 +11,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// ListenerConfig configures a guarded listener.
+// ListenerConfig configures a guarded listener. A zero field means its
+// default (DefaultListenerConfig, applied by withDefaults); a negative
+// MaxConns or HandshakeTimeout is an error (Validate), a negative
+// IdleTimeout means no cap (NoIdleTimeout).
 type ListenerConfig struct {
 	// Key authenticates every accepted connection before Accept returns
 	// it; nil accepts without a handshake (insecure mode).
@@ -25,13 +29,44 @@ type ListenerConfig struct {
 	// IdleTimeout caps every read deadline of an accepted connection
 	// (a read with no deadline, or a later one, gets now+IdleTimeout), so
 	// a connection that sends nothing for that long is closed by its
-	// reader. Zero: no cap.
+	// reader. Default NoIdleTimeout (negative): no cap; zero takes that
+	// default. The servers that want a cap set it (proxy/peerapi: 5 min).
 	IdleTimeout time.Duration
 }
 
+// NoIdleTimeout is the IdleTimeout that caps nothing (any negative value
+// does), DefaultListenerConfig's.
+const NoIdleTimeout time.Duration = -1
+
 // DefaultListenerConfig returns the defaults documented on ListenerConfig.
 func DefaultListenerConfig() ListenerConfig {
-	return ListenerConfig{MaxConns: 1024, HandshakeTimeout: 5 * time.Second}
+	return ListenerConfig{MaxConns: 1024, HandshakeTimeout: 5 * time.Second, IdleTimeout: NoIdleTimeout}
+}
+
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default.
+func (c ListenerConfig) withDefaults() ListenerConfig {
+	d := DefaultListenerConfig()
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults): a negative
+// MaxConns or HandshakeTimeout.
+func (c ListenerConfig) Validate() error {
+	c = c.withDefaults()
+	if c.MaxConns < 0 || c.HandshakeTimeout < 0 {
+		return fmt.Errorf("peerauth: listener MaxConns %d, HandshakeTimeout %v: neither may be negative", c.MaxConns, c.HandshakeTimeout)
+	}
+	return nil
 }
 
 // ListenerStats counts a guarded listener's connections.
@@ -74,15 +109,14 @@ type Listener struct {
 }
 
 // NewListener wraps ln and starts accepting. lg is used as given (nil is a
-// no-op).
+// no-op). Zero fields of cfg take their defaults. cfg must pass Validate:
+// NewListener has no error to return, and its callers (rdma/tcp,
+// rdma/verbs, proxy/peerapi) refuse negative values in their own Validate;
+// a negative MaxConns or HandshakeTimeout that got here anyway is not made
+// a default but fails closed (every connection over the cap; with a Key,
+// every handshake past its deadline).
 func NewListener(ln net.Listener, cfg ListenerConfig, lg *zap.Logger) *Listener {
-	d := DefaultListenerConfig()
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = d.MaxConns
-	}
-	if cfg.HandshakeTimeout <= 0 {
-		cfg.HandshakeTimeout = d.HandshakeTimeout
-	}
+	cfg = cfg.withDefaults()
 	if lg == nil {
 		lg = zap.NewNop()
 	}

@@ -41,7 +41,7 @@ var ErrClosed = errors.New("clusterview: closed")
 // Config configures a View.
 type Config struct {
 	// Ring places keys; Ring.Replicas is R, the number of owners of a block.
-	// Default cluster.DefaultRingConfig() (R = 1).
+	// Zero fields: cluster.DefaultRingConfig()'s (R = 1).
 	Ring cluster.RingConfig
 	// Grace is how long the ring before a membership change keeps answering
 	// Owners after the current owners (the lazy fill). Default 2 min; 0 in a
@@ -66,9 +66,7 @@ func DefaultConfig() Config {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.Ring == (cluster.RingConfig{}) {
-		c.Ring = d.Ring
-	}
+	c.Ring = c.Ring.WithDefaults() // per field (cluster's defaults)
 	if c.Grace == 0 {
 		c.Grace = d.Grace
 	}

@@ -3,6 +3,7 @@ package clusterview
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -52,6 +53,7 @@ func TestConfigValidate(t *testing.T) {
 		{"zero takes defaults", Config{}, true},
 		{"no grace", Config{Grace: -1}, true},
 		{"bad ring", Config{Ring: cluster.RingConfig{Partitions: -1, LoadFactor: 0.5, Replicas: 1}}, false},
+		{"ring fields default one by one", Config{Ring: cluster.RingConfig{Replicas: 2}}, true},
 		{"negative resync", Config{Resync: -time.Second}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -267,5 +269,19 @@ func TestJoinRing(t *testing.T) {
 		if o := v.Owners(ns, []byte(fmt.Sprint("k", i))); len(o) != 1 {
 			t.Fatalf("after the grace period owners %v", o)
 		}
+	}
+}
+
+// TestZeroConfigIsDefault: a zero Config is DefaultConfig once the
+// defaults are applied, and a partly set Ring keeps its fields and takes
+// cluster's defaults for the others (not all or nothing).
+func TestZeroConfigIsDefault(t *testing.T) {
+	if got, want := (Config{}).withDefaults(), DefaultConfig(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Config{} with defaults\n got %+v\nwant %+v", got, want)
+	}
+	want := cluster.DefaultRingConfig()
+	want.Replicas = 2
+	if got := (Config{Ring: cluster.RingConfig{Replicas: 2}}).withDefaults().Ring; got != want {
+		t.Fatalf("Ring{Replicas: 2} with defaults = %+v, want %+v", got, want)
 	}
 }

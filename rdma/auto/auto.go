@@ -53,18 +53,69 @@ const (
 // ErrMode: an unknown Config.Mode.
 var ErrMode = errors.New("auto: transport must be auto, tcp or rdma")
 
-// Config configures a Transport.
+// Config configures a Transport. A zero field means its default
+// (DefaultConfig, applied by withDefaults; TCP and Verbs by their own
+// packages' rules); a negative RetryAfter is an error.
 type Config struct {
+	// Mode is ModeAuto, ModeTCP or ModeRDMA. Default ModeAuto.
 	Mode string
 	// TCP configures the tcp transport; its ListenAddr (or Listener) is the
-	// shared transfer port.
+	// shared transfer port. Zero fields: tcp's defaults (tcp.DefaultConfig).
 	TCP tcp.Config
 	// Verbs configures the verbs transport (device, GID index, QPs); its
-	// listener, key and advertised address are taken from TCP.
+	// listener, key and advertised address are taken from TCP. Zero
+	// fields: verbs' defaults, but for its documented exceptions
+	// (GIDIndex 0 is index 0; QPTimeout, QPRetry 0 are values): start
+	// from verbs.DefaultConfig, as DefaultConfig does.
 	Verbs verbs.Config
 	// RetryAfter is how long a peer whose RDMA path failed is served over
-	// TCP before verbs is tried again. Default 30 s.
+	// TCP before verbs is tried again. Default 30 s; negative is an error.
 	RetryAfter time.Duration
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{Mode: ModeAuto, TCP: tcp.DefaultConfig(), Verbs: verbs.DefaultConfig(), RetryAfter: 30 * time.Second}
+}
+
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default (TCP's and Verbs' through their packages).
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Mode == "" {
+		c.Mode = d.Mode
+	}
+	c.TCP = c.TCP.WithDefaults()
+	c.Verbs = c.Verbs.WithDefaults()
+	if c.RetryAfter == 0 {
+		c.RetryAfter = d.RetryAfter
+	}
+	return c
+}
+
+// Validate reports every problem with c (after defaults): an unknown Mode
+// (ErrMode), a negative RetryAfter, and the problems of TCP, and of Verbs
+// unless Mode is ModeTCP.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	switch c.Mode {
+	case ModeAuto, ModeTCP, ModeRDMA:
+	default:
+		errs = append(errs, fmt.Errorf("%w: %q", ErrMode, c.Mode))
+	}
+	if c.RetryAfter < 0 {
+		errs = append(errs, fmt.Errorf("auto: RetryAfter %v must not be negative", c.RetryAfter))
+	}
+	if err := c.TCP.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Mode != ModeTCP {
+		if err := c.Verbs.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // verbsTransport is what auto needs of rdma/verbs beyond rdma.Transport
@@ -105,15 +156,9 @@ func New(cfg Config, lg *zap.Logger) (*Transport, error) {
 	}
 	tlg := lg // tcp and verbs name their own loggers
 	lg = lg.Named("rdma.auto")
-	switch cfg.Mode {
-	case ModeAuto, ModeTCP, ModeRDMA:
-	case "":
-		cfg.Mode = ModeAuto
-	default:
-		return nil, fmt.Errorf("%w: %q", ErrMode, cfg.Mode)
-	}
-	if cfg.RetryAfter <= 0 {
-		cfg.RetryAfter = 30 * time.Second
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	ln := cfg.TCP.Listener
 	if ln == nil {
@@ -437,10 +482,9 @@ type demux struct {
 	once    sync.Once
 }
 
+// newDemux serves ln; timeout (> 0: Config.TCP.DialTimeout after
+// defaults) bounds reading a connection's first bytes.
 func newDemux(ln net.Listener, timeout time.Duration) *demux {
-	if timeout <= 0 {
-		timeout = 3 * time.Second
-	}
 	d := &demux{ln: ln, timeout: timeout, sem: make(chan struct{}, 256)}
 	d.tcp = &subListener{d: d, ch: make(chan net.Conn), done: make(chan struct{})}
 	d.verbs = &subListener{d: d, ch: make(chan net.Conn), done: make(chan struct{})}

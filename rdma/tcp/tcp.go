@@ -156,6 +156,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// WithDefaults returns c with its zero fields defaulted (withDefaults), for
+// configs that hold a tcp.Config (rdma/auto).
+func (c Config) WithDefaults() Config { return c.withDefaults() }
+
 // DefaultLocalConfig is DefaultConfig listening on a free loopback port with
 // short timeouts, for tests.
 func DefaultLocalConfig() Config {

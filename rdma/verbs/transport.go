@@ -32,6 +32,7 @@ const Built = true
 // Probe lists the devices with an active port, as New would see them.
 // ErrNoDevice when there are none.
 func Probe(cfg Config) ([]DeviceInfo, error) {
+	cfg = cfg.withDefaults() // Port 0: port 1
 	names, err := listDevices()
 	if err != nil {
 		return nil, err
@@ -112,6 +113,7 @@ func New(cfg Config, lg *zap.Logger) (rdma.Transport, error) { return NewTranspo
 
 // NewTransport is New returning the concrete type.
 func NewTransport(cfg Config, lg *zap.Logger) (*Transport, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

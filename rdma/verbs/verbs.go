@@ -60,7 +60,10 @@ var (
 	ErrNoDevice = errors.New("verbs: no RDMA device")
 )
 
-// Config configures a Transport. Start from DefaultConfig.
+// Config configures a Transport. A zero field means its default (the
+// value in DefaultConfig, applied by withDefaults), except where a field
+// says zero is a value of its own (GIDIndex, QPTimeout, QPRetry); a
+// negative value is an error unless a field says what it means.
 type Config struct {
 	// Device is the RDMA device to use ("rxe0", "mlx5_0"); empty: the
 	// first device whose port is active.
@@ -76,10 +79,12 @@ type Config struct {
 	Port int
 	// GIDIndex selects the GID; -1 (default): the first RoCE v2 GID with an
 	// IPv4-mapped address, else the first RoCE v2 GID, else index 0 on
-	// InfiniBand.
+	// InfiniBand. Exception to zero = default: 0 is GID index 0 (a real
+	// index), so a zero Config uses index 0, not auto; start from
+	// DefaultConfig, or set -1, for auto. Below -1 is an error.
 	GIDIndex int
 	// ListenAddr is the TCP address of the control endpoint. Default
-	// ":7951".
+	// ":7951" (unless Listener is set).
 	ListenAddr string
 	// AdvertiseAddr is what Addr returns. Default: the listener's address.
 	AdvertiseAddr string
@@ -110,7 +115,11 @@ type Config struct {
 	// 30 s.
 	IOTimeout time.Duration
 	// QPTimeout and QPRetry are the RC ack timeout exponent (4.096 us *
-	// 2^QPTimeout) and retry count. Defaults 14 and 7 (Mooncake's).
+	// 2^QPTimeout) and retry count. Defaults 14 and 7 (Mooncake's), in
+	// DefaultConfig. Exception to zero = default: 0 is a valid value of
+	// each (QPTimeout 0: the infinite ack timeout; QPRetry 0: no retry),
+	// so a zero Config keeps them 0; start from DefaultConfig for 14 and 7.
+	// QPTimeout must be in [0, 31], QPRetry in [0, 7].
 	QPTimeout, QPRetry int
 	// StatsInterval is how often an initiator reports its transfers to the
 	// owner. Default 50 ms.
@@ -127,8 +136,51 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports every problem with c.
+// withDefaults fills the zero fields with their defaults: the one place a
+// zero field becomes its default. GIDIndex, QPTimeout and QPRetry keep
+// their zero (a real value each; see Config).
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Port == 0 {
+		c.Port = d.Port
+	}
+	if c.ListenAddr == "" && c.Listener == nil {
+		c.ListenAddr = d.ListenAddr
+	}
+	if c.MaxQPsPerPeer == 0 {
+		c.MaxQPsPerPeer = d.MaxQPsPerPeer
+	}
+	if c.MaxQPsServed == 0 {
+		c.MaxQPsServed = d.MaxQPsServed
+	}
+	if c.QueueDepth == 0 {
+		c.QueueDepth = d.QueueDepth
+	}
+	if c.SliceSize == 0 {
+		c.SliceSize = d.SliceSize
+	}
+	if c.MaxTransfer == 0 {
+		c.MaxTransfer = d.MaxTransfer
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = d.DialTimeout
+	}
+	if c.IOTimeout == 0 {
+		c.IOTimeout = d.IOTimeout
+	}
+	if c.StatsInterval == 0 {
+		c.StatsInterval = d.StatsInterval
+	}
+	return c
+}
+
+// WithDefaults returns c with its zero fields defaulted (withDefaults), for
+// configs that hold a verbs.Config (rdma/auto).
+func (c Config) WithDefaults() Config { return c.withDefaults() }
+
+// Validate reports every problem with c (after defaults).
 func (c Config) Validate() error {
+	c = c.withDefaults()
 	var errs []error
 	if c.Port < 1 || c.Port > 255 {
 		errs = append(errs, fmt.Errorf("verbs: Port %d must be in [1, 255]", c.Port))
