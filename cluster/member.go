@@ -150,6 +150,32 @@ func LiveNames(ms []Member) []string {
 	return out
 }
 
+// MovesKeys reports whether e changes the live member set: a join, a
+// leave, a failure, a member announcing its leave. Metadata updates of live
+// members (tier usage, addresses) do not.
+func (e Event) MovesKeys() bool {
+	return e.Kind != EventUpdate || !e.Member.State.Live()
+}
+
+// OnMembershipChange calls fn, from one goroutine, after every event that
+// moves keys (Event.MovesKeys) and after a gap in the event sequence
+// (events were missed). It returns a stop function (safe to call twice);
+// the watch also ends when c closes.
+func (c *Cluster) OnMembershipChange(fn func()) (stop func()) {
+	events, cancel := c.Subscribe()
+	go func() {
+		var last uint64
+		for ev := range events {
+			gap := last != 0 && ev.Seq != last+1
+			last = ev.Seq
+			if gap || ev.MovesKeys() {
+				fn()
+			}
+		}
+	}()
+	return cancel
+}
+
 // Subscribe returns a channel of membership events and a cancel function.
 // The channel holds Config.EventBuffer events; when it is full further
 // events for it are dropped (see Event.Seq). It is closed by cancel or

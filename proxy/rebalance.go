@@ -77,8 +77,8 @@ func (r *router) startRebalancer(sc Scanner) {
 }
 
 // MembershipChanged tells the proxy that the cluster's membership changed
-// (cmd/tidepool's watchMembership calls it on every join, leave and
-// failure): a rebalance pass starts RebalanceDelay after the last call,
+// (serve wires it to cluster.OnMembershipChange, which calls it on every
+// join, leave and failure): a rebalance pass starts RebalanceDelay after the last call,
 // cancelling a running one. It never blocks. No-op on a single node or
 // with the rebalancer off.
 func (p *Proxy) MembershipChanged() {

@@ -244,7 +244,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	if err := p.AttachCluster(n.view, n.pcli, cfg.routeConfig()); err != nil {
 		return nil, err
 	}
-	n.unwatch = watchMembership(n.c, p)
+	n.unwatch = n.c.OnMembershipChange(p.MembershipChanged)
 	n.unforget = forgetGone(n.c, n.pcli)
 	n.lg.Info("cluster member started",
 		zap.String("node_name", cfg.NodeID), zap.String("gossip", gossip), zap.Strings("join", cfg.Join),

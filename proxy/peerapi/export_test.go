@@ -4,13 +4,12 @@ import (
 	"errors"
 
 	"github.com/tidepool-kv/tidepool/cache"
-	"github.com/tidepool-kv/tidepool/cluster"
-	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
 // The tests' share of the wiring that cmd/tidepool does for serve
-// (registerArenas, watchMembership there).
+// (registerArenas there; membership changes go through
+// cluster.OnMembershipChange as in serve).
 
 // RegisterTestArenas registers the memory of every arena of tier with tr,
 // in arena order (the order ServerConfig.Regions and ClientConfig.Regions
@@ -37,21 +36,4 @@ func RegisterTestArenas(tr rdma.Transport, tier interface {
 		return nil, nil, errors.New("no arenas")
 	}
 	return out, deregister, nil
-}
-
-// WatchTestMembership calls p.MembershipChanged on every event of c that
-// changes the live member set, or after a gap, as serve does.
-func WatchTestMembership(c *cluster.Cluster, p *proxy.Proxy) (stop func()) {
-	events, cancel := c.Subscribe()
-	go func() {
-		var last uint64
-		for ev := range events {
-			gap := last != 0 && ev.Seq != last+1
-			last = ev.Seq
-			if gap || ev.Kind != cluster.EventUpdate || !ev.Member.State.Live() {
-				p.MembershipChanged()
-			}
-		}
-	}()
-	return cancel
 }

@@ -131,7 +131,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err := n.p.AttachCluster(n.view, n.cli, rcfg); err != nil {
 		t.Fatal(err)
 	}
-	n.unwatch = peerapi.WatchTestMembership(n.c, n.p)
+	n.unwatch = n.c.OnMembershipChange(n.p.MembershipChanged)
 	t.Cleanup(n.close)
 	return n
 }

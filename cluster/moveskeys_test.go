@@ -1,4 +1,4 @@
-package main
+package cluster_test
 
 import (
 	"testing"
@@ -6,7 +6,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cluster"
 )
 
-func TestMovesKeys(t *testing.T) {
+func TestEventMovesKeys(t *testing.T) {
 	tests := []struct {
 		kind  cluster.EventKind
 		state cluster.State
@@ -21,7 +21,7 @@ func TestMovesKeys(t *testing.T) {
 	}
 	for _, tc := range tests {
 		ev := cluster.Event{Kind: tc.kind, Member: cluster.Member{State: tc.state}}
-		if got := movesKeys(ev); got != tc.want {
+		if got := ev.MovesKeys(); got != tc.want {
 			t.Errorf("%v of a %v member: moves keys %v, want %v", tc.kind, tc.state, got, tc.want)
 		}
 	}
