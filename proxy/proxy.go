@@ -495,15 +495,15 @@ func (p *Proxy) Delete(ctx context.Context, ns string, key []byte, scope Scope) 
 		return ok, err
 	}
 	if r := p.clusterRouter(scope); r != nil {
-		var any bool
+		var any atomic.Bool // fn runs on one goroutine per member
 		err = r.everywhere(ctx, func(ctx context.Context, node string) error {
 			res, err := r.peers.Delete(ctx, node, ns, [][]byte{key})
 			if err == nil && len(res) == 1 && res[0] {
-				any = true
+				any.Store(true)
 			}
 			return err
 		})
-		ok = ok || any
+		ok = ok || any.Load()
 	}
 	return ok, err
 }
