@@ -92,4 +92,9 @@ type Reservation interface {
 	// Abort frees the slot; ErrLeaseExpired when it was already committed,
 	// aborted or reclaimed.
 	Abort() error
+	// Bind gives a reservation made without a key (ReserveUnbound) its
+	// key, depth and priority before Commit. Errors: ErrInvalidKey,
+	// ErrExists (the key is present), or an error when the reservation
+	// has its key already; the reservation stays open on any error.
+	Bind(key []byte, opts PutOptions) error
 }

@@ -93,11 +93,22 @@ type Config struct {
 	// or GOMAXPROCS, whichever is more (the server checksums a call's blocks
 	// one after the other).
 	ZeroCopyInFlight int
+	// ReserveAhead is how many slots reserved ahead (unbound reservations,
+	// docs/zerocopy.md) the client keeps for PutFrom: each Commit asks for
+	// the slot of the next put of its namespace and size, so that a put
+	// takes one round trip instead of a Reserve and a Commit. Default 64
+	// (one per concurrent writer is enough); Off (-1) keeps none. Slots
+	// kept and not used hold their memory in the sidecar until Close or
+	// their deadline (the sidecar's reserve_timeout).
+	ReserveAhead int
 }
+
+// Off turns off a Config field whose zero value means its default.
+const Off = -1
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig(socket string) Config {
-	return Config{Socket: socket, Timeout: 30 * time.Second, ConnectTimeout: time.Second, MaxIdleConns: 64, MaxResponseBytes: 1 << 30, ZeroCopyInFlight: 1}
+	return Config{Socket: socket, Timeout: 30 * time.Second, ConnectTimeout: time.Second, MaxIdleConns: 64, MaxResponseBytes: 1 << 30, ZeroCopyInFlight: 1, ReserveAhead: 64}
 }
 
 // withDefaults fills the zero fields with their defaults: the one place a
@@ -119,6 +130,9 @@ func (c Config) withDefaults() Config {
 	if c.ZeroCopyInFlight == 0 {
 		c.ZeroCopyInFlight = d.ZeroCopyInFlight
 	}
+	if c.ReserveAhead == 0 {
+		c.ReserveAhead = d.ReserveAhead
+	}
 	return c
 }
 
@@ -136,6 +150,9 @@ func (c Config) Validate() error {
 	if c.MaxIdleConns < 0 || c.MaxResponseBytes < 0 || c.ZeroCopyInFlight < 0 {
 		errs = append(errs, fmt.Errorf("client: MaxIdleConns %d, MaxResponseBytes %d, ZeroCopyInFlight %d: none may be negative",
 			c.MaxIdleConns, c.MaxResponseBytes, c.ZeroCopyInFlight))
+	}
+	if c.ReserveAhead < Off {
+		errs = append(errs, fmt.Errorf("client: ReserveAhead %d: a count, or Off (-1)", c.ReserveAhead))
 	}
 	return errors.Join(errs...)
 }
@@ -176,6 +193,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	}
 	c := &Client{kc: kc}
 	c.initZeroCopy(cfg.ZeroCopyInFlight)
+	c.zc.maxSpares = max(cfg.ReserveAhead, 0)
 	return c, nil
 }
 
@@ -184,6 +202,7 @@ func (c *Client) Close() error {
 	// Once: the Kitex client's connection pool reports a second Close as
 	// an error.
 	c.closeOnce.Do(func() {
+		c.abortQuietly(c.zc.dropSpares()) // PutFrom's unbound reservations
 		c.zc.close()
 		c.closeErr = c.kc.(interface{ Close() error }).Close()
 	})

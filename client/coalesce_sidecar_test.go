@@ -69,7 +69,11 @@ func startGated(t *testing.T, capacity int64) (*client.Client, *proxy.Proxy, *ca
 	ecfg := engineapi.DefaultConfig()
 	ecfg.Observer = g.observe
 	stop, p := runSidecarWith(t, dir, capacity, ecfg)
-	c, err := client.New(filepath.Join(dir, "tp.sock"))
+	// Every PutFrom takes a Reserve and a Commit here (these tests count
+	// them): no slots reserved ahead.
+	cfg := client.DefaultConfig(filepath.Join(dir, "tp.sock"))
+	cfg.ReserveAhead = client.Off
+	c, err := client.NewWithConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

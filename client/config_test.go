@@ -13,7 +13,7 @@ func TestZeroConfigIsDefault(t *testing.T) {
 	if got, want := (Config{Socket: sock}).withDefaults(), DefaultConfig(sock); got != want {
 		t.Fatalf("Config{} with defaults\n got %+v\nwant %+v", got, want)
 	}
-	c := Config{Socket: sock, Timeout: time.Second, ConnectTimeout: time.Millisecond, MaxIdleConns: 1, MaxResponseBytes: 4096, ZeroCopyInFlight: 3}
+	c := Config{Socket: sock, Timeout: time.Second, ConnectTimeout: time.Millisecond, MaxIdleConns: 1, MaxResponseBytes: 4096, ZeroCopyInFlight: 3, ReserveAhead: Off}
 	if got := c.withDefaults(); got != c {
 		t.Fatalf("withDefaults changed explicit values: %+v", got)
 	}
@@ -37,6 +37,8 @@ func TestNewWithConfigRefusesNegative(t *testing.T) {
 		{"MaxIdleConns", Config{Socket: sock, MaxIdleConns: -1}, "MaxIdleConns -1"},
 		{"MaxResponseBytes", Config{Socket: sock, MaxResponseBytes: -1}, "MaxResponseBytes -1"},
 		{"ZeroCopyInFlight", Config{Socket: sock, ZeroCopyInFlight: -1}, "ZeroCopyInFlight -1"},
+		{"ReserveAhead off", Config{Socket: sock, ReserveAhead: Off}, ""},
+		{"ReserveAhead", Config{Socket: sock, ReserveAhead: -2}, "ReserveAhead -2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := NewWithConfig(tc.cfg)

@@ -14,6 +14,7 @@ import (
 	"hash/crc32"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,11 +46,14 @@ type Slot struct {
 	Length int64
 }
 
-// ReserveItem asks for one slot.
+// ReserveItem asks for one slot. An Unbound one has no Key: it is given
+// at Commit (CommitItem.Key), so that a writer can hold a slot ready
+// before it knows what it will put there (servers with FeatureCommitNext).
 type ReserveItem struct {
-	Key   []byte
-	Size  int64
-	Depth int32
+	Key     []byte
+	Size    int64
+	Depth   int32
+	Unbound bool
 }
 
 // Reservation is one item of Reserve. Code is CodeOK (write Size bytes at
@@ -64,12 +68,22 @@ type Reservation struct {
 }
 
 // CommitItem publishes one reservation; Checksum (CRC-32C of the bytes
-// written) is verified by the server when HasChecksum.
+// written) is verified by the server when HasChecksum. Key and Depth are
+// those of an unbound reservation (empty for one reserved with its key).
+// NextSize > 0 asks CommitNext for an unbound reservation of that size in
+// the same namespace, for the writer's next put.
 type CommitItem struct {
 	Token       int64
 	Checksum    uint32
 	HasChecksum bool
+	Key         []byte
+	Depth       int32
+	NextSize    int64
 }
+
+// FeatureCommitNext, in HelloResponse.Features: the server takes unbound
+// reservations and answers CommitItem.NextSize (see CommitNext).
+const FeatureCommitNext = "commit_next"
 
 // Lease is one key of Acquire. Code is CodeOK (the block is pinned at Slot
 // until Release or the deadline), CodeNotFound or the item's error.
@@ -111,34 +125,60 @@ func fromMs(ms int64) time.Time {
 func (c *Client) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl time.Duration) ([]Reservation, error) {
 	req := &tp.ReserveRequest{Ns: ns, Items: make([]*tp.ReserveItem, len(items)), TtlMs: int32(ttl.Milliseconds())}
 	for i, it := range items {
-		req.Items[i] = &tp.ReserveItem{Key: it.Key, Size: it.Size, Depth: it.Depth}
+		req.Items[i] = &tp.ReserveItem{Key: it.Key, Size: it.Size, Depth: it.Depth, Unbound: it.Unbound}
 	}
 	var res tp.TidepoolReserveResult
 	if err := c.call(ctx, "Reserve", &tp.TidepoolReserveArgs{Req: req}, &res); err != nil {
 		return nil, err
 	}
-	r := res.GetSuccess()
-	out := make([]Reservation, len(r.Results))
-	for i, x := range r.Results {
+	return fromReservations(res.GetSuccess().Results), nil
+}
+
+func fromReservations(rs []*tp.Reservation) []Reservation {
+	out := make([]Reservation, len(rs))
+	for i, x := range rs {
 		if x != nil {
 			out[i] = Reservation{Code: x.Code, Message: x.Message, Slot: fromSlot(x.Slot), Token: x.Token, Deadline: fromMs(x.DeadlineUnixMs)}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // Commit publishes reservations; per item nil, CodeExists (stored
 // meanwhile; the slot was freed), CodeLeaseExpired or CodeChecksum.
+// Reservations that NextSize asked for are aborted (see CommitNext).
 func (c *Client) Commit(ctx context.Context, items []CommitItem) ([]error, error) {
+	errs, next, err := c.CommitNext(ctx, items)
+	var tokens []int64
+	for _, r := range next {
+		if r.Code == CodeOK && r.Token != 0 {
+			tokens = append(tokens, r.Token)
+		}
+	}
+	c.abortQuietly(tokens)
+	return errs, err
+}
+
+// CommitNext is Commit that also answers, per item, the unbound
+// reservation its NextSize asked for (Token 0 where it asked for none, or
+// where the server does not list FeatureCommitNext). Each OK one MUST be
+// committed (with its key) or aborted before its deadline.
+func (c *Client) CommitNext(ctx context.Context, items []CommitItem) ([]error, []Reservation, error) {
 	req := &tp.CommitRequest{Items: make([]*tp.CommitItem, len(items))}
 	for i, it := range items {
-		req.Items[i] = &tp.CommitItem{Token: it.Token, Checksum: int32(it.Checksum), HasChecksum: it.HasChecksum}
+		req.Items[i] = &tp.CommitItem{Token: it.Token, Checksum: int32(it.Checksum), HasChecksum: it.HasChecksum,
+			Key: it.Key, Depth: it.Depth, NextSize: it.NextSize}
 	}
 	var res tp.TidepoolCommitResult
 	if err := c.call(ctx, "Commit", &tp.TidepoolCommitArgs{Req: req}, &res); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return statusErrors(res.GetSuccess().Results), nil
+	r := res.GetSuccess()
+	next := make([]Reservation, len(items))
+	if len(r.Next) == len(items) {
+		copy(next, fromReservations(r.Next))
+	}
+	return statusErrors(r.Results), next, nil
 }
 
 // Abort frees reservations; per item nil or CodeLeaseExpired.
@@ -363,7 +403,83 @@ type zeroCopy struct {
 	// The control calls of GetInto and PutFrom, coalesced (coalesce.go).
 	acquires combiner[[]byte, acquired]
 	reserves combiner[ReserveItem, Reservation]
-	commits  combiner[CommitItem, error]
+	commits  combiner[CommitItem, committed]
+
+	// Unbound reservations kept for PutFrom's next puts (FeatureCommitNext).
+	commitNext atomic.Bool // the server lists FeatureCommitNext (Hello)
+	spareMu    sync.Mutex
+	spares     map[spareKey][]Reservation // guarded by spareMu
+	nspares    int                        // guarded by spareMu
+	maxSpares  int                        // Config.ReserveAhead; 0: none
+}
+
+// committed is one item's answer of a coalesced Commit.
+type committed struct {
+	err  error
+	next Reservation // Token 0: none
+}
+
+// spareKey groups unbound reservations: a put uses one of its namespace
+// and exact size.
+type spareKey struct {
+	ns   string
+	size int64
+}
+
+// spareMargin: a spare reservation with less time than this left before
+// its deadline is not used (the write and the Commit must land before it).
+const spareMargin = 5 * time.Second
+
+// takeSpare returns an unbound reservation of ns for size bytes, if the
+// client holds one with time left.
+func (z *zeroCopy) takeSpare(ns string, size int64) (Reservation, bool) {
+	z.spareMu.Lock()
+	defer z.spareMu.Unlock()
+	k := spareKey{ns, size}
+	list := z.spares[k]
+	for len(list) > 0 {
+		r := list[len(list)-1]
+		list = list[:len(list)-1]
+		z.nspares--
+		if time.Until(r.Deadline) > spareMargin {
+			z.spares[k] = list
+			return r, true
+		}
+		// Too close to its deadline: dropped (the server reclaims it).
+	}
+	delete(z.spares, k)
+	return Reservation{}, false
+}
+
+// keepSpare keeps an unbound reservation for a later put; it reports false
+// (the caller aborts it) when the client holds enough.
+func (z *zeroCopy) keepSpare(ns string, size int64, r Reservation) bool {
+	z.spareMu.Lock()
+	defer z.spareMu.Unlock()
+	if z.nspares >= z.maxSpares {
+		return false
+	}
+	if z.spares == nil {
+		z.spares = map[spareKey][]Reservation{}
+	}
+	k := spareKey{ns, size}
+	z.spares[k] = append(z.spares[k], r)
+	z.nspares++
+	return true
+}
+
+// dropSpares forgets every spare reservation and returns their tokens.
+func (z *zeroCopy) dropSpares() []int64 {
+	z.spareMu.Lock()
+	defer z.spareMu.Unlock()
+	var tokens []int64
+	for _, list := range z.spares {
+		for _, r := range list {
+			tokens = append(tokens, r.Token)
+		}
+	}
+	z.spares, z.nspares = nil, 0
+	return tokens
 }
 
 // acquired is one key's answer of a coalesced Acquire.
@@ -431,19 +547,40 @@ func (c *Client) initZeroCopy(inFlight int) {
 		},
 		max: maxBatch,
 	}
-	z.commits = combiner[CommitItem, error]{
+	z.commits = combiner[CommitItem, committed]{
 		name: "Commit",
 		// The server checksums every committed byte, one block after the
 		// other within a call: one Commit in flight would put every
 		// PutFrom's server-side CRC pass on one core.
 		width: max(inFlight, runtime.GOMAXPROCS(0)),
-		call: func(ctx context.Context, _ flightKey, items []CommitItem) ([]error, error) {
-			return c.Commit(ctx, items)
+		call: func(ctx context.Context, _ flightKey, items []CommitItem) ([]committed, error) {
+			errs, next, err := c.CommitNext(ctx, items)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]committed, len(items))
+			for i := range out {
+				out[i] = committed{err: errs[i], next: next[i]}
+			}
+			return out, nil
+		},
+		clone: func(it CommitItem) CommitItem {
+			it.Key = bytes.Clone(it.Key)
+			return it
 		},
 		drop: func(items []CommitItem) {
 			tokens := make([]int64, len(items))
 			for i, it := range items {
 				tokens[i] = it.Token
+			}
+			c.abortQuietly(tokens)
+		},
+		undo: func(res []committed) {
+			var tokens []int64
+			for _, r := range res {
+				if r.next.Code == CodeOK && r.next.Token != 0 {
+					tokens = append(tokens, r.next.Token)
+				}
 			}
 			c.abortQuietly(tokens)
 		},
@@ -616,6 +753,10 @@ func (c *Client) mapArenas(ctx context.Context, remap bool) error {
 	}
 	if h.Limits != nil && h.Limits.MaxBatch > 0 {
 		z.maxBatch.Store(h.Limits.MaxBatch)
+	}
+	z.commitNext.Store(slices.Contains(h.Features, FeatureCommitNext))
+	if remap {
+		c.abortQuietly(z.dropSpares()) // reserved in the arenas being replaced
 	}
 	var out []*arenaMap
 	fail := func(err error) error {
@@ -854,35 +995,71 @@ func (c *Client) PutFrom(ctx context.Context, ns string, key, buf []byte, depth 
 	}
 }
 
+// putFrom is one zero-copy put: into an unbound reservation kept from an
+// earlier put's Commit when the client holds one of this namespace and
+// size (one round trip: the Commit binds the key and asks for the next),
+// else into a slot Reserved for key (two). A spare that turns out lost
+// (the sidecar restarted, or the slot outlived its deadline) makes it put
+// again through a Reserve, once.
 func (c *Client) putFrom(ctx context.Context, ns string, key, buf []byte, depth int32) (existed bool, err error) {
-	r, err := c.zc.reserves.do(ctx, flightKey{ns: ns}, ReserveItem{Key: key, Size: int64(len(buf)), Depth: depth})
-	if err != nil {
-		return false, err
+	existed, lost, err := c.putFromOnce(ctx, ns, key, buf, depth, true)
+	if lost {
+		c.abortQuietly(c.zc.dropSpares())
+		existed, _, err = c.putFromOnce(ctx, ns, key, buf, depth, false)
 	}
-	switch r.Code {
-	case CodeOK:
-	case CodeExists:
-		return true, nil
-	default:
-		return false, &Error{Code: r.Code, Message: r.Message}
+	return existed, err
+}
+
+// putFromOnce is putFrom, using a spare when useSpare; lost reports that
+// the spare it used was gone.
+func (c *Client) putFromOnce(ctx context.Context, ns string, key, buf []byte, depth int32, useSpare bool) (existed, lost bool, err error) {
+	z := &c.zc
+	size := int64(len(buf))
+	var r Reservation
+	spare := false
+	if useSpare {
+		r, spare = z.takeSpare(ns, size)
+	}
+	if !spare {
+		r, err = z.reserves.do(ctx, flightKey{ns: ns}, ReserveItem{Key: key, Size: size, Depth: depth})
+		if err != nil {
+			return false, false, err
+		}
+		switch r.Code {
+		case CodeOK:
+		case CodeExists:
+			return true, false, nil
+		default:
+			return false, false, &Error{Code: r.Code, Message: r.Message}
+		}
 	}
 	crc, err := c.WriteSlot(ctx, r.Slot, buf)
 	if err != nil {
 		c.Abort(ctx, []int64{r.Token})
 		c.remapIfStale(ctx)
-		return false, err
+		return false, false, err
 	}
-	cerr, err := c.zc.commits.do(ctx, flightKey{}, CommitItem{Token: r.Token, Checksum: crc, HasChecksum: true})
+	item := CommitItem{Token: r.Token, Checksum: crc, HasChecksum: true}
+	if spare {
+		item.Key, item.Depth = key, depth
+	}
+	if z.commitNext.Load() && z.maxSpares > 0 {
+		item.NextSize = size
+	}
+	res, err := z.commits.do(ctx, flightKey{}, item)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
-	switch CodeOf(cerr) {
+	if n := res.next; n.Code == CodeOK && n.Token != 0 && !z.keepSpare(ns, size, n) {
+		c.abortQuietly([]int64{n.Token})
+	}
+	switch CodeOf(res.err) {
 	case CodeOK:
-		return false, nil
+		return false, false, nil
 	case CodeExists:
-		return true, nil
+		return true, false, nil
 	}
-	return false, cerr
+	return false, spare && CodeOf(res.err) == CodeLeaseExpired, res.err
 }
 
 // remapIfStale remaps the arenas when a file was replaced (server restart)

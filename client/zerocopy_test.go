@@ -5,6 +5,7 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -133,5 +134,60 @@ func TestGetIntoReleasesLeases(t *testing.T) {
 	st := p.ZeroCopyStats()
 	if st.LiveLeases != 0 || st.Acquired != callers*each || st.Released != callers*each || st.LeaseExpirations != 0 {
 		t.Fatalf("after Close: %+v", st)
+	}
+}
+
+// TestPutFromReservesAhead: after its first put, PutFrom writes into slots
+// reserved ahead by the Commits before it, so each put is one round trip
+// (a Commit) and no Reserve; a put of a stored key through such a slot
+// still reports existed and changes nothing; Close aborts the slots kept.
+// With ReserveAhead Off every put takes a Reserve and a Commit.
+func TestPutFromReservesAhead(t *testing.T) {
+	for _, ahead := range []int{0, client.Off} {
+		t.Run(fmt.Sprint("ReserveAhead=", ahead), func(t *testing.T) {
+			dir, err := os.MkdirTemp("/dev/shm", "tpra")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			ctx := context.Background()
+			_, p := runSidecar(t, dir, 16<<20)
+			cfg := client.DefaultConfig(filepath.Join(dir, "tp.sock"))
+			cfg.ReserveAhead = ahead
+			c, err := client.NewWithConfig(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			const n = 6
+			vals := make([][]byte, n)
+			for i := range vals {
+				vals[i] = sized(int64(i), 100<<10)
+				if existed, err := c.PutFrom(ctx, "ns", []byte(fmt.Sprint("k", i)), vals[i], 0); existed || err != nil {
+					t.Fatalf("PutFrom %d: %v %v", i, existed, err)
+				}
+			}
+			// A stored key, through a slot reserved ahead: existed, unchanged.
+			if existed, err := c.PutFrom(ctx, "ns", []byte("k0"), vals[1], 0); !existed || err != nil {
+				t.Fatalf("PutFrom of a stored key: %v %v", existed, err)
+			}
+			st := c.CoalesceStats()
+			// Off: the stored key's Reserve answers EXISTS, nothing to commit.
+			wantReserves, wantCommits := int64(1), int64(n+1)
+			if ahead == client.Off {
+				wantReserves, wantCommits = n+1, n
+			}
+			if st.Reserve.Calls != wantReserves || st.Commit.Calls != wantCommits {
+				t.Fatalf("Reserve calls %d, Commit calls %d; want %d, %d", st.Reserve.Calls, st.Commit.Calls, wantReserves, wantCommits)
+			}
+			buf := make([]byte, 100<<10)
+			for i, v := range vals {
+				if m, found, err := c.GetInto(ctx, "ns", []byte(fmt.Sprint("k", i)), buf); err != nil || !found || m != len(v) || !bytes.Equal(buf, v) {
+					t.Fatalf("GetInto k%d: %d %v %v", i, m, found, err)
+				}
+			}
+			c.Close()
+			client.WaitFor(t, "no reservation left", func() bool { return p.ZeroCopyStats().LiveReservations == 0 })
+		})
 	}
 }

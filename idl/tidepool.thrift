@@ -275,6 +275,10 @@ struct ReserveItem {
     1: binary key,
     2: i64 size,
     3: i32 depth,
+    // The key is given at Commit (CommitItem.key) instead: key is empty. A
+    // slot reserved ahead of the put that will fill it (servers whose
+    // Hello lists "commit_next"; see CommitItem.next_size).
+    4: bool unbound,
 }
 
 struct ReserveRequest {
@@ -304,6 +308,16 @@ struct CommitItem {
     // server computes it.
     2: bool has_checksum,
     3: i32 checksum,
+    // The key of an unbound reservation (ReserveItem.unbound) and its
+    // depth; key must be empty for a reservation made with its key.
+    4: binary key,
+    5: i32 depth,
+    // > 0: also reserve an unbound slot of this many bytes in the same
+    // namespace, with the same ttl and durability, answered in
+    // CommitResponse.next at this item's index, so that the writer's next
+    // put of that size needs no Reserve round trip (servers whose Hello
+    // lists "commit_next").
+    6: i64 next_size,
 }
 
 struct CommitRequest {
@@ -312,6 +326,10 @@ struct CommitRequest {
 
 struct CommitResponse {
     1: list<ItemStatus> results,
+    // One per item when any item asked for next_size: the unbound
+    // reservation (code OK, token > 0), the reason there is none, or code
+    // OK and token 0 for an item that did not ask.
+    2: list<Reservation> next,
 }
 
 struct AbortRequest {

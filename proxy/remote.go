@@ -459,6 +459,21 @@ func (r *router) owns(ns string, key []byte) bool {
 	return false
 }
 
+// pushesElsewhere reports whether a put of (ns, key) here goes to another node: one
+// of the first R owners is not this node.
+func (r *router) pushesElsewhere(ns string, key []byte) bool {
+	self := r.c.Self()
+	for i, n := range r.c.Owners(ns, key) {
+		if i >= r.c.Replicas() {
+			break
+		}
+		if n != self {
+			return true
+		}
+	}
+	return false
+}
+
 // perNode calls fn for each group of key indexes (one per node, or per node
 // and kind of fetch), in parallel, with the keys of the group, and returns
 // when every call has. A single group (a single Get's miss) is asked from

@@ -38,6 +38,9 @@ type ZeroCopyStore interface {
 	// reserved for ttl (≤ 0: the store's default). cache.ErrExists when the
 	// key is present in any tier.
 	Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (cache.Reservation, error)
+	// ReserveUnbound is Reserve for a value whose key is given later, by
+	// the reservation's Bind (before Commit).
+	ReserveUnbound(ctx context.Context, ns string, size int64, opts cache.PutOptions, ttl time.Duration) (cache.Reservation, error)
 	// Acquire pins (ns, key) in the arenas for lease (≤ 0: the store's
 	// default), bringing a block found in a slower tier into the arenas
 	// first. It counts as a read.

@@ -62,11 +62,14 @@ type Slot struct {
 	Length int64
 }
 
-// ReserveItem is one slot asked for by Reserve.
+// ReserveItem is one slot asked for by Reserve. An Unbound one has no Key:
+// it is given at Commit (CommitItem.Key), so that a writer can hold a slot
+// ready before it knows what it will put there.
 type ReserveItem struct {
-	Key   []byte
-	Size  int64
-	Depth int32
+	Key     []byte
+	Size    int64
+	Depth   int32
+	Unbound bool
 }
 
 // ReserveResult is one item of Reserve: Err is nil (write Size bytes at
@@ -81,11 +84,17 @@ type ReserveResult struct {
 
 // CommitItem is one reservation to publish. When HasChecksum, Checksum is
 // the CRC-32C of the bytes written and is verified; else the server
-// computes it.
+// computes it. Key and Depth are those of an unbound reservation (empty
+// for one made with its key). NextSize > 0 asks CommitNext for an unbound
+// reservation of that size in the same namespace, for the writer's next
+// put.
 type CommitItem struct {
 	Token       int64
 	Checksum    uint32
 	HasChecksum bool
+	Key         []byte
+	Depth       int32
+	NextSize    int64
 }
 
 // AcquireResult is one key of Acquire: Err is nil (the block is pinned at
@@ -121,8 +130,9 @@ type ZeroCopyStats struct {
 type reserved struct {
 	r    cache.Reservation
 	ns   string
-	key  []byte
+	key  []byte // nil until an unbound reservation is bound
 	opts cache.PutOptions
+	ttl  time.Duration // as asked (CommitNext's reservations get the same)
 }
 
 // zcState is a proxy's zero-copy state (the field Proxy.zc).
@@ -269,16 +279,18 @@ func (p *Proxy) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl
 	}
 	out := make([]ReserveResult, len(items))
 	for i, it := range items {
-		res := &out[i]
-		if res.Err = p.checkKey(it.Key); res.Err != nil {
+		if it.Unbound {
+			if len(it.Key) != 0 {
+				out[i].Err = fmt.Errorf("%w: an unbound reservation has no key (it is given at Commit)", ErrInvalidArgument)
+				continue
+			}
+			out[i] = p.reserveUnbound(ctx, zs, s, ns, it.Size, cache.PutOptions{Depth: it.Depth, Durable: durable}, ttl)
 			continue
 		}
-		switch {
-		case it.Size < 0:
-			res.Err = fmt.Errorf("%w: size %d is negative", ErrInvalidArgument, it.Size)
+		if out[i].Err = p.checkKey(it.Key); out[i].Err != nil {
 			continue
-		case it.Size > p.cfg.MaxValueBytes:
-			res.Err = fmt.Errorf("%w: reservation of %d bytes, limit %d", cache.ErrTooLarge, it.Size, p.cfg.MaxValueBytes)
+		}
+		if out[i].Err = p.checkSize(it.Size); out[i].Err != nil {
 			continue
 		}
 		opts := cache.PutOptions{Depth: it.Depth, Durable: durable}
@@ -287,25 +299,52 @@ func (p *Proxy) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl
 		}
 		r, err := zs.Reserve(ctx, ns, it.Key, it.Size, opts, ttl)
 		if err != nil {
-			res.Err = err
+			out[i].Err = err
 			continue
 		}
-		s.mu.Lock()
-		if len(s.reservations) >= maxHandles {
-			s.mu.Unlock()
-			_ = r.Abort()
-			res.Err = fmt.Errorf("%w: %d reservations open", cache.ErrNoSpace, maxHandles)
-			continue
-		}
-		id := newID(s.reservations)
-		s.reservations[id] = &reserved{r: r, ns: ns, key: bytes.Clone(it.Key), opts: opts}
-		s.mu.Unlock()
-		s.reserved.Add(1)
-		s.liveReservations.Add(1)
-		a, off, n := r.Location()
-		*res = ReserveResult{Slot: Slot{Arena: a, Offset: off, Length: n}, Token: id, Deadline: r.Deadline()}
+		out[i] = s.addReservation(&reserved{r: r, ns: ns, key: bytes.Clone(it.Key), opts: opts, ttl: ttl})
 	}
 	return out, nil
+}
+
+func (p *Proxy) checkSize(size int64) error {
+	switch {
+	case size < 0:
+		return fmt.Errorf("%w: size %d is negative", ErrInvalidArgument, size)
+	case size > p.cfg.MaxValueBytes:
+		return fmt.Errorf("%w: reservation of %d bytes, limit %d", cache.ErrTooLarge, size, p.cfg.MaxValueBytes)
+	}
+	return nil
+}
+
+// reserveUnbound reserves a slot of size bytes in ns whose key is given at
+// Commit.
+func (p *Proxy) reserveUnbound(ctx context.Context, zs ZeroCopyStore, s *zcState, ns string, size int64, opts cache.PutOptions, ttl time.Duration) ReserveResult {
+	if err := p.checkSize(size); err != nil {
+		return ReserveResult{Err: err}
+	}
+	r, err := zs.ReserveUnbound(ctx, ns, size, opts, ttl)
+	if err != nil {
+		return ReserveResult{Err: err}
+	}
+	return s.addReservation(&reserved{r: r, ns: ns, opts: opts, ttl: ttl})
+}
+
+// addReservation gives e a token, or aborts it when the table is full.
+func (s *zcState) addReservation(e *reserved) ReserveResult {
+	s.mu.Lock()
+	if len(s.reservations) >= maxHandles {
+		s.mu.Unlock()
+		_ = e.r.Abort()
+		return ReserveResult{Err: fmt.Errorf("%w: %d reservations open", cache.ErrNoSpace, maxHandles)}
+	}
+	id := newID(s.reservations)
+	s.reservations[id] = e
+	s.mu.Unlock()
+	s.reserved.Add(1)
+	s.liveReservations.Add(1)
+	a, off, n := e.r.Location()
+	return ReserveResult{Slot: Slot{Arena: a, Offset: off, Length: n}, Token: id, Deadline: e.r.Deadline()}
 }
 
 // takeReservation removes a token from the table.
@@ -324,15 +363,30 @@ func (s *zcState) takeReservation(token int64) (*reserved, bool) {
 // was stored meanwhile; the slot is freed), ErrNoReservation (unknown,
 // already committed or aborted, or expired token), cache.ErrChecksum (the
 // bytes do not match the checksum given; the slot is freed).
+// CommitItem.NextSize is ignored (see CommitNext).
 func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error) {
+	out, _, err := p.commit(ctx, items, false)
+	return out, err
+}
+
+// CommitNext is Commit that also reserves, for each item with NextSize >
+// 0, an unbound slot of that size in the item's namespace with its ttl and
+// durability (next[i]; next is nil when no item asked). An item's next
+// reservation does not depend on its commit succeeding.
+func (p *Proxy) CommitNext(ctx context.Context, items []CommitItem) (out []error, next []ReserveResult, err error) {
+	return p.commit(ctx, items, true)
+}
+
+func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) ([]error, []ReserveResult, error) {
 	if err := checkIDs(p, len(items)); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	_, s, err := p.zeroCopyStore()
+	zs, s, err := p.zeroCopyStore()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]error, len(items))
+	var next []ReserveResult
 	rt := p.router()
 	var pushes map[string][]PutItem // ns → committed blocks for their owners
 	for i, it := range items {
@@ -341,12 +395,28 @@ func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error)
 			out[i] = fmt.Errorf("%w: token %d", ErrNoReservation, it.Token)
 			continue
 		}
+		if withNext && it.NextSize > 0 {
+			if next == nil {
+				next = make([]ReserveResult, len(items))
+			}
+			next[i] = p.reserveUnbound(ctx, zs, s, e.ns, it.NextSize, cache.PutOptions{Durable: e.opts.Durable}, e.ttl)
+		}
+		if err := p.bind(e, it, rt); err != nil {
+			if errors.Is(err, cache.ErrExists) {
+				s.commitExists.Add(1)
+			}
+			_ = e.r.Abort()
+			out[i] = err
+			continue
+		}
 		r := e.r
 		var value []byte
-		if (rt != nil || e.opts.Durable) && !r.Expired() {
+		push := rt != nil && rt.pushesElsewhere(e.ns, e.key)
+		if (push || e.opts.Durable) && !r.Expired() {
 			// The slot is still reserved (stable, not evictable): copy it
-			// for the owners and the persistent tier now, since once
-			// published it may be evicted.
+			// for the other owners and the persistent tier now, since once
+			// published it may be evicted. A block only this node owns is
+			// not copied.
 			value = bytes.Clone(r.Bytes())
 		}
 		existed, err := r.Commit(ctx, it.Checksum, it.HasChecksum)
@@ -359,7 +429,7 @@ func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error)
 				err = fmt.Errorf("committed, but not made durable: %w", perr)
 			}
 		}
-		if err == nil && !existed && value != nil && rt != nil {
+		if err == nil && !existed && value != nil && push {
 			if pushes == nil {
 				pushes = map[string][]PutItem{}
 			}
@@ -385,7 +455,32 @@ func (p *Proxy) Commit(ctx context.Context, items []CommitItem) ([]error, error)
 			p.lg.Debug("push of committed blocks failed", zap.String("ns", ns), zap.Error(err))
 		}
 	}
-	return out, nil
+	return out, next, nil
+}
+
+// bind gives an unbound reservation the key, depth and priority of its
+// commit item; a bound one must come without a key.
+func (p *Proxy) bind(e *reserved, it CommitItem, rt *router) error {
+	if e.key != nil {
+		if len(it.Key) != 0 {
+			return fmt.Errorf("%w: token %d was reserved with its key; commit it without one", ErrInvalidArgument, it.Token)
+		}
+		return nil
+	}
+	if len(it.Key) == 0 {
+		return fmt.Errorf("%w: token %d is unbound: its commit needs the key", ErrInvalidArgument, it.Token)
+	}
+	if err := p.checkKey(it.Key); err != nil {
+		return err
+	}
+	opts := e.opts
+	opts.Depth = it.Depth
+	opts.LowPriority = rt != nil && !rt.owns(e.ns, it.Key) // a copy of a block owned elsewhere, as in Put
+	if err := e.r.Bind(it.Key, opts); err != nil {
+		return err
+	}
+	e.key, e.opts = bytes.Clone(it.Key), opts
+	return nil
 }
 
 // Abort frees reserved slots. Per item: nil or ErrNoReservation.

@@ -323,6 +323,7 @@ type Tier struct {
 	rmu           sync.Mutex
 	reservations  map[*Reservation]struct{} // open reservations (reserve.go)
 	reservedBytes atomic.Int64              // their footprint: never evictable
+	unboundBytes  atomic.Int64              // of it, reservations not bound yet (ReserveUnbound)
 	reclaimed     atomic.Int64              // reservations reclaimed after their deadline
 
 	namespaces sync.Map        // string → *nsState

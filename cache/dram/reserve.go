@@ -2,6 +2,7 @@ package dram
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -26,6 +27,7 @@ type Reservation struct {
 	b        *block // not linked in the index or the policy
 	deadline int64  // unix nanoseconds
 	done     bool   // guarded by Tier.rmu: committed, aborted or reclaimed
+	unbound  bool   // made by ReserveUnbound and not bound yet (Bind)
 }
 
 var _ cache.Reservation = (*Reservation)(nil)
@@ -48,10 +50,6 @@ func (t *Tier) Reserve(ctx context.Context, ns string, key []byte, size int64, o
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if ttl <= 0 {
-		ttl = t.cfg.ReserveTimeout
-	}
-	ttl = min(ttl, max(t.cfg.MaxLease, t.cfg.ReserveTimeout))
 	nss := t.namespace(ns)
 	sh := t.shardFor(nss.id, key)
 	sh.mu.Lock()
@@ -64,14 +62,64 @@ func (t *Tier) Reserve(ctx context.Context, ns string, key []byte, size int64, o
 		return nil, cache.ErrExists
 	}
 	sh.mu.Unlock()
+	r, err := t.newReservation(nss, string(key), sh, size, opts, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
 
+// ReserveUnbound is Reserve for a value whose key is not known yet: the
+// slot is reserved ahead of the put that will fill it, and the key is
+// given by Bind before Commit (a writer keeps one ready, so that a put
+// needs one round trip: write, then bind and commit). opts.Depth and
+// opts.LowPriority may be set again by Bind. Slots reserved ahead are
+// speculative, and nothing can evict them: together they take at most
+// MaxUnboundShare of Capacity, beyond which ReserveUnbound fails with
+// cache.ErrNoSpace without evicting anything (the writer then reserves
+// with the key). Errors as Reserve's, but for cache.ErrExists and
+// cache.ErrInvalidKey, which Bind reports.
+func (t *Tier) ReserveUnbound(ctx context.Context, ns string, size int64, opts cache.PutOptions, ttl time.Duration) (cache.Reservation, error) {
+	if size < 0 || size > t.cfg.MaxValueSize {
+		return nil, fmt.Errorf("%w: reservation of %d bytes (limit %d)", cache.ErrTooLarge, size, t.cfg.MaxValueSize)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if t.closed.Load() {
+		return nil, cache.ErrClosed
+	}
+	foot, limit := footprint(size), t.cfg.Capacity/MaxUnboundShare
+	if t.unboundBytes.Add(foot) > limit {
+		t.unboundBytes.Add(-foot)
+		return nil, fmt.Errorf("%w: slots reserved ahead take %d of their %d bytes", cache.ErrNoSpace, t.unboundBytes.Load(), limit)
+	}
+	r, err := t.newReservation(t.namespace(ns), "", nil, size, opts, ttl)
+	if err != nil {
+		t.unboundBytes.Add(-foot)
+		return nil, err
+	}
+	return r, nil
+}
+
+// MaxUnboundShare: the slots reserved ahead (ReserveUnbound, not bound
+// yet) take at most 1/MaxUnboundShare of the tier's Capacity.
+const MaxUnboundShare = 8
+
+// newReservation makes room for a slot of size bytes and records the reservation;
+// sh is nil for an unbound one.
+func (t *Tier) newReservation(nss *nsState, key string, sh *shard, size int64, opts cache.PutOptions, ttl time.Duration) (*Reservation, error) {
+	if ttl <= 0 {
+		ttl = t.cfg.ReserveTimeout
+	}
+	ttl = min(ttl, max(t.cfg.MaxLease, t.cfg.ReserveTimeout))
 	foot := footprint(size)
 	off, err := t.makeRoom(size, foot)
 	if err != nil {
 		return nil, err
 	}
 	r := &Reservation{
-		t: t, nss: nss, key: string(key),
+		t: t, nss: nss, key: key, unbound: sh == nil,
 		b: &block{
 			ns: nss, off: off, size: size, foot: foot,
 			depth: opts.Depth, low: opts.LowPriority, shard: sh,
@@ -83,6 +131,44 @@ func (t *Tier) Reserve(ctx context.Context, ns string, key []byte, size int64, o
 	t.rmu.Unlock()
 	t.reservedBytes.Add(foot)
 	return r, nil
+}
+
+// Bind gives a reservation made by ReserveUnbound its key, depth and
+// priority (opts.Depth, opts.LowPriority), before Commit. Errors:
+// cache.ErrInvalidKey, cache.ErrExists (the key is present: Abort the
+// slot, or keep it for another key), and an error for a reservation that
+// has its key already. The reservation stays open on any error.
+func (r *Reservation) Bind(key []byte, opts cache.PutOptions) error {
+	t := r.t
+	t.rmu.Lock()
+	unbound, done := r.unbound, r.done
+	t.rmu.Unlock()
+	switch {
+	case done:
+		return fmt.Errorf("%w: reservation already committed, aborted or reclaimed", cache.ErrLeaseExpired)
+	case !unbound:
+		return errors.New("dram: the reservation has its key already")
+	}
+	if err := t.checkKey(key); err != nil {
+		return err
+	}
+	sh := t.shardFor(r.nss.id, key)
+	sh.mu.Lock()
+	_, ok := sh.m[r.nss.id][string(key)]
+	sh.mu.Unlock()
+	if ok {
+		return cache.ErrExists
+	}
+	r.key = string(key)
+	r.b.shard, r.b.depth, r.b.low = sh, opts.Depth, opts.LowPriority
+	t.rmu.Lock()
+	defer t.rmu.Unlock()
+	if r.done {
+		return fmt.Errorf("%w: reservation reclaimed", cache.ErrLeaseExpired)
+	}
+	r.unbound = false
+	t.unboundBytes.Add(-r.b.foot)
+	return nil
 }
 
 // Bytes returns the slot's arena memory, for writing the value in place.
@@ -117,6 +203,9 @@ func (r *Reservation) claim() bool {
 
 // free returns a claimed reservation's memory.
 func (r *Reservation) free() {
+	if r.unbound {
+		r.t.unboundBytes.Add(-r.b.foot)
+	}
 	r.t.reservedBytes.Add(-r.b.foot)
 	r.t.freeBlockMem(r.b)
 }
@@ -145,6 +234,10 @@ func (r *Reservation) commit(ctx context.Context, crc uint32, hasCRC, checked bo
 	t := r.t
 	if !r.claim() {
 		return false, fmt.Errorf("%w: reservation already committed, aborted or reclaimed", cache.ErrLeaseExpired)
+	}
+	if r.unbound {
+		r.free()
+		return false, fmt.Errorf("%w: commit of a reservation that has no key (Bind)", cache.ErrInvalidKey)
 	}
 	if t.now() >= r.deadline {
 		r.free()

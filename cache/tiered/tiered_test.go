@@ -440,8 +440,8 @@ func TestPrefetch(t *testing.T) {
 	}
 }
 
-// TestZeroCopyForwarding: Acquire promotes from SSD; Reserve refuses a key
-// held below.
+// TestZeroCopyForwarding: Acquire promotes from SSD; Reserve (and Bind of
+// a slot reserved ahead) refuses a key held below.
 func TestZeroCopyForwarding(t *testing.T) {
 	s := newStore(t, testConfig(t, 8*mib, t.TempDir()))
 	if len(s.Arenas()) == 0 {
@@ -452,6 +452,20 @@ func TestZeroCopyForwarding(t *testing.T) {
 	s.dram.Delete(ctx, "ns", key(3))
 	if _, err := s.Reserve(ctx, "ns", key(3), mib, cache.PutOptions{}, 0); !errors.Is(err, cache.ErrExists) {
 		t.Fatalf("reserve of a key in ssd: %v", err)
+	}
+	// A slot reserved ahead is refused the key at Bind, and stays open.
+	r, err := s.ReserveUnbound(ctx, "ns", mib, cache.PutOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Bind(key(3), cache.PutOptions{}); !errors.Is(err, cache.ErrExists) {
+		t.Fatalf("bind of a key in ssd: %v", err)
+	}
+	if err := r.Bind(key(4), cache.PutOptions{}); err != nil {
+		t.Fatalf("bind of a new key: %v", err)
+	}
+	if err := r.Abort(); err != nil {
+		t.Fatal(err)
 	}
 	l, err := s.Acquire(ctx, "ns", key(3), time.Second)
 	if err != nil {

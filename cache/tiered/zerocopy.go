@@ -28,6 +28,35 @@ func (s *Store) Reserve(ctx context.Context, ns string, key []byte, size int64, 
 	return s.dram.Reserve(ctx, ns, key, size, opts, ttl)
 }
 
+// ReserveUnbound forwards to the DRAM tier (see
+// dram.Tier.ReserveUnbound); Bind then reports a key the SSD tier holds
+// as cache.ErrExists, as Reserve does.
+func (s *Store) ReserveUnbound(ctx context.Context, ns string, size int64, opts cache.PutOptions, ttl time.Duration) (cache.Reservation, error) {
+	if s.closed.Load() {
+		return nil, cache.ErrClosed
+	}
+	r, err := s.dram.ReserveUnbound(ctx, ns, size, opts, ttl)
+	if err != nil || s.ssd == nil {
+		return r, err
+	}
+	return &unbound{Reservation: r, s: s, ns: ns}, nil
+}
+
+// unbound is a DRAM reservation made without its key, whose Bind also
+// looks in the SSD tier.
+type unbound struct {
+	cache.Reservation
+	s  *Store
+	ns string
+}
+
+func (u *unbound) Bind(key []byte, opts cache.PutOptions) error {
+	if _, ok := u.s.ssd.Stat(context.Background(), u.ns, key); ok {
+		return cache.ErrExists
+	}
+	return u.Reservation.Bind(key, opts)
+}
+
 // Acquire pins (ns, key) in the DRAM tier (see dram.Tier.Acquire),
 // promoting it from SSD or the demotion queue first when DRAM misses, or
 // when its DRAM copy failed a verified read (and was removed).

@@ -51,7 +51,7 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 		ServerVersion: protocol.Version,
 		Build:         h.build,
 		NodeId:        cfg.NodeID,
-		Features:      []string{FeatureAcquireRelease},
+		Features:      []string{FeatureAcquireRelease, FeatureCommitNext},
 		Limits: &tp.Limits{
 			MaxKeyBytes:       int32(cfg.MaxKeyBytes),
 			MaxValueBytes:     cfg.MaxValueBytes,

@@ -28,22 +28,35 @@ func (h *handler) Reserve(ctx context.Context, req *tp.ReserveRequest) (*tp.Rese
 		if it == nil {
 			return nil, toThrift(errNilItem)
 		}
-		items[i] = proxy.ReserveItem{Key: it.Key, Size: it.Size, Depth: it.Depth}
+		items[i] = proxy.ReserveItem{Key: it.Key, Size: it.Size, Depth: it.Depth, Unbound: it.Unbound}
 	}
 	res, err := h.p.Reserve(ctx, req.Ns, items, ms(req.TtlMs), req.Durable)
 	if err != nil {
 		return nil, toThrift(err)
 	}
-	out := &tp.ReserveResponse{Results: make([]*tp.Reservation, len(res))}
-	for i, r := range res {
-		if r.Err != nil {
-			out.Results[i] = &tp.Reservation{Code: wirecode.Code(r.Err), Message: r.Err.Error(), Slot: &tp.Slot{}}
-			continue
-		}
-		out.Results[i] = &tp.Reservation{Code: tp.ErrorCode_OK, Slot: slot(r.Slot), Token: r.Token, DeadlineUnixMs: r.Deadline.UnixMilli()}
-	}
-	return out, nil
+	return &tp.ReserveResponse{Results: reservations(res)}, nil
 }
+
+func reservations(res []proxy.ReserveResult) []*tp.Reservation {
+	out := make([]*tp.Reservation, len(res))
+	for i, r := range res {
+		switch {
+		case r.Err != nil:
+			out[i] = &tp.Reservation{Code: wirecode.Code(r.Err), Message: r.Err.Error(), Slot: &tp.Slot{}}
+		case r.Token == 0: // not asked for (CommitNext)
+			out[i] = &tp.Reservation{Code: tp.ErrorCode_OK, Slot: &tp.Slot{}}
+		default:
+			out[i] = &tp.Reservation{Code: tp.ErrorCode_OK, Slot: slot(r.Slot), Token: r.Token, DeadlineUnixMs: r.Deadline.UnixMilli()}
+		}
+	}
+	return out
+}
+
+// FeatureCommitNext, listed in HelloResponse.features: Reserve takes
+// unbound items (ReserveItem.unbound) whose key comes with their Commit,
+// and Commit reserves the next unbound slot of an item that asks
+// (CommitItem.next_size), so that a zero-copy put takes one round trip.
+const FeatureCommitNext = "commit_next"
 
 func (h *handler) Commit(ctx context.Context, req *tp.CommitRequest) (*tp.CommitResponse, error) {
 	items := make([]proxy.CommitItem, len(req.Items))
@@ -51,13 +64,18 @@ func (h *handler) Commit(ctx context.Context, req *tp.CommitRequest) (*tp.Commit
 		if it == nil {
 			return nil, toThrift(errNilItem)
 		}
-		items[i] = proxy.CommitItem{Token: it.Token, Checksum: uint32(it.Checksum), HasChecksum: it.HasChecksum}
+		items[i] = proxy.CommitItem{Token: it.Token, Checksum: uint32(it.Checksum), HasChecksum: it.HasChecksum,
+			Key: it.Key, Depth: it.Depth, NextSize: it.NextSize}
 	}
-	res, err := h.p.Commit(ctx, items)
+	res, next, err := h.p.CommitNext(ctx, items)
 	if err != nil {
 		return nil, toThrift(err)
 	}
-	return &tp.CommitResponse{Results: itemResults(res)}, nil
+	out := &tp.CommitResponse{Results: itemResults(res)}
+	if next != nil {
+		out.Next = reservations(next)
+	}
+	return out, nil
 }
 
 func (h *handler) Abort(ctx context.Context, req *tp.AbortRequest) (*tp.AbortResponse, error) {

@@ -279,7 +279,12 @@ func TestZeroCopyGoHelpers(t *testing.T) {
 			}
 		})
 	}
-	// Nothing left reserved or pinned.
+	// The client keeps slots reserved ahead for its next puts, and aborts
+	// them when it closes: nothing is left reserved.
+	if rs := ts.tier.ReserveStats(); rs.Open == 0 {
+		t.Fatalf("no slot reserved ahead: %+v", rs)
+	}
+	ts.c.Close()
 	if rs := ts.tier.ReserveStats(); rs.Open != 0 {
 		t.Fatalf("reservations left: %+v", rs)
 	}

@@ -172,6 +172,46 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
         self.assertEqual(self.c.delete(self.ns, b"zc-3"), True)
 
+    def test_put_from_reserves_ahead(self):
+        """After the first put, each put_from writes into a slot reserved
+        ahead by the commit before it: one round trip (commit), no reserve.
+        A stored key through such a slot is EXISTS and unchanged; a slot
+        the sidecar no longer knows (lost in a restart; aborted here) makes
+        the put fall back to a reserve; close() aborts the slots kept."""
+        c = tidepool.Client(SOCKET, framed=self.framed)
+        calls = {"Reserve": 0, "Commit": 0}
+        for name in calls:
+            fn = getattr(c._c, name)
+            def counted(req, fn=fn, name=name):
+                calls[name] += 1
+                return fn(req)
+            setattr(c._c, name, counted)
+        vals = [payload(64 * KiB, i) for i in range(5)]
+        for i, v in enumerate(vals):
+            self.assertFalse(c.put_from(self.ns, b"ra-%d" % i, v))
+        self.assertEqual(calls, {"Reserve": 1, "Commit": 5})
+        self.assertTrue(c.put_from(self.ns, b"ra-0", vals[1]))
+        self.assertEqual(calls, {"Reserve": 1, "Commit": 6})
+        self.assertEqual(c.batch_put_from(self.ns, [(b"ra-b%d" % i, v) for i, v in enumerate(vals)]),
+                         [tidepool.OK] * 5)
+        for i, v in enumerate(vals):
+            self.assertEqual(c.get(self.ns, b"ra-%d" % i), v)
+            self.assertEqual(c.get(self.ns, b"ra-b%d" % i), v)
+        # A slot the sidecar no longer knows (as after a restart): the put
+        # goes through a reserve instead, once.
+        lost = c._spares[(self.ns, 64 * KiB)][-1]
+        self.assertEqual(c.abort([lost.token]), [tidepool.OK])
+        self.assertFalse(c.put_from(self.ns, b"ra-lost", vals[2]))
+        self.assertEqual(c.get(self.ns, b"ra-lost"), vals[2])
+        kept = [r.token for lst in c._spares.values() for r in lst]
+        self.assertTrue(kept)
+        c.close()
+        self.assertEqual(self.c.abort(kept), [ErrorCode.LEASE_EXPIRED] * len(kept))
+        off = tidepool.Client(SOCKET, framed=self.framed, reserve_ahead=0)
+        self.assertFalse(off.put_from(self.ns, b"ra-off", vals[0]))
+        self.assertEqual(off._spares, {})
+        off.close()
+
     def test_damaged_arena_bytes_are_refused_when_verifying(self):
         # Hardening item 14 made the zero-copy reads verify by default;
         # issue 17 moved that check out of the read path (the sidecar

@@ -27,6 +27,11 @@ CLIENT_VERSION = 1
 
 # HelloResponse.features: Acquire honours release_lease_ids.
 FEATURE_ACQUIRE_RELEASE = "acquire_release"
+# HelloResponse.features: Reserve takes unbound items, and Commit reserves
+# the next slot of an item that asks (CommitItem.next_size).
+FEATURE_COMMIT_NEXT = "commit_next"
+# A slot reserved ahead with less time than this left is not used.
+SPARE_MARGIN_MS = 5000
 # A finished read's leases ride on the next Acquire only when its copy ended
 # at least this long before the lease deadline (as the Go client's GetInto);
 # otherwise they are released at once and an expired one fails the read.
@@ -142,7 +147,8 @@ class Client:
     """A connection to the sidecar's Unix socket (binary protocol; framed
     transport by default, buffered with framed=False)."""
 
-    def __init__(self, socket_path, framed=True, timeout=30.0, client_name="tidepool-py", lazy_release=True):
+    def __init__(self, socket_path, framed=True, timeout=30.0, client_name="tidepool-py", lazy_release=True,
+                 reserve_ahead=64):
         sock = TSocket.TSocket(unix_socket=socket_path)
         sock.setTimeout(int(timeout * 1000))
         if framed:
@@ -170,6 +176,15 @@ class Client:
         self._acq_release = False  # learnt from Hello in _map
         self._max_batch = 256  # learnt from Hello in _map
         self._pending = []  # lease ids queued for release
+        # Slots reserved ahead (put_from, batch_put_from): each commit asks
+        # for the slot of the next put of its namespace and size, so that a
+        # put takes one round trip (commit) instead of two (reserve, commit)
+        # when the server lists FEATURE_COMMIT_NEXT. At most reserve_ahead
+        # are kept (0: none); close() aborts them.
+        self._reserve_ahead = max(int(reserve_ahead), 0)
+        self._commit_next = False  # learnt from Hello in _map
+        self._spares = {}  # (ns, size) -> [Reservation]
+        self._nspares = 0
         self._transport.open()
         _grow_send_buffer(sock)
 
@@ -180,6 +195,10 @@ class Client:
         try:
             self.flush_releases()
         except Exception:  # the leases lapse at their deadlines anyway
+            pass
+        try:
+            self._abort_spares()
+        except Exception:  # reclaimed at their deadlines anyway
             pass
         self._unmap()
         self._transport.close()
@@ -329,6 +348,9 @@ class Client:
             raise Error(ErrorCode.UNAVAILABLE, "arena layout version %d, this client knows %d"
                         % (h.layout_version, ARENA_LAYOUT_VERSION))
         self._acq_release = FEATURE_ACQUIRE_RELEASE in (h.features or ())
+        self._commit_next = FEATURE_COMMIT_NEXT in (h.features or ())
+        if remap:
+            self._abort_spares()  # reserved in the arenas being replaced
         if h.limits is not None and h.limits.max_batch > 0:
             self._max_batch = h.limits.max_batch
         arenas = []
@@ -427,22 +449,65 @@ class Client:
 
     # ---- zero-copy helpers (same semantics as put/get) ---------------------
 
+    def _take_spare(self, ns, size):
+        lst = self._spares.get((ns, size))
+        now = time.time() * 1000
+        while lst:
+            r = lst.pop()
+            self._nspares -= 1
+            if r.deadline_unix_ms - now > SPARE_MARGIN_MS:
+                return r
+            # too close to its deadline: dropped (the server reclaims it)
+        return None
+
+    def _keep_spares(self, ns, sizes, nexts):
+        """Keeps the unbound reservations a commit answered; aborts those
+        over reserve_ahead."""
+        extra = []
+        for size, r in zip(sizes, nexts or ()):
+            if r is None or r.code != OK or not r.token:
+                continue
+            if self._nspares >= self._reserve_ahead:
+                extra.append(r.token)
+                continue
+            self._spares.setdefault((ns, size), []).append(r)
+            self._nspares += 1
+        if extra:
+            self.abort(extra)
+
+    def _abort_spares(self):
+        tokens = [r.token for lst in self._spares.values() for r in lst]
+        self._spares, self._nspares = {}, 0
+        if tokens:
+            self.abort(tokens)
+
     def batch_put_from(self, ns, items, verify=None, ttl_ms=0):
         """items: (key, buffer) or (key, buffer, depth). Reserve all, write
         each slot in place, commit all: two round trips per batch, no block
-        bytes on the socket. Returns one ErrorCode per item (OK, EXISTS, or
-        the item's error). verify (default: when a fast CRC-32C is installed)
-        sends the client's checksum for the server to check; else the server
-        computes it from the arena. Slots that follow one another in an
-        arena (as a batch's usually do) are written with one pwritev."""
+        bytes on the socket; one (the commit) for items that find a slot
+        reserved ahead of their namespace and size (see reserve_ahead).
+        Returns one ErrorCode per item (OK, EXISTS, or the item's error).
+        verify (default: when a fast CRC-32C is installed) sends the
+        client's checksum for the server to check; else the server computes
+        it from the arena. Slots that follow one another in an arena (as a
+        batch's usually do) are written with one pwritev."""
+        return self._batch_put_from(ns, list(items), verify, ttl_ms, True)
+
+    def _batch_put_from(self, ns, items, verify, ttl_ms, use_spares):
         if verify is None:
             verify = CRC_FAST
-        items = list(items)
         bufs = [memoryview(it[1]).cast("B") for it in items]
         arenas = self._map()
-        req = T.ReserveRequest(ns=ns, ttl_ms=ttl_ms, durable=False, items=[
-            T.ReserveItem(key=it[0], size=len(b), depth=it[2] if len(it) > 2 else 0) for it, b in zip(items, bufs)])
-        rs = self._call(self._c.Reserve, req).results
+        ahead = self._commit_next and self._reserve_ahead > 0 and ttl_ms == 0
+        spares = [self._take_spare(ns, len(b)) if ahead and use_spares else None for b in bufs]
+        need = [i for i, sp in enumerate(spares) if sp is None]
+        rs = list(spares)
+        if need:
+            req = T.ReserveRequest(ns=ns, ttl_ms=ttl_ms, durable=False, items=[
+                T.ReserveItem(key=items[i][0], size=len(bufs[i]), depth=items[i][2] if len(items[i]) > 2 else 0)
+                for i in need])
+            for i, r in zip(need, self._call(self._c.Reserve, req).results):
+                rs[i] = r
         codes = [r.code for r in rs]
         commits, where = [], []
         run_fd, run_off, run_end, run = None, 0, 0, []
@@ -462,17 +527,33 @@ class Client:
                     if run:
                         _pwritev_all(run_fd, run, run_off)
                     run_fd, run_off, run_end, run = fd, s.offset, s.offset + n, [b]
-                commits.append(T.CommitItem(token=r.token, has_checksum=bool(verify),
-                                            checksum=to_i32(crc32c(b)) if verify else 0))
+                c = T.CommitItem(token=r.token, has_checksum=bool(verify),
+                                 checksum=to_i32(crc32c(b)) if verify else 0, next_size=n if ahead else 0)
+                if spares[i] is not None:
+                    c.key, c.depth = items[i][0], items[i][2] if len(items[i]) > 2 else 0
+                commits.append(c)
                 where.append(i)
             if run:
                 _pwritev_all(run_fd, run, run_off)
         except BaseException:
             self.abort([r.token for r in rs if r.code == OK])
             raise
-        if commits:
-            for i, r in zip(where, self._call(self._c.Commit, T.CommitRequest(items=commits)).results):
-                codes[i] = r.code
+        if not commits:
+            return codes
+        resp = self._call(self._c.Commit, T.CommitRequest(items=commits))
+        lost = []
+        for i, r in zip(where, resp.results):
+            codes[i] = r.code
+            if r.code == ErrorCode.LEASE_EXPIRED and spares[i] is not None:
+                lost.append(i)  # the slot reserved ahead was gone
+        if ahead:
+            self._keep_spares(ns, [len(bufs[i]) for i in where], resp.next)
+        if lost:
+            # The sidecar restarted, or the slots outlived their deadline:
+            # put those again through a reserve, once.
+            self._abort_spares()
+            for i, code in zip(lost, self._batch_put_from(ns, [items[i] for i in lost], verify, ttl_ms, False)):
+                codes[i] = code
         return codes
 
     def put_from(self, ns, key, buf, depth=0, verify=None):

@@ -1723,9 +1723,10 @@ var fieldIDToName_PrefetchResponse = map[int16]string{
 }
 
 type ReserveItem struct {
-	Key   []byte `thrift:"key,1" frugal:"1,default,binary" json:"key"`
-	Size  int64  `thrift:"size,2" frugal:"2,default,i64" json:"size"`
-	Depth int32  `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
+	Key     []byte `thrift:"key,1" frugal:"1,default,binary" json:"key"`
+	Size    int64  `thrift:"size,2" frugal:"2,default,i64" json:"size"`
+	Depth   int32  `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
+	Unbound bool   `thrift:"unbound,4" frugal:"4,default,bool" json:"unbound"`
 }
 
 func NewReserveItem() *ReserveItem {
@@ -1746,6 +1747,10 @@ func (p *ReserveItem) GetSize() (v int64) {
 func (p *ReserveItem) GetDepth() (v int32) {
 	return p.Depth
 }
+
+func (p *ReserveItem) GetUnbound() (v bool) {
+	return p.Unbound
+}
 func (p *ReserveItem) SetKey(val []byte) {
 	p.Key = val
 }
@@ -1754,6 +1759,9 @@ func (p *ReserveItem) SetSize(val int64) {
 }
 func (p *ReserveItem) SetDepth(val int32) {
 	p.Depth = val
+}
+func (p *ReserveItem) SetUnbound(val bool) {
+	p.Unbound = val
 }
 
 func (p *ReserveItem) String() string {
@@ -1767,6 +1775,7 @@ var fieldIDToName_ReserveItem = map[int16]string{
 	1: "key",
 	2: "size",
 	3: "depth",
+	4: "unbound",
 }
 
 type ReserveRequest struct {
@@ -1929,9 +1938,12 @@ var fieldIDToName_ReserveResponse = map[int16]string{
 }
 
 type CommitItem struct {
-	Token       int64 `thrift:"token,1" frugal:"1,default,i64" json:"token"`
-	HasChecksum bool  `thrift:"has_checksum,2" frugal:"2,default,bool" json:"has_checksum"`
-	Checksum    int32 `thrift:"checksum,3" frugal:"3,default,i32" json:"checksum"`
+	Token       int64  `thrift:"token,1" frugal:"1,default,i64" json:"token"`
+	HasChecksum bool   `thrift:"has_checksum,2" frugal:"2,default,bool" json:"has_checksum"`
+	Checksum    int32  `thrift:"checksum,3" frugal:"3,default,i32" json:"checksum"`
+	Key         []byte `thrift:"key,4" frugal:"4,default,binary" json:"key"`
+	Depth       int32  `thrift:"depth,5" frugal:"5,default,i32" json:"depth"`
+	NextSize    int64  `thrift:"next_size,6" frugal:"6,default,i64" json:"next_size"`
 }
 
 func NewCommitItem() *CommitItem {
@@ -1952,6 +1964,18 @@ func (p *CommitItem) GetHasChecksum() (v bool) {
 func (p *CommitItem) GetChecksum() (v int32) {
 	return p.Checksum
 }
+
+func (p *CommitItem) GetKey() (v []byte) {
+	return p.Key
+}
+
+func (p *CommitItem) GetDepth() (v int32) {
+	return p.Depth
+}
+
+func (p *CommitItem) GetNextSize() (v int64) {
+	return p.NextSize
+}
 func (p *CommitItem) SetToken(val int64) {
 	p.Token = val
 }
@@ -1960,6 +1984,15 @@ func (p *CommitItem) SetHasChecksum(val bool) {
 }
 func (p *CommitItem) SetChecksum(val int32) {
 	p.Checksum = val
+}
+func (p *CommitItem) SetKey(val []byte) {
+	p.Key = val
+}
+func (p *CommitItem) SetDepth(val int32) {
+	p.Depth = val
+}
+func (p *CommitItem) SetNextSize(val int64) {
+	p.NextSize = val
 }
 
 func (p *CommitItem) String() string {
@@ -1973,6 +2006,9 @@ var fieldIDToName_CommitItem = map[int16]string{
 	1: "token",
 	2: "has_checksum",
 	3: "checksum",
+	4: "key",
+	5: "depth",
+	6: "next_size",
 }
 
 type CommitRequest struct {
@@ -2005,7 +2041,8 @@ var fieldIDToName_CommitRequest = map[int16]string{
 }
 
 type CommitResponse struct {
-	Results []*ItemStatus `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
+	Results []*ItemStatus  `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
+	Next    []*Reservation `thrift:"next,2" frugal:"2,default,list<Reservation>" json:"next"`
 }
 
 func NewCommitResponse() *CommitResponse {
@@ -2018,8 +2055,15 @@ func (p *CommitResponse) InitDefault() {
 func (p *CommitResponse) GetResults() (v []*ItemStatus) {
 	return p.Results
 }
+
+func (p *CommitResponse) GetNext() (v []*Reservation) {
+	return p.Next
+}
 func (p *CommitResponse) SetResults(val []*ItemStatus) {
 	p.Results = val
+}
+func (p *CommitResponse) SetNext(val []*Reservation) {
+	p.Next = val
 }
 
 func (p *CommitResponse) String() string {
@@ -2031,6 +2075,7 @@ func (p *CommitResponse) String() string {
 
 var fieldIDToName_CommitResponse = map[int16]string{
 	1: "results",
+	2: "next",
 }
 
 type AbortRequest struct {

@@ -2905,14 +2905,16 @@ class ReserveItem(object):
      - key
      - size
      - depth
+     - unbound
 
     """
 
 
-    def __init__(self, key=None, size=None, depth=None,):
+    def __init__(self, key=None, size=None, depth=None, unbound=None,):
         self.key = key
         self.size = size
         self.depth = depth
+        self.unbound = unbound
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -2938,6 +2940,11 @@ class ReserveItem(object):
                     self.depth = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.unbound = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -2959,6 +2966,10 @@ class ReserveItem(object):
         if self.depth is not None:
             oprot.writeFieldBegin('depth', TType.I32, 3)
             oprot.writeI32(self.depth)
+            oprot.writeFieldEnd()
+        if self.unbound is not None:
+            oprot.writeFieldBegin('unbound', TType.BOOL, 4)
+            oprot.writeBool(self.unbound)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3251,14 +3262,20 @@ class CommitItem(object):
      - token
      - has_checksum
      - checksum
+     - key
+     - depth
+     - next_size
 
     """
 
 
-    def __init__(self, token=None, has_checksum=None, checksum=None,):
+    def __init__(self, token=None, has_checksum=None, checksum=None, key=None, depth=None, next_size=None,):
         self.token = token
         self.has_checksum = has_checksum
         self.checksum = checksum
+        self.key = key
+        self.depth = depth
+        self.next_size = next_size
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3284,6 +3301,21 @@ class CommitItem(object):
                     self.checksum = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.key = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I32:
+                    self.depth = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I64:
+                    self.next_size = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3305,6 +3337,18 @@ class CommitItem(object):
         if self.checksum is not None:
             oprot.writeFieldBegin('checksum', TType.I32, 3)
             oprot.writeI32(self.checksum)
+            oprot.writeFieldEnd()
+        if self.key is not None:
+            oprot.writeFieldBegin('key', TType.STRING, 4)
+            oprot.writeBinary(self.key)
+            oprot.writeFieldEnd()
+        if self.depth is not None:
+            oprot.writeFieldBegin('depth', TType.I32, 5)
+            oprot.writeI32(self.depth)
+            oprot.writeFieldEnd()
+        if self.next_size is not None:
+            oprot.writeFieldBegin('next_size', TType.I64, 6)
+            oprot.writeI64(self.next_size)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3394,12 +3438,14 @@ class CommitResponse(object):
     """
     Attributes:
      - results
+     - next
 
     """
 
 
-    def __init__(self, results=None,):
+    def __init__(self, results=None, next=None,):
         self.results = results
+        self.next = next
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3421,6 +3467,17 @@ class CommitResponse(object):
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.LIST:
+                    self.next = []
+                    (_etype121, _size118) = iprot.readListBegin()
+                    for _i122 in range(_size118):
+                        _elem123 = Reservation()
+                        _elem123.read(iprot)
+                        self.next.append(_elem123)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3434,8 +3491,15 @@ class CommitResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter118 in self.results:
-                iter118.write(oprot)
+            for iter124 in self.results:
+                iter124.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.next is not None:
+            oprot.writeFieldBegin('next', TType.LIST, 2)
+            oprot.writeListBegin(TType.STRUCT, len(self.next))
+            for iter125 in self.next:
+                iter125.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3479,10 +3543,10 @@ class AbortRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.tokens = []
-                    (_etype122, _size119) = iprot.readListBegin()
-                    for _i123 in range(_size119):
-                        _elem124 = iprot.readI64()
-                        self.tokens.append(_elem124)
+                    (_etype129, _size126) = iprot.readListBegin()
+                    for _i130 in range(_size126):
+                        _elem131 = iprot.readI64()
+                        self.tokens.append(_elem131)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3499,8 +3563,8 @@ class AbortRequest(object):
         if self.tokens is not None:
             oprot.writeFieldBegin('tokens', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.tokens))
-            for iter125 in self.tokens:
-                oprot.writeI64(iter125)
+            for iter132 in self.tokens:
+                oprot.writeI64(iter132)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3544,11 +3608,11 @@ class AbortResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype129, _size126) = iprot.readListBegin()
-                    for _i130 in range(_size126):
-                        _elem131 = ItemStatus()
-                        _elem131.read(iprot)
-                        self.results.append(_elem131)
+                    (_etype136, _size133) = iprot.readListBegin()
+                    for _i137 in range(_size133):
+                        _elem138 = ItemStatus()
+                        _elem138.read(iprot)
+                        self.results.append(_elem138)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3565,8 +3629,8 @@ class AbortResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter132 in self.results:
-                iter132.write(oprot)
+            for iter139 in self.results:
+                iter139.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3623,10 +3687,10 @@ class AcquireRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype136, _size133) = iprot.readListBegin()
-                    for _i137 in range(_size133):
-                        _elem138 = iprot.readBinary()
-                        self.keys.append(_elem138)
+                    (_etype143, _size140) = iprot.readListBegin()
+                    for _i144 in range(_size140):
+                        _elem145 = iprot.readBinary()
+                        self.keys.append(_elem145)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3643,10 +3707,10 @@ class AcquireRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.release_lease_ids = []
-                    (_etype142, _size139) = iprot.readListBegin()
-                    for _i143 in range(_size139):
-                        _elem144 = iprot.readI64()
-                        self.release_lease_ids.append(_elem144)
+                    (_etype149, _size146) = iprot.readListBegin()
+                    for _i150 in range(_size146):
+                        _elem151 = iprot.readI64()
+                        self.release_lease_ids.append(_elem151)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3667,8 +3731,8 @@ class AcquireRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter145 in self.keys:
-                oprot.writeBinary(iter145)
+            for iter152 in self.keys:
+                oprot.writeBinary(iter152)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.lease_ms is not None:
@@ -3682,8 +3746,8 @@ class AcquireRequest(object):
         if self.release_lease_ids is not None:
             oprot.writeFieldBegin('release_lease_ids', TType.LIST, 5)
             oprot.writeListBegin(TType.I64, len(self.release_lease_ids))
-            for iter146 in self.release_lease_ids:
-                oprot.writeI64(iter146)
+            for iter153 in self.release_lease_ids:
+                oprot.writeI64(iter153)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3831,11 +3895,11 @@ class AcquireResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype150, _size147) = iprot.readListBegin()
-                    for _i151 in range(_size147):
-                        _elem152 = Lease()
-                        _elem152.read(iprot)
-                        self.results.append(_elem152)
+                    (_etype157, _size154) = iprot.readListBegin()
+                    for _i158 in range(_size154):
+                        _elem159 = Lease()
+                        _elem159.read(iprot)
+                        self.results.append(_elem159)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3857,8 +3921,8 @@ class AcquireResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter153 in self.results:
-                iter153.write(oprot)
+            for iter160 in self.results:
+                iter160.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.deadline_unix_ms is not None:
@@ -3906,10 +3970,10 @@ class ReleaseRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.lease_ids = []
-                    (_etype157, _size154) = iprot.readListBegin()
-                    for _i158 in range(_size154):
-                        _elem159 = iprot.readI64()
-                        self.lease_ids.append(_elem159)
+                    (_etype164, _size161) = iprot.readListBegin()
+                    for _i165 in range(_size161):
+                        _elem166 = iprot.readI64()
+                        self.lease_ids.append(_elem166)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3926,8 +3990,8 @@ class ReleaseRequest(object):
         if self.lease_ids is not None:
             oprot.writeFieldBegin('lease_ids', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.lease_ids))
-            for iter160 in self.lease_ids:
-                oprot.writeI64(iter160)
+            for iter167 in self.lease_ids:
+                oprot.writeI64(iter167)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3971,11 +4035,11 @@ class ReleaseResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype164, _size161) = iprot.readListBegin()
-                    for _i165 in range(_size161):
-                        _elem166 = ItemStatus()
-                        _elem166.read(iprot)
-                        self.results.append(_elem166)
+                    (_etype171, _size168) = iprot.readListBegin()
+                    for _i172 in range(_size168):
+                        _elem173 = ItemStatus()
+                        _elem173.read(iprot)
+                        self.results.append(_elem173)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3992,8 +4056,8 @@ class ReleaseResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter167 in self.results:
-                iter167.write(oprot)
+            for iter174 in self.results:
+                iter174.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4039,10 +4103,10 @@ class RenewRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.lease_ids = []
-                    (_etype171, _size168) = iprot.readListBegin()
-                    for _i172 in range(_size168):
-                        _elem173 = iprot.readI64()
-                        self.lease_ids.append(_elem173)
+                    (_etype178, _size175) = iprot.readListBegin()
+                    for _i179 in range(_size175):
+                        _elem180 = iprot.readI64()
+                        self.lease_ids.append(_elem180)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4064,8 +4128,8 @@ class RenewRequest(object):
         if self.lease_ids is not None:
             oprot.writeFieldBegin('lease_ids', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.lease_ids))
-            for iter174 in self.lease_ids:
-                oprot.writeI64(iter174)
+            for iter181 in self.lease_ids:
+                oprot.writeI64(iter181)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.lease_ms is not None:
@@ -4115,11 +4179,11 @@ class RenewResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype178, _size175) = iprot.readListBegin()
-                    for _i179 in range(_size175):
-                        _elem180 = ItemStatus()
-                        _elem180.read(iprot)
-                        self.results.append(_elem180)
+                    (_etype185, _size182) = iprot.readListBegin()
+                    for _i186 in range(_size182):
+                        _elem187 = ItemStatus()
+                        _elem187.read(iprot)
+                        self.results.append(_elem187)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4141,8 +4205,8 @@ class RenewResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter181 in self.results:
-                iter181.write(oprot)
+            for iter188 in self.results:
+                iter188.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.deadline_unix_ms is not None:
@@ -4342,11 +4406,11 @@ class MembersResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype185, _size182) = iprot.readListBegin()
-                    for _i186 in range(_size182):
-                        _elem187 = Member()
-                        _elem187.read(iprot)
-                        self.members.append(_elem187)
+                    (_etype192, _size189) = iprot.readListBegin()
+                    for _i193 in range(_size189):
+                        _elem194 = Member()
+                        _elem194.read(iprot)
+                        self.members.append(_elem194)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4363,8 +4427,8 @@ class MembersResponse(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter188 in self.members:
-                iter188.write(oprot)
+            for iter195 in self.members:
+                iter195.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4627,6 +4691,7 @@ ReserveItem.thrift_spec = (
     (1, TType.STRING, 'key', 'BINARY', None, ),  # 1
     (2, TType.I64, 'size', None, None, ),  # 2
     (3, TType.I32, 'depth', None, None, ),  # 3
+    (4, TType.BOOL, 'unbound', None, None, ),  # 4
 )
 all_structs.append(ReserveRequest)
 ReserveRequest.thrift_spec = (
@@ -4656,6 +4721,9 @@ CommitItem.thrift_spec = (
     (1, TType.I64, 'token', None, None, ),  # 1
     (2, TType.BOOL, 'has_checksum', None, None, ),  # 2
     (3, TType.I32, 'checksum', None, None, ),  # 3
+    (4, TType.STRING, 'key', 'BINARY', None, ),  # 4
+    (5, TType.I32, 'depth', None, None, ),  # 5
+    (6, TType.I64, 'next_size', None, None, ),  # 6
 )
 all_structs.append(CommitRequest)
 CommitRequest.thrift_spec = (
@@ -4666,6 +4734,7 @@ all_structs.append(CommitResponse)
 CommitResponse.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'results', (TType.STRUCT, [ItemStatus, None], False), None, ),  # 1
+    (2, TType.LIST, 'next', (TType.STRUCT, [Reservation, None], False), None, ),  # 2
 )
 all_structs.append(AbortRequest)
 AbortRequest.thrift_spec = (
