@@ -64,6 +64,30 @@ func readSecret(path string) ([]byte, error) {
 	return raw, nil
 }
 
+// readKey reads the gossip key file as readSecret does, but when the
+// trimmed content is no key it takes the raw bytes whole, or without one
+// final line ending, if that makes 16, 24 or 32 bytes: random raw bytes
+// may begin or end with a byte that is white space (about one key in 20),
+// which trimming would cut off.
+func readKey(path string) ([]byte, error) {
+	key, err := readSecret(path)
+	if err != nil || key == nil || validKeyLen(len(key)) {
+		return key, err
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	for _, cand := range [][]byte{raw, bytes.TrimSuffix(raw, []byte("\n")), bytes.TrimSuffix(raw, []byte("\r\n"))} {
+		if validKeyLen(len(cand)) {
+			return cand, nil
+		}
+	}
+	return key, nil
+}
+
+func validKeyLen(n int) bool { return n == 16 || n == 24 || n == 32 }
+
 // hostFor picks the host peers should dial for a listener bound to bind:
 // the bound host when it is concrete, else the host of the gossip address
 // that memberlist advertises.
@@ -84,11 +108,11 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 			n = nil
 		}
 	}()
-	key, err := readSecret(cfg.GossipKeyFile)
+	key, err := readKey(cfg.GossipKeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("gossip_key_file: %w", err)
 	}
-	if key != nil && len(key) != 16 && len(key) != 24 && len(key) != 32 {
+	if key != nil && !validKeyLen(len(key)) {
 		return nil, fmt.Errorf("gossip_key_file: key is %d bytes; want 16, 24 or 32", len(key))
 	}
 	token, err := readSecret(cfg.PeerTokenFile)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -419,5 +420,49 @@ func TestClusterCredentialSettings(t *testing.T) {
 				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestReadKeyRawBytesWithWhiteSpace: a raw gossip key whose first or last
+// byte is white space is taken whole (trimmed, it was one byte short and
+// serve refused to start: about one random key in 20); base64 text and a
+// raw key followed by a newline read as before.
+func TestReadKeyRawBytesWithWhiteSpace(t *testing.T) {
+	dir := t.TempDir()
+	raw := []byte(" 0123456789abcdef0123456789abcd\n") // 32 bytes
+	want := map[string][]byte{
+		"raw":             raw,
+		"raw+newline":     append(append([]byte{}, raw...), '\n'),
+		"base64":          []byte(testGossipKey + "\n"),
+		"raw16+newline":   []byte("0123456789abcdef\n"),
+		"31 bytes, wrong": raw[:31],
+	}
+	for name, content := range want {
+		path := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+		if err := os.WriteFile(path, content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readKey(path)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		switch name {
+		case "raw", "raw+newline":
+			if !bytes.Equal(got, raw) {
+				t.Errorf("%s: read %q, want the 32 raw bytes", name, got)
+			}
+		case "base64":
+			if len(got) != 32 {
+				t.Errorf("%s: read %d bytes, want the 32 decoded", name, len(got))
+			}
+		case "raw16+newline":
+			if string(got) != "0123456789abcdef" {
+				t.Errorf("%s: read %q", name, got)
+			}
+		default:
+			if validKeyLen(len(got)) {
+				t.Errorf("%s: read a valid key of %d bytes from a 31-byte file", name, len(got))
+			}
+		}
 	}
 }
