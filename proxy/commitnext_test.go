@@ -38,6 +38,9 @@ func TestCommitNext(t *testing.T) {
 	if len(next) != 1 || next[0].Err != nil || next[0].Token == 0 || next[0].Slot.Length != size {
 		t.Fatalf("next = %+v", next)
 	}
+	if zs := f.p.ZeroCopyStats(); zs.ReservedAhead != 1 || zs.LiveReservations != 1 {
+		t.Fatalf("stats with one slot reserved ahead: %+v", zs)
+	}
 	if got, info, err := f.p.Get(bg, "ns", []byte("a"), ScopeLocal); err != nil || !bytes.Equal(got, a) || info.Depth != 3 {
 		t.Fatalf("Get a: %v depth %d", err, info.Depth)
 	}
@@ -82,7 +85,7 @@ func TestCommitNext(t *testing.T) {
 			t.Fatalf("Get %s after a refused commit: %v", k, err)
 		}
 	}
-	if zs := f.p.ZeroCopyStats(); zs.LiveReservations != 0 || zs.CommitExists != 1 {
+	if zs := f.p.ZeroCopyStats(); zs.LiveReservations != 0 || zs.ReservedAhead != 0 || zs.CommitExists != 1 {
 		t.Fatalf("stats %+v", zs)
 	}
 	if rs := f.tier.ReserveStats(); rs.Open != 0 {

@@ -110,11 +110,14 @@ type AcquireResult struct {
 // ZeroCopyStats is a snapshot of the zero-copy counters.
 type ZeroCopyStats struct {
 	LiveReservations int64 // open reservations (gauge)
-	LiveLeases       int64 // held leases (gauge)
-	Reserved         int64 // slots reserved
-	Committed        int64 // reservations published
-	CommitExists     int64 // commits that found the key already stored
-	Aborted          int64 // reservations aborted by the client
+	// ReservedAhead is how many of them are slots reserved ahead (unbound:
+	// their key comes with Commit) (gauge).
+	ReservedAhead int64
+	LiveLeases    int64 // held leases (gauge)
+	Reserved      int64 // slots reserved
+	Committed     int64 // reservations published
+	CommitExists  int64 // commits that found the key already stored
+	Aborted       int64 // reservations aborted by the client
 	// ReservationsReclaimed counts reservations dropped because their
 	// deadline passed before Commit or Abort.
 	ReservationsReclaimed int64
@@ -232,6 +235,7 @@ func (p *Proxy) ZeroCopyStats() ZeroCopyStats {
 	s.sweep(p.zcs)
 	return ZeroCopyStats{
 		LiveReservations:      s.liveReservations.Load(),
+		ReservedAhead:         s.reservedAhead(),
 		LiveLeases:            s.liveLeases.Load(),
 		Reserved:              s.reserved.Load(),
 		Committed:             s.committed.Load(),
@@ -345,6 +349,19 @@ func (s *zcState) addReservation(e *reserved) ReserveResult {
 	s.liveReservations.Add(1)
 	a, off, n := e.r.Location()
 	return ReserveResult{Slot: Slot{Arena: a, Offset: off, Length: n}, Token: id, Deadline: e.r.Deadline()}
+}
+
+// reservedAhead counts the unbound reservations in the table.
+func (s *zcState) reservedAhead() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, e := range s.reservations {
+		if e.key == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // takeReservation removes a token from the table.

@@ -306,7 +306,8 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 // zeroCopyCollector exports the zero-copy counters of the proxy.
 type zeroCopyCollector struct {
 	p                                                                       *proxy.Proxy
-	leasesLive, resLive, leaseExp, resReclaimed, leases, releases, renewals *prometheus.Desc
+	leasesLive, resLive, resAhead, leaseExp, resReclaimed, leases, releases *prometheus.Desc
+	renewals                                                                *prometheus.Desc
 	reservations, commits, aborts                                           *prometheus.Desc
 }
 
@@ -315,19 +316,20 @@ func newZeroCopyCollector(p *proxy.Proxy) *zeroCopyCollector {
 	return &zeroCopyCollector{p: p,
 		leasesLive:   d("tidepool_zerocopy_leases_live", "Leases (pinned blocks) held by engines now.", nil, nil),
 		resLive:      d("tidepool_zerocopy_reservations_live", "Reserved slots not yet committed or aborted.", nil, nil),
+		resAhead:     d("tidepool_zerocopy_reservations_ahead_live", "Of the live reservations, slots reserved ahead for a writer's next put (unbound: the key comes with Commit).", nil, nil),
 		leaseExp:     d("tidepool_zerocopy_lease_expirations_total", "Leases whose deadline passed before Release (the pin was dropped).", nil, nil),
 		resReclaimed: d("tidepool_zerocopy_reservations_reclaimed_total", "Reservations reclaimed because their deadline passed before Commit or Abort.", nil, nil),
 		leases:       d("tidepool_zerocopy_leases_total", "Leases granted by Acquire.", nil, nil),
 		releases:     d("tidepool_zerocopy_releases_total", "Leases released in time.", nil, nil),
 		renewals:     d("tidepool_zerocopy_renewals_total", "Lease renewals.", nil, nil),
-		reservations: d("tidepool_zerocopy_reservations_total", "Slots reserved.", nil, nil),
+		reservations: d("tidepool_zerocopy_reservations_total", "Slots reserved (by Reserve, and ahead by Commit).", nil, nil),
 		commits:      d("tidepool_zerocopy_commits_total", "Reservations committed, by result (ok, exists).", []string{"result"}, nil),
 		aborts:       d("tidepool_zerocopy_aborts_total", "Reservations aborted by the engine.", nil, nil),
 	}
 }
 
 func (c *zeroCopyCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.leasesLive, c.resLive, c.leaseExp, c.resReclaimed, c.leases, c.releases, c.renewals, c.reservations, c.commits, c.aborts} {
+	for _, d := range []*prometheus.Desc{c.leasesLive, c.resLive, c.resAhead, c.leaseExp, c.resReclaimed, c.leases, c.releases, c.renewals, c.reservations, c.commits, c.aborts} {
 		ch <- d
 	}
 }
@@ -338,6 +340,7 @@ func (c *zeroCopyCollector) Collect(ch chan<- prometheus.Metric) {
 	m := prometheus.MustNewConstMetric
 	ch <- m(c.leasesLive, g, float64(s.LiveLeases))
 	ch <- m(c.resLive, g, float64(s.LiveReservations))
+	ch <- m(c.resAhead, g, float64(s.ReservedAhead))
 	ch <- m(c.leaseExp, ctr, float64(s.LeaseExpirations))
 	ch <- m(c.resReclaimed, ctr, float64(s.ReservationsReclaimed))
 	ch <- m(c.leases, ctr, float64(s.Acquired))
