@@ -54,14 +54,16 @@ func readSecret(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseSecret(raw), nil
+}
+
+// parseSecret is readSecret's reading of a file's contents.
+func parseSecret(raw []byte) []byte {
 	raw = bytes.TrimSpace(raw)
-	if dec, err := base64.StdEncoding.DecodeString(string(raw)); err == nil && len(dec) > 0 {
-		switch len(dec) {
-		case 16, 24, 32:
-			return dec, nil
-		}
+	if dec, err := base64.StdEncoding.DecodeString(string(raw)); err == nil && validKeyLen(len(dec)) {
+		return dec
 	}
-	return raw, nil
+	return raw
 }
 
 // readKey reads the gossip key file as readSecret does, but when the
@@ -70,13 +72,16 @@ func readSecret(path string) ([]byte, error) {
 // may begin or end with a byte that is white space (about one key in 20),
 // which trimming would cut off.
 func readKey(path string) ([]byte, error) {
-	key, err := readSecret(path)
-	if err != nil || key == nil || validKeyLen(len(key)) {
-		return key, err
+	if path == "" {
+		return nil, nil
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
+	}
+	key := parseSecret(raw)
+	if validKeyLen(len(key)) {
+		return key, nil
 	}
 	for _, cand := range [][]byte{raw, bytes.TrimSuffix(raw, []byte("\n")), bytes.TrimSuffix(raw, []byte("\r\n"))} {
 		if validKeyLen(len(cand)) {
