@@ -200,3 +200,67 @@ func CheckRange(size, off, n uint64) error {
 	}
 	return nil
 }
+
+// ---- named reads: an optional two-sided operation ----
+
+// ErrUnsupported: the transport or peer cannot do what was asked (a named
+// read over verbs, or to a peer that does not serve them). Use the
+// one-sided path instead.
+var ErrUnsupported = errors.New("rdma: not supported")
+
+// Fetcher is implemented by a Peer that can make a named read: one
+// exchange in which the remote side resolves a request (which block, who
+// asks) to bytes in its own registered memory, pins them, and sends them
+// with their CRC-32C. It saves the round trip that a one-sided Read needs
+// first to learn where the bytes lie. It is two-sided: the remote
+// transport must run a FetchHandler (FetchServer).
+type Fetcher interface {
+	// Fetch sends req (at most MaxFetchRequest bytes) to the peer's fetch
+	// handler and returns the metadata it answered. When the answer
+	// carries bytes, land is called first, with that metadata, the byte
+	// count and their CRC-32C, and says where they go: a local region and
+	// offset. The bytes are checked against the CRC-32C as they land
+	// (ErrChecksum). When land returns an error, nothing lands and Fetch
+	// returns that error (wrapped). Errors: ErrUnsupported when the peer
+	// does not serve named reads (or this handle cannot make them), and
+	// the sentinels of Read.
+	Fetch(ctx context.Context, req []byte, land Lander) (meta []byte, err error)
+}
+
+// Lander places the bytes of a named read (Fetcher.Fetch): given the
+// answer's metadata, byte count and CRC-32C, it returns the local region
+// and offset they go into, or an error to drop them.
+type Lander func(meta []byte, n uint64, sum uint32) (local RegionID, off uint64, err error)
+
+// Bounds of a named read, checked on both sides before anything is
+// allocated for them.
+const (
+	MaxFetchRequest = 4 << 10 // request bytes
+	MaxFetchMeta    = 4 << 10 // metadata bytes in an answer
+)
+
+// FetchHandler answers a named read on the serving side. req is valid only
+// during the call. It returns what to send back.
+type FetchHandler func(ctx context.Context, req []byte) FetchAnswer
+
+// FetchAnswer is a FetchHandler's answer: Meta (at most MaxFetchMeta
+// bytes) goes back first; then, when Len > 0, the Len bytes at Offset of
+// the local region Region, whose CRC-32C is Sum (the handler knows it: a
+// block's stored checksum; the transport does not compute it). The
+// handler keeps those bytes in place until Done is called, once, when they
+// were sent or the send failed. Done may be nil.
+type FetchAnswer struct {
+	Meta   []byte
+	Region RegionID
+	Offset uint64
+	Len    uint64
+	Sum    uint32
+	Done   func()
+}
+
+// FetchServer is implemented by a Transport that serves named reads (tcp).
+type FetchServer interface {
+	// HandleFetch sets the handler of named reads; nil stops serving
+	// them (requests are then refused with ErrUnsupported).
+	HandleFetch(h FetchHandler)
+}

@@ -59,7 +59,19 @@ const (
 	OpRead     Op = 5 // request Length bytes at Region/Offset
 	OpReadData Op = 6 // response chunk carrying read bytes; FlagLast on the final chunk
 	OpError    Op = 7 // response: Status says why, payload is a short UTF-8 message
-	opSentinel Op = 8 // first unknown op
+	// OpFetch is a named read (two-sided): the payload (bounded by the
+	// transport, rdma.MaxFetchRequest) names what to read, in a format
+	// the owner's fetch handler understands; Region, Key and Offset are 0.
+	// The owner answers with one OpFetchMeta, or OpError.
+	OpFetch Op = 8
+	// OpFetchMeta answers an OpFetch: the payload (bounded by the
+	// transport, rdma.MaxFetchMeta) is the handler's metadata, Offset is
+	// the number of data bytes that follow as OpReadData chunks (summed:
+	// their Offset counts from 0 within the data, FlagLast on the final
+	// one) and Key is the CRC-32C of all the data, which the initiator
+	// checks as it lands.
+	OpFetchMeta Op = 9
+	opSentinel  Op = 10 // first unknown op
 )
 
 // String names an op for logs.
@@ -79,6 +91,10 @@ func (o Op) String() string {
 		return "read-data"
 	case OpError:
 		return "error"
+	case OpFetch:
+		return "fetch"
+	case OpFetchMeta:
+		return "fetch-meta"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -113,7 +129,8 @@ const (
 	StatusBadRequest    Status = 5 // malformed or unexpected frame
 	StatusShutdown      Status = 6 // receiver is closing
 	StatusInternal      Status = 7
-	statusSentinel      Status = 8
+	StatusUnsupported   Status = 8 // the receiver does not serve that request (a named read)
+	statusSentinel      Status = 9
 )
 
 // String names a status for logs and error messages.
@@ -135,6 +152,8 @@ func (s Status) String() string {
 		return "shutting down"
 	case StatusInternal:
 		return "internal error"
+	case StatusUnsupported:
+		return "unsupported"
 	}
 	return fmt.Sprintf("status(%d)", uint8(s))
 }

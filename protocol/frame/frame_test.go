@@ -18,6 +18,8 @@ func TestRoundTrip(t *testing.T) {
 		{Op: OpHello},
 		{Op: OpError, Status: StatusOutOfRange, RequestID: ^uint64(0), Length: 12},
 		{Op: OpRead, Region: ^uint64(0), Offset: ^uint64(0), Length: MaxLength},
+		{Op: OpFetch, RequestID: 9, Length: 4096, CRC: 1},
+		{Op: OpFetchMeta, RequestID: 9, Key: 0xfeedf00d, Offset: 1 << 20, Length: 12, CRC: 2},
 	} {
 		var buf [HeaderSize]byte
 		got, err := Decode(Encode(buf[:], h))

@@ -147,7 +147,11 @@ type Transport struct {
 	tcpOps, tcpBytes, tcpErrs               atomic.Uint64
 }
 
-var _ rdma.Transport = (*Transport)(nil)
+var (
+	_ rdma.Transport   = (*Transport)(nil)
+	_ rdma.FetchServer = (*Transport)(nil)
+	_ rdma.Fetcher     = (*peer)(nil)
+)
 
 // New starts the transport.
 func New(cfg Config, lg *zap.Logger) (*Transport, error) {
@@ -459,6 +463,38 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 	t.tcpOps.Add(1)
 	t.tcpBytes.Add(op.Len)
 	return nil
+}
+
+// HandleFetch implements rdma.FetchServer: named reads are served on the
+// TCP side of the port.
+func (t *Transport) HandleFetch(h rdma.FetchHandler) { t.tcp.HandleFetch(h) }
+
+// Fetch implements rdma.Fetcher over TCP. With a verbs connection to the
+// peer it answers rdma.ErrUnsupported: there a one-sided read moves the
+// bytes without the owner's CPU, and the caller takes that path.
+func (p *peer) Fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte, error) {
+	if vp := p.verbs(ctx); vp != nil {
+		return nil, fmt.Errorf("%w: %s has an RDMA connection: read it one-sided", rdma.ErrUnsupported, p.addr)
+	}
+	f, ok := p.tp.(rdma.Fetcher)
+	if !ok {
+		return nil, fmt.Errorf("%w: named reads over %T", rdma.ErrUnsupported, p.tp)
+	}
+	start := time.Now()
+	var n uint64
+	meta, err := f.Fetch(ctx, req, func(meta []byte, size uint64, sum uint32) (rdma.RegionID, uint64, error) {
+		n = size
+		return land(meta, size, sum)
+	})
+	if err != nil {
+		n = 0
+		p.t.tcpErrs.Add(1)
+	} else {
+		p.t.tcpOps.Add(1)
+		p.t.tcpBytes.Add(n)
+	}
+	p.c.Done(false, n, time.Since(start), err)
+	return meta, err
 }
 
 func (p *peer) isClosed() bool {

@@ -71,8 +71,11 @@ type server struct {
 	// scratch holds a write chunk until its checksum is verified; kept per
 	// connection (up to 2*ChunkSize) so that the hot path allocates nothing.
 	scratch []byte
-	rhdr    [frame.HeaderSize]byte
-	whdr    [frame.HeaderSize]byte
+	// req holds a named read's request (rdma.MaxFetchRequest bytes, made
+	// on the connection's first one).
+	req  []byte
+	rhdr [frame.HeaderSize]byte
+	whdr [frame.HeaderSize]byte
 }
 
 func (s *server) loop() error {
@@ -136,6 +139,10 @@ func (s *server) loop() error {
 			return fmt.Errorf("%s inside write request %d", h.Op, wid)
 		case h.Op == frame.OpRead:
 			if err := s.read(h); err != nil {
+				return err
+			}
+		case h.Op == frame.OpFetch:
+			if err := s.fetch(h); err != nil {
 				return err
 			}
 		case h.Op == frame.OpHello:

@@ -217,6 +217,9 @@ type Transport struct {
 	reqID                atomic.Uint64
 	wg                   sync.WaitGroup // accept loop and served connections
 
+	// fetch answers named reads (HandleFetch); nil: refused.
+	fetch atomic.Pointer[rdma.FetchHandler]
+
 	closed  atomic.Bool
 	done    chan struct{} // closed by Close
 	mu      sync.Mutex    // guards the maps below
@@ -225,7 +228,20 @@ type Transport struct {
 	handles map[*peer]struct{}
 }
 
-var _ rdma.Transport = (*Transport)(nil)
+var (
+	_ rdma.Transport   = (*Transport)(nil)
+	_ rdma.FetchServer = (*Transport)(nil)
+	_ rdma.Fetcher     = (*peer)(nil)
+)
+
+// HandleFetch implements rdma.FetchServer.
+func (t *Transport) HandleFetch(h rdma.FetchHandler) {
+	if h == nil {
+		t.fetch.Store(nil)
+		return
+	}
+	t.fetch.Store(&h)
+}
 
 // New listens and starts serving.
 func New(cfg Config, lg *zap.Logger) (*Transport, error) {
@@ -604,6 +620,18 @@ func deadlinePassed(ctx context.Context) bool {
 // run performs one transfer on c. clean reports whether the stream is still
 // in sync, so that c may serve another transfer.
 func (c *conn) run(ctx context.Context, id uint64, op rdma.Op, local []byte, write bool, chunk int) (clean bool, err error) {
+	return c.exchange(ctx, func() (bool, error) {
+		if write {
+			return c.write(id, op, local, chunk)
+		}
+		return c.read(id, op, local)
+	})
+}
+
+// exchange runs one request/answer exchange on c (f) under ctx: its
+// deadline bounds every read and write, and its cancellation breaks them
+// (the connection is then not clean).
+func (c *conn) exchange(ctx context.Context, f func() (bool, error)) (clean bool, err error) {
 	dl, _ := ctx.Deadline()
 	_ = c.nc.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
@@ -618,10 +646,7 @@ func (c *conn) run(ctx context.Context, id uint64, op rdma.Op, local []byte, wri
 			err = fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
 		}
 	}()
-	if write {
-		return c.write(id, op, local, chunk)
-	}
-	return c.read(id, op, local)
+	return f()
 }
 
 func lost(err error) error {
@@ -776,6 +801,7 @@ var statusTable = []struct {
 	{frame.StatusTooLarge, rdma.ErrTooLarge},
 	{frame.StatusBadRequest, rdma.ErrProtocol},
 	{frame.StatusShutdown, rdma.ErrPeerLost},
+	{frame.StatusUnsupported, rdma.ErrUnsupported},
 }
 
 func statusErr(s frame.Status) error {

@@ -1,0 +1,242 @@
+package tcp
+
+// Named reads (rdma.Fetcher, rdma.FetchServer): the one two-sided
+// operation. The initiator sends one OpFetch whose payload names what it
+// wants; the owner's handler resolves and pins the bytes, and the owner
+// answers, in one writev, an OpFetchMeta (the handler's metadata, the byte
+// count and their CRC-32C) followed by the bytes as summed OpReadData
+// chunks. The initiator asks its Lander where the bytes go once it knows
+// how many there are, reads them straight there and checks their CRC-32C
+// as they land. One round trip instead of the two of "ask where, then
+// Read".
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/protocol/frame"
+	"github.com/tidepool-kv/tidepool/rdma"
+	"github.com/tidepool-kv/tidepool/rdma/internal/region"
+)
+
+// ---- owner side ----
+
+// fetch answers an OpFetch: the handler resolves the request and pins the
+// bytes; the answer's metadata and the bytes go back in one writev.
+func (s *server) fetch(h frame.Header) error {
+	if h.Length > rdma.MaxFetchRequest {
+		// The payload is not read, so the stream cannot be resynchronised:
+		// refuse, then close.
+		s.t.serve.Error()
+		_ = s.refuse(h.RequestID, fmt.Errorf("%w: fetch request of %d bytes (max %d)", rdma.ErrTooLarge, h.Length, rdma.MaxFetchRequest))
+		return fmt.Errorf("fetch request of %d bytes", h.Length)
+	}
+	_ = s.nc.SetReadDeadline(time.Now().Add(s.t.cfg.IOTimeout))
+	if s.req == nil {
+		s.req = make([]byte, rdma.MaxFetchRequest)
+	}
+	req := s.req[:h.Length]
+	if _, err := io.ReadFull(s.br, req); err != nil {
+		return err
+	}
+	if frame.Checksum(req) != h.CRC {
+		s.t.serve.Error()
+		return s.refuse(h.RequestID, fmt.Errorf("%w: fetch request", rdma.ErrChecksum))
+	}
+	hp := s.t.fetch.Load()
+	if hp == nil {
+		s.t.serve.Error()
+		return s.refuse(h.RequestID, fmt.Errorf("%w: named reads are not served here", rdma.ErrUnsupported))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.t.cfg.IOTimeout)
+	a := (*hp)(ctx, req)
+	cancel()
+	if a.Done != nil {
+		defer a.Done()
+	}
+	var span region.Span
+	var err error
+	switch {
+	case len(a.Meta) > rdma.MaxFetchMeta:
+		err = fmt.Errorf("fetch answer: %d bytes of metadata (max %d)", len(a.Meta), rdma.MaxFetchMeta)
+	case a.Len > s.t.cfg.MaxTransfer:
+		err = fmt.Errorf("%w: fetch answer of %d bytes (max %d)", rdma.ErrTooLarge, a.Len, s.t.cfg.MaxTransfer)
+	case a.Len > 0:
+		// The handler's own region: an error here is ours, not a guess
+		// by the peer (no key failure is counted: %v, not %w).
+		if span, err = s.t.table.Acquire(a.Region, 0, false, a.Offset, a.Len); err != nil {
+			err = fmt.Errorf("fetch answer: %v", err)
+		} else {
+			defer span.Release()
+		}
+	}
+	if err != nil {
+		s.t.serve.Error()
+		return s.refuse(h.RequestID, err)
+	}
+	chunk := uint64(s.t.cfg.ChunkSize)
+	chunks := (a.Len + chunk - 1) / chunk
+	hdrs := make([]byte, (1+chunks)*frame.HeaderSize)
+	bufs := make(net.Buffers, 0, 2+2*chunks)
+	m := frame.Header{Op: frame.OpFetchMeta, RequestID: h.RequestID, Key: a.Sum, Offset: a.Len,
+		Length: uint32(len(a.Meta)), CRC: frame.Checksum(a.Meta)}
+	bufs = append(bufs, frame.Encode(hdrs, m))
+	if len(a.Meta) > 0 {
+		bufs = append(bufs, a.Meta)
+	}
+	for i, done := uint64(1), uint64(0); done < a.Len; i++ {
+		n := min(chunk, a.Len-done)
+		r := frame.Header{Op: frame.OpReadData, Flags: frame.FlagSummed, RequestID: h.RequestID,
+			Offset: done, Length: uint32(n)}
+		if done+n == a.Len {
+			r.Flags |= frame.FlagLast
+		}
+		bufs = append(bufs, frame.Encode(hdrs[i*frame.HeaderSize:], r), span.B[done:done+n])
+		done += n
+	}
+	_ = s.w.SetWriteDeadline(time.Now().Add(s.t.cfg.IOTimeout))
+	if _, err := bufs.WriteTo(s.w); err != nil {
+		return err
+	}
+	if a.Len > 0 {
+		s.t.serve.Sent(a.Len, true)
+	}
+	return nil
+}
+
+// ---- initiator side ----
+
+// Fetch implements rdma.Fetcher.
+func (p *peer) Fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte, error) {
+	start := time.Now()
+	meta, n, err := p.fetch(ctx, req, land)
+	p.c.Done(false, n, time.Since(start), err)
+	if err != nil {
+		return meta, fmt.Errorf("tcp fetch %s: %w", p.addr, err)
+	}
+	return meta, nil
+}
+
+func (p *peer) fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte, uint64, error) {
+	if p.t.closed.Load() || p.isClosed() {
+		return nil, 0, rdma.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if len(req) > rdma.MaxFetchRequest {
+		return nil, 0, fmt.Errorf("%w: fetch request of %d bytes (max %d)", rdma.ErrTooLarge, len(req), rdma.MaxFetchRequest)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.t.cfg.IOTimeout)
+		defer cancel()
+	}
+	for attempt := 0; ; attempt++ {
+		c, reused, err := p.get(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		f := fetchCall{id: p.t.reqID.Add(1), req: req, land: land, t: p.t}
+		clean, err := c.exchange(ctx, func() (bool, error) { return c.fetch(&f) })
+		p.put(c, clean, true)
+		if err != nil && p.isClosed() {
+			return nil, 0, fmt.Errorf("%w: %w", rdma.ErrClosed, err)
+		}
+		// A pooled connection the peer closed while idle fails on first
+		// use; before anything was landed a named read is idempotent
+		// (the owner unpins what it sent), so try once more.
+		if err != nil && !clean && reused && attempt == 0 && !f.landed && ctx.Err() == nil && errors.Is(err, rdma.ErrPeerLost) {
+			continue
+		}
+		return f.meta, f.n, err
+	}
+}
+
+// fetchCall is the state of one named read on a connection.
+type fetchCall struct {
+	id     uint64
+	req    []byte
+	land   rdma.Lander
+	t      *Transport
+	landed bool   // land was called
+	meta   []byte // the answer's metadata
+	n      uint64 // bytes landed
+}
+
+// fetch sends the request and reads the answer. clean reports whether the
+// stream is still in sync.
+func (c *conn) fetch(f *fetchCall) (bool, error) {
+	h := frame.Header{Op: frame.OpFetch, RequestID: f.id, Length: uint32(len(f.req)), CRC: frame.Checksum(f.req)}
+	bufs := net.Buffers{frame.Encode(c.hdr[:], h), f.req}
+	if _, err := bufs.WriteTo(c.nc); err != nil {
+		return false, lost(err)
+	}
+	r, err := c.response(f.id)
+	if err != nil {
+		return false, err
+	}
+	switch r.Op {
+	case frame.OpError:
+		return c.remoteError(r)
+	case frame.OpFetchMeta:
+	default:
+		return false, fmt.Errorf("%w: unexpected %s in answer to fetch", rdma.ErrProtocol, r.Op)
+	}
+	if r.Length > rdma.MaxFetchMeta {
+		return false, fmt.Errorf("%w: fetch answer with %d bytes of metadata", rdma.ErrProtocol, r.Length)
+	}
+	if r.Offset > f.t.cfg.MaxTransfer {
+		return false, fmt.Errorf("%w: fetch answer of %d bytes (max %d)", rdma.ErrTooLarge, r.Offset, f.t.cfg.MaxTransfer)
+	}
+	meta := make([]byte, r.Length)
+	if _, err := io.ReadFull(c.br, meta); err != nil {
+		return false, lost(err)
+	}
+	if frame.Checksum(meta) != r.CRC {
+		return false, fmt.Errorf("%w: fetch answer metadata", rdma.ErrChecksum)
+	}
+	f.meta = meta
+	n, want := r.Offset, r.Key
+	if n == 0 {
+		return true, nil
+	}
+	f.landed = true
+	id, off, err := f.land(meta, n, want)
+	if err != nil {
+		return false, err // the bytes are not read: the connection is done
+	}
+	span, err := f.t.table.Acquire(id, 0, false, off, n)
+	if err != nil {
+		return false, fmt.Errorf("local: %w", err)
+	}
+	defer span.Release()
+	var sum uint32
+	for got := uint64(0); got < n; {
+		d, err := c.response(f.id)
+		if err != nil {
+			return false, err
+		}
+		if d.Op != frame.OpReadData || !d.Summed() || d.Offset != got || d.Length == 0 || uint64(d.Length) > n-got {
+			return false, fmt.Errorf("%w: unexpected %s at %d len %d in a fetch of %d bytes", rdma.ErrProtocol, d.Op, d.Offset, d.Length, n)
+		}
+		dst := span.B[got : got+uint64(d.Length)]
+		if _, err := io.ReadFull(c.br, dst); err != nil {
+			return false, lost(err)
+		}
+		sum = frame.UpdateChecksum(sum, dst)
+		got += uint64(d.Length)
+		if d.Last() != (got == n) {
+			return false, fmt.Errorf("%w: fetch data ended at %d of %d bytes", rdma.ErrProtocol, got, n)
+		}
+	}
+	if sum != want {
+		return true, fmt.Errorf("%w: fetch of %d bytes: crc %08x, want %08x", rdma.ErrChecksum, n, sum, want)
+	}
+	f.n = n
+	return true, nil
+}
