@@ -71,6 +71,10 @@ struct AcquireItem {
 
 struct AcquireResponse {
     1: list<AcquireItem> items,
+    // Set by a node that serves named reads on its transfer port (the
+    // TCP transport's OpFetch, docs/transfer.md): the asking node may then
+    // fetch from it in one exchange instead of Acquire and a read.
+    2: optional bool fetch,
 }
 
 struct ReleaseRequest {

@@ -160,9 +160,10 @@ func (r *router) fetchCall(ctx, parent context.Context, node, ns string, keys []
 }
 
 // fetchBlocks brings the blocks of keys held by node into the local store,
-// kept at full priority when keep, else as low-priority copies: node pins
-// them (Acquire), each is landed (land) and node's pins are given back.
-// Per key: nil (local now), cache.ErrNotFound, or the error.
+// kept at full priority when keep, else as low-priority copies: with one
+// named read per block where node serves them (fetchNamed), else node
+// pins them (Acquire), each is landed (land) and node's pins are given
+// back. Per key: nil (local now), cache.ErrNotFound, or the error.
 func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
 	start := time.Now()
 	pc := r.stats.of(node)
@@ -170,6 +171,17 @@ func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte
 	if keep {
 		pc.hot.Add(int64(len(keys)))
 	}
+	errs, ok := r.fetchNamed(ctx, node, ns, keys, keep, pc)
+	var err error
+	if !ok {
+		errs, err = r.fetchAcquired(ctx, node, ns, keys, keep, pc)
+	}
+	pc.latency.Add(int64(time.Since(start)))
+	return errs, err
+}
+
+// fetchAcquired is fetchBlocks by Acquire, Pull and Release.
+func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]byte, keep bool, pc *peerCounters) ([]error, error) {
 	blocks, err := r.peers.Acquire(ctx, node, ns, keys)
 	if err == nil && len(blocks) != len(keys) {
 		err = fmt.Errorf("%w: %s answered %d blocks for %d keys", cache.ErrUnavailable, node, len(blocks), len(keys))
@@ -190,27 +202,14 @@ func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte
 	landOne := func(i int) {
 		n, err := r.land(ctx, node, ns, keys[i], blocks[i], !keep)
 		errs[i] = err
-		switch {
-		case err == nil:
-			pc.blocks.Add(1)
-			pc.bytes.Add(n)
-		case errors.Is(err, cache.ErrChecksum):
-			pc.csum.Add(1)
-			pc.failures.Add(1)
-		default:
-			pc.failures.Add(1)
-		}
+		pc.landed(n, err)
 	}
 	sem := make(chan struct{}, r.cfg.FetchParallel)
 	var wg sync.WaitGroup
 	for i, b := range blocks {
 		if b.Err != nil {
 			errs[i] = b.Err
-			if errors.Is(b.Err, cache.ErrNotFound) {
-				pc.misses.Add(1)
-			} else {
-				pc.failures.Add(1)
-			}
+			pc.landed(0, b.Err)
 			continue
 		}
 		leases = append(leases, b.Lease)
@@ -227,38 +226,126 @@ func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte
 	}
 	wg.Wait()
 	r.peers.Release(node, leases)
-	pc.latency.Add(int64(time.Since(start)))
 	return errs, nil
+}
+
+// fetchNamed lands the blocks of keys from node with one named read each
+// (Peers.Fetch), FetchParallel at a time. ok is false, with nothing
+// landed or counted, when node is not known to serve named reads.
+func (r *router) fetchNamed(ctx context.Context, node, ns string, keys [][]byte, keep bool, pc *peerCounters) (errs []error, ok bool) {
+	errs = make([]error, len(keys))
+	n, err := r.landNamed(ctx, node, ns, keys[0], !keep)
+	if errors.Is(err, ErrNoFetch) {
+		return nil, false
+	}
+	pc.named.Add(1)
+	errs[0] = err
+	pc.landed(n, err)
+	sem := make(chan struct{}, r.cfg.FetchParallel)
+	var wg sync.WaitGroup
+	for i := 1; i < len(keys); i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer func() { <-sem; wg.Done() }()
+			n, err := r.landNamed(ctx, node, ns, keys[i], !keep)
+			if errors.Is(err, ErrNoFetch) {
+				// node stopped serving them meanwhile: the usual way.
+				var res []error
+				if res, err = r.fetchAcquired(ctx, node, ns, keys[i:i+1], keep, pc); err == nil {
+					err = res[0]
+				}
+				errs[i] = err
+				return
+			}
+			pc.named.Add(1)
+			errs[i] = err
+			pc.landed(n, err)
+		}(i)
+	}
+	wg.Wait()
+	return errs, true
 }
 
 // land moves one block node pinned into a reserved local slot and commits
 // it; low keeps it as a low-priority copy. It returns the bytes pulled (0
 // when the block was stored here meanwhile).
 func (r *router) land(ctx context.Context, node, ns string, key []byte, b RemoteBlock, low bool) (int64, error) {
-	if b.Length < 0 {
-		return 0, fmt.Errorf("%w: %s: block of %d bytes", cache.ErrUnavailable, node, b.Length)
-	}
-	slot, err := r.zcs.Reserve(ctx, ns, key, b.Length, cache.PutOptions{Depth: b.Depth, LowPriority: low}, r.cfg.ReserveTTL)
+	slot, err := r.reserveFetched(ctx, node, ns, key, b, low)
 	if errors.Is(err, cache.ErrExists) {
 		return 0, nil // stored locally meanwhile
 	}
 	if err != nil {
-		return 0, fmt.Errorf("proxy: reserve %d bytes for a fetched block: %w", b.Length, err)
+		return 0, err
+	}
+	if b.Length > 0 {
+		if err := r.peers.Pull(ctx, node, b, slot); err != nil {
+			_ = slot.Abort()
+			return 0, err
+		}
+	}
+	return b.Length, commitFetched(ctx, slot, b)
+}
+
+// landNamed is land with a named read: node pins, sends and unpins the
+// block in one exchange, into a slot reserved once its length is known.
+func (r *router) landNamed(ctx context.Context, node, ns string, key []byte, low bool) (int64, error) {
+	var (
+		slot cache.Reservation
+		b    RemoteBlock
+	)
+	err := r.peers.Fetch(ctx, node, ns, key, func(got RemoteBlock) (cache.Reservation, error) {
+		b = got
+		s, err := r.reserveFetched(ctx, node, ns, key, got, low)
+		slot = s
+		return s, err
+	})
+	if errors.Is(err, cache.ErrExists) {
+		return 0, nil // stored locally meanwhile
+	}
+	if err != nil {
+		if slot != nil {
+			_ = slot.Abort()
+		}
+		return 0, err
+	}
+	if slot == nil {
+		return 0, fmt.Errorf("%w: %s: a named read landed nothing", cache.ErrUnavailable, node)
+	}
+	return b.Length, commitFetched(ctx, slot, b)
+}
+
+// reserveFetched reserves the local slot of fetched block b: exactly
+// b.Length bytes; cache.ErrExists when the block is stored here now.
+func (r *router) reserveFetched(ctx context.Context, node, ns string, key []byte, b RemoteBlock, low bool) (cache.Reservation, error) {
+	if b.Length < 0 {
+		return nil, fmt.Errorf("%w: %s: block of %d bytes", cache.ErrUnavailable, node, b.Length)
+	}
+	slot, err := r.zcs.Reserve(ctx, ns, key, b.Length, cache.PutOptions{Depth: b.Depth, LowPriority: low}, r.cfg.ReserveTTL)
+	if errors.Is(err, cache.ErrExists) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("proxy: reserve %d bytes for a fetched block: %w", b.Length, err)
 	}
 	if _, _, n := slot.Location(); n != b.Length {
 		_ = slot.Abort()
-		return 0, fmt.Errorf("%w: reserved %d bytes for a block of %d", cache.ErrUnavailable, n, b.Length)
+		return nil, fmt.Errorf("%w: reserved %d bytes for a block of %d", cache.ErrUnavailable, n, b.Length)
 	}
+	return slot, nil
+}
+
+// commitFetched commits a slot whose bytes were checked as they landed (an
+// empty one is checked here).
+func commitFetched(ctx context.Context, slot cache.Reservation, b RemoteBlock) error {
+	var err error
 	if b.Length == 0 {
 		_, err = slot.Commit(ctx, b.Checksum, true)
-	} else if err = r.peers.Pull(ctx, node, b, slot); err != nil {
-		_ = slot.Abort()
-		return 0, err
 	} else {
-		_, err = slot.CommitChecked(ctx, b.Checksum) // Pull checked the bytes
+		_, err = slot.CommitChecked(ctx, b.Checksum) // checked as it landed
 	}
 	if err != nil {
-		return 0, fmt.Errorf("proxy: commit fetched block: %w", err)
+		return fmt.Errorf("proxy: commit fetched block: %w", err)
 	}
-	return b.Length, nil
+	return nil
 }

@@ -14,7 +14,8 @@ import (
 // PeerStats counts the calls this node made on one other node.
 type PeerStats struct {
 	Node          string
-	Fetches       int64         // fetch calls (one Acquire each)
+	Fetches       int64         // fetch calls (one Acquire each, or named reads)
+	NamedReads    int64         // keys fetched by named reads (one exchange each: fetch.go)
 	FetchedBlocks int64         // blocks brought in (or found local meanwhile)
 	FetchedBytes  int64         // bytes pulled
 	HotFetched    int64         // keys fetched to keep at full priority (owned here, or hot replicas)
@@ -46,7 +47,24 @@ func (p *Proxy) PeerStats() []PeerStats {
 }
 
 type peerCounters struct {
-	fetches, blocks, bytes, hot, misses, failures, csum, lookups, pushes, pushFails, latency atomic.Int64
+	fetches, named, blocks, bytes, hot, misses, failures, csum, lookups, pushes, pushFails, latency atomic.Int64
+}
+
+// landed counts the outcome of one block fetched from the node: n bytes
+// landed, or why not.
+func (pc *peerCounters) landed(n int64, err error) {
+	switch {
+	case err == nil:
+		pc.blocks.Add(1)
+		pc.bytes.Add(n)
+	case errors.Is(err, cache.ErrNotFound):
+		pc.misses.Add(1)
+	case errors.Is(err, cache.ErrChecksum):
+		pc.csum.Add(1)
+		pc.failures.Add(1)
+	default:
+		pc.failures.Add(1)
+	}
 }
 
 // peerStats holds the counters of each node called.
@@ -74,7 +92,7 @@ func (s *peerStats) snapshot() []PeerStats {
 	out := make([]PeerStats, 0, len(s.nodes))
 	for node, pc := range s.nodes {
 		out = append(out, PeerStats{
-			Node: node, Fetches: pc.fetches.Load(), FetchedBlocks: pc.blocks.Load(), FetchedBytes: pc.bytes.Load(), HotFetched: pc.hot.Load(),
+			Node: node, Fetches: pc.fetches.Load(), NamedReads: pc.named.Load(), FetchedBlocks: pc.blocks.Load(), FetchedBytes: pc.bytes.Load(), HotFetched: pc.hot.Load(),
 			Misses: pc.misses.Load(), Failures: pc.failures.Load(), ChecksumFails: pc.csum.Load(),
 			Lookups: pc.lookups.Load(), Pushes: pc.pushes.Load(), PushFailures: pc.pushFails.Load(),
 			FetchLatency: time.Duration(pc.latency.Load()),

@@ -61,6 +61,17 @@ type Peers interface {
 	// cache.ErrChecksum when they do not match, cache.ErrUnavailable when
 	// the transfer failed. It neither commits nor aborts into.
 	Pull(ctx context.Context, node string, b RemoteBlock, into cache.Reservation) error
+	// Fetch reads the block of key from node in one exchange, where node
+	// serves named reads (it said so in an earlier Acquire answer): node
+	// pins the block, sends it and unpins it. land is called before the
+	// bytes arrive, with the block's Length, Checksum and Depth (no lease,
+	// no location), and returns the reserved local slot they go into, or
+	// an error, which Fetch then returns. Landed bytes are checked against
+	// the Checksum as they come (cache.ErrChecksum); an empty block is
+	// landed too. Fetch neither commits nor aborts the slot. Errors:
+	// ErrNoFetch, with nothing sent, when node is not known to serve named
+	// reads (use Acquire and Pull); cache.ErrNotFound; the others of Pull.
+	Fetch(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) (cache.Reservation, error)) error
 	// Release gives back leases node granted. It does not wait for the
 	// network: the ids may ride on the next Acquire to node.
 	Release(node string, leases []int64)
@@ -74,6 +85,10 @@ type Peers interface {
 	// how many there were.
 	Clear(ctx context.Context, node, ns string) (int64, error)
 }
+
+// ErrNoFetch is Peers.Fetch's answer when the node is not known to serve
+// named reads: nothing was sent, and the caller uses Acquire and Pull.
+var ErrNoFetch = errors.New("proxy: node not known to serve named reads")
 
 // RemoteBlock is a block another node pinned for this node to read: what
 // Peers.Acquire answers per key.

@@ -45,7 +45,9 @@ type fakePeers struct {
 	pushes  atomic.Int64  // items pushed
 	gate    chan struct{} // when set, Acquire waits on it
 	onPush  func(PutItem) // when set, called for each pushed item
-	corrupt atomic.Bool   // when set, Pull damages the bytes in transit
+	corrupt atomic.Bool   // when set, Pull and Fetch damage the bytes in transit
+	named   atomic.Bool   // when set, Fetch serves named reads (else ErrNoFetch)
+	nameds  atomic.Int64  // named reads made
 
 	mu    sync.Mutex
 	lease int64
@@ -101,6 +103,32 @@ func (f *fakePeers) Pull(_ context.Context, node string, b RemoteBlock, into cac
 	}
 	if cache.Checksum(into.Bytes()) != b.Checksum {
 		return fmt.Errorf("fake pull from %s: %w", node, cache.ErrChecksum)
+	}
+	return nil
+}
+
+// Fetch is a named read when named is set: the owner's bytes go straight
+// into the slot land reserves, checked as the transfer layer checks them.
+func (f *fakePeers) Fetch(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) (cache.Reservation, error)) error {
+	if !f.named.Load() {
+		return ErrNoFetch
+	}
+	f.fetches.Add(1)
+	f.nameds.Add(1)
+	v, info, err := f.nodes[node].Get(ctx, ns, key, ScopeLocal)
+	if err != nil {
+		return err
+	}
+	into, err := land(RemoteBlock{Length: int64(len(v)), Checksum: info.Checksum, Depth: info.Depth})
+	if err != nil {
+		return err
+	}
+	copy(into.Bytes(), v)
+	if f.corrupt.Load() && len(v) > 0 {
+		into.Bytes()[0] ^= 0xff
+	}
+	if cache.Checksum(into.Bytes()) != info.Checksum {
+		return fmt.Errorf("fake fetch from %s: %w", node, cache.ErrChecksum)
 	}
 	return nil
 }
@@ -290,8 +318,14 @@ func TestRouteConcurrentMissesFetchOnce(t *testing.T) {
 // transfer whose bytes fail their checksum aborts the slot (nothing is
 // stored, the key is not left reserved) and still gives the pin back.
 func TestFetchLandsOrLeavesNothing(t *testing.T) {
+	t.Run("acquire and pull", func(t *testing.T) { testFetchLandsOrLeavesNothing(t, false) })
+	t.Run("named read", func(t *testing.T) { testFetchLandsOrLeavesNothing(t, true) })
+}
+
+func testFetchLandsOrLeavesNothing(t *testing.T, named bool) {
 	ctx := context.Background()
 	ps, peers := newFakeCluster(t, "a", "b")
+	peers["a"].named.Store(named)
 	fc := &fakeCluster{nodes: []string{"a", "b"}}
 	var keys [][]byte
 	for i := 0; len(keys) < 2; i++ {
@@ -345,6 +379,9 @@ func TestFetchLandsOrLeavesNothing(t *testing.T) {
 	peers["a"].corrupt.Store(false)
 	if got, _, err := ps["a"].Get(ctx, "ns", keys[1], ScopeCluster); err != nil || string(got) != string(val) {
 		t.Fatalf("fetch after the failed one: %q, %v", got, err)
+	}
+	if n, want := peers["a"].nameds.Load(), map[bool]int64{false: 0, true: 3}[named]; n != want {
+		t.Fatalf("%d named reads, want %d", n, want)
 	}
 }
 

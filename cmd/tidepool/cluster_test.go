@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,6 +139,11 @@ func TestThreeProcessCluster(t *testing.T) {
 			t.Fatalf("get %d on C: code %d, equal %v, %s", i, code, bytes.Equal([]byte(got), vals[i]), errs)
 		}
 	}
+	// After its first fetch from an owner (by Acquire, whose answer says
+	// the owner serves named reads), C fetched in one exchange each.
+	if named := metricSum(t, c.d, "tidepool_peer_named_reads_total"); named == 0 {
+		t.Fatal("no fetch on C was a named read")
+	}
 
 	// Blocks put on B: each lives on B and on its owner. A stream of
 	// fetches from A and C (each dropping its local copy afterwards, so that
@@ -215,4 +221,22 @@ func TestThreeProcessCluster(t *testing.T) {
 	if out, _, _ := a.d.tp(t, nil, "members"); !strings.Contains(out, "node-b") {
 		t.Fatalf("members after rejoin:\n%s", out)
 	}
+}
+
+// metricSum is the sum of every sample of the metric name (all label
+// values) in d's /metrics; 0 when there is none.
+func metricSum(t *testing.T, d *daemon, name string) float64 {
+	t.Helper()
+	var sum float64
+	for _, line := range strings.Split(httpGet(t, "http://"+d.metrics+"/metrics"), "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
 }

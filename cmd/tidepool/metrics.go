@@ -167,7 +167,7 @@ type routeCollector struct {
 	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                   *prometheus.Desc
 
 	rbPasses, rbCancelled, rbRunning, rbPlanned, rbPlannedBytes, rbMoved, rbMovedBytes, rbSkipped, rbFailed, rbDemoted *prometheus.Desc
-	hotCreated, hotEvicted, hotRefused, hotLive, hotBytes, peerHot                                                     *prometheus.Desc
+	hotCreated, hotEvicted, hotRefused, hotLive, hotBytes, peerHot, peerNamed                                          *prometheus.Desc
 	joinRounds, joinFailures                                                                                           *prometheus.Desc
 }
 
@@ -215,6 +215,7 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 		joinRounds:     d("tidepool_cluster_join_rounds_total", "Rounds of joins made (at start and in the background).", nil, nil),
 		joinFailures:   d("tidepool_cluster_join_failures_total", "Join rounds in which no other address answered (name unresolvable, no peer up yet).", nil, nil),
 		peerHot:        d("tidepool_peer_hot_fetches_total", "Keys fetched from the peer at full priority (hot replicas, or blocks this node owns).", peer, nil),
+		peerNamed:      d("tidepool_peer_named_reads_total", "Keys fetched from the peer by named reads: one exchange each on the transfer port, no Acquire call.", peer, nil),
 	}
 }
 
@@ -223,7 +224,7 @@ func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.fastFails, c.downOpens, c.peersDown, c.remoteDeletes, c.remoteDeleteErrs,
 		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut,
 		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted,
-		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot, c.joinRounds, c.joinFailures} {
+		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot, c.peerNamed, c.joinRounds, c.joinFailures} {
 		ch <- d
 	}
 }
@@ -289,6 +290,7 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- m(c.peerFails, ctr, float64(ps.Failures), ps.Node)
 			ch <- m(c.peerLatency, ctr, ps.FetchLatency.Seconds(), ps.Node)
 			ch <- m(c.peerHot, ctr, float64(ps.HotFetched), ps.Node)
+			ch <- m(c.peerNamed, ctr, float64(ps.NamedReads), ps.Node)
 		}
 	}
 	if c.cn.xt != nil {

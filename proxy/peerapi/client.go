@@ -124,6 +124,9 @@ type Client struct {
 	// yet released: the next Acquire to that node carries them, or a
 	// Release call does after releaseDelay.
 	pending map[string]*pendingRelease
+	// fetchable: the nodes whose last Acquire answer said they serve
+	// named reads (fetch.go).
+	fetchable map[string]bool
 }
 
 // pendingRelease is one node's leases waiting to be released.
@@ -157,7 +160,7 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	return &Client{
 		cfg: cfg, lg: lg, auth: cfg.Credentials.auth(),
 		apis: map[string]*apiConn{}, xfers: map[string]rdma.Peer{},
-		pending: map[string]*pendingRelease{},
+		pending: map[string]*pendingRelease{}, fetchable: map[string]bool{},
 	}, nil
 }
 
@@ -412,6 +415,11 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 		}
 		c.release(node, kc, ids)
 		return nil, fmt.Errorf("%w: acquire of %d keys answered %d", ErrProtocol, len(keys), len(res.Items))
+	}
+	if res.GetFetch() {
+		c.canFetch(node)
+	} else {
+		c.noFetch(node)
 	}
 	out := make([]proxy.RemoteBlock, len(keys))
 	var unusable []int64

@@ -48,6 +48,9 @@ type nodeOpts struct {
 	// route, when set, is the routing config (rebalancer, hot replicas);
 	// fetchTimeout still applies.
 	route *proxy.RouteConfig
+	// noNamed: the node serves no named reads (peers fetch from it by
+	// Acquire and a one-sided read).
+	noNamed bool
 }
 
 func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
@@ -109,7 +112,8 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err := n.view.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	n.srv, err = peerapi.NewServer(peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions}, n.p, ln, nil)
+	n.srv, err = peerapi.NewServer(peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions,
+		NoNamedReads: o.noNamed}, n.p, ln, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

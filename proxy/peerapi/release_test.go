@@ -15,7 +15,7 @@ import (
 // comes, by a Release call shortly after; either way the owner ends with no
 // live lease, and Close of the requester releases what is still queued.
 func TestReleasesRideAlong(t *testing.T) {
-	nodes := newCluster(t, 2, nodeOpts{})
+	nodes := newCluster(t, 2, nodeOpts{noNamed: true}) // every fetch by Acquire
 	a, owner := nodes[0], nodes[1]
 	ctx := context.Background()
 	const ns, n = "ride", 20

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cloudwego/kitex/pkg/remote/trans/gonet"
@@ -89,6 +90,9 @@ type ServerConfig struct {
 	// HandshakeTimeout bounds the authentication of a new connection.
 	// Default 5 s.
 	HandshakeTimeout time.Duration
+	// NoNamedReads: do not serve named reads (fetch.go) even where the
+	// transport can; peers then fetch by Acquire and a one-sided read.
+	NoNamedReads bool
 }
 
 // DefaultServerConfig returns the defaults documented on ServerConfig.
@@ -155,6 +159,7 @@ type ServerStats struct {
 	Puts     int64 // blocks stored from pushes
 	PutFails int64 // pushed blocks refused (checksum, space, ...)
 	Deletes  int64 // blocks deleted for peers (cluster-wide Delete and Clear)
+	Fetched  int64 // blocks sent by named reads (fetch.go)
 }
 
 // Server serves the peer API over a TCP listener.
@@ -220,6 +225,9 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 // Start serves in the background. Ready is closed once the server runs.
 func (s *Server) Start(ctx context.Context) error {
 	s.startOnce.Do(func() {
+		if !s.cfg.NoNamedReads {
+			s.h.fetch.Store(serveFetch(s.cfg.Transport, s.h.fetchBlock))
+		}
 		go func() {
 			defer close(s.done)
 			close(s.ready)
@@ -244,6 +252,9 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		started := true
 		s.startOnce.Do(func() { started = false; close(s.ready); close(s.done) })
+		if s.h.fetch.Swap(false) {
+			serveFetch(s.cfg.Transport, nil)
+		}
 		close(s.exit)
 		if started {
 			<-s.done
@@ -272,6 +283,8 @@ type handler struct {
 	lg       *zap.Logger
 	tokenSum [32]byte
 	addr     string
+	// fetch: named reads are served on the transport (fetch.go).
+	fetch atomic.Bool
 
 	mu    sync.Mutex
 	stats ServerStats
@@ -380,6 +393,10 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 		_, _ = h.p.Release(ctx, orphans)
 	}
 	h.count(func(s *ServerStats) { s.Acquired += got })
+	if h.fetch.Load() {
+		yes := true
+		out.Fetch = &yes
+	}
 	return out, nil
 }
 

@@ -1624,6 +1624,20 @@ func (p *AcquireResponse) FastRead(buf []byte) (int, error) {
 					goto SkipFieldError
 				}
 			}
+		case 2:
+			if fieldTypeId == thrift.BOOL {
+				l, err = p.FastReadField2(buf[offset:])
+				offset += l
+				if err != nil {
+					goto ReadFieldError
+				}
+			} else {
+				l, err = skipUnknown(buf[offset:], fieldTypeId)
+				offset += l
+				if err != nil {
+					goto SkipFieldError
+				}
+			}
 		default:
 			l, err = skipUnknown(buf[offset:], fieldTypeId)
 			offset += l
@@ -1670,6 +1684,20 @@ func (p *AcquireResponse) FastReadField1(buf []byte) (int, error) {
 	return offset, nil
 }
 
+func (p *AcquireResponse) FastReadField2(buf []byte) (int, error) {
+	offset := 0
+
+	var _field *bool
+	if v, l, err := thrift.Binary.ReadBool(buf[offset:]); err != nil {
+		return offset, err
+	} else {
+		offset += l
+		_field = &v
+	}
+	p.Fetch = _field
+	return offset, nil
+}
+
 func (p *AcquireResponse) FastWrite(buf []byte) int {
 	return p.FastWriteNocopy(buf, nil)
 }
@@ -1677,6 +1705,7 @@ func (p *AcquireResponse) FastWrite(buf []byte) int {
 func (p *AcquireResponse) FastWriteNocopy(buf []byte, w thrift.NocopyWriter) int {
 	offset := 0
 	if p != nil {
+		offset += p.fastWriteField2(buf[offset:], w)
 		offset += p.fastWriteField1(buf[offset:], w)
 	}
 	offset += thrift.Binary.WriteFieldStop(buf[offset:])
@@ -1687,6 +1716,7 @@ func (p *AcquireResponse) BLength() int {
 	l := 0
 	if p != nil {
 		l += p.field1Length()
+		l += p.field2Length()
 	}
 	l += thrift.Binary.FieldStopLength()
 	return l
@@ -1706,6 +1736,15 @@ func (p *AcquireResponse) fastWriteField1(buf []byte, w thrift.NocopyWriter) int
 	return offset
 }
 
+func (p *AcquireResponse) fastWriteField2(buf []byte, w thrift.NocopyWriter) int {
+	offset := 0
+	if p.IsSetFetch() {
+		offset += thrift.Binary.WriteFieldBegin(buf[offset:], thrift.BOOL, 2)
+		offset += thrift.Binary.WriteBool(buf[offset:], *p.Fetch)
+	}
+	return offset
+}
+
 func (p *AcquireResponse) field1Length() int {
 	l := 0
 	l += thrift.Binary.FieldBeginLength()
@@ -1713,6 +1752,15 @@ func (p *AcquireResponse) field1Length() int {
 	for _, v := range p.Items {
 		_ = v
 		l += v.BLength()
+	}
+	return l
+}
+
+func (p *AcquireResponse) field2Length() int {
+	l := 0
+	if p.IsSetFetch() {
+		l += thrift.Binary.FieldBeginLength()
+		l += thrift.Binary.BoolLength()
 	}
 	return l
 }

@@ -400,6 +400,7 @@ var fieldIDToName_AcquireItem = map[int16]string{
 
 type AcquireResponse struct {
 	Items []*AcquireItem `thrift:"items,1" frugal:"1,default,list<AcquireItem>" json:"items"`
+	Fetch *bool          `thrift:"fetch,2,optional" frugal:"2,optional,bool" json:"fetch,omitempty"`
 }
 
 func NewAcquireResponse() *AcquireResponse {
@@ -412,8 +413,24 @@ func (p *AcquireResponse) InitDefault() {
 func (p *AcquireResponse) GetItems() (v []*AcquireItem) {
 	return p.Items
 }
+
+var AcquireResponse_Fetch_DEFAULT bool
+
+func (p *AcquireResponse) GetFetch() (v bool) {
+	if !p.IsSetFetch() {
+		return AcquireResponse_Fetch_DEFAULT
+	}
+	return *p.Fetch
+}
 func (p *AcquireResponse) SetItems(val []*AcquireItem) {
 	p.Items = val
+}
+func (p *AcquireResponse) SetFetch(val *bool) {
+	p.Fetch = val
+}
+
+func (p *AcquireResponse) IsSetFetch() bool {
+	return p.Fetch != nil
 }
 
 func (p *AcquireResponse) String() string {
@@ -425,6 +442,7 @@ func (p *AcquireResponse) String() string {
 
 var fieldIDToName_AcquireResponse = map[int16]string{
 	1: "items",
+	2: "fetch",
 }
 
 type ReleaseRequest struct {

@@ -1,0 +1,376 @@
+package peerapi
+
+// Named reads: a remote fetch in one exchange on the transfer port
+// (rdma.Fetcher). The asking node sends its credentials and the block's
+// name; the owner checks the credentials as every peer call does, pins
+// the block, sends its length, checksum and depth and then its bytes, and
+// unpins it once they are sent. Without it a fetch is an Acquire call (to
+// learn where the block lies), then a one-sided read, then a lease
+// release: one round trip more.
+//
+// A node says that it serves named reads in its Acquire answers
+// (AcquireResponse.fetch); the client uses them with a node only after
+// such an answer, so a cluster that mixes versions keeps the Acquire path
+// between old and new nodes.
+//
+// Request (rdma.MaxFetchRequest bytes at most; integers big-endian,
+// str16 = u16 length + bytes):
+//
+//	u8    version (1)
+//	u16   peer protocol version (cluster.ProtocolVersion)
+//	str16 cluster label
+//	str16 token
+//	str16 namespace
+//	str16 key
+//
+// Answer metadata:
+//
+//	u8    version (1)
+//	u16   code (tidepool.ErrorCode; 0 OK)
+//	u8    flags: bit 0 refused (the credentials do not match: as
+//	      PeerError.refused); other bits zero
+//	u32   checksum (CRC-32C of the block; OK only)
+//	i32   depth (OK only)
+//	str16 message (not OK only; at most maxMetaMsg bytes)
+//
+// An OK answer carries the block's bytes (their count is the block's
+// length); any other carries none. Nothing may follow either encoding.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
+	"github.com/tidepool-kv/tidepool/rdma"
+)
+
+const (
+	fetchVersion = 1
+	maxMetaMsg   = 512
+	metaRefused  = 1 << 0
+)
+
+// fetchRequest is a decoded named-read request.
+type fetchRequest struct {
+	protocol     uint16
+	label, token string
+	ns           string
+	key          []byte
+}
+
+func encodeFetchRequest(a *peer.Auth, ns string, key []byte) ([]byte, error) {
+	b := make([]byte, 0, 11+len(a.ClusterLabel)+len(a.Token)+len(ns)+len(key))
+	b = append(b, fetchVersion)
+	b = binary.BigEndian.AppendUint16(b, uint16(a.ProtocolVersion))
+	for _, s := range [][]byte{[]byte(a.ClusterLabel), []byte(a.Token), []byte(ns), key} {
+		if len(s) > 0xffff {
+			return nil, fmt.Errorf("%w: a field of %d bytes", rdma.ErrTooLarge, len(s))
+		}
+		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+		b = append(b, s...)
+	}
+	if len(b) > rdma.MaxFetchRequest {
+		return nil, fmt.Errorf("%w: named-read request of %d bytes (max %d)", rdma.ErrTooLarge, len(b), rdma.MaxFetchRequest)
+	}
+	return b, nil
+}
+
+// errFetchRequest: a request this build cannot decode.
+var errFetchRequest = errors.New("peerapi: malformed named-read request")
+
+func decodeFetchRequest(b []byte) (fetchRequest, error) {
+	d := wireReader{b: b}
+	if v := d.u8(); v != fetchVersion {
+		return fetchRequest{}, fmt.Errorf("%w: version %d", errFetchRequest, v)
+	}
+	r := fetchRequest{protocol: d.u16()}
+	r.label, r.token, r.ns = string(d.str16()), string(d.str16()), string(d.str16())
+	r.key = d.str16()
+	if d.bad || len(d.b) != 0 {
+		return fetchRequest{}, fmt.Errorf("%w: %d bytes", errFetchRequest, len(b))
+	}
+	return r, nil
+}
+
+// fetchMeta is a decoded answer's metadata.
+type fetchMeta struct {
+	code     tp.ErrorCode
+	refused  bool
+	checksum uint32
+	depth    int32
+	msg      string
+}
+
+func encodeFetchMeta(m fetchMeta) []byte {
+	b := make([]byte, 0, 14+len(m.msg))
+	b = append(b, fetchVersion)
+	b = binary.BigEndian.AppendUint16(b, uint16(m.code))
+	var flags byte
+	if m.refused {
+		flags |= metaRefused
+	}
+	b = append(b, flags)
+	b = binary.BigEndian.AppendUint32(b, m.checksum)
+	b = binary.BigEndian.AppendUint32(b, uint32(m.depth))
+	msg := m.msg
+	if len(msg) > maxMetaMsg {
+		msg = msg[:maxMetaMsg]
+	}
+	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
+	return append(b, msg...)
+}
+
+func decodeFetchMeta(b []byte) (fetchMeta, error) {
+	d := wireReader{b: b}
+	if v := d.u8(); v != fetchVersion {
+		return fetchMeta{}, fmt.Errorf("%w: named-read answer version %d", ErrProtocol, v)
+	}
+	m := fetchMeta{code: tp.ErrorCode(d.u16())}
+	flags := d.u8()
+	m.refused = flags&metaRefused != 0
+	m.checksum, m.depth = d.u32(), int32(d.u32())
+	msg := d.str16()
+	if d.bad || len(d.b) != 0 || len(msg) > maxMetaMsg || flags&^metaRefused != 0 {
+		return fetchMeta{}, fmt.Errorf("%w: named-read answer of %d bytes", ErrProtocol, len(b))
+	}
+	m.msg = string(msg)
+	if !utf8.ValidString(m.msg) {
+		m.msg = fmt.Sprintf("%q", m.msg)
+	}
+	return m, nil
+}
+
+// wireReader reads big-endian fields; past the end it sets bad and
+// returns zeros.
+type wireReader struct {
+	b   []byte
+	bad bool
+}
+
+func (d *wireReader) take(n int) []byte {
+	if d.bad || n > len(d.b) {
+		d.bad = true
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *wireReader) u8() uint8 {
+	if v := d.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (d *wireReader) u16() uint16 {
+	if v := d.take(2); v != nil {
+		return binary.BigEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (d *wireReader) u32() uint32 {
+	if v := d.take(4); v != nil {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (d *wireReader) str16() []byte { return d.take(int(d.u16())) }
+
+// ---- owner side ----
+
+// fetch answers a named read: credentials first, then the block pinned
+// (as Acquire does) until the transport has sent it.
+func (h *handler) fetchBlock(ctx context.Context, req []byte) rdma.FetchAnswer {
+	fail := func(err error) rdma.FetchAnswer {
+		return rdma.FetchAnswer{Meta: encodeFetchMeta(fetchMeta{code: wirecode.Code(err), msg: err.Error()})}
+	}
+	r, err := decodeFetchRequest(req)
+	if err != nil {
+		h.count(func(s *ServerStats) { s.Refused++ })
+		return fail(fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err))
+	}
+	if e := h.check(&peer.Auth{ClusterLabel: r.label, ProtocolVersion: int32(r.protocol), Token: r.token}); e != nil {
+		return rdma.FetchAnswer{Meta: encodeFetchMeta(fetchMeta{code: e.Code, refused: e.GetRefused(), msg: e.Message})}
+	}
+	res, err := h.p.Acquire(ctx, r.ns, [][]byte{r.key}, h.cfg.MaxLease, proxy.ScopeLocal)
+	if err != nil {
+		return fail(err)
+	}
+	a := res[0]
+	if a.Err != nil {
+		return fail(a.Err)
+	}
+	var once sync.Once
+	unpin := func() {
+		once.Do(func() {
+			if _, err := h.p.Release(context.Background(), []int64{a.LeaseID}); err != nil {
+				h.lg.Debug("named read: unpin", zap.Error(err))
+			}
+		})
+	}
+	if a.Slot.Arena < 0 || a.Slot.Arena >= len(h.cfg.Regions) || a.Slot.Offset < 0 || a.Slot.Length < 0 {
+		unpin()
+		return fail(fmt.Errorf("%w: arena %d is not registered for transfers", cache.ErrUnavailable, a.Slot.Arena))
+	}
+	h.count(func(s *ServerStats) { s.Fetched++ })
+	return rdma.FetchAnswer{
+		Meta:   encodeFetchMeta(fetchMeta{code: tp.ErrorCode_OK, checksum: a.Info.Checksum, depth: a.Info.Depth}),
+		Region: h.cfg.Regions[a.Slot.Arena].ID, Offset: uint64(a.Slot.Offset), Len: uint64(a.Slot.Length),
+		Sum: a.Info.Checksum, Done: unpin,
+	}
+}
+
+// serveFetch starts (h non-nil) or stops serving named reads on the
+// transport, where it can; it reports whether they are served.
+func serveFetch(t rdma.Transport, h rdma.FetchHandler) bool {
+	fs, ok := t.(rdma.FetchServer)
+	if ok {
+		fs.HandleFetch(h)
+	}
+	return ok
+}
+
+// ---- asking side ----
+
+// Fetch implements proxy.Peers: a named read where node said it serves
+// them (in an Acquire answer), else proxy.ErrNoFetch without sending
+// anything.
+func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land func(proxy.RemoteBlock) (cache.Reservation, error)) error {
+	c.mu.Lock()
+	ok := c.fetchable[node]
+	c.mu.Unlock()
+	if !ok {
+		return proxy.ErrNoFetch
+	}
+	_, addr, ok := c.cfg.Resolve(node)
+	if !ok || addr == "" {
+		return fmt.Errorf("%w: %q", ErrUnknownNode, node)
+	}
+	req, err := encodeFetchRequest(c.auth, ns, key)
+	if err != nil {
+		return fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err)
+	}
+	p, err := c.xfer(ctx, addr)
+	if err != nil {
+		return fmt.Errorf("peerapi: connect transfer %s: %w: %w", addr, cache.ErrUnavailable, err)
+	}
+	f, ok := p.(rdma.Fetcher)
+	if !ok {
+		return proxy.ErrNoFetch
+	}
+	var (
+		landed   bool
+		landErr  error
+		answered atomic.Bool
+	)
+	if d, ok := proxy.AnswerTimeout(ctx); ok {
+		// node must answer (the metadata) within d, as an Acquire must; the
+		// bytes then move within ctx.
+		actx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		t := time.AfterFunc(d, func() {
+			if !answered.Load() {
+				cancel(fmt.Errorf("%w: %s did not answer a named read within %v", context.DeadlineExceeded, node, d))
+			}
+		})
+		defer t.Stop()
+		ctx = actx
+	}
+	// toSlot asks the proxy for the slot of an OK answer's bytes.
+	toSlot := func(m fetchMeta, n uint64) (rdma.RegionID, uint64, error) {
+		landed = true
+		slot, err := land(proxy.RemoteBlock{Length: int64(n), Checksum: m.checksum, Depth: m.depth})
+		if err != nil {
+			landErr = err
+			return 0, 0, err
+		}
+		arena, off, sz := slot.Location()
+		if arena < 0 || arena >= len(c.cfg.Regions) || sz != int64(n) {
+			landErr = fmt.Errorf("%w: local arena %d is not registered", cache.ErrUnavailable, arena)
+			return 0, 0, landErr
+		}
+		return c.cfg.Regions[arena].ID, uint64(off), nil
+	}
+	raw, err := f.Fetch(ctx, req, func(meta []byte, n uint64, sum uint32) (rdma.RegionID, uint64, error) {
+		answered.Store(true)
+		m, err := decodeFetchMeta(meta)
+		if err != nil {
+			return 0, 0, err
+		}
+		if m.code != tp.ErrorCode_OK || m.checksum != sum {
+			return 0, 0, fmt.Errorf("%w: named-read answer: bytes with code %s, checksum %08x against %08x", ErrProtocol, m.code, m.checksum, sum)
+		}
+		return toSlot(m, n)
+	})
+	if landErr != nil {
+		return landErr // the proxy's own refusal (the block is stored here now, no space, ...)
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, rdma.ErrChecksum):
+			return fmt.Errorf("peerapi: fetch from %s: %w: %w", addr, cache.ErrChecksum, err)
+		case errors.Is(err, rdma.ErrUnsupported), errors.Is(err, rdma.ErrProtocol), errors.Is(err, ErrProtocol):
+			c.noFetch(node) // back to Acquire until node says it serves them again
+		}
+		if errors.Is(err, rdma.ErrPeerLost) || errors.Is(err, rdma.ErrClosed) || errors.Is(err, rdma.ErrProtocol) {
+			c.noFetch(node)
+			c.dropXfer(addr, p)
+		}
+		return fmt.Errorf("peerapi: fetch from %s: %w: %w", addr, cache.ErrUnavailable, err)
+	}
+	m, err := decodeFetchMeta(raw)
+	if err != nil {
+		c.noFetch(node)
+		return err
+	}
+	if m.refused {
+		return fmt.Errorf("%w (peer %s)", ErrRefused, node)
+	}
+	if m.code != tp.ErrorCode_OK {
+		return codeErr(node, m.code, m.msg)
+	}
+	if !landed {
+		// An empty block: no bytes came, so the proxy has not reserved
+		// its slot yet.
+		if m.checksum != 0 {
+			return fmt.Errorf("%w: empty block with checksum %08x", ErrProtocol, m.checksum)
+		}
+		if _, _, err := toSlot(m, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noFetch stops named reads to node until an Acquire answer says it serves
+// them again (a node that restarted on an older version, say).
+func (c *Client) noFetch(node string) {
+	c.mu.Lock()
+	delete(c.fetchable, node)
+	c.mu.Unlock()
+}
+
+// canFetch notes that node serves named reads.
+func (c *Client) canFetch(node string) {
+	c.mu.Lock()
+	if !c.closed {
+		c.fetchable[node] = true
+	}
+	c.mu.Unlock()
+}
