@@ -254,6 +254,12 @@ func FuzzServeConn(f *testing.F) {
 	f.Add(w(frame.Header{Op: frame.OpRead, Region: 1, Key: key, Offset: 4000, Length: 200}, nil), uint16(1))
 	f.Add(w(frame.Header{Op: frame.OpRead, Region: 9, Key: key, Length: 1}, nil), uint16(3))
 	f.Add([]byte("garbage"), uint16(2))
+	// Named reads: answered from the region, past its end (refused by the
+	// owner), metadata only.
+	f.Add(w(frame.Header{Op: frame.OpFetch, RequestID: 4}, []byte{1, 2}), uint16(9))
+	f.Add(w(frame.Header{Op: frame.OpFetch, RequestID: 5}, []byte{255, 255}), uint16(30))
+	f.Add(append(w(frame.Header{Op: frame.OpFetch, RequestID: 6}, nil),
+		w(frame.Header{Op: frame.OpRead, Region: 1, Key: key, Length: 10}, nil)...), uint16(48))
 	f.Fuzz(func(t *testing.T, data []byte, split uint16) {
 		tr, err := New(DefaultLocalConfig(), nil)
 		if err != nil {
@@ -265,6 +271,12 @@ func FuzzServeConn(f *testing.F) {
 		if d, _ := tr.Register(guard[4096 : 2*4096 : 2*4096]); d.ID != 1 {
 			t.Fatalf("region id %d, the seeds address 1", d.ID)
 		}
+		tr.HandleFetch(func(_ context.Context, req []byte) rdma.FetchAnswer {
+			if len(req) >= 2 {
+				return rdma.FetchAnswer{Meta: req, Region: 1, Offset: uint64(req[0]) * 16, Len: uint64(req[1]) * 32}
+			}
+			return rdma.FetchAnswer{Meta: req}
+		})
 		cli, srv := net.Pipe()
 		tr.wg.Add(1)
 		tr.mu.Lock()
