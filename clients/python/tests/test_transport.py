@@ -34,11 +34,19 @@ class _Sock:
         self.handle.close()
 
 
-def pair():
+def pair(kernel=False, timeout=10):
+    """A transport over one end of a socket pair, and the other end. kernel:
+    opened, so that its timeout is the kernel's and frames are received with
+    MSG_WAITALL (what Client does); else Python's timeout, frames in
+    pieces."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    a.settimeout(10)
+    a.settimeout(timeout)
     b.settimeout(10)
-    return FramedSocketTransport(_Sock(a)), b
+    t = FramedSocketTransport(_Sock(a))
+    if kernel:
+        t.open()
+        assert a.gettimeout() is None, "the kernel timeouts were not set"
+    return t, b
 
 
 def send_in_pieces(sock, data, piece):
@@ -47,8 +55,13 @@ def send_in_pieces(sock, data, piece):
 
 
 class FramedSocketTransportTest(unittest.TestCase):
+    KERNEL = False  # KernelTimeoutTest runs every test with kernel timeouts
+
+    def pair(self, timeout=10):
+        return pair(self.KERNEL, timeout)
+
     def test_frames_arriving_in_pieces(self):
-        t, peer = pair()
+        t, peer = self.pair()
         frames = [b"", b"x", os.urandom(100000), os.urandom(3 << 20)]
         wire = b"".join(struct.pack("!i", len(f)) + f for f in frames)
         sender = threading.Thread(target=send_in_pieces, args=(peer, wire, 7777))
@@ -65,7 +78,7 @@ class FramedSocketTransportTest(unittest.TestCase):
         self.assertEqual(t.read(5), b"de")
 
     def test_write_is_one_frame(self):
-        t, peer = pair()
+        t, peer = self.pair()
         payload = os.urandom(2 << 20)
         t.write(payload[:10])
         t.write(payload[10:])
@@ -83,7 +96,7 @@ class FramedSocketTransportTest(unittest.TestCase):
         # Large bytes objects are sent from where they are; short writes
         # and mutable buffers are copied when written, so changing a
         # bytearray after write() does not change the frame.
-        t, peer = pair()
+        t, peer = self.pair()
         big = os.urandom(256 << 10)
         mutable = bytearray(os.urandom(100 << 10))
         pieces = [b"hdr", big, b"mid", bytes(mutable), big[:10]]
@@ -106,7 +119,7 @@ class FramedSocketTransportTest(unittest.TestCase):
         self.assertEqual(recv_exactly(peer, 8), struct.pack("!i", 4) + b"next")
 
     def test_frame_in_one_piece(self):
-        t, peer = pair()
+        t, peer = self.pair()
         frame = os.urandom(100000)
         peer.sendall(struct.pack("!i", len(frame)) + frame + struct.pack("!i", 1) + b"z")
         t.readFrame()
@@ -116,19 +129,52 @@ class FramedSocketTransportTest(unittest.TestCase):
 
     def test_bad_frame_sizes_refused_before_reading(self):
         for size, kind in ((-1, TTransportException.NEGATIVE_SIZE), (1 << 30, TTransportException.SIZE_LIMIT)):
-            t, peer = pair()
+            t, peer = self.pair()
             peer.sendall(struct.pack("!i", size))
             with self.assertRaises(TTransportException) as cm:
                 t.readFrame()
             self.assertEqual(cm.exception.type, kind)
 
+    def test_peer_stalling_mid_frame_times_out(self):
+        import time
+        t, peer = self.pair(timeout=0.3)
+        peer.sendall(struct.pack("!i", 1 << 20) + b"abc")  # then nothing
+        start = time.monotonic()
+        with self.assertRaises(TTransportException) as cm:
+            t.readFrame()
+        self.assertEqual(cm.exception.type, TTransportException.TIMED_OUT)
+        # One timeout, or two with MSG_WAITALL (its wait, then the rest's).
+        self.assertLess(time.monotonic() - start, 2.0)
+        # A write to a peer that reads nothing times out too.
+        big = os.urandom(8 << 20)
+        with self.assertRaises(TTransportException) as cm:
+            t.write(big)
+            t.flush()
+        self.assertEqual(cm.exception.type, TTransportException.TIMED_OUT)
+
     def test_peer_closing_mid_frame(self):
-        t, peer = pair()
+        t, peer = self.pair()
         peer.sendall(struct.pack("!i", 10) + b"abc")
         peer.close()
         with self.assertRaises(TTransportException) as cm:
             t.readFrame()
         self.assertEqual(cm.exception.type, TTransportException.END_OF_FILE)
+
+
+class KernelTimeoutTest(FramedSocketTransportTest):
+    """The same, on a transport opened as Client opens it: kernel timeouts,
+    a blocking socket, each frame received with one recv(MSG_WAITALL)."""
+    KERNEL = True
+
+    def test_frame_lands_in_one_recv(self):
+        t, peer = self.pair()
+        frame = os.urandom(3 << 20)  # far more than the socket buffer holds
+        sender = threading.Thread(target=send_in_pieces, args=(peer, struct.pack("!i", len(frame)) + frame, 65536))
+        sender.start()
+        t.readFrame()
+        sender.join()
+        buf = t.cstringio_buf
+        self.assertEqual(buf.getvalue(), frame)
 
 
 class PwritevTest(unittest.TestCase):

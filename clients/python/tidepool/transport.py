@@ -39,12 +39,14 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
         self._wbuf = BytesIO()
         self._wparts = []  # the frame so far: BytesIO buffers and kept bytes
         self._max_frame_size = max_frame_size
+        self._waitall = 0  # recv flag for a frame's body: MSG_WAITALL once the socket blocks
 
     def isOpen(self):
         return self._trans.isOpen()
 
     def open(self):
-        return self._trans.open()
+        self._trans.open()
+        self._waitall = socket.MSG_WAITALL if _kernel_timeouts(self._trans.handle) else 0
 
     def close(self):
         return self._trans.close()
@@ -60,7 +62,7 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
         while got < n:
             try:
                 k = h.recv_into(view[got:], n - got)
-            except (socket.timeout, TimeoutError) as e:
+            except (socket.timeout, TimeoutError, BlockingIOError) as e:
                 raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e)
             except OSError as e:
                 raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
@@ -89,8 +91,10 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
             self._rbuf = BytesIO(b"")
             return
         try:
-            first = self._handle().recv(sz)
-        except (socket.timeout, TimeoutError) as e:
+            # All of it, in one bytes object, when the socket blocks (open);
+            # what has arrived so far otherwise, or when the timeout expires.
+            first = self._handle().recv(sz, self._waitall)
+        except (socket.timeout, TimeoutError, BlockingIOError) as e:
             raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e)
         except OSError as e:
             raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
@@ -134,7 +138,7 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
             while parts:
                 try:
                     sent = h.sendmsg(parts)
-                except (socket.timeout, TimeoutError) as e:
+                except (socket.timeout, TimeoutError, BlockingIOError) as e:
                     raise TTransportException(TTransportException.TIMED_OUT, "write timeout", inner=e)
                 except OSError as e:
                     raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
@@ -162,3 +166,26 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
             prefix += self._rbuf.getvalue()
         self._rbuf = BytesIO(prefix)
         return self._rbuf
+
+
+def _kernel_timeouts(h):
+    """Moves the socket's timeout into the kernel (SO_RCVTIMEO, SO_SNDTIMEO)
+    and makes it blocking, so that recv(MSG_WAITALL) waits for a whole frame
+    (on a socket with a Python timeout, which is non-blocking underneath, it
+    returns what has arrived). A call that times out then fails with
+    BlockingIOError, or returns what it got. Returns False, changing nothing,
+    where the options cannot be set."""
+    if h is None:
+        return False
+    t = h.gettimeout()
+    if t is None:
+        return True  # blocking already, no timeout
+    sec = int(t)
+    tv = pack("ll", sec, int((t - sec) * 1e6))
+    try:
+        h.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        h.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    except (OSError, AttributeError):
+        return False
+    h.settimeout(None)
+    return True
