@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -163,7 +164,8 @@ func (r *router) fetchCall(ctx, parent context.Context, node, ns string, keys []
 // kept at full priority when keep, else as low-priority copies: with one
 // named read per block where node serves them (fetchNamed), else node
 // pins them (Acquire), each is landed (land) and node's pins are given
-// back. Per key: nil (local now), cache.ErrNotFound, or the error.
+// back (fetchAcquired). Per key: nil (local now), cache.ErrNotFound, or
+// the error.
 func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte, keep bool) ([]error, error) {
 	start := time.Now()
 	pc := r.stats.of(node)
@@ -171,12 +173,10 @@ func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte
 	if keep {
 		pc.hot.Add(int64(len(keys)))
 	}
-	errs, ok := r.fetchNamed(ctx, node, ns, keys, keep, pc)
-	var err error
-	if !ok {
-		errs, err = r.fetchAcquired(ctx, node, ns, keys, keep, pc)
+	errs, err := r.fetchNamed(ctx, node, ns, keys, keep, pc)
+	if err == nil {
+		pc.latency.Add(int64(time.Since(start))) // calls the node answered
 	}
-	pc.latency.Add(int64(time.Since(start)))
 	return errs, err
 }
 
@@ -230,41 +230,62 @@ func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]by
 }
 
 // fetchNamed lands the blocks of keys from node with one named read each
-// (Peers.Fetch), FetchParallel at a time. ok is false, with nothing
-// landed or counted, when node is not known to serve named reads.
-func (r *router) fetchNamed(ctx context.Context, node, ns string, keys [][]byte, keep bool, pc *peerCounters) (errs []error, ok bool) {
-	errs = make([]error, len(keys))
-	n, err := r.landNamed(ctx, node, ns, keys[0], !keep)
-	if errors.Is(err, ErrNoFetch) {
-		return nil, false
+// (Peers.Fetch), FetchParallel at a time; the keys node is not known to
+// serve that way (ErrNoFetch, nothing sent) go by fetchAcquired, in one
+// batch. When none went by named reads, its call-level error is returned
+// as it is (the breaker reads it).
+func (r *router) fetchNamed(ctx context.Context, node, ns string, keys [][]byte, keep bool, pc *peerCounters) ([]error, error) {
+	errs := make([]error, len(keys))
+	var (
+		mu   sync.Mutex
+		rest []int // keys to fetch by Acquire
+	)
+	one := func(i int) {
+		n, err := r.landNamed(ctx, node, ns, keys[i], !keep)
+		if errors.Is(err, ErrNoFetch) {
+			mu.Lock()
+			rest = append(rest, i)
+			mu.Unlock()
+			return
+		}
+		pc.named.Add(1)
+		errs[i] = err
+		pc.landed(n, err)
 	}
-	pc.named.Add(1)
-	errs[0] = err
-	pc.landed(n, err)
-	sem := make(chan struct{}, r.cfg.FetchParallel)
-	var wg sync.WaitGroup
-	for i := 1; i < len(keys); i++ {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int) {
-			defer func() { <-sem; wg.Done() }()
-			n, err := r.landNamed(ctx, node, ns, keys[i], !keep)
-			if errors.Is(err, ErrNoFetch) {
-				// node stopped serving them meanwhile: the usual way.
-				var res []error
-				if res, err = r.fetchAcquired(ctx, node, ns, keys[i:i+1], keep, pc); err == nil {
-					err = res[0]
-				}
+	if len(keys) == 1 {
+		one(0)
+	} else {
+		sem := make(chan struct{}, r.cfg.FetchParallel)
+		var wg sync.WaitGroup
+		for i := range keys {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func(i int) {
+				defer func() { <-sem; wg.Done() }()
+				one(i)
+			}(i)
+		}
+		wg.Wait()
+	}
+	if len(rest) == len(keys) {
+		return r.fetchAcquired(ctx, node, ns, keys, keep, pc)
+	}
+	if len(rest) > 0 {
+		slices.Sort(rest)
+		batch := make([][]byte, len(rest))
+		for j, i := range rest {
+			batch[j] = keys[i]
+		}
+		res, err := r.fetchAcquired(ctx, node, ns, batch, keep, pc)
+		for j, i := range rest {
+			if err != nil {
 				errs[i] = err
-				return
+			} else {
+				errs[i] = res[j]
 			}
-			pc.named.Add(1)
-			errs[i] = err
-			pc.landed(n, err)
-		}(i)
+		}
 	}
-	wg.Wait()
-	return errs, true
+	return errs, nil
 }
 
 // land moves one block node pinned into a reserved local slot and commits

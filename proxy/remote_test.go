@@ -393,3 +393,56 @@ func TestAttachClusterNeedsArenas(t *testing.T) {
 		t.Fatal("attached a cluster to a proxy without arenas")
 	}
 }
+
+// TestBatchFetchByNamedReads: a cluster BatchGet fetches every block an
+// owner serving named reads holds with one named read each (no Acquire),
+// and falls back to one Acquire for the lot where it serves none.
+func TestBatchFetchByNamedReads(t *testing.T) {
+	for _, named := range []bool{true, false} {
+		t.Run(fmt.Sprint("named=", named), func(t *testing.T) {
+			ctx := context.Background()
+			ps, peers := newFakeCluster(t, "a", "b")
+			peers["a"].named.Store(named)
+			fc := &fakeCluster{nodes: []string{"a", "b"}}
+			var keys [][]byte
+			for i := 0; len(keys) < 20; i++ {
+				if k := []byte(fmt.Sprint("k", i)); fc.Owners("ns", k)[0] == "b" {
+					keys = append(keys, k)
+				}
+			}
+			for i, k := range keys[:19] { // the last one is nowhere
+				if _, err := ps["b"].PutLocal(ctx, "ns", k, []byte(fmt.Sprint("value ", i)), cache.PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := ps["a"].BatchGet(ctx, "ns", keys, ScopeCluster)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range res[:19] {
+				if r.Err != nil || string(r.Value) != fmt.Sprint("value ", i) {
+					t.Fatalf("key %d: %q %v", i, r.Value, r.Err)
+				}
+			}
+			if !errors.Is(res[19].Err, cache.ErrNotFound) {
+				t.Fatalf("absent key: %v, want a miss", res[19].Err)
+			}
+			wantNamed := map[bool]int64{true: 20, false: 0}[named]
+			if n := peers["a"].nameds.Load(); n != wantNamed {
+				t.Fatalf("%d named reads, want %d", n, wantNamed)
+			}
+			var st PeerStats
+			for _, s := range ps["a"].PeerStats() {
+				if s.Node == "b" {
+					st = s
+				}
+			}
+			if st.NamedReads != wantNamed || st.FetchedBlocks != 19 || st.Misses != 1 || st.Failures != 0 {
+				t.Fatalf("peer stats %+v", st)
+			}
+			if n := peers["a"].liveLeases(); n != 0 {
+				t.Fatalf("%d owner pins not given back", n)
+			}
+		})
+	}
+}
