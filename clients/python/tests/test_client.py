@@ -98,6 +98,39 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.c.batch_get(self.ns, [k for k, _ in items]), [v for _, v in items])
         self.assertEqual(self.c.hello().server_version, 1)  # the connection is still in step
 
+    def test_get_receives_a_hit_in_place(self):
+        # Framed: a hit's value is received straight into the bytes object
+        # get returns (no decoder); a miss and an error are decoded as
+        # usual, and the connection stays in step.
+        if not self.framed:
+            self.skipTest("framed transport only")
+        decoded = []
+        recv_get = self.c._c.recv_Get
+
+        def counting():
+            decoded.append(1)
+            return recv_get()
+        self.c._c.recv_Get = counting
+        for i, n in enumerate([0, 3, 1 << 20, MAX_VALUE]):
+            v = payload(n, 60 + i)
+            self.c.put(self.ns, b"hit-%d" % i, v)
+            self.assertEqual(self.c.get(self.ns, b"hit-%d" % i), v)
+        self.assertEqual(decoded, [], "a hit went through the decoder")
+        self.assertIsNone(self.c.get(self.ns, b"absent"))
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get(self.ns, b"")
+        self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+        self.assertEqual(len(decoded), 2)
+        self.assertEqual(self.c.get(self.ns, b"hit-2"), payload(1 << 20, 62))
+
+    def test_get_tail_checked(self):
+        from tidepool.client import _check_get_tail
+        _check_get_tail(b"\x0b\x00\x03\x00\x00\x00\x04dram\x00\x00")  # tier, two ends
+        _check_get_tail(b"\x00\x00")
+        for bad in (b"", b"\x00", b"\x0b\x00\x03\x00\x00\x00\x09dram\x00\x00", b"\x00\x00\x00", b"\x63\x00\x01"):
+            with self.assertRaises(Exception, msg=repr(bad)):
+                _check_get_tail(bad)
+
     def test_lazy_release(self):
         """get_into's lease rides on the next Acquire (or flush_releases,
         or close) instead of a Release call of its own."""

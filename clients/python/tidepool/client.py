@@ -13,7 +13,10 @@ import os
 import socket
 import time
 
+from struct import unpack
+
 from thrift.protocol import TBinaryProtocol
+from thrift.Thrift import TType
 from thrift.transport import TSocket, TTransport
 
 from .checksum import FAST as CRC_FAST
@@ -143,6 +146,41 @@ class _Arena:
         os.close(self.fd)
 
 
+# The head of a Get reply that found its block, in the binary protocol (what
+# the sidecar sends): message header (strict version, REPLY; name "Get";
+# seqid), the result's field 0 (struct), GetResponse's found (field 1, bool,
+# true), then value's header (field 2, binary) and length; the value follows.
+_GET_HEAD = 29
+_GET_MSG = b"\x80\x01\x00\x02" + b"\x00\x00\x00\x03Get"
+
+
+def _get_value_len(p):
+    """The value's length when p is the head of a hit, else None."""
+    if p[:11] != _GET_MSG or p[15:22] != b"\x0c\x00\x00\x02\x00\x01\x01" or p[22:25] != b"\x0b\x00\x02":
+        return None
+    return unpack("!i", p[25:29])[0]
+
+
+def _check_get_tail(rest):
+    """The rest of a hit's reply after its value: GetResponse's other fields
+    and end, then the result's end; nothing may follow."""
+    prot = TBinaryProtocol.TBinaryProtocol(TTransport.TMemoryBuffer(rest))
+    try:
+        for _ in range(2):  # GetResponse, then the result struct
+            while True:
+                _, ftype, _ = prot.readFieldBegin()
+                if ftype == TType.STOP:
+                    break
+                prot.skip(ftype)
+        extra = prot.trans.read(1)
+    except Exception as e:  # EOF inside a field, a bad type
+        raise TTransport.TTransportException(TTransport.TTransportException.UNKNOWN,
+                                             "malformed Get reply: %s" % e) from None
+    if extra:
+        raise TTransport.TTransportException(TTransport.TTransportException.UNKNOWN,
+                                             "malformed Get reply: bytes after its end")
+
+
 class Client:
     """A connection to the sidecar's Unix socket (binary protocol; framed
     transport by default, buffered with framed=False)."""
@@ -243,8 +281,22 @@ class Client:
 
     def get(self, ns, key, scope=Scope.DEFAULT):
         """The block's bytes, or None on a miss."""
-        r = self._call(self._c.Get, T.GetRequest(ns=ns, key=key, scope=scope))
-        return r.value if r.found else None
+        if not isinstance(self._transport, FramedSocketTransport):
+            r = self._call(self._c.Get, T.GetRequest(ns=ns, key=key, scope=scope))
+            return r.value if r.found else None
+        # A hit's value is received straight into the bytes object returned
+        # (the thrift decoder would copy it out of the frame once more);
+        # any other answer is decoded as usual.
+        self._c.send_Get(T.GetRequest(ns=ns, key=key, scope=scope))
+        value, rest = self._transport.read_reply_value(_GET_HEAD, _get_value_len)
+        if value is None:
+            try:
+                r = self._c.recv_Get()
+            except T.TidepoolError as e:
+                raise Error(e.code, e.message) from None
+            return r.value if r.found else None
+        _check_get_tail(rest)
+        return value
 
     def batch_get(self, ns, keys, scope=Scope.DEFAULT):
         """One bytes or None (miss) per key; other per-item errors raise."""

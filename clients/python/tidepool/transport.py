@@ -77,7 +77,7 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
         self.readFrame()
         return self._rbuf.read(sz)
 
-    def readFrame(self):
+    def _frame_size(self):
         hdr = bytearray(4)
         self._recv_into(memoryview(hdr))
         (sz,) = unpack("!i", hdr)
@@ -87,6 +87,47 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
         if sz > self._max_frame_size:
             raise TTransportException(TTransportException.SIZE_LIMIT,
                                       "Frame size (%d) larger than the maximum (%d)" % (sz, self._max_frame_size))
+        return sz
+
+    def _recv_bytes(self, n):
+        """n bytes of the stream as one bytes object: straight from recv
+        when they arrive in one piece (MSG_WAITALL on a blocking socket),
+        else joined."""
+        try:
+            first = self._handle().recv(n, self._waitall) if n else b""
+        except (socket.timeout, TimeoutError, BlockingIOError) as e:
+            raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e)
+        except OSError as e:
+            raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
+        if len(first) == n:
+            return first
+        if not first:
+            raise TTransportException(TTransportException.END_OF_FILE, "TSocket read 0 bytes")
+        buf = bytearray(n)
+        buf[:len(first)] = first
+        self._recv_into(memoryview(buf)[len(first):])
+        return bytes(buf)
+
+    def read_reply_value(self, head, parse):
+        """Reads the next frame for a reply that carries one large binary
+        value, receiving the value straight into its own bytes object (no
+        frame buffer, no decoder copy). head: how many leading bytes of the
+        frame say where the value is; parse(prefix) returns the value's
+        length when the prefix has the expected layout, else None. Returns
+        (value, rest) with rest the frame's bytes after the value; or (None,
+        None) with the whole frame left for the protocol to decode (another
+        layout: an error, a miss, a short reply)."""
+        sz = self._frame_size()
+        prefix = self._recv_bytes(min(sz, head))
+        n = parse(prefix) if len(prefix) == head else None
+        if n is None or n < 0 or n > sz - head:
+            self._rbuf = BytesIO(prefix + self._recv_bytes(sz - len(prefix)))
+            return None, None
+        value = self._recv_bytes(n)
+        return value, self._recv_bytes(sz - head - n)
+
+    def readFrame(self):
+        sz = self._frame_size()
         if sz == 0:
             self._rbuf = BytesIO(b"")
             return
