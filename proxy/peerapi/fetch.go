@@ -325,7 +325,13 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land fu
 		switch {
 		case errors.Is(err, rdma.ErrChecksum):
 			return fmt.Errorf("peerapi: fetch from %s: %w: %w", addr, cache.ErrChecksum, err)
-		case errors.Is(err, rdma.ErrUnsupported), errors.Is(err, rdma.ErrProtocol), errors.Is(err, ErrProtocol):
+		case errors.Is(err, rdma.ErrUnsupported) && !landed:
+			// Not here (an RDMA connection to node: its one-sided read is
+			// the better path) or not there (node stopped serving them):
+			// nothing moved, so this block goes by Acquire.
+			c.noFetch(node)
+			return proxy.ErrNoFetch
+		case errors.Is(err, ErrProtocol):
 			c.noFetch(node) // back to Acquire until node says it serves them again
 		}
 		if errors.Is(err, rdma.ErrPeerLost) || errors.Is(err, rdma.ErrClosed) || errors.Is(err, rdma.ErrProtocol) {

@@ -62,3 +62,40 @@ func TestNamedReads(t *testing.T) {
 		})
 	}
 }
+
+// TestNamedReadsStoppedMidway: an owner that said it serves named reads
+// and then answers them "unsupported" (its transport stopped serving
+// them) costs no read: the block is fetched by Acquire instead.
+func TestNamedReadsStoppedMidway(t *testing.T) {
+	nodes := newCluster(t, 2, nodeOpts{})
+	a, owner := nodes[0], nodes[1]
+	ctx := context.Background()
+	const ns = "named"
+	keys := make([][]byte, 3)
+	for i := range keys {
+		keys[i] = keyOwnedBy(t, nodes, ns, fmt.Sprint("k", i), owner.name)
+		if _, err := owner.p.PutLocal(ctx, ns, keys[i], value(byte(i), 64<<10), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(i int) {
+		t.Helper()
+		got, _, err := a.p.Get(ctx, ns, keys[i], proxy.ScopeCluster)
+		if err != nil || !bytes.Equal(got, value(byte(i), 64<<10)) {
+			t.Fatalf("fetch %d: %d bytes, %v", i, len(got), err)
+		}
+	}
+	get(0) // by Acquire: the owner says it serves named reads
+	owner.tr.HandleFetch(nil)
+	get(1) // a named read answered "unsupported", then Acquire
+	get(2) // by Acquire (the answer said so again), then "unsupported" again
+	st := owner.srv.Stats()
+	if st.Acquired != 3 || st.Fetched != 0 {
+		t.Fatalf("owner pinned %d by Acquire and sent %d by named reads, want 3 and 0", st.Acquired, st.Fetched)
+	}
+	for _, s := range a.p.PeerStats() {
+		if s.Failures != 0 {
+			t.Fatalf("peer stats %+v: a fallback counted as a failure", s)
+		}
+	}
+}
