@@ -166,9 +166,8 @@ start_mooncake() {
 }
 
 # ---- tidepool: two clustered sidecars ---------------------------------------
-# Base64, not raw: serve trims white space around a key file's contents, so
-# 32 raw random bytes that end in one (about 1 run in 40) make a 31-byte key
-# and serve refuses to start.
+# Base64: a key file may hold the raw bytes too (serve reads them whole when
+# the trimmed contents are no key), but text is easier to look at.
 head -c 32 /dev/urandom | base64 >"$WORK/gossip.key"
 head -c 32 /dev/urandom | base64 >"$WORK/peer.secret"
 chmod 0600 "$WORK/gossip.key" "$WORK/peer.secret"
