@@ -97,12 +97,18 @@ func (f *fakePeers) Pull(_ context.Context, node string, b RemoteBlock, into cac
 	if !ok {
 		return fmt.Errorf("%w: lease %d not held", cache.ErrUnavailable, b.Lease)
 	}
+	return f.deliver(into, v, b.Checksum, "pull from "+node)
+}
+
+// deliver copies v into the slot (damaged when corrupt is set) and checks
+// it against sum, as the transfer layer checks what lands.
+func (f *fakePeers) deliver(into cache.Reservation, v []byte, sum uint32, what string) error {
 	copy(into.Bytes(), v)
 	if f.corrupt.Load() && len(v) > 0 {
 		into.Bytes()[0] ^= 0xff
 	}
-	if cache.Checksum(into.Bytes()) != b.Checksum {
-		return fmt.Errorf("fake pull from %s: %w", node, cache.ErrChecksum)
+	if cache.Checksum(into.Bytes()) != sum {
+		return fmt.Errorf("fake %s: %w", what, cache.ErrChecksum)
 	}
 	return nil
 }
@@ -123,14 +129,7 @@ func (f *fakePeers) Fetch(ctx context.Context, node, ns string, key []byte, land
 	if err != nil {
 		return err
 	}
-	copy(into.Bytes(), v)
-	if f.corrupt.Load() && len(v) > 0 {
-		into.Bytes()[0] ^= 0xff
-	}
-	if cache.Checksum(into.Bytes()) != info.Checksum {
-		return fmt.Errorf("fake fetch from %s: %w", node, cache.ErrChecksum)
-	}
-	return nil
+	return f.deliver(into, v, info.Checksum, "fetch from "+node)
 }
 
 func (f *fakePeers) Release(_ string, leases []int64) {

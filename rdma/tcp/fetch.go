@@ -12,7 +12,6 @@ package tcp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -131,30 +130,12 @@ func (p *peer) fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte,
 	if len(req) > rdma.MaxFetchRequest {
 		return nil, 0, fmt.Errorf("%w: fetch request of %d bytes (max %d)", rdma.ErrTooLarge, len(req), rdma.MaxFetchRequest)
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.t.cfg.IOTimeout)
-		defer cancel()
-	}
-	for attempt := 0; ; attempt++ {
-		c, reused, err := p.get(ctx)
-		if err != nil {
-			return nil, 0, err
-		}
-		f := fetchCall{id: p.t.reqID.Add(1), req: req, land: land, t: p.t}
-		clean, err := c.exchange(ctx, func() (bool, error) { return c.fetch(&f) })
-		p.put(c, clean, true)
-		if err != nil && p.isClosed() {
-			return nil, 0, fmt.Errorf("%w: %w", rdma.ErrClosed, err)
-		}
-		// A pooled connection the peer closed while idle fails on first
-		// use; before anything was landed a named read is idempotent
-		// (the owner unpins what it sent), so try once more.
-		if err != nil && !clean && reused && attempt == 0 && !f.landed && ctx.Err() == nil && errors.Is(err, rdma.ErrPeerLost) {
-			continue
-		}
-		return f.meta, f.n, err
-	}
+	f := fetchCall{req: req, land: land, t: p.t}
+	err := p.exchange(ctx, func() bool { return !f.landed }, func(c *conn, id uint64) (bool, error) {
+		f = fetchCall{id: id, req: req, land: land, t: p.t}
+		return c.fetch(&f)
+	})
+	return f.meta, f.n, err
 }
 
 // fetchCall is the state of one named read on a connection.

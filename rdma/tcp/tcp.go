@@ -582,6 +582,17 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		return fmt.Errorf("local: %w", err)
 	}
 	defer span.Release()
+	return p.exchange(ctx, func() bool { return true }, func(c *conn, id uint64) (bool, error) {
+		return c.run(id, op, span.B, write, p.t.cfg.ChunkSize)
+	})
+}
+
+// exchange runs one request on a pooled connection (run; ctx gets
+// IOTimeout when it has no deadline). A pooled connection the peer closed
+// while idle fails on first use: when the request may be repeated then
+// (again reports it: transfers always, a named read before anything
+// landed), it is tried once more on a fresh connection.
+func (p *peer) exchange(ctx context.Context, again func() bool, run func(c *conn, id uint64) (clean bool, err error)) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, p.t.cfg.IOTimeout)
@@ -592,15 +603,12 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		if err != nil {
 			return err
 		}
-		id := p.t.reqID.Add(1)
-		clean, err := c.run(ctx, id, op, span.B, write, p.t.cfg.ChunkSize)
+		clean, err := c.bounded(ctx, func() (bool, error) { return run(c, p.t.reqID.Add(1)) })
 		p.put(c, clean, true)
 		if err != nil && p.isClosed() {
 			return fmt.Errorf("%w: %w", rdma.ErrClosed, err)
 		}
-		// A pooled connection the peer closed while idle fails on first
-		// use; transfers are idempotent, so try once more on a fresh one.
-		if err != nil && !clean && reused && attempt == 0 && ctx.Err() == nil && errors.Is(err, rdma.ErrPeerLost) {
+		if err != nil && !clean && reused && attempt == 0 && ctx.Err() == nil && errors.Is(err, rdma.ErrPeerLost) && again() {
 			p.t.lg.Debug("retrying on a fresh connection", zap.String("peer", p.addr), zap.Error(err))
 			continue
 		}
@@ -619,19 +627,17 @@ func deadlinePassed(ctx context.Context) bool {
 
 // run performs one transfer on c. clean reports whether the stream is still
 // in sync, so that c may serve another transfer.
-func (c *conn) run(ctx context.Context, id uint64, op rdma.Op, local []byte, write bool, chunk int) (clean bool, err error) {
-	return c.exchange(ctx, func() (bool, error) {
-		if write {
-			return c.write(id, op, local, chunk)
-		}
-		return c.read(id, op, local)
-	})
+func (c *conn) run(id uint64, op rdma.Op, local []byte, write bool, chunk int) (clean bool, err error) {
+	if write {
+		return c.write(id, op, local, chunk)
+	}
+	return c.read(id, op, local)
 }
 
-// exchange runs one request/answer exchange on c (f) under ctx: its
+// bounded runs one request/answer exchange on c (f) under ctx: its
 // deadline bounds every read and write, and its cancellation breaks them
 // (the connection is then not clean).
-func (c *conn) exchange(ctx context.Context, f func() (bool, error)) (clean bool, err error) {
+func (c *conn) bounded(ctx context.Context, f func() (bool, error)) (clean bool, err error) {
 	dl, _ := ctx.Deadline()
 	_ = c.nc.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
