@@ -37,6 +37,7 @@ package peerapi
 // length); any other carries none. Nothing may follow either encoding.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -97,7 +98,7 @@ func decodeFetchRequest(b []byte) (fetchRequest, error) {
 	}
 	r := fetchRequest{protocol: d.u16()}
 	r.label, r.token, r.ns = string(d.str16()), string(d.str16()), string(d.str16())
-	r.key = d.str16()
+	r.key = bytes.Clone(d.str16()) // req is the transport's buffer, reused for the next request
 	if d.bad || len(d.b) != 0 {
 		return fetchRequest{}, fmt.Errorf("%w: %d bytes", errFetchRequest, len(b))
 	}
