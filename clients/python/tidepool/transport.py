@@ -221,6 +221,8 @@ def _kernel_timeouts(h):
     t = h.gettimeout()
     if t is None:
         return True  # blocking already, no timeout
+    if t <= 0:
+        return False  # non-blocking on purpose; a kernel timeout of 0 would mean none
     sec = int(t)
     tv = pack("ll", sec, int((t - sec) * 1e6))
     try:
