@@ -204,8 +204,7 @@ func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]by
 		errs[i] = err
 		pc.landed(n, err)
 	}
-	sem := make(chan struct{}, r.cfg.FetchParallel)
-	var wg sync.WaitGroup
+	var pinned []int
 	for i, b := range blocks {
 		if b.Err != nil {
 			errs[i] = b.Err
@@ -213,18 +212,9 @@ func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]by
 			continue
 		}
 		leases = append(leases, b.Lease)
-		if len(blocks) == 1 {
-			landOne(i) // one block: land it from here
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int) {
-			defer func() { <-sem; wg.Done() }()
-			landOne(i)
-		}(i)
+		pinned = append(pinned, i)
 	}
-	wg.Wait()
+	r.each(len(blocks), pinned, landOne)
 	r.peers.Release(node, leases)
 	return errs, nil
 }
@@ -252,21 +242,11 @@ func (r *router) fetchNamed(ctx context.Context, node, ns string, keys [][]byte,
 		errs[i] = err
 		pc.landed(n, err)
 	}
-	if len(keys) == 1 {
-		one(0)
-	} else {
-		sem := make(chan struct{}, r.cfg.FetchParallel)
-		var wg sync.WaitGroup
-		for i := range keys {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func(i int) {
-				defer func() { <-sem; wg.Done() }()
-				one(i)
-			}(i)
-		}
-		wg.Wait()
+	all := make([]int, len(keys))
+	for i := range all {
+		all[i] = i
 	}
+	r.each(len(keys), all, one)
 	if len(rest) == len(keys) {
 		return r.fetchAcquired(ctx, node, ns, keys, keep, pc)
 	}
@@ -286,6 +266,28 @@ func (r *router) fetchNamed(ctx context.Context, node, ns string, keys [][]byte,
 		}
 	}
 	return errs, nil
+}
+
+// each runs f(i) for every i of idx, FetchParallel at a time; from here
+// when the call is about one block only (of n).
+func (r *router) each(n int, idx []int, f func(i int)) {
+	if n == 1 {
+		for _, i := range idx {
+			f(i)
+		}
+		return
+	}
+	sem := make(chan struct{}, r.cfg.FetchParallel)
+	var wg sync.WaitGroup
+	for _, i := range idx {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
 
 // land moves one block node pinned into a reserved local slot and commits
