@@ -25,6 +25,9 @@
 #             directory's filesystem), and 1 MiB inline gets of resident
 #             keys while a zero-copy put flood spills DRAM to SSD (the gets'
 #             throughput, p99 and slowest call against the same gets alone).
+#             Both tables show how many evicted blocks were spilled to SSD
+#             and how many dropped (the demotion queue was full), read from
+#             the sidecar's metrics over the put runs and over the flood.
 #
 # GETs read random keys of a prefilled set of KEYS on both sides (Redis:
 # keys key:000000000000 … written by one EVAL, as redis-benchmark -r KEYS
@@ -113,6 +116,16 @@ for _ in $(seq 100); do redis-cli -s "$RSOCK" ping >/dev/null 2>&1 && break; sle
 redis-cli -s "$RSOCK" ping >/dev/null
 
 TSOCK=$WORK/tp.sock
+# Metrics on a free loopback port, read for the demotion counters of mode
+# defaults.
+METRICS=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# demotions: prints "WRITTEN DROPPED", the sidecar's demotion counters so far.
+demotions() {
+	curl -sf "http://$METRICS/metrics" | awk '
+		$1 == "tidepool_demotions_total" { w = $2 }
+		$1 == "tidepool_demotions_dropped_total" { d = $2 }
+		END { printf "%d %d\n", w, d }'
+}
 # tp_start MODE: starts tidepool serve for MODE on a fresh arena and data
 # directory.
 tp_start() {
@@ -120,7 +133,7 @@ tp_start() {
 	local ssd=()
 	[[ $1 == memory ]] && ssd=(--ssd-capacity 0)
 	"$TP" serve --socket "$TSOCK" --arena-dir "$SHM" --data-dir "$DATA/data" --dram-capacity "${DRAM}MiB" "${ssd[@]}" \
-		--max-value-size "$max_value" --metrics-addr "" --log-level warn >"$WORK/tp.out" 2>"$WORK/tp.err" &
+		--max-value-size "$max_value" --metrics-addr "$METRICS" --log-level warn >"$WORK/tp.out" 2>"$WORK/tp.err" &
 	tp_pid=$!
 	for _ in $(seq 300); do grep -q "serving on socket" "$WORK/tp.out" 2>/dev/null && break; sleep 0.1; done
 	grep -q "serving on socket" "$WORK/tp.out" || { cat "$WORK/tp.err" >&2; exit 1; }
@@ -205,6 +218,7 @@ for round in $(seq "$ROUNDS"); do
 				"$TP" bench --socket "$TSOCK" --ns fill --op put --zero-copy --size "$max_size" --concurrency "$CONC" \
 					--ops "$((DRAM * 1048576 / max_size + CONC))" --json --progress none >/dev/null 2>&1 || true
 				filled=1
+				read -r pw0 pd0 < <(demotions)
 			fi
 			for op in put get; do
 				read -r t_ops t_bps t_p99 _ < <(tp_bench --op "$op" --size "$size")
@@ -218,7 +232,9 @@ for round in $(seq "$ROUNDS"); do
 		if [[ $mode == defaults ]]; then
 			# Gets of resident keys of the largest size alone, then under a zero-copy put
 			# flood that keeps DRAM spilling.
+			read -r pw1 pd1 < <(demotions)
 			read -r g_ops g_bps g_p99 g_max g_miss < <(tp_bench --op get --size "$max_size")
+			read -r dw0 dd0 < <(demotions)
 			"$TP" bench --socket "$TSOCK" --ns flood --op put --zero-copy --size "$max_size" --concurrency "$CONC" \
 				--duration "$(($(sed 's/s$//' <<<"$DURATION") + 3))s" --json --progress none >"$WORK/flood.json" 2>&1 &
 			flood=$!
@@ -226,19 +242,20 @@ for round in $(seq "$ROUNDS"); do
 			read -r f_ops f_bps f_p99 f_max f_miss < <(tp_bench --op get --size "$max_size")
 			wait "$flood" || true
 			fl=$(jq -r '.bytes_per_sec' "$WORK/flood.json" 2>/dev/null || echo -)
+			read -r dw1 dd1 < <(demotions)
 			tp_stop
 			rm -rf "${DATA:?}"/*
 			sync
 			ssd_bps=$(ssd_write)
 			echo
-			echo "| SSD tier sustained write (BenchmarkSSD/write, $SSD_MIB MiB) | tidepool SET $(numfmt --to=iec-i --suffix=B "$max_size"), zero-copy ÷ it | inline ÷ it |"
-			echo "| ---: | ---: | ---: |"
-			echo "| $(mib "$ssd_bps") MiB/s | $(ratio "$z_last_put" "$ssd_bps") | $(ratio "$t_last_put" "$ssd_bps") |"
+			echo "| SSD tier sustained write (BenchmarkSSD/write, $SSD_MIB MiB) | tidepool SET $(numfmt --to=iec-i --suffix=B "$max_size"), zero-copy ÷ it | inline ÷ it | blocks spilled / dropped during the put runs |"
+			echo "| ---: | ---: | ---: | --- |"
+			echo "| $(mib "$ssd_bps") MiB/s | $(ratio "$z_last_put" "$ssd_bps") | $(ratio "$t_last_put" "$ssd_bps") | $((pw1 - pw0)) / $((pd1 - pd0)) |"
 			echo
-			echo "| $(numfmt --to=iec-i --suffix=B "$max_size") inline get, $CONC callers | MiB/s | p99 µs | slowest µs | misses |"
-			echo "| --- | ---: | ---: | ---: | ---: |"
-			echo "| alone | $(mib "$g_bps") | $(num "$g_p99") | $(num "$g_max") | $g_miss |"
-			echo "| during a zero-copy put flood ($(mib "$fl") MiB/s of puts, spilling) | $(mib "$f_bps") | $(num "$f_p99") | $(num "$f_max") | $f_miss |"
+			echo "| $(numfmt --to=iec-i --suffix=B "$max_size") inline get, $CONC callers | MiB/s | p99 µs | slowest µs | misses | blocks spilled / dropped meanwhile |"
+			echo "| --- | ---: | ---: | ---: | ---: | --- |"
+			echo "| alone | $(mib "$g_bps") | $(num "$g_p99") | $(num "$g_max") | $g_miss | |"
+			echo "| during a zero-copy put flood ($(mib "$fl") MiB/s of puts, spilling) | $(mib "$f_bps") | $(num "$f_p99") | $(num "$f_max") | $f_miss | $((dw1 - dw0)) / $((dd1 - dd0)) |"
 		else
 			tp_stop
 		fi
