@@ -64,6 +64,16 @@ type Config struct {
 	// BackgroundJobs is the number of RocksDB background threads: half of
 	// them (at least one) flush memtables, the others compact. Default 4.
 	BackgroundJobs int
+	// BackgroundPriority is the CPU priority of RocksDB's background
+	// threads (the flushes that write spilled blocks into blob files, and
+	// compactions): PriorityLow (the default) runs them at nice 19, so that
+	// on a busy node reads and puts get the CPU first and the spill takes
+	// what is left (past the demotion queue, evicted blocks are then
+	// dropped rather than spilled); PriorityNormal leaves them at the
+	// process's priority. RocksDB's thread pools are shared by the whole
+	// process and lowering them cannot be undone: the first tier opened
+	// with PriorityLow lowers them for every tier of the process.
+	BackgroundPriority string
 	// DirectReads opens files with O_DIRECT for reads (bypasses the page
 	// cache; the filesystem must support it). Default false.
 	DirectReads bool
@@ -84,23 +94,30 @@ type Config struct {
 	Clock clock.Clock
 }
 
+// The values of Config.BackgroundPriority.
+const (
+	PriorityLow    = "low"
+	PriorityNormal = "normal"
+)
+
 // DefaultConfig returns the defaults; Dir must still be set.
 func DefaultConfig() Config {
 	return Config{
-		Capacity:         16 << 30,
-		MaxValueSize:     cache.DefaultMaxValueBytes,
-		MaxKeySize:       cache.DefaultMaxKeyBytes,
-		MaxNamespaceSize: cache.DefaultMaxNamespaceBytes,
-		WriteBufferSize:  32 << 20,
-		MaxWriteBuffers:  4,
-		MinBlobSize:      4 << 10,
-		BlobFileSize:     128 << 20,
-		BlobGCAgeCutoff:  0.25,
-		BackgroundJobs:   4,
-		MinFreeBytes:     1 << 30,
-		ProbeInterval:    5 * time.Second,
-		Policy:           evict.NewLRU,
-		Clock:            clock.Real{},
+		Capacity:           16 << 30,
+		MaxValueSize:       cache.DefaultMaxValueBytes,
+		MaxKeySize:         cache.DefaultMaxKeyBytes,
+		MaxNamespaceSize:   cache.DefaultMaxNamespaceBytes,
+		WriteBufferSize:    32 << 20,
+		MaxWriteBuffers:    4,
+		MinBlobSize:        4 << 10,
+		BlobFileSize:       128 << 20,
+		BlobGCAgeCutoff:    0.25,
+		BackgroundJobs:     4,
+		BackgroundPriority: PriorityLow,
+		MinFreeBytes:       1 << 30,
+		ProbeInterval:      5 * time.Second,
+		Policy:             evict.NewLRU,
+		Clock:              clock.Real{},
 	}
 }
 
@@ -118,6 +135,7 @@ func (c Config) withDefaults() Config {
 	fill(&c.BlobFileSize, d.BlobFileSize)
 	fill(&c.BlobGCAgeCutoff, d.BlobGCAgeCutoff)
 	fill(&c.BackgroundJobs, d.BackgroundJobs)
+	fill(&c.BackgroundPriority, d.BackgroundPriority)
 	fill(&c.MinFreeBytes, d.MinFreeBytes)
 	fill(&c.ProbeInterval, d.ProbeInterval)
 	if c.Policy == nil {
@@ -178,6 +196,9 @@ func (c Config) Validate() error {
 	}
 	if c.BackgroundJobs < 2 {
 		bad("BackgroundJobs must be >= 2, got %d", c.BackgroundJobs)
+	}
+	if c.BackgroundPriority != PriorityLow && c.BackgroundPriority != PriorityNormal {
+		bad("BackgroundPriority must be %q or %q, got %q", PriorityLow, PriorityNormal, c.BackgroundPriority)
 	}
 	if c.ProbeInterval <= 0 {
 		bad("ProbeInterval must be > 0, got %v", c.ProbeInterval)

@@ -104,6 +104,15 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.opts.SetMaxBackgroundFlushes(flushes)
 	//lint:ignore SA1019 the split is deliberate, see above
 	s.opts.SetMaxBackgroundCompactions(max(1, cfg.BackgroundJobs-flushes))
+	if cfg.BackgroundPriority == PriorityLow {
+		// RocksDB's default Env, whose thread pools serve every database
+		// of the process: each background thread sets itself to nice 19
+		// when it next runs a job (docs/ssd.md, "Background priority").
+		env := grocksdb.NewDefaultEnv()
+		env.LowerThreadPoolCPUPriority()             // compactions
+		env.LowerHighPriorityThreadPoolCPUPriority() // flushes
+		s.opts.SetEnv(env)                           // s.opts owns env now
+	}
 	s.opts.SetBytesPerSync(1 << 20)
 	s.opts.SetWALBytesPerSync(1 << 20)
 	s.opts.SetMaxTotalWalSize(uint64(cfg.WriteBufferSize) * 2)

@@ -119,6 +119,8 @@ func TestConfigValidate(t *testing.T) {
 		}, []string{"Capacity", "MaxKeySize", "WriteBufferSize", "BlobGCAgeCutoff", "ProbeInterval", "MaxNamespaceSize"}},
 		{"zero fields take the defaults", func(c *Config) { *c = Config{Dir: c.Dir} }, nil},
 		{"free-space floor off", func(c *Config) { c.MinFreeBytes = -1 }, nil},
+		{"background threads at normal priority", func(c *Config) { c.BackgroundPriority = PriorityNormal }, nil},
+		{"unknown background priority", func(c *Config) { c.BackgroundPriority = "idle" }, []string{`BackgroundPriority must be "low" or "normal", got "idle"`}},
 		{"value larger than capacity", func(c *Config) { c.Capacity = mib; c.MaxValueSize = 2 * mib }, []string{"exceeds Capacity"}},
 	}
 	for _, tc := range tests {

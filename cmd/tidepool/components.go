@@ -65,6 +65,7 @@ func (c Config) storeConfig(ssdCapacity int64) tiered.Config {
 		sc.MaxKeySize = lim.MaxKeyBytes
 		sc.MaxNamespaceSize = lim.MaxNamespaceBytes
 		sc.MinFreeBytes = userOff(c.SSDMinFree)
+		sc.BackgroundPriority = c.SSDPriority
 		sc.Policy = policies[c.EvictionPolicy]
 		tc.SSD = &sc
 	}

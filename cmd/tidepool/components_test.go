@@ -23,6 +23,7 @@ func TestServeDefaultsAreTheComponents(t *testing.T) {
 	}{
 		{"ssd_capacity", d.SSDCapacity, sc.Capacity},
 		{"ssd_min_free", d.SSDMinFree, sc.MinFreeBytes},
+		{"ssd_background_priority", d.SSDPriority, sc.BackgroundPriority},
 		{"demotion_queue", d.DemotionQueue, tc.QueueBytes},
 		{"replicas", d.Replicas, cluster.DefaultRingConfig().Replicas},
 		{"transport", d.Transport, auto.ModeAuto},

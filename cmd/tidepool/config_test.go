@@ -76,11 +76,12 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatalf("bad yaml: %v", err)
 	}
 	// Every invalid value is reported at once, including contradictions.
-	_, err = parse(t, []string{"--socket", "relative.sock", "--dram-capacity", "4MiB", "--max-value-size", "8MiB", "--log-level", "loud", "--max-batch", "0"}, nil)
+	_, err = parse(t, []string{"--socket", "relative.sock", "--dram-capacity", "4MiB", "--max-value-size", "8MiB", "--log-level", "loud", "--max-batch", "0",
+		"--ssd-background-priority", "idle"}, nil)
 	if err == nil {
 		t.Fatal("invalid flags accepted")
 	}
-	for _, want := range []string{"absolute path", "exceeds dram_capacity", "log_level", "max_batch"} {
+	for _, want := range []string{"absolute path", "exceeds dram_capacity", "log_level", "max_batch", `ssd_background_priority "idle": low or normal`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
