@@ -66,13 +66,15 @@ type Config struct {
 	BackgroundJobs int
 	// BackgroundPriority is the CPU priority of RocksDB's background
 	// threads (the flushes that write spilled blocks into blob files, and
-	// compactions): PriorityLow (the default) runs them at nice 19, so that
-	// on a busy node reads and puts get the CPU first and the spill takes
-	// what is left (past the demotion queue, evicted blocks are then
-	// dropped rather than spilled); PriorityNormal leaves them at the
-	// process's priority. RocksDB's thread pools are shared by the whole
-	// process and lowering them cannot be undone: the first tier opened
-	// with PriorityLow lowers them for every tier of the process.
+	// compactions). PriorityNormal (the default) leaves them at the
+	// process's priority. PriorityLow runs them at nice 19, so that on a
+	// busy node reads and puts get the CPU first and the spill takes what
+	// is left: evicted blocks it cannot keep up with are dropped from the
+	// cache past the demotion queue, and a dropped block that is read again
+	// is a miss (docs/ssd.md, "Background priority"). RocksDB's thread
+	// pools are shared by the whole process and lowering them cannot be
+	// undone: the first tier opened with PriorityLow lowers them for every
+	// tier of the process.
 	BackgroundPriority string
 	// DirectReads opens files with O_DIRECT for reads (bypasses the page
 	// cache; the filesystem must support it). Default false.
@@ -113,7 +115,7 @@ func DefaultConfig() Config {
 		BlobFileSize:       128 << 20,
 		BlobGCAgeCutoff:    0.25,
 		BackgroundJobs:     4,
-		BackgroundPriority: PriorityLow,
+		BackgroundPriority: PriorityNormal,
 		MinFreeBytes:       1 << 30,
 		ProbeInterval:      5 * time.Second,
 		Policy:             evict.NewLRU,

@@ -252,7 +252,7 @@ var settings = []setting{
 	sizeSetting("hot_max_bytes", "most bytes of hot replicas held at once; 0: a sixteenth of dram_capacity", func(c *Config) *int64 { return &c.HotMaxBytes }),
 	sizeSetting("ssd_capacity", "SSD tier budget under data_dir/ssd (capped by the disk's free space at start); 0 disables the SSD tier", func(c *Config) *int64 { return &c.SSDCapacity }),
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
-	stringSetting("ssd_background_priority", "CPU priority of the SSD tier's background writes (RocksDB flushes and compactions): low (nice 19: reads and puts get a busy node's CPU first, and evicted blocks the spill cannot keep up with are dropped) or normal", func(c *Config) *string { return &c.SSDPriority }),
+	stringSetting("ssd_background_priority", "CPU priority of the SSD tier's background writes (RocksDB flushes and compactions): normal, or low (nice 19: reads and puts get a busy node's CPU first, and evicted blocks the spill cannot keep up with are dropped from the cache)", func(c *Config) *string { return &c.SSDPriority }),
 	sizeSetting("demotion_queue", "bytes of evicted DRAM blocks that may wait to be written to SSD (more are dropped)", func(c *Config) *int64 { return &c.DemotionQueue }),
 	durationSetting("stop_spill_timeout", "on a clean stop, how long to spend copying DRAM blocks into SSD; 0 disables", func(c *Config) *time.Duration { return &c.StopSpillTimeout }),
 	sizeSetting("scrub_rate", "bytes per second the background scrubber re-checks the CRC-32C of resident DRAM blocks (removing any that fail); 0 disables it", func(c *Config) *int64 { return &c.ScrubRate }),
