@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -106,4 +110,91 @@ func TestReadsDuringSpill(t *testing.T) {
 		t.Fatalf("the flood did not run during the reads: puts %d → %d, DRAM evictions %v → %v", putsBefore, putsAfter, evBefore, evAfter)
 	}
 	t.Logf("%d reads while the flood put %d blocks and DRAM evicted %v", reads, putsAfter-putsBefore, evAfter-evBefore)
+}
+
+// TestSSDBackgroundPriority: a real sidecar with ssd_background_priority
+// low runs RocksDB's flushes at nice 19 once DRAM spills enough to flush a
+// memtable (a flush thread lowers itself when it runs a job, so one that
+// has not run any yet is still at 0); one on the default leaves every
+// flush thread at the process's nice value (0 here). cache/ssd's
+// TestBackgroundPriority checks both pools of each setting after a flush
+// and a compaction.
+func TestSSDBackgroundPriority(t *testing.T) {
+	for _, c := range []struct {
+		flags []string
+		nice  int
+	}{{[]string{"--ssd-background-priority", "low"}, 19}, {nil, 0}} {
+		t.Run(fmt.Sprintf("nice=%d", c.nice), func(t *testing.T) {
+			d := startDaemon(t, append([]string{"--dram-capacity", "16MiB", "--ssd-capacity", "1GiB"}, c.flags...)...)
+			cl, err := client.New(d.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			// 64 MiB through a 16 MiB DRAM: more than one 32 MiB memtable
+			// of demotions, so RocksDB flushes at least once.
+			v := restartValue(7, 1<<20)
+			for i := range 64 {
+				if _, err := cl.Put(context.Background(), "p", []byte(fmt.Sprint(i)), v, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			flushers := func() map[string]int { return rocksThreads(t, d.cmd.Process.Pid, "rocksdb:high") }
+			deadline := time.Now().Add(60 * time.Second)
+			for scrape(t, d, "tidepool_demotions_total")[0] < 40 || (c.nice != 0 && !anyNice(flushers(), c.nice)) {
+				if time.Now().After(deadline) {
+					t.Fatalf("demotions %v, flush threads %v: want one at nice %d", scrape(t, d, "tidepool_demotions_total"), flushers(), c.nice)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			f := flushers()
+			for _, n := range f {
+				if n != 0 && n != c.nice {
+					t.Fatalf("flush threads %v: nice %d, want %d (or 0 before its first job)", f, n, c.nice)
+				}
+			}
+			if c.nice == 0 && !anyNice(f, 0) {
+				t.Fatalf("flush threads %v, want them at nice 0", f)
+			}
+		})
+	}
+}
+
+// rocksThreads returns the nice value of each thread of process pid whose
+// name is name, by thread id.
+func rocksThreads(t *testing.T, pid int, name string) map[string]int {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, task := range tasks {
+		comm, err := os.ReadFile(filepath.Join(task, "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != name {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join(task, "stat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		// Fields after the parenthesised name: state is field 3, nice 19.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		n, err := strconv.Atoi(f[16])
+		if err != nil {
+			t.Fatalf("%s/stat: nice %q: %v", task, f[16], err)
+		}
+		out[filepath.Base(task)] = n
+	}
+	return out
+}
+
+// anyNice reports whether a thread of threads is at nice n.
+func anyNice(threads map[string]int, n int) bool {
+	for _, v := range threads {
+		if v == n {
+			return true
+		}
+	}
+	return false
 }
