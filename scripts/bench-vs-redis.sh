@@ -52,6 +52,8 @@
 #   DATA_DIR    parent of tidepool's data directory in mode defaults
 #               (default /var/tmp; must be on the disk to measure)
 #   TIDEPOOL_BIN  a prebuilt tidepool binary (default: built from this tree)
+#   TP_FLAGS    more flags for tidepool serve, in both modes (for example
+#               "--demotion-wait 1s"; default none)
 #
 # Needs: redis-server and redis-benchmark (Debian's redis-server and
 # redis-tools, installed when missing), jq, and Go for the tree's builds.
@@ -130,10 +132,11 @@ demotions() {
 # directory.
 tp_start() {
 	rm -rf "$SHM"/* "$DATA"/* "$TSOCK" "$WORK/tp.out"
-	local ssd=()
+	local ssd=() tp_flags=()
 	[[ $1 == memory ]] && ssd=(--ssd-capacity 0)
+	read -ra tp_flags <<<"${TP_FLAGS:-}"
 	"$TP" serve --socket "$TSOCK" --arena-dir "$SHM" --data-dir "$DATA/data" --dram-capacity "${DRAM}MiB" "${ssd[@]}" \
-		--max-value-size "$max_value" --metrics-addr "$METRICS" --log-level warn >"$WORK/tp.out" 2>"$WORK/tp.err" &
+		--max-value-size "$max_value" --metrics-addr "$METRICS" --log-level warn "${tp_flags[@]}" >"$WORK/tp.out" 2>"$WORK/tp.err" &
 	tp_pid=$!
 	for _ in $(seq 300); do grep -q "serving on socket" "$WORK/tp.out" 2>/dev/null && break; sleep 0.1; done
 	grep -q "serving on socket" "$WORK/tp.out" || { cat "$WORK/tp.err" >&2; exit 1; }

@@ -82,8 +82,10 @@ func (s *Store) trimFree() {
 }
 
 // onEvict is the DRAM tier's OnEvict: it runs with no DRAM lock held, maybe
-// concurrently with itself, and must not block or call into the DRAM tier. It copies the block into
-// the queue unless the SSD already holds it or the queue is full.
+// concurrently with itself, and must not call into the DRAM tier. It copies
+// the block into the queue unless the SSD already holds it or the queue is
+// full; a full queue drops it at once, or after waiting up to DemotionWait
+// for room (room).
 func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	fk := fkey(ns, key)
 	if s.ssd == nil {
@@ -93,14 +95,22 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 		return // promoted or durable: already below
 	}
 	size := int64(len(value))
+	// it is registered in evicting until it is queued or given up, so that
+	// a Delete or Clear meanwhile (which no longer finds the block in DRAM)
+	// cancels it rather than have the demotion bring the block back.
+	it := &item{fk: fk, ns: ns}
 	s.qmu.Lock()
 	if _, ok := s.pending[fk]; ok {
 		s.qmu.Unlock()
 		return
 	}
-	if s.qstop || len(s.queue)+s.qslots >= s.cfg.QueueBlocks || s.qbytes+size > s.cfg.QueueBytes {
+	s.evicting[it] = struct{}{}
+	if !s.room(it, size) || it.cancelled {
+		delete(s.evicting, it)
 		s.qmu.Unlock()
-		s.demotionsDropped.Add(1)
+		if !it.cancelled {
+			s.demotionsDropped.Add(1)
+		}
 		return
 	}
 	s.qbytes += size
@@ -128,19 +138,22 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 		sum = cache.Checksum(buf)
 	}
 	damaged := sum != info.Checksum
-	it := &item{fk: fk, ns: ns, key: append([]byte(nil), key...), value: buf, info: info}
+	it.key, it.value, it.info = append([]byte(nil), key...), buf, info
 	it.info.Tier = ssd.TierName
 	s.qmu.Lock()
 	s.qslots--
-	if _, ok := s.pending[fk]; ok || s.qstop || damaged {
+	delete(s.evicting, it)
+	if _, ok := s.pending[fk]; ok || s.qstop || damaged || it.cancelled {
 		s.qbytes -= size
 		s.putBuf(buf)
 		s.qmu.Unlock()
+		s.roomCond.Broadcast()
 		switch {
 		case damaged:
 			s.demotionErrors.Add(1)
 			s.lg.Error("demoted block does not match its checksum: dropped", zap.String("ns", ns),
 				zap.Uint32("want", info.Checksum))
+		case it.cancelled:
 		case s.qstop:
 			s.demotionsDropped.Add(1)
 		}
@@ -150,6 +163,44 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	s.queue = append(s.queue, it)
 	s.qmu.Unlock()
 	s.qcond.Signal()
+}
+
+// room reports whether the queue has a place, and size bytes, for it, a
+// demotion of size bytes. When the queue is full it waits up to
+// DemotionWait for the writer to make room, woken by each block written
+// (roomCond), unless it is cancelled meanwhile, and counts the wait. qmu
+// held (released while waiting).
+func (s *Store) room(it *item, size int64) bool {
+	full := func() bool {
+		return len(s.queue)+s.qslots >= s.cfg.QueueBlocks || s.qbytes+size > s.cfg.QueueBytes
+	}
+	if s.qstop {
+		return false
+	}
+	if !full() {
+		return true
+	}
+	wait := s.cfg.DemotionWait
+	if wait <= 0 || size > s.cfg.QueueBytes {
+		return false
+	}
+	start := time.Now()
+	deadline := start.Add(wait)
+	t := time.AfterFunc(wait, func() {
+		// As in drain: taking qmu orders the wake-up after a waiter
+		// that checked its deadline is parked in Wait.
+		s.qmu.Lock()
+		//lint:ignore SA2001 the empty critical section is the point
+		s.qmu.Unlock()
+		s.roomCond.Broadcast()
+	})
+	defer t.Stop()
+	for !s.qstop && !it.cancelled && full() && time.Now().Before(deadline) {
+		s.roomCond.Wait()
+	}
+	s.demotionWaits.Add(1)
+	s.demotionWaitNanos.Add(int64(time.Since(start)))
+	return !s.qstop && !full()
 }
 
 // writer drains the queue into the SSD tier until stopWriter.
@@ -209,15 +260,28 @@ func (s *Store) writer() {
 		}
 		it.value = nil
 		s.qmu.Unlock()
-		s.qcond.Broadcast() // wake drain
+		s.qcond.Broadcast()    // wake drain
+		s.roomCond.Broadcast() // and evictions waiting for room
 	}
 }
 
 // cancel marks the queued demotions matching fn as cancelled (the writer
 // skips them) and removes them from the read path; it returns how many.
+// Demotions not queued yet (copying, or waiting for room) that match are
+// cancelled too, and not counted: they are given up.
 func (s *Store) cancel(fn func(fk string, it *item) bool) int {
 	n := 0
 	s.qmu.Lock()
+	waiting := false
+	for it := range s.evicting {
+		if fn(it.fk, it) {
+			it.cancelled = true
+			waiting = true
+		}
+	}
+	if waiting {
+		s.roomCond.Broadcast() // a cancelled eviction stops waiting for room
+	}
 	for fk, it := range s.pending {
 		if fn(fk, it) {
 			it.cancelled = true
@@ -260,6 +324,7 @@ func (s *Store) stopWriter() {
 	s.queue = nil
 	s.qmu.Unlock()
 	s.qcond.Broadcast()
+	s.roomCond.Broadcast()
 	s.writerWG.Wait()
 	s.qmu.Lock()
 	if s.freeTrim != nil {

@@ -13,8 +13,11 @@
 //     (dram.Config.OnEvict, with no DRAM lock held, possibly from several
 //     evicting puts at once). The store copies the bytes into a bounded
 //     queue (QueueBlocks, QueueBytes) and returns;
-//     a full queue drops the demotion and counts it (DemotionsDropped): a
-//     Put never waits for the SSD. Blocks the SSD tier already holds are
+//     a full queue drops the demotion and counts it (DemotionsDropped): by
+//     default a Put never waits for the SSD. With DemotionWait, an
+//     eviction that finds the queue full waits up to that long for room
+//     before it drops the block, so that puts slow down to the SSD's pace
+//     instead of losing blocks (DemotionWaits). Blocks the SSD tier already holds are
 //     not queued. One background writer drains the queue into SSD, with
 //     the checksum the block had in DRAM (cache.PutOptions.Checksum: bytes
 //     damaged in DRAM after they were checked are refused, not stored as
@@ -86,6 +89,13 @@ type Config struct {
 	// QueueBytes bounds the demotion queue in value bytes, held on the Go
 	// heap while they wait (default 256 MiB).
 	QueueBytes int64
+	// DemotionWait is how long an eviction that finds the demotion queue
+	// full waits for room before the block is dropped. The eviction's put
+	// (or the watermark loop) waits with it, and the evicted block keeps
+	// its DRAM memory meanwhile: puts then go at the pace of the SSD
+	// instead of dropping what it cannot keep up with. Default: off (0 or
+	// negative): a full queue drops the block at once.
+	DemotionWait time.Duration
 	// HighWatermark and LowWatermark are fractions of the DRAM capacity:
 	// above High, the background loop evicts (demotes) down to Low. Used
 	// only when the DRAM tier offers EvictTo. Defaults 0.95 and 0.85; a
@@ -212,9 +222,11 @@ type Store struct {
 
 	// Demotion queue (demote.go).
 	qmu       sync.Mutex
-	qcond     *sync.Cond
+	qcond     *sync.Cond // the writer's wake-up (queue not empty), drain's (queue emptier)
+	roomCond  *sync.Cond // evictions waiting for room in a full queue (DemotionWait)
 	queue     []*item
-	pending   map[string]*item // queued or being written, by flight key
+	pending   map[string]*item   // queued or being written, by flight key
+	evicting  map[*item]struct{} // onEvicts not queued yet: copying, or waiting for room (only fk and ns set)
 	qbytes    int64
 	qslots    int // queue places reserved by onEvicts still copying (they run concurrently)
 	qstop     bool
@@ -240,6 +252,7 @@ type Store struct {
 	closeErr  error
 
 	promotions, demotions, demotionsDropped, demotionErrors atomic.Int64
+	demotionWaits, demotionWaitNanos                        atomic.Int64
 	queueHits, ssdReads, prefetchQueued, prefetchDropped    atomic.Int64
 	spilled, spillMissed, watermarkEvictions                atomic.Int64
 	durablePuts, prefetchReads                              atomic.Int64
@@ -282,13 +295,15 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 		lg = zap.NewNop()
 	}
 	s := &Store{
-		cfg:     cfg,
-		lg:      lg.Named("cache.tiered"),
-		pending: make(map[string]*item),
-		flights: flight.New[string, readResult](nil),
-		stop:    make(chan struct{}),
+		cfg:      cfg,
+		lg:       lg.Named("cache.tiered"),
+		pending:  make(map[string]*item),
+		evicting: make(map[*item]struct{}),
+		flights:  flight.New[string, readResult](nil),
+		stop:     make(chan struct{}),
 	}
 	s.qcond = sync.NewCond(&s.qmu)
+	s.roomCond = sync.NewCond(&s.qmu)
 	s.freeIdle = freeIdle
 	if cfg.SSD != nil {
 		st, err := ssd.New(*cfg.SSD, lg)
@@ -560,6 +575,11 @@ type Movement struct {
 	// DemotionErrors counts demotions the SSD tier refused (degraded,
 	// no space).
 	DemotionErrors int64
+	// DemotionWaits counts evictions that found the queue full and waited
+	// for room (DemotionWait), and DemotionWaitTime is their total wait,
+	// whether they got room or were dropped at the end of it.
+	DemotionWaits    int64
+	DemotionWaitTime time.Duration
 	// QueueBlocks and QueueBytes are the demotions waiting now.
 	QueueBlocks, QueueBytes int64
 	// QueueHits counts reads served from the demotion queue.
@@ -593,6 +613,8 @@ func (s *Store) Movement() Movement {
 		Demotions:          s.demotions.Load(),
 		DemotionsDropped:   s.demotionsDropped.Load(),
 		DemotionErrors:     s.demotionErrors.Load(),
+		DemotionWaits:      s.demotionWaits.Load(),
+		DemotionWaitTime:   time.Duration(s.demotionWaitNanos.Load()),
 		QueueBlocks:        qn,
 		QueueBytes:         qb,
 		QueueHits:          s.queueHits.Load(),

@@ -55,6 +55,7 @@ func (c Config) storeConfig(ssdCapacity int64) tiered.Config {
 	tc.DRAM.VerifyReads = c.VerifyReads
 	tc.DRAM.VerifyReadsNamespaces = c.VerifyReadsNamespaces
 	tc.QueueBytes = c.DemotionQueue
+	tc.DemotionWait = c.DemotionWait // 0 is the store's "off" too
 	// The spill is one part of a stop bounded by shutdown_timeout.
 	tc.StopSpillTimeout = userOff(min(c.StopSpillTimeout, c.ShutdownTimeout/2))
 	if ssdCapacity > 0 {

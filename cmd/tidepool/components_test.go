@@ -25,6 +25,7 @@ func TestServeDefaultsAreTheComponents(t *testing.T) {
 		{"ssd_min_free", d.SSDMinFree, sc.MinFreeBytes},
 		{"ssd_background_priority", d.SSDPriority, sc.BackgroundPriority},
 		{"demotion_queue", d.DemotionQueue, tc.QueueBytes},
+		{"demotion_wait", d.DemotionWait, tc.DemotionWait},
 		{"replicas", d.Replicas, cluster.DefaultRingConfig().Replicas},
 		{"transport", d.Transport, auto.ModeAuto},
 		{"rdma_gid_index", d.RDMAGIDIndex, verbs.DefaultConfig().GIDIndex},

@@ -95,6 +95,7 @@ type Config struct {
 	SSDMinFree       int64         // free-space floor of data_dir's filesystem (SSD degraded below)
 	SSDPriority      string        // CPU priority of RocksDB's background threads: low or normal
 	DemotionQueue    int64         // bytes of evicted DRAM blocks waiting to be written to SSD
+	DemotionWait     time.Duration // how long an eviction waits for room in a full demotion queue; 0: none
 	StopSpillTimeout time.Duration // how long a clean stop spends copying DRAM into SSD; 0 disables
 
 	ScrubRate             int64    // bytes/s the DRAM scrubber re-checks; 0 disables it
@@ -254,6 +255,7 @@ var settings = []setting{
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
 	stringSetting("ssd_background_priority", "CPU priority of the SSD tier's background writes (RocksDB flushes and compactions): normal, or low (nice 19: reads and puts get a busy node's CPU first, and evicted blocks the spill cannot keep up with are dropped from the cache)", func(c *Config) *string { return &c.SSDPriority }),
 	sizeSetting("demotion_queue", "bytes of evicted DRAM blocks that may wait to be written to SSD (more are dropped)", func(c *Config) *int64 { return &c.DemotionQueue }),
+	durationSetting("demotion_wait", "how long an eviction that finds the demotion queue full waits for room before dropping the block (its put waits with it); 0: never wait, drop", func(c *Config) *time.Duration { return &c.DemotionWait }),
 	durationSetting("stop_spill_timeout", "on a clean stop, how long to spend copying DRAM blocks into SSD; 0 disables", func(c *Config) *time.Duration { return &c.StopSpillTimeout }),
 	sizeSetting("scrub_rate", "bytes per second the background scrubber re-checks the CRC-32C of resident DRAM blocks (removing any that fail); 0 disables it", func(c *Config) *int64 { return &c.ScrubRate }),
 	boolSetting("verify_reads", "check every same-host read of a DRAM block (Get, Acquire, zero-copy GetInto) against its CRC-32C before answering; off, the scrubber finds damage instead", func(c *Config) *bool { return &c.VerifyReads }),
@@ -444,6 +446,9 @@ func (c Config) Validate() error {
 	}
 	if c.ScrubRate < 0 {
 		bad("scrub_rate %s: must not be negative", units.FormatBytes(c.ScrubRate))
+	}
+	if c.DemotionWait < 0 {
+		bad("demotion_wait %s: must not be negative", c.DemotionWait)
 	}
 	if c.StopSpillTimeout < 0 {
 		bad("stop_spill_timeout %s: must not be negative", c.StopSpillTimeout)

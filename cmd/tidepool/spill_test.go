@@ -160,6 +160,56 @@ func TestSSDBackgroundPriority(t *testing.T) {
 	}
 }
 
+// TestDemotionWait: a real sidecar with demotion_wait and a demotion queue
+// of one block, flooded with fresh puts from 8 callers through a 16 MiB
+// DRAM tier: evictions that find the queue full wait for the SSD instead of
+// dropping (tidepool_demotion_waits_total > 0, nothing dropped), and every
+// block reads back whole from one tier or the other.
+func TestDemotionWait(t *testing.T) {
+	const size, callers, each = 1 << 20, 8, 32
+	d := startDaemon(t, "--dram-capacity", "16MiB", "--ssd-capacity", "1GiB",
+		"--max-value-size", "1MiB", "--demotion-queue", "1MiB", "--demotion-wait", "1m")
+	ctx := context.Background()
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	for w := range callers {
+		wg.Go(func() {
+			for i := range each {
+				k := fmt.Appendf(nil, "w%d-%d", w, i)
+				if _, err := c.Put(ctx, "flood", k, restartValue(w*each+i, size), 0); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if got := scrape(t, d, "tidepool_demotions_dropped_total")[0]; got != 0 {
+		t.Fatalf("%v demotions dropped with demotion_wait", got)
+	}
+	if got := scrape(t, d, "tidepool_demotion_waits_total")[0]; got == 0 {
+		t.Fatal("no eviction waited: the flood never filled a one-block queue")
+	}
+	for w := range callers {
+		for i := range each {
+			k := fmt.Appendf(nil, "w%d-%d", w, i)
+			v, _, err := c.Get(ctx, "flood", k)
+			if err != nil || !bytes.Equal(v, restartValue(w*each+i, size)) {
+				t.Fatalf("block %s: %v (%d bytes)", k, err, len(v))
+			}
+		}
+	}
+	t.Logf("waits %v, waited %vs in all, demotions %v", scrape(t, d, "tidepool_demotion_waits_total")[0],
+		scrape(t, d, "tidepool_demotion_wait_seconds_total")[0], scrape(t, d, "tidepool_demotions_total")[0])
+}
+
 // rocksThreads returns the nice value of each thread of process pid whose
 // name is name, by thread id.
 func rocksThreads(t *testing.T, pid int, name string) map[string]int {

@@ -128,6 +128,7 @@ type movementCollector struct {
 	s *tiered.Store
 
 	promotions, demotions, dropped, demoteErrs, qBlocks, qBytes, pfQueued, pfDropped *prometheus.Desc
+	waits, waitSeconds                                                               *prometheus.Desc
 	degraded, degradedEvents, diskBytes, writeErrs, readErrs, recBlocks, recBytes    *prometheus.Desc
 	ssdOpen, quarantined                                                             *prometheus.Desc
 }
@@ -139,6 +140,8 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 		promotions:     d("tidepool_promotions_total", "Blocks copied from SSD (or the demotion queue) into DRAM by a read or a prefetch."),
 		demotions:      d("tidepool_demotions_total", "Blocks evicted from DRAM and written to SSD."),
 		dropped:        d("tidepool_demotions_dropped_total", "Blocks evicted from DRAM and not written to SSD because the demotion queue was full."),
+		waits:          d("tidepool_demotion_waits_total", "Evictions that found the demotion queue full and waited for room (demotion_wait)."),
+		waitSeconds:    d("tidepool_demotion_wait_seconds_total", "Time evictions spent waiting for room in the demotion queue (demotion_wait)."),
 		demoteErrs:     d("tidepool_demotion_errors_total", "Demotions the SSD tier refused (degraded, no space)."),
 		qBlocks:        d("tidepool_demotion_queue_blocks", "Evicted DRAM blocks waiting to be written to SSD."),
 		qBytes:         d("tidepool_demotion_queue_bytes", "Bytes of evicted DRAM blocks waiting to be written to SSD."),
@@ -157,7 +160,7 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 }
 
 func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
+	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.waits, c.waitSeconds, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
 		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined} {
 		ch <- d
 	}
@@ -170,6 +173,8 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.promotions, ctr, float64(mv.Promotions))
 	ch <- m(c.demotions, ctr, float64(mv.Demotions))
 	ch <- m(c.dropped, ctr, float64(mv.DemotionsDropped))
+	ch <- m(c.waits, ctr, float64(mv.DemotionWaits))
+	ch <- m(c.waitSeconds, ctr, mv.DemotionWaitTime.Seconds())
 	ch <- m(c.demoteErrs, ctr, float64(mv.DemotionErrors))
 	ch <- m(c.qBlocks, g, float64(mv.QueueBlocks))
 	ch <- m(c.qBytes, g, float64(mv.QueueBytes))

@@ -1,0 +1,158 @@
+package tiered
+
+import (
+	"bytes"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// TestDemotionWaitKeepsEveryBlock: with DemotionWait, evictions that find a
+// full queue wait for the writer instead of dropping; every evicted block
+// reaches SSD and reads back whole.
+func TestDemotionWaitKeepsEveryBlock(t *testing.T) {
+	cfg := testConfig(t, 4*mib, t.TempDir())
+	cfg.QueueBlocks = 2
+	cfg.DemotionWait = time.Minute
+	s := newStore(t, cfg)
+	s.hookWrite = func() { time.Sleep(5 * time.Millisecond) } // a writer slower than the puts
+
+	const n = 24
+	var wg sync.WaitGroup
+	for w := range 4 { // concurrent puts evict (and wait) at once
+		wg.Go(func() {
+			for i := w; i < n; i += 4 {
+				if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	waitIdle(t, s)
+	var m Movement
+	poll(t, "every eviction demoted", func() bool {
+		m = s.Movement()
+		return m.Demotions == s.dram.Stats().Tiers[0].Evictions
+	})
+	if m.DemotionsDropped != 0 || m.DemotionErrors != 0 {
+		t.Fatalf("dropped %d, errors %d", m.DemotionsDropped, m.DemotionErrors)
+	}
+	if m.DemotionWaits == 0 || m.DemotionWaitTime <= 0 {
+		t.Fatalf("no eviction waited: %+v", m)
+	}
+	for i := range n {
+		v, _, err := s.Get(ctx, "ns", key(i), nil)
+		if err != nil || !bytes.Equal(v, value(uint64(i), mib)) {
+			t.Fatalf("block %d: %v", i, err)
+		}
+	}
+}
+
+// TestDemotionWaitIsBounded: with the writer stuck, an eviction waits
+// DemotionWait, then drops the block; puts finish.
+func TestDemotionWaitIsBounded(t *testing.T) {
+	const wait = 30 * time.Millisecond
+	cfg := testConfig(t, 4*mib, t.TempDir())
+	cfg.QueueBlocks = 2
+	cfg.DemotionWait = wait
+	cfg.HighWatermark = -1 // puts evict inline: their waits are the ones measured
+	s := newStore(t, cfg)
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	defer release()
+	s.hookWrite = func() { <-gate }
+
+	for i := range 12 {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := s.Movement()
+	if m.DemotionsDropped == 0 || m.DemotionWaits < m.DemotionsDropped {
+		t.Fatalf("dropped %d after %d waits", m.DemotionsDropped, m.DemotionWaits)
+	}
+	// The writer never made room: every wait ran its whole length.
+	if m.DemotionWaitTime < time.Duration(m.DemotionWaits)*wait {
+		t.Fatalf("%d waits took %v in all, under %v each", m.DemotionWaits, m.DemotionWaitTime, wait)
+	}
+	release()
+	waitIdle(t, s)
+}
+
+// TestDeleteCancelsWaitingEviction: a block deleted while its eviction
+// waits for room is not written to SSD when room comes, the waiting put
+// goes on at once, and the give-up is not counted as a drop.
+func TestDeleteCancelsWaitingEviction(t *testing.T) {
+	cfg := testConfig(t, 4*mib, t.TempDir())
+	cfg.QueueBlocks = 1
+	cfg.DemotionWait = time.Minute
+	cfg.HighWatermark = -1
+	s := newStore(t, cfg)
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	defer release()
+	s.hookWrite = func() { <-gate }
+
+	// Fill DRAM, then put until one eviction is with the (stuck) writer,
+	// one queued and one waiting for room.
+	done := make(chan error, 1)
+	go func() {
+		for i := range 16 {
+			if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	var waiting []byte
+	poll(t, "an eviction waiting for room", func() bool {
+		s.qmu.Lock()
+		defer s.qmu.Unlock()
+		for it := range s.evicting {
+			if s.qslots == 0 { // not copying: waiting
+				waiting = []byte(it.fk)
+				return true
+			}
+		}
+		return false
+	})
+	// it.fk is uvarint(len(ns)) ‖ ns ‖ key, with ns "ns".
+	victim := waiting[1+len("ns"):]
+	dropped := s.Movement().DemotionsDropped
+	if _, err := s.Delete(ctx, "ns", victim); err != nil {
+		t.Fatal(err)
+	}
+	// The put that was waiting goes on; later evictions wait again, so
+	// let the writer run for the rest.
+	poll(t, "the cancelled eviction given up", func() bool {
+		s.qmu.Lock()
+		defer s.qmu.Unlock()
+		for it := range s.evicting {
+			if bytes.Equal([]byte(it.fk), waiting) {
+				return false
+			}
+		}
+		return true
+	})
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, s)
+	if _, _, err := s.Get(ctx, "ns", victim, nil); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("deleted block %q came back: %v", victim, err)
+	}
+	if _, ok := s.ssd.Stat(ctx, "ns", victim); ok {
+		t.Fatalf("deleted block %q written to SSD", victim)
+	}
+	if m := s.Movement(); m.DemotionsDropped != dropped {
+		t.Fatalf("a cancelled eviction counted as dropped: %d → %d", dropped, m.DemotionsDropped)
+	}
+}
