@@ -171,13 +171,10 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 // (roomCond), unless it is cancelled meanwhile, and counts the wait. qmu
 // held (released while waiting).
 func (s *Store) room(it *item, size int64) bool {
-	full := func() bool {
-		return len(s.queue)+s.qslots >= s.cfg.QueueBlocks || s.qbytes+size > s.cfg.QueueBytes
-	}
 	if s.qstop {
 		return false
 	}
-	if !full() {
+	if !s.full(size) {
 		return true
 	}
 	wait := s.cfg.DemotionWait
@@ -195,12 +192,12 @@ func (s *Store) room(it *item, size int64) bool {
 		s.roomCond.Broadcast()
 	})
 	defer t.Stop()
-	for !s.qstop && !it.cancelled && full() && time.Now().Before(deadline) {
+	for !s.qstop && !it.cancelled && s.full(size) && time.Now().Before(deadline) {
 		s.roomCond.Wait()
 	}
 	s.demotionWaits.Add(1)
 	s.demotionWaitNanos.Add(int64(time.Since(start)))
-	return !s.qstop && !full()
+	return !s.qstop && !s.full(size)
 }
 
 // writer drains the queue into the SSD tier until stopWriter.
@@ -431,10 +428,31 @@ func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte, prefet
 	return v, info, nil
 }
 
+// queueFull reports whether the demotion queue has no place, or not size
+// bytes, for one more block now.
+func (s *Store) queueFull(size int64) bool {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	return s.full(size)
+}
+
+// full is queueFull with qmu held.
+func (s *Store) full(size int64) bool {
+	return len(s.queue)+s.qslots >= s.cfg.QueueBlocks || s.qbytes+size > s.cfg.QueueBytes
+}
+
 // promote copies a block read below into DRAM. Failure (DRAM pinned full)
-// is not an error: the read is served anyway.
+// is not an error: the read is served anyway. With DemotionWait, a block
+// is not promoted while the demotion queue is full, so that reads never
+// wait for room in it (a later read promotes it).
 func (s *Store) promote(ctx context.Context, ns string, key, v []byte, info cache.Info) {
 	if s.closed.Load() {
+		return
+	}
+	if s.cfg.DemotionWait > 0 && s.queueFull(int64(len(v))) {
+		// Making room for it would evict a block into a full queue and
+		// wait for the SSD (DemotionWait): the read is served without
+		// the promotion rather than stalled behind a spill.
 		return
 	}
 	opts := cache.PutOptions{Depth: info.Depth}

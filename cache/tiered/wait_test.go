@@ -156,3 +156,76 @@ func TestDeleteCancelsWaitingEviction(t *testing.T) {
 		t.Fatalf("a cancelled eviction counted as dropped: %d → %d", dropped, m.DemotionsDropped)
 	}
 }
+
+// TestReadsDoNotWaitForRoom: with DemotionWait and the demotion queue
+// full, a read of a block in SSD is served without promoting it (a
+// promotion would evict into the full queue and wait for the writer).
+func TestReadsDoNotWaitForRoom(t *testing.T) {
+	cfg := testConfig(t, 4*mib, t.TempDir())
+	cfg.QueueBlocks = 1
+	cfg.DemotionWait = time.Minute
+	cfg.HighWatermark = -1
+	s := newStore(t, cfg)
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	defer release()
+	s.hookWrite = func() { <-gate }
+
+	// A durable block is in SSD already: its eviction queues nothing.
+	cold := []byte("cold")
+	if _, err := s.Put(ctx, "ns", cold, value(99, mib), cache.PutOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Puts until it is evicted, one eviction is with the stuck writer and
+	// the queue's one place is taken.
+	for i := 0; ; i++ {
+		if i == 16 {
+			t.Fatal("the queue never filled")
+		}
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Let the writer take the first queued block (it stays on it), so
+		// that the next eviction finds the queue's place free.
+		var filled bool
+		poll(t, "the writer on its block", func() bool {
+			s.qmu.Lock()
+			defer s.qmu.Unlock()
+			filled = len(s.pending) == 2 && len(s.queue) == 1
+			return len(s.queue) == 0 || filled
+		})
+		if _, ok := s.dram.Stat(ctx, "ns", cold); !ok && filled {
+			break
+		}
+	}
+	got := make(chan error, 1)
+	go func() {
+		v, _, err := s.Get(ctx, "ns", cold, nil)
+		if err == nil && !bytes.Equal(v, value(99, mib)) {
+			err = errors.New("wrong bytes")
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a read waited for room in the demotion queue")
+	}
+	if _, ok := s.dram.Stat(ctx, "ns", cold); ok {
+		t.Fatalf("promoted into DRAM with the demotion queue full: %+v full %v", s.Movement(), s.queueFull(mib))
+	}
+	release()
+	waitIdle(t, s)
+	// With room again, a read promotes as before.
+	if _, _, err := s.Get(ctx, "ns", cold, nil); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the block promoted", func() bool {
+		_, ok := s.dram.Stat(ctx, "ns", cold)
+		return ok
+	})
+}
