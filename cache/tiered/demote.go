@@ -27,6 +27,10 @@ type item struct {
 	// queue: its buffer may then be referenced after the item is done and
 	// is left to the garbage collector instead of being reused.
 	shared bool
+	// src is the evicted DRAM block's bytes while the item is in
+	// s.evicting (its onEvict has not returned, so the memory is still
+	// the block's); nil once it leaves.
+	src []byte
 }
 
 // Written demotion buffers are kept for the next evictions, up to the
@@ -98,7 +102,8 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	// it is registered in evicting until it is queued or given up, so that
 	// a Delete or Clear meanwhile (which no longer finds the block in DRAM)
 	// cancels it rather than have the demotion bring the block back.
-	it := &item{fk: fk, ns: ns}
+	it := &item{fk: fk, ns: ns, src: value, info: info}
+	it.info.Tier = ssd.TierName
 	s.qmu.Lock()
 	if _, ok := s.pending[fk]; ok {
 		s.qmu.Unlock()
@@ -107,6 +112,7 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	s.evicting[it] = struct{}{}
 	if !s.room(it, size) || it.cancelled {
 		delete(s.evicting, it)
+		it.src = nil
 		s.qmu.Unlock()
 		if !it.cancelled {
 			s.demotionsDropped.Add(1)
@@ -138,11 +144,12 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 		sum = cache.Checksum(buf)
 	}
 	damaged := sum != info.Checksum
-	it.key, it.value, it.info = append([]byte(nil), key...), buf, info
-	it.info.Tier = ssd.TierName
+	it.key = append([]byte(nil), key...)
 	s.qmu.Lock()
+	it.value = buf
 	s.qslots--
 	delete(s.evicting, it)
+	it.src = nil
 	if _, ok := s.pending[fk]; ok || s.qstop || damaged || it.cancelled {
 		s.qbytes -= size
 		s.putBuf(buf)
@@ -405,6 +412,14 @@ func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte, prefet
 		// The buffer is not reused once a reader has it (writer).
 		it.shared = true
 		v, info = it.value, it.info
+	} else if it = s.evictingLocked(fk); it != nil {
+		// Evicted from DRAM but not queued yet (copying, or waiting
+		// for room): copied from the block's memory, which stays the
+		// block's until its onEvict leaves s.evicting, and checked.
+		v, info = make([]byte, len(it.src)), it.info
+		if crc32c.Copy(v, it.src) != info.Checksum {
+			it, v = nil, nil
+		}
 	}
 	s.qmu.Unlock()
 	if it != nil {
@@ -426,6 +441,17 @@ func (s *Store) readBelow(ctx context.Context, fk, ns string, key []byte, prefet
 	}
 	s.promote(ctx, ns, key, v, info)
 	return v, info, nil
+}
+
+// evictingLocked returns the eviction of fk that is not queued yet and not
+// cancelled, or nil. qmu held.
+func (s *Store) evictingLocked(fk string) *item {
+	for it := range s.evicting {
+		if it.fk == fk && !it.cancelled {
+			return it
+		}
+	}
+	return nil
 }
 
 // queueFull reports whether the demotion queue has no place, or not size

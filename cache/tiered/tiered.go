@@ -226,7 +226,7 @@ type Store struct {
 	roomCond  *sync.Cond // evictions waiting for room in a full queue (DemotionWait)
 	queue     []*item
 	pending   map[string]*item   // queued or being written, by flight key
-	evicting  map[*item]struct{} // onEvicts not queued yet: copying, or waiting for room (only fk and ns set)
+	evicting  map[*item]struct{} // onEvicts not queued yet: copying, or waiting for room (fk, ns, info and src set)
 	qbytes    int64
 	qslots    int // queue places reserved by onEvicts still copying (they run concurrently)
 	qstop     bool
@@ -439,8 +439,12 @@ func (s *Store) Stat(ctx context.Context, ns string, key []byte) (cache.Info, bo
 	if info, ok := s.dram.Stat(ctx, ns, key); ok || s.ssd == nil {
 		return info, ok
 	}
+	fk := fkey(ns, key)
 	s.qmu.Lock()
-	it := s.pending[fkey(ns, key)]
+	it := s.pending[fk]
+	if it == nil {
+		it = s.evictingLocked(fk)
+	}
 	s.qmu.Unlock()
 	if it != nil {
 		return it.info, true

@@ -3,6 +3,7 @@ package tiered
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -228,4 +229,63 @@ func TestReadsDoNotWaitForRoom(t *testing.T) {
 		_, ok := s.dram.Stat(ctx, "ns", cold)
 		return ok
 	})
+}
+
+// TestReadsFindWaitingEviction: a block whose eviction waits for room is
+// in no tier (unlinked from DRAM, not queued, not in SSD), yet Stat finds
+// it and Get returns its bytes, from the evicted block's memory.
+func TestReadsFindWaitingEviction(t *testing.T) {
+	cfg := testConfig(t, 4*mib, t.TempDir())
+	cfg.QueueBlocks = 1
+	cfg.DemotionWait = time.Minute
+	cfg.HighWatermark = -1
+	s := newStore(t, cfg)
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	defer release()
+	s.hookWrite = func() { <-gate }
+
+	done := make(chan error, 1)
+	go func() {
+		for i := range 16 {
+			if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	var waiting []byte
+	poll(t, "an eviction waiting for room", func() bool {
+		s.qmu.Lock()
+		defer s.qmu.Unlock()
+		for it := range s.evicting {
+			if s.qslots == 0 {
+				waiting = []byte(it.fk)
+				return true
+			}
+		}
+		return false
+	})
+	victim := waiting[1+len("ns"):]
+	var i int
+	if _, err := fmt.Sscanf(string(victim), "block-%06d", &i); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.dram.Stat(ctx, "ns", victim); ok {
+		t.Fatalf("%s still in DRAM", victim)
+	}
+	if info, ok := s.Stat(ctx, "ns", victim); !ok || info.Size != mib {
+		t.Fatalf("Stat of %s while its eviction waits: %+v %v", victim, info, ok)
+	}
+	v, _, err := s.Get(ctx, "ns", victim, nil)
+	if err != nil || !bytes.Equal(v, value(uint64(i), mib)) {
+		t.Fatalf("Get of %s while its eviction waits: %v", victim, err)
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, s)
 }
