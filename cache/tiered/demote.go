@@ -469,8 +469,9 @@ func (s *Store) full(size int64) bool {
 
 // promote copies a block read below into DRAM. Failure (DRAM pinned full)
 // is not an error: the read is served anyway. With DemotionWait, a block
-// is not promoted while the demotion queue is full, so that reads never
-// wait for room in it (a later read promotes it).
+// is not promoted while the demotion queue is full, so that reads by copy
+// never wait for room in it (a later read promotes it); Acquire, which
+// needs the block in DRAM, promotes it anyway (promoteNow).
 func (s *Store) promote(ctx context.Context, ns string, key, v []byte, info cache.Info) {
 	if s.closed.Load() {
 		return
@@ -481,6 +482,12 @@ func (s *Store) promote(ctx context.Context, ns string, key, v []byte, info cach
 		// the promotion rather than stalled behind a spill.
 		return
 	}
+	s.promoteNow(ctx, ns, key, v, info)
+}
+
+// promoteNow is promote without the check of the queue: making room may
+// wait for it (Acquire, which needs the block in DRAM).
+func (s *Store) promoteNow(ctx context.Context, ns string, key, v []byte, info cache.Info) {
 	opts := cache.PutOptions{Depth: info.Depth}
 	existed, err := s.dram.Promote(ctx, ns, key, v, opts)
 	switch {

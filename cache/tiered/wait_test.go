@@ -158,23 +158,24 @@ func TestDeleteCancelsWaitingEviction(t *testing.T) {
 	}
 }
 
-// TestReadsDoNotWaitForRoom: with DemotionWait and the demotion queue
-// full, a read of a block in SSD is served without promoting it (a
-// promotion would evict into the full queue and wait for the writer).
-func TestReadsDoNotWaitForRoom(t *testing.T) {
+// fullQueueWithColdBlock returns a store with DemotionWait whose demotion
+// queue is full (its writer stuck on one block until release, one queued),
+// and the key of a block that is in SSD only.
+func fullQueueWithColdBlock(t *testing.T) (s *Store, cold []byte, release func()) {
+	t.Helper()
 	cfg := testConfig(t, 4*mib, t.TempDir())
 	cfg.QueueBlocks = 1
 	cfg.DemotionWait = time.Minute
 	cfg.HighWatermark = -1
-	s := newStore(t, cfg)
+	s = newStore(t, cfg)
 	gate := make(chan struct{})
 	var once sync.Once
-	release := func() { once.Do(func() { close(gate) }) }
-	defer release()
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
 	s.hookWrite = func() { <-gate }
 
 	// A durable block is in SSD already: its eviction queues nothing.
-	cold := []byte("cold")
+	cold = []byte("cold")
 	if _, err := s.Put(ctx, "ns", cold, value(99, mib), cache.PutOptions{Durable: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -197,9 +198,16 @@ func TestReadsDoNotWaitForRoom(t *testing.T) {
 			return len(s.queue) == 0 || filled
 		})
 		if _, ok := s.dram.Stat(ctx, "ns", cold); !ok && filled {
-			break
+			return s, cold, release
 		}
 	}
+}
+
+// TestReadsDoNotWaitForRoom: with DemotionWait and the demotion queue
+// full, a read of a block in SSD is served without promoting it (a
+// promotion would evict into the full queue and wait for the writer).
+func TestReadsDoNotWaitForRoom(t *testing.T) {
+	s, cold, release := fullQueueWithColdBlock(t)
 	got := make(chan error, 1)
 	go func() {
 		v, _, err := s.Get(ctx, "ns", cold, nil)
@@ -286,6 +294,38 @@ func TestReadsFindWaitingEviction(t *testing.T) {
 	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	waitIdle(t, s)
+}
+
+// TestAcquirePromotesWithQueueFull: a pinned read needs the block in DRAM,
+// so Acquire of a block in SSD promotes it even with the demotion queue
+// full (waiting for room) rather than miss.
+func TestAcquirePromotesWithQueueFull(t *testing.T) {
+	s, cold, release := fullQueueWithColdBlock(t)
+	type result struct {
+		l   cache.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := s.Acquire(ctx, "ns", cold, time.Minute)
+		got <- result{l, err}
+	}()
+	// It waits for room; the writer goes on after a while.
+	select {
+	case r := <-got:
+		t.Fatalf("Acquire returned with the queue full: %v", r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("Acquire of a block in SSD: %v", r.err)
+	}
+	defer r.l.Release()
+	if !bytes.Equal(r.l.Bytes(), value(99, mib)) {
+		t.Fatal("wrong bytes")
 	}
 	waitIdle(t, s)
 }

@@ -65,11 +65,21 @@ func (s *Store) Acquire(ctx context.Context, ns string, key []byte, lease time.D
 	if s.ssd == nil || !(errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrChecksum)) || s.closed.Load() {
 		return l, err
 	}
-	if _, _, ferr := s.fetch(ctx, ns, key); ferr != nil {
+	v, info, ferr := s.fetch(ctx, ns, key)
+	if ferr != nil {
 		return nil, err
 	}
 	// The read was counted: a DRAM miss, then a hit below.
-	return s.dram.AcquireUncounted(ctx, ns, key, lease)
+	l, err = s.dram.AcquireUncounted(ctx, ns, key, lease)
+	if errors.Is(err, cache.ErrNotFound) && !s.closed.Load() {
+		// Not promoted: the read's flight skipped it because the
+		// demotion queue was full (promote), or DRAM lost it since. A
+		// pinned read needs the block in DRAM, so promote it here, even
+		// if making room waits for the queue (DemotionWait).
+		s.promoteNow(ctx, ns, key, v, info)
+		l, err = s.dram.AcquireUncounted(ctx, ns, key, lease)
+	}
+	return l, err
 }
 
 // Reap forwards to the DRAM tier.
