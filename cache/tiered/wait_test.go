@@ -57,16 +57,7 @@ func TestDemotionWaitKeepsEveryBlock(t *testing.T) {
 // DemotionWait, then drops the block; puts finish.
 func TestDemotionWaitIsBounded(t *testing.T) {
 	const wait = 30 * time.Millisecond
-	cfg := testConfig(t, 4*mib, t.TempDir())
-	cfg.QueueBlocks = 2
-	cfg.DemotionWait = wait
-	cfg.HighWatermark = -1 // puts evict inline: their waits are the ones measured
-	s := newStore(t, cfg)
-	gate := make(chan struct{})
-	var once sync.Once
-	release := func() { once.Do(func() { close(gate) }) }
-	defer release()
-	s.hookWrite = func() { <-gate }
+	s, release := stuckStore(t, wait)
 
 	for i := range 12 {
 		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
@@ -85,24 +76,31 @@ func TestDemotionWaitIsBounded(t *testing.T) {
 	waitIdle(t, s)
 }
 
-// TestDeleteCancelsWaitingEviction: a block deleted while its eviction
-// waits for room is not written to SSD when room comes, the waiting put
-// goes on at once, and the give-up is not counted as a drop.
-func TestDeleteCancelsWaitingEviction(t *testing.T) {
+// stuckStore returns a store with DemotionWait wait, a demotion queue of
+// one block, no watermark loop (puts evict inline: theirs are the waits),
+// and a writer stuck before its first SSD write until release.
+func stuckStore(t *testing.T, wait time.Duration) (s *Store, release func()) {
+	t.Helper()
 	cfg := testConfig(t, 4*mib, t.TempDir())
 	cfg.QueueBlocks = 1
-	cfg.DemotionWait = time.Minute
+	cfg.DemotionWait = wait
 	cfg.HighWatermark = -1
-	s := newStore(t, cfg)
+	s = newStore(t, cfg)
 	gate := make(chan struct{})
 	var once sync.Once
-	release := func() { once.Do(func() { close(gate) }) }
-	defer release()
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
 	s.hookWrite = func() { <-gate }
+	return s, release
+}
 
-	// Fill DRAM, then put until one eviction is with the (stuck) writer,
-	// one queued and one waiting for room.
-	done := make(chan error, 1)
+// waitingEviction puts 16 blocks into a stuckStore from a goroutine until
+// one eviction is with the writer, one queued and one waiting for room,
+// and returns the waiting block's index and key, and the channel the
+// goroutine's result arrives on once the puts go on.
+func waitingEviction(t *testing.T, s *Store) (i int, victim []byte, done chan error) {
+	t.Helper()
+	done = make(chan error, 1)
 	go func() {
 		for i := range 16 {
 			if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
@@ -112,20 +110,33 @@ func TestDeleteCancelsWaitingEviction(t *testing.T) {
 		}
 		done <- nil
 	}()
-	var waiting []byte
+	var waiting string
 	poll(t, "an eviction waiting for room", func() bool {
 		s.qmu.Lock()
 		defer s.qmu.Unlock()
 		for it := range s.evicting {
 			if s.qslots == 0 { // not copying: waiting
-				waiting = []byte(it.fk)
+				waiting = it.fk
 				return true
 			}
 		}
 		return false
 	})
 	// it.fk is uvarint(len(ns)) ‖ ns ‖ key, with ns "ns".
-	victim := waiting[1+len("ns"):]
+	victim = []byte(waiting[1+len("ns"):])
+	if _, err := fmt.Sscanf(string(victim), "block-%06d", &i); err != nil {
+		t.Fatal(err)
+	}
+	return i, victim, done
+}
+
+// TestDeleteCancelsWaitingEviction: a block deleted while its eviction
+// waits for room is not written to SSD when room comes, the waiting put
+// goes on at once, and the give-up is not counted as a drop.
+func TestDeleteCancelsWaitingEviction(t *testing.T) {
+	s, release := stuckStore(t, time.Minute)
+	_, victim, done := waitingEviction(t, s)
+	waiting := fkey("ns", victim)
 	dropped := s.Movement().DemotionsDropped
 	if _, err := s.Delete(ctx, "ns", victim); err != nil {
 		t.Fatal(err)
@@ -136,7 +147,7 @@ func TestDeleteCancelsWaitingEviction(t *testing.T) {
 		s.qmu.Lock()
 		defer s.qmu.Unlock()
 		for it := range s.evicting {
-			if bytes.Equal([]byte(it.fk), waiting) {
+			if it.fk == waiting {
 				return false
 			}
 		}
@@ -163,16 +174,7 @@ func TestDeleteCancelsWaitingEviction(t *testing.T) {
 // and the key of a block that is in SSD only.
 func fullQueueWithColdBlock(t *testing.T) (s *Store, cold []byte, release func()) {
 	t.Helper()
-	cfg := testConfig(t, 4*mib, t.TempDir())
-	cfg.QueueBlocks = 1
-	cfg.DemotionWait = time.Minute
-	cfg.HighWatermark = -1
-	s = newStore(t, cfg)
-	gate := make(chan struct{})
-	var once sync.Once
-	release = func() { once.Do(func() { close(gate) }) }
-	t.Cleanup(release)
-	s.hookWrite = func() { <-gate }
+	s, release = stuckStore(t, time.Minute)
 
 	// A durable block is in SSD already: its eviction queues nothing.
 	cold = []byte("cold")
@@ -243,44 +245,8 @@ func TestReadsDoNotWaitForRoom(t *testing.T) {
 // in no tier (unlinked from DRAM, not queued, not in SSD), yet Stat finds
 // it and Get returns its bytes, from the evicted block's memory.
 func TestReadsFindWaitingEviction(t *testing.T) {
-	cfg := testConfig(t, 4*mib, t.TempDir())
-	cfg.QueueBlocks = 1
-	cfg.DemotionWait = time.Minute
-	cfg.HighWatermark = -1
-	s := newStore(t, cfg)
-	gate := make(chan struct{})
-	var once sync.Once
-	release := func() { once.Do(func() { close(gate) }) }
-	defer release()
-	s.hookWrite = func() { <-gate }
-
-	done := make(chan error, 1)
-	go func() {
-		for i := range 16 {
-			if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	var waiting []byte
-	poll(t, "an eviction waiting for room", func() bool {
-		s.qmu.Lock()
-		defer s.qmu.Unlock()
-		for it := range s.evicting {
-			if s.qslots == 0 {
-				waiting = []byte(it.fk)
-				return true
-			}
-		}
-		return false
-	})
-	victim := waiting[1+len("ns"):]
-	var i int
-	if _, err := fmt.Sscanf(string(victim), "block-%06d", &i); err != nil {
-		t.Fatal(err)
-	}
+	s, release := stuckStore(t, time.Minute)
+	i, victim, done := waitingEviction(t, s)
 	if _, ok := s.dram.Stat(ctx, "ns", victim); ok {
 		t.Fatalf("%s still in DRAM", victim)
 	}
