@@ -17,8 +17,10 @@
 //     default a Put never waits for the SSD. With DemotionWait, an
 //     eviction that finds the queue full waits up to that long for room
 //     before it drops the block, so that puts slow down to the SSD's pace
-//     instead of losing blocks (DemotionWaits). Blocks the SSD tier already holds are
-//     not queued. One background writer drains the queue into SSD, with
+//     instead of losing blocks (DemotionWaits); reads by copy do not
+//     promote while the queue is full, so they never wait for it, and a
+//     block whose eviction is still copying or waiting is read from its
+//     DRAM memory. Blocks the SSD tier already holds are not queued. One background writer drains the queue into SSD, with
 //     the checksum the block had in DRAM (cache.PutOptions.Checksum: bytes
 //     damaged in DRAM after they were checked are refused, not stored as
 //     good). A block waiting in the queue is still served (Get, Stat) from
