@@ -271,16 +271,17 @@ func (s *Store) writer() {
 
 // cancel marks the queued demotions matching fn as cancelled (the writer
 // skips them) and removes them from the read path; it returns how many.
-// Demotions not queued yet (copying, or waiting for room) that match are
-// cancelled too, and not counted: they are given up.
+// Demotions not queued yet (copying, or waiting for room: reads find them
+// too) that match are cancelled and counted as well: they are given up.
 func (s *Store) cancel(fn func(fk string, it *item) bool) int {
 	n := 0
 	s.qmu.Lock()
 	waiting := false
 	for it := range s.evicting {
-		if fn(it.fk, it) {
+		if fn(it.fk, it) && !it.cancelled {
 			it.cancelled = true
 			waiting = true
+			n++
 		}
 	}
 	if waiting {

@@ -264,6 +264,9 @@ func TestDroppedDemotions(t *testing.T) {
 func TestQueueServesAndDeleteCancels(t *testing.T) {
 	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
 	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release) // before Close (cleanups run last first): a failure does not hang it
 	s.hookWrite = func() { <-gate }
 	for i := range 8 {
 		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
@@ -286,7 +289,7 @@ func TestQueueServesAndDeleteCancels(t *testing.T) {
 			t.Fatalf("delete %d: %v %v", i, ok, err)
 		}
 	}
-	close(gate)
+	release()
 	waitIdle(t, s)
 	for _, i := range inQueue {
 		if _, ok := s.Stat(ctx, "ns", key(i)); ok {
