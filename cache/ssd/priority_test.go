@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/proctest"
 )
 
 // priorityChildEnv names the BackgroundPriority a child process of
@@ -91,21 +92,9 @@ func TestBackgroundPriorityChild(t *testing.T) {
 	if err := tr.Close(); err != nil { // waits for the compaction
 		t.Fatal(err)
 	}
-	tasks, err := filepath.Glob("/proc/self/task/*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, task := range tasks {
-		comm, err := os.ReadFile(filepath.Join(task, "comm"))
-		if err != nil || !strings.HasPrefix(string(comm), "rocksdb:") {
-			continue
+	for _, th := range proctest.Threads(t, "self") {
+		if strings.HasPrefix(th.Name, "rocksdb:") {
+			fmt.Printf("thread %s(%s) nice=%d\n", th.Name, th.TID, th.Nice)
 		}
-		stat, err := os.ReadFile(filepath.Join(task, "stat"))
-		if err != nil {
-			continue // the thread ended
-		}
-		// Fields after the parenthesised name: state is field 3, nice 19.
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		fmt.Printf("thread %s(%s) nice=%s\n", strings.TrimSpace(string(comm)), filepath.Base(task), f[16])
 	}
 }

@@ -4,16 +4,14 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/internal/proctest"
 )
 
 // TestReadsDuringSpill: on a real sidecar whose DRAM tier is full and
@@ -214,27 +212,11 @@ func TestDemotionWait(t *testing.T) {
 // name is name, by thread id.
 func rocksThreads(t *testing.T, pid int, name string) map[string]int {
 	t.Helper()
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int{}
-	for _, task := range tasks {
-		comm, err := os.ReadFile(filepath.Join(task, "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != name {
-			continue
+	for _, th := range proctest.Threads(t, strconv.Itoa(pid)) {
+		if th.Name == name {
+			out[th.TID] = th.Nice
 		}
-		stat, err := os.ReadFile(filepath.Join(task, "stat"))
-		if err != nil {
-			continue // the thread ended
-		}
-		// Fields after the parenthesised name: state is field 3, nice 19.
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		n, err := strconv.Atoi(f[16])
-		if err != nil {
-			t.Fatalf("%s/stat: nice %q: %v", task, f[16], err)
-		}
-		out[filepath.Base(task)] = n
 	}
 	return out
 }
