@@ -40,7 +40,9 @@ if [[ -z $TP ]]; then
 	TP=$W/tidepool
 	go build -o "$TP" ./cmd/tidepool
 fi
-M=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck source=lib/free-port.sh
+source scripts/lib/free-port.sh
+M=127.0.0.1:$(free_port)
 "$TP" serve --socket "$W/s.sock" --arena-dir "$SHM" --data-dir "$W/data" --dram-capacity 768MiB \
 	--metrics-addr "$M" --log-level warn "$@" >"$W/out" 2>"$W/err" &
 pid=$!

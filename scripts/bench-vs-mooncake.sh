@@ -118,7 +118,8 @@ if [[ -z $TP ]]; then
 	go build -o "$TP" ./cmd/tidepool
 fi
 
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# shellcheck source=lib/free-port.sh
+source scripts/lib/free-port.sh
 
 # wait_for FILE PATTERN SECONDS: polls until FILE contains PATTERN.
 wait_for() {

@@ -120,7 +120,9 @@ redis-cli -s "$RSOCK" ping >/dev/null
 TSOCK=$WORK/tp.sock
 # Metrics on a free loopback port, read for the demotion counters of mode
 # defaults.
-METRICS=127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck source=lib/free-port.sh
+source scripts/lib/free-port.sh
+METRICS=127.0.0.1:$(free_port)
 # demotions: prints "WRITTEN DROPPED", the sidecar's demotion counters so far.
 demotions() {
 	curl -sf "http://$METRICS/metrics" | awk '
