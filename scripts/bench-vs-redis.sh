@@ -54,6 +54,8 @@
 #   TIDEPOOL_BIN  a prebuilt tidepool binary (default: built from this tree)
 #   TP_FLAGS    more flags for tidepool serve, in both modes (for example
 #               "--demotion-wait 1s"; default none)
+#   TP_ZC_FLAGS more flags for tidepool bench's zero-copy runs (for example
+#               "--write-mode mapped"; default none)
 #
 # Needs: redis-server and redis-benchmark (Debian's redis-server and
 # redis-tools, installed when missing), jq, and Go for the tree's builds.
@@ -106,6 +108,7 @@ max_size=0
 for s in $SIZES; do ((s > max_size)) && max_size=$s; done
 DRAM=${DRAM:-$((KEYS * max_size * 2 / 1048576 + 256))}
 max_value=$((max_size > 1048576 ? max_size : 1048576))
+read -ra zc_flags <<<"${TP_ZC_FLAGS:-}"
 
 # Redis on a Unix socket only: no persistence, maxmemory = tidepool's DRAM
 # budget, least recently used keys evicted.
@@ -197,6 +200,7 @@ ms_us() { [[ -z $1 || $1 == - ]] && echo - || awk -v m="$1" 'BEGIN{printf "%.0f"
 echo "# tidepool vs Redis $(redis-server --version | sed -n 's/.*v=\([0-9.]*\).*/\1/p'), $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# concurrency $CONC, $KEYS keys read, DRAM budget = Redis maxmemory = $DRAM MiB, tidepool runs of $DURATION"
+[[ -n ${TP_FLAGS:-}${TP_ZC_FLAGS:-} ]] && echo "# tidepool serve flags: ${TP_FLAGS:-none}; zero-copy bench flags: ${TP_ZC_FLAGS:-none}"
 
 declare -A R # Redis figures of this round, by size
 for round in $(seq "$ROUNDS"); do
@@ -227,7 +231,7 @@ for round in $(seq "$ROUNDS"); do
 			fi
 			for op in put get; do
 				read -r t_ops t_bps t_p99 _ < <(tp_bench --op "$op" --size "$size")
-				read -r z_ops z_bps z_p99 _ < <(tp_bench --op "$op" --size "$size" --zero-copy)
+				read -r z_ops z_bps z_p99 _ < <(tp_bench --op "$op" --size "$size" --zero-copy "${zc_flags[@]}")
 				if [[ $op == put ]]; then r_ops=${r_set:--} r_p99=$r_setp99 label="SET / put"; else r_ops=${r_get:--} r_p99=$r_getp99 label="GET / get"; fi
 				r_bps=$([[ $r_ops == - ]] && echo - || awk -v o="$r_ops" -v s="$size" 'BEGIN{print o*s}')
 				if [[ $op == put && $size == "$max_size" ]]; then t_last_put=$t_bps z_last_put=$z_bps; fi

@@ -67,6 +67,13 @@ func TestBenchCLI(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil || r.Ops != 100 || r.Errors != 0 || r.Mode != "zero-copy, verified reads" {
 			t.Fatalf("--verify-reads: exit %d, %v: %s %s", code, err, out, errs)
 		}
+		for _, wm := range []string{"mmap", "mapped"} {
+			out, errs, code = d.tp(t, nil, "bench", "--op", "put", "--size", "64KiB", "--concurrency", "2", "--ops", "100", "--zero-copy", "--write-mode", wm, "--json", "--progress", "none")
+			r = bench.Report{}
+			if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil || r.Ops != 100 || r.Errors != 0 || r.Mode != "zero-copy, "+wm+" puts" {
+				t.Fatalf("--write-mode %s: exit %d, %v: %s %s", wm, code, err, out, errs)
+			}
+		}
 	})
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{
@@ -75,6 +82,8 @@ func TestBenchCLI(t *testing.T) {
 			{"bench", "--concurrency", "1,x"},
 			{"bench", "--op", "lookup", "--zero-copy"},
 			{"bench", "--op", "get", "--verify-reads"},
+			{"bench", "--op", "put", "--write-mode", "mapped"},
+			{"bench", "--op", "put", "--zero-copy", "--write-mode", "splice"},
 			{"bench", "--scope", "everywhere"},
 		} {
 			cmd := exec.Command(binPath, append(args, "--socket", d.socket)...)
