@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"runtime"
 	"slices"
@@ -36,8 +35,6 @@ const CodeLeaseExpired = tp.ErrorCode_LEASE_EXPIRED
 
 // CodeChecksum is answered when bytes do not match their CRC-32C.
 const CodeChecksum = tp.ErrorCode_CHECKSUM_MISMATCH
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Slot is where a block's bytes lie in the shared arenas.
 type Slot struct {
@@ -961,7 +958,7 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 		if _, err := a.rw.WriteAt(p, s.Offset+off); err != nil {
 			return 0, fmt.Errorf("tidepool: zero-copy: write slot: %w", err)
 		}
-		crc = crc32.Update(crc, castagnoli, p)
+		crc = crc32c.Update(crc, p)
 	}
 	return crc, nil
 }
