@@ -310,6 +310,13 @@ type Tier struct {
 	// Both guarded by evictMu.
 	inEvict   int
 	evictDone *sync.Cond
+	// evictingKeys and evictingNS count, by block and by namespace, the
+	// evictions whose OnEvict is running: Delete and Clear wait for those
+	// of their blocks (awaitEvictions), so that when they return no
+	// OnEvict of a block they removed is still to act on it (a demotion
+	// would bring it back). Guarded by evictMu.
+	evictingKeys map[evictKey]int
+	evictingNS   map[*nsState]int
 
 	pmu      sync.Mutex
 	policy   evict.Policy
@@ -344,6 +351,12 @@ func (t *Tier) VerifiesReads(ns string) bool {
 }
 
 // nsState holds one namespace's id and counters.
+// evictKey names a block whose eviction is in OnEvict.
+type evictKey struct {
+	ns  *nsState
+	key string
+}
+
 type nsState struct {
 	name string
 	id   uint32
@@ -437,6 +450,8 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 	}
 	t.skipFunc = t.skip
 	t.evictDone = sync.NewCond(&t.evictMu)
+	t.evictingKeys = make(map[evictKey]int)
+	t.evictingNS = make(map[*nsState]int)
 	for i := range t.shards {
 		t.shards[i].m = make(map[uint32]map[string]*block)
 	}

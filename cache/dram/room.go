@@ -152,6 +152,21 @@ func (t *Tier) makeProgress(now int64) bool {
 	return true
 }
 
+// awaitEvictions waits until no eviction that busy reports (evictMu held)
+// is in OnEvict. Delete and Clear call it after removing their blocks: an
+// eviction unlinks its victim before OnEvict runs, so a block can be out
+// of the index (Delete finds nothing) and still about to be demoted.
+func (t *Tier) awaitEvictions(busy func() bool) {
+	if t.cfg.OnEvict == nil {
+		return
+	}
+	t.evictMu.Lock()
+	for busy() {
+		t.evictDone.Wait()
+	}
+	t.evictMu.Unlock()
+}
+
 // evictOne evicts the policy's next victim and reports whether there was
 // one. Called with evictMu held and no other lock; it releases evictMu
 // while OnEvict runs, so callers must not rely on state they read under
@@ -206,11 +221,20 @@ func (t *Tier) evictOne(now int64) bool {
 		// need room meanwhile evict their own victims instead of queueing
 		// behind this one's copy.
 		if f := t.cfg.OnEvict; f != nil {
+			k := evictKey{b.ns, b.key}
 			t.inEvict++
+			t.evictingKeys[k]++
+			t.evictingNS[b.ns]++
 			t.evictMu.Unlock()
 			f(b.ns.name, []byte(b.key), t.bytes(b.off, b.size), b.info())
 			t.evictMu.Lock()
 			t.inEvict--
+			if t.evictingKeys[k]--; t.evictingKeys[k] == 0 {
+				delete(t.evictingKeys, k)
+			}
+			if t.evictingNS[b.ns]--; t.evictingNS[b.ns] == 0 {
+				delete(t.evictingNS, b.ns)
+			}
 			defer t.evictDone.Broadcast()
 		}
 		t.freeBlockMem(b)

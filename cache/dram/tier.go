@@ -343,7 +343,9 @@ func (t *Tier) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int 
 
 // Delete removes (ns, key) and reports whether it was present. A pinned
 // block leaves the index at once; its memory is freed when the last lease
-// is released or expires. OnEvict is not called.
+// is released or expires. OnEvict is not called, and when Delete returns
+// no OnEvict of the key is running: an eviction of it that was already in
+// OnEvict has returned.
 func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
 	if err := t.checkKey(key); err != nil {
 		return false, err
@@ -366,17 +368,18 @@ func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) 
 	}
 	m := sh.m[nss.id]
 	b, ok := m[string(key)]
-	if !ok {
-		sh.mu.Unlock()
-		return false, nil
+	if ok {
+		t.unlinkLocked(sh, nss, m, b)
 	}
-	t.unlinkLocked(sh, nss, m, b)
 	sh.mu.Unlock()
-	return true, nil
+	k := evictKey{nss, string(key)}
+	t.awaitEvictions(func() bool { return t.evictingKeys[k] > 0 })
+	return ok, nil
 }
 
 // Clear removes every block of ns and returns how many were removed. Pinned
-// blocks are handled as in Delete; OnEvict is not called.
+// blocks are handled as in Delete; OnEvict is not called, and when Clear
+// returns no OnEvict of a block of ns is running.
 func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -420,6 +423,7 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 	t.blocks.Add(-n)
 	nss.blocks.Add(-n)
 	nss.bytes.Add(-bytes)
+	t.awaitEvictions(func() bool { return t.evictingNS[nss] > 0 })
 	return n, nil
 }
 

@@ -95,6 +95,9 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	if s.ssd == nil {
 		return
 	}
+	if s.hookEvict != nil {
+		s.hookEvict(ns, key)
+	}
 	if _, ok := s.ssd.Stat(context.Background(), ns, key); ok {
 		return // promoted or durable: already below
 	}
@@ -110,7 +113,7 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 		return
 	}
 	s.evicting[it] = struct{}{}
-	if !s.room(it, size) || it.cancelled {
+	if !s.room(it, size) || s.removed(it) {
 		delete(s.evicting, it)
 		it.src = nil
 		s.qmu.Unlock()
@@ -150,7 +153,7 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	s.qslots--
 	delete(s.evicting, it)
 	it.src = nil
-	if _, ok := s.pending[fk]; ok || s.qstop || damaged || it.cancelled {
+	if _, ok := s.pending[fk]; ok || s.qstop || damaged || s.removed(it) {
 		s.qbytes -= size
 		s.putBuf(buf)
 		s.qmu.Unlock()
@@ -199,7 +202,7 @@ func (s *Store) room(it *item, size int64) bool {
 		s.roomCond.Broadcast()
 	})
 	defer t.Stop()
-	for !s.qstop && !it.cancelled && s.full(size) && time.Now().Before(deadline) {
+	for !s.qstop && !s.removed(it) && s.full(size) && time.Now().Before(deadline) {
 		s.roomCond.Wait()
 	}
 	s.demotionWaits.Add(1)
@@ -266,6 +269,37 @@ func (s *Store) writer() {
 		s.qmu.Unlock()
 		s.qcond.Broadcast()    // wake drain
 		s.roomCond.Broadcast() // and evictions waiting for room
+	}
+}
+
+// removed reports whether demotion it is cancelled, and cancels it when a
+// Delete or Clear of its block is under way (removing): that block may
+// have been unlinked from DRAM by this eviction before the Delete looked,
+// and the Delete waits for this onEvict to return (dram's Delete), so it
+// must not queue the block. qmu held.
+func (s *Store) removed(it *item) bool {
+	if !it.cancelled && (s.removingKeys[it.fk] > 0 || s.removingNS[it.ns] > 0) {
+		it.cancelled = true
+	}
+	return it.cancelled
+}
+
+// removing marks a Delete of fk (ns "") or a Clear of ns under way until
+// the returned func is called: evictions of its blocks give up (removed).
+func (s *Store) removing(fk, ns string) (done func()) {
+	m, k := s.removingKeys, fk
+	if fk == "" {
+		m, k = s.removingNS, ns
+	}
+	s.qmu.Lock()
+	m[k]++
+	s.qmu.Unlock()
+	return func() {
+		s.qmu.Lock()
+		if m[k]--; m[k] == 0 {
+			delete(m, k)
+		}
+		s.qmu.Unlock()
 	}
 }
 

@@ -223,23 +223,29 @@ type Store struct {
 	ssd  *ssd.Tier // nil: DRAM only
 
 	// Demotion queue (demote.go).
-	qmu       sync.Mutex
-	qcond     *sync.Cond // the writer's wake-up (queue not empty), drain's (queue emptier)
-	roomCond  *sync.Cond // evictions waiting for room in a full queue (DemotionWait)
-	queue     []*item
-	pending   map[string]*item   // queued or being written, by flight key
-	evicting  map[*item]struct{} // onEvicts not queued yet: copying, or waiting for room (fk, ns, info and src set)
-	qbytes    int64
-	qslots    int // queue places reserved by onEvicts still copying (they run concurrently)
-	qstop     bool
-	free      [][]byte // demotion buffers to reuse (demote.go, takeBuf)
-	freeBytes int64    // sum of their capacities, at most cfg.QueueBytes
-	freeTrim  *time.Timer
-	freeIdle  time.Duration // the queue idle this long drops free (test seam)
-	lastWrite time.Time     // when the writer last finished an item
-	demoteMu  sync.Mutex
-	writerWG  sync.WaitGroup
-	hookWrite func() // test seam: called by the writer before each SSD write
+	qmu      sync.Mutex
+	qcond    *sync.Cond // the writer's wake-up (queue not empty), drain's (queue emptier)
+	roomCond *sync.Cond // evictions waiting for room in a full queue (DemotionWait)
+	queue    []*item
+	pending  map[string]*item   // queued or being written, by flight key
+	evicting map[*item]struct{} // onEvicts not queued yet: copying, or waiting for room (fk, ns, info and src set)
+	// removingKeys and removingNS count the Deletes (by fkey) and Clears
+	// (by namespace) under way: evictions of their blocks give up
+	// (removed).
+	removingKeys map[string]int
+	removingNS   map[string]int
+	qbytes       int64
+	qslots       int // queue places reserved by onEvicts still copying (they run concurrently)
+	qstop        bool
+	free         [][]byte // demotion buffers to reuse (demote.go, takeBuf)
+	freeBytes    int64    // sum of their capacities, at most cfg.QueueBytes
+	freeTrim     *time.Timer
+	freeIdle     time.Duration // the queue idle this long drops free (test seam)
+	lastWrite    time.Time     // when the writer last finished an item
+	demoteMu     sync.Mutex
+	writerWG     sync.WaitGroup
+	hookWrite    func()                      // test seam: called by the writer before each SSD write
+	hookEvict    func(ns string, key []byte) // test seam: called as onEvict starts, the block unlinked from DRAM
 
 	// Read flights: concurrent misses of one key share one SSD read.
 	flights *flight.Group[string, readResult]
@@ -297,12 +303,14 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 		lg = zap.NewNop()
 	}
 	s := &Store{
-		cfg:      cfg,
-		lg:       lg.Named("cache.tiered"),
-		pending:  make(map[string]*item),
-		evicting: make(map[*item]struct{}),
-		flights:  flight.New[string, readResult](nil),
-		stop:     make(chan struct{}),
+		cfg:          cfg,
+		lg:           lg.Named("cache.tiered"),
+		pending:      make(map[string]*item),
+		evicting:     make(map[*item]struct{}),
+		removingKeys: make(map[string]int),
+		removingNS:   make(map[string]int),
+		flights:      flight.New[string, readResult](nil),
+		stop:         make(chan struct{}),
 	}
 	s.qcond = sync.NewCond(&s.qmu)
 	s.roomCond = sync.NewCond(&s.qmu)
@@ -479,7 +487,11 @@ func (s *Store) Delete(ctx context.Context, ns string, key []byte) (bool, error)
 	if s.ssd == nil {
 		return s.dram.Delete(ctx, ns, key)
 	}
+	// An eviction may have unlinked the block from DRAM just before the
+	// DRAM Delete looks, its onEvict not registered yet: the mark makes
+	// it give up, and the DRAM Delete returns only after it has.
 	fk := fkey(ns, key)
+	defer s.removing(fk, "")()
 	queued := s.cancel(func(k string, _ *item) bool { return k == fk })
 	d, err := s.dram.Delete(ctx, ns, key)
 	if err != nil {
@@ -500,6 +512,7 @@ func (s *Store) Clear(ctx context.Context, ns string) (int64, error) {
 	if s.ssd == nil {
 		return s.dram.Clear(ctx, ns)
 	}
+	defer s.removing("", ns)() // as in Delete
 	queued := s.cancel(func(_ string, it *item) bool { return it.ns == ns })
 	n, err := s.dram.Clear(ctx, ns)
 	if err != nil {

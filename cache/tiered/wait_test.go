@@ -296,3 +296,78 @@ func TestAcquirePromotesWithQueueFull(t *testing.T) {
 	}
 	waitIdle(t, s)
 }
+
+// TestDeleteDuringEvictionWindow: an eviction unlinks its block from DRAM
+// before its onEvict registers it, so a Delete (or Clear) can run entirely
+// in between: it finds the block in no tier. The Delete must wait for that
+// onEvict (dram's Delete), which must give the block up (the store's
+// removing mark) rather than queue it, and the block must not come back.
+// Without the wait the Delete returns at once; without the mark the block
+// is written to SSD after it.
+func TestDeleteDuringEvictionWindow(t *testing.T) {
+	for _, op := range []string{"Delete", "Clear"} {
+		t.Run(op, func(t *testing.T) {
+			s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
+			// A writer slower than the Delete: a block queued meanwhile
+			// would reach SSD after it.
+			s.hookWrite = func() { time.Sleep(50 * time.Millisecond) }
+			victim := []byte("victim")
+			if _, err := s.Put(ctx, "ns", victim, value(7, mib), cache.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			entered, gate := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			open := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(open) // a failure must not leave the putter stuck
+			s.hookEvict = func(_ string, k []byte) {
+				if bytes.Equal(k, victim) {
+					close(entered)
+					<-gate // unlinked from DRAM, not registered yet
+				}
+			}
+			puts := make(chan error, 1)
+			go func() { // evicts the victim, and stops in its onEvict
+				for i := range 8 {
+					if _, err := s.Put(ctx, "other", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+						puts <- err
+						return
+					}
+				}
+				puts <- nil
+			}()
+			<-entered
+			removed := make(chan error, 1)
+			go func() {
+				var err error
+				if op == "Delete" {
+					_, err = s.Delete(ctx, "ns", victim)
+				} else {
+					_, err = s.Clear(ctx, "ns")
+				}
+				removed <- err
+			}()
+			select {
+			case err := <-removed:
+				t.Fatalf("%s returned (%v) while an eviction of its block was still to demote it", op, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			open()
+			if err := <-removed; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-puts; err != nil {
+				t.Fatal(err)
+			}
+			waitIdle(t, s)
+			if _, ok := s.ssd.Stat(ctx, "ns", victim); ok {
+				t.Fatalf("the block came back in SSD after %s", op)
+			}
+			if v, _, err := s.Get(ctx, "ns", victim, nil); !errors.Is(err, cache.ErrNotFound) {
+				t.Fatalf("Get after %s: %d bytes, %v; want not found", op, len(v), err)
+			}
+			if m := s.Movement(); m.DemotionsDropped != 0 {
+				t.Fatalf("the given-up demotion counted as dropped: %+v", m)
+			}
+		})
+	}
+}
