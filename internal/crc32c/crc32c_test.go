@@ -9,11 +9,7 @@ import (
 )
 
 func TestChecksumMatchesHashCRC32(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	buf := make([]byte, 3<<20)
-	for i := range buf {
-		buf[i] = byte(rng.Uint32())
-	}
+	buf := randomBytes(3<<20, 1)
 	for _, tc := range []struct {
 		name     string
 		off, len int
@@ -54,11 +50,7 @@ func TestChecksumMatchesHashCRC32(t *testing.T) {
 // alignments of source and destination.
 func TestCopyEveryLength(t *testing.T) {
 	const max = 4*pieceLen + 64
-	rng := rand.New(rand.NewPCG(3, 4))
-	src := make([]byte, max+8)
-	for i := range src {
-		src[i] = byte(rng.Uint32())
-	}
+	src := randomBytes(max+8, 3)
 	var lengths []int
 	for n := 0; n <= 400; n++ {
 		lengths = append(lengths, n)
@@ -68,7 +60,26 @@ func TestCopyEveryLength(t *testing.T) {
 			lengths = append(lengths, k*pieceLen+d)
 		}
 	}
-	dst := make([]byte, max+16)
+	checkCopies(t, src, lengths)
+}
+
+// randomBytes returns n bytes drawn from a generator seeded with seed.
+func randomBytes(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// checkCopies checks Copy, Checksum and Update (from a CRC) of src's first
+// n bytes, for each n of lengths, against copy and hash/crc32, at several
+// alignments of source and destination; src must be 7 bytes longer than
+// the longest.
+func checkCopies(t *testing.T, src []byte, lengths []int) {
+	t.Helper()
+	dst := make([]byte, len(src)+16)
 	for _, n := range lengths {
 		for _, al := range [][2]int{{0, 0}, {1, 0}, {0, 3}, {5, 7}, {7, 1}} {
 			s := src[al[0] : al[0]+n]
@@ -80,6 +91,10 @@ func TestCopyEveryLength(t *testing.T) {
 			}
 			if got := Checksum(s); got != want {
 				t.Fatalf("Checksum of %d bytes at alignment %d: %08x, want %08x", n, al[0], got, want)
+			}
+			prefix := uint32(n) * 2654435761
+			if got, want := Update(prefix, s), crc32.Update(prefix, table, s); got != want {
+				t.Fatalf("Update from %08x of %d bytes: %08x, want %08x", prefix, n, got, want)
 			}
 		}
 	}

@@ -1,10 +1,8 @@
 package crc32c
 
 import (
-	"bytes"
 	"fmt"
 	"hash/crc32"
-	"math/rand/v2"
 	"testing"
 )
 
@@ -25,11 +23,7 @@ func withKernel(t testing.TB, folded bool, f func()) {
 // kernel must not change); its constants are derived in TestFoldConstants.
 func TestFoldEveryLength(t *testing.T) {
 	withKernel(t, true, func() {
-		rng := rand.New(rand.NewPCG(5, 6))
-		src := make([]byte, 3*foldChunk+512)
-		for i := range src {
-			src[i] = byte(rng.Uint32())
-		}
+		src := randomBytes(3*foldChunk+512, 5)
 		var lengths []int
 		for n := foldMin - 130; n <= 4*foldMin; n++ {
 			lengths = append(lengths, n)
@@ -39,25 +33,7 @@ func TestFoldEveryLength(t *testing.T) {
 				lengths = append(lengths, k*foldChunk+d)
 			}
 		}
-		dst := make([]byte, len(src)+16)
-		for _, n := range lengths {
-			for _, al := range [][2]int{{0, 0}, {1, 0}, {0, 3}, {5, 7}} {
-				s := src[al[0] : al[0]+n]
-				d := dst[al[1] : al[1]+n]
-				clear(dst)
-				want := crc32.Checksum(s, table)
-				if got := Copy(d, s); got != want || !bytes.Equal(d, s) {
-					t.Fatalf("Copy of %d bytes at alignment %v: %08x, want %08x (bytes equal: %v)", n, al, got, want, bytes.Equal(d, s))
-				}
-				if got := Checksum(s); got != want {
-					t.Fatalf("Checksum of %d bytes at alignment %d: %08x, want %08x", n, al[0], got, want)
-				}
-				prefix := uint32(n) * 2654435761
-				if got, want := Update(prefix, s), crc32.Update(prefix, table, s); got != want {
-					t.Fatalf("Update from %08x of %d bytes: %08x, want %08x", prefix, n, got, want)
-				}
-			}
-		}
+		checkCopies(t, src, lengths)
 	})
 }
 
