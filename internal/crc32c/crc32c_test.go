@@ -119,12 +119,8 @@ func FuzzCopy(f *testing.F) {
 	})
 }
 
-// BenchmarkChecksum checksums 1 MiB blocks from cache (hot: one block),
-// from the last-level cache (l3: 12 blocks) and from memory (cold: 64
-// blocks), against hash/crc32 on the same blocks:
-//
-//	go test -run '^$' -bench Checksum ./internal/crc32c/
-func BenchmarkChecksum(b *testing.B) {
+// benchBlocks returns the benchmarks' 64 blocks of 1 MiB.
+func benchBlocks() [][]byte {
 	bufs := make([][]byte, 64)
 	for i := range bufs {
 		bufs[i] = make([]byte, 1<<20)
@@ -132,6 +128,16 @@ func BenchmarkChecksum(b *testing.B) {
 			bufs[i][j] = byte(i*31 + j*7)
 		}
 	}
+	return bufs
+}
+
+// BenchmarkChecksum checksums 1 MiB blocks from cache (hot: one block),
+// from the last-level cache (l3: 12 blocks) and from memory (cold: 64
+// blocks), against hash/crc32 on the same blocks:
+//
+//	go test -run '^$' -bench Checksum ./internal/crc32c/
+func BenchmarkChecksum(b *testing.B) {
+	bufs := benchBlocks()
 	for _, impl := range []struct {
 		name string
 		f    func([]byte) uint32
