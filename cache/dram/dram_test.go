@@ -961,3 +961,78 @@ func TestChecksumMismatchRemoves(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteWaitsForOnEvict: an eviction unlinks its block before OnEvict
+// runs, so a Delete or Clear can find nothing while OnEvict still acts on
+// the block (a demotion). They return only once that OnEvict has, and do
+// not wait for evictions of other blocks.
+func TestDeleteWaitsForOnEvict(t *testing.T) {
+	for _, op := range []string{"Delete", "Clear", "Delete of another key"} {
+		t.Run(op, func(t *testing.T) {
+			cfg, _ := testConfig(t, 4<<20)
+			entered, gate := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			open := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(open)
+			cfg.OnEvict = func(ns string, key, _ []byte, _ cache.Info) {
+				if ns == "ns" && string(key) == "victim" {
+					close(entered)
+					<-gate
+				}
+			}
+			tr := newTier(t, cfg)
+			if _, err := tr.Put(ctx, "ns", []byte("victim"), pattern("victim", 1<<20), cache.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			puts := make(chan error, 1)
+			go func() { // evicts the victim, and stops in its OnEvict
+				for i := range 4 {
+					k := fmt.Sprintf("k%d", i)
+					if _, err := tr.Put(ctx, "other", []byte(k), pattern(k, 1<<20), cache.PutOptions{}); err != nil {
+						puts <- err
+						return
+					}
+				}
+				puts <- nil
+			}()
+			defer func() { // before the tier closes
+				open()
+				if err := <-puts; err != nil {
+					t.Error(err)
+				}
+			}()
+			<-entered
+			done := make(chan bool, 1)
+			go func() {
+				var found bool
+				switch op {
+				case "Delete":
+					found, _ = tr.Delete(ctx, "ns", []byte("victim"))
+				case "Clear":
+					n, _ := tr.Clear(ctx, "ns")
+					found = n > 0
+				default:
+					found, _ = tr.Delete(ctx, "ns", []byte("bystander"))
+				}
+				done <- found
+			}()
+			if op == "Delete of another key" {
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					t.Fatal("a Delete of another key waited for the eviction")
+				}
+				return
+			}
+			select {
+			case <-done:
+				t.Fatalf("%s returned while OnEvict of its block ran", op)
+			case <-time.After(50 * time.Millisecond):
+			}
+			open()
+			if found := <-done; found {
+				t.Fatalf("%s found the evicted block", op)
+			}
+		})
+	}
+}
