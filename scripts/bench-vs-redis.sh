@@ -13,6 +13,10 @@
 #             both sides: tidepool put stores a new key per call, and
 #             redis-benchmark SET draws its keys from 10^11 (-r), so both
 #             fill their budget and then evict, least recently used first.
+#             One more table: the gets of resident keys alone and during a
+#             zero-copy put flood, as in mode defaults but with nothing to
+#             spill (evicted blocks are dropped): what the flood alone costs
+#             the reads on these CPUs, the control for mode defaults' row.
 #   defaults  tidepool serve on its defaults (SSD tier on, 16 GiB under a
 #             data directory on disk, demotion queue, watermarks) except the
 #             DRAM budget, which stays DRAM so that the put runs fill it and
@@ -202,6 +206,23 @@ echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: 
 echo "# concurrency $CONC, $KEYS keys read, DRAM budget = Redis maxmemory = $DRAM MiB, tidepool runs of $DURATION"
 [[ -n ${TP_FLAGS:-}${TP_ZC_FLAGS:-} ]] && echo "# tidepool serve flags: ${TP_FLAGS:-none}; zero-copy bench flags: ${TP_ZC_FLAGS:-none}"
 
+# flood_reads: gets of resident keys of the largest size alone (g_*), then
+# under a zero-copy put flood of fresh keys (f_*; fl: the flood's bytes per
+# second), with the demotion counters before and after the flood (dw0 dd0,
+# dw1 dd1).
+flood_reads() {
+	read -r g_ops g_bps g_p99 g_max g_miss < <(tp_bench --op get --size "$max_size")
+	read -r dw0 dd0 < <(demotions)
+	"$TP" bench --socket "$TSOCK" --ns flood --op put --zero-copy --size "$max_size" --concurrency "$CONC" \
+		--duration "$(($(sed 's/s$//' <<<"$DURATION") + 3))s" --json --progress none >"$WORK/flood.json" 2>&1 &
+	local flood=$!
+	sleep 1
+	read -r f_ops f_bps f_p99 f_max f_miss < <(tp_bench --op get --size "$max_size")
+	wait "$flood" || true
+	fl=$(jq -r '.bytes_per_sec' "$WORK/flood.json" 2>/dev/null || echo -)
+	read -r dw1 dd1 < <(demotions)
+}
+
 declare -A R # Redis figures of this round, by size
 for round in $(seq "$ROUNDS"); do
 	for size in $SIZES; do
@@ -239,19 +260,8 @@ for round in $(seq "$ROUNDS"); do
 			done
 		done
 		if [[ $mode == defaults ]]; then
-			# Gets of resident keys of the largest size alone, then under a zero-copy put
-			# flood that keeps DRAM spilling.
 			read -r pw1 pd1 < <(demotions)
-			read -r g_ops g_bps g_p99 g_max g_miss < <(tp_bench --op get --size "$max_size")
-			read -r dw0 dd0 < <(demotions)
-			"$TP" bench --socket "$TSOCK" --ns flood --op put --zero-copy --size "$max_size" --concurrency "$CONC" \
-				--duration "$(($(sed 's/s$//' <<<"$DURATION") + 3))s" --json --progress none >"$WORK/flood.json" 2>&1 &
-			flood=$!
-			sleep 1
-			read -r f_ops f_bps f_p99 f_max f_miss < <(tp_bench --op get --size "$max_size")
-			wait "$flood" || true
-			fl=$(jq -r '.bytes_per_sec' "$WORK/flood.json" 2>/dev/null || echo -)
-			read -r dw1 dd1 < <(demotions)
+			flood_reads
 			tp_stop
 			rm -rf "${DATA:?}"/*
 			sync
@@ -266,7 +276,15 @@ for round in $(seq "$ROUNDS"); do
 			echo "| alone | $(mib "$g_bps") | $(num "$g_p99") | $(num "$g_max") | $g_miss | |"
 			echo "| during a zero-copy put flood ($(mib "$fl") MiB/s of puts, spilling) | $(mib "$f_bps") | $(num "$f_p99") | $(num "$f_max") | $f_miss | $((dw1 - dw0)) / $((dd1 - dd0)) |"
 		else
+			# The same reads and flood with nothing to spill to: what the
+			# flood alone costs the reads on these CPUs, the control for (b).
+			flood_reads
 			tp_stop
+			echo
+			echo "| $(numfmt --to=iec-i --suffix=B "$max_size") inline get, $CONC callers | MiB/s | p99 µs | slowest µs | misses |"
+			echo "| --- | ---: | ---: | ---: | ---: |"
+			echo "| alone | $(mib "$g_bps") | $(num "$g_p99") | $(num "$g_max") | $g_miss |"
+			echo "| during a zero-copy put flood ($(mib "$fl") MiB/s of puts, evicting, no SSD tier) | $(mib "$f_bps") | $(num "$f_p99") | $(num "$f_max") | $f_miss |"
 		fi
 	done
 done
