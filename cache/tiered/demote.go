@@ -284,13 +284,10 @@ func (s *Store) removed(it *item) bool {
 	return it.cancelled
 }
 
-// removing marks a Delete of fk (ns "") or a Clear of ns under way until
-// the returned func is called: evictions of its blocks give up (removed).
-func (s *Store) removing(fk, ns string) (done func()) {
-	m, k := s.removingKeys, fk
-	if fk == "" {
-		m, k = s.removingNS, ns
-	}
+// removing marks a Delete (m removingKeys, k its fkey) or a Clear (m
+// removingNS, k its namespace) under way until the returned func is
+// called: evictions of its blocks give up (removed).
+func (s *Store) removing(m map[string]int, k string) (done func()) {
 	s.qmu.Lock()
 	m[k]++
 	s.qmu.Unlock()

@@ -491,7 +491,7 @@ func (s *Store) Delete(ctx context.Context, ns string, key []byte) (bool, error)
 	// DRAM Delete looks, its onEvict not registered yet: the mark makes
 	// it give up, and the DRAM Delete returns only after it has.
 	fk := fkey(ns, key)
-	defer s.removing(fk, "")()
+	defer s.removing(s.removingKeys, fk)()
 	queued := s.cancel(func(k string, _ *item) bool { return k == fk })
 	d, err := s.dram.Delete(ctx, ns, key)
 	if err != nil {
@@ -512,7 +512,7 @@ func (s *Store) Clear(ctx context.Context, ns string) (int64, error) {
 	if s.ssd == nil {
 		return s.dram.Clear(ctx, ns)
 	}
-	defer s.removing("", ns)() // as in Delete
+	defer s.removing(s.removingNS, ns)() // as in Delete
 	queued := s.cancel(func(_ string, it *item) bool { return it.ns == ns })
 	n, err := s.dram.Clear(ctx, ns)
 	if err != nil {
