@@ -265,7 +265,7 @@ func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	if err != nil || r == nil {
 		return existed, err
 	}
-	return existed, r.push(ctx, ns, []PutItem{{Key: key, Value: value, Opts: opts}}, syncReplicas(ctx))
+	return existed, r.push(ctx, ns, []PutItem{{Key: key, Value: value, Opts: opts}}, syncReplicas(ctx), false)
 }
 
 // PutLocal stores one block in this node's tiers only, as an owned block:
@@ -346,7 +346,7 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		}
 	}
 	if r != nil && len(stored) > 0 {
-		if err := r.push(ctx, ns, stored, syncReplicas(ctx)); err != nil {
+		if err := r.push(ctx, ns, stored, syncReplicas(ctx), false); err != nil {
 			return results, err
 		}
 	}

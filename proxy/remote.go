@@ -10,6 +10,7 @@ package proxy
 // node owned to their new owners (rebalance.go).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -613,16 +614,31 @@ func (r *router) everywhere(ctx context.Context, fn func(ctx context.Context, no
 
 // push sends items to the owners of their keys: synchronously when sync is
 // positive (waiting for that many owners per item), else through the queue.
-func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int) error {
+// owned says the items' values are the caller's to give away; otherwise
+// the push sends copies (an inline put's value is the request's buffer,
+// lent only until the call returns: safecodec/borrow.go; and a queued push,
+// or a synchronous one that timed out while Kitex still writes it, reads
+// the value after push returns).
+func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int, owned bool) error {
 	byNode := map[string][]PutItem{}
 	need := map[string]int{}
-	for _, it := range items {
+	var copies [][]byte // by item, made once for all its owners
+	for k, it := range items {
 		for i, n := range r.c.Owners(ns, it.Key) {
 			if i >= r.c.Replicas() {
 				break
 			}
 			if n == r.c.Self() {
 				continue
+			}
+			if !owned {
+				if copies == nil {
+					copies = make([][]byte, len(items))
+				}
+				if copies[k] == nil {
+					copies[k] = bytes.Clone(it.Value)
+				}
+				it.Value = copies[k]
 			}
 			byNode[n] = append(byNode[n], it)
 			need[n]++

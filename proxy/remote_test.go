@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -443,5 +444,45 @@ func TestBatchFetchByNamedReads(t *testing.T) {
 				t.Fatalf("%d owner pins not given back", n)
 			}
 		})
+	}
+}
+
+// TestQueuedPushKeepsItsOwnCopy: a Put whose block is pushed to its owner
+// in the background returns before the push is made; the push must send
+// the bytes as they were put, though the caller (the engine API, whose
+// inline put values are the request's buffer, lent only until the call
+// returns) reuses its buffer at once.
+func TestQueuedPushKeepsItsOwnCopy(t *testing.T) {
+	ctx := context.Background()
+	ps, peers := newFakeCluster(t, "a", "b")
+	var key []byte
+	for i := 0; ; i++ {
+		key = []byte{byte(i), 'q'}
+		if (&fakeCluster{nodes: []string{"a", "b"}}).Owners("ns", key)[0] == "b" {
+			break
+		}
+	}
+	release := make(chan struct{})
+	pushed := make(chan []byte, 1)
+	peers["a"].onPush = func(it PutItem) {
+		<-release
+		pushed <- bytes.Clone(it.Value)
+	}
+	value := bytes.Repeat([]byte("original"), 64)
+	buf := bytes.Clone(value)
+	if _, err := ps["a"].Put(ctx, "ns", key, buf, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range buf {
+		buf[i] = 'x'
+	}
+	close(release)
+	select {
+	case got := <-pushed:
+		if !bytes.Equal(got, value) {
+			t.Fatalf("the queued push sent the caller's reused buffer (%q...), not the bytes put", got[:16])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no push")
 	}
 }

@@ -468,7 +468,7 @@ func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) (
 	// Like any put: committed blocks go to their owners (in the background
 	// unless the call asks for synchronous replicas).
 	for ns, its := range pushes {
-		if err := rt.push(ctx, ns, its, syncReplicas(ctx)); err != nil {
+		if err := rt.push(ctx, ns, its, syncReplicas(ctx), true); err != nil {
 			p.lg.Debug("push of committed blocks failed", zap.String("ns", ns), zap.Error(err))
 		}
 	}

@@ -9,6 +9,10 @@
 // than MaxMethodNameBytes, or longer than the frame it arrived in.
 // Container lengths inside the payload are bounded by the generated
 // decoders themselves (scripts/gen-idl.sh, bound_lists).
+//
+// It also lends request bytes to the handler (borrow.go): the put values of
+// requests whose decoders borrow them are slices of the request's own
+// buffer, kept until the call has finished, instead of copies.
 package safecodec
 
 import (
@@ -99,7 +103,25 @@ func (c *Codec) DecodePayload(ctx context.Context, msg remote.Message, in remote
 		// limit never sees it, so the reads are counted here.
 		in = &capped{ByteBuffer: in, start: in.ReadLen(), max: c.maxSize}
 	}
+	// Kitex makes the arguments (msg.Data) once it has read the method
+	// name, inside DecodePayload: a large frame is lent before it is known
+	// whether they borrow from it, and given back at once if they do not.
+	var loans *Loans
+	if msg.PayloadLen() >= minLend {
+		var err error
+		if in, loans, err = lend(ctx, msg, in); err != nil {
+			return err
+		}
+	}
 	err := c.meta.DecodePayload(ctx, msg, in)
+	bw, borrows := msg.Data().(Borrower)
+	switch {
+	case borrows && loans == nil:
+		// The values point into a buffer Kitex releases when this returns.
+		bw.OwnValues()
+	case !borrows && loans != nil:
+		loans.releaseLast()
+	}
 	var te *remote.TransError
 	if errors.As(err, &te) && te.TypeID() == remote.UnknownService {
 		method := ""

@@ -110,11 +110,14 @@ type Server struct {
 	lg    *zap.Logger
 	ln    *fdlisten.Listener
 	conns *connTracker
-	svr   server.Server
-	ready chan struct{}
-	done  chan struct{}
-	exit  chan error // closed by Close: Kitex's Run returns, draining first
-	err   error
+	// lender keeps inline puts' request buffers until their calls finish
+	// (safecodec/borrow.go).
+	lender *safecodec.Lender
+	svr    server.Server
+	ready  chan struct{}
+	done   chan struct{}
+	exit   chan error // closed by Close: Kitex's Run returns, draining first
+	err    error
 
 	startOnce sync.Once
 
@@ -149,6 +152,7 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 	}
 	conns := newConnTracker(cfg.MaxConnections, cfg.IdleTimeout, lg)
 	exit := make(chan error)
+	lender := new(safecodec.Lender)
 	opts := []server.Option{
 		server.WithListener(fl),
 		// The server stops when Close says so, never on a signal of its own
@@ -162,6 +166,9 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		// Get and BatchGet answer from the arenas in place; the tracer
 		// releases the pins once the reply is written (pins.go).
 		server.WithTracer(newPinTracer(lg)),
+		// Inline puts are handled with their values in the request's own
+		// buffer, released when the call is finished (safecodec/borrow.go).
+		server.WithTracer(lender),
 		server.WithBoundHandler(sockBufHandler{}),
 		server.WithBoundHandler(conns),
 	}
@@ -169,13 +176,14 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		opts = append(opts, server.WithMiddleware(observe(cfg.Observer)))
 	}
 	s := &Server{
-		lg:    lg,
-		ln:    fl,
-		conns: conns,
-		svr:   tpsvc.NewServer(&handler{p: p, build: cfg.Build}, opts...),
-		ready: make(chan struct{}),
-		done:  make(chan struct{}),
-		exit:  exit,
+		lg:     lg,
+		ln:     fl,
+		conns:  conns,
+		lender: lender,
+		svr:    tpsvc.NewServer(&handler{p: p, build: cfg.Build}, opts...),
+		ready:  make(chan struct{}),
+		done:   make(chan struct{}),
+		exit:   exit,
 	}
 	return s, nil
 }

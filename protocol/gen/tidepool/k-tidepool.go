@@ -1630,7 +1630,7 @@ func (p *PutRequest) FastReadField3(buf []byte) (int, error) {
 	offset := 0
 
 	var _field []byte
-	if v, l, err := thrift.Binary.ReadBinary(buf[offset:]); err != nil {
+	if v, l, err := borrowBinary(buf[offset:]); err != nil {
 		return offset, err
 	} else {
 		offset += l
@@ -1994,7 +1994,7 @@ func (p *PutItem) FastReadField2(buf []byte) (int, error) {
 	offset := 0
 
 	var _field []byte
-	if v, l, err := thrift.Binary.ReadBinary(buf[offset:]); err != nil {
+	if v, l, err := borrowBinary(buf[offset:]); err != nil {
 		return offset, err
 	} else {
 		offset += l
