@@ -180,6 +180,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 		kclient.WithHostPorts(cfg.Socket),
 		kclient.WithRPCTimeout(cfg.Timeout),
 		kclient.WithConnectTimeout(cfg.ConnectTimeout),
+		kclient.WithDialer(newDialer()),
 		kclient.WithLongConnection(connpool.IdleConfig{
 			MaxIdlePerAddress: cfg.MaxIdleConns,
 			MaxIdleGlobal:     cfg.MaxIdleConns,
