@@ -19,23 +19,24 @@ import (
 // the request buffer (scripts/gen-idl.sh, borrow_values), which saves a
 // copy of every value. Kitex releases the buffer it decodes from as soon
 // as the decoder returns, before the handler runs, and netpoll then
-// recycles its memory for other connections' reads; so the codec does one
-// of two things for a request whose arguments are a Borrower:
+// recycles its memory for other connections' reads. So:
 //
-//   - lend: on a framed request read by netpoll, when the call carries a
-//     Loans (put there by the Lender tracer), the codec takes a zero-copy,
-//     reference-counted slice of the frame (netpoll's Reader.Slice),
-//     decodes from it and records it in the Loans; the Lender releases it
-//     when Kitex finishes the call, after the handler has returned and the
-//     reply has been written. Kitex's own release then leaves those bytes
-//     alone (the slice holds a reference). A slice never released is not
-//     reused by netpoll either: the garbage collector frees it.
-//   - own: otherwise (unframed, another transport, no Lender), the codec
-//     decodes as usual and then calls OwnValues, which copies the values,
-//     before returning.
+//   - lend: a framed request of minLend bytes or more, read by netpoll, on
+//     a call that carries a Loans (put there by the Lender tracer), is
+//     decoded from a zero-copy, reference-counted slice of its frame
+//     (netpoll's Reader.Slice), recorded in the Loans. Kitex's own release
+//     then leaves those bytes alone (the slice holds a reference). If the
+//     decoded arguments are a Borrower, the Lender releases the slice when
+//     Kitex finishes the call, after the handler has returned and the
+//     reply has been written; if not, the codec releases it at once. A
+//     slice never released is not reused by netpoll either: the garbage
+//     collector frees it.
+//   - own: arguments that are a Borrower but were not lent a buffer
+//     (small, unframed, another transport, no Lender) have their values
+//     copied by OwnValues before the codec returns.
 //
 // Whoever handles a lent request must not keep its values after the
-// handler returns (proxy copies the values a background push keeps).
+// handler returns (proxy pushes copies to other owners).
 
 // Borrower is a request whose generated decoder borrows its values from
 // the buffer it decodes; OwnValues copies them.
