@@ -3,7 +3,6 @@ package engineapi_test
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"math/rand"
@@ -148,20 +147,11 @@ func TestPutValueSurvivesOtherTraffic(t *testing.T) {
 // returns the connection; the reply is read in the background.
 func sendUnframedPut(t *testing.T, socket, ns string, key, value []byte) net.Conn {
 	t.Helper()
-	args := &tp.TidepoolPutArgs{Req: &tp.PutRequest{Ns: ns, Key: key, Value: value}}
-	body := make([]byte, args.BLength())
-	args.FastWriteNocopy(body, nil)
-	var msg []byte
-	msg = binary.BigEndian.AppendUint32(msg, 0x80010001)
-	msg = binary.BigEndian.AppendUint32(msg, 3)
-	msg = append(msg, "Put"...)
-	msg = binary.BigEndian.AppendUint32(msg, 1)
-	msg = append(msg, body...)
 	conn, err := net.Dial("unix", socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Write(msg); err != nil {
+	if _, err := conn.Write(unframedPut(&tp.PutRequest{Ns: ns, Key: key, Value: value})); err != nil {
 		t.Fatal(err)
 	}
 	go io.Copy(io.Discard, conn)

@@ -19,15 +19,7 @@ import (
 // and replied TOO_LARGE).
 func TestUnframedRequestBounded(t *testing.T) {
 	ts := startServer(t, serverOpts{maxValue: 256 << 10, maxReqest: 1 << 20})
-	args := &tp.TidepoolPutArgs{Req: &tp.PutRequest{Ns: "ns", Key: []byte("k"), Value: make([]byte, 3<<20)}}
-	body := make([]byte, args.BLength())
-	args.FastWriteNocopy(body, nil)
-	var msg []byte
-	msg = binary.BigEndian.AppendUint32(msg, 0x80010001)
-	msg = binary.BigEndian.AppendUint32(msg, 3)
-	msg = append(msg, "Put"...)
-	msg = binary.BigEndian.AppendUint32(msg, 1)
-	msg = append(msg, body...)
+	msg := unframedPut(&tp.PutRequest{Ns: "ns", Key: []byte("k"), Value: make([]byte, 3<<20)})
 
 	conn, err := net.Dial("unix", ts.socket)
 	if err != nil {
@@ -47,4 +39,18 @@ func TestUnframedRequestBounded(t *testing.T) {
 	if _, err := ts.c.Put(context.Background(), "ns", []byte("k2"), []byte("v"), 0); err != nil {
 		t.Fatalf("put after the oversized request: %v", err)
 	}
+}
+
+// unframedPut returns req as an unframed ("buffered") Thrift Put call,
+// sequence id 1.
+func unframedPut(req *tp.PutRequest) []byte {
+	args := &tp.TidepoolPutArgs{Req: req}
+	body := make([]byte, args.BLength())
+	args.FastWriteNocopy(body, nil)
+	var msg []byte
+	msg = binary.BigEndian.AppendUint32(msg, 0x80010001)
+	msg = binary.BigEndian.AppendUint32(msg, 3)
+	msg = append(msg, "Put"...)
+	msg = binary.BigEndian.AppendUint32(msg, 1)
+	return append(msg, body...)
 }
