@@ -1,5 +1,7 @@
 package client
 
+import tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+
 // Queued returns how many GetInto Acquires, PutFrom Reserves and PutFrom
 // Commits of c wait behind a call in flight.
 func Queued(c *Client) (acquire, reserve, commit int) {
@@ -41,4 +43,12 @@ func OpenWindow(c *Client, off, n int64) (close func() error, mem []byte, err er
 		return nil, nil, err
 	}
 	return func() error { return a.closeWindow(w) }, mem, nil
+}
+
+// DecodeAppendGet decodes a Get reply's payload (a TidepoolGetResult) as
+// AppendGet does, appending the value to dst.
+func DecodeAppendGet(dst, payload []byte) (value []byte, found bool, exc *tp.TidepoolError, n int, err error) {
+	r := appendGet{dst: dst, base: len(dst)}
+	n, err = r.FastRead(payload)
+	return r.dst, r.found, r.err, n, err
 }

@@ -401,6 +401,17 @@ func benchZeroCopy(b *testing.B) {
 			return err
 		})
 	})
+	b.Run("AppendGet-inline", func(b *testing.B) { // the socket, into the caller's buffer
+		c := startSidecar(b, benchCapacity)
+		fill(b, c, "bench")
+		runParallel(b, func(g, i int) error {
+			v, found, err := c.AppendGet(ctx, bufs[g][:0], "bench", key(i))
+			if err == nil && (!found || len(v) != benchBlock) {
+				err = fmt.Errorf("AppendGet: %d %v", len(v), found)
+			}
+			return err
+		})
+	})
 	for _, mode := range []struct {
 		name string
 		m    client.WriteMode
