@@ -61,7 +61,7 @@ func (r *appendGet) FastRead(buf []byte) (int, error) {
 			r.err = tp.NewTidepoolError()
 			return r.err.FastRead(b)
 		}
-		return skipField(b, t)
+		return tp.SkipField(b, t)
 	})
 }
 
@@ -84,7 +84,7 @@ func (r *appendGet) readResponseField(t thrift.TType, id int16, b []byte) (int, 
 		r.dst = append(r.dst[:r.base], b[4:4+n]...)
 		return 4 + int(n), nil
 	}
-	return skipField(b, t)
+	return tp.SkipField(b, t)
 }
 
 // readFields walks the fields of a binary-protocol struct in buf up to its
@@ -106,15 +106,4 @@ func readFields(buf []byte, field func(t thrift.TType, id int16, b []byte) (int,
 			return off, err
 		}
 	}
-}
-
-// skipField skips a field's value; a type byte that is no Thrift type is
-// an error (gopkg's Skip panics on it).
-func skipField(b []byte, t thrift.TType) (n int, err error) {
-	defer func() {
-		if recover() != nil {
-			n, err = 0, thrift.NewProtocolException(thrift.INVALID_DATA, "invalid field type")
-		}
-	}()
-	return thrift.Binary.Skip(b, t)
 }
