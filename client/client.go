@@ -79,7 +79,10 @@ type Config struct {
 	// ConnectTimeout bounds dialing the socket. Default 1s.
 	ConnectTimeout time.Duration
 	// MaxIdleConns is how many idle connections are kept for reuse; set it
-	// to the number of concurrent callers. Default 64.
+	// to the number of concurrent callers. Default 64. AppendGet keeps as
+	// many again of its own (it reads replies itself, rawget.go): a client
+	// of n concurrent callers holds up to 2n connections against the
+	// sidecar's engine_max_connections.
 	MaxIdleConns int
 	// MaxResponseBytes bounds one framed response. Default 1 GiB.
 	MaxResponseBytes int
@@ -159,8 +162,9 @@ func (c Config) Validate() error {
 
 // Client calls one sidecar. Safe for concurrent use.
 type Client struct {
-	kc kclient.Client
-	zc zeroCopy // the mapped arenas (zerocopy.go)
+	kc  kclient.Client
+	zc  zeroCopy // the mapped arenas (zerocopy.go)
+	raw rawPool  // AppendGet's connections (rawget.go)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -192,7 +196,8 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	c := &Client{kc: kc}
+	c := &Client{kc: kc, raw: rawPool{socket: cfg.Socket, dialTimeout: cfg.ConnectTimeout, timeout: cfg.Timeout,
+		maxIdle: cfg.MaxIdleConns, maxValue: cfg.MaxResponseBytes}}
 	c.initZeroCopy(cfg.ZeroCopyInFlight)
 	c.zc.maxSpares = max(cfg.ReserveAhead, 0)
 	return c, nil
@@ -205,6 +210,7 @@ func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.abortQuietly(c.zc.dropSpares()) // PutFrom's unbound reservations
 		c.zc.close()
+		c.raw.close()
 		c.closeErr = c.kc.(interface{ Close() error }).Close()
 	})
 	return c.closeErr

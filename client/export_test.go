@@ -1,6 +1,13 @@
 package client
 
-import tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+import (
+	"bufio"
+	"errors"
+	"io"
+	"time"
+
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+)
 
 // Queued returns how many GetInto Acquires, PutFrom Reserves and PutFrom
 // Commits of c wait behind a call in flight.
@@ -45,10 +52,27 @@ func OpenWindow(c *Client, off, n int64) (close func() error, mem []byte, err er
 	return func() error { return a.closeWindow(w) }, mem, nil
 }
 
-// DecodeAppendGet decodes a Get reply's payload (a TidepoolGetResult) as
-// AppendGet does, appending the value to dst.
-func DecodeAppendGet(dst, payload []byte) (value []byte, found bool, exc *tp.TidepoolError, n int, err error) {
+// DecodeAppendGet decodes a Get reply message (header and
+// TidepoolGetResult) from stream as AppendGet does, appending the value to
+// dst; maxValue is MaxResponseBytes.
+func DecodeAppendGet(dst []byte, stream io.Reader, seq int32, maxValue int) (value []byte, found bool, exc *tp.TidepoolError, err error) {
 	r := appendGet{dst: dst, base: len(dst)}
-	n, err = r.FastRead(payload)
-	return r.dst, r.found, r.err, n, err
+	d := streamDecoder{r: bufio.NewReaderSize(stream, rawReadBuffer), maxValue: maxValue}
+	err = d.readReply("Get", seq, &r)
+	return r.dst, r.found, r.err, err
+}
+
+// RawIdleClosed returns how many of c's idle AppendGet connections the
+// sidecar has closed, and how many are idle.
+func RawIdleClosed(c *Client) (closed, idle int) {
+	c.raw.mu.Lock()
+	defer c.raw.mu.Unlock()
+	for _, rc := range c.raw.idle {
+		rc.conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+		if _, err := rc.r.Peek(1); errors.Is(err, io.EOF) {
+			closed++
+		}
+		rc.conn.SetReadDeadline(time.Time{})
+	}
+	return closed, len(c.raw.idle)
 }

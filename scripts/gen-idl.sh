@@ -86,10 +86,6 @@ safe_skip() {
 				}()
 				return thrift.Binary.Skip(b, t)
 			}
-
-			// SkipField is skipUnknown for decoders written by hand beside
-			// these (client/appendget.go).
-			func SkipField(b []byte, t thrift.TType) (int, error) { return skipUnknown(b, t) }
 		GO
 	done
 }

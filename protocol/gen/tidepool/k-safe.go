@@ -20,7 +20,3 @@ func skipUnknown(b []byte, t thrift.TType) (n int, err error) {
 	}()
 	return thrift.Binary.Skip(b, t)
 }
-
-// SkipField is skipUnknown for decoders written by hand beside
-// these (client/appendget.go).
-func SkipField(b []byte, t thrift.TType) (int, error) { return skipUnknown(b, t) }
