@@ -48,7 +48,9 @@ var rules = []rule{
 	// wire; the webhook adapter alone knows controller-runtime.
 	{pkg: "inject/admit", ours: []string{"inject"}, thirdParty: []string{"k8s.io/api", "k8s.io/apimachinery", "sigs.k8s.io/controller-runtime", "go.uber.org/zap"}},
 	{pkg: "inject", ours: []string{"internal/units"}, thirdParty: []string{"gopkg.in/yaml.v3", "k8s.io/api", "k8s.io/apimachinery"}},
-	{pkg: "client", ours: []string{"protocol", "client", "internal/crc32c"}, thirdParty: []string{"github.com/cloudwego/"}},
+	// The client library: the wire, the checksum of its zero-copy puts and
+	// the protection key that guards their writable mapping.
+	{pkg: "client", ours: []string{"protocol", "client", "internal/crc32c", "internal/pkey"}, thirdParty: []string{"github.com/cloudwego/"}},
 	{pkg: "cmd", ours: []string{""}, thirdParty: []string{""}},
 	// Research code (experiments build only with -tags research).
 	{pkg: "research", ours: []string{"cache", "internal/"}, thirdParty: nil},

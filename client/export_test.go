@@ -76,3 +76,18 @@ func RawIdleClosed(c *Client) (closed, idle int) {
 	}
 	return closed, len(c.raw.idle)
 }
+
+// KeyedMaps returns the WriteKeyed mappings of c's arenas (nil for an
+// arena not written that way yet).
+func KeyedMaps(c *Client) (mems [][]byte) {
+	z := &c.zc
+	z.rw.RLock()
+	defer z.rw.RUnlock()
+	for _, a := range z.arenas {
+		mems = append(mems, a.kmem)
+	}
+	return mems
+}
+
+// EffectiveWriteMode is the mode c's PutFrom writes with.
+func EffectiveWriteMode(c *Client) WriteMode { return WriteMode(c.zc.mode.Load()) }

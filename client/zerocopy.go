@@ -3,13 +3,15 @@ package client
 // Zero-copy calls (docs/zerocopy.md). The sidecar's DRAM tier lives in
 // arena files in a directory both containers of the pod mount; Hello lists
 // them. The client maps each file read-only (MAP_SHARED) on first use and
-// reads leased blocks in place; it writes a reserved slot with pwrite on the
-// arena file (or, with WriteMmap, through a MAP_SHARED mapping of just the
-// slot's pages), so no block byte crosses the socket.
+// reads leased blocks in place; it writes a reserved slot through a
+// mapping that only the writing thread can write, for the copy
+// (WriteKeyed, where the machine has memory protection keys), or with
+// pwrite on the arena file, so no block byte crosses the socket.
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/internal/crc32c"
+	"github.com/tidepool-kv/tidepool/internal/pkey"
 
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
@@ -233,8 +236,9 @@ type WriteMode int
 
 const (
 	// WritePwrite copies with pwrite(2) on the arena file, after
-	// checksumming the source (the default: it writes nothing outside the
-	// slot and needs no writable mapping).
+	// checksumming the source (the default where WriteKeyed is not
+	// available: it writes nothing outside the slot and needs no writable
+	// mapping).
 	WritePwrite WriteMode = iota
 	// WriteMmap makes the slot's pages writable for a copy with the
 	// checksum fused in, and read-only again after: the client keeps one
@@ -250,7 +254,29 @@ const (
 	// of its own can damage other blocks: the trust is that of the
 	// read-write descriptor the other modes hold, with less margin.
 	WriteMapped
+	// WriteKeyed keeps a read-write MAP_SHARED mapping of each arena
+	// whose pages carry a memory protection key (x86 PKU) that denies
+	// every thread access to them, and copies into a slot with the
+	// checksum fused in on a thread that allows itself access for the
+	// copy alone (internal/pkey): as fast as WriteMapped, and a stray
+	// write of the process to an arena faults, as with the read-only
+	// mappings. The default where the CPU and kernel have protection keys
+	// (and a key is free); elsewhere PutFrom falls back to WritePwrite.
+	WriteKeyed
 )
+
+// writeKey is the process's protection key for WriteKeyed, allocated on
+// first use; every client shares it (a process has 15).
+var writeKey struct {
+	once sync.Once
+	k    pkey.Key
+	err  error
+}
+
+func keyForWrites() (pkey.Key, error) {
+	writeKey.once.Do(func() { writeKey.k, writeKey.err = pkey.Alloc() })
+	return writeKey.k, writeKey.err
+}
 
 // arenaMap is one arena file mapped read-only, plus a descriptor opened
 // read-write for writing reserved slots.
@@ -264,6 +290,10 @@ type arenaMap struct {
 	wonce sync.Once
 	wmem  []byte // PROT_READ|PROT_WRITE, MAP_SHARED (WriteMapped), made on first use
 	werr  error
+
+	konce sync.Once
+	kmem  []byte // PROT_READ|PROT_WRITE, MAP_SHARED, tagged with writeKey (WriteKeyed), made on first use
+	kerr  error
 
 	// WriteMmap: a MAP_SHARED mapping of the whole arena, PROT_READ but for
 	// the pages of slots being written, made on first use.
@@ -382,6 +412,29 @@ func (a *arenaMap) writable() ([]byte, error) {
 	return a.wmem, a.werr
 }
 
+// keyed returns the mapping of WriteKeyed and its key.
+func (a *arenaMap) keyed() ([]byte, pkey.Key, error) {
+	k, err := keyForWrites()
+	if err != nil {
+		return nil, 0, err
+	}
+	a.konce.Do(func() {
+		mem, err := syscall.Mmap(int(a.rw.Fd()), 0, int(a.size), syscall.PROT_NONE, syscall.MAP_SHARED)
+		if err == nil {
+			// Tagged before it is writable: no moment without the key.
+			if err = k.Protect(mem, syscall.PROT_READ|syscall.PROT_WRITE); err != nil {
+				syscall.Munmap(mem)
+			}
+		}
+		if err != nil {
+			a.kerr = fmt.Errorf("tidepool: zero-copy: mmap %s keyed: %w", a.path, err)
+			return
+		}
+		a.kmem = mem
+	})
+	return a.kmem, k, a.kerr
+}
+
 // zeroCopy is a client's view of the arenas, made on first use.
 //
 // Locks: mu serializes (re)mapping; rw guards the lifetime
@@ -493,6 +546,9 @@ const defaultBatch = 256
 // Acquire or Reserve calls in flight per namespace (Config.ZeroCopyInFlight).
 func (c *Client) initZeroCopy(inFlight int) {
 	z := &c.zc
+	if _, err := keyForWrites(); err == nil {
+		z.mode.Store(int32(WriteKeyed))
+	}
 	maxBatch := func() int {
 		if n := int(z.maxBatch.Load()); n > 0 {
 			return n
@@ -598,6 +654,8 @@ func (c *Client) abortQuietly(tokens []int64) {
 }
 
 // SetWriteMode chooses how PutFrom writes slots (benchmarks compare them).
+// The default is WriteKeyed where the machine has protection keys, else
+// WritePwrite.
 func (c *Client) SetWriteMode(m WriteMode) {
 	c.zc.mode.Store(int32(m))
 }
@@ -842,6 +900,10 @@ func (a *arenaMap) close() {
 		_ = syscall.Munmap(a.wmem)
 		a.wmem = nil
 	}
+	if a.kmem != nil {
+		_ = syscall.Munmap(a.kmem)
+		a.kmem = nil
+	}
 	if a.mem != nil {
 		_ = syscall.Munmap(a.mem)
 		a.mem = nil
@@ -947,6 +1009,15 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 		return crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf), nil
 	case WriteMmap:
 		return a.writeWindow(s.Offset, buf)
+	case WriteKeyed:
+		if mem, k, err := a.keyed(); err == nil {
+			var crc uint32
+			k.Write(func() { crc = crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf) })
+			return crc, nil
+		} else if !errors.Is(err, pkey.ErrUnsupported) {
+			return 0, err
+		}
+		// No protection keys: pwrite.
 	}
 	// A piece at a time: pwrite copies it (reading buf from memory), then
 	// the checksum reads it again from cache. Checksumming the whole of buf

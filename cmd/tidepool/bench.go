@@ -56,6 +56,7 @@ var benchWriteModes = map[string]client.WriteMode{
 	"pwrite": client.WritePwrite,
 	"mmap":   client.WriteMmap,
 	"mapped": client.WriteMapped,
+	"keyed":  client.WriteKeyed,
 }
 
 // zeroCopier is the zero-copy part of the Go client (client/zerocopy.go).
@@ -198,7 +199,7 @@ func newBenchCmd(io *stdio) *cobra.Command {
 	fs.IntVar(&f.batch, "batch", 16, "keys per call of lookup and batch-get")
 	fs.BoolVar(&f.zeroCopy, "zero-copy", false, "move values through the shared arenas instead of the socket (put, get, mixed)")
 	fs.BoolVar(&f.verifyReads, "verify-reads", false, "with --zero-copy: check every GetInto copy against its CRC-32C in the client (SetVerifyReads(true))")
-	fs.StringVar(&f.writeMode, "write-mode", "pwrite", "with --zero-copy: how puts copy into their slot: pwrite (the client's default), mmap (a mapping writable only while the slot is written) or mapped (a writable mapping of every arena)")
+	fs.StringVar(&f.writeMode, "write-mode", "default", "with --zero-copy: how puts copy into their slot: default (the client's: keyed where the machine has memory protection keys, else pwrite), keyed (a mapping only the copying thread can write, for the copy), pwrite, mmap (a mapping writable only while the slot is written) or mapped (a writable mapping of every arena)")
 	fs.StringVar(&f.remote, "remote", "", "socket of another node: prefill there, read here with cluster scope")
 	fs.StringVar(&f.scope, "scope", "", "read scope: local, cluster or default (default: local, cluster with --remote)")
 	fs.BoolVar(&f.noPrefill, "no-prefill", false, "skip storing the key set before read runs")
@@ -208,7 +209,7 @@ func newBenchCmd(io *stdio) *cobra.Command {
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
 	completeWords(cmd, "op", "put", "get", "mixed", "lookup", "batch-get", rawMemcpy, rawSocketCopy)
 	completeWords(cmd, "scope", "local", "cluster", "default")
-	completeWords(cmd, "write-mode", "pwrite", "mmap", "mapped")
+	completeWords(cmd, "write-mode", "default", "keyed", "pwrite", "mmap", "mapped")
 	completeWords(cmd, "progress", "auto", "bar", "plain", "none")
 	return cmd
 }
@@ -273,10 +274,10 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 		return usageErr("--verify-reads applies to --zero-copy reads (inline reads are verified by the sidecar's verify_reads)")
 	}
 	writeMode, ok := benchWriteModes[f.writeMode]
-	if !ok {
-		return usageErr("--write-mode must be pwrite, mmap or mapped, not %q", f.writeMode)
+	if !ok && f.writeMode != "default" {
+		return usageErr("--write-mode must be default, keyed, pwrite, mmap or mapped, not %q", f.writeMode)
 	}
-	if f.writeMode != "pwrite" && !f.zeroCopy {
+	if f.writeMode != "default" && !f.zeroCopy {
 		return usageErr("--write-mode applies to --zero-copy puts")
 	}
 	if f.zeroCopy && f.remote != "" {
@@ -308,7 +309,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 			c.SetVerifyReads(true)
 			mode = "zero-copy, verified reads"
 		}
-		if f.writeMode != "pwrite" {
+		if f.writeMode != "default" {
 			c.SetWriteMode(writeMode)
 			mode += ", " + f.writeMode + " puts"
 		}

@@ -67,7 +67,7 @@ func TestBenchCLI(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil || r.Ops != 100 || r.Errors != 0 || r.Mode != "zero-copy, verified reads" {
 			t.Fatalf("--verify-reads: exit %d, %v: %s %s", code, err, out, errs)
 		}
-		for _, wm := range []string{"mmap", "mapped"} {
+		for _, wm := range []string{"pwrite", "mmap", "mapped", "keyed"} {
 			out, errs, code = d.tp(t, nil, "bench", "--op", "put", "--size", "64KiB", "--concurrency", "2", "--ops", "100", "--zero-copy", "--write-mode", wm, "--json", "--progress", "none")
 			r = bench.Report{}
 			if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil || r.Ops != 100 || r.Errors != 0 || r.Mode != "zero-copy, "+wm+" puts" {

@@ -1,0 +1,111 @@
+//go:build linux
+
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/internal/pkey"
+)
+
+// TestWriteKeyed: where the machine has protection keys, WriteKeyed is the
+// default; concurrent PutFroms of small (slab-packed) and large values
+// write the right bytes, and no write of the process to the keyed
+// mappings lands outside a copy: a write from the test's goroutine faults
+// before, during and after the other goroutines' puts.
+func TestWriteKeyed(t *testing.T) {
+	k, err := pkey.Alloc()
+	if errors.Is(err, pkey.ErrUnsupported) {
+		t.Skip(err)
+	}
+	if err == nil {
+		k.Free()
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "tpkey")
+	if err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	runSidecar(t, dir, 64<<20)
+	c, err := client.New(dir + "/tp.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if m := client.EffectiveWriteMode(c); m != client.WriteKeyed {
+		t.Fatalf("default write mode %d with protection keys, want WriteKeyed", m)
+	}
+	ctx := context.Background()
+	if _, err := c.PutFrom(ctx, "ns", []byte("first"), []byte("x"), 0); err != nil {
+		t.Fatal(err) // maps the arenas
+	}
+	probe := func() (tried, faulted int) {
+		for _, mem := range client.KeyedMaps(c) {
+			for off := 0; off < len(mem); off += 4096 * 61 {
+				tried++
+				if writeFaults(mem, off) {
+					faulted++
+				}
+			}
+		}
+		return tried, faulted
+	}
+	if tried, faulted := probe(); tried == 0 || faulted != tried {
+		t.Fatalf("before the puts: %d of %d writes through the keyed mapping faulted, want all", faulted, tried)
+	}
+
+	sizes := []int{1, 700, 5000, 4096, 12 << 10, 64<<10 + 3, 1 << 20}
+	const writers, perWriter = 8, 20
+	vals := map[string][]byte{}
+	for g := range writers {
+		for i := range perWriter {
+			vals[fmt.Sprintf("k%d-%d", g, i)] = sized(int64(g*100+i), sizes[(g+i)%len(sizes)])
+		}
+	}
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	errs := make(chan error, writers)
+	for g := range writers {
+		wg.Go(func() {
+			for i := range perWriter {
+				k := fmt.Sprintf("k%d-%d", g, i)
+				if _, err := c.PutFrom(ctx, "ns", []byte(k), vals[k], 0); err != nil {
+					errs <- fmt.Errorf("PutFrom %s: %w", k, err)
+					return
+				}
+			}
+		})
+	}
+	go func() { wg.Wait(); done.Store(true) }()
+	var tried, faulted int
+	for !done.Load() {
+		n, f := probe()
+		tried, faulted = tried+n, faulted+f
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if faulted != tried {
+		t.Fatalf("during the puts: %d of %d writes through the keyed mapping faulted, want all", faulted, tried)
+	}
+	buf := make([]byte, 1<<20)
+	for k, v := range vals {
+		n, found, err := c.GetInto(ctx, "ns", []byte(k), buf)
+		if err != nil || !found || !bytes.Equal(buf[:n], v) {
+			t.Fatalf("GetInto %s: %d %v %v (bytes equal: %v)", k, n, found, err, bytes.Equal(buf[:n], v))
+		}
+	}
+	if tried, faulted := probe(); tried == 0 || faulted != tried {
+		t.Fatalf("after the puts: %d of %d writes through the keyed mapping faulted, want all", faulted, tried)
+	}
+}
