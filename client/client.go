@@ -93,8 +93,8 @@ type Config struct {
 	// most batching. Raise it when GetInto often reads blocks from the SSD
 	// tier or another node: the server brings a call's blocks into DRAM one
 	// after the other. Commit calls of PutFrom may be in flight up to this
-	// or GOMAXPROCS, whichever is more (the server checksums a call's blocks
-	// one after the other).
+	// or twice GOMAXPROCS, whichever is more (the server checksums a call's
+	// blocks one after the other).
 	ZeroCopyInFlight int
 	// ReserveAhead is how many slots reserved ahead (unbound reservations,
 	// docs/zerocopy.md) the client keeps for PutFrom: each Commit asks for

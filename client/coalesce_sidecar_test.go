@@ -178,10 +178,10 @@ func TestCoalescedCalls(t *testing.T) {
 	t.Logf("%d GetIntos: %d Acquire calls; %d PutFroms: %d Reserve and %d Commit calls; client: %+v",
 		gets.Load(), acquires, puts.Load(), reserves, commits, st)
 	// Every PutFrom reserves; only those of new keys commit. Up to
-	// GOMAXPROCS Commits go out at once: with as many cores as callers,
+	// twice GOMAXPROCS Commits go out at once: with that many per caller,
 	// they need not queue.
 	commitsMax := int(puts.Load())/2 - 1
-	if runtime.GOMAXPROCS(0) >= callers/4 {
+	if 2*runtime.GOMAXPROCS(0) >= callers/4 {
 		commitsMax++
 	}
 	if acquires >= int(gets.Load()) || reserves >= int(puts.Load()) || commits > commitsMax {
@@ -347,8 +347,8 @@ func TestCoalesceAbandonCommit(t *testing.T) {
 	c, p, g := startGated(t, 16<<20)
 	ctx := context.Background()
 	g.method.Store("Commit")
-	// GOMAXPROCS Commits go out before the next one queues.
-	width := runtime.GOMAXPROCS(0)
+	// Twice GOMAXPROCS Commits go out before the next one queues.
+	width := 2 * runtime.GOMAXPROCS(0)
 	var leads []chan callResult
 	for i := 0; i < width; i++ {
 		leads = append(leads, goPutFrom(ctx, c, fmt.Sprint("lead", i), sized(int64(i), 5000)))
