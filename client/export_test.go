@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/internal/pkey"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
 
@@ -89,5 +90,10 @@ func KeyedMaps(c *Client) (mems [][]byte) {
 	return mems
 }
 
-// EffectiveWriteMode is the mode c's PutFrom writes with.
-func EffectiveWriteMode(c *Client) WriteMode { return WriteMode(c.zc.mode.Load()) }
+// WithoutProtectionKeys makes the package see no protection keys until
+// the test ends (as on a machine without PKU).
+func WithoutProtectionKeys(t interface{ Cleanup(func()) }) {
+	saved := keyForWrites
+	keyForWrites = func() (pkey.Key, error) { return 0, pkey.ErrUnsupported }
+	t.Cleanup(func() { keyForWrites = saved })
+}

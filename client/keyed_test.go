@@ -16,8 +16,8 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/pkey"
 )
 
-// TestWriteKeyed: where the machine has protection keys, WriteKeyed is the
-// default; concurrent PutFroms of small (slab-packed) and large values
+// TestWriteKeyed: where the machine has protection keys, the default
+// write mode writes through a keyed mapping; concurrent PutFroms of small (slab-packed) and large values
 // write the right bytes, and no write of the process to the keyed
 // mappings lands outside a copy: a write from the test's goroutine faults
 // before, during and after the other goroutines' puts.
@@ -40,12 +40,18 @@ func TestWriteKeyed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if m := client.EffectiveWriteMode(c); m != client.WriteKeyed {
-		t.Fatalf("default write mode %d with protection keys, want WriteKeyed", m)
-	}
 	ctx := context.Background()
 	if _, err := c.PutFrom(ctx, "ns", []byte("first"), []byte("x"), 0); err != nil {
 		t.Fatal(err) // maps the arenas
+	}
+	keyed := 0
+	for _, mem := range client.KeyedMaps(c) {
+		if mem != nil {
+			keyed++
+		}
+	}
+	if keyed != 1 {
+		t.Fatalf("the default write mode made %d keyed mappings for a put, want 1", keyed)
 	}
 	probe := func() (tried, faulted int) {
 		for _, mem := range client.KeyedMaps(c) {
@@ -107,5 +113,41 @@ func TestWriteKeyed(t *testing.T) {
 	}
 	if tried, faulted := probe(); tried == 0 || faulted != tried {
 		t.Fatalf("after the puts: %d of %d writes through the keyed mapping faulted, want all", faulted, tried)
+	}
+}
+
+// TestWriteKeyedWithoutKeys: on a machine without protection keys the
+// default mode writes with pwrite: puts land, no keyed mapping is made.
+func TestWriteKeyedWithoutKeys(t *testing.T) {
+	client.WithoutProtectionKeys(t)
+	dir, err := os.MkdirTemp("/dev/shm", "tpnokey")
+	if err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	runSidecar(t, dir, 16<<20)
+	c, err := client.New(dir + "/tp.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	vals := [][]byte{sized(1, 100), sized(2, 70_000), sized(3, 1<<20)}
+	for i, v := range vals {
+		if existed, err := c.PutFrom(ctx, "ns", []byte(fmt.Sprint(i)), v, 0); err != nil || existed {
+			t.Fatalf("PutFrom %d: existed %v, %v", i, existed, err)
+		}
+	}
+	for _, mem := range client.KeyedMaps(c) {
+		if mem != nil {
+			t.Fatal("a keyed mapping without protection keys")
+		}
+	}
+	buf := make([]byte, 1<<20)
+	for i, v := range vals {
+		n, found, err := c.GetInto(ctx, "ns", []byte(fmt.Sprint(i)), buf)
+		if err != nil || !found || !bytes.Equal(buf[:n], v) {
+			t.Fatalf("GetInto %d: %d %v %v", i, n, found, err)
+		}
 	}
 }

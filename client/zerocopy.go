@@ -236,9 +236,9 @@ type WriteMode int
 
 const (
 	// WritePwrite copies with pwrite(2) on the arena file, after
-	// checksumming the source (the default where WriteKeyed is not
-	// available: it writes nothing outside the slot and needs no writable
-	// mapping).
+	// checksumming the source (what WriteKeyed falls back to without
+	// protection keys: it writes nothing outside the slot and needs no
+	// writable mapping).
 	WritePwrite WriteMode = iota
 	// WriteMmap makes the slot's pages writable for a copy with the
 	// checksum fused in, and read-only again after: the client keeps one
@@ -260,8 +260,8 @@ const (
 	// checksum fused in on a thread that allows itself access for the
 	// copy alone (internal/pkey): as fast as WriteMapped, and a stray
 	// write of the process to an arena faults, as with the read-only
-	// mappings. The default where the CPU and kernel have protection keys
-	// (and a key is free); elsewhere PutFrom falls back to WritePwrite.
+	// mappings. The default. Where the CPU or kernel has no protection
+	// keys, or none is free, PutFrom writes with pwrite instead.
 	WriteKeyed
 )
 
@@ -273,7 +273,9 @@ var writeKey struct {
 	err  error
 }
 
-func keyForWrites() (pkey.Key, error) {
+// keyForWrites returns the process's key (a variable: tests take the
+// keys away).
+var keyForWrites = func() (pkey.Key, error) {
 	writeKey.once.Do(func() { writeKey.k, writeKey.err = pkey.Alloc() })
 	return writeKey.k, writeKey.err
 }
@@ -546,9 +548,9 @@ const defaultBatch = 256
 // Acquire or Reserve calls in flight per namespace (Config.ZeroCopyInFlight).
 func (c *Client) initZeroCopy(inFlight int) {
 	z := &c.zc
-	if _, err := keyForWrites(); err == nil {
-		z.mode.Store(int32(WriteKeyed))
-	}
+	// The key is allocated at the first put, not here: a client that
+	// never puts takes none of the process's 15.
+	z.mode.Store(int32(WriteKeyed))
 	maxBatch := func() int {
 		if n := int(z.maxBatch.Load()); n > 0 {
 			return n
@@ -658,8 +660,8 @@ func (c *Client) abortQuietly(tokens []int64) {
 }
 
 // SetWriteMode chooses how PutFrom writes slots (benchmarks compare them).
-// The default is WriteKeyed where the machine has protection keys, else
-// WritePwrite.
+// The default is WriteKeyed, which writes with pwrite where the machine
+// has no protection keys.
 func (c *Client) SetWriteMode(m WriteMode) {
 	c.zc.mode.Store(int32(m))
 }
