@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,17 +28,7 @@ func TestWriteKeyed(t *testing.T) {
 	if err == nil {
 		k.Free()
 	}
-	dir, err := os.MkdirTemp("/dev/shm", "tpkey")
-	if err != nil {
-		t.Skip("no /dev/shm:", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	runSidecar(t, dir, 64<<20)
-	c, err := client.New(dir + "/tp.sock")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := startSidecar(t, 64<<20)
 	ctx := context.Background()
 	if _, err := c.PutFrom(ctx, "ns", []byte("first"), []byte("x"), 0); err != nil {
 		t.Fatal(err) // maps the arenas
@@ -120,17 +109,7 @@ func TestWriteKeyed(t *testing.T) {
 // default mode writes with pwrite: puts land, no keyed mapping is made.
 func TestWriteKeyedWithoutKeys(t *testing.T) {
 	client.WithoutProtectionKeys(t)
-	dir, err := os.MkdirTemp("/dev/shm", "tpnokey")
-	if err != nil {
-		t.Skip("no /dev/shm:", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	runSidecar(t, dir, 16<<20)
-	c, err := client.New(dir + "/tp.sock")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := startSidecar(t, 16<<20)
 	ctx := context.Background()
 	vals := [][]byte{sized(1, 100), sized(2, 70_000), sized(3, 1<<20)}
 	for i, v := range vals {
