@@ -108,15 +108,15 @@ func (p *rawPool) close() {
 // pooled connection the sidecar closed while it was idle (its idle
 // timeout, a restart) fails before any byte of a reply arrives: the call
 // is made once more, on a new connection (the other idle ones are likely
-// closed too).
+// closed too). On an error the result is empty: the caller keeps dst.
 func (c *Client) rawGet(ctx context.Context, dst []byte, req *tp.GetRequest) (appendGet, error) {
 	if err := ctx.Err(); err != nil {
-		return appendGet{dst: dst, base: len(dst)}, fmt.Errorf("tidepool: %w", err)
+		return appendGet{}, fmt.Errorf("tidepool: %w", err)
 	}
 	for attempt := 0; ; attempt++ {
 		conn, pooled, err := c.raw.get(ctx, attempt > 0)
 		if err != nil {
-			return appendGet{dst: dst, base: len(dst)}, err
+			return appendGet{}, err
 		}
 		// A context that ends without a deadline ends the call too: the
 		// connection's deadline moves to the past.
@@ -133,7 +133,7 @@ func (c *Client) rawGet(ctx context.Context, dst []byte, req *tp.GetRequest) (ap
 			return res, nil
 		}
 		if !pooled || replied || attempt > 0 || ctx.Err() != nil {
-			return appendGet{dst: dst, base: len(dst)}, err
+			return appendGet{}, err
 		}
 	}
 }
@@ -159,7 +159,6 @@ func (c *rawConn) get(ctx context.Context, p *rawPool, dst []byte, req *tp.GetRe
 	res = appendGet{dst: dst, base: len(dst)}
 	d := streamDecoder{r: c.r, maxValue: p.maxValue}
 	if err := d.readReply("Get", c.seq, &res); err != nil {
-		res.dst = dst
 		var ioe ioError
 		if errors.As(err, &ioe) {
 			return res, true, c.ioError(ctx, ioe.err)
@@ -208,7 +207,7 @@ type streamDecoder struct {
 	r        *bufio.Reader
 	maxValue int
 	scratch  [8]byte
-	// tee, when not nil, receives every byte read (capture).
+	// tee, when not nil, receives every byte read (captureStruct).
 	tee *[]byte
 }
 
@@ -333,7 +332,7 @@ func (d *streamDecoder) readReply(method string, seq int32, res *appendGet) erro
 	case thrift.REPLY:
 		return d.readStruct(res.readResultField)
 	case thrift.EXCEPTION:
-		b, err := d.capture(thrift.STRUCT)
+		b, err := d.captureStruct()
 		if err != nil {
 			return err
 		}
@@ -375,7 +374,7 @@ func (r *appendGet) readResultField(d *streamDecoder, t thrift.TType, id int16) 
 		r.found, r.dst = false, r.dst[:r.base] // a repeated field replaces
 		return d.readStruct(r.readStreamResponseField)
 	case id == 1 && t == thrift.STRUCT:
-		b, err := d.capture(thrift.STRUCT)
+		b, err := d.captureStruct()
 		if err != nil {
 			return err
 		}
@@ -430,25 +429,14 @@ func (d *streamDecoder) appendN(dst []byte, n int) ([]byte, error) {
 	return dst, nil
 }
 
-// capture reads a value of type t whole and returns its encoding, for a
-// generated decoder.
-func (d *streamDecoder) capture(t thrift.TType) ([]byte, error) {
-	if d.tee != nil {
-		return nil, protoErr("nested capture") // not reached: capture is not called while skipping
-	}
+// captureStruct reads a struct whole and returns its encoding (its fields
+// and stop byte), for a generated decoder. Its fields are skipped as the
+// generated decoder skips them: each from depth 0.
+func (d *streamDecoder) captureStruct() ([]byte, error) {
 	var buf []byte
 	d.tee = &buf
 	defer func() { d.tee = nil }()
-	if t == thrift.STRUCT {
-		// The struct's own bytes: fields and the stop byte. Its fields
-		// are skipped as the generated decoder skips them: each from
-		// depth 0.
-		if err := d.skipStruct(-1); err != nil {
-			return nil, err
-		}
-		return buf, nil
-	}
-	if err := d.skip(t, 0); err != nil {
+	if err := d.skipStruct(-1); err != nil {
 		return nil, err
 	}
 	return buf, nil
