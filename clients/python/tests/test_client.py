@@ -245,6 +245,118 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(off._spares, {})
         off.close()
 
+    def keyed_supported(self):
+        try:
+            tidepool.pkey.key()
+            return True
+        except tidepool.pkey.Unsupported:
+            return False
+
+    def test_keyed_writes(self):
+        """Where the machine has protection keys, zero-copy puts (one, a
+        batch, write_slot) copy through each arena's keyed mapping, and
+        read back right; without them (or with write_mode pwrite) they
+        write with pwrite and make no keyed mapping."""
+        if not self.keyed_supported():
+            self.skipTest("no memory protection keys here")
+        c = tidepool.Client(SOCKET, framed=self.framed)
+        self.addCleanup(c.close)
+        vals = {b"kw-%d" % i: payload(n, i) for i, n in enumerate([1, 4 * KiB - 1, 64 * KiB + 3, MAX_VALUE])}
+        for k, v in vals.items():
+            self.assertFalse(c.put_from(self.ns, k, v))
+        # A batch (slots that follow one another), and buffers of other
+        # types: read-only bytes, a bytearray, a memoryview slice.
+        batch = [(b"kwb-%d" % i, v) for i, v in enumerate(
+            [payload(10 * KiB, 40), bytearray(payload(3000, 41)), memoryview(payload(9000, 42))[1000:8000]])]
+        self.assertEqual(c.batch_put_from(self.ns, batch), [tidepool.OK] * 3)
+        vals.update((k, bytes(v)) for k, v in batch)
+        (r,) = c.reserve(self.ns, [(b"kw-slot", 5000)])
+        c.write_slot(r.slot, payload(5000, 43))
+        self.assertEqual(c.commit([(r.token, tidepool.crc32c(payload(5000, 43)))]), [tidepool.OK])
+        vals[b"kw-slot"] = payload(5000, 43)
+        keyed = [a for a in c._arenas if a.keyed is not None]
+        self.assertTrue(keyed, "no keyed mapping was made")
+        for k, v in vals.items():
+            self.assertEqual(self.c.get(self.ns, k), v, k)
+        # Not contiguous: refused before anything is reserved or written.
+        with self.assertRaises((BufferError, TypeError, ValueError)):
+            c.put_from(self.ns, b"kw-strided", memoryview(payload(100, 1))[::2])
+        self.assertIsNone(self.c.get(self.ns, b"kw-strided"))
+        self.assertTrue(c.prepare_writes())
+        self.assertFalse(c.put_from(self.ns, b"kw-after", vals[b"kw-1"]))
+        self.assertEqual(self.c.get(self.ns, b"kw-after"), vals[b"kw-1"])
+
+        pw = tidepool.Client(SOCKET, framed=self.framed, write_mode=tidepool.WRITE_PWRITE)
+        self.addCleanup(pw.close)
+        self.assertFalse(pw.put_from(self.ns, b"pw", vals[b"kw-2"]))
+        self.assertEqual(self.c.get(self.ns, b"pw"), vals[b"kw-2"])
+        self.assertFalse(pw.prepare_writes())
+        self.assertTrue(all(a.keyed is None for a in pw._arenas))
+        with self.assertRaises(ValueError):
+            tidepool.Client(SOCKET, framed=self.framed, write_mode="mmap")
+
+    def test_keyed_writes_without_keys(self):
+        """A process whose key cannot be allocated (none free, or no PKU)
+        writes with pwrite: same bytes, no keyed mapping."""
+        script = textwrap.dedent("""
+            import sys
+            sys.path.insert(0, %r)
+            import tidepool
+            from tidepool import pkey
+            def no_keys():
+                raise pkey.Unsupported("pkey_alloc: No space left on device")
+            pkey.key = no_keys
+            c = tidepool.Client(%r)
+            v = bytes(range(256)) * 1000
+            assert c.put_from(%r, b"nokeys", v) is False
+            assert all(a.keyed is None for a in c._arenas)
+            assert c.prepare_writes() is False
+            assert c.get(%r, b"nokeys") == v
+            c.close()
+        """) % (PKG_ROOT, SOCKET, self.ns, self.ns)
+        subprocess.run([sys.executable, "-c", script], timeout=60, check=True)
+        self.assertEqual(len(self.c.get(self.ns, b"nokeys")), 256000)
+
+    def test_keyed_mapping_faults_outside_writes(self):
+        """Any store of the process into a keyed mapping, but the client's
+        own copies, faults: after a put, and from one thread while another
+        copies. Each case in a process of its own, which dies of
+        SIGSEGV; the puts of the same process went in right."""
+        if not self.keyed_supported():
+            self.skipTest("no memory protection keys here")
+        prog = textwrap.dedent("""
+            import ctypes, sys, threading
+            sys.path.insert(0, %r)
+            import tidepool
+            c = tidepool.Client(%r)
+            ns, case = %r, sys.argv[1]
+            v = bytes(range(256)) * 4096
+            assert c.put_from(ns, b"fault-" + case.encode(), v) is False
+            # The stores aim at a slot of this process's own, reserved and
+            # never committed: nothing else is hit should one not fault.
+            (r,) = c.reserve(ns, [(b"fault-slot-" + case.encode(), %d)])
+            m = c._arenas[r.slot.arena].keyed_map()
+            at = m.addr + r.slot.offset
+            print("put", flush=True)
+            if case == "after":
+                ctypes.memset(at, 0, 1)
+            elif case == "thread":
+                # One thread copies into the slot in a loop; another stores.
+                big = bytearray(r.slot.length)
+                def writer():
+                    while True:
+                        tidepool.pkey.write_all([(m, r.slot.offset, big)])
+                threading.Thread(target=writer, daemon=True).start()
+                for _ in range(1000):
+                    ctypes.memset(at + r.slot.length - 1, 0, 1)
+            print("survived", flush=True)
+        """) % (PKG_ROOT, SOCKET, self.ns, MAX_VALUE)
+        for case in ("after", "thread"):
+            p = subprocess.run([sys.executable, "-c", prog, case], timeout=60, capture_output=True, text=True)
+            self.assertEqual(p.returncode, -11, "%s: rc %d, out %r, err %r" % (case, p.returncode, p.stdout, p.stderr[-500:]))
+            self.assertEqual(p.stdout, "put\n", case)
+            self.assertEqual(self.c.get(self.ns, b"fault-" + case.encode()), bytes(range(256)) * 4096)
+
     def test_damaged_arena_bytes_are_refused_when_verifying(self):
         # Hardening item 14 made the zero-copy reads verify by default;
         # issue 17 moved that check out of the read path (the sidecar

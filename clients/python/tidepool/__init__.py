@@ -23,8 +23,11 @@ from .client import (  # noqa: F401
     Reservation,
     Scope,
     Slot,
+    WRITE_KEYED,
+    WRITE_PWRITE,
     code_name,
 )
+from . import pkey  # noqa: F401
 from .checksum import FAST as CRC32C_FAST  # noqa: F401
 from .checksum import crc32c  # noqa: F401
 from .keys import KEY_SIZE, block_key, chain_keys  # noqa: F401
