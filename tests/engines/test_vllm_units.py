@@ -247,16 +247,30 @@ class UnitTests(unittest.TestCase):
         self.assertEqual(cfg.kv_transfer_config.kv_load_failure_policy, "recompute")
 
     # -- worker side: both layouts, save then load through the sidecar ------------
-    def roundtrip(self, shape_of, tag):
+    def roundtrip(self, shape_of, tag, dtype=torch.float32, mapped=0):
+        """Saves blocks 1-3 of two layers, loads two back into blocks 5-6.
+        mapped: how many saves should go through writable_slot (a mapping
+        per block, for blocks not contiguous in host memory); the others
+        are written by the client from the tensors' memory (write_slot)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from tidepool.vllm import TidepoolConnector, TidepoolConnectorMetadata, _Transfer
+
+        calls = {"writable_slot": 0, "write_slot": 0}
+        for name in calls:
+            orig = getattr(tidepool.Client, name)
+
+            def counted(self_, *a, _orig=orig, _name=name, **kw):
+                calls[_name] += 1
+                return _orig(self_, *a, **kw)
+            setattr(tidepool.Client, name, counted)
+            self.addCleanup(setattr, tidepool.Client, name, orig)
 
         class KVC:
             num_blocks = 10
         cfg = make_config(self.model, self.socket, extra={"namespace": "unit/" + tag})
         w = TidepoolConnector(cfg, KVConnectorRole.WORKER, KVC())
         g = torch.Generator().manual_seed(1)
-        kv = {"layer.%d" % i: torch.randn(*shape_of(10), generator=g) for i in range(2)}
+        kv = {"layer.%d" % i: torch.randn(*shape_of(10), generator=g).to(dtype) for i in range(2)}
         w.register_kv_caches(kv)
         self.assertGreater(w._block_bytes, 0)
         keys = [bytes([i]) * 32 for i in range(1, 4)]
@@ -272,6 +286,7 @@ class UnitTests(unittest.TestCase):
                 break
             time.sleep(0.02)
         self.assertEqual(done, {"a"})
+        self.assertEqual(calls, {"writable_slot": mapped, "write_slot": 3 - mapped})
         # take_events: the scheduler turns the worker's report into BlockStored.
         from vllm.v1.outputs import KVConnectorOutput
         wm = w.build_connector_worker_meta()
@@ -306,9 +321,15 @@ class UnitTests(unittest.TestCase):
         w = self.roundtrip(lambda nb: (nb, 2, BS, 128), "cpu")
         self.assertEqual(w._layers[0][2], 0)
 
+    def test_cpu_layout_roundtrip_bf16(self):
+        # numpy has no bfloat16: the blocks' bytes are viewed as uint8.
+        w = self.roundtrip(lambda nb: (nb, 2, BS, 128), "cpu-bf16", dtype=torch.bfloat16)
+        self.assertEqual(w._layers[0][2], 0)
+
     def test_flash_attention_layout_roundtrip(self):
         # FlashAttention: (2, num_blocks, block_size, num_kv_heads, head_size)
-        w = self.roundtrip(lambda nb: (2, nb, BS, 2, 64), "fa")
+        # A block's K and V are apart: saved through writable_slot.
+        w = self.roundtrip(lambda nb: (2, nb, BS, 2, 64), "fa", mapped=3)
         self.assertEqual(w._layers[0][2], 1)
 
     def test_wrong_layout_block_is_a_load_error(self):

@@ -292,6 +292,18 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.c.get(self.ns, b"pw"), vals[b"kw-2"])
         self.assertFalse(pw.prepare_writes())
         self.assertTrue(all(a.keyed is None for a in pw._arenas))
+        # A block written from parts, through either mode; a wrong total
+        # length is refused before anything is written.
+        parts = [b"head", bytearray(payload(7000, 44)), memoryview(payload(3000, 45))[1000:]]
+        joined = b"".join(bytes(p) for p in parts)
+        for cl, key in ((c, b"parts-keyed"), (pw, b"parts-pwrite")):
+            (r,) = cl.reserve(self.ns, [(key, len(joined))])
+            with self.assertRaises(tidepool.Error) as cm:
+                cl.write_slot(r.slot, parts + [b"x"])
+            self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+            cl.write_slot(r.slot, parts)
+            self.assertEqual(cl.commit([(r.token, tidepool.crc32c(joined))]), [tidepool.OK])
+            self.assertEqual(self.c.get(self.ns, key), joined)
         with self.assertRaises(ValueError):
             tidepool.Client(SOCKET, framed=self.framed, write_mode="mmap")
 

@@ -493,12 +493,19 @@ class Client:
     def write_slot(self, slot, data):
         """Writes data (exactly slot.length bytes) into a reserved slot:
         through the arena's keyed mapping (see write_mode), else with pwrite
-        on the arena file."""
+        on the arena file. data is a C-contiguous buffer, or a list of them
+        written one after the other (a block assembled from parts, with no
+        copy to join them)."""
         a = self._arena(slot)
-        mv = memoryview(data).cast("B")
-        if len(mv) != slot.length:
-            raise Error(ErrorCode.INVALID_ARGUMENT, "slot of %d bytes, %d to write" % (slot.length, len(mv)))
-        self._write_slots([(a, slot.offset, mv)])
+        parts = [memoryview(d).cast("B") for d in (data if isinstance(data, (list, tuple)) else [data])]
+        n = sum(len(p) for p in parts)
+        if n != slot.length:
+            raise Error(ErrorCode.INVALID_ARGUMENT, "slot of %d bytes, %d to write" % (slot.length, n))
+        writes, off = [], slot.offset
+        for p in parts:
+            writes.append((a, off, p))
+            off += len(p)
+        self._write_slots(writes)
 
     def prepare_writes(self):
         """Optional, once at start (an engine's, say): maps the arenas and,

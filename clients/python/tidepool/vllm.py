@@ -61,6 +61,7 @@ DEFAULT_SOCKET = "/run/tidepool/tidepool.sock"
 _STATS = {"lookups": 0, "lookup_hit_blocks": 0, "matched_tokens": 0, "loaded_blocks": 0,
           "load_seconds": 0.0, "loaded_bytes": 0,
           "load_errors": 0, "saved_blocks": 0, "save_exists": 0, "save_errors": 0,
+          "save_seconds": 0.0, "saved_bytes": 0,
           "keys": []}
 _STATS_LOCK = threading.Lock()
 
@@ -659,6 +660,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                     self._idle.notify_all()
 
     def _save(self, link, tr):
+        t0 = time.perf_counter()
         c = link.get()
         if c is None:
             _count("save_errors", len(tr.keys))
@@ -685,17 +687,29 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                                ErrorCode._VALUES_TO_NAMES.get(r.code, r.code), r.message)
                     _count("save_errors")
                     continue
-                with c.writable_slot(r.slot) as v:
-                    dst = torch.frombuffer(v, dtype=torch.uint8)
-                    dst[:HEADER_BYTES].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
-                    off = HEADER_BYTES
-                    bid = tr.block_ids[i]
-                    for _name, t, bdim, nbytes in self._layers:
-                        src = t.select(bdim, bid)
-                        dst[off:off + nbytes].view(t.dtype).view(src.shape).copy_(src)
-                        off += nbytes
-                    del dst
-                    crc = _crc.crc32c(v)
+                parts = self._host_parts(tr.block_ids[i])
+                if parts is not None:
+                    # Host memory, contiguous per layer: the client copies
+                    # the parts into the slot itself (a keyed mapping, or
+                    # one pwritev), with no mapping made per block.
+                    c.write_slot(r.slot, [header] + parts)
+                    v = c.slot_view(r.slot)
+                    try:
+                        crc = _crc.crc32c(v)
+                    finally:
+                        v.release()
+                else:
+                    with c.writable_slot(r.slot) as v:
+                        dst = torch.frombuffer(v, dtype=torch.uint8)
+                        dst[:HEADER_BYTES].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+                        off = HEADER_BYTES
+                        bid = tr.block_ids[i]
+                        for _name, t, bdim, nbytes in self._layers:
+                            src = t.select(bdim, bid)
+                            dst[off:off + nbytes].view(t.dtype).view(src.shape).copy_(src)
+                            off += nbytes
+                        del dst
+                        crc = _crc.crc32c(v)
                 commits.append((r.token, crc))
                 stored.append(i)
         except BaseException as e:
@@ -716,11 +730,33 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             _count("save_errors", len(commits))
             return
         good = [tr.keys[i] for i, code in zip(stored, codes) if code in (OK, ErrorCode.EXISTS)]
-        _count("saved_blocks", sum(1 for code in codes if code == OK))
+        n = sum(1 for code in codes if code == OK)
+        _count("saved_blocks", n)
+        _count("saved_bytes", n * size)
+        _count("save_seconds", time.perf_counter() - t0)
         if good:
             parent = tr.keys[stored[0] - 1] if stored and stored[0] > 0 else None
             with self._lock:
                 self._stored.append((good, parent, self._block_size))
+
+    def _host_parts(self, bid):
+        """Block bid of every layer as a byte buffer over the KV tensors'
+        own memory, in layer order, or None when a layer's block is not in
+        host memory or not contiguous (a GPU's KV cache, FlashAttention's
+        K/V split): those go through writable_slot and torch's copy_."""
+        parts = []
+        for _name, t, bdim, nbytes in self._layers:
+            src = t.select(bdim, bid)
+            if src.device.type != "cpu" or not src.is_contiguous():
+                return None
+            try:
+                b = src.reshape(-1).view(torch.uint8).numpy()
+            except (RuntimeError, TypeError):  # a dtype numpy or view() refuses
+                return None
+            if b.nbytes != nbytes:
+                return None
+            parts.append(b)
+        return parts
 
     def _drain_saves(self, timeout_s=60.0):
         deadline = time.monotonic() + timeout_s
