@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # TTFT of vLLM (CPU build) with a 2,048-token prefix in tidepool versus
-# recomputed, same engine process, several rounds; plus the load path's
-# bytes per second (tests/engines/bench_vllm.py). Figures: docs/engines.md.
+# recomputed, same engine process, several rounds; plus the load and save
+# paths' bytes per second (tests/engines/bench_vllm.py). Figures:
+# docs/engines.md. BENCH_SAVE_MAPPED=1 saves every block through
+# writable_slot (the connector's path for blocks not in host memory).
 #
 #   scripts/bench-vllm.sh [ROUNDS] [PREFIX_TOKENS]     (default 3 2048)
 #   BENCH_LAYERS=8 BENCH_HIDDEN=1536 scripts/bench-vllm.sh   (the model: Llama-style, GQA 4 KV heads)

@@ -27,6 +27,9 @@ import threading
 
 PKEY_DISABLE_ACCESS = 1
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+# A keyed mapping is faulted in by chunks of this many bytes, each at the
+# first write into it (KeyedMap.populate_for).
+_CHUNK = 2 << 20
 _PROT_NONE = 0
 _PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -124,6 +127,33 @@ class KeyedMap:
             fn["munmap"](addr, size)
             raise Unsupported("pkey_mprotect: %s" % os.strerror(e))
         self.addr = addr
+        # Chunks faulted in (1) or not yet (0); None once the kernel said
+        # it cannot (before Linux 5.14: the writes fault page by page).
+        self.chunks = bytearray((size + _CHUNK - 1) // _CHUNK)
+
+    def populate_for(self, off, n):
+        """Faults in, writable, the chunks of [off, off+n) not faulted in
+        yet, one madvise per run of them: a write fault per 4 KiB page
+        costs about twice as much as having the kernel fill the page table
+        in one call. Call with this thread allowed access (inside a window):
+        the kernel checks the caller's access rights as it faults pages in."""
+        if self.chunks is None or n <= 0:
+            return
+        first, last = off // _CHUNK, (off + n - 1) // _CHUNK
+        i = first
+        while i <= last:
+            if self.chunks[i]:
+                i += 1
+                continue
+            j = i
+            while j <= last and not self.chunks[j]:
+                j += 1
+            start, end = i * _CHUNK, min(j * _CHUNK, self.size)
+            if _libc["madvise"](self.addr + start, end - start, _MADV_POPULATE_WRITE) != 0:
+                self.chunks = None  # EINVAL before 5.14; anything else: fault lazily
+                return
+            self.chunks[i:j] = b"\x01" * (j - i)
+            i = j
 
     def write(self, off, data):
         """Copies data (any C-contiguous buffer) to offset off, as
@@ -143,7 +173,11 @@ class KeyedMap:
         try:
             # The kernel checks this thread's access rights as it faults the
             # pages in on its behalf, so the key allows it for the call.
-            return _libc["madvise"](self.addr, self.size, _MADV_POPULATE_WRITE) == 0
+            if _libc["madvise"](self.addr, self.size, _MADV_POPULATE_WRITE) != 0:
+                return False
+            if self.chunks is not None:
+                self.chunks[:] = b"\x01" * len(self.chunks)
+            return True
         finally:
             setk(self.key, PKEY_DISABLE_ACCESS)
 
@@ -180,6 +214,7 @@ def write_all(writes):
         try:
             for (m, off, _), b in zip(writes, bufs):
                 if b.len:
+                    m.populate_for(off, b.len)
                     ctypes.memmove(m.addr + off, b.buf, b.len)
         finally:
             setk(k, PKEY_DISABLE_ACCESS)
