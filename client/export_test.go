@@ -90,6 +90,28 @@ func KeyedMaps(c *Client) (mems [][]byte) {
 	return mems
 }
 
+// KeyedFilled counts the chunks of c's keyed mappings whose page tables
+// were filled at a first write (fill), of how many; nofill when the kernel
+// could not.
+func KeyedFilled(c *Client) (filled, chunks int, nofill bool) {
+	z := &c.zc
+	z.rw.RLock()
+	defer z.rw.RUnlock()
+	for _, a := range z.arenas {
+		if a.kmem == nil {
+			continue
+		}
+		nofill = nofill || a.knofill.Load()
+		for i := range a.kfilled {
+			chunks++
+			if a.kfilled[i].Load() {
+				filled++
+			}
+		}
+	}
+	return filled, chunks, nofill
+}
+
 // WithoutProtectionKeys makes the package see no protection keys until
 // the test ends (as on a machine without PKU).
 func WithoutProtectionKeys(t interface{ Cleanup(func()) }) {

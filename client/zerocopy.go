@@ -293,9 +293,11 @@ type arenaMap struct {
 	wmem  []byte // PROT_READ|PROT_WRITE, MAP_SHARED (WriteMapped), made on first use
 	werr  error
 
-	konce sync.Once
-	kmem  []byte // PROT_READ|PROT_WRITE, MAP_SHARED, tagged with writeKey (WriteKeyed), made on first use
-	kerr  error
+	konce   sync.Once
+	kmem    []byte // PROT_READ|PROT_WRITE, MAP_SHARED, tagged with writeKey (WriteKeyed), made on first use
+	kerr    error
+	kfilled []atomic.Bool // per fillChunk of kmem: its page table filled (fill)
+	knofill atomic.Bool   // the kernel cannot (before Linux 5.14): writes fault page by page
 
 	// WriteMmap: a MAP_SHARED mapping of the whole arena, PROT_READ but for
 	// the pages of slots being written, made on first use.
@@ -433,8 +435,40 @@ func (a *arenaMap) keyed() ([]byte, pkey.Key, error) {
 			return
 		}
 		a.kmem = mem
+		a.kfilled = make([]atomic.Bool, (a.size+fillChunk-1)/fillChunk)
 	})
 	return a.kmem, k, a.kerr
+}
+
+// fillChunk is the stretch of a keyed mapping whose page table fill fills
+// at once, at the first write into it.
+const fillChunk = 2 << 20
+
+// madvPopulateWrite is MADV_POPULATE_WRITE (Linux ≥ 5.14): fault the range
+// in, writable, now.
+const madvPopulateWrite = 23
+
+// fill faults in the fillChunks of the keyed mapping that [off, off+n)
+// touches and no write touched before, one madvise each: a write fault per
+// 4 KiB page costs about twice as much as the kernel filling the page table
+// in one call (the first pass of a process through the arenas). It runs
+// inside the key's Write: the kernel checks the caller's access rights as
+// it faults the pages in. Two writers may fill one chunk at once; harmless.
+func (a *arenaMap) fill(off, n int64) {
+	if n <= 0 || a.knofill.Load() {
+		return
+	}
+	for i := off / fillChunk; i <= (off+n-1)/fillChunk; i++ {
+		if a.kfilled[i].Load() {
+			continue
+		}
+		start := i * fillChunk
+		if err := syscall.Madvise(a.kmem[start:min(start+fillChunk, a.size)], madvPopulateWrite); err != nil {
+			a.knofill.Store(true) // EINVAL before 5.14
+			return
+		}
+		a.kfilled[i].Store(true)
+	}
 }
 
 // zeroCopy is a client's view of the arenas, made on first use.
@@ -1018,7 +1052,10 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 	case WriteKeyed:
 		if mem, k, err := a.keyed(); err == nil {
 			var crc uint32
-			k.Write(func() { crc = crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf) })
+			k.Write(func() {
+				a.fill(s.Offset, s.Length)
+				crc = crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf)
+			})
 			return crc, nil
 		} else if !errors.Is(err, pkey.ErrUnsupported) {
 			return 0, err
