@@ -83,10 +83,6 @@ def _codes(results):
     return [r.code for r in results]
 
 
-# madvise(2): fault pages in writable now (Linux >= 5.14; Python's mmap module
-# names it from 3.12 on).
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-
 # The most buffers one pwritev is given (Linux's IOV_MAX is 1024).
 _MAX_IOV = 512
 
@@ -509,13 +505,12 @@ class Client:
 
     def prepare_writes(self):
         """Optional, once at start (an engine's, say): maps the arenas and,
-        with keyed writes, faults in every page of their keyed mappings now
-        (MADV_POPULATE_WRITE, Linux >= 5.14) rather than at the first write
-        of this process to each page. That fault is paid once per page and
-        process: about half the speed of a put while it lasts (the first
-        pass over the arenas). The pages are the sidecar's, already in
-        memory; this costs this process's page tables (2 MiB per GiB of
-        arena) and a moment per GiB. Returns True when every keyed mapping
+        with keyed writes, fills the page tables of their keyed mappings now
+        (MADV_POPULATE_WRITE, Linux >= 5.14) rather than 2 MiB at a time at
+        this process's first write there, which slows its first pass over
+        the arenas. The pages are the sidecar's, already in memory; this
+        costs this process's page tables (2 MiB per GiB of arena) and about
+        a quarter of a second per GiB. Returns True when every keyed mapping
         was populated, False with pwrite writes or an older kernel."""
         arenas = self._map()
         if not self._keyed:
@@ -572,7 +567,7 @@ class Client:
             # Fault the slot's pages in writable in one call (Linux >= 5.14)
             # rather than one write fault per 4 KiB page: a 1 MiB slot's
             # reserve + write + commit took 0.80-0.89 ms instead of 1.09-1.22.
-            m.madvise(_MADV_POPULATE_WRITE)
+            m.madvise(_pkey.MADV_POPULATE_WRITE)
         except (OSError, AttributeError):  # an older kernel: faults as the writer goes
             pass
         mv = memoryview(m)

@@ -2,8 +2,8 @@
 touch: x86 memory protection keys (PKU), as the Go client's WriteKeyed.
 
 A keyed mapping is a read-write MAP_SHARED mapping of an arena whose pages
-carry a protection key that denies every thread access. write() allows the
-calling thread access for one copy (glibc's pkey_set: the WRPKRU
+carry a protection key that denies every thread access. write_all() allows
+the calling thread access for its copies (glibc's pkey_set: the WRPKRU
 instruction, no system call), copies with memmove (ctypes releases the GIL:
 the copy runs on this thread while other Python threads go on), and denies
 it again. A stray store of the process into the mapping, from any thread or
@@ -16,7 +16,7 @@ and the client writes with pwrite instead. Only x86-64 Linux is tried.
 
 Copying into a keyed mapping with anything that may run on other threads
 (torch's copy_ of a large tensor uses its intra-op thread pool) would fault:
-only write() copies into one.
+only write_all() copies into one.
 """
 
 import ctypes
@@ -26,7 +26,7 @@ import platform
 import threading
 
 PKEY_DISABLE_ACCESS = 1
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+MADV_POPULATE_WRITE = 23  # madvise(2), Linux >= 5.14 (Python's mmap names it from 3.12 on)
 # A keyed mapping is faulted in by chunks of this many bytes, each at the
 # first write into it (KeyedMap.populate_for).
 _CHUNK = 2 << 20
@@ -149,16 +149,11 @@ class KeyedMap:
             while j <= last and not self.chunks[j]:
                 j += 1
             start, end = i * _CHUNK, min(j * _CHUNK, self.size)
-            if _libc["madvise"](self.addr + start, end - start, _MADV_POPULATE_WRITE) != 0:
+            if _libc["madvise"](self.addr + start, end - start, MADV_POPULATE_WRITE) != 0:
                 self.chunks = None  # EINVAL before 5.14; anything else: fault lazily
                 return
             self.chunks[i:j] = b"\x01" * (j - i)
             i = j
-
-    def write(self, off, data):
-        """Copies data (any C-contiguous buffer) to offset off, as
-        write_all."""
-        write_all([(self, off, data)])
 
     def populate(self):
         """Faults every page of the mapping in, writable, now (one system
@@ -173,7 +168,7 @@ class KeyedMap:
         try:
             # The kernel checks this thread's access rights as it faults the
             # pages in on its behalf, so the key allows it for the call.
-            if _libc["madvise"](self.addr, self.size, _MADV_POPULATE_WRITE) != 0:
+            if _libc["madvise"](self.addr, self.size, MADV_POPULATE_WRITE) != 0:
                 return False
             if self.chunks is not None:
                 self.chunks[:] = b"\x01" * len(self.chunks)
