@@ -265,9 +265,12 @@ func TestBadControlRequests(t *testing.T) {
 }
 
 // TestDeregisterMidRead: the owner deregisters a region while reads of it
-// are in flight: each read either lands the right bytes or fails with
-// ErrUnknownRegion (the QP is rebuilt), never wrong bytes, and the handle
-// keeps working.
+// are in flight: each read either lands the right bytes (checked against
+// their CRC-32C) or fails with ErrUnknownRegion, or with ErrPeerLost (the
+// responder's QP goes to the error state on the access violation, and a
+// read queued behind it on that QP whose NAK was lost ends in "transport
+// retry counter exceeded": seen once in 5 guest runs under emulation),
+// never wrong bytes; then the QP is rebuilt and the handle keeps working.
 func TestDeregisterMidRead(t *testing.T) {
 	cfg := testConfig(t)
 	a, b := newPair(t, cfg)
@@ -310,8 +313,8 @@ func TestDeregisterMidRead(t *testing.T) {
 	for w := 0; w < 4; w++ {
 		err := <-errs
 		t.Logf("read %d: %v", w, err)
-		if err != nil && !errors.Is(err, rdma.ErrUnknownRegion) {
-			t.Fatalf("read during deregistration: %v, want success or ErrUnknownRegion", err)
+		if err != nil && !errors.Is(err, rdma.ErrUnknownRegion) && !errors.Is(err, rdma.ErrPeerLost) {
+			t.Fatalf("read during deregistration: %v, want success, ErrUnknownRegion or ErrPeerLost", err)
 		}
 	}
 	if err := p.Read(ctx, rdma.Op{Local: ld.ID, Remote: rd, Len: n}); !errors.Is(err, rdma.ErrUnknownRegion) {
