@@ -107,3 +107,46 @@ func TestBlobGCOnlyInTierCompaction(t *testing.T) {
 		t.Fatalf("blob GC after the tier's compaction: %s, want false", v)
 	}
 }
+
+// TestFlushBesideCompaction calls Flush while the tier's own compaction
+// starts: its CompactRange queues an atomic flush of both families, and
+// store.flush's flush of one family queued beside it gave that flush two
+// different reasons, which librocksdb 7.8 (built with assertions) turns
+// into an abort of the process (seen in CI as TestBackgroundPriority's
+// child dying of SIGABRT). Flush now waits for a running compaction. A
+// regression shows up as the test binary aborting.
+func TestFlushBesideCompaction(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	cfg.WriteBufferSize = 2 * mib
+	cfg.CompactAfter = 1 * mib
+	tr := newTier(t, cfg)
+	ctx := context.Background()
+	const rounds, per = 120, 6
+	for r := range rounds {
+		for i := range per {
+			k := key(r*per + i)
+			if _, err := tr.Put(ctx, "ns", k, value(uint64(r*per+i), 512<<10), cache.PutOptions{}); err != nil {
+				t.Fatalf("Put: %v", err)
+			}
+			if i%2 == 1 { // 1.5 MiB dropped per round: a compaction each round
+				if _, err := tr.Delete(ctx, "ns", k); err != nil {
+					t.Fatalf("Delete: %v", err)
+				}
+			}
+		}
+		if err := tr.Flush(ctx); err != nil {
+			t.Fatalf("Flush in round %d: %v", r, err)
+		}
+	}
+	if n := tr.compactions.Load(); n == 0 {
+		t.Fatalf("no compaction ran")
+	}
+	for r := range rounds {
+		for i := 0; i < per; i += 2 {
+			got, _, err := tr.Get(ctx, "ns", key(r*per+i), nil)
+			if err != nil || !bytes.Equal(got, value(uint64(r*per+i), 512<<10)) {
+				t.Fatalf("Get %d: %d bytes, %v", r*per+i, len(got), err)
+			}
+		}
+	}
+}

@@ -365,13 +365,15 @@ func (s *store) scanMeta(fn func(key, rec []byte)) error {
 // on read) rather than bytes without metadata (space lost until a rebuild).
 // Flushes started by RocksDB itself are atomic across both families.
 //
-// Callers hold Tier.wmu, so no write can queue a flush meanwhile. The
-// flushes RocksDB already queued must be finished first: librocksdb 7.8
-// keeps the flush reason per column family, and a manual flush of one
-// family queued beside an automatic flush of both gives that automatic
-// flush two different reasons, which a RocksDB assertion turns into an
-// abort of the process (Debian builds it with assertions on; fixed
-// upstream in RocksDB 8.0, facebook/rocksdb#11111).
+// librocksdb 7.8 keeps the flush reason per column family, and a manual
+// flush of one family queued beside a flush of both (RocksDB's own, or the
+// one CompactRange starts with) gives that flush two different reasons,
+// which a RocksDB assertion turns into an abort of the process (Debian
+// builds it with assertions on; fixed upstream in RocksDB 8.0,
+// facebook/rocksdb#11111). So nothing else may queue a flush meanwhile:
+// callers hold Tier.wmu (no write can) and no compactData runs (Flush
+// waits for it, Close stops it), and the flushes RocksDB already queued
+// are finished first.
 func (s *store) flush() error {
 	s.waitFlushesIdle()
 	if err := s.db.FlushCF(s.cfMeta, s.fo); err != nil {

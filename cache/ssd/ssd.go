@@ -625,13 +625,16 @@ func (t *Tier) deleteOnDiskLocked(keys [][]byte) {
 }
 
 // Flush makes every block written so far durable (flushes the memtables
-// to SST and blob files).
+// to SST and blob files). It first waits for a running compaction of the
+// tier's own to end (see store.flush).
 func (t *Tier) Flush(ctx context.Context) error {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	if t.closed.Load() {
 		return cache.ErrClosed
 	}
+	// No new compaction starts while wmu is held.
+	t.bg.Wait()
 	t.dbMu.RLock()
 	err := errNoStore
 	if t.st != nil {
