@@ -55,21 +55,39 @@ run: deps build
 	./$(BIN) serve
 
 # Every step runs even when an earlier one fails, so one CI run reports all
-# failures; the target fails if any step did.
+# failures; the target fails if any step did. Each step's output also goes
+# to .cache/test-logs/<step>.log, and the last lines printed name the steps
+# that failed with their failure lines (CI may show only the tail).
+TEST_LOGS := .cache/test-logs
+
 test: deps
 	rc=0
-	scripts/gen-idl.sh --check || rc=1
-	$(MAKE) --no-print-directory fmt-check || rc=1
-	$(MAKE) --no-print-directory tidy-check || rc=1
-	$(GO) vet ./... || rc=1
-	$(MAKE) --no-print-directory lint || rc=1
-	$(MAKE) --no-print-directory test-go || rc=1
-	scripts/test-python.sh || rc=1
-	scripts/test-python-client.sh || rc=1
-	scripts/test-engines.sh || rc=1
-	$(MAKE) --no-print-directory test-rdma || rc=1
-	if ((rc != 0)); then echo "make test: FAILED (see above)"; else echo "make test: all passed"; fi
-	exit $$rc
+	failed=()
+	took=()
+	mkdir -p $(TEST_LOGS)
+	step() {
+		local name=$$1 t0=$$SECONDS; shift
+		if ! "$$@" 2>&1 | tee $(TEST_LOGS)/$$name.log; then rc=1; failed+=("$$name"); fi
+		took+=("$$name $$((SECONDS - t0))s")
+	}
+	step gen-idl scripts/gen-idl.sh --check
+	step fmt-check $(MAKE) --no-print-directory fmt-check
+	step tidy-check $(MAKE) --no-print-directory tidy-check
+	step vet $(GO) vet ./...
+	step lint $(MAKE) --no-print-directory lint
+	step test-go $(MAKE) --no-print-directory test-go
+	step test-python scripts/test-python.sh
+	step test-python-client scripts/test-python-client.sh
+	step test-engines scripts/test-engines.sh
+	step test-rdma $(MAKE) --no-print-directory test-rdma
+	(IFS=,; echo "make test: seconds per step: $${took[*]}")
+	if ((rc == 0)); then echo "make test: all passed"; exit 0; fi
+	echo "make test: FAILED: $${failed[*]} (whole logs in $(TEST_LOGS)/)"
+	for name in "$${failed[@]}"; do
+		echo "== $$name, its failure lines:"
+		grep -E -e '--- FAIL|^FAIL|_test\.go:[0-9]+:|^(ERROR|FAIL):|FAILED|panic:|Error|error:|RDMA-STEP .* rc=[1-9]' $(TEST_LOGS)/$$name.log | grep -v -e '^=== ' | head -n 10 || true
+	done
+	exit 1
 
 # The verbs transport on Soft-RoCE (rdma_rxe) in a QEMU TCG guest: fetches
 # Debian packages into .cache/rdma, builds the initramfs, boots, runs the
