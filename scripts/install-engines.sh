@@ -38,10 +38,14 @@ if [[ -z "$PYTHON" ]]; then
 fi
 [[ -n "$PYTHON" ]] || { echo "install-engines: no python3 found" >&2; exit 1; }
 
+# Every other package is pinned by tests/engines/constraints.txt (a freeze
+# of a venv that passed the tests): a release on PyPI changes nothing here.
+CONSTRAINTS=tests/engines/constraints.txt
+
 # The stamp names every pin and the client package's metadata: a change to
-# either reinstalls.
-pkg_hash=$(cat clients/python/pyproject.toml | sha256sum | cut -c1-16)
-stamp="$VLLM_DIST==$VLLM_VERSION torch==$TORCH_VERSION tidepool-kv:$pkg_hash"
+# any reinstalls.
+pkg_hash=$(cat clients/python/pyproject.toml "$CONSTRAINTS" | sha256sum | cut -c1-16)
+stamp="$VLLM_DIST==$VLLM_VERSION torch==$TORCH_VERSION tidepool-kv+constraints:$pkg_hash"
 py=$VENV/bin/python
 
 if [[ -x "$py" && -f "$VENV/.tidepool-engines-stamp" && "$(cat "$VENV/.tidepool-engines-stamp")" == "$stamp" ]]; then
@@ -86,10 +90,10 @@ for r in m.requires(sys.argv[1]) or []:
     print(req)
 EOF
 echo "install-engines: torch==$TORCH_VERSION and $(wc -l <"$reqs") requirements of $VLLM_DIST"
-"${pip[@]}" install "torch==$TORCH_VERSION" -r "$reqs"
+"${pip[@]}" install -c "$CONSTRAINTS" "torch==$TORCH_VERSION" -r "$reqs"
 
 echo "install-engines: clients/python[vllm] (editable)"
-"${pip[@]}" install -e "./clients/python[vllm]"
+"${pip[@]}" install -c "$CONSTRAINTS" -e "./clients/python[vllm]"
 
 "$py" -c 'import vllm, torch, tidepool.vllm; print("install-engines: vllm", vllm.__version__, "torch", torch.__version__)'
 echo "$stamp" >"$VENV/.tidepool-engines-stamp"
