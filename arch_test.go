@@ -29,6 +29,8 @@ var rules = []rule{
 	// The guard around Kitex's codec that both Thrift servers use.
 	{pkg: "protocol/safecodec", ours: nil, thirdParty: []string{"github.com/cloudwego/"}},
 	// The transfer frame's CRC-32C is the store's (internal/crc32c, a leaf).
+	// The stream decoder of the two socket paths that bypass Kitex.
+	{pkg: "protocol/thriftstream", ours: nil, thirdParty: []string{"github.com/cloudwego/"}},
 	{pkg: "protocol/frame", ours: []string{"internal/crc32c"}, thirdParty: nil},
 	{pkg: "protocol", ours: nil, thirdParty: nil},
 	// internal/ holds leaves only: no arrow back up into another room.

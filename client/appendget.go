@@ -40,4 +40,6 @@ type appendGet struct {
 	base  int // len(dst) before the call: a repeated field replaces, not appends
 	found bool
 	err   *tp.TidepoolError
+	// maxValue bounds the value (Config.MaxResponseBytes).
+	maxValue int
 }

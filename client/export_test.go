@@ -8,6 +8,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/internal/pkey"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+	"github.com/tidepool-kv/tidepool/protocol/thriftstream"
 )
 
 // Queued returns how many GetInto Acquires, PutFrom Reserves and PutFrom
@@ -57,9 +58,9 @@ func OpenWindow(c *Client, off, n int64) (close func() error, mem []byte, err er
 // TidepoolGetResult) from stream as AppendGet does, appending the value to
 // dst; maxValue is MaxResponseBytes.
 func DecodeAppendGet(dst []byte, stream io.Reader, seq int32, maxValue int) (value []byte, found bool, exc *tp.TidepoolError, err error) {
-	r := appendGet{dst: dst, base: len(dst)}
-	d := streamDecoder{r: bufio.NewReaderSize(stream, rawReadBuffer), maxValue: maxValue}
-	err = d.readReply("Get", seq, &r)
+	r := appendGet{dst: dst, base: len(dst), maxValue: maxValue}
+	d := thriftstream.Decoder{R: bufio.NewReaderSize(stream, rawReadBuffer), What: "reply"}
+	err = readReply(&d, "Get", seq, r.readResultField)
 	return r.dst, r.found, r.err, err
 }
 

@@ -3,7 +3,6 @@ package client
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"github.com/cloudwego/gopkg/protocol/thrift"
 
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+	"github.com/tidepool-kv/tidepool/protocol/thriftstream"
 )
 
 // AppendGet's calls do not go through Kitex. Kitex reads a whole reply
@@ -74,13 +74,19 @@ func (p *rawPool) get(ctx context.Context, fresh bool) (c *rawConn, pooled bool,
 	d := net.Dialer{Timeout: p.dialTimeout}
 	conn, err := d.DialContext(ctx, "unix", p.socket)
 	if err != nil {
-		return nil, false, fmt.Errorf("tidepool: dial %s: %w", p.socket, err)
+		return nil, false, dialError{fmt.Errorf("tidepool: dial %s: %w", p.socket, err)}
 	}
 	if uc, ok := conn.(*net.UnixConn); ok {
 		_ = uc.SetWriteBuffer(requestSendBuffer) // best effort, as sndbufDialer
 	}
 	return &rawConn{conn: conn, r: bufio.NewReaderSize(conn, rawReadBuffer)}, false, nil
 }
+
+// dialError marks a failure to connect, as against one of a call.
+type dialError struct{ err error }
+
+func (e dialError) Error() string { return e.err.Error() }
+func (e dialError) Unwrap() error { return e.err }
 
 // put returns c to the pool, or closes it when the pool is full or closed.
 func (p *rawPool) put(c *rawConn) {
@@ -104,36 +110,50 @@ func (p *rawPool) close() {
 	}
 }
 
-// rawGet is one Get on a pooled connection, its value appended to dst. A
-// pooled connection the sidecar closed while it was idle (its idle
-// timeout, a restart) fails before any byte of a reply arrives: the call
-// is made once more, on a new connection (the other idle ones are likely
-// closed too). On an error the result is empty: the caller keeps dst.
-func (c *Client) rawGet(ctx context.Context, dst []byte, req *tp.GetRequest) (appendGet, error) {
+// rawGet is one Get on a pooled connection, its value appended to dst. On
+// an error the result is empty: the caller keeps dst.
+func (c *Client) rawGet(ctx context.Context, dst []byte, req *tp.GetRequest) (res appendGet, err error) {
+	err = c.raw.call(ctx, func(conn *rawConn) (replied bool, err error) {
+		res, replied, err = conn.get(ctx, &c.raw, dst, req)
+		return replied, err
+	})
+	if err != nil {
+		return appendGet{}, err
+	}
+	return res, nil
+}
+
+// call makes one call with do on a pooled connection. A pooled connection
+// the sidecar closed while it was idle (its idle timeout, a restart) fails
+// before any byte of a reply arrives: the call is then made once more, on
+// a new connection (the other idle ones are likely closed too). do reports
+// whether any byte of a reply arrived (after which a call is not
+// repeated).
+func (p *rawPool) call(ctx context.Context, do func(conn *rawConn) (replied bool, err error)) error {
 	if err := ctx.Err(); err != nil {
-		return appendGet{}, fmt.Errorf("tidepool: %w", err)
+		return fmt.Errorf("tidepool: %w", err)
 	}
 	for attempt := 0; ; attempt++ {
-		conn, pooled, err := c.raw.get(ctx, attempt > 0)
+		conn, pooled, err := p.get(ctx, attempt > 0)
 		if err != nil {
-			return appendGet{}, err
+			return err
 		}
 		// A context that ends without a deadline ends the call too: the
 		// connection's deadline moves to the past.
 		stop := context.AfterFunc(ctx, func() { conn.conn.SetDeadline(time.Unix(1, 0)) })
-		res, replied, err := conn.get(ctx, &c.raw, dst, req)
+		replied, err := do(conn)
 		// When the context ended as the call did, its deadline may land
 		// on the connection at any time: it is not used again.
 		if stop() && err == nil {
-			c.raw.put(conn)
-			return res, nil
+			p.put(conn)
+			return nil
 		}
 		conn.conn.Close() // a reply half read, an error of the connection, or a context ending
 		if err == nil {
-			return res, nil
+			return nil
 		}
 		if !pooled || replied || attempt > 0 || ctx.Err() != nil {
-			return appendGet{}, err
+			return err
 		}
 	}
 }
@@ -156,12 +176,12 @@ func (c *rawConn) get(ctx context.Context, p *rawPool, dst []byte, req *tp.GetRe
 	if _, err := c.r.Peek(1); err != nil {
 		return res, false, c.ioError(ctx, err)
 	}
-	res = appendGet{dst: dst, base: len(dst)}
-	d := streamDecoder{r: c.r, maxValue: p.maxValue}
-	if err := d.readReply("Get", c.seq, &res); err != nil {
-		var ioe ioError
+	res = appendGet{dst: dst, base: len(dst), maxValue: p.maxValue}
+	d := thriftstream.Decoder{R: c.r, What: "reply"}
+	if err := readReply(&d, "Get", c.seq, res.readResultField); err != nil {
+		var ioe thriftstream.IOError
 		if errors.As(err, &ioe) {
-			return res, true, c.ioError(ctx, ioe.err)
+			return res, true, c.ioError(ctx, ioe.Err)
 		}
 		return res, true, fmt.Errorf("tidepool: %w", err)
 	}
@@ -193,333 +213,80 @@ func appendCall(b []byte, method string, seq int32, args thrift.FastCodec) []byt
 	return b
 }
 
-// ioError marks an error of reading the connection, as against a reply
-// that reads but does not parse.
-type ioError struct{ err error }
-
-func (e ioError) Error() string { return e.err.Error() }
-func (e ioError) Unwrap() error { return e.err }
-
-// streamDecoder reads one binary-protocol reply from a stream. It never
-// allocates for what a length field claims, only for bytes that arrived,
-// and bounds nesting and what it keeps of a skipped value.
-type streamDecoder struct {
-	r        *bufio.Reader
-	maxValue int
-	scratch  [8]byte
-	// tee, when not nil, receives every byte read (captureStruct).
-	tee *[]byte
-}
-
-const (
-	// maxSkipDepth bounds the nesting of a value the decoder skips.
-	maxSkipDepth = 64
-	// maxCaptureBytes bounds a value kept whole for a generated decoder
-	// (an error struct, an application exception).
-	maxCaptureBytes = 1 << 20
-
-	msgVersionMask = 0xffff0000
-	msgVersion1    = 0x80010000
-)
-
-func protoErr(msg string) error {
-	return thrift.NewProtocolException(thrift.INVALID_DATA, "reply: "+msg)
-}
-
-// read returns the next n (≤ 8) bytes, valid until the next read.
-func (d *streamDecoder) read(n int) ([]byte, error) {
-	b := d.scratch[:n]
-	if _, err := io.ReadFull(d.r, b); err != nil {
-		return nil, ioError{eof(err)}
-	}
-	return b, d.keep(b)
-}
-
-func (d *streamDecoder) byte1() (byte, error) {
-	b, err := d.read(1)
-	if err != nil {
-		return 0, err
-	}
-	return b[0], nil
-}
-
-func (d *streamDecoder) i16() (int16, error) {
-	b, err := d.read(2)
-	if err != nil {
-		return 0, err
-	}
-	return int16(binary.BigEndian.Uint16(b)), nil
-}
-
-func (d *streamDecoder) i32() (int32, error) {
-	b, err := d.read(4)
-	if err != nil {
-		return 0, err
-	}
-	return int32(binary.BigEndian.Uint32(b)), nil
-}
-
-// keep appends b to the capture, if one is on.
-func (d *streamDecoder) keep(b []byte) error {
-	if d.tee == nil {
-		return nil
-	}
-	if len(*d.tee)+len(b) > maxCaptureBytes {
-		return protoErr(fmt.Sprintf("a field the client decodes whole is over %d bytes", maxCaptureBytes))
-	}
-	*d.tee = append(*d.tee, b...)
-	return nil
-}
-
-// discard skips the next n bytes (into the capture, if one is on).
-func (d *streamDecoder) discard(n int) error {
-	if d.tee != nil {
-		if len(*d.tee)+n > maxCaptureBytes {
-			return protoErr(fmt.Sprintf("a field the client decodes whole is over %d bytes", maxCaptureBytes))
-		}
-		var err error
-		*d.tee, err = d.appendN(*d.tee, n)
-		return err
-	}
-	if k, err := d.r.Discard(n); err != nil || k < n {
-		return ioError{eof(err)}
-	}
-	return nil
-}
-
-// eof turns the end of the stream inside a reply into ErrUnexpectedEOF.
-func eof(err error) error {
-	if err == io.EOF {
-		return io.ErrUnexpectedEOF
-	}
-	return err
-}
-
 // readReply reads the message header of the reply to method's call seq,
-// then its result struct into res. A Thrift application exception (the
-// server's own failure to handle the call) is returned as an error.
-func (d *streamDecoder) readReply(method string, seq int32, res *appendGet) error {
-	v, err := d.i32()
+// then its result struct, each field of which goes to result. A Thrift
+// application exception (the server's own failure to handle the call) is
+// returned as an error.
+func readReply(d *thriftstream.Decoder, method string, seq int32, result func(d *thriftstream.Decoder, t thrift.TType, id int16) error) error {
+	typ, name, got, err := d.MessageBegin()
 	if err != nil {
 		return err
 	}
-	if uint32(v)&msgVersionMask != msgVersion1 {
-		return protoErr(fmt.Sprintf("message header %#x: not the strict binary protocol", uint32(v)))
-	}
-	typ := thrift.TMessageType(v & 0xffff)
-	n, err := d.i32()
-	if err != nil {
-		return err
-	}
-	if n < 0 || n > 64 {
-		return protoErr(fmt.Sprintf("method name of %d bytes", n))
-	}
-	name := make([]byte, 0, n)
-	if name, err = d.appendN(name, int(n)); err != nil {
-		return err
-	}
-	if string(name) != method {
-		return protoErr(fmt.Sprintf("reply to %q, want %q", name, method))
-	}
-	got, err := d.i32()
-	if err != nil {
-		return err
+	if name != method {
+		return d.Errorf("reply to %q, want %q", name, method)
 	}
 	if got != seq {
-		return protoErr(fmt.Sprintf("reply sequence %d, want %d", got, seq))
+		return d.Errorf("reply sequence %d, want %d", got, seq)
 	}
 	switch typ {
 	case thrift.REPLY:
-		return d.readStruct(res.readResultField)
+		return d.ReadStruct(result)
 	case thrift.EXCEPTION:
-		b, err := d.captureStruct()
+		b, err := d.CaptureStruct()
 		if err != nil {
 			return err
 		}
 		ex := thrift.NewApplicationException(0, "")
 		if _, err := ex.FastRead(b); err != nil {
-			return protoErr("application exception: " + err.Error())
+			return d.Errorf("application exception: %v", err)
 		}
 		return ex
 	}
-	return protoErr(fmt.Sprintf("message type %d", typ))
+	return d.Errorf("message type %d", typ)
 }
 
-// readStruct reads the fields of a struct up to its stop byte, calling
-// field for each with its type and id; field reads (or skips) its value.
-func (d *streamDecoder) readStruct(field func(d *streamDecoder, t thrift.TType, id int16) error) error {
-	for {
-		t, err := d.byte1()
-		if err != nil {
-			return err
-		}
-		if thrift.TType(t) == thrift.STOP {
-			return nil
-		}
-		id, err := d.i16()
-		if err != nil {
-			return err
-		}
-		if err := field(d, thrift.TType(t), id); err != nil {
-			return err
-		}
+// readError decodes the declared exception of a result (field 1).
+func readError(d *thriftstream.Decoder) (*tp.TidepoolError, error) {
+	b, err := d.CaptureStruct()
+	if err != nil {
+		return nil, err
 	}
+	e := tp.NewTidepoolError()
+	if _, err := e.FastRead(b); err != nil {
+		return nil, d.Errorf("error: %v", err)
+	}
+	return e, nil
 }
 
 // readResultField reads one field of the result: the GetResponse (0) or
 // the declared exception (1).
-func (r *appendGet) readResultField(d *streamDecoder, t thrift.TType, id int16) error {
+func (r *appendGet) readResultField(d *thriftstream.Decoder, t thrift.TType, id int16) (err error) {
 	switch {
 	case id == 0 && t == thrift.STRUCT:
 		r.found, r.dst = false, r.dst[:r.base] // a repeated field replaces
-		return d.readStruct(r.readStreamResponseField)
+		return d.ReadStruct(r.readStreamResponseField)
 	case id == 1 && t == thrift.STRUCT:
-		b, err := d.captureStruct()
-		if err != nil {
-			return err
-		}
-		r.err = tp.NewTidepoolError()
-		if _, err := r.err.FastRead(b); err != nil {
-			return protoErr("error: " + err.Error())
-		}
-		return nil
+		r.err, err = readError(d)
+		return err
 	}
-	return d.skip(t, 0)
+	return d.Skip(t, 0)
 }
 
 // readStreamResponseField reads one field of a GetResponse: found (1),
 // value (2) into dst; others are skipped.
-func (r *appendGet) readStreamResponseField(d *streamDecoder, t thrift.TType, id int16) error {
+func (r *appendGet) readStreamResponseField(d *thriftstream.Decoder, t thrift.TType, id int16) error {
 	switch {
 	case id == 1 && t == thrift.BOOL:
-		b, err := d.byte1()
+		b, err := d.Byte()
 		r.found = b == 1 // as the generated decoder reads a bool
 		return err
 	case id == 2 && t == thrift.STRING:
-		n, err := d.i32()
+		n, err := d.Length("value", int64(r.maxValue))
 		if err != nil {
 			return err
 		}
-		if n < 0 || int64(n) > int64(d.maxValue) {
-			return protoErr(fmt.Sprintf("value of %d bytes (MaxResponseBytes %d)", n, d.maxValue))
-		}
-		r.dst, err = d.appendN(r.dst[:r.base], int(n))
+		r.dst, err = d.AppendN(r.dst[:r.base], n)
 		return err
 	}
-	return d.skip(t, 0)
-}
-
-// appendN appends the next n bytes of the stream to dst. Room is made as
-// bytes arrive (at most what has arrived again, from 64 KiB), not for
-// what n claims. A read of at least the reader's buffer size goes from
-// the socket straight into dst.
-func (d *streamDecoder) appendN(dst []byte, n int) ([]byte, error) {
-	end := len(dst) + n
-	for len(dst) < end {
-		if len(dst) == cap(dst) {
-			grow := min(end-len(dst), max(len(dst), 64<<10))
-			dst = append(dst, make([]byte, grow)...)[:len(dst)]
-		}
-		k, err := d.r.Read(dst[len(dst):min(cap(dst), end)])
-		dst = dst[:len(dst)+k]
-		if err != nil && len(dst) < end {
-			return dst, ioError{eof(err)}
-		}
-	}
-	return dst, nil
-}
-
-// captureStruct reads a struct whole and returns its encoding (its fields
-// and stop byte), for a generated decoder. Its fields are skipped as the
-// generated decoder skips them: each from depth 0.
-func (d *streamDecoder) captureStruct() ([]byte, error) {
-	var buf []byte
-	d.tee = &buf
-	defer func() { d.tee = nil }()
-	if err := d.skipStruct(-1); err != nil {
-		return nil, err
-	}
-	return buf, nil
-}
-
-// skip reads past a value of type t.
-func (d *streamDecoder) skip(t thrift.TType, depth int) error {
-	if depth >= maxSkipDepth {
-		return protoErr("nested too deep")
-	}
-	switch t {
-	case thrift.BOOL, thrift.BYTE:
-		return d.discard(1)
-	case thrift.I16:
-		return d.discard(2)
-	case thrift.I32:
-		return d.discard(4)
-	case thrift.I64, thrift.DOUBLE:
-		return d.discard(8)
-	case thrift.STRING:
-		n, err := d.i32()
-		if err != nil {
-			return err
-		}
-		if n < 0 {
-			return protoErr(fmt.Sprintf("string of %d bytes", n))
-		}
-		return d.discard(int(n))
-	case thrift.STRUCT:
-		return d.skipStruct(depth)
-	case thrift.MAP:
-		// An element type of 0x80 and above is refused even in an empty
-		// container, as the generated decoder refuses it; another unknown
-		// type fails when an element of it is read.
-		kt, err := d.byte1()
-		if err != nil {
-			return err
-		}
-		vt, err := d.byte1()
-		if err != nil {
-			return err
-		}
-		n, err := d.i32()
-		if err != nil {
-			return err
-		}
-		if n < 0 || kt >= 0x80 || vt >= 0x80 {
-			return protoErr(fmt.Sprintf("map<%d,%d> of %d entries", kt, vt, n))
-		}
-		// Every value takes at least one byte of the stream, so a count
-		// that claims more than arrives ends in a read error, not a loop
-		// without input.
-		for range n {
-			if err := d.skip(thrift.TType(kt), depth+1); err != nil {
-				return err
-			}
-			if err := d.skip(thrift.TType(vt), depth+1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case thrift.SET, thrift.LIST:
-		et, err := d.byte1()
-		if err != nil {
-			return err
-		}
-		n, err := d.i32()
-		if err != nil {
-			return err
-		}
-		if n < 0 || et >= 0x80 {
-			return protoErr(fmt.Sprintf("list<%d> of %d elements", et, n))
-		}
-		for range n {
-			if err := d.skip(thrift.TType(et), depth+1); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return protoErr(fmt.Sprintf("unknown data type %d", t))
-}
-
-func (d *streamDecoder) skipStruct(depth int) error {
-	return d.readStruct(func(d *streamDecoder, t thrift.TType, _ int16) error { return d.skip(t, depth+1) })
+	return d.Skip(t, 0)
 }
