@@ -165,6 +165,8 @@ type Client struct {
 	kc  kclient.Client
 	zc  zeroCopy // the mapped arenas (zerocopy.go)
 	raw rawPool  // AppendGet's connections (rawget.go)
+	// puts is Put's connections to the put socket (rawput.go).
+	puts putSocket
 
 	closeOnce sync.Once
 	closeErr  error
@@ -198,6 +200,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	}
 	c := &Client{kc: kc, raw: rawPool{socket: cfg.Socket, dialTimeout: cfg.ConnectTimeout, timeout: cfg.Timeout,
 		maxIdle: cfg.MaxIdleConns, maxValue: cfg.MaxResponseBytes}}
+	c.puts.pool = rawPool{socket: cfg.Socket + ".put", dialTimeout: cfg.ConnectTimeout, timeout: cfg.Timeout, maxIdle: cfg.MaxIdleConns}
 	c.initZeroCopy(cfg.ZeroCopyInFlight)
 	c.zc.maxSpares = max(cfg.ReserveAhead, 0)
 	return c, nil
@@ -211,6 +214,7 @@ func (c *Client) Close() error {
 		c.abortQuietly(c.zc.dropSpares()) // PutFrom's unbound reservations
 		c.zc.close()
 		c.raw.close()
+		c.puts.pool.close()
 		c.closeErr = c.kc.(interface{ Close() error }).Close()
 	})
 	return c.closeErr
@@ -249,8 +253,12 @@ func (c *Client) Hello(ctx context.Context) (*tp.HelloResponse, error) {
 // Put stores one block. existed is true when the key was already present
 // (the put was a no-op).
 func (c *Client) Put(ctx context.Context, ns string, key, value []byte, depth int32) (existed bool, err error) {
+	req := &tp.PutRequest{Ns: ns, Key: key, Value: value, Depth: depth}
+	if existed, ok, err := c.putViaSocket(ctx, req); ok {
+		return existed, err
+	}
 	var res tp.TidepoolPutResult
-	err = c.call(ctx, "Put", &tp.TidepoolPutArgs{Req: &tp.PutRequest{Ns: ns, Key: key, Value: value, Depth: depth}}, &res)
+	err = c.call(ctx, "Put", &tp.TidepoolPutArgs{Req: req}, &res)
 	r := res.GetSuccess()
 	if err != nil {
 		return false, err

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Interop test: a plain Apache Thrift Python client (Debian's thrift compiler
 # and python3-thrift, no Kitex) calls a real `tidepool serve` over its Unix
-# socket, with both the buffered and the framed transport (binary protocol).
+# socket, with both the buffered and the framed transport (binary protocol),
+# and its Put calls on the put socket beside it (unframed).
 #
 # Builds bin/tidepool, starts it on a scratch directory, generates the Python
 # bindings from idl/tidepool.thrift, runs tests/python/test_interop.py, and

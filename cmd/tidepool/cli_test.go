@@ -334,3 +334,45 @@ func TestVersionAndUsage(t *testing.T) {
 		t.Fatalf("unknown command: %v %q", err, b)
 	}
 }
+
+// TestServePutSocket: serve makes the put socket beside the engine socket
+// (same mode), a large put goes through it and reads back, its calls and
+// connections are counted, and SIGTERM removes it with the engine socket;
+// with put_socket off there is no such file and puts still work.
+func TestServePutSocket(t *testing.T) {
+	d := startDaemon(t)
+	put := d.socket + ".put"
+	fi, err := os.Stat(put)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("put socket %s: %v, mode %v", put, err, fi)
+	}
+	value := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	if _, stderr, code := d.tp(t, value, "put", "big"); code != 0 {
+		t.Fatalf("put: exit %d: %s", code, stderr)
+	}
+	out, stderr, code := d.tp(t, nil, "get", "big")
+	if code != 0 || out != string(value) {
+		t.Fatalf("get: exit %d, %d bytes (want %d): %s", code, len(out), len(value), stderr)
+	}
+	body := httpGet(t, "http://"+d.metrics+"/metrics")
+	if !strings.Contains(body, `tidepool_request_duration_seconds_count{code="OK",method="Put"} 1`) {
+		t.Errorf("/metrics does not count the put: %s", grepLines(body, "request_duration_seconds_count"))
+	}
+	d.stop(t, syscall.SIGTERM)
+	for _, p := range []string{d.socket, put} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s left behind after graceful exit: %v", p, err)
+		}
+	}
+
+	off := startDaemon(t, "--put-socket=false")
+	if _, err := os.Stat(off.socket + ".put"); !os.IsNotExist(err) {
+		t.Fatalf("put_socket off: %v", err)
+	}
+	if _, stderr, code := off.tp(t, value, "put", "big"); code != 0 {
+		t.Fatalf("put without the put socket: exit %d: %s", code, stderr)
+	}
+	if out, _, code := off.tp(t, nil, "get", "big"); code != 0 || out != string(value) {
+		t.Fatalf("get without the put socket: exit %d, %d bytes", code, len(out))
+	}
+}

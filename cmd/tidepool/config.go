@@ -51,6 +51,7 @@ type Config struct {
 	MaxRequestSize  int64         // largest framed request, bytes
 	EngineMaxConns  int           // most engine API connections open at once
 	EngineIdle      time.Duration // engine API connection idle timeout
+	PutSocket       bool          // serve Put on Socket+".put" too, values read straight into the arenas
 	Namespaces      []string      // allow-list of namespaces; empty allows any
 	MaxNamespaces   int           // most namespaces holding data at once
 	LeaseTimeout    time.Duration // longest read pin
@@ -213,6 +214,7 @@ var settings = []setting{
 	sizeSetting("max_request_size", "largest framed request accepted", func(c *Config) *int64 { return &c.MaxRequestSize }),
 	intSetting("engine_max_connections", "most engine API connections open at once; more are closed on accept", func(c *Config) *int { return &c.EngineMaxConns }),
 	durationSetting("engine_idle_timeout", "close an engine API connection idle this long", func(c *Config) *time.Duration { return &c.EngineIdle }),
+	boolSetting("put_socket", "also serve Put on a second socket, the engine socket's path plus .put, that reads each value straight into the DRAM arenas (one copy fewer than the engine socket)", func(c *Config) *bool { return &c.PutSocket }),
 	listSetting("namespaces", "comma-separated allow-list of namespaces; empty allows any", func(c *Config) *[]string { return &c.Namespaces }),
 	intSetting("max_namespaces", "most namespaces holding data at once", func(c *Config) *int { return &c.MaxNamespaces }),
 	stringSetting("eviction_policy", "eviction policy of every tier: prefix (frequency and prefix aware) or lru", func(c *Config) *string { return &c.EvictionPolicy }),
@@ -320,6 +322,7 @@ func DefaultConfig() Config {
 		MaxRequestSize:  int64(ec.MaxRequestBytes),
 		EngineMaxConns:  ec.MaxConnections,
 		EngineIdle:      ec.IdleTimeout,
+		PutSocket:       true,
 		MaxNamespaces:   proxy.DefaultConfig().MaxNamespaces,
 		LeaseTimeout:    dc.LeaseTimeout,
 		EvictionPolicy:  "prefix",

@@ -167,6 +167,12 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	scfg.IdleTimeout = cfg.EngineIdle
 	scfg.Observer = m.observer()
 	scfg.Build = buildVersion()
+	if cfg.PutSocket {
+		if scfg.PutListener, err = engineapi.Listen(cfg.Socket+engineapi.PutSocketSuffix, cfg.SocketMode, gid); err != nil {
+			ln.Close()
+			return fmt.Errorf("put socket: %w", err)
+		}
+	}
 	// The server owns ln from here, also when NewServer fails.
 	srv, err := engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
 	if err != nil {

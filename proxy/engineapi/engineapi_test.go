@@ -34,6 +34,9 @@ type serverOpts struct {
 	maxBatch  int
 	maxReqest int
 	wrap      func(proxy.Store) proxy.Store // optional store wrapper
+	// noPutSocket serves the engine socket alone (by default the put
+	// socket is served too, and the client's large Puts take it).
+	noPutSocket bool
 }
 
 func startServer(t testing.TB, o serverOpts) *testServer {
@@ -85,6 +88,11 @@ func startServer(t testing.TB, o serverOpts) *testServer {
 	scfg := engineapi.DefaultConfig()
 	if o.maxReqest > 0 {
 		scfg.MaxRequestBytes = o.maxReqest
+	}
+	if !o.noPutSocket {
+		if scfg.PutListener, err = engineapi.Listen(socket+engineapi.PutSocketSuffix, 0o600, -1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	srv, err := engineapi.NewServer(scfg, p, ln, nil)
 	if err != nil {

@@ -31,6 +31,8 @@ func scope(s tp.Scope) proxy.Scope {
 type handler struct {
 	p     *proxy.Proxy
 	build string // Config.Build
+	// putSocket: the put socket is served (FeaturePutSocket).
+	putSocket bool
 }
 
 var _ tp.Tidepool = (*handler)(nil)
@@ -58,6 +60,9 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 			MaxBatch:          int32(cfg.MaxBatch),
 			MaxNamespaceBytes: int32(cfg.MaxNamespaceBytes),
 		},
+	}
+	if h.putSocket {
+		resp.Features = append(resp.Features, FeaturePutSocket)
 	}
 	for _, t := range st.Tiers {
 		resp.Tiers = append(resp.Tiers, &tp.TierInfo{Name: t.Name, CapacityBytes: t.CapacityBytes, UsedBytes: t.UsedBytes, Blocks: t.Blocks})

@@ -46,6 +46,10 @@ type Config struct {
 	// Build is the build string Hello reports (cmd passes the binary's
 	// version). Default "dev".
 	Build string
+	// PutListener, if set, is the put socket's listener (putsock.go; made
+	// with Listen at the engine socket's path plus PutSocketSuffix), and
+	// Hello lists FeaturePutSocket. The server owns it, as it owns ln.
+	PutListener net.Listener
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -114,6 +118,7 @@ type Server struct {
 	// (safecodec/borrow.go).
 	lender *safecodec.Lender
 	svr    server.Server
+	puts   *putServer // nil without Config.PutListener
 	ready  chan struct{}
 	done   chan struct{}
 	exit   chan error // closed by Close: Kitex's Run returns, draining first
@@ -131,15 +136,23 @@ type Server struct {
 // (internal/fdlisten says why netpoll must not close it).
 func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Server, error) {
 	if ln == nil {
+		if cfg.PutListener != nil {
+			cfg.PutListener.Close()
+		}
 		return nil, errors.New("engineapi: nil listener")
 	}
-	if p == nil {
+	fail := func(err error) (*Server, error) {
 		ln.Close()
-		return nil, errors.New("engineapi: nil proxy")
+		if cfg.PutListener != nil {
+			cfg.PutListener.Close()
+		}
+		return nil, err
+	}
+	if p == nil {
+		return fail(errors.New("engineapi: nil proxy"))
 	}
 	if err := cfg.Validate(); err != nil {
-		ln.Close()
-		return nil, err
+		return fail(err)
 	}
 	cfg = cfg.withDefaults()
 	if lg == nil {
@@ -147,8 +160,7 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 	}
 	fl, err := fdlisten.New(ln)
 	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("engineapi: %w", err)
+		return fail(fmt.Errorf("engineapi: %w", err))
 	}
 	conns := newConnTracker(cfg.MaxConnections, cfg.IdleTimeout, lg)
 	exit := make(chan error)
@@ -180,10 +192,13 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		ln:     fl,
 		conns:  conns,
 		lender: lender,
-		svr:    tpsvc.NewServer(&handler{p: p, build: cfg.Build}, opts...),
+		svr:    tpsvc.NewServer(&handler{p: p, build: cfg.Build, putSocket: cfg.PutListener != nil}, opts...),
 		ready:  make(chan struct{}),
 		done:   make(chan struct{}),
 		exit:   exit,
+	}
+	if cfg.PutListener != nil {
+		s.puts = newPutServer(cfg.PutListener, p, conns, cfg, lg.Named("put-socket"))
 	}
 	return s, nil
 }
@@ -215,6 +230,9 @@ func observe(obs Observer) endpoint.Middleware {
 func (s *Server) Start(ctx context.Context) error {
 	s.startOnce.Do(func() {
 		s.conns.start()
+		if s.puts != nil {
+			s.puts.start()
+		}
 		go func() {
 			select { // serving, or Run failed first
 			case <-s.ln.Polled():
@@ -246,11 +264,23 @@ func (s *Server) Done() <-chan struct{} { return s.done }
 // its descriptor. Safe to call twice.
 func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
-		s.startOnce.Do(func() { close(s.ready); close(s.done) }) // never started
+		started := true
+		s.startOnce.Do(func() { close(s.ready); close(s.done); started = false }) // never started
+		putsDone := make(chan struct{})
+		switch {
+		case s.puts == nil:
+			close(putsDone)
+		case started:
+			go func() { s.puts.close(); close(putsDone) }() // its calls drain beside Kitex's
+		default:
+			s.puts.ln.Close()
+			close(putsDone)
+		}
 		// Stop only once Kitex's start is over (see fdlisten.Polled).
 		<-s.ready
 		close(s.exit)
 		<-s.done
+		<-putsDone
 		s.closeErr = s.err
 		s.conns.close()
 		if err := s.ln.Release(); err != nil && s.closeErr == nil {
@@ -263,11 +293,16 @@ func (s *Server) Close() error {
 // ConnStats returns the connection counters.
 func (s *Server) ConnStats() ConnStats {
 	ls := s.ln.Stats()
-	return ConnStats{
+	st := ConnStats{
 		Active:       s.conns.active.Load(),
 		Accepted:     ls.Accepted,
 		Refused:      s.conns.refused.Load(),
 		IdleClosed:   s.conns.idleClosed.Load(),
 		AcceptErrors: ls.Failed,
 	}
+	if s.puts != nil {
+		st.Accepted += s.puts.accepted.Load()
+		st.AcceptErrors += s.puts.acceptErrors.Load()
+	}
+	return st
 }

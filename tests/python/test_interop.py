@@ -20,6 +20,7 @@ import time
 import unittest
 import uuid
 
+from thrift.Thrift import TApplicationException
 from thrift.protocol import TBinaryProtocol
 from thrift.transport import TSocket, TTransport
 
@@ -577,6 +578,60 @@ class BufferedTransportTest(InteropCases, unittest.TestCase):
 
 class FramedTransportTest(InteropCases, unittest.TestCase):
     transport_class = TTransport.TFramedTransport
+
+
+class PutSocketTest(unittest.TestCase):
+    """The put socket beside the engine socket (`<socket>.put`): a plain
+    Thrift client's Put there (binary protocol, unframed; the generated
+    encoder puts the value before depth, so the server reads it whole)
+    stores what the engine socket reads back; errors arrive as on the
+    engine socket; another method is UNKNOWN_METHOD."""
+
+    def connect(self, path):
+        sock = TSocket.TSocket(unix_socket=path)
+        sock.setTimeout(SOCKET_TIMEOUT_MS)
+        transport = TTransport.TBufferedTransport(sock)
+        transport.open()
+        self.addCleanup(transport.close)
+        return Tidepool.Client(TBinaryProtocol.TBinaryProtocol(transport))
+
+    def setUp(self):
+        self.engine = self.connect(SOCKET)
+        hello = self.engine.Hello(HelloRequest(client_version=CLIENT_VERSION, client_name="python-interop"))
+        if "put_socket" not in (hello.features or []):
+            self.skipTest("the server does not list put_socket")
+        self.puts = self.connect(SOCKET + ".put")
+        self.ns = "py-" + uuid.uuid4().hex[:16]
+        self.addCleanup(lambda: self.engine.Clear(ClearRequest(ns=self.ns)))
+
+    def test_put_roundtrip(self):
+        for i, size in enumerate([1, 4 * KiB, 1 * MiB, MAX_VALUE_BYTES]):
+            with self.subTest(size=size):
+                key, value = b"ps-%d" % i, payload(size, 100 + i)
+                self.assertFalse(self.puts.Put(PutRequest(ns=self.ns, key=key, value=value, depth=i)).existed)
+                got = self.engine.Get(GetRequest(ns=self.ns, key=key))
+                self.assertTrue(got.found)
+                self.assertTrue(got.value == value, "value differs")
+                self.assertTrue(self.puts.Put(PutRequest(ns=self.ns, key=key, value=value)).existed)
+
+    def test_errors_keep_the_connection(self):
+        for code, req in [
+            (ErrorCode.TOO_LARGE, PutRequest(ns=self.ns, key=b"big", value=b"x" * (MAX_VALUE_BYTES + 1))),
+            (ErrorCode.INVALID_ARGUMENT, PutRequest(ns=self.ns, key=b"", value=b"x")),
+            (ErrorCode.INVALID_ARGUMENT, PutRequest(ns=self.ns, key=b"k" * (MAX_KEY_BYTES + 1), value=b"x")),
+        ]:
+            with self.subTest(code=code_name(code)):
+                with self.assertRaises(TidepoolError) as cm:
+                    self.puts.Put(req)
+                self.assertEqual(cm.exception.code, code, code_name(cm.exception.code))
+        self.assertFalse(self.engine.Get(GetRequest(ns=self.ns, key=b"big")).found)
+        self.assertFalse(self.puts.Put(PutRequest(ns=self.ns, key=b"after", value=b"v")).existed)
+
+    def test_other_methods_refused(self):
+        with self.assertRaises(TApplicationException) as cm:
+            self.puts.Get(GetRequest(ns=self.ns, key=b"k"))
+        self.assertEqual(cm.exception.type, TApplicationException.UNKNOWN_METHOD)
+        self.assertFalse(self.puts.Put(PutRequest(ns=self.ns, key=b"after", value=b"v")).existed)
 
 
 if __name__ == "__main__":

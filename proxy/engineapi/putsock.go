@@ -1,0 +1,475 @@
+package engineapi
+
+// The put socket: a second Unix socket beside the engine socket that
+// serves Put alone, reading each value from the socket straight into its
+// arena slot. Through Kitex a 1 MiB inline put is copied three times: the
+// client's send into the kernel, the kernel into netpoll's buffers, and
+// those buffers into the arena with the CRC-32C. Here the second copy
+// lands in the arena itself, checksummed a chunk at a time while the
+// chunk is still in cache: two copies, as a Redis SET makes.
+//
+// The wire is the engine API's own Put call (binary protocol, unframed),
+// so any Thrift client can use it. A value is written in place only when
+// the request's namespace, key, depth, durable flag and sync_replicas all
+// come before it (the Go client's order); otherwise it is read whole and
+// put as the engine socket would. One call at a time per connection; the
+// connections count toward MaxConnections and IdleTimeout as the engine
+// socket's do.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cloudwego/gopkg/protocol/thrift"
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/crc32c"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+	"github.com/tidepool-kv/tidepool/protocol/thriftstream"
+	"github.com/tidepool-kv/tidepool/proxy"
+)
+
+// FeaturePutSocket, listed in HelloResponse.features: the file named as
+// the engine socket plus PutSocketSuffix, in the same directory, serves
+// Put calls whose values go straight into the arenas.
+const FeaturePutSocket = "put_socket"
+
+// PutSocketSuffix names the put socket after the engine socket.
+const PutSocketSuffix = ".put"
+
+const (
+	// putCallTimeout bounds one call once its first byte arrived: reading
+	// the rest of the request, and writing the reply.
+	putCallTimeout = time.Minute
+	// putReadBuffer holds a request's header and small fields; a value's
+	// bytes bypass it.
+	putReadBuffer = 16 << 10
+	// putChunk is how much of a value is read before it is checksummed,
+	// small enough to be checksummed from the cache.
+	putChunk = 128 << 10
+)
+
+// putServer serves the put socket.
+type putServer struct {
+	ln    net.Listener
+	p     *proxy.Proxy
+	conns *connTracker
+	obs   Observer
+	drain time.Duration
+	// maxRequest bounds the bytes one call may read (MaxRequestBytes).
+	maxRequest int64
+	lg         *zap.Logger
+	closed     chan struct{}
+
+	accepted, acceptErrors atomic.Uint64
+
+	mu      sync.Mutex
+	active  map[*putConn]struct{}
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// putConn is one connection; busy is set while a call is being served.
+type putConn struct {
+	conn net.Conn
+	busy bool
+}
+
+func newPutServer(ln net.Listener, p *proxy.Proxy, conns *connTracker, cfg Config, lg *zap.Logger) *putServer {
+	return &putServer{ln: ln, p: p, conns: conns, obs: cfg.Observer, drain: cfg.DrainTimeout, maxRequest: int64(cfg.MaxRequestBytes), lg: lg,
+		closed: make(chan struct{}), active: make(map[*putConn]struct{})}
+}
+
+func (s *putServer) start() {
+	s.wg.Add(1)
+	go s.accept()
+}
+
+func (s *putServer) accept() {
+	defer s.wg.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		conn, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.closed:
+				return
+			default:
+			}
+			// EMFILE and the like: back off and go on, as the engine
+			// socket does.
+			s.acceptErrors.Add(1)
+			s.lg.Warn("put socket: accept failed", zap.Error(err), zap.Duration("retry_in", backoff))
+			select {
+			case <-time.After(backoff):
+			case <-s.closed:
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		s.accepted.Add(1)
+		if uc, ok := conn.(*net.UnixConn); ok {
+			_ = uc.SetReadBuffer(replySendBuffer) // best effort: a 1 MiB request in one read
+		}
+		ctx, err := s.conns.OnActive(context.Background(), conn)
+		if err != nil { // over MaxConnections
+			s.conns.OnInactive(ctx, conn)
+			conn.Close()
+			continue
+		}
+		pc := &putConn{conn: conn}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			s.conns.OnInactive(ctx, conn)
+			conn.Close()
+			continue
+		}
+		s.active[pc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serve(ctx, pc)
+	}
+}
+
+// serve answers pc's calls one after another until it closes, idles out,
+// sends what does not parse, or the server closes.
+func (s *putServer) serve(ctx context.Context, pc *putConn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.active, pc)
+		s.mu.Unlock()
+		s.conns.OnInactive(ctx, pc.conn)
+		pc.conn.Close()
+	}()
+	lr := &limitReader{r: pc.conn}
+	r := bufio.NewReaderSize(lr, putReadBuffer)
+	d := &thriftstream.Decoder{R: r, What: "request"}
+	var w []byte
+	for {
+		// Idle until a request's first byte (the tracker's reaper closes
+		// the connection after IdleTimeout; close wakes it too, through
+		// the deadline: set under the lock, so that close cannot miss it).
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		_ = pc.conn.SetReadDeadline(time.Time{})
+		s.mu.Unlock()
+		lr.left = s.maxRequest // the next call's allowance (what is buffered came under the last one's)
+		if _, err := r.Peek(1); err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		pc.busy = true
+		s.mu.Unlock()
+		_, _ = s.conns.OnRead(ctx, pc.conn)
+		_ = pc.conn.SetDeadline(time.Now().Add(putCallTimeout))
+		var ok bool
+		w, ok = s.call(ctx, d, w[:0])
+		if len(w) > 0 {
+			if _, err := pc.conn.Write(w); err != nil {
+				ok = false
+			}
+		}
+		_, _ = s.conns.Write(ctx, pc.conn, nil)
+		s.mu.Lock()
+		pc.busy = false
+		closing := s.closing
+		s.mu.Unlock()
+		if !ok || closing {
+			return
+		}
+	}
+}
+
+// call reads one request and appends its reply to w. ok is false when the
+// connection must close: the request did not parse (the reply is then an
+// application exception, when one can be sent) or the stream failed.
+func (s *putServer) call(ctx context.Context, d *thriftstream.Decoder, w []byte) (_ []byte, ok bool) {
+	typ, method, seq, err := d.MessageBegin()
+	if err != nil {
+		return exception(w, method, seq, err), false
+	}
+	if typ != thrift.CALL || method != "Put" {
+		// Another call: refused as a Thrift server refuses a method it
+		// lacks, after reading past its arguments.
+		err := d.Skip(thrift.STRUCT, 0)
+		msg := fmt.Sprintf("the put socket serves Put calls only, not %q (message type %d): use the engine socket", method, typ)
+		if err != nil {
+			return exception(w, method, seq, err), false
+		}
+		return exception(w, method, seq, thrift.NewApplicationException(thrift.UNKNOWN_METHOD, msg)), true
+	}
+	start := time.Now()
+	req := putRequest{s: s}
+	err = d.ReadStruct(func(d *thriftstream.Decoder, t thrift.TType, id int16) error {
+		if id == 1 && t == thrift.STRUCT {
+			return d.ReadStruct(req.field)
+		}
+		return d.Skip(t, 0)
+	})
+	if err != nil {
+		req.abort()
+		return exception(w, method, seq, err), false
+	}
+	existed, perr := req.finish()
+	res := tp.TidepoolPutResult{}
+	code := "OK"
+	if perr != nil {
+		te := toThrift(perr).(*tp.TidepoolError)
+		res.Err, code = te, te.Code.String()
+	} else {
+		res.Success = &tp.PutResponse{Existed: existed}
+	}
+	if s.obs != nil {
+		s.obs("Put", time.Since(start), code)
+	}
+	w = thrift.Binary.AppendMessageBegin(w, method, thrift.REPLY, seq)
+	n := len(w)
+	w = append(w, make([]byte, res.BLength())...)
+	res.FastWriteNocopy(w[n:], nil)
+	return w, true
+}
+
+// exception appends an application exception for a request that did not
+// parse, or nothing when the stream itself failed (there is no one to
+// answer).
+func exception(w []byte, method string, seq int32, err error) []byte {
+	var ioe thriftstream.IOError
+	if errors.As(err, &ioe) {
+		return w
+	}
+	var ex *thrift.ApplicationException
+	if !errors.As(err, &ex) {
+		ex = thrift.NewApplicationException(thrift.PROTOCOL_ERROR, err.Error())
+	}
+	w = thrift.Binary.AppendMessageBegin(w, method, thrift.EXCEPTION, seq)
+	n := len(w)
+	w = append(w, make([]byte, ex.BLength())...)
+	ex.FastWriteNocopy(w[n:], nil)
+	return w
+}
+
+// limitReader reads from r until left bytes have been read; then it
+// fails, which ends the call and closes the connection.
+type limitReader struct {
+	r    net.Conn
+	left int64
+}
+
+func (l *limitReader) Read(b []byte) (int, error) {
+	if l.left <= 0 {
+		return 0, errRequestTooLarge
+	}
+	if int64(len(b)) > l.left {
+		b = b[:l.left]
+	}
+	n, err := l.r.Read(b)
+	l.left -= int64(n)
+	return n, err
+}
+
+var errRequestTooLarge = errors.New("engineapi: put socket: request over max_request_size")
+
+// putRequest is a PutRequest as its fields arrive.
+type putRequest struct {
+	s   *putServer
+	ns  []byte
+	key []byte
+	// seen marks the fields read so far, by id.
+	seen uint8
+	opts cache.PutOptions
+	sync int32
+
+	// The value: written in place (pending, with its checksum), read whole
+	// (value), or neither (dropped: a present key, or an error).
+	pending  *proxy.PendingPut
+	crc      uint32
+	value    []byte
+	hasValue bool
+	existed  bool
+	// err is the request's error, known before its end (a field over its
+	// limit, a refused reservation); the rest of it is read and dropped.
+	err error
+}
+
+const inPlaceFields = 1<<1 | 1<<2 | 1<<4 | 1<<5 | 1<<6 // ns, key, depth, durable, sync_replicas
+
+func (q *putRequest) field(d *thriftstream.Decoder, t thrift.TType, id int16) error {
+	cfg := q.s.p.Config()
+	switch {
+	case id == 1 && t == thrift.STRING:
+		return q.str(d, &q.ns, "namespace", int64(cfg.MaxNamespaceBytes), 1)
+	case id == 2 && t == thrift.STRING:
+		return q.str(d, &q.key, "key", int64(cfg.MaxKeyBytes), 2)
+	case id == 3 && t == thrift.STRING:
+		return q.readValue(d, cfg.MaxValueBytes)
+	case id == 4 && t == thrift.I32:
+		v, err := d.I32()
+		q.opts.Depth, q.seen = v, q.seen|1<<4
+		return err
+	case id == 5 && t == thrift.BOOL:
+		b, err := d.Byte()
+		q.opts.Durable, q.seen = b == 1, q.seen|1<<5 // as the generated decoder reads a bool
+		return err
+	case id == 6 && t == thrift.I32:
+		v, err := d.I32()
+		q.sync, q.seen = v, q.seen|1<<6
+		return err
+	}
+	return d.Skip(t, 0)
+}
+
+// str reads a string field of at most limit bytes; a longer one is read
+// past and fails the request.
+func (q *putRequest) str(d *thriftstream.Decoder, dst *[]byte, what string, limit int64, id uint) error {
+	n, err := d.I32()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		return d.Errorf("%s of %d bytes", what, n)
+	}
+	q.seen |= 1 << id
+	if int64(n) > limit {
+		q.fail(fmt.Errorf("%w: %s is %d bytes, limit %d", proxy.ErrInvalidArgument, what, n, limit))
+		return d.Discard(int(n))
+	}
+	*dst, err = d.AppendN((*dst)[:0], int(n))
+	return err
+}
+
+// fail records the request's first error.
+func (q *putRequest) fail(err error) {
+	if q.err == nil {
+		q.err = err
+	}
+}
+
+// readValue reads the value: into its arena slot when everything the
+// reservation needs came first, else whole.
+func (q *putRequest) readValue(d *thriftstream.Decoder, limit int64) error {
+	n, err := d.I32()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		return d.Errorf("value of %d bytes", n)
+	}
+	if q.hasValue {
+		q.fail(fmt.Errorf("%w: the request carries its value twice", proxy.ErrInvalidArgument))
+	}
+	q.hasValue = true
+	if int64(n) > limit {
+		q.fail(fmt.Errorf("%w: value is %d bytes, limit %d", cache.ErrTooLarge, n, limit))
+	}
+	if q.err != nil {
+		return d.Discard(int(n))
+	}
+	if q.seen&inPlaceFields == inPlaceFields {
+		pp, existed, err := q.s.p.ReservePut(q.ctx(), string(q.ns), q.key, int64(n), q.opts)
+		switch {
+		case err == nil && existed:
+			q.existed = true
+			return d.Discard(int(n))
+		case err == nil:
+			q.pending = pp
+			return q.fill(d, pp.Bytes())
+		case !errors.Is(err, proxy.ErrNoStream):
+			q.fail(err)
+			return d.Discard(int(n))
+		}
+	}
+	q.value, err = d.AppendN(q.value[:0], int(n))
+	return err
+}
+
+// fill reads the value into dst a chunk at a time, checksumming each chunk
+// as it lands.
+func (q *putRequest) fill(d *thriftstream.Decoder, dst []byte) error {
+	var crc uint32
+	for off := 0; off < len(dst); {
+		end := min(off+putChunk, len(dst))
+		if err := d.ReadFull(dst[off:end]); err != nil {
+			return err
+		}
+		crc = crc32c.Update(crc, dst[off:end])
+		off = end
+	}
+	q.crc = crc
+	return nil
+}
+
+// ctx is the call's context (sync_replicas as asked).
+func (q *putRequest) ctx() context.Context {
+	return proxy.WithSyncReplicas(context.Background(), int(q.sync))
+}
+
+// abort drops a value written in place for a request that did not end.
+func (q *putRequest) abort() {
+	if q.pending != nil {
+		q.pending.Abort()
+		q.pending = nil
+	}
+}
+
+// finish stores the request's block once all of it has arrived.
+func (q *putRequest) finish() (existed bool, err error) {
+	if q.err != nil {
+		q.abort()
+		return false, q.err
+	}
+	if q.pending != nil {
+		pp := q.pending
+		q.pending = nil
+		return pp.Commit(q.ctx(), q.crc)
+	}
+	if q.existed {
+		return true, nil
+	}
+	return q.s.p.Put(q.ctx(), string(q.ns), q.key, q.value, q.opts)
+}
+
+// close stops accepting, lets calls in flight finish (up to the drain
+// timeout), then closes every connection.
+func (s *putServer) close() {
+	s.mu.Lock()
+	s.closing = true
+	close(s.closed)
+	for pc := range s.active {
+		if !pc.busy {
+			_ = pc.conn.SetReadDeadline(time.Now()) // wakes the idle read
+		}
+	}
+	s.mu.Unlock()
+	s.ln.Close()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(s.drain):
+	}
+	s.mu.Lock()
+	for pc := range s.active {
+		pc.conn.Close()
+	}
+	s.mu.Unlock()
+	<-done
+}
