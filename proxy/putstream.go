@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
 )
@@ -65,8 +66,13 @@ func (p *Proxy) ReservePut(ctx context.Context, ns string, key []byte, size int6
 	return &PendingPut{p: p, r: r, rt: rt, ns: ns, key: bytes.Clone(key), opts: opts}, false, nil
 }
 
-// Bytes is the slot to write the value into, valid until Commit or Abort.
+// Bytes is the slot to write the value into, valid until Commit or Abort
+// and at most until Deadline: past it the tier may give the memory to
+// another block, so a writer must have stopped writing by then.
 func (pp *PendingPut) Bytes() []byte { return pp.r.Bytes() }
+
+// Deadline is when the slot may be reclaimed.
+func (pp *PendingPut) Deadline() time.Time { return pp.r.Deadline() }
 
 // Commit publishes the block, whose bytes have the CRC-32C crc (computed
 // as they were written), and pushes it to its other owners as Put does.

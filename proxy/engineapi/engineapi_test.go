@@ -34,6 +34,8 @@ type serverOpts struct {
 	maxBatch  int
 	maxReqest int
 	wrap      func(proxy.Store) proxy.Store // optional store wrapper
+	// reserveTimeout, if set, is the DRAM tier's ReserveTimeout.
+	reserveTimeout time.Duration
 	// noPutSocket serves the engine socket alone (by default the put
 	// socket is served too, and the client's large Puts take it).
 	noPutSocket bool
@@ -64,6 +66,7 @@ func startServer(t testing.TB, o serverOpts) *testServer {
 	dcfg.ArenaSize = min(o.capacity, 32<<20)
 	dcfg.MaxValueSize = o.maxValue
 	dcfg.Policy = evict.NewLRU
+	dcfg.ReserveTimeout = o.reserveTimeout
 	tier, err := dram.New(dcfg, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,11 @@ const (
 	// putChunk is how much of a value is read before it is checksummed,
 	// small enough to be checksummed from the cache.
 	putChunk = 128 << 10
+	// putSlotMargin is how long before its slot's deadline a value must
+	// have arrived (at most a quarter of the time the slot was given): a
+	// read into the slot never starts later, so that the kernel never
+	// writes into memory the tier may have given to another block.
+	putSlotMargin = 5 * time.Second
 )
 
 // putServer serves the put socket.
@@ -153,6 +158,7 @@ func (s *putServer) serve(ctx context.Context, pc *putConn) {
 		pc.conn.Close()
 	}()
 	lr := &limitReader{r: pc.conn}
+	var callDeadline time.Time
 	r := bufio.NewReaderSize(lr, putReadBuffer)
 	d := &thriftstream.Decoder{R: r, What: "request"}
 	var w []byte
@@ -179,9 +185,13 @@ func (s *putServer) serve(ctx context.Context, pc *putConn) {
 		pc.busy = true
 		s.mu.Unlock()
 		_, _ = s.conns.OnRead(ctx, pc.conn)
-		_ = pc.conn.SetDeadline(time.Now().Add(putCallTimeout))
+		callDeadline = time.Now().Add(putCallTimeout)
+		_ = pc.conn.SetDeadline(callDeadline)
 		var ok bool
-		w, ok = s.call(ctx, d, w[:0])
+		w, ok = s.call(ctx, d, w[:0], func(slot time.Time) {
+			// Reading into a slot: stop before its deadline.
+			_ = pc.conn.SetReadDeadline(earliest(callDeadline, slot))
+		})
 		if len(w) > 0 {
 			if _, err := pc.conn.Write(w); err != nil {
 				ok = false
@@ -201,7 +211,7 @@ func (s *putServer) serve(ctx context.Context, pc *putConn) {
 // call reads one request and appends its reply to w. ok is false when the
 // connection must close: the request did not parse (the reply is then an
 // application exception, when one can be sent) or the stream failed.
-func (s *putServer) call(ctx context.Context, d *thriftstream.Decoder, w []byte) (_ []byte, ok bool) {
+func (s *putServer) call(ctx context.Context, d *thriftstream.Decoder, w []byte, slotDeadline func(time.Time)) (_ []byte, ok bool) {
 	typ, method, seq, err := d.MessageBegin()
 	if err != nil {
 		return exception(w, method, seq, err), false
@@ -217,7 +227,7 @@ func (s *putServer) call(ctx context.Context, d *thriftstream.Decoder, w []byte)
 		return exception(w, method, seq, thrift.NewApplicationException(thrift.UNKNOWN_METHOD, msg)), true
 	}
 	start := time.Now()
-	req := putRequest{s: s}
+	req := putRequest{s: s, slotDeadline: slotDeadline}
 	err = d.ReadStruct(func(d *thriftstream.Decoder, t thrift.TType, id int16) error {
 		if id == 1 && t == thrift.STRUCT {
 			return d.ReadStruct(req.field)
@@ -266,6 +276,14 @@ func exception(w []byte, method string, seq int32, err error) []byte {
 	return w
 }
 
+// earliest returns the earlier of two times.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // limitReader reads from r until left bytes have been read; then it
 // fails, which ends the call and closes the connection.
 type limitReader struct {
@@ -289,9 +307,11 @@ var errRequestTooLarge = errors.New("engineapi: put socket: request over max_req
 
 // putRequest is a PutRequest as its fields arrive.
 type putRequest struct {
-	s   *putServer
-	ns  []byte
-	key []byte
+	s *putServer
+	// slotDeadline bounds the connection's reads by the slot's deadline.
+	slotDeadline func(time.Time)
+	ns           []byte
+	key          []byte
 	// seen marks the fields read so far, by id.
 	seen uint8
 	opts cache.PutOptions
@@ -390,6 +410,8 @@ func (q *putRequest) readValue(d *thriftstream.Decoder, limit int64) error {
 			return d.Discard(int(n))
 		case err == nil:
 			q.pending = pp
+			margin := min(putSlotMargin, time.Until(pp.Deadline())/4)
+			q.slotDeadline(pp.Deadline().Add(-margin))
 			return q.fill(d, pp.Bytes())
 		case !errors.Is(err, proxy.ErrNoStream):
 			q.fail(err)

@@ -452,3 +452,38 @@ func TestPutSocketClose(t *testing.T) {
 		t.Fatalf("the put answered during Close: stored %d bytes, err %v", len(got), err)
 	}
 }
+
+// TestPutSocketSlowValue: a value still arriving near its slot's deadline
+// is not written on: the connection is closed before the deadline (after
+// which the tier may give the memory to another block), nothing is
+// stored, and a block stored in the freed memory afterwards is intact.
+func TestPutSocketSlowValue(t *testing.T) {
+	ts := startServer(t, serverOpts{capacity: 64 << 20, reserveTimeout: 2 * time.Second})
+	base := used(ts)
+	c := dialPut(t, ts)
+	v := randBytes(11, 1<<20)
+	msg := inPlacePut(1, "ns", []byte("slow"), v, 0)
+	half := len(msg) - len(v)/2
+	if _, err := c.conn.Write(msg[:half]); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if !c.closed() {
+		t.Fatal("a value stalled past its slot's margin: the connection stays open")
+	}
+	// The slot's deadline is 2 s away, its margin a quarter of that.
+	if took := time.Since(start); took > 1900*time.Millisecond {
+		t.Fatalf("the connection closed %v after the stall: past the slot's deadline", took)
+	}
+	c.conn.Write(msg[half:]) // too late: nobody reads it
+	checkAbsent(t, ts, "ns", []byte("slow"))
+	if u := used(ts); u != base {
+		t.Fatalf("the tier uses %d bytes, %d before", u, base)
+	}
+	w := randBytes(12, 1<<20)
+	if _, err := ts.c.Put(context.Background(), "ns", []byte("next"), w, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // past the first slot's deadline
+	checkStored(t, ts, "ns", []byte("next"), w)
+}
