@@ -80,9 +80,10 @@ type Config struct {
 	ConnectTimeout time.Duration
 	// MaxIdleConns is how many idle connections are kept for reuse; set it
 	// to the number of concurrent callers. Default 64. AppendGet keeps as
-	// many again of its own (it reads replies itself, rawget.go): a client
-	// of n concurrent callers holds up to 2n connections against the
-	// sidecar's engine_max_connections.
+	// many again of its own (it reads replies itself, rawget.go), and so
+	// does Put on the sidecar's put socket (rawput.go): a client of n
+	// concurrent callers holds up to 3n connections against the sidecar's
+	// engine_max_connections.
 	MaxIdleConns int
 	// MaxResponseBytes bounds one framed response. Default 1 GiB.
 	MaxResponseBytes int
@@ -251,7 +252,10 @@ func (c *Client) Hello(ctx context.Context) (*tp.HelloResponse, error) {
 }
 
 // Put stores one block. existed is true when the key was already present
-// (the put was a no-op).
+// (the put was a no-op). A value of PutSocketMin bytes or more goes through
+// the sidecar's put socket where it has one (rawput.go), read by the
+// sidecar straight into its arena; value is only read, and only until Put
+// returns.
 func (c *Client) Put(ctx context.Context, ns string, key, value []byte, depth int32) (existed bool, err error) {
 	req := &tp.PutRequest{Ns: ns, Key: key, Value: value, Depth: depth}
 	if existed, ok, err := c.putViaSocket(ctx, req); ok {

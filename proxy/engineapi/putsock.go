@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -228,8 +229,16 @@ func (s *putServer) call(ctx context.Context, d *thriftstream.Decoder, w []byte,
 	}
 	start := time.Now()
 	req := putRequest{s: s, slotDeadline: slotDeadline}
+	seen := false
 	err = d.ReadStruct(func(d *thriftstream.Decoder, t thrift.TType, id int16) error {
 		if id == 1 && t == thrift.STRUCT {
+			if seen {
+				// A generated decoder would keep the second alone; the
+				// first may already be in its slot: refused whole.
+				req.fail(fmt.Errorf("%w: the call carries its request twice", proxy.ErrInvalidArgument))
+				return d.Skip(t, 0)
+			}
+			seen = true
 			return d.ReadStruct(req.field)
 		}
 		return d.Skip(t, 0)
@@ -287,7 +296,7 @@ func earliest(a, b time.Time) time.Time {
 // limitReader reads from r until left bytes have been read; then it
 // fails, which ends the call and closes the connection.
 type limitReader struct {
-	r    net.Conn
+	r    io.Reader
 	left int64
 }
 

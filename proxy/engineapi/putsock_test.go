@@ -251,6 +251,7 @@ func TestPutSocketWire(t *testing.T) {
 		{"namespace over the limit", inPlacePut(3, string(bytes.Repeat([]byte("n"), 4096)), []byte("c"), v, 0), tp.ErrorCode_INVALID_ARGUMENT},
 		{"empty key", inPlacePut(3, "ns", nil, v, 0), tp.ErrorCode_INVALID_ARGUMENT},
 		{"value twice", twice(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
+		{"request twice", requestTwice(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
 	} {
 		res := c.call(3, tc.msg)
 		if res.Err == nil || res.Err.Code != tc.code {
@@ -377,6 +378,25 @@ func TestPutSocketBadStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkStored(t, ts, "ns", []byte("t"), v)
+}
+
+// requestTwice follows an in-place put's request with a second one that
+// has no value (a generated decoder would keep the second alone).
+func requestTwice(msg []byte) []byte {
+	return append(slices.Clone(msg[:len(msg)-1]), secondRequest()...)
+}
+
+// secondRequest is a request field of a Put call's arguments with a
+// namespace and key and no value, then the arguments' stop.
+func secondRequest() []byte {
+	b := thrift.Binary
+	w := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
+	w = b.AppendFieldBegin(w, thrift.STRING, 1)
+	w = b.AppendString(w, "ns")
+	w = b.AppendFieldBegin(w, thrift.STRING, 2)
+	w = b.AppendBinary(w, []byte("c"))
+	w = b.AppendFieldStop(w)
+	return b.AppendFieldStop(w)
 }
 
 // negativeValue gives an in-place put's value a negative length.
