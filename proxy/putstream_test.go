@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -74,22 +73,7 @@ func TestReservePut(t *testing.T) {
 // TestReservePutPushesToOwners: a put written in place on a node that does
 // not own the key reaches the owner, as a Put does.
 func TestReservePutPushesToOwners(t *testing.T) {
-	a := newZC(t, 4<<20, nil)
-	b := newZC(t, 4<<20, nil)
-	nodes := map[string]*Proxy{"a": a.p, "b": b.p}
-	for name, p := range nodes {
-		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.DetachCluster(0) })
-	}
-	fc := &fakeCluster{nodes: []string{"a", "b"}}
-	var key []byte
-	for i := 0; key == nil; i++ {
-		if k := []byte(fmt.Sprint("k", i)); fc.Owners("ns", k)[0] == "b" {
-			key = k
-		}
-	}
+	a, b, key := twoNodes(t)
 	val := value("pushed in place", 100<<10)
 	ctx := WithSyncReplicas(bg, 1)
 	pp, _, err := a.p.ReservePut(ctx, "ns", key, int64(len(val)), cache.PutOptions{})

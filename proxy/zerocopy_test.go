@@ -419,22 +419,7 @@ func TestZeroCopyConcurrent(t *testing.T) {
 // TestZeroCopyCommitPushesToOwners: a committed block goes to its owners
 // like any put (here synchronously, with WithSyncReplicas).
 func TestZeroCopyCommitPushesToOwners(t *testing.T) {
-	a := newZC(t, 4<<20, nil)
-	b := newZC(t, 4<<20, nil)
-	nodes := map[string]*Proxy{"a": a.p, "b": b.p}
-	for name, p := range nodes {
-		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.DetachCluster(0) })
-	}
-	fc := &fakeCluster{nodes: []string{"a", "b"}}
-	var key []byte
-	for i := 0; key == nil; i++ {
-		if k := []byte(fmt.Sprint("k", i)); fc.Owners("ns", k)[0] == "b" {
-			key = k
-		}
-	}
+	a, b, key := twoNodes(t)
 	val := value("pushed", 100<<10)
 	rs, err := a.p.Reserve(bg, "ns", []ReserveItem{{Key: key, Size: int64(len(val))}}, 0, false)
 	if err != nil || rs[0].Err != nil {
@@ -449,6 +434,27 @@ func TestZeroCopyCommitPushesToOwners(t *testing.T) {
 	if err != nil || !bytes.Equal(got, val) {
 		t.Fatalf("owner b after the commit on a: %v", err)
 	}
+}
+
+// twoNodes returns two proxies over DRAM tiers in one cluster (a fake
+// one: nothing moves on its own) and a key of ns "ns" that b owns.
+func twoNodes(t *testing.T) (a, b *zcFixture, key []byte) {
+	t.Helper()
+	a, b = newZC(t, 4<<20, nil), newZC(t, 4<<20, nil)
+	nodes := map[string]*Proxy{"a": a.p, "b": b.p}
+	for name, p := range nodes {
+		if err := p.AttachCluster(&fakeCluster{self: name, nodes: []string{"a", "b"}}, &fakePeers{self: name, nodes: nodes}, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.DetachCluster(0) })
+	}
+	fc := &fakeCluster{nodes: []string{"a", "b"}}
+	for i := 0; key == nil; i++ {
+		if k := []byte(fmt.Sprint("k", i)); fc.Owners("ns", k)[0] == "b" {
+			key = k
+		}
+	}
+	return a, b, key
 }
 
 // TestZeroCopyStatePerProxy: each proxy has its own handle tables and

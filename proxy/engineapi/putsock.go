@@ -342,6 +342,11 @@ const inPlaceFields = 1<<1 | 1<<2 | 1<<4 | 1<<5 | 1<<6 // ns, key, depth, durabl
 
 func (q *putRequest) field(d *thriftstream.Decoder, t thrift.TType, id int16) error {
 	cfg := q.s.p.Config()
+	if q.pending != nil && id > 0 && id < 8 && inPlaceFields&(1<<id) != 0 {
+		// The slot was reserved with this field's earlier value; a
+		// generated decoder would keep the later one.
+		q.fail(fmt.Errorf("%w: field %d of the request comes again after its value", proxy.ErrInvalidArgument, id))
+	}
 	switch {
 	case id == 1 && t == thrift.STRING:
 		return q.str(d, &q.ns, "namespace", int64(cfg.MaxNamespaceBytes), 1)

@@ -16,6 +16,28 @@ import (
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
+// inPlaceArgs encodes a Put call's arguments in the order the Go client
+// writes them: every field of the request before the value, which the put
+// socket then reads in place.
+func inPlaceArgs(ns string, key, value []byte, depth int32) []byte {
+	b := thrift.Binary
+	w := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
+	w = b.AppendFieldBegin(w, thrift.STRING, 1)
+	w = b.AppendString(w, ns)
+	w = b.AppendFieldBegin(w, thrift.STRING, 2)
+	w = b.AppendBinary(w, key)
+	w = b.AppendFieldBegin(w, thrift.I32, 4)
+	w = b.AppendI32(w, depth)
+	w = b.AppendFieldBegin(w, thrift.BOOL, 5)
+	w = b.AppendBool(w, false)
+	w = b.AppendFieldBegin(w, thrift.I32, 6)
+	w = b.AppendI32(w, 0)
+	w = b.AppendFieldBegin(w, thrift.STRING, 3)
+	w = b.AppendBinary(w, value)
+	w = b.AppendFieldStop(w)
+	return b.AppendFieldStop(w)
+}
+
 // FuzzPutSocketRequest: whatever a Put call's arguments hold, the put
 // socket's reader never stores a block the generated decoder would not
 // read from the same bytes, stores exactly the value that decoder reads,
@@ -53,24 +75,7 @@ func FuzzPutSocketRequest(f *testing.F) {
 		a.FastWriteNocopy(b, nil)
 		return b
 	}
-	inPlace := func(ns string, key, value []byte) []byte {
-		b := thrift.Binary
-		w := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
-		w = b.AppendFieldBegin(w, thrift.STRING, 1)
-		w = b.AppendString(w, ns)
-		w = b.AppendFieldBegin(w, thrift.STRING, 2)
-		w = b.AppendBinary(w, key)
-		w = b.AppendFieldBegin(w, thrift.I32, 4)
-		w = b.AppendI32(w, 1)
-		w = b.AppendFieldBegin(w, thrift.BOOL, 5)
-		w = b.AppendBool(w, false)
-		w = b.AppendFieldBegin(w, thrift.I32, 6)
-		w = b.AppendI32(w, 0)
-		w = b.AppendFieldBegin(w, thrift.STRING, 3)
-		w = b.AppendBinary(w, value)
-		w = b.AppendFieldStop(w)
-		return b.AppendFieldStop(w)
-	}
+	inPlace := func(ns string, key, value []byte) []byte { return inPlaceArgs(ns, key, value, 1) }
 	f.Add(inPlace("ns", []byte("k"), []byte("value in place")))
 	f.Add(inPlace("ns", []byte("k"), bytes.Repeat([]byte{7}, 3000)))
 	f.Add(args(&tp.PutRequest{Ns: "ns", Key: []byte("k"), Value: []byte("field order"), Depth: 2}))

@@ -45,23 +45,8 @@ func dialPut(t testing.TB, ts *testServer) *putConn {
 // inPlacePut encodes a Put call in the order the Go client writes it:
 // every field before the value, which the sidecar then reads in place.
 func inPlacePut(seq int32, ns string, key, value []byte, depth int32) []byte {
-	b := thrift.Binary
-	w := b.AppendMessageBegin(nil, "Put", thrift.CALL, seq)
-	w = b.AppendFieldBegin(w, thrift.STRUCT, 1)
-	w = b.AppendFieldBegin(w, thrift.STRING, 1)
-	w = b.AppendString(w, ns)
-	w = b.AppendFieldBegin(w, thrift.STRING, 2)
-	w = b.AppendBinary(w, key)
-	w = b.AppendFieldBegin(w, thrift.I32, 4)
-	w = b.AppendI32(w, depth)
-	w = b.AppendFieldBegin(w, thrift.BOOL, 5)
-	w = b.AppendBool(w, false)
-	w = b.AppendFieldBegin(w, thrift.I32, 6)
-	w = b.AppendI32(w, 0)
-	w = b.AppendFieldBegin(w, thrift.STRING, 3)
-	w = b.AppendBinary(w, value)
-	w = b.AppendFieldStop(w)
-	return b.AppendFieldStop(w)
+	w := thrift.Binary.AppendMessageBegin(nil, "Put", thrift.CALL, seq)
+	return append(w, engineapi.InPlacePutArgs(ns, key, value, depth)...)
 }
 
 // reply reads one reply: the Put result, or the application exception.
@@ -252,6 +237,7 @@ func TestPutSocketWire(t *testing.T) {
 		{"empty key", inPlacePut(3, "ns", nil, v, 0), tp.ErrorCode_INVALID_ARGUMENT},
 		{"value twice", twice(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
 		{"request twice", requestTwice(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
+		{"namespace after the value", nsAfterValue(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
 	} {
 		res := c.call(3, tc.msg)
 		if res.Err == nil || res.Err.Code != tc.code {
@@ -397,6 +383,16 @@ func secondRequest() []byte {
 	w = b.AppendBinary(w, []byte("c"))
 	w = b.AppendFieldStop(w)
 	return b.AppendFieldStop(w)
+}
+
+// nsAfterValue gives an in-place put a second namespace after its value
+// (a generated decoder would keep that one; the slot was reserved in the
+// first).
+func nsAfterValue(msg []byte) []byte {
+	w := slices.Clone(msg[:len(msg)-2])
+	w = thrift.Binary.AppendFieldBegin(w, thrift.STRING, 1)
+	w = thrift.Binary.AppendString(w, "other")
+	return append(w, 0, 0)
 }
 
 // negativeValue gives an in-place put's value a negative length.
