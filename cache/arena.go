@@ -89,6 +89,10 @@ type Reservation interface {
 	// they landed (a transfer verified end to end): it does not checksum
 	// them again.
 	CommitChecked(ctx context.Context, crc uint32) (existed bool, err error)
+	// CommitSummed is Commit for bytes whose checksum crc the sidecar
+	// computed itself as it wrote them (the put socket): it does not
+	// checksum them again, and reads verify the block as any other.
+	CommitSummed(ctx context.Context, crc uint32) (existed bool, err error)
 	// Abort frees the slot; ErrLeaseExpired when it was already committed,
 	// aborted or reclaimed.
 	Abort() error

@@ -75,7 +75,9 @@ func (pp *PendingPut) Bytes() []byte { return pp.r.Bytes() }
 func (pp *PendingPut) Deadline() time.Time { return pp.r.Deadline() }
 
 // Commit publishes the block, whose bytes have the CRC-32C crc (computed
-// as they were written), and pushes it to its other owners as Put does.
+// as they were written: the slot is not checksummed again, but reads
+// verify the block as any other, cache.Reservation.CommitSummed), and
+// pushes it to its other owners as Put does.
 // A slot whose deadline passed before the value was all written is an
 // ErrUnavailable (the writer was too slow; nothing is stored).
 func (pp *PendingPut) Commit(ctx context.Context, crc uint32) (existed bool, err error) {
@@ -87,7 +89,7 @@ func (pp *PendingPut) Commit(ctx context.Context, crc uint32) (existed bool, err
 		// owns is not copied.)
 		value = bytes.Clone(pp.r.Bytes())
 	}
-	existed, err = pp.r.CommitChecked(ctx, crc)
+	existed, err = pp.r.CommitSummed(ctx, crc)
 	if errors.Is(err, cache.ErrLeaseExpired) {
 		return false, fmt.Errorf("%w: the value was still arriving when its slot's deadline passed (%v)", cache.ErrUnavailable, err)
 	}

@@ -226,4 +226,28 @@ func TestPinLandedFresh(t *testing.T) {
 	if _, err := tr.Pin(ctx, "ns", []byte("g")); !errors.Is(err, cache.ErrChecksum) {
 		t.Fatalf("Pin of a damaged committed block: %v, want ErrChecksum", err)
 	}
+	// Nor does CommitSummed (the put socket: the sidecar computed the
+	// checksum as it wrote): its block is published with that checksum,
+	// and the first Pin, in the window, checks it.
+	r, err = tr.Reserve(ctx, "ns", []byte("s"), int64(len(val)), cache.PutOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(r.Bytes(), val)
+	if _, err := r.CommitSummed(ctx, cache.Checksum(val)); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := tr.Stat(ctx, "ns", []byte("s")); info.Checksum != cache.Checksum(val) {
+		t.Fatalf("CommitSummed stored checksum %08x, want %08x", info.Checksum, cache.Checksum(val))
+	}
+	l, err = tr.Acquire(ctx, "ns", []byte("s"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ai, off, _ = l.Location()
+	l.Release()
+	tr.arenas[ai].mem[off+11] ^= 1
+	if _, err := tr.Pin(ctx, "ns", []byte("s")); !errors.Is(err, cache.ErrChecksum) {
+		t.Fatalf("first Pin of a damaged CommitSummed block in the window: %v, want ErrChecksum", err)
+	}
 }

@@ -219,7 +219,7 @@ func (r *Reservation) free() {
 // reclaimed), cache.ErrChecksum (the bytes do not match crc),
 // cache.ErrClosed.
 func (r *Reservation) Commit(ctx context.Context, crc uint32, hasCRC bool) (existed bool, err error) {
-	return r.commit(ctx, crc, hasCRC, false)
+	return r.commit(ctx, crc, hasCRC, false, false)
 }
 
 // CommitChecked publishes the block with crc as its checksum without
@@ -227,10 +227,21 @@ func (r *Reservation) Commit(ctx context.Context, crc uint32, hasCRC bool) (exis
 // crc as they landed (a transfer verified end to end, rdma.Op.SumKnown).
 // Otherwise as Commit.
 func (r *Reservation) CommitChecked(ctx context.Context, crc uint32) (existed bool, err error) {
-	return r.commit(ctx, crc, true, true)
+	return r.commit(ctx, crc, true, true, true)
 }
 
-func (r *Reservation) commit(ctx context.Context, crc uint32, hasCRC, checked bool) (existed bool, err error) {
+// CommitSummed publishes the block with crc as its checksum without
+// checksumming the slot again: for bytes whose checksum the sidecar
+// computed as it wrote them. Unlike CommitChecked, a verified read checks
+// the block even in its first second. Otherwise as Commit.
+func (r *Reservation) CommitSummed(ctx context.Context, crc uint32) (existed bool, err error) {
+	return r.commit(ctx, crc, true, true, false)
+}
+
+// commit publishes the block: checksummed here unless checked (its crc
+// known already), against crc when hasCRC; landed marks bytes checked in
+// place as they landed (landedFresh).
+func (r *Reservation) commit(ctx context.Context, crc uint32, hasCRC, checked, landed bool) (existed bool, err error) {
 	t := r.t
 	if !r.claim() {
 		return false, fmt.Errorf("%w: reservation already committed, aborted or reclaimed", cache.ErrLeaseExpired)
@@ -268,7 +279,7 @@ func (r *Reservation) commit(ctx context.Context, crc uint32, hasCRC, checked bo
 		return false, fmt.Errorf("%w: committed %d bytes have CRC-32C %08x, the client sent %08x", cache.ErrChecksum, b.size, sum, crc)
 	}
 	b.crc = sum
-	if checked {
+	if landed {
 		b.landed.Store(t.now())
 	}
 	b.id = t.nextID.Add(1)
