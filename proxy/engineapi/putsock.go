@@ -189,7 +189,7 @@ func (s *putServer) serve(ctx context.Context, pc *putConn) {
 		callDeadline = time.Now().Add(putCallTimeout)
 		_ = pc.conn.SetDeadline(callDeadline)
 		var ok bool
-		w, ok = s.call(ctx, d, w[:0], func(slot time.Time) {
+		w, ok = s.call(d, w[:0], func(slot time.Time) {
 			// Reading into a slot: stop before its deadline.
 			_ = pc.conn.SetReadDeadline(earliest(callDeadline, slot))
 		})
@@ -212,7 +212,7 @@ func (s *putServer) serve(ctx context.Context, pc *putConn) {
 // call reads one request and appends its reply to w. ok is false when the
 // connection must close: the request did not parse (the reply is then an
 // application exception, when one can be sent) or the stream failed.
-func (s *putServer) call(ctx context.Context, d *thriftstream.Decoder, w []byte, slotDeadline func(time.Time)) (_ []byte, ok bool) {
+func (s *putServer) call(d *thriftstream.Decoder, w []byte, slotDeadline func(time.Time)) (_ []byte, ok bool) {
 	typ, method, seq, err := d.MessageBegin()
 	if err != nil {
 		return exception(w, method, seq, err), false

@@ -99,7 +99,7 @@ func FuzzPutSocketRequest(f *testing.F) {
 		msg := thrift.Binary.AppendMessageBegin(nil, "Put", thrift.CALL, 1)
 		msg = append(msg, body...)
 		d := &thriftstream.Decoder{R: bufio.NewReaderSize(&limitReader{r: bytes.NewReader(msg), left: s.maxRequest}, putReadBuffer), What: "request"}
-		reply, _ := s.call(context.Background(), d, nil, func(time.Time) {})
+		reply, _ := s.call(d, nil, func(time.Time) {})
 
 		stored := false
 		if len(reply) > 0 {
