@@ -38,6 +38,20 @@ func inPlaceArgs(ns string, key, value []byte, depth int32) []byte {
 	return b.AppendFieldStop(w)
 }
 
+// valuelessRequest is a request field of a Put call's arguments with a
+// namespace and key and no value, then the arguments' stop: appended to
+// a call's arguments less their stop, it repeats the request.
+func valuelessRequest(ns string, key []byte) []byte {
+	b := thrift.Binary
+	w := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
+	w = b.AppendFieldBegin(w, thrift.STRING, 1)
+	w = b.AppendString(w, ns)
+	w = b.AppendFieldBegin(w, thrift.STRING, 2)
+	w = b.AppendBinary(w, key)
+	w = b.AppendFieldStop(w)
+	return b.AppendFieldStop(w)
+}
+
 // FuzzPutSocketRequest: whatever a Put call's arguments hold, the put
 // socket's reader never stores a block the generated decoder would not
 // read from the same bytes, stores exactly the value that decoder reads,
@@ -85,14 +99,7 @@ func FuzzPutSocketRequest(f *testing.F) {
 	f.Add(append(two[:len(two)-2], append(inPlace("ns", []byte("k"), []byte("two"))[3:], 0)...))
 	// The request twice, the second without a value: a generated decoder
 	// keeps only the second.
-	b := thrift.Binary
-	second := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
-	second = b.AppendFieldBegin(second, thrift.STRING, 1)
-	second = b.AppendString(second, "ns")
-	second = b.AppendFieldBegin(second, thrift.STRING, 2)
-	second = b.AppendBinary(second, []byte("k"))
-	second = b.AppendFieldStop(b.AppendFieldStop(second))
-	f.Add(append(two[:len(two)-1], second...))
+	f.Add(append(two[:len(two)-1], valuelessRequest("ns", []byte("k"))...))
 
 	f.Fuzz(func(t *testing.T, body []byte) {
 		tier, s := fresh(t)

@@ -369,20 +369,7 @@ func TestPutSocketBadStreams(t *testing.T) {
 // requestTwice follows an in-place put's request with a second one that
 // has no value (a generated decoder would keep the second alone).
 func requestTwice(msg []byte) []byte {
-	return append(slices.Clone(msg[:len(msg)-1]), secondRequest()...)
-}
-
-// secondRequest is a request field of a Put call's arguments with a
-// namespace and key and no value, then the arguments' stop.
-func secondRequest() []byte {
-	b := thrift.Binary
-	w := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
-	w = b.AppendFieldBegin(w, thrift.STRING, 1)
-	w = b.AppendString(w, "ns")
-	w = b.AppendFieldBegin(w, thrift.STRING, 2)
-	w = b.AppendBinary(w, []byte("c"))
-	w = b.AppendFieldStop(w)
-	return b.AppendFieldStop(w)
+	return append(slices.Clone(msg[:len(msg)-1]), engineapi.ValuelessRequest("ns", []byte("c"))...)
 }
 
 // nsAfterValue gives an in-place put a second namespace after its value
