@@ -21,11 +21,7 @@ import (
 // socket then reads in place.
 func inPlaceArgs(ns string, key, value []byte, depth int32) []byte {
 	b := thrift.Binary
-	w := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
-	w = b.AppendFieldBegin(w, thrift.STRING, 1)
-	w = b.AppendString(w, ns)
-	w = b.AppendFieldBegin(w, thrift.STRING, 2)
-	w = b.AppendBinary(w, key)
+	w := requestHead(ns, key)
 	w = b.AppendFieldBegin(w, thrift.I32, 4)
 	w = b.AppendI32(w, depth)
 	w = b.AppendFieldBegin(w, thrift.BOOL, 5)
@@ -42,14 +38,18 @@ func inPlaceArgs(ns string, key, value []byte, depth int32) []byte {
 // namespace and key and no value, then the arguments' stop: appended to
 // a call's arguments less their stop, it repeats the request.
 func valuelessRequest(ns string, key []byte) []byte {
+	return thrift.Binary.AppendFieldStop(thrift.Binary.AppendFieldStop(requestHead(ns, key)))
+}
+
+// requestHead opens the arguments' request field and writes its namespace
+// and key.
+func requestHead(ns string, key []byte) []byte {
 	b := thrift.Binary
 	w := b.AppendFieldBegin(nil, thrift.STRUCT, 1)
 	w = b.AppendFieldBegin(w, thrift.STRING, 1)
 	w = b.AppendString(w, ns)
 	w = b.AppendFieldBegin(w, thrift.STRING, 2)
-	w = b.AppendBinary(w, key)
-	w = b.AppendFieldStop(w)
-	return b.AppendFieldStop(w)
+	return b.AppendBinary(w, key)
 }
 
 // FuzzPutSocketRequest: whatever a Put call's arguments hold, the put
