@@ -4,6 +4,9 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"go.uber.org/zap"
 
@@ -23,7 +26,10 @@ import (
 //     a moment ago are usually served from the page cache.
 //
 // TIDEPOOL_SSD_BENCH_DIR puts the database on a chosen filesystem (default:
-// a temporary directory).
+// a temporary directory). TIDEPOOL_SSD_BENCH_STORE=rocksdb keeps the
+// blocks in RocksDB's blob files (Config.ValueLogMin -1) instead of the
+// value log. Each run also reports the process's CPU time (user + system,
+// RocksDB's threads included) per GiB moved, "cpu-s/GiB".
 func BenchmarkSSD(b *testing.B) {
 	const size = 1 << 20
 	vals := make([][]byte, 16)
@@ -44,6 +50,9 @@ func BenchmarkSSD(b *testing.B) {
 		cfg.Capacity = 1 << 40
 		cfg.MinFreeBytes = -1 // no free-space floor
 		cfg.DirectReads = os.Getenv("TIDEPOOL_SSD_BENCH_DIRECT") == "1"
+		if os.Getenv("TIDEPOOL_SSD_BENCH_STORE") == "rocksdb" {
+			cfg.ValueLogMin = -1
+		}
 		cfg.Clock = clock.Real{}
 		tr, err := New(cfg, zap.NewNop())
 		if err != nil {
@@ -63,12 +72,14 @@ func BenchmarkSSD(b *testing.B) {
 		tr := open(b)
 		b.SetBytes(size)
 		b.ResetTimer()
+		cpu := cpuTime()
 		for i := range b.N {
 			put(b, tr, i)
 		}
 		if err := tr.Flush(ctx); err != nil {
 			b.Fatal(err)
 		}
+		reportCPU(b, cpu, size)
 	})
 
 	b.Run("read", func(b *testing.B) {
@@ -83,6 +94,7 @@ func BenchmarkSSD(b *testing.B) {
 		dst := make([]byte, 0, size)
 		b.SetBytes(size)
 		b.ResetTimer()
+		cpu := cpuTime()
 		for i := range b.N {
 			got, _, err := tr.Get(ctx, "bench", key(i%n), dst)
 			if err != nil || len(got) != size {
@@ -90,8 +102,25 @@ func BenchmarkSSD(b *testing.B) {
 			}
 		}
 		b.StopTimer()
+		reportCPU(b, cpu, size)
 		if h := tr.Health(); h.ChecksumFailures != 0 {
 			b.Fatalf("health %+v", h)
 		}
 	})
+}
+
+// cpuTime returns the process's user + system CPU time so far.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the CPU time since start per GiB of b.N blocks of size
+// bytes.
+func reportCPU(b *testing.B, start time.Duration, size int) {
+	gib := float64(b.N) * float64(size) / (1 << 30)
+	b.ReportMetric((cpuTime()-start).Seconds()/gib, "cpu-s/GiB")
 }

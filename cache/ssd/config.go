@@ -80,6 +80,18 @@ type Config struct {
 	// cache; the filesystem must support it). Default false.
 	DirectReads bool
 
+	// ValueLogMin: blocks of at least this many bytes are written to the
+	// value log (segment files in Dir/values written with O_DIRECT,
+	// docs/ssd.md "Value log") instead of RocksDB's blob files; RocksDB
+	// keeps their metadata. Default 64 KiB; negative: every block goes to
+	// RocksDB (blocks already in the value log are still read).
+	ValueLogMin int64
+	// ValueLogSegmentSize is the size of one value log segment file,
+	// allocated when the segment is started. A segment is deleted once no
+	// block lives in it; the live blocks of a segment that is mostly dead
+	// are moved so that it can be. Default 64 MiB.
+	ValueLogSegmentSize int64
+
 	// MinFreeBytes: when the filesystem holding Dir has less free space
 	// than this, the tier stops admitting blocks (degraded) before RocksDB
 	// hits ENOSPC. Default 1 GiB; negative disables the check (ENOSPC
@@ -105,21 +117,23 @@ const (
 // DefaultConfig returns the defaults; Dir must still be set.
 func DefaultConfig() Config {
 	return Config{
-		Capacity:           16 << 30,
-		MaxValueSize:       cache.DefaultMaxValueBytes,
-		MaxKeySize:         cache.DefaultMaxKeyBytes,
-		MaxNamespaceSize:   cache.DefaultMaxNamespaceBytes,
-		WriteBufferSize:    32 << 20,
-		MaxWriteBuffers:    4,
-		MinBlobSize:        4 << 10,
-		BlobFileSize:       128 << 20,
-		BlobGCAgeCutoff:    0.25,
-		BackgroundJobs:     4,
-		BackgroundPriority: PriorityNormal,
-		MinFreeBytes:       1 << 30,
-		ProbeInterval:      5 * time.Second,
-		Policy:             evict.NewLRU,
-		Clock:              clock.Real{},
+		Capacity:            16 << 30,
+		MaxValueSize:        cache.DefaultMaxValueBytes,
+		MaxKeySize:          cache.DefaultMaxKeyBytes,
+		MaxNamespaceSize:    cache.DefaultMaxNamespaceBytes,
+		WriteBufferSize:     32 << 20,
+		MaxWriteBuffers:     4,
+		MinBlobSize:         4 << 10,
+		BlobFileSize:        128 << 20,
+		BlobGCAgeCutoff:     0.25,
+		BackgroundJobs:      4,
+		BackgroundPriority:  PriorityNormal,
+		ValueLogMin:         64 << 10,
+		ValueLogSegmentSize: 64 << 20,
+		MinFreeBytes:        1 << 30,
+		ProbeInterval:       5 * time.Second,
+		Policy:              evict.NewLRU,
+		Clock:               clock.Real{},
 	}
 }
 
@@ -138,6 +152,8 @@ func (c Config) withDefaults() Config {
 	fill(&c.BlobGCAgeCutoff, d.BlobGCAgeCutoff)
 	fill(&c.BackgroundJobs, d.BackgroundJobs)
 	fill(&c.BackgroundPriority, d.BackgroundPriority)
+	fill(&c.ValueLogMin, d.ValueLogMin)
+	fill(&c.ValueLogSegmentSize, d.ValueLogSegmentSize)
 	fill(&c.MinFreeBytes, d.MinFreeBytes)
 	fill(&c.ProbeInterval, d.ProbeInterval)
 	if c.Policy == nil {
@@ -201,6 +217,9 @@ func (c Config) Validate() error {
 	}
 	if c.BackgroundPriority != PriorityLow && c.BackgroundPriority != PriorityNormal {
 		bad("BackgroundPriority must be %q or %q, got %q", PriorityLow, PriorityNormal, c.BackgroundPriority)
+	}
+	if c.ValueLogSegmentSize < 1<<20 || c.ValueLogSegmentSize%dioAlign != 0 {
+		bad("ValueLogSegmentSize must be >= 1 MiB and a multiple of %d, got %d", dioAlign, c.ValueLogSegmentSize)
 	}
 	if c.ProbeInterval <= 0 {
 		bad("ProbeInterval must be > 0, got %v", c.ProbeInterval)

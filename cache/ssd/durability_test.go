@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,7 @@ import (
 const (
 	envChild = "TIDEPOOL_SSD_KILL_CHILD"
 	envDir   = "TIDEPOOL_SSD_KILL_DIR"
+	envLog   = "TIDEPOOL_SSD_KILL_LOGMIN" // Config.ValueLogMin
 	killSize = 256 << 10
 	killN    = 8
 )
@@ -34,14 +36,19 @@ const (
 	nsVolatile = "volatile" // best-effort, never flushed
 )
 
-func killConfig(dir string) Config {
+func killConfig(dir string, logMin int64) Config {
 	cfg := testConfig(dir)
 	cfg.Clock = clock.Real{}
+	cfg.ValueLogMin = logMin
 	return cfg
 }
 
 func runKillChild() error {
-	tr, err := New(killConfig(os.Getenv(envDir)), zap.NewNop())
+	logMin, err := strconv.ParseInt(os.Getenv(envLog), 10, 64)
+	if err != nil {
+		return err
+	}
+	tr, err := New(killConfig(os.Getenv(envDir), logMin), zap.NewNop())
 	if err != nil {
 		return err
 	}
@@ -82,7 +89,9 @@ func seedOf(ns string) uint64 {
 
 // TestKill9 checks what docs/ssd.md promises after kill -9: flushed and
 // durable blocks are all there with exact bytes; best-effort blocks written
-// after the last flush may be missing but are never wrong.
+// after the last flush may be missing but are never wrong, and those in
+// the value log are all there (their records went through the WAL, their
+// bytes to the disk).
 func TestKill9(t *testing.T) {
 	if os.Getenv(envChild) == "1" {
 		if err := runKillChild(); err != nil {
@@ -91,9 +100,15 @@ func TestKill9(t *testing.T) {
 		}
 		return
 	}
+	for _, sto := range stores {
+		t.Run(sto.name, func(t *testing.T) { testKill9(t, sto.logMin) })
+	}
+}
+
+func testKill9(t *testing.T, logMin int64) {
 	dir := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKill9$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envChild+"=1", envDir+"="+dir)
+	cmd.Env = append(os.Environ(), envChild+"=1", envDir+"="+dir, envLog+"="+strconv.FormatInt(logMin, 10))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +153,7 @@ wait:
 		}
 	}()
 
-	tr := newTier(t, killConfig(dir))
+	tr := newTier(t, killConfig(dir, logMin))
 	ctx := context.Background()
 	count := map[string]int{}
 	for _, ns := range []string{nsFlushed, nsDurable, nsVolatile} {
@@ -158,7 +173,7 @@ wait:
 	}
 	blocks, _, took := tr.Recovered()
 	t.Logf("after kill -9: %v blocks per namespace; recovered %d blocks in %v", count, blocks, took)
-	if count[nsFlushed] != killN || count[nsDurable] != killN {
+	if count[nsFlushed] != killN || count[nsDurable] != killN || (logMin >= 0 && count[nsVolatile] != killN) {
 		t.Fatalf("flushed %d/%d, durable %d/%d survived", count[nsFlushed], killN, count[nsDurable], killN)
 	}
 	if want := int64(2*killN + count[nsVolatile]); blocks != want {

@@ -82,6 +82,13 @@ func (t *Tier) reopenLocked() error {
 		t.st = nil
 	}
 	st, err := t.openChecked()
+	if err == nil && t.vlog == nil {
+		// The tier started without a database: the value log was not
+		// opened either.
+		if t.vlog, err = openValueLog(t.cfg.Dir, t.cfg.ValueLogSegmentSize); err != nil {
+			st.close()
+		}
+	}
 	if err == nil {
 		t.st = st
 	}

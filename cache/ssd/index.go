@@ -71,7 +71,7 @@ func (t *Tier) restoreLocked(es []*entry) {
 // returns the blocks and value bytes kept.
 func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 	var es []*entry
-	var bad [][]byte
+	var bad, lost [][]byte
 	t.dbMu.RLock()
 	if t.st == nil {
 		t.dbMu.RUnlock()
@@ -84,9 +84,21 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 			bad = append(bad, slices.Clone(k))
 			return
 		}
+		if m.seg != 0 {
+			if t.vlog == nil || !t.vlog.has(m.seg, m.off, m.size) {
+				// Its bytes are gone (a segment deleted before a crash
+				// lost the delete of this record).
+				if t.vlog != nil {
+					t.vlog.seen(m.seg)
+				}
+				lost = append(lost, slices.Clone(k))
+				return
+			}
+		}
 		es = append(es, &entry{
 			ns: ns, skey: string(k), size: m.size, foot: footprint(len(k), m.size),
 			sum: m.sum, depth: m.depth, lowPri: m.lowPri, created: m.created, access: m.access,
+			seg: m.seg, off: m.off,
 		})
 	})
 	t.dbMu.RUnlock()
@@ -116,15 +128,25 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 		victims = append(victims, v.encKey())
 	}
 	blocks = int64(len(t.index))
+	live := make(map[uint32]int64)
 	for _, e := range t.index {
 		bytes += e.size
+		if e.seg != 0 {
+			live[e.seg] += aligned(e.size)
+		}
 	}
 	t.mu.Unlock()
+	if t.vlog != nil {
+		t.vlog.setLive(live)
+	}
 
 	if len(bad) > 0 {
 		t.lg.Warn("ssd metadata records unreadable, deleted", zap.Int("records", len(bad)))
 	}
-	if dels := append(bad, victims...); len(dels) > 0 {
+	if len(lost) > 0 {
+		t.lg.Warn("ssd records whose value log bytes are gone, deleted", zap.Int("records", len(lost)))
+	}
+	if dels := slices.Concat(bad, lost, victims); len(dels) > 0 {
 		if err := t.write(&batch{dels: dels}, false); err != nil {
 			t.lg.Warn("ssd delete after rebuild failed", zap.Error(err))
 		}

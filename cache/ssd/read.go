@@ -1,6 +1,7 @@
 package ssd
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/tidepool-kv/tidepool/cache"
@@ -12,7 +13,8 @@ import (
 // the flight, and after the last one the group releases the pinned bytes
 // and the read lock on the store they came from (releaseRead).
 type shared struct {
-	p     *pinned
+	p     *pinned // a RocksDB block's pinned bytes
+	buf   []byte  // a value log block's read buffer (getAligned)
 	data  []byte
 	info  cache.Info
 	entry *entry
@@ -21,7 +23,12 @@ type shared struct {
 // releaseRead is the flight group's release: it runs once per successful
 // read, after its last participant.
 func (t *Tier) releaseRead(r shared) {
-	r.p.release()
+	if r.p != nil {
+		r.p.release()
+	}
+	if r.buf != nil {
+		putAligned(r.buf)
+	}
 	t.dbMu.RUnlock()
 }
 
@@ -46,6 +53,9 @@ func (t *Tier) read(sk string, ek []byte) (r shared, drop *entry, err error) {
 		return r, nil, fmt.Errorf("%w: ssd: store not open", cache.ErrUnavailable)
 	}
 	t.reads.Add(1)
+	if e.seg != 0 {
+		return t.readLogged(e, false)
+	}
 	p, found, err := t.st.getPinned(ek)
 	switch {
 	case err != nil && isCorruption(err):
@@ -76,6 +86,66 @@ func (t *Tier) read(sk string, ek []byte) (r shared, drop *entry, err error) {
 	return shared{p: p, data: data, entry: e, info: e.info()}, nil, nil
 }
 
+// readLogged is read of a block in the value log. dbMu is read-locked;
+// it stays so on success, as for a RocksDB read.
+func (t *Tier) readLogged(e *entry, retried bool) (r shared, drop *entry, err error) {
+	if t.vlog == nil {
+		t.dbMu.RUnlock()
+		return r, nil, fmt.Errorf("%w: ssd: value log not open", cache.ErrUnavailable)
+	}
+	data, buf, err := t.vlog.read(e.seg, e.off, e.size)
+	switch {
+	case errors.Is(err, errSegmentGone):
+		// Moved (relocate replaces the entry) or deleted since the caller
+		// looked, or lost.
+		t.mu.Lock()
+		now := t.index[e.skey]
+		t.mu.Unlock()
+		switch {
+		case now == e:
+			t.dbMu.RUnlock()
+			t.stale.Add(1)
+			t.lg.Warn("ssd block's value log segment missing, deleted", zap.String("ns", e.ns), zap.Error(err))
+			return r, e, cache.ErrNotFound
+		case now != nil && now.seg != 0 && !retried:
+			return t.readLogged(now, true)
+		}
+		t.dbMu.RUnlock()
+		return r, nil, cache.ErrNotFound
+	case err != nil:
+		t.dbMu.RUnlock()
+		t.readErrors.Add(1)
+		t.checksumFailures.Add(1)
+		t.lg.Warn("ssd block unreadable, deleted", zap.String("ns", e.ns), zap.Error(err))
+		return r, e, fmt.Errorf("%w: %w: %w: %v", ErrCorrupt, cache.ErrChecksum, cache.ErrNotFound, err)
+	}
+	if got := cache.Checksum(data); got != e.sum {
+		putAligned(buf)
+		t.dbMu.RUnlock()
+		t.checksumFailures.Add(1)
+		t.lg.Warn("ssd block checksum mismatch, deleted",
+			zap.String("ns", e.ns), zap.Int64("size", e.size), zap.Uint32("segment", e.seg),
+			zap.Int64("offset", e.off), zap.Uint32("want", e.sum), zap.Uint32("got", got))
+		return r, e, fmt.Errorf("%w: %w: %w", ErrCorrupt, cache.ErrChecksum, cache.ErrNotFound)
+	}
+	return shared{buf: buf, data: data, entry: e, info: e.info()}, nil, nil
+}
+
+// freeValuesLocked gives the value log space of removed blocks back, once
+// their records are deleted (or the deletes were tried), and starts a
+// relocation if the log has become sparse. wmu held.
+func (t *Tier) freeValuesLocked(es []*entry) {
+	if t.vlog == nil {
+		return
+	}
+	for _, e := range es {
+		if e.seg != 0 {
+			t.vlog.free(e.seg, e.off, e.size)
+		}
+	}
+	t.maybeRelocateLocked()
+}
+
 // dropBad removes a block that could not be read correctly, if the index
 // still holds that very entry.
 func (t *Tier) dropBad(e *entry) {
@@ -92,5 +162,6 @@ func (t *Tier) dropBad(e *entry) {
 	t.removeLocked(e)
 	t.mu.Unlock()
 	t.deleteOnDiskLocked([][]byte{e.encKey()})
+	t.freeValuesLocked([]*entry{e})
 	t.noteGarbageLocked(e.size)
 }

@@ -23,10 +23,19 @@ import (
 //	18  8   last access, Unix ns (persisted on put and on clean close)
 //	26  8   creation time, Unix ns
 //	34  4   CRC-32C of bytes 0..34
+//
+// A block whose bytes are in the value log (vlog.go) has a version 2
+// record instead, with where they are before the record's CRC:
+//
+//	34  4   value log segment id (> 0)
+//	38  8   offset in the segment (a multiple of dioAlign)
+//	46  4   CRC-32C of bytes 0..46
 const (
-	recVersion = 1
-	recLen     = 38
-	flagLowPri = 1 << 0
+	recVersion  = 1
+	recLen      = 38
+	recVersion2 = 2
+	recLen2     = 50
+	flagLowPri  = 1 << 0
 )
 
 var (
@@ -65,11 +74,17 @@ type meta struct {
 	lowPri  bool
 	access  int64
 	created int64
+	seg     uint32 // value log segment; 0: the bytes are in RocksDB
+	off     int64  // offset in seg
 }
 
 func (m *meta) encode() []byte {
-	b := make([]byte, recLen)
-	b[0] = recVersion
+	n, ver := recLen, byte(recVersion)
+	if m.seg != 0 {
+		n, ver = recLen2, recVersion2
+	}
+	b := make([]byte, n)
+	b[0] = ver
 	if m.lowPri {
 		b[1] |= flagLowPri
 	}
@@ -78,15 +93,23 @@ func (m *meta) encode() []byte {
 	binary.LittleEndian.PutUint32(b[14:], uint32(m.depth))
 	binary.LittleEndian.PutUint64(b[18:], uint64(m.access))
 	binary.LittleEndian.PutUint64(b[26:], uint64(m.created))
-	binary.LittleEndian.PutUint32(b[34:], cache.Checksum(b[:34]))
+	if m.seg != 0 {
+		binary.LittleEndian.PutUint32(b[34:], m.seg)
+		binary.LittleEndian.PutUint64(b[38:], uint64(m.off))
+	}
+	binary.LittleEndian.PutUint32(b[n-4:], cache.Checksum(b[:n-4]))
 	return b
 }
 
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) != recLen || b[0] != recVersion {
+	switch {
+	case len(b) == recLen && b[0] == recVersion:
+	case len(b) == recLen2 && b[0] == recVersion2:
+	default:
 		return meta{}, errBadRecord
 	}
-	if binary.LittleEndian.Uint32(b[34:]) != cache.Checksum(b[:34]) {
+	n := len(b)
+	if binary.LittleEndian.Uint32(b[n-4:]) != cache.Checksum(b[:n-4]) {
 		return meta{}, errBadRecord
 	}
 	m := meta{
@@ -96,6 +119,13 @@ func decodeMeta(b []byte) (meta, error) {
 		depth:   int32(binary.LittleEndian.Uint32(b[14:])),
 		access:  int64(binary.LittleEndian.Uint64(b[18:])),
 		created: int64(binary.LittleEndian.Uint64(b[26:])),
+	}
+	if n == recLen2 {
+		m.seg = binary.LittleEndian.Uint32(b[34:])
+		m.off = int64(binary.LittleEndian.Uint64(b[38:]))
+		if m.seg == 0 || m.off < 0 || m.off%dioAlign != 0 {
+			return meta{}, errBadRecord
+		}
 	}
 	if m.size < 0 {
 		return meta{}, errBadRecord

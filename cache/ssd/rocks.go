@@ -46,6 +46,7 @@ type store struct {
 	roScan  *grocksdb.ReadOptions // index rebuild: do not pollute caches
 	woFast  *grocksdb.WriteOptions
 	woSync  *grocksdb.WriteOptions
+	woWAL   *grocksdb.WriteOptions // through the WAL, not synced
 	fo      *grocksdb.FlushOptions
 	compact *grocksdb.CompactRangeOptions
 
@@ -187,6 +188,7 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.woFast.DisableWAL(true)
 	s.woSync = grocksdb.NewDefaultWriteOptions()
 	s.woSync.SetSync(true)
+	s.woWAL = grocksdb.NewDefaultWriteOptions()
 	s.fo = grocksdb.NewDefaultFlushOptions()
 	s.fo.SetWait(true)
 	s.compact = grocksdb.NewCompactRangeOptions()
@@ -248,6 +250,10 @@ func (s *store) close() {
 		s.woSync.Destroy()
 		s.woSync = nil
 	}
+	if s.woWAL != nil {
+		s.woWAL.Destroy()
+		s.woWAL = nil
+	}
 	if s.fo != nil {
 		s.fo.Destroy()
 		s.fo = nil
@@ -271,6 +277,9 @@ func (s *store) close() {
 // batch is one atomic write: block puts, block deletes and metadata-only
 // rewrites, applied together or not at all.
 type batch struct {
+	// wal: write through the WAL (not synced) even when not durable: the
+	// records of value log blocks, whose bytes are on disk already.
+	wal     bool
 	puts    []blockPut
 	dels    [][]byte    // encoded keys removed from both column families
 	metaSet [][2][]byte // encoded key, metadata record (no block bytes)
@@ -278,6 +287,7 @@ type batch struct {
 
 type blockPut struct {
 	key, meta, value []byte
+	logged           bool // the bytes are in the value log: no data record
 }
 
 // apply writes b atomically. durable writes go through the WAL and fsync it
@@ -297,15 +307,20 @@ func (s *store) applyNow(b *batch, durable bool) error {
 		wb.DeleteCF(s.cfMeta, k)
 	}
 	for _, p := range b.puts {
-		wb.PutCF(s.cfData, p.key, p.value)
+		if !p.logged {
+			wb.PutCF(s.cfData, p.key, p.value)
+		}
 		wb.PutCF(s.cfMeta, p.key, p.meta)
 	}
 	for _, m := range b.metaSet {
 		wb.PutCF(s.cfMeta, m[0], m[1])
 	}
 	wo := s.woFast
-	if durable {
+	switch {
+	case durable:
 		wo = s.woSync
+	case b.wal:
+		wo = s.woWAL
 	}
 	return s.db.Write(wo, wb)
 }

@@ -77,14 +77,17 @@ type entry struct {
 	depth   int32
 	lowPri  bool
 	created int64
-	access  int64 // Unix ns of the last read or write
-	dirty   bool  // access changed since it was last persisted
+	access  int64  // Unix ns of the last read or write
+	dirty   bool   // access changed since it was last persisted
+	seg     uint32 // value log segment of the bytes; 0: in RocksDB
+	off     int64  // offset in seg
 }
 
 func (e *entry) encKey() []byte { return []byte(e.skey) }
 
 func (e *entry) meta() meta {
-	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, access: e.access, created: e.created}
+	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, access: e.access, created: e.created,
+		seg: e.seg, off: e.off}
 }
 
 func (e *entry) info() cache.Info {
@@ -108,6 +111,15 @@ type Tier struct {
 	wmu  sync.Mutex
 	dbMu sync.RWMutex
 	st   *store // guarded by dbMu; replaced only with wmu held too
+	// vlog holds the bytes of large blocks (vlog.go). Opened with the
+	// first database (nil while the tier has never had one); set with
+	// wmu and dbMu held, so either lock is enough to read it. Appended
+	// to with wmu held.
+	vlog *valueLog
+	// relocating is true while a relocation of value log blocks runs
+	// (relocate.go), which relocWG waits for.
+	relocating atomic.Bool
+	relocWG    sync.WaitGroup
 
 	mu     sync.Mutex
 	index  map[string]*entry // by encoded key
@@ -132,7 +144,7 @@ type Tier struct {
 	hits, misses, evictions, bytesIn, bytesOut atomic.Int64
 	checksumFailures, readErrors, writeErrors  atomic.Int64
 	degradedEvents, recoveries, stale          atomic.Int64
-	compactions                                atomic.Int64
+	compactions, relocations                   atomic.Int64
 	quarantines                                atomic.Int64
 	quarantinedTo                              atomic.Value // string
 
@@ -215,6 +227,11 @@ func (t *Tier) openAtStart() (blocks, bytes int64, err error) {
 	for attempt := 0; ; attempt++ {
 		var st *store
 		st, err = t.openChecked()
+		if err == nil && t.vlog == nil {
+			if t.vlog, err = openValueLog(t.cfg.Dir, t.cfg.ValueLogSegmentSize); err != nil {
+				st.close()
+			}
+		}
 		if err == nil {
 			t.st = st
 			if blocks, bytes, err = t.rebuild(); err == nil {
@@ -222,6 +239,10 @@ func (t *Tier) openAtStart() (blocks, bytes int64, err error) {
 			}
 			t.st = nil
 			st.close()
+		}
+		if t.vlog != nil {
+			t.vlog.close()
+			t.vlog = nil
 		}
 		switch {
 		case isNoSpace(err):
@@ -411,12 +432,32 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		ns: ns, skey: string(ek), size: int64(len(value)), foot: foot, sum: sum,
 		depth: opts.Depth, lowPri: opts.LowPriority, created: now, access: now,
 	}
-	m := e.meta()
-	b := &batch{puts: []blockPut{{key: ek, meta: m.encode(), value: value}}}
-	for _, v := range victims {
-		b.dels = append(b.dels, v.encKey())
+	bp := blockPut{key: ek, value: value}
+	if t.vlog != nil && t.cfg.ValueLogMin >= 0 && int64(len(value)) >= t.cfg.ValueLogMin {
+		// The bytes go to the value log first, then the record that
+		// points to them, through the WAL (not synced unless durable), so
+		// that a crash of the process does not lose a block whose bytes
+		// are on disk already.
+		if e.seg, e.off, err = t.vlog.append(value); err == nil && opts.Durable {
+			if err = t.vlog.sync(); err != nil {
+				t.vlog.free(e.seg, e.off, e.size)
+			}
+		}
+		bp.value, bp.logged = nil, true
 	}
-	if err := t.write(b, opts.Durable); err != nil {
+	var b *batch
+	if err == nil {
+		m := e.meta()
+		bp.meta = m.encode()
+		b = &batch{puts: []blockPut{bp}, wal: bp.logged}
+		for _, v := range victims {
+			b.dels = append(b.dels, v.encKey())
+		}
+		if err = t.write(b, opts.Durable); err != nil && e.seg != 0 {
+			t.vlog.free(e.seg, e.off, e.size)
+		}
+	}
+	if err != nil {
 		t.mu.Lock()
 		t.used -= foot
 		// The batch was atomic: the victims are still on disk. They go
@@ -442,6 +483,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	t.mu.Unlock()
 	t.evictions.Add(int64(len(victims)))
 	t.bytesIn.Add(int64(len(value)))
+	t.freeValuesLocked(victims)
 	t.noteGarbageLocked(dropped)
 	return false, nil
 }
@@ -576,6 +618,7 @@ func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) 
 	t.removeLocked(e)
 	t.mu.Unlock()
 	t.deleteOnDiskLocked([][]byte{ek})
+	t.freeValuesLocked([]*entry{e})
 	t.noteGarbageLocked(e.size)
 	return true, nil
 }
@@ -590,15 +633,17 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 	}
 	t.mu.Lock()
 	var keys [][]byte
+	var gone []*entry
 	var dropped int64
 	for _, e := range t.index {
 		if e.ns == ns {
 			keys = append(keys, e.encKey())
+			gone = append(gone, e)
 			dropped += e.size
 		}
 	}
-	for _, k := range keys {
-		t.removeLocked(t.index[string(k)])
+	for _, e := range gone {
+		t.removeLocked(e)
 	}
 	t.mu.Unlock()
 	count := int64(len(keys))
@@ -608,6 +653,7 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 		t.deleteOnDiskLocked(keys[:n])
 		keys = keys[n:]
 	}
+	t.freeValuesLocked(gone)
 	t.noteGarbageLocked(dropped)
 	return count, nil
 }
@@ -638,7 +684,15 @@ func (t *Tier) Flush(ctx context.Context) error {
 	t.dbMu.RLock()
 	err := errNoStore
 	if t.st != nil {
-		err = t.st.flush()
+		// The value log first: a record made durable by the flush must
+		// not point to bytes that are not.
+		err = nil
+		if t.vlog != nil {
+			err = t.vlog.sync()
+		}
+		if err == nil {
+			err = t.st.flush()
+		}
 	}
 	t.dbMu.RUnlock()
 	if err != nil {
@@ -695,8 +749,16 @@ type Health struct {
 	// Compactions counts the background compactions the tier started.
 	Compactions int64
 	// DiskBytes is the size of the live SST and blob files (RocksDB's
-	// view; excludes WAL, logs and memtables).
+	// view; excludes WAL, logs and memtables) and of the value log's
+	// segment files.
 	DiskBytes int64
+	// ValueLogBytes is the size of the value log's segment files,
+	// ValueLogLiveBytes the part of it blocks live in (rounded up to 4 KiB
+	// each), ValueLogSegments how many files there are.
+	ValueLogBytes, ValueLogLiveBytes int64
+	ValueLogSegments                 int
+	// Relocations counts blocks moved out of sparse value log segments.
+	Relocations int64
 	// Open is false while the tier has no database open (the disk was
 	// full at start, or a reopen failed); it is degraded then.
 	Open bool
@@ -717,12 +779,17 @@ func (t *Tier) Health() Health {
 		WriteErrors:      t.writeErrors.Load(),
 		StaleEntries:     t.stale.Load(),
 		Compactions:      t.compactions.Load(),
+		Relocations:      t.relocations.Load(),
 		Quarantines:      t.quarantines.Load(),
 	}
 	h.QuarantinedTo, _ = t.quarantinedTo.Load().(string)
 	t.dbMu.RLock()
+	if t.vlog != nil {
+		h.ValueLogBytes, h.ValueLogLiveBytes = t.vlog.usage()
+		h.ValueLogSegments = t.vlog.segments()
+	}
 	if t.st != nil {
-		h.DiskBytes = t.st.diskBytes()
+		h.DiskBytes = t.st.diskBytes() + h.ValueLogBytes
 		h.Open = true
 	}
 	t.dbMu.RUnlock()
@@ -736,11 +803,19 @@ func (t *Tier) Close() error {
 	if !t.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	// A relocation started before closed was set has been counted once
+	// wmu is free; it stops at its next block.
+	t.wmu.Lock()
+	t.wmu.Unlock()
+	t.relocWG.Wait()
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	t.stopCompactionLocked()
 	t.dbMu.Lock()
 	defer t.dbMu.Unlock()
+	if t.vlog != nil {
+		defer t.vlog.close()
+	}
 	if t.st == nil {
 		return nil
 	}
@@ -759,6 +834,9 @@ func (t *Tier) Close() error {
 		err = t.st.apply(b, false)
 	}
 	if !t.degraded.Load() {
+		if t.vlog != nil {
+			err = errors.Join(err, t.vlog.sync())
+		}
 		err = errors.Join(err, t.st.flush())
 	}
 	t.st.close()

@@ -270,12 +270,19 @@ func TestOperations(t *testing.T) {
 // TestLargeWriteReadReopen writes more than a small DRAM tier would hold in
 // 1 MiB blocks, reads every byte back, closes, reopens and checks again.
 func TestLargeWriteReadReopen(t *testing.T) {
+	for _, sto := range stores {
+		t.Run(sto.name, func(t *testing.T) { testLargeWriteReadReopen(t, sto.logMin) })
+	}
+}
+
+func testLargeWriteReadReopen(t *testing.T, logMin int64) {
 	n := 256
 	if testing.Short() {
 		n = 64
 	}
 	dir := t.TempDir()
 	cfg := testConfig(dir)
+	cfg.ValueLogMin = logMin
 	tr := newTier(t, cfg)
 	ctx := context.Background()
 	for i := range n {
@@ -302,8 +309,12 @@ func TestLargeWriteReadReopen(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	blobs, _ := filepath.Glob(filepath.Join(dir, "*.blob"))
-	if len(blobs) == 0 {
-		t.Fatal("no blob files: values were not separated")
+	segs, _ := filepath.Glob(filepath.Join(dir, valuesDir, "*.seg"))
+	switch {
+	case logMin < 0 && (len(blobs) == 0 || len(segs) != 0):
+		t.Fatalf("%d blob files, %d segments: values were not separated into blob files", len(blobs), len(segs))
+	case logMin >= 0 && (len(blobs) != 0 || len(segs) == 0):
+		t.Fatalf("%d blob files, %d segments: values not in the value log", len(blobs), len(segs))
 	}
 
 	tr2 := newTier(t, cfg)

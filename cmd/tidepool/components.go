@@ -67,6 +67,7 @@ func (c Config) storeConfig(ssdCapacity int64) tiered.Config {
 		sc.MaxNamespaceSize = lim.MaxNamespaceBytes
 		sc.MinFreeBytes = userOff(c.SSDMinFree)
 		sc.BackgroundPriority = c.SSDPriority
+		sc.ValueLogMin = userOff(c.SSDValueLogMin)
 		sc.Policy = policies[c.EvictionPolicy]
 		tc.SSD = &sc
 	}

@@ -24,6 +24,7 @@ func TestServeDefaultsAreTheComponents(t *testing.T) {
 		{"ssd_capacity", d.SSDCapacity, sc.Capacity},
 		{"ssd_min_free", d.SSDMinFree, sc.MinFreeBytes},
 		{"ssd_background_priority", d.SSDPriority, sc.BackgroundPriority},
+		{"ssd_value_log_min", d.SSDValueLogMin, sc.ValueLogMin},
 		{"demotion_queue", d.DemotionQueue, tc.QueueBytes},
 		{"demotion_wait", d.DemotionWait, tc.DemotionWait},
 		{"replicas", d.Replicas, cluster.DefaultRingConfig().Replicas},
@@ -47,12 +48,13 @@ func TestUserZeroIsOff(t *testing.T) {
 	off := DefaultConfig()
 	off.RebalanceRate, off.RebalanceMaxBytes, off.HotThreshold = 0, 0, 0
 	off.SSDMinFree, off.StopSpillTimeout, off.ScrubRate = 0, 0, 0
+	off.SSDValueLogMin = 0
 	rc, tc := off.routeConfig(), off.storeConfig(64<<20)
 	if rc.RebalanceRate >= 0 || rc.RebalanceMaxBytes >= 0 || rc.HotThreshold >= 0 {
 		t.Fatalf("route config %+v: want rebalance and hot replication off (negative)", rc)
 	}
-	if tc.SSD.MinFreeBytes >= 0 || tc.StopSpillTimeout >= 0 {
-		t.Fatalf("ssd MinFreeBytes %d, StopSpillTimeout %v: want off (negative)", tc.SSD.MinFreeBytes, tc.StopSpillTimeout)
+	if tc.SSD.MinFreeBytes >= 0 || tc.StopSpillTimeout >= 0 || tc.SSD.ValueLogMin >= 0 {
+		t.Fatalf("ssd MinFreeBytes %d, ValueLogMin %d, StopSpillTimeout %v: want off (negative)", tc.SSD.MinFreeBytes, tc.SSD.ValueLogMin, tc.StopSpillTimeout)
 	}
 	if _, on := off.scrubConfig(); on {
 		t.Fatal("scrub_rate 0: scrubber on")
@@ -60,11 +62,12 @@ func TestUserZeroIsOff(t *testing.T) {
 	on := DefaultConfig()
 	on.RebalanceRate, on.RebalanceMaxBytes, on.HotThreshold = 5<<20, 7<<20, 2
 	on.SSDMinFree, on.StopSpillTimeout = 3<<20, 4*time.Second
+	on.SSDValueLogMin = 1 << 20
 	rc2, tc2 := on.routeConfig(), on.storeConfig(64<<20)
 	if rc2.RebalanceRate != 5<<20 || rc2.RebalanceMaxBytes != 7<<20 || rc2.HotThreshold != 2 {
 		t.Fatalf("route config %+v: values not passed through", rc2)
 	}
-	if tc2.SSD.MinFreeBytes != 3<<20 || tc2.StopSpillTimeout != 4*time.Second {
+	if tc2.SSD.MinFreeBytes != 3<<20 || tc2.StopSpillTimeout != 4*time.Second || tc2.SSD.ValueLogMin != 1<<20 {
 		t.Fatalf("ssd MinFreeBytes %d, StopSpillTimeout %v: values not passed through", tc2.SSD.MinFreeBytes, tc2.StopSpillTimeout)
 	}
 	if sc, ok := on.scrubConfig(); !ok || sc.Rate != on.ScrubRate {

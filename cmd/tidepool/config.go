@@ -95,6 +95,7 @@ type Config struct {
 	SSDCapacity      int64         // SSD tier budget in bytes; 0 disables the tier
 	SSDMinFree       int64         // free-space floor of data_dir's filesystem (SSD degraded below)
 	SSDPriority      string        // CPU priority of RocksDB's background threads: low or normal
+	SSDValueLogMin   int64         // blocks of this size and up go to the SSD tier's value log; 0: none
 	DemotionQueue    int64         // bytes of evicted DRAM blocks waiting to be written to SSD
 	DemotionWait     time.Duration // how long an eviction waits for room in a full demotion queue; 0: none
 	StopSpillTimeout time.Duration // how long a clean stop spends copying DRAM into SSD; 0 disables
@@ -255,6 +256,7 @@ var settings = []setting{
 	sizeSetting("hot_max_bytes", "most bytes of hot replicas held at once; 0: a sixteenth of dram_capacity", func(c *Config) *int64 { return &c.HotMaxBytes }),
 	sizeSetting("ssd_capacity", "SSD tier budget under data_dir/ssd (capped by the disk's free space at start); 0 disables the SSD tier", func(c *Config) *int64 { return &c.SSDCapacity }),
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
+	sizeSetting("ssd_value_log_min", "SSD blocks of this size and up are written to the value log (segment files written with O_DIRECT, RocksDB keeping only their metadata) instead of RocksDB's blob files; 0: every block in RocksDB", func(c *Config) *int64 { return &c.SSDValueLogMin }),
 	stringSetting("ssd_background_priority", "CPU priority of the SSD tier's background writes (RocksDB flushes and compactions): normal, or low (nice 19: reads and puts get a busy node's CPU first, and evicted blocks the spill cannot keep up with are dropped from the cache)", func(c *Config) *string { return &c.SSDPriority }),
 	sizeSetting("demotion_queue", "bytes of evicted DRAM blocks that may wait to be written to SSD (more are dropped)", func(c *Config) *int64 { return &c.DemotionQueue }),
 	durationSetting("demotion_wait", "how long an eviction that finds the demotion queue full waits for room before dropping the block (its put waits with it); 0: never wait, drop", func(c *Config) *time.Duration { return &c.DemotionWait }),
@@ -351,6 +353,7 @@ func DefaultConfig() Config {
 		SSDCapacity:      sc.Capacity,
 		SSDMinFree:       sc.MinFreeBytes,
 		SSDPriority:      sc.BackgroundPriority,
+		SSDValueLogMin:   sc.ValueLogMin,
 		DemotionQueue:    tc.QueueBytes,
 		StopSpillTimeout: 30 * time.Second,
 
@@ -440,6 +443,9 @@ func (c Config) Validate() error {
 	}
 	if c.SSDMinFree < 0 {
 		bad("ssd_min_free %s: must not be negative", units.FormatBytes(c.SSDMinFree))
+	}
+	if c.SSDValueLogMin < 0 {
+		bad("ssd_value_log_min %s: must not be negative", units.FormatBytes(c.SSDValueLogMin))
 	}
 	if c.SSDPriority != ssd.PriorityLow && c.SSDPriority != ssd.PriorityNormal {
 		bad("ssd_background_priority %q: low or normal", c.SSDPriority)
