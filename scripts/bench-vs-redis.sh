@@ -188,10 +188,14 @@ redis_bench() {
 	echo "$set $get"
 }
 
-# ssd_write: prints the SSD tier's sustained write bandwidth in bytes/s.
+# ssd_write: prints the SSD tier's sustained write bandwidth in bytes/s,
+# with the blocks where the serve keeps them: in RocksDB's blob files when
+# TP_FLAGS turns the value log off (--ssd-value-log-min 0), else in the
+# value log.
 ssd_write() {
-	local out
-	out=$(cd "$WORK" && TIDEPOOL_SSD_BENCH_DIR=$DATA ./ssd.test -test.run '^$' -test.bench '^BenchmarkSSD$/write' \
+	local out store=
+	[[ " ${TP_FLAGS:-} " == *" --ssd-value-log-min 0 "* ]] && store=rocksdb
+	out=$(cd "$WORK" && TIDEPOOL_SSD_BENCH_STORE=$store TIDEPOOL_SSD_BENCH_DIR=$DATA ./ssd.test -test.run '^$' -test.bench '^BenchmarkSSD$/write' \
 		-test.benchtime "${SSD_MIB}x" -test.count 1 2>&1) || { echo -; return; }
 	awk '/^BenchmarkSSD\/write/ { for (i = 1; i <= NF; i++) if ($(i+1) == "MB/s") print $i * 1e6 }' <<<"$out"
 }

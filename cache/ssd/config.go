@@ -86,10 +86,11 @@ type Config struct {
 	// keeps their metadata. Default 64 KiB; negative: every block goes to
 	// RocksDB (blocks already in the value log are still read).
 	ValueLogMin int64
-	// ValueLogSegmentSize is the size of one value log segment file,
-	// allocated when the segment is started. A segment is deleted once no
-	// block lives in it; the live blocks of a segment that is mostly dead
-	// are moved so that it can be. Default 64 MiB.
+	// ValueLogSegmentSize is the size a value log segment file grows to
+	// (allocated 8 MiB at a time as it fills), at most Capacity/16. A
+	// segment is deleted once no block lives in it; the live blocks of a
+	// segment that is mostly dead are moved so that it can be. Default
+	// 64 MiB.
 	ValueLogSegmentSize int64
 
 	// MinFreeBytes: when the filesystem holding Dir has less free space

@@ -85,7 +85,7 @@ func (t *Tier) reopenLocked() error {
 	if err == nil && t.vlog == nil {
 		// The tier started without a database: the value log was not
 		// opened either.
-		if t.vlog, err = openValueLog(t.cfg.Dir, t.cfg.ValueLogSegmentSize); err != nil {
+		if t.vlog, err = openValueLog(t.cfg.Dir, t.segmentSize()); err != nil {
 			st.close()
 		}
 	}

@@ -6,15 +6,8 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 )
 
-// relocateSparse is the share of a sealed segment's bytes below which its
-// live blocks are moved to the newest segment so that it can be deleted.
-// With it, the value log's files hold at most about twice the live bytes
-// (plus the active segment) once relocation has run.
-const relocateSparse = 0.5
-
 // maybeRelocateLocked starts a background relocation when the value log's
-// dead bytes exceed two segments and an eighth of the capacity, and some
-// sealed segment is sparse. wmu held. The relocation has its own wait
+// dead bytes (see relocatable) call for one. wmu held. The relocation has its own wait
 // group, which Close waits for without holding wmu (a move takes wmu).
 func (t *Tier) maybeRelocateLocked() {
 	if t.vlog == nil || t.closed.Load() || t.relocating.Load() {
@@ -32,8 +25,8 @@ func (t *Tier) maybeRelocateLocked() {
 		// nothing is left to do or a pass could move nothing (blocks that
 		// read bad stay until a read drops them).
 		for len(ids) > 0 {
-			moved, stop := t.relocate(ids)
-			if stop || moved == 0 {
+			done, stop := t.relocate(ids)
+			if stop || done == 0 {
 				return
 			}
 			ids = t.relocatable()
@@ -41,25 +34,72 @@ func (t *Tier) maybeRelocateLocked() {
 	}()
 }
 
-// relocatable returns the sparse segments to relocate, when the value
-// log's dead bytes exceed two segments and an eighth of the capacity.
-func (t *Tier) relocatable() []uint32 {
+// relocatable returns the segments to empty, by the value log's dead bytes
+// (its files' size less the live bytes):
+//
+//   - over the soft limit, the sealed segments at most half live, the
+//     most dead first, until they hold the dead bytes above half the soft
+//     limit: their live blocks are moved (writing at most what is freed);
+//   - over the hard limit, also segments more than half live, the most
+//     dead first, until they hold the dead bytes above half the hard
+//     limit: their blocks are evicted (evictSegment), as the policy's
+//     victims are, since moving them would write more than it frees.
+//
+// So the files stay within the live bytes + the hard limit + the segment
+// being filled (+ the one being moved into): about 1.06 × Capacity for a
+// large tier, inside the emptyDir volume of docs/kubernetes.md.
+func (t *Tier) relocatable() []segUse {
+	soft, hard := t.deadLimits()
 	disk, live := t.vlog.usage()
-	if disk-live < max(2*t.cfg.ValueLogSegmentSize, t.cfg.Capacity/8) {
+	dead := disk - live
+	if dead < soft {
 		return nil
 	}
-	return t.vlog.sparse(relocateSparse)
+	var out []segUse
+	want := dead - soft/2
+	if dead >= hard {
+		want = dead - hard/2
+	}
+	for _, s := range t.vlog.deadest(dead) {
+		if want <= 0 {
+			break
+		}
+		if s.live*2 > s.size && dead < hard {
+			continue
+		}
+		out = append(out, s)
+		want -= s.size - s.live
+	}
+	return out
 }
 
-// relocate moves the live blocks of the segments ids (emptiest first) to
-// the active segment, one block per hold of wmu, so that puts wait for one
-// move at most. It stops when the tier closes or degrades.
-func (t *Tier) relocate(ids []uint32) (moved int64, stop bool) {
-	want := make(map[uint32]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
+// deadLimits are the value log's soft and hard limits of dead space: a
+// thirty-second and a sixteenth of the capacity, at least two and four
+// segments.
+func (t *Tier) deadLimits() (soft, hard int64) {
+	seg := t.segmentSize()
+	return max(2*seg, t.cfg.Capacity/32), max(4*seg, t.cfg.Capacity/16)
+}
+
+// segmentSize is the size of the value log's segments: ValueLogSegmentSize,
+// at most a sixteenth of the capacity (and at least 1 MiB), so that the
+// segment being filled, which holds dead blocks until it is sealed, stays
+// small beside the budget.
+func (t *Tier) segmentSize() int64 {
+	return max(min(t.cfg.ValueLogSegmentSize, t.cfg.Capacity/16&^(dioAlign-1)), 1<<20)
+}
+
+// relocate empties the segments segs: the live blocks of one at most half
+// live move to the active segment, one block per hold of wmu, so that puts
+// wait for one move at most; those of a fuller one are evicted. done
+// counts the blocks moved or evicted. It stops when the tier closes or
+// degrades.
+func (t *Tier) relocate(segs []segUse) (done int64, stop bool) {
+	want := make(map[uint32]bool, len(segs))
+	for _, s := range segs {
+		want[s.id] = true
 	}
-	bySeg := make(map[uint32][]*entry, len(ids))
+	bySeg := make(map[uint32][]*entry, len(segs))
 	t.mu.Lock()
 	for _, e := range t.index {
 		if want[e.seg] {
@@ -67,23 +107,64 @@ func (t *Tier) relocate(ids []uint32) (moved int64, stop bool) {
 		}
 	}
 	t.mu.Unlock()
-	var bytes int64
-	for _, id := range ids {
-		for _, e := range bySeg[id] {
+	var moved, evicted int64
+	for _, s := range segs {
+		if s.live*2 > s.size {
+			n, halt := t.evictSegment(bySeg[s.id])
+			evicted += n
+			if halt {
+				return moved + evicted, true
+			}
+			continue
+		}
+		for _, e := range bySeg[s.id] {
 			ok, halt := t.moveOne(e)
 			if halt {
-				t.lg.Info("ssd value log relocation stopped", zap.Int64("blocks", moved), zap.Int64("bytes", bytes))
-				return moved, true
+				t.lg.Info("ssd value log relocation stopped", zap.Int64("moved", moved), zap.Int64("evicted", evicted))
+				return moved + evicted, true
 			}
 			if ok {
 				moved++
-				bytes += e.size
 				t.relocations.Add(1)
 			}
 		}
 	}
-	t.lg.Debug("ssd value log relocated", zap.Int("segments", len(ids)), zap.Int64("blocks", moved), zap.Int64("bytes", bytes))
-	return moved, false
+	t.lg.Debug("ssd value log relocated", zap.Int("segments", len(segs)), zap.Int64("moved", moved), zap.Int64("evicted", evicted))
+	return moved + evicted, false
+}
+
+// evictSegment evicts the blocks es (of one segment) that are still
+// indexed, as policy victims are evicted.
+func (t *Tier) evictSegment(es []*entry) (n int64, stop bool) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.closed.Load() || t.degraded.Load() {
+		return 0, true
+	}
+	var gone []*entry
+	var keys [][]byte
+	var dropped int64
+	t.mu.Lock()
+	for _, e := range es {
+		if t.index[e.skey] == e {
+			t.removeLocked(e)
+			t.nsLocked(e.ns).evictions++
+			gone = append(gone, e)
+			keys = append(keys, e.encKey())
+			dropped += e.size
+		}
+	}
+	t.mu.Unlock()
+	for len(keys) > 0 {
+		k := min(1024, len(keys))
+		t.deleteOnDiskLocked(keys[:k])
+		keys = keys[k:]
+	}
+	t.evictions.Add(int64(len(gone)))
+	t.spaceEvictions.Add(int64(len(gone)))
+	t.freeValuesLocked(gone)
+	t.noteGarbageLocked(dropped)
+	return int64(len(gone)), false
 }
 
 // moveOne copies e's bytes to the active segment and points its record

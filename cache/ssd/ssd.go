@@ -144,7 +144,7 @@ type Tier struct {
 	hits, misses, evictions, bytesIn, bytesOut atomic.Int64
 	checksumFailures, readErrors, writeErrors  atomic.Int64
 	degradedEvents, recoveries, stale          atomic.Int64
-	compactions, relocations                   atomic.Int64
+	compactions, relocations, spaceEvictions   atomic.Int64
 	quarantines                                atomic.Int64
 	quarantinedTo                              atomic.Value // string
 
@@ -228,7 +228,7 @@ func (t *Tier) openAtStart() (blocks, bytes int64, err error) {
 		var st *store
 		st, err = t.openChecked()
 		if err == nil && t.vlog == nil {
-			if t.vlog, err = openValueLog(t.cfg.Dir, t.cfg.ValueLogSegmentSize); err != nil {
+			if t.vlog, err = openValueLog(t.cfg.Dir, t.segmentSize()); err != nil {
 				st.close()
 			}
 		}
@@ -757,8 +757,10 @@ type Health struct {
 	// each), ValueLogSegments how many files there are.
 	ValueLogBytes, ValueLogLiveBytes int64
 	ValueLogSegments                 int
-	// Relocations counts blocks moved out of sparse value log segments.
-	Relocations int64
+	// Relocations counts blocks moved out of value log segments at most
+	// half live, SpaceEvictions the blocks evicted from fuller ones, to
+	// keep the value log's dead space within its limit (docs/ssd.md).
+	Relocations, SpaceEvictions int64
 	// Open is false while the tier has no database open (the disk was
 	// full at start, or a reopen failed); it is degraded then.
 	Open bool
@@ -780,6 +782,7 @@ func (t *Tier) Health() Health {
 		StaleEntries:     t.stale.Load(),
 		Compactions:      t.compactions.Load(),
 		Relocations:      t.relocations.Load(),
+		SpaceEvictions:   t.spaceEvictions.Load(),
 		Quarantines:      t.quarantines.Load(),
 	}
 	h.QuarantinedTo, _ = t.quarantinedTo.Load().(string)

@@ -359,23 +359,33 @@ func (v *valueLog) sync() error {
 	return errors.Join(errs...)
 }
 
-// sparse returns the sealed segments whose live bytes are below frac of
-// their size, emptiest first.
-func (v *valueLog) sparse(frac float64) []uint32 {
+// segUse is a segment's id, file size and live bytes.
+type segUse struct {
+	id         uint32
+	size, live int64
+}
+
+// deadest returns sealed segments with dead bytes, the most dead first,
+// until they hold want dead bytes (or there are no more).
+func (v *valueLog) deadest(want int64) []segUse {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var ss []*segment
 	for _, s := range v.segs {
-		if s != v.active && float64(s.live) < frac*float64(s.size) {
+		if s != v.active && s.size > s.live {
 			ss = append(ss, s)
 		}
 	}
-	sort.Slice(ss, func(i, j int) bool { return ss[i].live*ss[j].size < ss[j].live*ss[i].size })
-	ids := make([]uint32, len(ss))
-	for i, s := range ss {
-		ids[i] = s.id
+	sort.Slice(ss, func(i, j int) bool { return ss[i].size-ss[i].live > ss[j].size-ss[j].live })
+	var us []segUse
+	for _, s := range ss {
+		if want <= 0 {
+			break
+		}
+		us = append(us, segUse{s.id, s.size, s.live})
+		want -= s.size - s.live
 	}
-	return ids
+	return us
 }
 
 // usage returns the bytes the segment files take and the live bytes in

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -234,7 +235,7 @@ func TestValueLogRelocationUnderReads(t *testing.T) {
 	dir := t.TempDir()
 	cfg := testConfig(dir)
 	cfg.ValueLogSegmentSize = mib
-	cfg.Capacity = 16 * mib
+	cfg.Capacity = 64 * mib // relocation past 2 MiB dead, evictions past 4 MiB (never reached)
 	cfg.CompactAfter = -1
 	tr := newTier(t, cfg)
 	ctx := context.Background()
@@ -285,6 +286,7 @@ func TestValueLogRelocationUnderReads(t *testing.T) {
 				}
 			}
 		}
+		waitRelocated(t, tr, 0)
 	}
 	waitRelocated(t, tr, 1)
 	stop.Store(true)
@@ -295,7 +297,53 @@ func TestValueLogRelocationUnderReads(t *testing.T) {
 	}
 	h := tr.Health()
 	t.Logf("%d reads; %+v", reads.Load(), h)
-	if h.ChecksumFailures != 0 || h.StaleEntries != 0 {
+	if h.ChecksumFailures != 0 || h.StaleEntries != 0 || h.SpaceEvictions != 0 {
 		t.Fatalf("health %+v", h)
+	}
+}
+
+// TestValueLogDiskBound churns a small tier (ten times its capacity, reads
+// of random older blocks scrambling the LRU order, so evictions leave
+// holes everywhere): the value log's files never hold more than the
+// capacity, the dead-space limit and two segments, and every block still
+// indexed reads right.
+func TestValueLogDiskBound(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	cfg.Capacity = 32 * mib
+	cfg.CompactAfter = -1
+	tr := newTier(t, cfg)
+	ctx := context.Background()
+	seg := tr.segmentSize()
+	_, hard := tr.deadLimits()
+	bound := cfg.Capacity + hard + 2*seg
+	const size = 128 << 10
+	n := int(10 * cfg.Capacity / size)
+	rng := rand.New(rand.NewPCG(1, 2))
+	var peak int64
+	for i := range n {
+		mustPut(t, tr, "db", key(i), value(uint64(i), size), cache.PutOptions{})
+		for range 2 {
+			if j := rng.IntN(i + 1); j != i {
+				_, _, _ = tr.Get(ctx, "db", key(j), nil)
+			}
+		}
+		if i%64 == 63 {
+			waitRelocated(t, tr, 0)
+			peak = max(peak, tr.Health().ValueLogBytes)
+		}
+	}
+	waitRelocated(t, tr, 0)
+	h := tr.Health()
+	t.Logf("segment %d, bound %d, peak %d; %+v", seg, bound, peak, h)
+	if peak > bound || h.ValueLogBytes > bound {
+		t.Fatalf("value log files %d (peak %d) over %d", h.ValueLogBytes, peak, bound)
+	}
+	if h.Relocations == 0 {
+		t.Fatal("nothing relocated")
+	}
+	good, bad, _ := readSome(t, tr, "db", n, size)
+	if bad != 0 || int64(good) != tierStats(tr).Blocks {
+		t.Fatalf("good %d bad %d of %d indexed", good, bad, tierStats(tr).Blocks)
 	}
 }

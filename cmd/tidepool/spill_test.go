@@ -111,8 +111,9 @@ func TestReadsDuringSpill(t *testing.T) {
 }
 
 // TestSSDBackgroundPriority: a real sidecar with ssd_background_priority
-// low runs RocksDB's flushes at nice 19 once DRAM spills enough to flush a
-// memtable (a flush thread lowers itself when it runs a job, so one that
+// low (and the value log off, so that the blocks go through RocksDB's
+// memtables) runs RocksDB's flushes at nice 19 once DRAM spills enough to
+// flush a memtable (a flush thread lowers itself when it runs a job, so one that
 // has not run any yet is still at 0); one on the default leaves every
 // flush thread at the process's nice value (0 here). cache/ssd's
 // TestBackgroundPriority checks both pools of each setting after a flush
@@ -123,7 +124,7 @@ func TestSSDBackgroundPriority(t *testing.T) {
 		nice  int
 	}{{[]string{"--ssd-background-priority", "low"}, 19}, {nil, 0}} {
 		t.Run(fmt.Sprintf("nice=%d", c.nice), func(t *testing.T) {
-			d := startDaemon(t, append([]string{"--dram-capacity", "16MiB", "--ssd-capacity", "1GiB"}, c.flags...)...)
+			d := startDaemon(t, append([]string{"--dram-capacity", "16MiB", "--ssd-capacity", "1GiB", "--ssd-value-log-min", "0"}, c.flags...)...)
 			cl, err := client.New(d.socket)
 			if err != nil {
 				t.Fatal(err)

@@ -131,6 +131,7 @@ type movementCollector struct {
 	waits, waitSeconds                                                               *prometheus.Desc
 	degraded, degradedEvents, diskBytes, writeErrs, readErrs, recBlocks, recBytes    *prometheus.Desc
 	ssdOpen, quarantined                                                             *prometheus.Desc
+	vlogBytes, vlogLive, vlogSegments, relocations                                   *prometheus.Desc
 }
 
 func newMovementCollector(s *tiered.Store) *movementCollector {
@@ -149,19 +150,24 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 		pfDropped:      d("tidepool_prefetch_dropped_total", "Keys Prefetch dropped because its queue was full."),
 		degraded:       d("tidepool_ssd_degraded", "1 while the SSD tier refuses new blocks (disk full or failing), else 0."),
 		degradedEvents: d("tidepool_ssd_degraded_events_total", "Entries of the SSD tier into degraded mode."),
-		diskBytes:      d("tidepool_ssd_disk_bytes", "Size of the SSD tier's live SST and blob files."),
+		diskBytes:      d("tidepool_ssd_disk_bytes", "Size of the SSD tier's live SST and blob files and of its value log's segment files."),
 		writeErrs:      d("tidepool_ssd_write_errors_total", "Failed writes and flushes of the SSD tier."),
 		readErrs:       d("tidepool_ssd_read_errors_total", "SSD reads that failed in RocksDB (counted as checksum failures too)."),
 		recBlocks:      d("tidepool_ssd_recovered_blocks", "Blocks the SSD tier found on disk at start."),
 		recBytes:       d("tidepool_ssd_recovered_bytes", "Value bytes the SSD tier found on disk at start."),
 		ssdOpen:        d("tidepool_ssd_open", "1 while the SSD tier has its database open, 0 while it has none (disk full at start, failed reopen)."),
 		quarantined:    d("tidepool_ssd_quarantined_total", "Corrupt SSD databases moved aside at start (the tier then started empty)."),
+		vlogBytes:      d("tidepool_ssd_value_log_bytes", "Size of the SSD tier's value log segment files (blocks of ssd_value_log_min and up)."),
+		vlogLive:       d("tidepool_ssd_value_log_live_bytes", "Bytes of the value log's segment files that live blocks take (each rounded up to 4 KiB)."),
+		vlogSegments:   d("tidepool_ssd_value_log_segments", "Segment files of the SSD tier's value log."),
+		relocations:    d("tidepool_ssd_relocations_total", "Blocks moved out of mostly dead value log segments so that their files could be deleted."),
 	}
 }
 
 func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.waits, c.waitSeconds, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
-		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined} {
+		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined,
+		c.vlogBytes, c.vlogLive, c.vlogSegments, c.relocations} {
 		ch <- d
 	}
 }
@@ -189,6 +195,10 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- m(c.degraded, g, deg)
 		ch <- m(c.degradedEvents, ctr, float64(h.DegradedEvents))
 		ch <- m(c.diskBytes, g, float64(h.DiskBytes))
+		ch <- m(c.vlogBytes, g, float64(h.ValueLogBytes))
+		ch <- m(c.vlogLive, g, float64(h.ValueLogLiveBytes))
+		ch <- m(c.vlogSegments, g, float64(h.ValueLogSegments))
+		ch <- m(c.relocations, ctr, float64(h.Relocations))
 		ch <- m(c.writeErrs, ctr, float64(h.WriteErrors))
 		ch <- m(c.readErrs, ctr, float64(h.ReadErrors))
 		ch <- m(c.recBlocks, g, float64(blocks))
