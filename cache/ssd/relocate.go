@@ -7,19 +7,25 @@ import (
 )
 
 // maybeRelocateLocked starts a background relocation when the value log's
-// dead bytes (see relocatable) call for one. wmu held. The relocation has its own wait
-// group, which Close waits for without holding wmu (a move takes wmu).
+// dead bytes (see relocatable) call for one. wmu held. Close waits for it
+// without holding wmu (a move takes wmu).
 func (t *Tier) maybeRelocateLocked() {
 	if t.vlog == nil || t.closed.Load() || t.relocating.Load() {
 		return
 	}
 	ids := t.relocatable()
-	if len(ids) == 0 || !t.relocating.CompareAndSwap(false, true) {
+	if len(ids) == 0 {
 		return
 	}
-	t.relocWG.Add(1)
+	t.relocMu.Lock()
+	defer t.relocMu.Unlock()
+	if t.closed.Load() || !t.relocating.CompareAndSwap(false, true) {
+		return
+	}
+	done := make(chan struct{})
+	t.relocDone = done
 	go func() {
-		defer t.relocWG.Done()
+		defer close(done)
 		defer t.relocating.Store(false)
 		// Deletes go on while it runs: look again after each pass, until
 		// nothing is left to do or a pass could move nothing (blocks that

@@ -117,9 +117,11 @@ type Tier struct {
 	// to with wmu held.
 	vlog *valueLog
 	// relocating is true while a relocation of value log blocks runs
-	// (relocate.go), which relocWG waits for.
+	// (relocate.go); relocDone, guarded by relocMu, is closed when the
+	// last one started has ended.
 	relocating atomic.Bool
-	relocWG    sync.WaitGroup
+	relocMu    sync.Mutex
+	relocDone  chan struct{}
 
 	mu     sync.Mutex
 	index  map[string]*entry // by encoded key
@@ -806,11 +808,15 @@ func (t *Tier) Close() error {
 	if !t.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	// A relocation started before closed was set has been counted once
-	// wmu is free; it stops at its next block.
-	t.wmu.Lock()
-	t.wmu.Unlock()
-	t.relocWG.Wait()
+	// No relocation starts once closed is set (maybeRelocateLocked checks
+	// it under relocMu); one running stops at its next block. It takes
+	// wmu for each block, so wait for it before taking wmu.
+	t.relocMu.Lock()
+	done := t.relocDone
+	t.relocMu.Unlock()
+	if done != nil {
+		<-done
+	}
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	t.stopCompactionLocked()

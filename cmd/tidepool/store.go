@@ -131,7 +131,7 @@ type movementCollector struct {
 	waits, waitSeconds                                                               *prometheus.Desc
 	degraded, degradedEvents, diskBytes, writeErrs, readErrs, recBlocks, recBytes    *prometheus.Desc
 	ssdOpen, quarantined                                                             *prometheus.Desc
-	vlogBytes, vlogLive, vlogSegments, relocations                                   *prometheus.Desc
+	vlogBytes, vlogLive, vlogSegments, relocations, spaceEvictions                   *prometheus.Desc
 }
 
 func newMovementCollector(s *tiered.Store) *movementCollector {
@@ -160,14 +160,15 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 		vlogBytes:      d("tidepool_ssd_value_log_bytes", "Size of the SSD tier's value log segment files (blocks of ssd_value_log_min and up)."),
 		vlogLive:       d("tidepool_ssd_value_log_live_bytes", "Bytes of the value log's segment files that live blocks take (each rounded up to 4 KiB)."),
 		vlogSegments:   d("tidepool_ssd_value_log_segments", "Segment files of the SSD tier's value log."),
-		relocations:    d("tidepool_ssd_relocations_total", "Blocks moved out of mostly dead value log segments so that their files could be deleted."),
+		relocations:    d("tidepool_ssd_relocations_total", "Blocks moved out of value log segments at most half live so that their files could be deleted."),
+		spaceEvictions: d("tidepool_ssd_space_evictions_total", "Blocks evicted from value log segments more than half live, when the log's dead space passed its hard limit."),
 	}
 }
 
 func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.waits, c.waitSeconds, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
 		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined,
-		c.vlogBytes, c.vlogLive, c.vlogSegments, c.relocations} {
+		c.vlogBytes, c.vlogLive, c.vlogSegments, c.relocations, c.spaceEvictions} {
 		ch <- d
 	}
 }
@@ -199,6 +200,7 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- m(c.vlogLive, g, float64(h.ValueLogLiveBytes))
 		ch <- m(c.vlogSegments, g, float64(h.ValueLogSegments))
 		ch <- m(c.relocations, ctr, float64(h.Relocations))
+		ch <- m(c.spaceEvictions, ctr, float64(h.SpaceEvictions))
 		ch <- m(c.writeErrs, ctr, float64(h.WriteErrors))
 		ch <- m(c.readErrs, ctr, float64(h.ReadErrors))
 		ch <- m(c.recBlocks, g, float64(blocks))
