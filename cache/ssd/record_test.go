@@ -60,8 +60,24 @@ func record(m meta, fix bool, edit func(b []byte)) []byte {
 	return b
 }
 
+// record2 is a version 2 record of m (a version 1 one extended to its
+// length when m has no segment) edited by edit, its CRC fixed after.
+func record2(m meta, edit func([]byte) []byte) []byte {
+	b := m.encode()
+	if len(b) == recLen {
+		b = append(b, make([]byte, recLen2-recLen)...)
+		b[0] = recVersion2
+		binary.LittleEndian.PutUint32(b[34:], 1)
+	}
+	b = edit(b)
+	binary.LittleEndian.PutUint32(b[len(b)-4:], cache.Checksum(b[:len(b)-4]))
+	return b
+}
+
 func TestDecodeMeta(t *testing.T) {
 	m := meta{size: 4 << 20, sum: 0xdeadbeef, depth: 7, lowPri: true, access: 1_700_000_000_000_000_000, created: 1_600_000_000_000_000_000}
+	m2 := m
+	m2.seg, m2.off = 7, 96<<20
 	keep := func([]byte) {}
 	for _, tc := range []struct {
 		name string
@@ -81,6 +97,13 @@ func TestDecodeMeta(t *testing.T) {
 		{"bit flip in the checksum", record(m, false, func(b []byte) { b[36] ^= 0x80 }), meta{}, errBadRecord},
 		{"negative size with a valid checksum", record(m, true, func(b []byte) { b[9] = 0x80 }), meta{}, errBadRecord},
 		{"unchanged", record(m, false, keep), m, nil},
+		{"value log round trip", m2.encode(), m2, nil},
+		{"value log record cut to version 1's length", record2(m2, func(b []byte) []byte { return b[:recLen] }), meta{}, errBadRecord},
+		{"version 1 record of version 2's length", record2(m, func(b []byte) []byte { b[0] = recVersion; return b }), meta{}, errBadRecord},
+		{"value log segment 0", record2(m2, func(b []byte) []byte { binary.LittleEndian.PutUint32(b[34:], 0); return b }), meta{}, errBadRecord},
+		{"value log offset not aligned", record2(m2, func(b []byte) []byte { b[38] = 1; return b }), meta{}, errBadRecord},
+		{"value log offset negative", record2(m2, func(b []byte) []byte { b[45] = 0x80; return b }), meta{}, errBadRecord},
+		{"bit flip in the value log offset", func() []byte { b := m2.encode(); b[40] ^= 1; return b }(), meta{}, errBadRecord},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := decodeMeta(tc.in)
@@ -127,6 +150,7 @@ func FuzzDecodeMeta(f *testing.F) {
 	f.Add((&meta{}).encode())
 	f.Add(make([]byte, recLen))
 	f.Add([]byte{recVersion})
+	f.Add((&meta{size: 1 << 20, sum: 2, seg: 3, off: 8 << 20}).encode())
 	f.Fuzz(func(t *testing.T, in []byte) {
 		m, err := decodeMeta(in)
 		if err != nil {
@@ -143,7 +167,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		again := m.encode()
 		want := bytes.Clone(in)
 		want[1] &= flagLowPri
-		binary.LittleEndian.PutUint32(want[34:], cache.Checksum(want[:34]))
+		binary.LittleEndian.PutUint32(want[len(want)-4:], cache.Checksum(want[:len(want)-4]))
 		if !bytes.Equal(again, want) {
 			t.Fatalf("decodeMeta(%x) = %+v re-encodes to %x", in, m, again)
 		}
