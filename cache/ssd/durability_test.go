@@ -183,3 +183,93 @@ wait:
 		t.Fatalf("health %+v", h)
 	}
 }
+
+// The child side of TestKill9Relocating.
+const envRelocChild = "TIDEPOOL_SSD_RELOC_CHILD"
+
+func runRelocChild() error {
+	cfg := killConfig(os.Getenv(envDir), 0)
+	cfg.Capacity = 16 * mib
+	cfg.ValueLogSegmentSize = mib
+	cfg.CompactAfter = -1
+	tr, err := New(cfg, zap.NewNop())
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	const size = 128 << 10
+	for i := 0; ; i++ {
+		if _, err := tr.Put(ctx, "rk", key(i), value(uint64(i), size), cache.PutOptions{}); err != nil {
+			return err
+		}
+		if i%4 != 0 {
+			if _, err := tr.Delete(ctx, "rk", key(i)); err != nil {
+				return err
+			}
+		}
+		if i%64 == 63 {
+			fmt.Println("WROTE", i+1, tr.Health().Relocations)
+		}
+	}
+}
+
+// TestKill9Relocating kills a process that keeps writing and deleting
+// value log blocks, so that relocation and segment deletion run all the
+// time: after reopening, every block still indexed reads back exactly, no
+// read fails its checksum, and the value log's live bytes are the blocks'.
+func TestKill9Relocating(t *testing.T) {
+	if os.Getenv(envRelocChild) == "1" {
+		if err := runRelocChild(); err != nil {
+			fmt.Println("CHILD ERROR:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKill9Relocating$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envRelocChild+"=1", envDir+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var wrote, moved int
+	sc := bufio.NewScanner(out)
+	deadline := time.Now().Add(60 * time.Second)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "CHILD ERROR") {
+			t.Fatal(l)
+		}
+		if _, err := fmt.Sscanf(l, "WROTE %d %d", &wrote, &moved); err == nil && (moved >= 50 || time.Now().After(deadline)) {
+			break
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if moved == 0 {
+		t.Fatalf("no relocation before the kill (%d blocks written)", wrote)
+	}
+
+	cfg := killConfig(dir, 0)
+	cfg.Capacity = 16 * mib
+	cfg.ValueLogSegmentSize = mib
+	tr := newTier(t, cfg)
+	good, bad, missing := readSome(t, tr, "rk", wrote+256, 128<<10)
+	h := tr.Health()
+	t.Logf("killed after %d puts, %d relocations: %d good, %d bad, %d missing; %+v", wrote, moved, good, bad, missing, h)
+	if bad != 0 || h.ChecksumFailures != 0 {
+		t.Fatalf("%d reads failed their checksum after kill -9", bad)
+	}
+	if good == 0 || int64(good) != tierStats(tr).Blocks {
+		t.Fatalf("%d blocks read back of %d indexed", good, tierStats(tr).Blocks)
+	}
+	if h.ValueLogLiveBytes != int64(good)*(128<<10) {
+		t.Fatalf("value log live bytes %d for %d blocks", h.ValueLogLiveBytes, good)
+	}
+}
