@@ -55,8 +55,9 @@ type Config struct {
 	// files can be deleted; RocksDB's own compactions do not (docs/ssd.md).
 	// Default 0.25.
 	BlobGCAgeCutoff float64
-	// CompactAfter: after this many bytes of blocks were evicted or deleted,
-	// the tier compacts the data family in the background so RocksDB drops
+	// CompactAfter: after this many bytes of blocks kept in RocksDB (not
+	// in the value log) were evicted or deleted, the tier compacts the
+	// data family in the background so RocksDB drops
 	// the dead blob references and deletes blob files. Default (0):
 	// Capacity/8; negative disables it, and with it blob GC (blob files
 	// with some dead blocks are then never rewritten).

@@ -21,6 +21,7 @@ import (
 // A regression shows up as the test binary aborting.
 func TestFlushBesideBackgroundFlushes(t *testing.T) {
 	cfg := testConfig(t.TempDir())
+	cfg.ValueLogMin = -1 // the blocks fill RocksDB's memtables
 	cfg.WriteBufferSize = 2 * mib
 	cfg.MaxWriteBuffers = 6
 	cfg.BackgroundJobs = 2 // one flush thread: automatic flushes queue up
@@ -117,6 +118,7 @@ func TestBlobGCOnlyInTierCompaction(t *testing.T) {
 // regression shows up as the test binary aborting.
 func TestFlushBesideCompaction(t *testing.T) {
 	cfg := testConfig(t.TempDir())
+	cfg.ValueLogMin = -1 // deleted blocks are garbage in RocksDB: compactions
 	cfg.WriteBufferSize = 2 * mib
 	cfg.CompactAfter = 1 * mib
 	tr := newTier(t, cfg)

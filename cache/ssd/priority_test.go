@@ -71,6 +71,7 @@ func TestBackgroundPriorityChild(t *testing.T) {
 	cfg := testConfig(filepath.Join(t.TempDir(), "db"))
 	cfg.BackgroundPriority = priority
 	cfg.CompactAfter = 4 * mib
+	cfg.ValueLogMin = -1 // the blocks go through RocksDB's flushes and compactions
 	tr := newTier(t, cfg)
 	ctx := context.Background()
 	// Three memtables' worth, each key then deleted: flushes, and the

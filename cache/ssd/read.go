@@ -163,5 +163,5 @@ func (t *Tier) dropBad(e *entry) {
 	t.mu.Unlock()
 	t.deleteOnDiskLocked([][]byte{e.encKey()})
 	t.freeValuesLocked([]*entry{e})
-	t.noteGarbageLocked(e.size)
+	t.noteGarbageLocked(e.blobBytes())
 }

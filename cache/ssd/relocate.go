@@ -149,7 +149,6 @@ func (t *Tier) evictSegment(es []*entry) (n int64, stop bool) {
 	}
 	var gone []*entry
 	var keys [][]byte
-	var dropped int64
 	t.mu.Lock()
 	for _, e := range es {
 		if t.index[e.skey] == e {
@@ -157,7 +156,6 @@ func (t *Tier) evictSegment(es []*entry) (n int64, stop bool) {
 			t.nsLocked(e.ns).evictions++
 			gone = append(gone, e)
 			keys = append(keys, e.encKey())
-			dropped += e.size
 		}
 	}
 	t.mu.Unlock()
@@ -169,7 +167,6 @@ func (t *Tier) evictSegment(es []*entry) (n int64, stop bool) {
 	t.evictions.Add(int64(len(gone)))
 	t.spaceEvictions.Add(int64(len(gone)))
 	t.freeValuesLocked(gone)
-	t.noteGarbageLocked(dropped)
 	return int64(len(gone)), false
 }
 

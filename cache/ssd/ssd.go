@@ -85,6 +85,16 @@ type entry struct {
 
 func (e *entry) encKey() []byte { return []byte(e.skey) }
 
+// blobBytes is what dropping e leaves in RocksDB's blob files for a
+// compaction to reclaim (noteGarbageLocked): its size, or 0 for a block in
+// the value log, whose space the value log reclaims itself.
+func (e *entry) blobBytes() int64 {
+	if e.seg != 0 {
+		return 0
+	}
+	return e.size
+}
+
 func (e *entry) meta() meta {
 	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, access: e.access, created: e.created,
 		seg: e.seg, off: e.off}
@@ -480,7 +490,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	var dropped int64
 	for _, v := range victims {
 		t.nsLocked(v.ns).evictions++
-		dropped += v.size
+		dropped += v.blobBytes()
 	}
 	t.mu.Unlock()
 	t.evictions.Add(int64(len(victims)))
@@ -621,7 +631,7 @@ func (t *Tier) Delete(ctx context.Context, ns string, key []byte) (bool, error) 
 	t.mu.Unlock()
 	t.deleteOnDiskLocked([][]byte{ek})
 	t.freeValuesLocked([]*entry{e})
-	t.noteGarbageLocked(e.size)
+	t.noteGarbageLocked(e.blobBytes())
 	return true, nil
 }
 
@@ -641,7 +651,7 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 		if e.ns == ns {
 			keys = append(keys, e.encKey())
 			gone = append(gone, e)
-			dropped += e.size
+			dropped += e.blobBytes()
 		}
 	}
 	for _, e := range gone {
