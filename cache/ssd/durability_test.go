@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -93,11 +94,7 @@ func seedOf(ns string) uint64 {
 // the value log are all there (their records went through the WAL, their
 // bytes to the disk).
 func TestKill9(t *testing.T) {
-	if os.Getenv(envChild) == "1" {
-		if err := runKillChild(); err != nil {
-			fmt.Println("CHILD ERROR:", err)
-			os.Exit(1)
-		}
+	if asChild(envChild, runKillChild) {
 		return
 	}
 	for _, sto := range stores {
@@ -107,16 +104,7 @@ func TestKill9(t *testing.T) {
 
 func testKill9(t *testing.T, logMin int64) {
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKill9$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envChild+"=1", envDir+"="+dir, envLog+"="+strconv.FormatInt(logMin, 10))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out := startChild(t, "TestKill9", envChild+"=1", envDir+"="+dir, envLog+"="+strconv.FormatInt(logMin, 10))
 	lines := make(chan string)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -218,24 +206,11 @@ func runRelocChild() error {
 // time: after reopening, every block still indexed reads back exactly, no
 // read fails its checksum, and the value log's live bytes are the blocks'.
 func TestKill9Relocating(t *testing.T) {
-	if os.Getenv(envRelocChild) == "1" {
-		if err := runRelocChild(); err != nil {
-			fmt.Println("CHILD ERROR:", err)
-			os.Exit(1)
-		}
+	if asChild(envRelocChild, runRelocChild) {
 		return
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestKill9Relocating$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envRelocChild+"=1", envDir+"="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, out := startChild(t, "TestKill9Relocating", envRelocChild+"=1", envDir+"="+dir)
 	var wrote, moved int
 	sc := bufio.NewScanner(out)
 	deadline := time.Now().Add(60 * time.Second)
@@ -272,4 +247,35 @@ func TestKill9Relocating(t *testing.T) {
 	if h.ValueLogLiveBytes != int64(good)*(128<<10) {
 		t.Fatalf("value log live bytes %d for %d blocks", h.ValueLogLiveBytes, good)
 	}
+}
+
+// asChild runs child, then exits, when this process is the test binary
+// re-executed as a child (envName set to 1); it reports whether it was.
+// A child's failure is a "CHILD ERROR:" line on stdout for the parent.
+func asChild(envName string, child func() error) bool {
+	if os.Getenv(envName) != "1" {
+		return false
+	}
+	if err := child(); err != nil {
+		fmt.Println("CHILD ERROR:", err)
+		os.Exit(1)
+	}
+	return true
+}
+
+// startChild re-executes the test binary to run test alone with env added,
+// and returns the process and its stdout.
+func startChild(t *testing.T, test string, env ...string) (*exec.Cmd, io.ReadCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, out
 }

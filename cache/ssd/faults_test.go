@@ -54,6 +54,14 @@ func fileSize(p string) int64 {
 	return fi.Size()
 }
 
+// putBlocks puts blocks 0..n-1 of ns: key(i), value(i, size).
+func putBlocks(t *testing.T, tr *Tier, ns string, n, size int) {
+	t.Helper()
+	for i := range n {
+		mustPut(t, tr, ns, key(i), value(uint64(i), size), cache.PutOptions{})
+	}
+}
+
 // readAll reads blocks 0..n-1 of ns and sorts them into good (exact bytes)
 // and bad (an error matching both cache.ErrChecksum and cache.ErrNotFound).
 // Any other outcome, wrong bytes above all, fails the test.
@@ -132,9 +140,7 @@ func TestCorruptBlobFile(t *testing.T) {
 				cfg.ValueLogMin = sto.logMin
 				tr := newTier(t, cfg)
 				const n, size = 8, 512 << 10
-				for i := range n {
-					mustPut(t, tr, "cb", key(i), value(uint64(i), size), cache.PutOptions{})
-				}
+				putBlocks(t, tr, "cb", n, size)
 				if err := tr.Close(); err != nil {
 					t.Fatal(err)
 				}
@@ -181,9 +187,7 @@ func testChecksumMismatch(t *testing.T, logMin int64) {
 	cfg.ValueLogMin = logMin
 	tr := newTier(t, cfg)
 	const n, size = 4, 64 << 10
-	for i := range n {
-		mustPut(t, tr, "cm", key(i), value(uint64(i), size), cache.PutOptions{})
-	}
+	putBlocks(t, tr, "cm", n, size)
 	tr.mu.Lock()
 	e := *tr.index[string(encodeKey("cm", key(2)))]
 	tr.mu.Unlock()

@@ -82,9 +82,7 @@ func TestValueLogSegmentsDeleted(t *testing.T) {
 	tr := newTier(t, cfg)
 	ctx := context.Background()
 	const n, size = 20, 256 << 10 // 4 per segment: 5 segments
-	for i := range n {
-		mustPut(t, tr, "sd", key(i), value(uint64(i), size), cache.PutOptions{})
-	}
+	putBlocks(t, tr, "sd", n, size)
 	if got := len(segFiles(dir)); got != 5 {
 		t.Fatalf("%d segment files, want 5", got)
 	}
@@ -132,9 +130,7 @@ func TestValueLogLostSegment(t *testing.T) {
 	cfg.ValueLogSegmentSize = mib
 	tr := newTier(t, cfg)
 	const n, size = 12, 256 << 10
-	for i := range n {
-		mustPut(t, tr, "ls", key(i), value(uint64(i), size), cache.PutOptions{})
-	}
+	putBlocks(t, tr, "ls", n, size)
 	lost := entryOf(t, tr, "ls", key(n-1)).seg // the newest: its id would be next otherwise
 	if err := tr.Close(); err != nil {
 		t.Fatal(err)
@@ -184,9 +180,7 @@ func TestValueLogRelocation(t *testing.T) {
 	tr := newTier(t, cfg)
 	ctx := context.Background()
 	const n, size = 64, 128 << 10 // 8 per segment: 8 segments
-	for i := range n {
-		mustPut(t, tr, "rl", key(i), value(uint64(i), size), cache.PutOptions{})
-	}
+	putBlocks(t, tr, "rl", n, size)
 	kept := map[int]bool{}
 	for i := range n {
 		if i%8 == 3 || i%8 == 6 {
