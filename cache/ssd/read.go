@@ -133,17 +133,22 @@ func (t *Tier) readLogged(e *entry, retried bool) (r shared, drop *entry, err er
 
 // freeValuesLocked gives the value log space of removed blocks back, once
 // their records are deleted (or the deletes were tried), and starts a
-// relocation if the log has become sparse. wmu held.
+// relocation if the log has become sparse (looked at only when something
+// was freed: most puts evict nothing). wmu held.
 func (t *Tier) freeValuesLocked(es []*entry) {
 	if t.vlog == nil {
 		return
 	}
+	freed := false
 	for _, e := range es {
 		if e.seg != 0 {
 			t.vlog.free(e.seg, e.off, e.size)
+			freed = true
 		}
 	}
-	t.maybeRelocateLocked()
+	if freed {
+		t.maybeRelocateLocked()
+	}
 }
 
 // dropBad removes a block that could not be read correctly, if the index

@@ -31,8 +31,8 @@ func (t *Tier) maybeRelocateLocked() {
 		// nothing is left to do or a pass could move nothing (blocks that
 		// read bad stay until a read drops them).
 		for len(ids) > 0 {
-			done, stop := t.relocate(ids)
-			if stop || done == 0 {
+			n, stop := t.relocate(ids)
+			if stop || n == 0 {
 				return
 			}
 			ids = t.relocatable()
@@ -52,7 +52,7 @@ func (t *Tier) maybeRelocateLocked() {
 //     victims are, since moving them would write more than it frees.
 //
 // So the files stay within the live bytes + the hard limit + the segment
-// being filled (+ the one being moved into): about 1.06 × Capacity for a
+// being filled (+ the one being moved into): about 1.07 × Capacity for a
 // large tier, inside the emptyDir volume of docs/kubernetes.md.
 func (t *Tier) relocatable() []segUse {
 	soft, hard := t.deadLimits()
