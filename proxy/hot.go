@@ -129,6 +129,30 @@ func (h *hotTracker) note(fk string) bool {
 	return true
 }
 
+// noteDirect is note for a fetch that would land outside the store (a
+// client's buffer, GetInto): it counts the fetch and reports false, or,
+// when note would keep the block as a hot replica, reports true and
+// counts nothing (the fetch then goes through the store, which notes it).
+func (h *hotTracker) noteDirect(fk string) bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rotateLocked(h.cfg.Clock.Now())
+	if _, ok := h.live[fk]; ok {
+		return true
+	}
+	n := h.cur[fk] + h.old[fk] + 1
+	if int(n) >= h.cfg.HotThreshold && len(h.live)+h.pending < h.cfg.HotMaxReplicas && h.liveBytes < h.cfg.HotMaxBytes {
+		return true
+	}
+	if _, ok := h.cur[fk]; ok || len(h.cur) < h.cfg.HotTracked {
+		h.cur[fk]++
+	}
+	return false
+}
+
 // done ends a promotion note granted: when ok the block is now local at
 // full priority (its size is read from the store).
 func (h *hotTracker) done(ctx context.Context, fk, ns string, key []byte, ok bool, s Store) {

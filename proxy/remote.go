@@ -73,6 +73,12 @@ type Peers interface {
 	// ErrNoFetch, with nothing sent, when node is not known to serve named
 	// reads (use Acquire and Pull); cache.ErrNotFound; the others of Pull.
 	Fetch(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) (cache.Reservation, error)) error
+	// FetchTo is Fetch with the bytes landing in memory land returns
+	// (exactly the block's Length bytes, which the caller keeps valid
+	// until FetchTo returns) rather than in a reserved slot. ErrNoFetch,
+	// with nothing sent, also where node's bytes cannot land in plain
+	// memory (an RDMA connection to it).
+	FetchTo(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) ([]byte, error)) error
 	// Release gives back leases node granted. It does not wait for the
 	// network: the ids may ride on the next Acquire to node.
 	Release(node string, leases []int64)

@@ -101,6 +101,31 @@ func (f *fakePeers) Pull(_ context.Context, node string, b RemoteBlock, into cac
 	return f.deliver(into, v, b.Checksum, "pull from "+node)
 }
 
+// FetchTo is Fetch into plain memory.
+func (f *fakePeers) FetchTo(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) ([]byte, error)) error {
+	if !f.named.Load() {
+		return ErrNoFetch
+	}
+	f.fetches.Add(1)
+	f.nameds.Add(1)
+	v, info, err := f.nodes[node].Get(ctx, ns, key, ScopeLocal)
+	if err != nil {
+		return err
+	}
+	dst, err := land(RemoteBlock{Length: int64(len(v)), Checksum: info.Checksum, Depth: info.Depth})
+	if err != nil {
+		return err
+	}
+	copy(dst, v)
+	if f.corrupt.Load() && len(v) > 0 {
+		dst[0] ^= 0xff
+	}
+	if cache.Checksum(dst) != info.Checksum {
+		return fmt.Errorf("fake fetch from %s: %w", node, cache.ErrChecksum)
+	}
+	return nil
+}
+
 // deliver copies v into the slot (damaged when corrupt is set) and checks
 // it against sum, as the transfer layer checks what lands.
 func (f *fakePeers) deliver(into cache.Reservation, v []byte, sum uint32, what string) error {

@@ -232,6 +232,23 @@ type Fetcher interface {
 // and offset they go into, or an error to drop them.
 type Lander func(meta []byte, n uint64, sum uint32) (local RegionID, off uint64, err error)
 
+// MemFetcher is implemented by a Peer that can land a named read in memory
+// that is not registered with the transport: a buffer an engine shared
+// with this process, which no peer may ever address, so it is never put
+// in the region table.
+type MemFetcher interface {
+	// FetchMem is Fetch with the bytes landing where land says: memory
+	// the caller keeps valid and unused by anyone else until FetchMem
+	// returns (no read into it is in flight after that, whatever the
+	// outcome). land returns exactly n bytes, or an error to drop them.
+	FetchMem(ctx context.Context, req []byte, land MemLander) (meta []byte, err error)
+}
+
+// MemLander places the bytes of a named read (MemFetcher.FetchMem): given
+// the answer's metadata, byte count and CRC-32C, it returns the n bytes of
+// memory they go into, or an error to drop them.
+type MemLander func(meta []byte, n uint64, sum uint32) (dst []byte, err error)
+
 // Bounds of a named read, checked on both sides before anything is
 // allocated for them.
 const (

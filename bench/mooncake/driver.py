@@ -42,7 +42,15 @@ module, hardware CRC) for the sidecar to check at Commit; it does not check
 zero-copy reads (the sidecar checks bytes where they enter and scrubs
 resident blocks; verify=True would). Mooncake's client checks nothing.
 TP_VERIFY=0 passes verify=False to tidepool's zero-copy calls; TP_VERIFY=1
-passes verify=True (reads checked too).
+passes verify=True (reads checked too). Mooncake registers its buffers
+(register_buffer); so does the driver's tidepool adapter when the sidecar
+offers the buffer socket (Hello feature buffer_socket) and the client being
+measured has register_buffer: get_into (get-zc, remote-get) then has the
+sidecar write each block straight into the registered buffer over that
+socket, one round trip with no lease and no copy by the client (remote-get:
+the block lands there from the network). batch_get_into and the puts work
+the same either way. TP_REGISTER=0 keeps plain page-aligned mmap buffers
+(acquire, copy out of the arena, release).
 """
 
 import argparse
@@ -73,6 +81,10 @@ _VERIFY_ARG = {"0": False, "1": True}.get(os.environ.get("TP_VERIFY", ""))
 # keys whatever their owner (the pushes included).
 _OWNED = os.environ.get("TP_OWNED_KEYS", "1") != "0"
 
+# TP_REGISTER=0: tidepool's buffers are not registered (see the module
+# docstring), even where the sidecar offers the buffer socket.
+_REGISTER = os.environ.get("TP_REGISTER", "1") != "0"
+
 
 # ---------------------------------------------------------------- adapters --
 
@@ -85,24 +97,34 @@ class Tidepool:
         self.tp = tidepool
         self.c = tidepool.Client(node)
         self.ns = args.ns
-        self.bufs = {}
+        self.bufs = {}  # name -> RegisteredBuffer, or mmap when not registering
+        # An older client (TP_CLIENT) has no register_buffer.
+        self.register = _REGISTER and hasattr(self.c, "register_buffer") and \
+            "buffer_socket" in (self.c.hello().features or ())
 
     def buffer(self, name, size, fill=False):
-        # Page-aligned, as Mooncake's pool buffers and an engine's pinned
-        # host memory are: a bytearray's bytes start wherever malloc put
-        # them, and on this VM's CPU (AMD EPYC, FSRM) a copy between a
-        # page-aligned slot and a buffer 16 bytes past a 64-byte boundary
-        # runs at a tenth of memcpy speed (docs/PERFORMANCE.md §7, run 7).
-        b = mmap.mmap(-1, max(size, 1))
+        # Page-aligned either way (a registered buffer is a mapping too), as
+        # Mooncake's pool buffers and an engine's pinned host memory are: a
+        # bytearray's bytes start wherever malloc put them, and on this
+        # VM's CPU (AMD EPYC, FSRM) a copy between a page-aligned slot and a
+        # buffer 16 bytes past a 64-byte boundary runs at a tenth of memcpy
+        # speed (docs/PERFORMANCE.md §7, run 7). The client's close()
+        # unregisters and unmaps the registered ones.
+        if self.register:
+            b = self.c.register_buffer(max(size, 1))
+            v = b.view
+        else:
+            b = mmap.mmap(-1, max(size, 1))
+            v = memoryview(b)
         if fill:
-            b.write(os.urandom(size))
-            b.seek(0)
+            v[:size] = os.urandom(size)
         self.bufs[name] = b
-        return b
+        return v
 
     def view(self, name, off=0, size=None):
         b = self.bufs[name]
-        return memoryview(b)[off:off + size if size else None]
+        v = b.view if self.register else memoryview(b)
+        return v[off:off + size if size else None]
 
     def clear(self):
         self.c.clear(self.ns)
@@ -226,7 +248,8 @@ class Mooncake:
 
 def connect(args, node, segment=None):
     """A client of one node, warmed up: one miss read before any timing
-    (tidepool's client maps the arena files on its first zero-copy call;
+    (tidepool's client maps the arena files on its first zero-copy call, or
+    with registered buffers has opened its buffer socket in buffer();
     Mooncake's dummy client set up its shared memory in setup_dummy), and
     for tidepool's zero-copy puts prepare_writes()."""
     if args.system == "tidepool":

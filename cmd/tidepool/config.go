@@ -52,6 +52,7 @@ type Config struct {
 	EngineMaxConns  int           // most engine API connections open at once
 	EngineIdle      time.Duration // engine API connection idle timeout
 	PutSocket       bool          // serve Put on Socket+".put" too, values read straight into the arenas
+	BufferSocket    bool          // serve registered engine buffers on Socket+".buf"
 	Namespaces      []string      // allow-list of namespaces; empty allows any
 	MaxNamespaces   int           // most namespaces holding data at once
 	LeaseTimeout    time.Duration // longest read pin
@@ -215,6 +216,7 @@ var settings = []setting{
 	sizeSetting("max_request_size", "largest framed request accepted", func(c *Config) *int64 { return &c.MaxRequestSize }),
 	intSetting("engine_max_connections", "most engine API connections open at once; more are closed on accept", func(c *Config) *int { return &c.EngineMaxConns }),
 	durationSetting("engine_idle_timeout", "close an engine API connection idle this long", func(c *Config) *time.Duration { return &c.EngineIdle }),
+	boolSetting("buffer_socket", "also serve a third socket, the engine socket's path plus .buf, through which an engine registers memory of its own (a sealed memfd) and reads blocks straight into it: a block from another node lands there from the network, with no copy into this node's arenas", func(c *Config) *bool { return &c.BufferSocket }),
 	boolSetting("put_socket", "also serve Put on a second socket, the engine socket's path plus .put, that reads each value straight into the DRAM arenas (one copy fewer than the engine socket)", func(c *Config) *bool { return &c.PutSocket }),
 	listSetting("namespaces", "comma-separated allow-list of namespaces; empty allows any", func(c *Config) *[]string { return &c.Namespaces }),
 	intSetting("max_namespaces", "most namespaces holding data at once", func(c *Config) *int { return &c.MaxNamespaces }),
@@ -325,6 +327,7 @@ func DefaultConfig() Config {
 		EngineMaxConns:  ec.MaxConnections,
 		EngineIdle:      ec.IdleTimeout,
 		PutSocket:       true,
+		BufferSocket:    true,
 		MaxNamespaces:   proxy.DefaultConfig().MaxNamespaces,
 		LeaseTimeout:    dc.LeaseTimeout,
 		EvictionPolicy:  "prefix",

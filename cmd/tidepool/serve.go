@@ -173,6 +173,15 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 			return fmt.Errorf("put socket: %w", err)
 		}
 	}
+	if cfg.BufferSocket {
+		if scfg.BufferListener, err = engineapi.Listen(cfg.Socket+engineapi.BufferSocketSuffix, cfg.SocketMode, gid); err != nil {
+			ln.Close()
+			if scfg.PutListener != nil {
+				scfg.PutListener.Close()
+			}
+			return fmt.Errorf("buffer socket: %w", err)
+		}
+	}
 	// The server owns ln from here, also when NewServer fails.
 	srv, err := engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
 	if err != nil {

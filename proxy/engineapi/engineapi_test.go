@@ -39,6 +39,8 @@ type serverOpts struct {
 	// noPutSocket serves the engine socket alone (by default the put
 	// socket is served too, and the client's large Puts take it).
 	noPutSocket bool
+	// noBufferSocket: no buffer socket (served by default).
+	noBufferSocket bool
 }
 
 func startServer(t testing.TB, o serverOpts) *testServer {
@@ -94,6 +96,11 @@ func startServer(t testing.TB, o serverOpts) *testServer {
 	}
 	if !o.noPutSocket {
 		if scfg.PutListener, err = engineapi.Listen(socket+engineapi.PutSocketSuffix, 0o600, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !o.noBufferSocket {
+		if scfg.BufferListener, err = engineapi.Listen(socket+engineapi.BufferSocketSuffix, 0o600, -1); err != nil {
 			t.Fatal(err)
 		}
 	}

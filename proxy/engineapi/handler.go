@@ -33,6 +33,8 @@ type handler struct {
 	build string // Config.Build
 	// putSocket: the put socket is served (FeaturePutSocket).
 	putSocket bool
+	// bufferSocket: the buffer socket is served (FeatureBufferSocket).
+	bufferSocket bool
 }
 
 var _ tp.Tidepool = (*handler)(nil)
@@ -63,6 +65,9 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 	}
 	if h.putSocket {
 		resp.Features = append(resp.Features, FeaturePutSocket)
+	}
+	if h.bufferSocket {
+		resp.Features = append(resp.Features, FeatureBufferSocket)
 	}
 	for _, t := range st.Tiers {
 		resp.Tiers = append(resp.Tiers, &tp.TierInfo{Name: t.Name, CapacityBytes: t.CapacityBytes, UsedBytes: t.UsedBytes, Blocks: t.Blocks})

@@ -50,6 +50,11 @@ type Config struct {
 	// with Listen at the engine socket's path plus PutSocketSuffix), and
 	// Hello lists FeaturePutSocket. The server owns it, as it owns ln.
 	PutListener net.Listener
+	// BufferListener, if set, is the buffer socket's listener (bufsock.go;
+	// made with Listen at the engine socket's path plus
+	// BufferSocketSuffix), and Hello lists FeatureBufferSocket. The server
+	// owns it, as it owns ln.
+	BufferListener net.Listener
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -119,6 +124,7 @@ type Server struct {
 	lender *safecodec.Lender
 	svr    server.Server
 	puts   *putServer // nil without Config.PutListener
+	bufs   *bufServer // nil without Config.BufferListener
 	ready  chan struct{}
 	done   chan struct{}
 	exit   chan error // closed by Close: Kitex's Run returns, draining first
@@ -135,17 +141,21 @@ type Server struct {
 // the descriptor exactly once, after Kitex has stopped using it
 // (internal/fdlisten says why netpoll must not close it).
 func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Server, error) {
-	if ln == nil {
+	closeOthers := func() {
 		if cfg.PutListener != nil {
 			cfg.PutListener.Close()
 		}
+		if cfg.BufferListener != nil {
+			cfg.BufferListener.Close()
+		}
+	}
+	if ln == nil {
+		closeOthers()
 		return nil, errors.New("engineapi: nil listener")
 	}
 	fail := func(err error) (*Server, error) {
 		ln.Close()
-		if cfg.PutListener != nil {
-			cfg.PutListener.Close()
-		}
+		closeOthers()
 		return nil, err
 	}
 	if p == nil {
@@ -192,13 +202,17 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 		ln:     fl,
 		conns:  conns,
 		lender: lender,
-		svr:    tpsvc.NewServer(&handler{p: p, build: cfg.Build, putSocket: cfg.PutListener != nil}, opts...),
-		ready:  make(chan struct{}),
-		done:   make(chan struct{}),
-		exit:   exit,
+		svr: tpsvc.NewServer(&handler{p: p, build: cfg.Build, putSocket: cfg.PutListener != nil,
+			bufferSocket: cfg.BufferListener != nil}, opts...),
+		ready: make(chan struct{}),
+		done:  make(chan struct{}),
+		exit:  exit,
 	}
 	if cfg.PutListener != nil {
 		s.puts = newPutServer(cfg.PutListener, p, conns, cfg, lg.Named("put-socket"))
+	}
+	if cfg.BufferListener != nil {
+		s.bufs = newBufServer(cfg.BufferListener, p, cfg, lg.Named("buffer-socket"))
 	}
 	return s, nil
 }
@@ -232,6 +246,9 @@ func (s *Server) Start(ctx context.Context) error {
 		s.conns.start()
 		if s.puts != nil {
 			s.puts.start()
+		}
+		if s.bufs != nil {
+			s.bufs.start()
 		}
 		go func() {
 			select { // serving, or Run failed first
@@ -276,11 +293,22 @@ func (s *Server) Close() error {
 			s.puts.ln.Close()
 			close(putsDone)
 		}
+		bufsDone := make(chan struct{})
+		switch {
+		case s.bufs == nil:
+			close(bufsDone)
+		case started:
+			go func() { s.bufs.close(); close(bufsDone) }()
+		default:
+			s.bufs.ln.Close()
+			close(bufsDone)
+		}
 		// Stop only once Kitex's start is over (see fdlisten.Polled).
 		<-s.ready
 		close(s.exit)
 		<-s.done
 		<-putsDone
+		<-bufsDone
 		s.closeErr = s.err
 		s.conns.close()
 		if err := s.ln.Release(); err != nil && s.closeErr == nil {
@@ -303,6 +331,14 @@ func (s *Server) ConnStats() ConnStats {
 	if s.puts != nil {
 		st.Accepted += s.puts.accepted.Load()
 		st.AcceptErrors += s.puts.acceptErrors.Load()
+	}
+	if s.bufs != nil {
+		st.Accepted += s.bufs.accepted.Load()
+		st.AcceptErrors += s.bufs.acceptErrors.Load()
+		st.Refused += s.bufs.refused.Load()
+		s.bufs.mu.Lock()
+		st.Active += int64(len(s.bufs.active))
+		s.bufs.mu.Unlock()
 	}
 	return st
 }

@@ -104,6 +104,7 @@ func runConc(total, conc int, op func(worker int) error) (time.Duration, error) 
 // authenticated, docs/security.md), "get-encrypted" with encryption too.
 func BenchmarkRemoteGet(b *testing.B) {
 	b.Run("get", func(b *testing.B) { benchRemote(b, remoteGetPinned, nodeOpts{}) })
+	b.Run("get-1caller", func(b *testing.B) { benchRemoteConc(b, remoteGetPinned, nodeOpts{}, 1) })
 	b.Run("get-secret", func(b *testing.B) {
 		benchRemote(b, remoteGetPinned, nodeOpts{label: "bench", secret: "bench-cluster-secret"})
 	})
@@ -112,6 +113,7 @@ func BenchmarkRemoteGet(b *testing.B) {
 	})
 	b.Run("get-copy", func(b *testing.B) { benchRemote(b, remoteGetCopy, nodeOpts{}) })
 	b.Run("fetch", func(b *testing.B) { benchRemote(b, remoteFetch, nodeOpts{}) })
+	b.Run("fetch-1caller", func(b *testing.B) { benchRemoteConc(b, remoteFetch, nodeOpts{}, 1) })
 }
 
 type remoteMode int
@@ -129,9 +131,14 @@ const (
 	remoteFetch
 )
 
-// benchRemote times remote Gets of blocks owned by the other node.
-func benchRemote(b *testing.B, mode remoteMode, o nodeOpts) {
-	const size, conc, ns = 1 << 20, 16, "bench"
+// benchRemote times remote Gets of blocks owned by the other node, with
+// 16 callers.
+func benchRemote(b *testing.B, mode remoteMode, o nodeOpts) { benchRemoteConc(b, mode, o, 16) }
+
+// benchRemoteConc is benchRemote with conc callers (and as many
+// connections for the raw baseline).
+func benchRemoteConc(b *testing.B, mode remoteMode, o nodeOpts, conc int) {
+	const size, ns = 1 << 20, "bench"
 	o.capacity, o.fetchTimeout, o.prefault = 96<<20, 10*time.Second, true
 	nodes := newCluster(b, 2, o)
 	a, owner := nodes[0], nodes[1]

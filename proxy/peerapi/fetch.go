@@ -253,6 +253,37 @@ func serveFetch(t rdma.Transport, h rdma.FetchHandler) bool {
 // them (in an Acquire answer), else proxy.ErrNoFetch without sending
 // anything.
 func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land func(proxy.RemoteBlock) (cache.Reservation, error)) error {
+	return c.fetch(ctx, node, ns, key, landing{slot: func(b proxy.RemoteBlock) (rdma.RegionID, uint64, error) {
+		slot, err := land(b)
+		if err != nil {
+			return 0, 0, err
+		}
+		arena, off, sz := slot.Location()
+		if arena < 0 || arena >= len(c.cfg.Regions) || sz != b.Length {
+			return 0, 0, fmt.Errorf("%w: local arena %d is not registered", cache.ErrUnavailable, arena)
+		}
+		return c.cfg.Regions[arena].ID, uint64(off), nil
+	}})
+}
+
+// FetchTo implements proxy.Peers: Fetch, with the bytes landing in memory
+// that land returns (exactly the block's Length bytes, valid until FetchTo
+// returns), never registered with the transport. proxy.ErrNoFetch, with
+// nothing sent, where a named read cannot land in plain memory (node does
+// not serve them, or an RDMA connection to it).
+func (c *Client) FetchTo(ctx context.Context, node, ns string, key []byte, land func(proxy.RemoteBlock) ([]byte, error)) error {
+	return c.fetch(ctx, node, ns, key, landing{mem: land})
+}
+
+// landing says where a named read's bytes go: a reserved slot's region
+// (slot) or plain memory (mem); exactly one is set.
+type landing struct {
+	slot func(proxy.RemoteBlock) (rdma.RegionID, uint64, error)
+	mem  func(proxy.RemoteBlock) ([]byte, error)
+}
+
+// fetch is Fetch and FetchTo.
+func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landing) error {
 	c.mu.Lock()
 	ok := c.fetchable[node]
 	c.mu.Unlock()
@@ -271,8 +302,9 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land fu
 	if err != nil {
 		return fmt.Errorf("peerapi: connect transfer %s: %w: %w", addr, cache.ErrUnavailable, err)
 	}
-	f, ok := p.(rdma.Fetcher)
-	if !ok {
+	f, isFetcher := p.(rdma.Fetcher)
+	mf, isMem := p.(rdma.MemFetcher)
+	if (l.mem == nil && !isFetcher) || (l.mem != nil && !isMem) {
 		return proxy.ErrNoFetch
 	}
 	var (
@@ -293,32 +325,42 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land fu
 		defer t.Stop()
 		ctx = actx
 	}
-	// toSlot asks the proxy for the slot of an OK answer's bytes.
-	toSlot := func(m fetchMeta, n uint64) (rdma.RegionID, uint64, error) {
-		landed = true
-		slot, err := land(proxy.RemoteBlock{Length: int64(n), Checksum: m.checksum, Depth: m.depth})
-		if err != nil {
-			landErr = err
-			return 0, 0, err
-		}
-		arena, off, sz := slot.Location()
-		if arena < 0 || arena >= len(c.cfg.Regions) || sz != int64(n) {
-			landErr = fmt.Errorf("%w: local arena %d is not registered", cache.ErrUnavailable, arena)
-			return 0, 0, landErr
-		}
-		return c.cfg.Regions[arena].ID, uint64(off), nil
-	}
-	raw, err := f.Fetch(ctx, req, func(meta []byte, n uint64, sum uint32) (rdma.RegionID, uint64, error) {
+	// block checks an answer that carries n bytes and describes them; land
+	// errors are the proxy's own (landErr).
+	block := func(meta []byte, n uint64, sum uint32) (proxy.RemoteBlock, error) {
 		answered.Store(true)
 		m, err := decodeFetchMeta(meta)
 		if err != nil {
-			return 0, 0, err
+			return proxy.RemoteBlock{}, err
 		}
 		if m.code != tp.ErrorCode_OK || m.checksum != sum {
-			return 0, 0, fmt.Errorf("%w: named-read answer: bytes with code %s, checksum %08x against %08x", ErrProtocol, m.code, m.checksum, sum)
+			return proxy.RemoteBlock{}, fmt.Errorf("%w: named-read answer: bytes with code %s, checksum %08x against %08x", ErrProtocol, m.code, m.checksum, sum)
 		}
-		return toSlot(m, n)
-	})
+		landed = true
+		return proxy.RemoteBlock{Length: int64(n), Checksum: m.checksum, Depth: m.depth}, nil
+	}
+	var raw []byte
+	if l.mem != nil {
+		raw, err = mf.FetchMem(ctx, req, func(meta []byte, n uint64, sum uint32) ([]byte, error) {
+			b, err := block(meta, n, sum)
+			if err != nil {
+				return nil, err
+			}
+			dst, err := l.mem(b)
+			landErr = err
+			return dst, err
+		})
+	} else {
+		raw, err = f.Fetch(ctx, req, func(meta []byte, n uint64, sum uint32) (rdma.RegionID, uint64, error) {
+			b, err := block(meta, n, sum)
+			if err != nil {
+				return 0, 0, err
+			}
+			id, off, err := l.slot(b)
+			landErr = err
+			return id, off, err
+		})
+	}
 	if landErr != nil {
 		return landErr // the proxy's own refusal (the block is stored here now, no space, ...)
 	}
@@ -353,14 +395,18 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land fu
 		return codeErr(node, m.code, m.msg)
 	}
 	if !landed {
-		// An empty block: no bytes came, so the proxy has not reserved
-		// its slot yet.
+		// An empty block: no bytes came, so its place has not been asked
+		// for yet.
 		if m.checksum != 0 {
 			return fmt.Errorf("%w: empty block with checksum %08x", ErrProtocol, m.checksum)
 		}
-		if _, _, err := toSlot(m, 0); err != nil {
-			return err
+		b := proxy.RemoteBlock{Checksum: m.checksum, Depth: m.depth}
+		if l.mem != nil {
+			_, err = l.mem(b)
+		} else {
+			_, _, err = l.slot(b)
 		}
+		return err
 	}
 	return nil
 }

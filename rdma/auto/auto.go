@@ -151,6 +151,7 @@ var (
 	_ rdma.Transport   = (*Transport)(nil)
 	_ rdma.FetchServer = (*Transport)(nil)
 	_ rdma.Fetcher     = (*peer)(nil)
+	_ rdma.MemFetcher  = (*peer)(nil)
 )
 
 // New starts the transport.
@@ -480,12 +481,37 @@ func (p *peer) Fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte,
 	if !ok {
 		return nil, fmt.Errorf("%w: named reads over %T", rdma.ErrUnsupported, p.tp)
 	}
+	return p.fetchCounted(func(n *uint64) ([]byte, error) {
+		return f.Fetch(ctx, req, func(meta []byte, size uint64, sum uint32) (rdma.RegionID, uint64, error) {
+			*n = size
+			return land(meta, size, sum)
+		})
+	})
+}
+
+// FetchMem implements rdma.MemFetcher over TCP, as Fetch does.
+func (p *peer) FetchMem(ctx context.Context, req []byte, land rdma.MemLander) ([]byte, error) {
+	if vp := p.verbs(ctx); vp != nil {
+		return nil, fmt.Errorf("%w: %s has an RDMA connection: read it one-sided", rdma.ErrUnsupported, p.addr)
+	}
+	f, ok := p.tp.(rdma.MemFetcher)
+	if !ok {
+		return nil, fmt.Errorf("%w: named reads into memory over %T", rdma.ErrUnsupported, p.tp)
+	}
+	return p.fetchCounted(func(n *uint64) ([]byte, error) {
+		return f.FetchMem(ctx, req, func(meta []byte, size uint64, sum uint32) ([]byte, error) {
+			*n = size
+			return land(meta, size, sum)
+		})
+	})
+}
+
+// fetchCounted runs one named read over TCP (fetch sets the bytes it
+// moves) and counts it.
+func (p *peer) fetchCounted(fetch func(n *uint64) ([]byte, error)) ([]byte, error) {
 	start := time.Now()
 	var n uint64
-	meta, err := f.Fetch(ctx, req, func(meta []byte, size uint64, sum uint32) (rdma.RegionID, uint64, error) {
-		n = size
-		return land(meta, size, sum)
-	})
+	meta, err := fetch(&n)
 	if err != nil {
 		n = 0
 		p.t.tcpErrs.Add(1)

@@ -109,8 +109,34 @@ func (s *server) fetch(h frame.Header) error {
 
 // ---- initiator side ----
 
-// Fetch implements rdma.Fetcher.
+// Fetch implements rdma.Fetcher: the bytes land in a registered region.
 func (p *peer) Fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte, error) {
+	return p.fetchTimed(ctx, req, func(meta []byte, n uint64, sum uint32) ([]byte, func(), error) {
+		id, off, err := land(meta, n, sum)
+		if err != nil {
+			return nil, nil, err
+		}
+		span, err := p.t.table.Acquire(id, 0, false, off, n)
+		if err != nil {
+			return nil, nil, fmt.Errorf("local: %w", err)
+		}
+		return span.B, span.Release, nil
+	})
+}
+
+// FetchMem implements rdma.MemFetcher: the bytes land in the caller's
+// memory.
+func (p *peer) FetchMem(ctx context.Context, req []byte, land rdma.MemLander) ([]byte, error) {
+	return p.fetchTimed(ctx, req, func(meta []byte, n uint64, sum uint32) ([]byte, func(), error) {
+		dst, err := land(meta, n, sum)
+		if err == nil && uint64(len(dst)) != n {
+			err = fmt.Errorf("local: %d bytes of memory for %d", len(dst), n)
+		}
+		return dst, nil, err
+	})
+}
+
+func (p *peer) fetchTimed(ctx context.Context, req []byte, land memLander) ([]byte, error) {
 	start := time.Now()
 	meta, n, err := p.fetch(ctx, req, land)
 	p.c.Done(false, n, time.Since(start), err)
@@ -120,7 +146,11 @@ func (p *peer) Fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte,
 	return meta, nil
 }
 
-func (p *peer) fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte, uint64, error) {
+// memLander says where a named read's bytes go: n bytes of memory, and
+// what to call once nothing reads into them any more (nil: nothing).
+type memLander func(meta []byte, n uint64, sum uint32) (dst []byte, release func(), err error)
+
+func (p *peer) fetch(ctx context.Context, req []byte, land memLander) ([]byte, uint64, error) {
 	if p.t.closed.Load() || p.isClosed() {
 		return nil, 0, rdma.ErrClosed
 	}
@@ -142,7 +172,7 @@ func (p *peer) fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte,
 type fetchCall struct {
 	id     uint64
 	req    []byte
-	land   rdma.Lander
+	land   memLander
 	t      *Transport
 	landed bool   // land was called
 	meta   []byte // the answer's metadata
@@ -187,15 +217,13 @@ func (c *conn) fetch(f *fetchCall) (bool, error) {
 		return true, nil
 	}
 	f.landed = true
-	id, off, err := f.land(meta, n, want)
+	mem, release, err := f.land(meta, n, want)
 	if err != nil {
 		return false, err // the bytes are not read: the connection is done
 	}
-	span, err := f.t.table.Acquire(id, 0, false, off, n)
-	if err != nil {
-		return false, fmt.Errorf("local: %w", err)
+	if release != nil {
+		defer release()
 	}
-	defer span.Release()
 	var sum uint32
 	for got := uint64(0); got < n; {
 		d, err := c.response(f.id)
@@ -205,7 +233,7 @@ func (c *conn) fetch(f *fetchCall) (bool, error) {
 		if d.Op != frame.OpReadData || !d.Summed() || d.Offset != got || d.Length == 0 || uint64(d.Length) > n-got {
 			return false, fmt.Errorf("%w: unexpected %s at %d len %d in a fetch of %d bytes", rdma.ErrProtocol, d.Op, d.Offset, d.Length, n)
 		}
-		dst := span.B[got : got+uint64(d.Length)]
+		dst := mem[got : got+uint64(d.Length)]
 		if _, err := io.ReadFull(c.br, dst); err != nil {
 			return false, lost(err)
 		}

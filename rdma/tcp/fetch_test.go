@@ -234,3 +234,54 @@ func TestFetchOversizedRequestOnTheWire(t *testing.T) {
 		t.Fatal("the handler ran")
 	}
 }
+
+// TestFetchMem: a named read lands in plain memory the lander returns
+// (never registered), checked against its sum as it lands; a lander that
+// refuses, or returns the wrong length, gets nothing written.
+func TestFetchMem(t *testing.T) {
+	data := bytes.Repeat([]byte("into memory of the caller's own "), (300<<10)/32)
+	o := newFetchOwner(t, func(c *Config) { c.ChunkSize = 64 << 10 }, data)
+	a := newLocal(t, nil)
+	p, err := a.Connect(context.Background(), o.tr.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.(rdma.MemFetcher)
+	ctx := context.Background()
+	want := data[16:]
+	mem := bytes.Repeat([]byte{0xEE}, len(data)+64)
+	var calls int
+	meta, err := f.FetchMem(ctx, []byte("block"), func(meta []byte, n uint64, sum uint32) ([]byte, error) {
+		calls++
+		if string(meta) != "ok" || n != uint64(len(want)) || sum != frame.Checksum(want) {
+			t.Errorf("land(%q, %d, %08x)", meta, n, sum)
+		}
+		return mem[32 : 32+n], nil
+	})
+	if err != nil || string(meta) != "ok" || calls != 1 {
+		t.Fatalf("FetchMem: %q, %v, land called %d times", meta, err, calls)
+	}
+	if !bytes.Equal(mem[32:32+len(want)], want) || !bytes.Equal(mem[:32], bytes.Repeat([]byte{0xEE}, 32)) ||
+		!bytes.Equal(mem[32+len(want):], bytes.Repeat([]byte{0xEE}, len(mem)-32-len(want))) {
+		t.Fatal("bytes differ, or landed outside their range")
+	}
+	clean := bytes.Repeat([]byte{0xEE}, len(mem))
+	for name, land := range map[string]rdma.MemLander{
+		"refused":      func([]byte, uint64, uint32) ([]byte, error) { return nil, errors.New("no room") },
+		"short memory": func(_ []byte, n uint64, _ uint32) ([]byte, error) { return mem[:n-1], nil },
+	} {
+		copy(mem, clean)
+		if _, err := f.FetchMem(ctx, []byte("block"), land); err == nil {
+			t.Fatalf("%s: no error", name)
+		}
+		if !bytes.Equal(mem, clean) {
+			t.Fatalf("%s: bytes written", name)
+		}
+	}
+	if _, err := f.FetchMem(ctx, []byte("bad sum"), func(_ []byte, n uint64, _ uint32) ([]byte, error) { return mem[:n], nil }); !errors.Is(err, rdma.ErrChecksum) {
+		t.Fatalf("bad sum: %v, want ErrChecksum", err)
+	}
+	if n := o.pinned.Load(); n != 0 {
+		t.Fatalf("%d pins not given back", n)
+	}
+}

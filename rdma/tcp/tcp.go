@@ -232,6 +232,7 @@ var (
 	_ rdma.Transport   = (*Transport)(nil)
 	_ rdma.FetchServer = (*Transport)(nil)
 	_ rdma.Fetcher     = (*peer)(nil)
+	_ rdma.MemFetcher  = (*peer)(nil)
 )
 
 // HandleFetch implements rdma.FetchServer.

@@ -7,10 +7,17 @@ Run through scripts/test-python-client.sh, which starts the server and sets:
   TIDEPOOL_MAX_VALUE_BYTES  its --max-value-size in bytes
   TIDEPOOL_DRAM_CAPACITY    its --dram-capacity in bytes
 
-Each test uses its own namespace and clears it afterwards.
+Each test uses its own namespace and clears it afterwards. The buffer
+socket tests (BufferSocketTest, BufferSocketWireTest) run only against a
+server whose Hello lists "buffer_socket".
 """
 
+import fcntl
+import mmap
 import os
+import random
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -36,6 +43,20 @@ def payload(n, seed):
     """Deterministic bytes, cheap to make in pure Python."""
     unit = bytes((seed * 31 + i * 7) & 0xFF for i in range(251))
     return (unit * (n // len(unit) + 1))[:n]
+
+
+def server_features():
+    """What the server's Hello lists (nothing without a server)."""
+    if not SOCKET:
+        return ()
+    c = tidepool.Client(SOCKET)
+    try:
+        return tuple(c.hello().features or ())
+    finally:
+        c.close()
+
+
+BUFFER_SOCKET = tidepool.client.FEATURE_BUFFER_SOCKET in server_features()
 
 
 def poll(cond, timeout=10.0, what="condition"):
@@ -177,6 +198,23 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(self.c._pending, [])
         finally:
             client_mod.RELEASE_MARGIN_MS = saved
+
+    def test_register_buffer_needs_the_feature(self):
+        """A sidecar whose Hello does not list buffer_socket (here: made to
+        look so): register_buffer raises UNAVAILABLE and opens nothing;
+        get_into keeps the arena path."""
+        h = self.c.hello()
+        h.features = [f for f in (h.features or []) if f != tidepool.client.FEATURE_BUFFER_SOCKET]
+        self.c.hello = lambda: h
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.register_buffer(4 * KiB)
+        self.assertEqual(cm.exception.code, ErrorCode.UNAVAILABLE)
+        self.assertIsNone(self.c._bconn)
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.register_buffer(0)
+        self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+        self.c.put(self.ns, b"nf", b"value")
+        self.assertEqual(self.c.get_into(self.ns, b"nf", bytearray(10)), 5)
 
     def test_zero_copy_round_trip(self):
         sizes = [0, 1, 4 * KiB, 64 * KiB + 3, MAX_VALUE]
@@ -542,6 +580,306 @@ class ClientTest(unittest.TestCase):
 
 class BufferedClientTest(ClientTest):
     framed = False
+
+
+SENTINEL = 0xEE
+
+
+@unittest.skipUnless(SOCKET, "TIDEPOOL_SOCKET is not set; run scripts/test-python-client.sh")
+@unittest.skipUnless(BUFFER_SOCKET, "the server does not list buffer_socket")
+class BufferSocketTest(unittest.TestCase):
+    """register_buffer, and get_into into registered memory over the buffer
+    socket (the sidecar writes the block there itself; no Acquire)."""
+
+    def setUp(self):
+        self.c = tidepool.Client(SOCKET)
+        self.addCleanup(self.c.close)
+        self.ns = "pybufsock/" + uuid.uuid4().hex[:12]
+        self.addCleanup(lambda: self.c.clear(self.ns))
+        self.acquires = 0
+        acquire = self.c._c.Acquire
+
+        def counted(req):
+            self.acquires += 1
+            return acquire(req)
+        self.c._c.Acquire = counted
+
+    def register(self, size):
+        b = self.c.register_buffer(size)
+        b.view[:] = bytes([SENTINEL]) * size
+        return b
+
+    def assertUntouched(self, b, start, end):
+        self.assertTrue(b.view[start:end] == bytes([SENTINEL]) * (end - start),
+                        "bytes %d..%d of the buffer were written" % (start, end))
+
+    def test_get_into_registered(self):
+        b = self.register(4 * MiB)
+        self.assertIsInstance(b, tidepool.RegisteredBuffer)
+        self.assertNotEqual(b.id, 0)
+        self.assertEqual(b.size, 4 * MiB)
+        self.assertEqual(len(b.view), 4 * MiB)
+        self.assertFalse(b.view.readonly)
+        v = payload(64 * KiB + 3, 1)
+        self.c.put(self.ns, b"v", v)
+        # At offset 0, the whole view.
+        self.assertEqual(self.c.get_into(self.ns, b"v", b.view), len(v))
+        self.assertTrue(b.view[:len(v)] == v)
+        self.assertUntouched(b, len(v), b.size)
+        # At a nonzero offset, with room to spare.
+        b.view[:] = bytes([SENTINEL]) * b.size
+        off = 100003
+        self.assertEqual(self.c.get_into(self.ns, b"v", b.view[off:off + len(v) + 10]), len(v))
+        self.assertUntouched(b, 0, off)
+        self.assertTrue(b.view[off:off + len(v)] == v)
+        self.assertUntouched(b, off + len(v), b.size)
+        # Exactly at the end; and a block of the largest size.
+        self.assertEqual(self.c.get_into(self.ns, b"v", b.view[b.size - len(v):]), len(v))
+        self.assertTrue(b.view[b.size - len(v):] == v)
+        big = payload(MAX_VALUE, 2)
+        self.c.put(self.ns, b"big", big)
+        self.assertEqual(self.c.get_into(self.ns, b"big", b.view[MiB:], verify=True), MAX_VALUE)
+        self.assertTrue(b.view[MiB:MiB + MAX_VALUE] == big)
+        self.assertEqual(self.acquires, 0, "a registered buffer went through Acquire")
+
+    def test_miss_too_large_and_errors(self):
+        b = self.register(64 * KiB)
+        self.assertIsNone(self.c.get_into(self.ns, b"absent", b.view))
+        self.assertUntouched(b, 0, b.size)
+        self.c.put(self.ns, b"10k", payload(10 * KiB, 3))
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get_into(self.ns, b"10k", b.view[5:5 + KiB])
+        self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
+        self.assertUntouched(b, 0, b.size)
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get_into(self.ns, b"", b.view)
+        self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+        # The connection stays in step after per-call errors.
+        self.assertEqual(self.c.get_into(self.ns, b"10k", b.view), 10 * KiB)
+        self.assertTrue(b.view[:10 * KiB] == payload(10 * KiB, 3))
+        self.assertEqual(self.acquires, 0)
+
+    def test_verify(self):
+        v = payload(4 * KiB, 4)
+        self.c.put(self.ns, b"v", v)
+        b = self.register(8 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"v", b.view[100:], verify=True), len(v))
+        self.assertTrue(b.view[100:100 + len(v)] == v)
+        # The client's check is of the bytes in the buffer against the
+        # answered CRC-32C: made to disagree, it refuses; unverified reads
+        # do not check.
+        from tidepool import client as client_mod
+        real = client_mod.crc32c
+        client_mod.crc32c = lambda data: real(data) ^ 1
+        try:
+            with self.assertRaises(tidepool.Error) as cm:
+                self.c.get_into(self.ns, b"v", b.view, verify=True)
+            self.assertEqual(cm.exception.code, ErrorCode.CHECKSUM_MISMATCH)
+            self.assertEqual(self.c.get_into(self.ns, b"v", b.view), len(v))
+        finally:
+            client_mod.crc32c = real
+
+    def test_unregistered_buffers_take_the_arena_path(self):
+        self.register(64 * KiB)  # the client has a registered buffer
+        v = payload(3000, 5)
+        self.c.put(self.ns, b"v", v)
+        buf = bytearray(4 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"v", buf), len(v))
+        self.assertEqual(bytes(buf[:len(v)]), v)
+        self.assertEqual(self.acquires, 1)
+        m = mmap.mmap(-1, 4 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"v", memoryview(m)), len(v))
+        self.assertEqual(m[:len(v)], v)
+        self.assertEqual(self.acquires, 2)
+        # Another client's registered buffer is not this client's.
+        other = tidepool.Client(SOCKET)
+        self.addCleanup(other.close)
+        ob = other.register_buffer(4 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"v", ob.view), len(v))
+        self.assertEqual(self.acquires, 3)
+        # A read-only buffer is refused as before.
+        with self.assertRaises(TypeError):
+            self.c.get_into(self.ns, b"v", bytes(4 * KiB))
+
+    def test_close_buffer(self):
+        """close() unregisters and unmaps; again does nothing. view is
+        released; a slice kept from before still holds the memory, and
+        get_into into it takes the arena path."""
+        v = payload(5000, 6)
+        self.c.put(self.ns, b"v", v)
+        b = self.register(16 * KiB)
+        self.assertEqual(self.c.get_into(self.ns, b"v", b.view), len(v))
+        keep = b.view[:8 * KiB]
+        b.close()
+        self.assertTrue(b.closed)
+        b.close()
+        with self.assertRaises(ValueError):
+            b.view[0]
+        self.assertEqual(self.c.get_into(self.ns, b"v", keep[10:]), len(v))
+        self.assertTrue(keep[10:10 + len(v)] == v)
+        self.assertEqual(self.acquires, 1)
+        keep.release()
+        # The sidecar forgot the id: a GET with it is refused.
+        code, _, _, _ = self.c._bconn.call(tidepool.bufsock.GET,
+                                           tidepool.bufsock.get_body(b.id, 0, 8 * KiB, 0, self.ns, b"v"))
+        self.assertEqual(code, ErrorCode.INVALID_ARGUMENT)
+        with self.c.register_buffer(8 * KiB) as b2:
+            self.assertEqual(self.c.get_into(self.ns, b"v", b2.view), len(v))
+            self.assertTrue(b2.view[:len(v)] == v)
+        self.assertTrue(b2.closed)
+        self.assertEqual(self.c._bufs, [])
+
+    def test_two_buffers(self):
+        x, y = self.register(64 * KiB), self.register(64 * KiB)
+        self.assertNotEqual(x.id, y.id)
+        v1, v2 = payload(1000, 7), payload(2000, 8)
+        self.c.put(self.ns, b"1", v1)
+        self.c.put(self.ns, b"2", v2)
+        self.assertEqual(self.c.get_into(self.ns, b"1", x.view[10:]), 1000)
+        self.assertEqual(self.c.get_into(self.ns, b"2", y.view[20:]), 2000)
+        self.assertTrue(x.view[10:1010] == v1)
+        self.assertTrue(y.view[20:2020] == v2)
+        self.assertUntouched(x, 0, 10)
+        self.assertUntouched(x, 1010, x.size)
+        self.assertUntouched(y, 0, 20)
+        self.assertUntouched(y, 2020, y.size)
+        x.close()
+        self.assertEqual(self.c.get_into(self.ns, b"1", y.view[30 * KiB:]), 1000)
+        self.assertTrue(y.view[30 * KiB:30 * KiB + 1000] == v1)
+        self.assertEqual(self.acquires, 0)
+
+    def test_client_close_ends_everything(self):
+        c = tidepool.Client(SOCKET)
+        x, y = c.register_buffer(4 * KiB), c.register_buffer(4 * KiB)
+        conn = c._bconn
+        self.c.put(self.ns, b"v", b"value")
+        self.assertEqual(c.get_into(self.ns, b"v", x.view), 5)
+        c.close()
+        self.assertFalse(conn.alive)
+        self.assertTrue(x.closed and y.closed)
+        x.close()
+        with self.assertRaises(ValueError):
+            y.view[0]
+
+    def test_failed_connection(self):
+        """A failed buffer socket connection: the call on it raises
+        UNAVAILABLE; get_into into a buffer registered on it raises
+        UNAVAILABLE (re-register) without trying; close() still works and
+        register_buffer opens a new connection."""
+        self.c.put(self.ns, b"v", b"value")
+        b = self.register(4 * KiB)
+        first = self.c._bconn
+        first.sock.shutdown(socket.SHUT_RDWR)  # as when the sidecar goes away
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get_into(self.ns, b"v", b.view)
+        self.assertEqual(cm.exception.code, ErrorCode.UNAVAILABLE)
+        self.assertFalse(first.alive)
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get_into(self.ns, b"v", b.view)
+        self.assertEqual(cm.exception.code, ErrorCode.UNAVAILABLE)
+        self.assertIn("re-register", cm.exception.message)
+        b.close()
+        b2 = self.c.register_buffer(4 * KiB)
+        self.assertIsNot(self.c._bconn, first)
+        self.assertEqual(self.c.get_into(self.ns, b"v", b2.view), 5)
+        self.assertEqual(self.acquires, 0)
+
+
+# The buffer socket's frames (bufsock.py, spelled out again here).
+REQ = struct.Struct(">BBHI")
+ANS = struct.Struct(">HHIQ")
+OP_REGISTER, OP_GET, OP_UNREGISTER = 1, 2, 3
+ALL_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+@unittest.skipUnless(SOCKET, "TIDEPOOL_SOCKET is not set; run scripts/test-python-client.sh")
+@unittest.skipUnless(BUFFER_SOCKET, "the server does not list buffer_socket")
+class BufferSocketWireTest(unittest.TestCase):
+    """The buffer socket's protocol spoken by hand: what the server refuses."""
+
+    def setUp(self):
+        self.c = tidepool.Client(SOCKET)
+        self.addCleanup(self.c.close)
+        self.ns = "pybufwire/" + uuid.uuid4().hex[:12]
+        self.addCleanup(lambda: self.c.clear(self.ns))
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(s.close)
+        s.settimeout(10)
+        s.connect(SOCKET + ".buf")
+        return s
+
+    def memfd(self, size, flags=os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING, seals=ALL_SEALS):
+        fd = os.memfd_create("tp-wire-test", flags)
+        self.addCleanup(os.close, fd)
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)  # the server refuses a file with holes
+        if seals:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        return fd
+
+    def call(self, s, op, body, fds=()):
+        """(code, message, checksum, value)."""
+        msg = REQ.pack(op, 1, 0, len(body)) + body
+        sent = socket.send_fds(s, [msg], list(fds)) if fds else 0
+        s.sendall(msg[sent:])
+        code, mlen, crc, value = ANS.unpack(self.recv(s, ANS.size))
+        return code, self.recv(s, mlen).decode(), crc, value
+
+    def recv(self, s, n):
+        out = b""
+        while len(out) < n:
+            chunk = s.recv(n - len(out))
+            self.assertTrue(chunk, "the server closed the connection")
+            out += chunk
+        return out
+
+    def get_body(self, buffer_id, offset, length, key):
+        ns = self.ns.encode()
+        return struct.pack(">QQQBH", buffer_id, offset, length, 0, len(ns)) + ns + struct.pack(">H", len(key)) + key
+
+    def test_register_get_unregister(self):
+        v = payload(1000, 9)
+        self.c.put(self.ns, b"v", v)
+        s = self.connect()
+        fd = self.memfd(64 * KiB)
+        code, message, _, bid = self.call(s, OP_REGISTER, struct.pack(">Q", 64 * KiB), [fd])
+        self.assertEqual(code, ErrorCode.OK, message)
+        self.assertNotEqual(bid, 0)
+        m = mmap.mmap(fd, 64 * KiB)
+        self.addCleanup(m.close)
+        code, message, crc, n = self.call(s, OP_GET, self.get_body(bid, 4 * KiB, 2000, b"v"))
+        self.assertEqual((code, n, crc), (ErrorCode.OK, 1000, tidepool.crc32c(v)), message)
+        self.assertEqual(m[4 * KiB:4 * KiB + 1000], v)
+        # A range outside the buffer: refused, the connection kept.
+        code, _, _, _ = self.call(s, OP_GET, self.get_body(bid, 63 * KiB, 2 * KiB, b"v"))
+        self.assertEqual(code, ErrorCode.INVALID_ARGUMENT)
+        code, message, _, value = self.call(s, OP_UNREGISTER, struct.pack(">Q", bid))
+        self.assertEqual((code, value), (ErrorCode.OK, 0), message)
+        code, _, _, _ = self.call(s, OP_GET, self.get_body(bid, 0, 2000, b"v"))
+        self.assertEqual(code, ErrorCode.INVALID_ARGUMENT)
+
+    def test_register_unsealed(self):
+        for name, flags, seals in [("not sealable", os.MFD_CLOEXEC, 0),
+                                   ("sealed against growing only", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING,
+                                    fcntl.F_SEAL_GROW)]:
+            with self.subTest(name):
+                fd = self.memfd(64 * KiB, flags, seals)
+                code, message, _, _ = self.call(self.connect(), OP_REGISTER, struct.pack(">Q", 64 * KiB), [fd])
+                self.assertEqual(code, ErrorCode.INVALID_ARGUMENT, message)
+
+    def test_register_without_fd(self):
+        code, message, _, _ = self.call(self.connect(), OP_REGISTER, struct.pack(">Q", 64 * KiB))
+        self.assertEqual(code, ErrorCode.INVALID_ARGUMENT, message)
+
+    def test_get_unknown_id(self):
+        s = self.connect()
+        code, message, _, _ = self.call(s, OP_GET, self.get_body(random.getrandbits(64) | 1, 0, 4 * KiB, b"k"))
+        self.assertEqual(code, ErrorCode.INVALID_ARGUMENT, message)
+        # A per-call error: the connection is kept.
+        code, message, _, _ = self.call(s, OP_REGISTER, struct.pack(">Q", 4 * KiB), [self.memfd(4 * KiB)])
+        self.assertEqual(code, ErrorCode.OK, message)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from .client import (  # noqa: F401
     ErrorCode,
     Lease,
     Presence,
+    RegisteredBuffer,
     Reservation,
     Scope,
     Slot,
@@ -34,6 +35,6 @@ from .keys import KEY_SIZE, block_key, chain_keys  # noqa: F401
 
 __all__ = [
     "ARENA_LAYOUT_VERSION", "CRC32C_FAST", "Client", "EXISTS", "Error", "ErrorCode", "KEY_SIZE",
-    "Lease", "NOT_FOUND", "OK", "Presence", "Reservation", "Scope", "Slot", "block_key",
+    "Lease", "NOT_FOUND", "OK", "Presence", "RegisteredBuffer", "Reservation", "Scope", "Slot", "block_key",
     "chain_keys", "code_name", "crc32c",
 ]

@@ -2,11 +2,14 @@
 
 One Client holds one connection; it is not thread-safe (Thrift transports are
 not): give each thread or process its own Client. The arena mappings made
-for the zero-copy calls belong to the Client and go away with close().
+for the zero-copy calls belong to the Client and go away with close(), as
+do the buffers registered with register_buffer (and the buffer socket
+connection they were registered on).
 """
 
 import collections
 import contextlib
+import ctypes
 import errno
 import mmap
 import os
@@ -19,6 +22,7 @@ from thrift.protocol import TBinaryProtocol
 from thrift.Thrift import TType
 from thrift.transport import TSocket, TTransport
 
+from . import bufsock as _bufsock
 from . import pkey as _pkey
 from .checksum import FAST as CRC_FAST
 from .checksum import crc32c, from_i32, to_i32
@@ -34,6 +38,9 @@ FEATURE_ACQUIRE_RELEASE = "acquire_release"
 # HelloResponse.features: Reserve takes unbound items, and Commit reserves
 # the next slot of an item that asks (CommitItem.next_size).
 FEATURE_COMMIT_NEXT = "commit_next"
+# HelloResponse.features: the sidecar serves the buffer socket (the engine
+# socket's path plus ".buf"; see bufsock.py), for register_buffer.
+FEATURE_BUFFER_SOCKET = "buffer_socket"
 # A slot reserved ahead with less time than this left is not used.
 SPARE_MARGIN_MS = 5000
 # A finished read's leases ride on the next Acquire only when its copy ended
@@ -162,6 +169,68 @@ class _Arena:
         os.close(self.fd)
 
 
+class RegisteredBuffer:
+    """Memory of this process registered with the sidecar over the buffer
+    socket (Client.register_buffer): get_into a buffer that lies inside
+    `view` has the sidecar write the block there itself, with no copy by
+    this client and none through the arenas for a block fetched from
+    another node.
+
+    view: a writable memoryview of size bytes (a MAP_SHARED mapping of a
+    sealed memfd, page-aligned); id: the sidecar's id for it. close()
+    unregisters it and unmaps it (also as a context manager; a second
+    close does nothing). After close, view is released; a slice of it kept
+    from before still reads and writes the memory (the mapping goes with
+    the last such view) and get_into into it takes the unregistered path
+    (acquire and copy). Client.close() ends every registration at once."""
+
+    def __init__(self, client, conn, buffer_id, size, m):
+        self.id = buffer_id
+        self.size = size
+        self._client = client
+        self._conn = conn
+        self._map = m
+        self.view = memoryview(m)
+        # The mapping's address: get_into finds a buffer inside it by its own.
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+    @property
+    def closed(self):
+        return self._map is None
+
+    def close(self):
+        """UNREGISTER (unless the connection is gone: then so is the
+        registration), then unmap."""
+        if self._map is None:
+            return
+        try:
+            if self._conn.alive:
+                self._client._unregister(self)
+        except Error:
+            if self._conn.alive:
+                raise  # refused by the sidecar; a failed connection ended the registration itself
+        finally:
+            self._client._bufs.remove(self)
+            self._unmap()
+
+    def _unmap(self):
+        m, self._map = self._map, None
+        try:
+            self.view.release()
+            m.close()
+        except BufferError:
+            pass  # a view of it is still held: the mapping goes with the last one
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "RegisteredBuffer(id=%#x, size=%d%s)" % (self.id, self.size, ", closed" if self.closed else "")
+
+
 # The head of a Get reply that found its block, in the binary protocol (what
 # the sidecar sends): message header (strict version, REPLY; name "Get";
 # seqid), the result's field 0 (struct), GetResponse's found (field 1, bool,
@@ -245,13 +314,21 @@ class Client:
         if write_mode not in (WRITE_KEYED, WRITE_PWRITE):
             raise ValueError("write_mode must be %r or %r, got %r" % (WRITE_KEYED, WRITE_PWRITE, write_mode))
         self._keyed = write_mode == WRITE_KEYED
+        # The buffer socket (register_buffer): its path is the engine
+        # socket's plus bufsock.SUFFIX, connected at the first registration
+        # (and again after the connection failed), with the same timeout.
+        self._socket_path = socket_path
+        self._timeout = timeout
+        self._bconn = None
+        self._bufs = []  # RegisteredBuffers not closed, on any connection
         self._transport.open()
         _grow_send_buffer(sock)
 
     def close(self):
-        """Releases the queued leases, unmaps the arenas and closes the
-        connection. Views returned by slot_view must have been released
-        first."""
+        """Releases the queued leases, ends the registered buffers (closes
+        the buffer socket connection, which ends them on the sidecar, and
+        unmaps them), unmaps the arenas and closes the connection. Views
+        returned by slot_view must have been released first."""
         try:
             self.flush_releases()
         except Exception:  # the leases lapse at their deadlines anyway
@@ -260,6 +337,11 @@ class Client:
             self._abort_spares()
         except Exception:  # reclaimed at their deadlines anyway
             pass
+        if self._bconn is not None:
+            self._bconn.close()
+        for b in self._bufs:
+            b._unmap()
+        self._bufs = []
         self._unmap()
         self._transport.close()
 
@@ -581,6 +663,107 @@ class Client:
             mv.release()
             m.close()
 
+    # ---- registered buffers (the buffer socket) ---------------------------
+
+    def register_buffer(self, size):
+        """Registers size bytes of new shared memory with the sidecar and
+        returns them as a RegisteredBuffer; get_into into (a slice of) its
+        view then has the sidecar write the block there itself.
+
+        The memory is a memfd sealed against shrinking and growing, mapped
+        here and by the sidecar, its pages allocated at once (the sidecar
+        refuses a file with holes; OSError when memory is short). The
+        registration lives on this client's buffer socket connection (one,
+        opened here at the first call): close() on the buffer or on the
+        client ends it. If that connection fails (the sidecar restarted, a
+        timeout), the call on it raises Error(UNAVAILABLE) and all its
+        registrations are gone: get_into into such a buffer raises
+        Error(UNAVAILABLE) without asking the sidecar; close it and
+        register again (the next register_buffer opens a new connection).
+        Error(UNAVAILABLE) too when the sidecar does not offer the buffer
+        socket (FEATURE_BUFFER_SOCKET)."""
+        size = int(size)
+        if size <= 0:
+            raise Error(ErrorCode.INVALID_ARGUMENT, "a buffer of %d bytes" % size)
+        conn = self._buffer_conn()
+        fd = _bufsock.sealed_memfd(size)
+        # The descriptor is closed once the sidecar has answered: this
+        # process's mapping keeps the memfd, the sidecar maps its own copy.
+        try:
+            m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                code, message, _, buffer_id = self._bcall(conn, _bufsock.REGISTER, _bufsock.register_body(size),
+                                                          [fd])
+                if code != OK:
+                    raise Error(code, message)
+            except BaseException:
+                m.close()
+                raise
+        finally:
+            os.close(fd)
+        b = RegisteredBuffer(self, conn, buffer_id, size, m)
+        self._bufs.append(b)
+        return b
+
+    def _buffer_conn(self):
+        if self._bconn is not None and self._bconn.alive:
+            return self._bconn
+        if FEATURE_BUFFER_SOCKET not in (self.hello().features or ()):
+            raise Error(ErrorCode.UNAVAILABLE, "the server offers no buffer socket")
+        path = self._socket_path + _bufsock.SUFFIX
+        try:
+            self._bconn = _bufsock.Conn(path, self._timeout)
+        except OSError as e:
+            raise Error(ErrorCode.UNAVAILABLE, "cannot connect to the buffer socket %s: %s" % (path, e)) from None
+        return self._bconn
+
+    def _bcall(self, conn, op, body, fds=()):
+        try:
+            return conn.call(op, body, fds)
+        except _bufsock.Closed as e:
+            raise Error(ErrorCode.UNAVAILABLE, "buffer socket failed (%s); its buffers must be registered again"
+                        % e) from None
+
+    def _unregister(self, b):
+        code, message, _, _ = self._bcall(b._conn, _bufsock.UNREGISTER, _bufsock.unregister_body(b.id))
+        if code != OK:
+            raise Error(code, message)
+
+    def _registered(self, buf):
+        """(RegisteredBuffer, offset, byte view of buf) when buf (not empty,
+        writable) lies entirely inside one of this client's registered
+        buffers, else None."""
+        try:
+            mv = memoryview(buf).cast("B")
+        except TypeError:  # not a buffer, not contiguous: the old path says so
+            return None
+        if mv.readonly or not len(mv):
+            return None
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mv))
+        for b in self._bufs:
+            if b._base <= addr and addr + len(mv) <= b._base + b.size:
+                return b, addr - b._base, mv
+        return None
+
+    def _get_registered(self, ns, key, b, offset, buf, verify, scope):
+        if not b._conn.alive:
+            raise Error(ErrorCode.UNAVAILABLE, "buffer %#x was registered on a buffer socket connection that failed; "
+                        "close it and re-register" % b.id)
+        try:
+            body = _bufsock.get_body(b.id, offset, len(buf), scope, ns, key)
+        except ValueError as e:
+            raise Error(ErrorCode.INVALID_ARGUMENT, str(e)) from None
+        code, message, checksum, n = self._bcall(b._conn, _bufsock.GET, body)
+        if code == NOT_FOUND:
+            return None
+        if code != OK:
+            raise Error(code, message)
+        if n > len(buf):
+            raise Error(ErrorCode.INTERNAL, "the sidecar answered %d bytes for a buffer of %d" % (n, len(buf)))
+        if verify and crc32c(buf[:n]) != checksum:
+            raise Error(ErrorCode.CHECKSUM_MISMATCH, "block written into buffer %#x" % b.id)
+        return n
+
     # ---- zero-copy helpers (same semantics as put/get) ---------------------
 
     def _take_spare(self, ns, size):
@@ -758,6 +941,21 @@ class Client:
             raise err
         return out
 
-    def get_into(self, ns, key, buf, verify=None):
-        """Zero-copy get into buf; returns the size, or None on a miss."""
-        return self.batch_get_into(ns, [key], [buf], verify=verify)[0]
+    def get_into(self, ns, key, buf, verify=None, scope=Scope.DEFAULT):
+        """Zero-copy get into buf; returns the size, or None on a miss
+        (nothing written). A block longer than buf raises Error(TOO_LARGE);
+        verify as batch_get_into.
+
+        When buf lies entirely inside a RegisteredBuffer of this client (a
+        slice of its view, or the view itself), the sidecar writes the block
+        there itself over the buffer socket: one round trip, no lease, no
+        copy by this client. verify=True then checks buf against the
+        block's CRC-32C after the write. A buffer whose buffer socket
+        connection failed raises Error(UNAVAILABLE) (re-register; see
+        register_buffer). Any other buffer: acquire, copy out of the arena,
+        release (batch_get_into of one key)."""
+        if self._bufs:
+            found = self._registered(buf)
+            if found is not None:
+                return self._get_registered(ns, key, *found, verify, scope)
+        return self.batch_get_into(ns, [key], [buf], verify=verify, scope=scope)[0]

@@ -1,0 +1,493 @@
+package engineapi
+
+// The buffer socket: a third Unix socket beside the engine socket through
+// which an engine shares memory of its own with the sidecar (a sealed
+// memfd, passed as SCM_RIGHTS) and then reads blocks straight into it.
+// A block in this node's tiers is copied there by the sidecar; a block
+// another node holds lands there from the network (proxy.GetInto), so a
+// remote read costs no copy into this node's arenas and none by the
+// client — what Mooncake's registered buffers give its clients.
+//
+// Registrations belong to the connection that made them and end with it.
+// One call at a time per connection. The wire (docs/zerocopy.md, "The
+// buffer socket"); integers big-endian:
+//
+//	request: u8 op, u8 version (1), u16 zero, u32 body length, body
+//	  REGISTER (1):   u64 size; one descriptor with the request's first byte
+//	  GET (2):        u64 buffer id, u64 offset, u64 length, u8 scope,
+//	                  u16 + namespace, u16 + key
+//	  UNREGISTER (3): u64 buffer id
+//	answer: u16 code, u16 message length, u32 checksum, u64 value, message
+//
+// A registered file must be sealed against shrinking (F_SEAL_SHRINK) and
+// fully allocated: a write into a mapping whose file shrank, or into a
+// hole the file system cannot fill, would fault this process. Faults in
+// the calls' own goroutines are turned into errors all the same
+// (debug.SetPanicOnFault), and such a buffer is dropped.
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
+	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
+)
+
+// FeatureBufferSocket, listed in HelloResponse.features: the file named
+// as the engine socket plus BufferSocketSuffix serves registered buffers.
+const FeatureBufferSocket = "buffer_socket"
+
+// BufferSocketSuffix names the buffer socket after the engine socket.
+const BufferSocketSuffix = ".buf"
+
+// Buffer socket ops and bounds.
+const (
+	bufOpRegister   = 1
+	bufOpGet        = 2
+	bufOpUnregister = 3
+	bufVersion      = 1
+	bufHeader       = 8
+	bufAnswerHead   = 16
+	// bufMaxBody bounds a request's body: a GET's namespace and key
+	// (each at most 64 KiB on the wire; the proxy's limits are smaller).
+	bufMaxBody = 2 * (64 << 10)
+	// bufMaxMsg bounds an answer's message.
+	bufMaxMsg = 1024
+	// MaxBufferBytes bounds one registered buffer; MaxBuffersPerConn the
+	// buffers one connection holds.
+	MaxBufferBytes    = 64 << 30
+	MaxBuffersPerConn = 64
+	// bufCallTimeout bounds one call once its first byte arrived, the
+	// read into the buffer included.
+	bufCallTimeout = time.Minute
+)
+
+// bufServer serves the buffer socket.
+type bufServer struct {
+	ln       net.Listener
+	p        *proxy.Proxy
+	obs      Observer
+	maxConns int
+	drain    time.Duration
+	lg       *zap.Logger
+	closed   chan struct{}
+
+	accepted, acceptErrors, refused atomic.Uint64
+
+	mu      sync.Mutex
+	active  map[*bufConn]struct{}
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// bufConn is one connection and the buffers it registered.
+type bufConn struct {
+	conn *net.UnixConn
+	busy bool // a call is being served (under bufServer.mu)
+	bufs map[uint64][]byte
+	fds  []int // descriptors received and not yet claimed by a REGISTER
+}
+
+func newBufServer(ln net.Listener, p *proxy.Proxy, cfg Config, lg *zap.Logger) *bufServer {
+	return &bufServer{ln: ln, p: p, obs: cfg.Observer, maxConns: cfg.MaxConnections, drain: cfg.DrainTimeout, lg: lg,
+		closed: make(chan struct{}), active: make(map[*bufConn]struct{})}
+}
+
+func (s *bufServer) start() {
+	s.wg.Add(1)
+	go s.accept()
+}
+
+func (s *bufServer) accept() {
+	defer s.wg.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		conn, err := s.ln.Accept()
+		if err != nil {
+			select {
+			case <-s.closed:
+				return
+			default:
+			}
+			s.acceptErrors.Add(1)
+			s.lg.Warn("buffer socket: accept failed", zap.Error(err), zap.Duration("retry_in", backoff))
+			select {
+			case <-time.After(backoff):
+			case <-s.closed:
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		s.accepted.Add(1)
+		uc, ok := conn.(*net.UnixConn)
+		s.mu.Lock()
+		if !ok || s.closing || len(s.active) >= s.maxConns {
+			s.mu.Unlock()
+			s.refused.Add(1)
+			conn.Close()
+			continue
+		}
+		bc := &bufConn{conn: uc, bufs: make(map[uint64][]byte)}
+		s.active[bc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serve(bc)
+	}
+}
+
+// serve answers bc's calls until it closes, sends what does not parse, or
+// the server closes; then its buffers are unmapped.
+func (s *bufServer) serve(bc *bufConn) {
+	defer s.wg.Done()
+	// A fault in a registered mapping (a file that shrank after all)
+	// panics here instead of killing the process; call recovers it.
+	debug.SetPanicOnFault(true)
+	defer func() {
+		s.mu.Lock()
+		delete(s.active, bc)
+		s.mu.Unlock()
+		bc.conn.Close()
+		bc.closeFDs()
+		for id := range bc.bufs {
+			bc.drop(id)
+		}
+	}()
+	head := make([]byte, bufHeader)
+	body := make([]byte, 0, 256)
+	for {
+		// Idle until a request's first byte: no deadline (the connection
+		// holds the registrations); close wakes it through the deadline,
+		// set under the lock so that close cannot miss it.
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		_ = bc.conn.SetDeadline(time.Time{})
+		s.mu.Unlock()
+		if err := bc.read(head[:1]); err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		bc.busy = true
+		s.mu.Unlock()
+		_ = bc.conn.SetDeadline(time.Now().Add(bufCallTimeout))
+		if err := bc.read(head[1:]); err != nil {
+			return
+		}
+		op, n := head[0], binary.BigEndian.Uint32(head[4:])
+		var ans []byte
+		ok := true
+		switch {
+		case head[1] != bufVersion || head[2] != 0 || head[3] != 0:
+			ans, ok = bufAnswer(tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: version %d (this server speaks %d)", head[1], bufVersion), 0, 0), false
+		case n > bufMaxBody:
+			ans, ok = bufAnswer(tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: body of %d bytes (max %d)", n, bufMaxBody), 0, 0), false
+		default:
+			body = append(body[:0], make([]byte, n)...)
+			if err := bc.read(body); err != nil {
+				return
+			}
+			ans, ok = s.call(bc, op, body)
+		}
+		bc.closeFDs() // a descriptor no REGISTER claimed
+		if _, err := bc.conn.Write(ans); err != nil {
+			return
+		}
+		s.mu.Lock()
+		bc.busy = false
+		closing := s.closing
+		s.mu.Unlock()
+		if !ok || closing {
+			return
+		}
+	}
+}
+
+// call serves one request. ok is false when it did not parse: the
+// connection then closes after the answer.
+func (s *bufServer) call(bc *bufConn, op byte, body []byte) (ans []byte, ok bool) {
+	start := time.Now()
+	method := "unknown"
+	var (
+		code  = tp.ErrorCode_OK
+		msg   string
+		sum   uint32
+		value uint64
+		err   error
+	)
+	defer func() {
+		if r := recover(); r != nil {
+			// A fault in a registered mapping: its file shrank or could
+			// not be filled. The buffer is gone.
+			code, msg, sum, value, ok = tp.ErrorCode_INTERNAL, fmt.Sprintf("buffer socket: fault in a registered buffer: %v", r), 0, 0, false
+			s.lg.Warn("buffer socket: fault in a registered buffer; closing the connection", zap.Any("fault", r))
+		}
+		if s.obs != nil {
+			s.obs(method, time.Since(start), code.String())
+		}
+		ans = bufAnswer(code, msg, sum, value)
+	}()
+	d := wire{b: body}
+	switch op {
+	case bufOpRegister:
+		method = "RegisterBuffer"
+		size := d.u64()
+		if d.bad || len(d.b) != 0 {
+			return nil, bufMalformed(&code, &msg, "REGISTER")
+		}
+		value, err = bc.register(size)
+	case bufOpGet:
+		method = "GetIntoBuffer"
+		id, off, n, sc := d.u64(), d.u64(), d.u64(), d.u8()
+		ns, key := d.str16(), d.str16()
+		if d.bad || len(d.b) != 0 {
+			return nil, bufMalformed(&code, &msg, "GET")
+		}
+		var got int64
+		got, sum, err = s.get(bc, id, off, n, tp.Scope(sc), string(ns), key)
+		value = uint64(got)
+	case bufOpUnregister:
+		method = "UnregisterBuffer"
+		id := d.u64()
+		if d.bad || len(d.b) != 0 {
+			return nil, bufMalformed(&code, &msg, "UNREGISTER")
+		}
+		if _, held := bc.bufs[id]; !held {
+			err = fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, id)
+		} else {
+			bc.drop(id)
+		}
+	default:
+		code, msg = tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: unknown op %d", op)
+		return nil, false
+	}
+	if err != nil {
+		code, msg = wirecode.Code(err), err.Error()
+		sum, value = 0, 0
+	}
+	return nil, true
+}
+
+func bufMalformed(code *tp.ErrorCode, msg *string, what string) bool {
+	*code, *msg = tp.ErrorCode_INVALID_ARGUMENT, "buffer socket: malformed "+what+" request"
+	return false
+}
+
+// get reads (ns, key) into [off, off+n) of buffer id.
+func (s *bufServer) get(bc *bufConn, id, off, n uint64, sc tp.Scope, ns string, key []byte) (int64, uint32, error) {
+	mem, ok := bc.bufs[id]
+	if !ok {
+		return 0, 0, fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, id)
+	}
+	if off > uint64(len(mem)) || n > uint64(len(mem))-off {
+		return 0, 0, fmt.Errorf("%w: %d bytes at %d outside a buffer of %d", proxy.ErrInvalidArgument, n, off, len(mem))
+	}
+	switch sc {
+	case tp.Scope_DEFAULT, tp.Scope_LOCAL, tp.Scope_CLUSTER:
+	default:
+		return 0, 0, fmt.Errorf("%w: scope %d", proxy.ErrInvalidArgument, sc)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), bufCallTimeout)
+	defer cancel()
+	got, info, err := s.p.GetInto(ctx, ns, key, mem[off:off+n:off+n], scope(sc))
+	return got, info.Checksum, err
+}
+
+// register maps the descriptor that came with the request as a buffer of
+// size bytes and returns its id.
+func (bc *bufConn) register(size uint64) (uint64, error) {
+	if len(bc.fds) != 1 {
+		return 0, fmt.Errorf("%w: REGISTER carries %d descriptors, want 1 (SCM_RIGHTS with the request's first byte)", proxy.ErrInvalidArgument, len(bc.fds))
+	}
+	fd := bc.fds[0]
+	bc.fds = bc.fds[:0]
+	defer unix.Close(fd) // the mapping keeps the file
+	switch {
+	case size == 0 || size > MaxBufferBytes:
+		return 0, fmt.Errorf("%w: buffer of %d bytes (1 to %d)", proxy.ErrInvalidArgument, size, uint64(MaxBufferBytes))
+	case len(bc.bufs) >= MaxBuffersPerConn:
+		return 0, fmt.Errorf("%w: %d buffers on this connection already (max %d)", proxy.ErrInvalidArgument, len(bc.bufs), MaxBuffersPerConn)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, fmt.Errorf("%w: fstat: %v", proxy.ErrInvalidArgument, err)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return 0, fmt.Errorf("%w: not a regular file or memfd (mode %o)", proxy.ErrInvalidArgument, st.Mode)
+	case err != nil || seals&unix.F_SEAL_SHRINK == 0:
+		return 0, fmt.Errorf("%w: the file is not sealed against shrinking (memfd_create with MFD_ALLOW_SEALING, then F_ADD_SEALS F_SEAL_SHRINK)", proxy.ErrInvalidArgument)
+	case st.Size < 0 || uint64(st.Size) < size:
+		return 0, fmt.Errorf("%w: the file has %d bytes, the buffer %d", proxy.ErrInvalidArgument, st.Size, size)
+	case uint64(st.Blocks)*512 < size:
+		return 0, fmt.Errorf("%w: the file has holes (%d of %d bytes allocated): write or fallocate it first", proxy.ErrInvalidArgument, st.Blocks*512, size)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return 0, fmt.Errorf("%w: mmap: %v", proxy.ErrInvalidArgument, err)
+	}
+	for {
+		var b [8]byte
+		_, _ = crand.Read(b[:])
+		id := binary.BigEndian.Uint64(b[:])
+		if _, taken := bc.bufs[id]; id != 0 && !taken {
+			bc.bufs[id] = mem
+			return id, nil
+		}
+	}
+}
+
+// drop unmaps buffer id.
+func (bc *bufConn) drop(id uint64) {
+	if mem, ok := bc.bufs[id]; ok {
+		delete(bc.bufs, id)
+		_ = unix.Munmap(mem)
+	}
+}
+
+// read fills b from the connection, keeping the descriptors that come
+// with the bytes (at most a few per read; more are closed by the kernel:
+// MSG_CTRUNC).
+func (bc *bufConn) read(b []byte) error {
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for len(b) > 0 {
+		n, oobn, _, _, err := bc.conn.ReadMsgUnix(b, oob)
+		if oobn > 0 {
+			bc.takeFDs(oob[:oobn])
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// takeFDs keeps the descriptors of the control messages in oob.
+func (bc *bufConn) takeFDs(oob []byte) {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		if fds, err := syscall.ParseUnixRights(&m); err == nil {
+			bc.fds = append(bc.fds, fds...)
+		}
+	}
+}
+
+// closeFDs closes the descriptors received and not claimed.
+func (bc *bufConn) closeFDs() {
+	for _, fd := range bc.fds {
+		_ = unix.Close(fd)
+	}
+	bc.fds = bc.fds[:0]
+}
+
+// bufAnswer encodes an answer.
+func bufAnswer(code tp.ErrorCode, msg string, sum uint32, value uint64) []byte {
+	if len(msg) > bufMaxMsg {
+		msg = msg[:bufMaxMsg]
+		for !utf8.ValidString(msg) {
+			msg = msg[:len(msg)-1]
+		}
+	}
+	b := make([]byte, 0, bufAnswerHead+len(msg))
+	b = binary.BigEndian.AppendUint16(b, uint16(code))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
+	b = binary.BigEndian.AppendUint32(b, sum)
+	b = binary.BigEndian.AppendUint64(b, value)
+	return append(b, msg...)
+}
+
+// wire reads big-endian fields; past the end it sets bad and returns
+// zeros.
+type wire struct {
+	b   []byte
+	bad bool
+}
+
+func (d *wire) take(n int) []byte {
+	if d.bad || n > len(d.b) {
+		d.bad = true
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *wire) u8() uint8 {
+	if v := d.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (d *wire) u64() uint64 {
+	if v := d.take(8); v != nil {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (d *wire) str16() []byte {
+	v := d.take(2)
+	if v == nil {
+		return nil
+	}
+	return d.take(int(binary.BigEndian.Uint16(v)))
+}
+
+// close stops accepting, lets calls in flight finish (up to the drain
+// timeout), then closes every connection, which unmaps its buffers.
+func (s *bufServer) close() {
+	s.mu.Lock()
+	s.closing = true
+	close(s.closed)
+	for bc := range s.active {
+		if !bc.busy {
+			_ = bc.conn.SetReadDeadline(time.Now()) // wakes the idle read
+		}
+	}
+	s.mu.Unlock()
+	s.ln.Close()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(s.drain):
+	}
+	s.mu.Lock()
+	for bc := range s.active {
+		bc.conn.Close()
+	}
+	s.mu.Unlock()
+	<-done
+}

@@ -1,0 +1,136 @@
+package proxy
+
+// GetInto: a read into memory the caller gives, for the engine API's
+// buffer socket (engine buffers shared with this process). A block in
+// this node's tiers is copied there; a block only another node holds is
+// read from the network straight into it (Peers.FetchTo), checked against
+// its CRC-32C as it lands, without a copy into this node's arenas: one
+// copy fewer than fetching into the store and copying out.
+//
+// Such a block is not kept here. When this node should keep it — it owns
+// the key (a new owner filling from the previous one), or the key is read
+// often enough to be a hot replica (hot.go) — or when the owner cannot
+// land it in plain memory (an RDMA connection, an older node), the read
+// goes through the store as GetPinned does, and is copied out.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/cache"
+)
+
+// GetInto copies the block of (ns, key) into dst and returns its size and
+// metadata. A miss is cache.ErrNotFound; a block longer than dst is
+// cache.ErrTooLarge with nothing written. On any other error dst may hold
+// part of the block.
+func (p *Proxy) GetInto(ctx context.Context, ns string, key, dst []byte, scope Scope) (int64, cache.Info, error) {
+	if err := p.checkNamespace(ns); err != nil {
+		return 0, cache.Info{}, err
+	}
+	if err := p.checkKey(key); err != nil {
+		return 0, cache.Info{}, err
+	}
+	n, info, err := p.copyLocal(ctx, ns, key, dst)
+	r := p.clusterRouter(scope)
+	if r == nil || !errors.Is(err, cache.ErrNotFound) {
+		return n, info, err
+	}
+	n, info, err = r.fetchTo(ctx, ns, key, dst)
+	if errors.Is(err, errThroughStore) {
+		if ferr := r.fetch(ctx, ns, [][]byte{key})[0]; ferr != nil {
+			return 0, cache.Info{}, ferr
+		}
+		return p.copyLocal(ctx, ns, key, dst) // fetched into the DRAM arenas
+	}
+	return n, info, err
+}
+
+// copyLocal copies the block of (ns, key) from this node's tiers into dst.
+// The pins are released even when the copy faults (a caller's mapping
+// that could not be written: engineapi's buffer socket recovers it).
+func (p *Proxy) copyLocal(ctx context.Context, ns string, key, dst []byte) (_ int64, _ cache.Info, err error) {
+	var pins Pins
+	defer func() {
+		if rerr := pins.Release(); err == nil && rerr != nil {
+			err = rerr // the pin's lease ended before the copy did: the bytes may be wrong
+		}
+	}()
+	v, info, err := p.local(ctx, ns, key, &pins)
+	if err != nil {
+		return 0, cache.Info{}, err
+	}
+	if len(v) > len(dst) {
+		return 0, cache.Info{}, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, len(v), len(dst))
+	}
+	copy(dst, v)
+	return int64(len(v)), info, nil
+}
+
+// errThroughStore: fetchTo does not land this block in the caller's
+// memory; fetch it into the store instead.
+var errThroughStore = errors.New("proxy: fetch through the store")
+
+// fetchTo reads the block of (ns, key) from its remote owners, in order,
+// straight into dst. errThroughStore when this node should keep the block
+// or an owner cannot land it in plain memory (nothing was landed then).
+func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64, cache.Info, error) {
+	owners := r.remoteOwners(ns, key)
+	if len(owners) == 0 {
+		return 0, cache.Info{}, cache.ErrNotFound
+	}
+	if r.owns(ns, key) || r.hot.noteDirect(ns+"\x00"+string(key)) {
+		return 0, cache.Info{}, errThroughStore
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
+	defer cancel()
+	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
+	err := error(cache.ErrNotFound)
+	for _, node := range owners {
+		ok, probe := r.brk.allow(node)
+		if !ok {
+			err = fmt.Errorf("%w: %s", ErrPeerDown, node)
+			continue
+		}
+		var b RemoteBlock
+		err = r.peers.FetchTo(ctx, node, ns, key, func(got RemoteBlock) ([]byte, error) {
+			if got.Length < 0 || got.Length > int64(len(dst)) {
+				return nil, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, got.Length, len(dst))
+			}
+			b = got
+			return dst[:got.Length], nil
+		})
+		if errors.Is(err, ErrNoFetch) {
+			r.brk.done(node, probe, callGaveUp) // nothing was sent
+			return 0, cache.Info{}, errThroughStore
+		}
+		o := outcomeOf(parent, err)
+		if errors.Is(err, cache.ErrTooLarge) {
+			o = callOK // node answered; the room here was short
+		}
+		r.brk.done(node, probe, o)
+		r.remoteFetches.Add(1)
+		pc := r.stats.of(node)
+		pc.fetches.Add(1)
+		pc.named.Add(1)
+		if !errors.Is(err, cache.ErrTooLarge) {
+			pc.landed(b.Length, err)
+		}
+		if err == nil {
+			r.remoteHits.Add(1)
+			return b.Length, cache.Info{Size: b.Length, Checksum: b.Checksum, Depth: b.Depth}, nil
+		}
+		if errors.Is(err, cache.ErrTooLarge) {
+			return 0, cache.Info{}, err
+		}
+		if !errors.Is(err, cache.ErrNotFound) && !errors.Is(err, ErrPeerDown) {
+			r.fetchFailures.Add(1)
+			r.lg.Debug("remote fetch into a buffer failed", zap.String("node", node), zap.Error(err))
+		}
+	}
+	return 0, cache.Info{}, err
+}
