@@ -36,7 +36,10 @@
 # GETs read random keys of a prefilled set of KEYS on both sides (Redis:
 # keys key:000000000000 … written by one EVAL, as redis-benchmark -r KEYS
 # names them). tidepool runs inline (value in the Thrift message) and
-# zero-copy (--zero-copy: value through the shared arena). Redis serves from
+# zero-copy (--zero-copy: value through the shared arena) and from/into
+# registered buffers (--registered: memory of the bench's own, registered
+# with the sidecar through its buffer socket; the sidecar copies, and
+# checksums a put as it copies). Redis serves from
 # one thread and redis-benchmark drives it from one thread; tidepool bench
 # drives CONC callers from one process.
 #
@@ -241,8 +244,8 @@ for round in $(seq "$ROUNDS"); do
 			echo "## round $round, (b) tidepool on its defaults, SSD tier on, DRAM spilling (load average $(cut -d' ' -f1 /proc/loadavg))"
 		fi
 		echo
-		echo "| value | op | Redis MiB/s | inline MiB/s | inline ÷ Redis | zero-copy MiB/s | zero-copy ÷ Redis | Redis p99 µs | inline p99 µs | zero-copy p99 µs |"
-		echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+		echo "| value | op | Redis MiB/s | inline MiB/s | inline ÷ Redis | zero-copy MiB/s | zero-copy ÷ Redis | registered MiB/s | registered ÷ Redis | Redis p99 µs | inline p99 µs | zero-copy p99 µs | registered p99 µs |"
+		echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 		tp_start "$mode"
 		filled=0 t_last_put=- z_last_put=-
 		for size in $SIZES; do
@@ -257,10 +260,11 @@ for round in $(seq "$ROUNDS"); do
 			for op in put get; do
 				read -r t_ops t_bps t_p99 _ < <(tp_bench --op "$op" --size "$size")
 				read -r z_ops z_bps z_p99 _ < <(tp_bench --op "$op" --size "$size" --zero-copy "${zc_flags[@]}")
+				read -r g_ops g_bps g_p99 _ < <(tp_bench --op "$op" --size "$size" --registered)
 				if [[ $op == put ]]; then r_ops=${r_set:--} r_p99=$r_setp99 label="SET / put"; else r_ops=${r_get:--} r_p99=$r_getp99 label="GET / get"; fi
 				r_bps=$([[ $r_ops == - ]] && echo - || awk -v o="$r_ops" -v s="$size" 'BEGIN{print o*s}')
 				if [[ $op == put && $size == "$max_size" ]]; then t_last_put=$t_bps z_last_put=$z_bps; fi
-				echo "| $(numfmt --to=iec-i --suffix=B "$size") | $label | $(mib "$r_bps") | $(mib "$t_bps") | $(ratio "$t_bps" "$r_bps") | $(mib "$z_bps") | $(ratio "$z_bps" "$r_bps") | $(ms_us "$r_p99") | $(num "$t_p99") | $(num "$z_p99") |"
+				echo "| $(numfmt --to=iec-i --suffix=B "$size") | $label | $(mib "$r_bps") | $(mib "$t_bps") | $(ratio "$t_bps" "$r_bps") | $(mib "$z_bps") | $(ratio "$z_bps" "$r_bps") | $(mib "$g_bps") | $(ratio "$g_bps" "$r_bps") | $(ms_us "$r_p99") | $(num "$t_p99") | $(num "$z_p99") | $(num "$g_p99") |"
 			done
 		done
 		if [[ $mode == defaults ]]; then

@@ -36,7 +36,10 @@ ones), mixed (--ratio gets, the rest puts), lookup (--batch consecutive keys),
 batch-get (--batch random keys). Raw limits, without the sidecar: memcpy
 (copy a value between buffers), socket-copy (1-byte request, value-sized
 reply over a Unix stream socket pair). --zero-copy moves values through the shared
-arenas (PutFrom/GetInto) instead of the socket. --remote SOCKET prefills the
+arenas (PutFrom/GetInto) instead of the socket; --registered puts from and
+gets into memory registered with the sidecar (its buffer socket: one round
+trip, the sidecar copying; a remote block lands there from the network).
+--remote SOCKET prefills the
 keys through another node of the cluster and reads them through --socket with
 cluster scope (keys owned by another node).`
 
@@ -48,7 +51,7 @@ type benchFlags struct {
 	ops                                                       int64
 	ratio                                                     float64
 	zeroCopy, json, noPrefill                                 bool
-	verifyReads                                               bool
+	verifyReads, registered                                   bool
 }
 
 // benchWriteModes are the values of --write-mode.
@@ -69,13 +72,77 @@ type zeroCopier interface {
 type benchEngine struct {
 	c     *client.Client
 	zc    zeroCopier // nil: inline
+	reg   *registered
 	ns    string
 	scope client.Scope
 	bufs  sync.Pool // *[]byte of size bytes, for Get
 	size  int
 }
 
+// registered hands each concurrent call a buffer registered with the
+// sidecar (--registered), as an engine's KV memory would be. Each holds
+// the bench's value (bench.Value, one slice for the whole run), copied
+// there once: an engine's blocks already lie in its registered memory.
+type registered struct {
+	c    *client.Client
+	size int
+	free chan *regBuf
+	mu   sync.Mutex
+	all  []*regBuf
+}
+
+type regBuf struct {
+	b     *client.Buffer
+	value *byte // what Bytes() holds: the first byte of the value copied there, or nil
+}
+
+func (r *registered) get(ctx context.Context) (*regBuf, error) {
+	select {
+	case rb := <-r.free:
+		return rb, nil
+	default:
+	}
+	b, err := r.c.RegisterBuffer(ctx, r.size)
+	if err != nil {
+		return nil, err
+	}
+	rb := &regBuf{b: b}
+	r.mu.Lock()
+	r.all = append(r.all, rb)
+	r.mu.Unlock()
+	return rb, nil
+}
+
+func (r *registered) put(rb *regBuf) {
+	select {
+	case r.free <- rb:
+	default:
+		rb.b.Close() // more than the callers need
+	}
+}
+
+func (r *registered) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rb := range r.all {
+		rb.b.Close()
+	}
+}
+
 func (e *benchEngine) Put(ctx context.Context, key, value []byte) error {
+	if e.reg != nil {
+		rb, err := e.reg.get(ctx)
+		if err != nil {
+			return err
+		}
+		defer e.reg.put(rb)
+		if len(value) > 0 && rb.value != &value[0] {
+			copy(rb.b.Bytes(), value) // a value this buffer does not hold yet
+			rb.value = &value[0]
+		}
+		_, err = rb.b.Put(ctx, e.ns, key, 0, len(value), 0)
+		return err
+	}
 	if e.zc != nil {
 		_, err := e.zc.PutFrom(ctx, e.ns, key, value, 0)
 		return err
@@ -87,6 +154,15 @@ func (e *benchEngine) Put(ctx context.Context, key, value []byte) error {
 // Get reads into a buffer of the caller's, as an engine reads into its own
 // memory: GetInto through the arenas, AppendGet through the socket.
 func (e *benchEngine) Get(ctx context.Context, key []byte) (int, bool, error) {
+	if e.reg != nil {
+		rb, err := e.reg.get(ctx)
+		if err != nil {
+			return 0, false, err
+		}
+		defer e.reg.put(rb)
+		rb.value = nil // overwritten
+		return rb.b.Get(ctx, e.ns, key, 0, e.size, e.scope)
+	}
 	bp, _ := e.bufs.Get().(*[]byte)
 	if bp == nil {
 		b := make([]byte, e.size)
@@ -198,6 +274,7 @@ func newBenchCmd(io *stdio) *cobra.Command {
 	fs.Float64Var(&f.ratio, "ratio", 0.9, "mixed: fraction of gets")
 	fs.IntVar(&f.batch, "batch", 16, "keys per call of lookup and batch-get")
 	fs.BoolVar(&f.zeroCopy, "zero-copy", false, "move values through the shared arenas instead of the socket (put, get, mixed)")
+	fs.BoolVar(&f.registered, "registered", false, "put from and get into memory registered with the sidecar through its buffer socket (put, get, mixed; with --remote too)")
 	fs.BoolVar(&f.verifyReads, "verify-reads", false, "with --zero-copy: check every GetInto copy against its CRC-32C in the client (SetVerifyReads(true))")
 	fs.StringVar(&f.writeMode, "write-mode", "default", "with --zero-copy: how puts copy into their slot: default (the client's: keyed where the machine has memory protection keys, else pwrite), keyed (a mapping only the copying thread can write, for the copy), pwrite, mmap (a mapping writable only while the slot is written) or mapped (a writable mapping of every arena)")
 	fs.StringVar(&f.remote, "remote", "", "socket of another node: prefill there, read here with cluster scope")
@@ -270,6 +347,9 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 	if f.zeroCopy && (base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
 		return usageErr("--zero-copy applies to put, get and mixed")
 	}
+	if f.registered && (f.zeroCopy || base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
+		return usageErr("--registered applies to put, get and mixed, without --zero-copy")
+	}
 	if f.verifyReads && !f.zeroCopy {
 		return usageErr("--verify-reads applies to --zero-copy reads (inline reads are verified by the sidecar's verify_reads)")
 	}
@@ -298,6 +378,11 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 	defer c.Close()
 	eng := &benchEngine{c: c, ns: f.ns, scope: scope, size: int(size)}
 	mode := "inline"
+	if f.registered {
+		eng.reg = &registered{c: c, size: max(int(size), 1), free: make(chan *regBuf, maxConc)}
+		defer eng.reg.close()
+		mode = "registered buffers"
+	}
 	if f.zeroCopy {
 		zc, ok := any(c).(zeroCopier)
 		if !ok {

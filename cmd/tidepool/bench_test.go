@@ -75,8 +75,19 @@ func TestBenchCLI(t *testing.T) {
 			}
 		}
 	})
+	t.Run("registered", func(t *testing.T) {
+		for _, op := range []string{"put", "get", "mixed"} {
+			out, errs, code := d.tp(t, nil, "bench", "--op", op, "--size", "64KiB", "--keys", "16", "--concurrency", "3", "--ops", "150", "--registered", "--json", "--progress", "none")
+			var r bench.Report
+			if err := json.Unmarshal([]byte(out), &r); code != 0 || err != nil || r.Ops != 150 || r.Errors != 0 || r.Misses != 0 || r.Mode != "registered buffers" {
+				t.Fatalf("%s: exit %d, %v: %s %s", op, code, err, out, errs)
+			}
+		}
+	})
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{
+			{"bench", "--op", "get", "--registered", "--zero-copy"},
+			{"bench", "--op", "lookup", "--registered"},
 			{"bench", "--op", "scan"},
 			{"bench", "--size", "0"},
 			{"bench", "--concurrency", "1,x"},

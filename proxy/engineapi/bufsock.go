@@ -2,28 +2,41 @@ package engineapi
 
 // The buffer socket: a third Unix socket beside the engine socket through
 // which an engine shares memory of its own with the sidecar (a sealed
-// memfd, passed as SCM_RIGHTS) and then reads blocks straight into it.
-// A block in this node's tiers is copied there by the sidecar; a block
-// another node holds lands there from the network (proxy.GetInto), so a
-// remote read costs no copy into this node's arenas and none by the
-// client — what Mooncake's registered buffers give its clients.
+// memfd, passed as SCM_RIGHTS) and then reads blocks into it and puts
+// blocks from it. A block in this node's tiers is copied there by the
+// sidecar; a block another node holds lands there from the network
+// (proxy.GetInto), so a remote read costs no copy into this node's arenas
+// and none by the client — what Mooncake's registered buffers give its
+// clients. A put is copied into its arena slot and checksummed in the
+// same pass (proxy.PutFrom).
 //
 // Registrations belong to the connection that made them and end with it.
-// One call at a time per connection. The wire (docs/zerocopy.md, "The
-// buffer socket"); integers big-endian:
+// One call at a time per connection. The wire (docs/zerocopy.md,
+// "Registered buffers"); integers big-endian:
 //
 //	request: u8 op, u8 version (1), u16 zero, u32 body length, body
 //	  REGISTER (1):   u64 size; one descriptor with the request's first byte
 //	  GET (2):        u64 buffer id, u64 offset, u64 length, u8 scope,
 //	                  u16 + namespace, u16 + key
 //	  UNREGISTER (3): u64 buffer id
-//	answer: u16 code, u16 message length, u32 checksum, u64 value, message
+//	  PUT (4):        u64 buffer id, u64 offset, u64 length, i32 depth,
+//	                  u8 flags, i32 sync_replicas, u32 checksum,
+//	                  u16 + namespace, u16 + key
+//	  BATCH_GET (5):  u64 buffer id, u8 scope, u16 + namespace, u16 count,
+//	                  count × (u64 offset, u64 length, u16 + key)
+//	  BATCH_PUT (6):  u64 buffer id, u8 flags, i32 sync_replicas,
+//	                  u16 + namespace, u16 count, count × (u64 offset,
+//	                  u64 length, i32 depth, u8 has checksum, u32 checksum,
+//	                  u16 + key)
+//	answer: u16 code, u16 message length, u32 checksum, u64 value, message;
+//	  a batch answered OK: value items of (u16 code, u32 checksum, u64 value)
 //
 // A registered file must be sealed against shrinking (F_SEAL_SHRINK) and
 // fully allocated: a write into a mapping whose file shrank, or into a
 // hole the file system cannot fill, would fault this process. Faults in
 // the calls' own goroutines are turned into errors all the same
-// (debug.SetPanicOnFault), and such a buffer is dropped.
+// (debug.SetPanicOnFault), and the connection is dropped with its
+// buffers.
 
 import (
 	"context"
@@ -33,6 +46,7 @@ import (
 	"io"
 	"net"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -42,6 +56,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/tidepool-kv/tidepool/cache"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/wirecode"
@@ -59,21 +74,30 @@ const (
 	bufOpRegister   = 1
 	bufOpGet        = 2
 	bufOpUnregister = 3
+	bufOpPut        = 4
+	bufOpBatchGet   = 5
+	bufOpBatchPut   = 6
 	bufVersion      = 1
 	bufHeader       = 8
 	bufAnswerHead   = 16
-	// bufMaxBody bounds a request's body: a GET's namespace and key
-	// (each at most 64 KiB on the wire; the proxy's limits are smaller).
-	bufMaxBody = 2 * (64 << 10)
+	// bufMaxBody bounds a request's body (a batch of keys); a body is
+	// read bufBodyChunk at a time, its buffer growing as bytes arrive.
+	bufMaxBody   = 1 << 20
+	bufBodyChunk = 64 << 10
+	// Put flags.
+	bufDurable  = 1 << 0
+	bufChecksum = 1 << 1
 	// bufMaxMsg bounds an answer's message.
 	bufMaxMsg = 1024
 	// MaxBufferBytes bounds one registered buffer; MaxBuffersPerConn the
 	// buffers one connection holds.
 	MaxBufferBytes    = 64 << 30
 	MaxBuffersPerConn = 64
-	// bufCallTimeout bounds one call once its first byte arrived, the
-	// read into the buffer included.
-	bufCallTimeout = time.Minute
+	// bufCallTimeout bounds one call once its first byte arrived (the
+	// whole batch, every read into the buffer included), and
+	// bufAnswerTimeout the write of its answer after that.
+	bufCallTimeout   = time.Minute
+	bufAnswerTimeout = 10 * time.Second
 )
 
 // bufServer serves the buffer socket.
@@ -191,7 +215,10 @@ func (s *bufServer) serve(bc *bufConn) {
 		}
 		bc.busy = true
 		s.mu.Unlock()
-		_ = bc.conn.SetDeadline(time.Now().Add(bufCallTimeout))
+		// The call, from its first byte, has bufCallTimeout; its answer
+		// then has bufAnswerTimeout more to be written.
+		callDeadline := time.Now().Add(bufCallTimeout)
+		_ = bc.conn.SetDeadline(callDeadline.Add(bufAnswerTimeout))
 		if err := bc.read(head[1:]); err != nil {
 			return
 		}
@@ -200,15 +227,17 @@ func (s *bufServer) serve(bc *bufConn) {
 		ok := true
 		switch {
 		case head[1] != bufVersion || head[2] != 0 || head[3] != 0:
-			ans, ok = bufAnswer(tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: version %d (this server speaks %d)", head[1], bufVersion), 0, 0), false
+			ans, ok = bufAnswer(tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: version %d (this server speaks %d)", head[1], bufVersion), 0, 0, nil), false
 		case n > bufMaxBody:
-			ans, ok = bufAnswer(tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: body of %d bytes (max %d)", n, bufMaxBody), 0, 0), false
+			ans, ok = bufAnswer(tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: body of %d bytes (max %d)", n, bufMaxBody), 0, 0, nil), false
 		default:
-			body = append(body[:0], make([]byte, n)...)
-			if err := bc.read(body); err != nil {
+			var err error
+			if body, err = bc.readBody(body[:0], int(n)); err != nil {
 				return
 			}
-			ans, ok = s.call(bc, op, body)
+			ctx, cancel := context.WithDeadline(context.Background(), callDeadline)
+			ans, ok = s.call(ctx, bc, op, body)
+			cancel()
 		}
 		bc.closeFDs() // a descriptor no REGISTER claimed
 		if _, err := bc.conn.Write(ans); err != nil {
@@ -224,9 +253,16 @@ func (s *bufServer) serve(bc *bufConn) {
 	}
 }
 
+// bufItem is one item of a batch answer.
+type bufItem struct {
+	code  tp.ErrorCode
+	sum   uint32
+	value uint64
+}
+
 // call serves one request. ok is false when it did not parse: the
 // connection then closes after the answer.
-func (s *bufServer) call(bc *bufConn, op byte, body []byte) (ans []byte, ok bool) {
+func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte) (ans []byte, ok bool) {
 	start := time.Now()
 	method := "unknown"
 	var (
@@ -234,49 +270,130 @@ func (s *bufServer) call(bc *bufConn, op byte, body []byte) (ans []byte, ok bool
 		msg   string
 		sum   uint32
 		value uint64
+		items []bufItem // a batch's answers
 		err   error
 	)
 	defer func() {
 		if r := recover(); r != nil {
 			// A fault in a registered mapping: its file shrank or could
-			// not be filled. The buffer is gone.
-			code, msg, sum, value, ok = tp.ErrorCode_INTERNAL, fmt.Sprintf("buffer socket: fault in a registered buffer: %v", r), 0, 0, false
+			// not be filled. The connection and its buffers are dropped.
+			code, msg, sum, value, items, ok = tp.ErrorCode_INTERNAL, fmt.Sprintf("buffer socket: fault in a registered buffer: %v", r), 0, 0, nil, false
 			s.lg.Warn("buffer socket: fault in a registered buffer; closing the connection", zap.Any("fault", r))
 		}
 		if s.obs != nil {
 			s.obs(method, time.Since(start), code.String())
 		}
-		ans = bufAnswer(code, msg, sum, value)
+		ans = bufAnswer(code, msg, sum, value, items)
 	}()
+	malformed := func() bool {
+		code, msg = tp.ErrorCode_INVALID_ARGUMENT, "buffer socket: malformed "+method+" request"
+		return false
+	}
 	d := wire{b: body}
 	switch op {
 	case bufOpRegister:
 		method = "RegisterBuffer"
 		size := d.u64()
-		if d.bad || len(d.b) != 0 {
-			return nil, bufMalformed(&code, &msg, "REGISTER")
+		if !d.done() {
+			return nil, malformed()
 		}
 		value, err = bc.register(size)
-	case bufOpGet:
-		method = "GetIntoBuffer"
-		id, off, n, sc := d.u64(), d.u64(), d.u64(), d.u8()
-		ns, key := d.str16(), d.str16()
-		if d.bad || len(d.b) != 0 {
-			return nil, bufMalformed(&code, &msg, "GET")
-		}
-		var got int64
-		got, sum, err = s.get(bc, id, off, n, tp.Scope(sc), string(ns), key)
-		value = uint64(got)
 	case bufOpUnregister:
 		method = "UnregisterBuffer"
 		id := d.u64()
-		if d.bad || len(d.b) != 0 {
-			return nil, bufMalformed(&code, &msg, "UNREGISTER")
+		if !d.done() {
+			return nil, malformed()
 		}
 		if _, held := bc.bufs[id]; !held {
 			err = fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, id)
 		} else {
 			bc.drop(id)
+		}
+	case bufOpGet:
+		method = "GetIntoBuffer"
+		id, off, n, sc := d.u64(), d.u64(), d.u64(), d.u8()
+		ns, key := d.str16(), d.str16()
+		if !d.done() {
+			return nil, malformed()
+		}
+		var got int64
+		if got, sum, err = s.get(ctx, bc, id, off, n, tp.Scope(sc), string(ns), key); err == nil {
+			value = uint64(got)
+		}
+	case bufOpPut:
+		method = "PutFromBuffer"
+		id, off, n := d.u64(), d.u64(), d.u64()
+		opts, syncReplicas, check := d.putOpts()
+		ns, key := d.str16(), d.str16()
+		if !d.done() {
+			return nil, malformed()
+		}
+		var existed bool
+		existed, err = s.put(ctx, bc, id, off, n, string(ns), key, opts, syncReplicas, check)
+		value = b2u(existed)
+	case bufOpBatchGet:
+		method = "BatchGetIntoBuffer"
+		id, sc, ns, count := d.u64(), d.u8(), d.str16(), d.u16()
+		type get struct {
+			off, n uint64
+			key    []byte
+		}
+		gets := make([]get, 0, min(int(count), len(d.b)/18))
+		for range count {
+			gets = append(gets, get{d.u64(), d.u64(), d.str16()})
+		}
+		if !d.done() {
+			return nil, malformed()
+		}
+		if err = s.checkBatch(len(gets)); err != nil {
+			break
+		}
+		items = make([]bufItem, len(gets))
+		for i, g := range gets {
+			got, crc, err := s.get(ctx, bc, id, g.off, g.n, tp.Scope(sc), string(ns), g.key)
+			items[i] = bufItem{code: wirecode.Code(err), sum: crc, value: uint64(got)}
+			if err != nil {
+				items[i].sum, items[i].value = 0, 0
+			}
+		}
+	case bufOpBatchPut:
+		method = "BatchPutFromBuffer"
+		id, flags, syncReplicas := d.u64(), d.u8(), int32(d.u32())
+		ns, count := d.str16(), d.u16()
+		if flags&^bufDurable != 0 {
+			return nil, malformed()
+		}
+		type put struct {
+			off, n uint64
+			depth  int32
+			sum    *uint32
+			key    []byte
+		}
+		puts := make([]put, 0, min(int(count), len(d.b)/27))
+		for range count {
+			it := put{off: d.u64(), n: d.u64(), depth: int32(d.u32())}
+			has, crc := d.u8(), d.u32()
+			switch has {
+			case 0:
+			case 1:
+				it.sum = &crc
+			default:
+				d.bad = true
+			}
+			it.key = d.str16()
+			puts = append(puts, it)
+		}
+		if !d.done() {
+			return nil, malformed()
+		}
+		if err = s.checkBatch(len(puts)); err != nil {
+			break
+		}
+		items = make([]bufItem, len(puts))
+		for i, it := range puts {
+			opts := cache.PutOptions{Depth: it.depth, Durable: flags&bufDurable != 0}
+			existed, err := s.put(ctx, bc, id, it.off, it.n, string(ns), it.key, opts, syncReplicas, it.sum)
+			items[i] = bufItem{code: wirecode.Code(err), value: b2u(existed && err == nil)}
 		}
 	default:
 		code, msg = tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: unknown op %d", op)
@@ -284,34 +401,60 @@ func (s *bufServer) call(bc *bufConn, op byte, body []byte) (ans []byte, ok bool
 	}
 	if err != nil {
 		code, msg = wirecode.Code(err), err.Error()
-		sum, value = 0, 0
+		sum, value, items = 0, 0, nil
 	}
 	return nil, true
 }
 
-func bufMalformed(code *tp.ErrorCode, msg *string, what string) bool {
-	*code, *msg = tp.ErrorCode_INVALID_ARGUMENT, "buffer socket: malformed "+what+" request"
-	return false
+// checkBatch refuses a batch over max_batch, as the engine socket does.
+func (s *bufServer) checkBatch(n int) error {
+	if max := s.p.Config().MaxBatch; n > max {
+		return fmt.Errorf("%w: %d items, limit %d", proxy.ErrBatchTooLarge, n, max)
+	}
+	return nil
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// span returns [off, off+n) of buffer id.
+func (bc *bufConn) span(id, off, n uint64) ([]byte, error) {
+	mem, ok := bc.bufs[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, id)
+	}
+	if off > uint64(len(mem)) || n > uint64(len(mem))-off {
+		return nil, fmt.Errorf("%w: %d bytes at %d outside a buffer of %d", proxy.ErrInvalidArgument, n, off, len(mem))
+	}
+	return mem[off : off+n : off+n], nil
 }
 
 // get reads (ns, key) into [off, off+n) of buffer id.
-func (s *bufServer) get(bc *bufConn, id, off, n uint64, sc tp.Scope, ns string, key []byte) (int64, uint32, error) {
-	mem, ok := bc.bufs[id]
-	if !ok {
-		return 0, 0, fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, id)
-	}
-	if off > uint64(len(mem)) || n > uint64(len(mem))-off {
-		return 0, 0, fmt.Errorf("%w: %d bytes at %d outside a buffer of %d", proxy.ErrInvalidArgument, n, off, len(mem))
+func (s *bufServer) get(ctx context.Context, bc *bufConn, id, off, n uint64, sc tp.Scope, ns string, key []byte) (int64, uint32, error) {
+	dst, err := bc.span(id, off, n)
+	if err != nil {
+		return 0, 0, err
 	}
 	switch sc {
 	case tp.Scope_DEFAULT, tp.Scope_LOCAL, tp.Scope_CLUSTER:
 	default:
 		return 0, 0, fmt.Errorf("%w: scope %d", proxy.ErrInvalidArgument, sc)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), bufCallTimeout)
-	defer cancel()
-	got, info, err := s.p.GetInto(ctx, ns, key, mem[off:off+n:off+n], scope(sc))
+	got, info, err := s.p.GetInto(ctx, ns, key, dst, scope(sc))
 	return got, info.Checksum, err
+}
+
+// put stores [off, off+n) of buffer id as (ns, key).
+func (s *bufServer) put(ctx context.Context, bc *bufConn, id, off, n uint64, ns string, key []byte, opts cache.PutOptions, syncReplicas int32, sum *uint32) (bool, error) {
+	src, err := bc.span(id, off, n)
+	if err != nil {
+		return false, err
+	}
+	return s.p.PutFrom(proxy.WithSyncReplicas(ctx, int(syncReplicas)), ns, key, src, opts, sum)
 }
 
 // register maps the descriptor that came with the request as a buffer of
@@ -388,6 +531,20 @@ func (bc *bufConn) read(b []byte) error {
 	return nil
 }
 
+// readBody appends n bytes from the connection to body, growing it by
+// at most bufBodyChunk ahead of the bytes that arrived.
+func (bc *bufConn) readBody(body []byte, n int) ([]byte, error) {
+	for len(body) < n {
+		k := min(n-len(body), bufBodyChunk)
+		body = slices.Grow(body, k)
+		if err := bc.read(body[len(body) : len(body)+k]); err != nil {
+			return body, err
+		}
+		body = body[:len(body)+k]
+	}
+	return body, nil
+}
+
 // takeFDs keeps the descriptors of the control messages in oob.
 func (bc *bufConn) takeFDs(oob []byte) {
 	msgs, err := syscall.ParseSocketControlMessage(oob)
@@ -409,8 +566,11 @@ func (bc *bufConn) closeFDs() {
 	bc.fds = bc.fds[:0]
 }
 
-// bufAnswer encodes an answer.
-func bufAnswer(code tp.ErrorCode, msg string, sum uint32, value uint64) []byte {
+// bufAnswer encodes an answer; a batch's items follow the message.
+func bufAnswer(code tp.ErrorCode, msg string, sum uint32, value uint64, items []bufItem) []byte {
+	if items != nil {
+		value = uint64(len(items))
+	}
 	if len(msg) > bufMaxMsg {
 		msg = msg[:bufMaxMsg]
 		for !utf8.ValidString(msg) {
@@ -422,7 +582,13 @@ func bufAnswer(code tp.ErrorCode, msg string, sum uint32, value uint64) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
 	b = binary.BigEndian.AppendUint32(b, sum)
 	b = binary.BigEndian.AppendUint64(b, value)
-	return append(b, msg...)
+	b = append(b, msg...)
+	for _, it := range items {
+		b = binary.BigEndian.AppendUint16(b, uint16(it.code))
+		b = binary.BigEndian.AppendUint32(b, it.sum)
+		b = binary.BigEndian.AppendUint64(b, it.value)
+	}
+	return b
 }
 
 // wire reads big-endian fields; past the end it sets bad and returns
@@ -447,6 +613,39 @@ func (d *wire) u8() uint8 {
 		return v[0]
 	}
 	return 0
+}
+
+func (d *wire) u16() uint16 {
+	if v := d.take(2); v != nil {
+		return binary.BigEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (d *wire) u32() uint32 {
+	if v := d.take(4); v != nil {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+// done reports whether the body parsed to its last byte.
+func (d *wire) done() bool { return !d.bad && len(d.b) == 0 }
+
+// putOpts reads a put's i32 depth, u8 flags (bufDurable, bufChecksum),
+// i32 sync_replicas and u32 checksum (meant only with bufChecksum).
+func (d *wire) putOpts() (cache.PutOptions, int32, *uint32) {
+	opts := cache.PutOptions{Depth: int32(d.u32())}
+	flags := d.u8()
+	syncReplicas, crc := int32(d.u32()), d.u32()
+	if flags&^(bufDurable|bufChecksum) != 0 {
+		d.bad = true
+	}
+	opts.Durable = flags&bufDurable != 0
+	if flags&bufChecksum == 0 {
+		return opts, syncReplicas, nil
+	}
+	return opts, syncReplicas, &crc
 }
 
 func (d *wire) u64() uint64 {

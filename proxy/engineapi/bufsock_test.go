@@ -382,3 +382,172 @@ func waitFor(t testing.TB, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// putBody is a PUT request's body.
+func putBody(id, off, n uint64, depth int32, flags byte, sum uint32, ns string, key []byte) []byte {
+	b := binary.BigEndian.AppendUint64(nil, id)
+	b = binary.BigEndian.AppendUint64(b, off)
+	b = binary.BigEndian.AppendUint64(b, n)
+	b = binary.BigEndian.AppendUint32(b, uint32(depth))
+	b = append(b, flags)
+	b = binary.BigEndian.AppendUint32(b, 0) // sync_replicas
+	b = binary.BigEndian.AppendUint32(b, sum)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(ns)))
+	b = append(b, ns...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
+	return append(b, key...)
+}
+
+// registered dials the buffer socket and registers a buffer of size.
+func registered(t *testing.T, ts *testServer, size int) (*bufConn, uint64, []byte) {
+	t.Helper()
+	fd, mem := memfd(t, size, true, true)
+	c := dialBuf(t, ts)
+	a := c.register(uint64(size), fd)
+	if a.code != tp.ErrorCode_OK {
+		t.Fatalf("register: %+v", a)
+	}
+	return c, a.value, mem
+}
+
+func TestBufferSocketPut(t *testing.T) {
+	ts := startServer(t, serverOpts{maxValue: 2 << 20})
+	ctx := context.Background()
+	c, id, mem := registered(t, ts, 4<<20)
+	value := randBytes(2, 1<<20)
+	copy(mem[8192:], value)
+
+	// A checksum that does not match stores nothing; the right one, or
+	// none, stores the value.
+	if a := c.call(4, 1, putBody(id, 8192, uint64(len(value)), 5, 2, cache.Checksum(value)^1, "ns", []byte("k"))); a.code != tp.ErrorCode_CHECKSUM_MISMATCH {
+		t.Fatalf("wrong checksum: %+v", a)
+	}
+	if _, found, err := ts.c.Get(ctx, "ns", []byte("k")); err != nil || found {
+		t.Fatalf("a put with a wrong checksum stored the block: %v %v", found, err)
+	}
+	if a := c.call(4, 1, putBody(id, 8192, uint64(len(value)), 5, 2, cache.Checksum(value), "ns", []byte("k"))); a.code != tp.ErrorCode_OK || a.value != 0 {
+		t.Fatalf("put: %+v", a)
+	}
+	if a := c.call(4, 1, putBody(id, 0, 100, 0, 0, 0, "ns", []byte("k"))); a.code != tp.ErrorCode_OK || a.value != 1 {
+		t.Fatalf("put of a present key: %+v (want existed)", a)
+	}
+	if a := c.call(4, 1, putBody(id, 0, uint64(len(value)), 0, 0, 0, "ns", []byte("k2"))); a.code != tp.ErrorCode_OK {
+		t.Fatalf("put without a checksum: %+v", a)
+	}
+	got, info, err := ts.tier.Get(ctx, "ns", []byte("k"), nil)
+	if err != nil || !bytes.Equal(got, value) || info.Depth != 5 || info.Checksum != cache.Checksum(value) {
+		t.Fatalf("get: %d bytes, %+v, %v", len(got), info, err)
+	}
+	// Refusals that keep the connection.
+	for name, a := range map[string]bufAnswer{
+		"too large":    c.call(4, 1, putBody(id, 0, 4<<20, 0, 0, 0, "ns", []byte("big"))),
+		"past the end": c.call(4, 1, putBody(id, 4<<20-10, 100, 0, 0, 0, "ns", []byte("x"))),
+		"unknown id":   c.call(4, 1, putBody(id+1, 0, 100, 0, 0, 0, "ns", []byte("x"))),
+	} {
+		if a.code == tp.ErrorCode_OK {
+			t.Errorf("%s: %+v", name, a)
+		}
+	}
+	for _, k := range []string{"big", "x"} {
+		if _, found, _ := ts.c.Get(ctx, "ns", []byte(k)); found {
+			t.Fatalf("%s stored by a refused put", k)
+		}
+	}
+	// Flags this build does not know: the request does not parse.
+	if a := c.call(4, 1, putBody(id, 0, 100, 0, 4, 0, "ns", []byte("y"))); a.code != tp.ErrorCode_INVALID_ARGUMENT || !c.closed() {
+		t.Fatalf("unknown flag: %+v", a)
+	}
+}
+
+func TestBufferSocketBatches(t *testing.T) {
+	ts := startServer(t, serverOpts{maxBatch: 16})
+	c, id, mem := registered(t, ts, 4<<20)
+	const n, size = 8, 64 << 10
+	values := make([][]byte, n)
+	put := binary.BigEndian.AppendUint64(nil, id)
+	put = append(put, 0)                          // flags
+	put = binary.BigEndian.AppendUint32(put, 0)   // sync_replicas
+	put = append(put, 0, 2, 'n', 's')             // ns
+	put = binary.BigEndian.AppendUint16(put, n+1) // count
+	for i := range n {
+		values[i] = randBytes(int64(10+i), size)
+		copy(mem[i*size:], values[i])
+		put = binary.BigEndian.AppendUint64(put, uint64(i*size))
+		put = binary.BigEndian.AppendUint64(put, size)
+		put = binary.BigEndian.AppendUint32(put, uint32(i))
+		put = append(put, 0, 0, 0, 0, 0) // no checksum
+		put = append(put, 0, 2, 'k', byte('0'+i))
+	}
+	// One more item outside the buffer: refused alone.
+	put = binary.BigEndian.AppendUint64(put, 4<<20)
+	put = binary.BigEndian.AppendUint64(put, size)
+	put = append(put, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+	put = append(put, 0, 2, 'k', 'x')
+	a, items := c.batch(6, put)
+	if a.code != tp.ErrorCode_OK || len(items) != n+1 {
+		t.Fatalf("batch put: %+v, %d items", a, len(items))
+	}
+	for i, it := range items[:n] {
+		if it.code != tp.ErrorCode_OK || it.value != 0 {
+			t.Fatalf("item %d: %+v", i, it)
+		}
+	}
+	if items[n].code != tp.ErrorCode_INVALID_ARGUMENT {
+		t.Fatalf("item outside the buffer: %+v", items[n])
+	}
+
+	get := func(count int, keys func(i int) []byte) []byte {
+		b := binary.BigEndian.AppendUint64(nil, id)
+		b = append(b, 0, 0, 2, 'n', 's')
+		b = binary.BigEndian.AppendUint16(b, uint16(count))
+		for i := range count {
+			b = binary.BigEndian.AppendUint64(b, uint64(2<<20+i*size))
+			b = binary.BigEndian.AppendUint64(b, size)
+			k := keys(i)
+			b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
+			b = append(b, k...)
+		}
+		return b
+	}
+	a, items = c.batch(5, get(n+1, func(i int) []byte { return []byte{'k', byte('0' + i)} }))
+	if a.code != tp.ErrorCode_OK || len(items) != n+1 {
+		t.Fatalf("batch get: %+v, %d items", a, len(items))
+	}
+	for i := range n {
+		if it := items[i]; it.code != tp.ErrorCode_OK || it.value != size || it.sum != cache.Checksum(values[i]) ||
+			!bytes.Equal(mem[2<<20+i*size:2<<20+(i+1)*size], values[i]) {
+			t.Fatalf("item %d: %+v", i, it)
+		}
+	}
+	if items[n].code != tp.ErrorCode_NOT_FOUND {
+		t.Fatalf("absent key: %+v", items[n])
+	}
+	// Over max_batch: refused whole, no items; the connection stays.
+	if a, items := c.batch(5, get(17, func(i int) []byte { return []byte("k0") })); a.code != tp.ErrorCode_BATCH_TOO_LARGE || len(items) != 0 {
+		t.Fatalf("over max_batch: %+v, %d items", a, len(items))
+	}
+	// A count the body does not hold: it does not parse.
+	short := get(2, func(i int) []byte { return []byte("k0") })
+	binary.BigEndian.PutUint16(short[13:], 3)
+	if a, _ := c.batch(5, short); a.code != tp.ErrorCode_INVALID_ARGUMENT || !c.closed() {
+		t.Fatalf("short batch: %+v", a)
+	}
+}
+
+// batch sends a batch request and reads its items.
+func (c *bufConn) batch(op byte, body []byte) (bufAnswer, []bufAnswer) {
+	c.t.Helper()
+	a := c.call(op, 1, body)
+	if a.code != tp.ErrorCode_OK {
+		return a, nil
+	}
+	items := make([]bufAnswer, a.value)
+	for i := range items {
+		var b [14]byte
+		if _, err := io.ReadFull(c.conn, b[:]); err != nil {
+			c.t.Fatal(err)
+		}
+		items[i] = bufAnswer{code: tp.ErrorCode(binary.BigEndian.Uint16(b[:])), sum: binary.BigEndian.Uint32(b[2:]), value: binary.BigEndian.Uint64(b[6:])}
+	}
+	return a, items
+}

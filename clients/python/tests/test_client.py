@@ -588,8 +588,10 @@ SENTINEL = 0xEE
 @unittest.skipUnless(SOCKET, "TIDEPOOL_SOCKET is not set; run scripts/test-python-client.sh")
 @unittest.skipUnless(BUFFER_SOCKET, "the server does not list buffer_socket")
 class BufferSocketTest(unittest.TestCase):
-    """register_buffer, and get_into into registered memory over the buffer
-    socket (the sidecar writes the block there itself; no Acquire)."""
+    """register_buffer; get_into and batch_get_into into registered memory
+    over the buffer socket (the sidecar writes the block there itself; no
+    Acquire); put_from and batch_put_from out of it (the sidecar copies the
+    value; no Reserve, no Commit)."""
 
     def setUp(self):
         self.c = tidepool.Client(SOCKET)
@@ -597,12 +599,18 @@ class BufferSocketTest(unittest.TestCase):
         self.ns = "pybufsock/" + uuid.uuid4().hex[:12]
         self.addCleanup(lambda: self.c.clear(self.ns))
         self.acquires = 0
+        self.arena_puts = 0  # Reserve and Commit calls
         acquire = self.c._c.Acquire
 
         def counted(req):
             self.acquires += 1
             return acquire(req)
         self.c._c.Acquire = counted
+        for name in ("Reserve", "Commit"):
+            def counted_put(req, fn=getattr(self.c._c, name)):
+                self.arena_puts += 1
+                return fn(req)
+            setattr(self.c._c, name, counted_put)
 
     def register(self, size):
         b = self.c.register_buffer(size)
@@ -720,8 +728,8 @@ class BufferSocketTest(unittest.TestCase):
         self.assertEqual(self.acquires, 1)
         keep.release()
         # The sidecar forgot the id: a GET with it is refused.
-        code, _, _, _ = self.c._bconn.call(tidepool.bufsock.GET,
-                                           tidepool.bufsock.get_body(b.id, 0, 8 * KiB, 0, self.ns, b"v"))
+        code, _, _, _, _ = self.c._bconn.call(tidepool.bufsock.GET,
+                                              tidepool.bufsock.get_body(b.id, 0, 8 * KiB, 0, self.ns, b"v"))
         self.assertEqual(code, ErrorCode.INVALID_ARGUMENT)
         with self.c.register_buffer(8 * KiB) as b2:
             self.assertEqual(self.c.get_into(self.ns, b"v", b2.view), len(v))
@@ -778,17 +786,211 @@ class BufferSocketTest(unittest.TestCase):
             self.c.get_into(self.ns, b"v", b.view)
         self.assertEqual(cm.exception.code, ErrorCode.UNAVAILABLE)
         self.assertIn("re-register", cm.exception.message)
+        for call in (lambda: self.c.put_from(self.ns, b"w", b.view[:10]),
+                     lambda: self.c.batch_put_from(self.ns, [(b"w", b.view[:10])]),
+                     lambda: self.c.batch_get_into(self.ns, [b"v"], [b.view])):
+            with self.assertRaises(tidepool.Error) as cm:
+                call()
+            self.assertEqual(cm.exception.code, ErrorCode.UNAVAILABLE)
         b.close()
         b2 = self.c.register_buffer(4 * KiB)
         self.assertIsNot(self.c._bconn, first)
         self.assertEqual(self.c.get_into(self.ns, b"v", b2.view), 5)
         self.assertEqual(self.acquires, 0)
+        self.assertIsNone(self.c.get(self.ns, b"w"))
+
+    def count_crcs(self):
+        """Counts the client's CRC-32C computations from here on."""
+        from tidepool import client as client_mod
+        real, n = client_mod.crc32c, [0]
+
+        def counting(data):
+            n[0] += 1
+            return real(data)
+        client_mod.crc32c = counting
+        self.addCleanup(setattr, client_mod, "crc32c", real)
+        return n
+
+    def test_put_from_registered(self):
+        b = self.register(MAX_VALUE + MiB)
+        v = payload(100 * KiB + 3, 20)
+        off = 12345
+        b.view[off:off + len(v)] = v
+        crcs = self.count_crcs()
+        self.assertFalse(self.c.put_from(self.ns, b"p", b.view[off:off + len(v)]))
+        self.assertEqual(self.c.get(self.ns, b"p"), v)
+        self.assertEqual(crcs[0], 0, "a CRC-32C computed for an unverified put")
+        # A second put of the key: existed, nothing written.
+        b.view[off:off + 10] = b"0123456789"
+        self.assertTrue(self.c.put_from(self.ns, b"p", b.view[off:off + len(v)]))
+        self.assertEqual(self.c.get(self.ns, b"p"), v)
+        # The largest value, at the end of the buffer.
+        big = payload(MAX_VALUE, 21)
+        b.view[b.size - MAX_VALUE:] = big
+        self.assertFalse(self.c.put_from(self.ns, b"big", b.view[b.size - MAX_VALUE:], depth=3))
+        self.assertEqual(self.c.get(self.ns, b"big"), big)
+        self.assertEqual(self.arena_puts, 0, "a registered buffer went through Reserve or Commit")
+        # verify=True sends the CRC-32C, which the sidecar checks.
+        self.assertFalse(self.c.put_from(self.ns, b"pv", b.view[off:off + len(v)], verify=True))
+        self.assertEqual(crcs[0], 1)
+        self.assertEqual(self.c.get(self.ns, b"pv"), bytes(b.view[off:off + len(v)]))
+        from tidepool import client as client_mod
+        client_mod.crc32c = lambda data: tidepool.crc32c(data) ^ 1
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.put_from(self.ns, b"pbad", b.view[off:off + len(v)], verify=True)
+        self.assertEqual(cm.exception.code, ErrorCode.CHECKSUM_MISMATCH)
+        self.assertIsNone(self.c.get(self.ns, b"pbad"))
+        self.assertFalse(self.c.put_from(self.ns, b"pbad", b.view[off:off + len(v)]))  # unverified: stored
+        # Errors as put's: an empty key, a value over the limit.
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.put_from(self.ns, b"", b.view[:10])
+        self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+        self.assertEqual(self.arena_puts, 0)
+
+    def test_put_from_too_large(self):
+        b = self.register(MAX_VALUE + 4 * KiB)
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.put_from(self.ns, b"big", b.view[:MAX_VALUE + 1])
+        self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
+        self.assertIsNone(self.c.get(self.ns, b"big"))
+        self.assertEqual(self.arena_puts, 0)
+
+    def test_batch_put_and_get_registered(self):
+        n, size = 64, 64 * KiB
+        src, dst = self.register(n * size), self.register(n * size + 4 * KiB)
+        vals = [payload(size, 30 + i) for i in range(n)]
+        for i, v in enumerate(vals):
+            src.view[i * size:(i + 1) * size] = v
+        keys = [b"bp-%d" % i for i in range(n)]
+        crcs = self.count_crcs()
+        items = [(k, src.view[i * size:(i + 1) * size], i) for i, k in enumerate(keys)]
+        self.assertEqual(self.c.batch_put_from(self.ns, items), [tidepool.OK] * n)
+        self.assertEqual(crcs[0], 0, "a CRC-32C computed for an unverified batch")
+        self.assertEqual(self.arena_puts, 0, "a registered batch went through Reserve or Commit")
+        # Stored keys are EXISTS, as through the arenas; new ones OK.
+        more = items[:2] + [(b"bp-new", src.view[:100])]
+        self.assertEqual(self.c.batch_put_from(self.ns, more), [tidepool.EXISTS] * 2 + [tidepool.OK])
+        self.assertEqual(self.c.batch_put_from(self.ns, items[:1]), self.c.batch_put_from(self.ns, [
+            (keys[0], bytes(vals[0]))]), "EXISTS differs between the paths")
+        self.arena_puts = 0
+        # Into another registered buffer, at offsets of their own.
+        bufs = [dst.view[4 * KiB + i * size:4 * KiB + (i + 1) * size] for i in range(n)]
+        self.assertEqual(self.c.batch_get_into(self.ns, keys, bufs, verify=True), [size] * n)
+        self.assertEqual(self.acquires, 0, "a registered batch went through Acquire")
+        for i, v in enumerate(vals):
+            self.assertTrue(bufs[i] == v, i)
+        self.assertUntouched(dst, 0, 4 * KiB)
+        # Into plain bytearrays: the arena path, same answers.
+        plain = [bytearray(size) for _ in range(n)]
+        self.assertEqual(self.c.batch_get_into(self.ns, keys, plain), [size] * n)
+        self.assertEqual(self.acquires, 1)
+        self.assertEqual([bytes(p) for p in plain], vals)
+        # verify=True on a registered batch checks each buffer: made to
+        # disagree, it refuses.
+        from tidepool import client as client_mod
+        client_mod.crc32c = lambda data: tidepool.crc32c(data) ^ 1
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.batch_get_into(self.ns, keys[:2], bufs[:2], verify=True)
+        self.assertEqual(cm.exception.code, ErrorCode.CHECKSUM_MISMATCH)
+        # verify=True on a batch put sends each CRC-32C: here wrong, so
+        # each item is refused and nothing stored.
+        bad = [(b"bv-%d" % i, src.view[i * size:(i + 1) * size]) for i in range(3)]
+        self.assertEqual(self.c.batch_put_from(self.ns, bad, verify=True), [ErrorCode.CHECKSUM_MISMATCH] * 3)
+        self.assertEqual(self.c.batch_get(self.ns, [k for k, _ in bad]), [None] * 3)
+        self.assertEqual(self.arena_puts, 0)
+        self.assertEqual(self.acquires, 1)
+
+    def test_batch_get_registered_miss_and_too_large(self):
+        b = self.register(64 * KiB)
+        v1, v2 = payload(1000, 40), payload(10 * KiB, 41)
+        self.c.put(self.ns, b"1", v1)
+        self.c.put(self.ns, b"2", v2)
+        got = self.c.batch_get_into(self.ns, [b"1", b"missing", b"2"],
+                                    [b.view[:2000], b.view[2000:4000], b.view[4000:20000]])
+        self.assertEqual(got, [1000, None, 10 * KiB])
+        self.assertTrue(b.view[:1000] == v1)
+        self.assertUntouched(b, 1000, 4000)
+        self.assertTrue(b.view[4000:4000 + 10 * KiB] == v2)
+        # A buffer too short: TOO_LARGE once the batch is done (the other
+        # keys were read; this one wrote nothing), as through the arenas.
+        b.view[:] = bytes([SENTINEL]) * b.size
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.batch_get_into(self.ns, [b"2", b"1"], [b.view[:KiB], b.view[KiB:3 * KiB]])
+        self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
+        self.assertUntouched(b, 0, KiB)
+        self.assertTrue(b.view[KiB:KiB + 1000] == v1)
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.batch_get_into(self.ns, [b"2", b"1"], [bytearray(KiB), bytearray(2 * KiB)])
+        self.assertEqual(cm.exception.code, ErrorCode.TOO_LARGE)
+        self.assertEqual(self.acquires, 1)
+        # Other per-key errors raise too (an empty key).
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.batch_get_into(self.ns, [b"1", b""], [b.view[:2000], b.view[2000:4000]])
+        self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+        self.assertEqual(self.acquires, 1)
+
+    def test_batch_put_registered_too_large(self):
+        b = self.register(MAX_VALUE + 4 * KiB)
+        b.view[:100] = payload(100, 42)
+        codes = self.c.batch_put_from(self.ns, [(b"ok", b.view[:100]), (b"big", b.view[:MAX_VALUE + 1])])
+        self.assertEqual(codes, [tidepool.OK, ErrorCode.TOO_LARGE])
+        self.assertEqual(self.c.batch_get(self.ns, [b"ok", b"big"]), [payload(100, 42), None])
+        self.assertEqual(self.arena_puts, 0)
+
+    def test_batch_over_max_batch(self):
+        """A batch over max_batch is refused whole, BATCH_TOO_LARGE raised,
+        on either path; the buffer socket connection stays usable."""
+        n = self.c.hello().limits.max_batch + 1
+        b = self.register(n)
+        keys = [b"mb-%d" % i for i in range(n)]
+        for items in ([(k, b.view[i:i + 1]) for i, k in enumerate(keys)], [(k, b"x") for k in keys]):
+            with self.assertRaises(tidepool.Error) as cm:
+                self.c.batch_put_from(self.ns, items)
+            self.assertEqual(cm.exception.code, ErrorCode.BATCH_TOO_LARGE)
+        self.assertEqual(self.arena_puts, 1)  # the plain batch's Reserve
+        for bufs in ([b.view[i:i + 1] for i in range(n)], [bytearray(1) for _ in range(n)]):
+            with self.assertRaises(tidepool.Error) as cm:
+                self.c.batch_get_into(self.ns, keys, bufs)
+            self.assertEqual(cm.exception.code, ErrorCode.BATCH_TOO_LARGE)
+        self.assertEqual(self.acquires, 1)
+        self.assertIsNone(self.c.get(self.ns, keys[0]))
+        self.assertEqual(self.c.batch_put_from(self.ns, [(keys[0], b.view[:1])]), [tidepool.OK])
+        self.assertEqual(self.arena_puts, 1)
+
+    def test_mixed_buffers_take_the_arena_path(self):
+        x, y = self.register(64 * KiB), self.register(64 * KiB)
+        x.view[:1000] = payload(1000, 50)
+        y.view[:1000] = payload(1000, 51)
+        # Two registered buffers: Reserve and Commit.
+        self.assertEqual(self.c.batch_put_from(self.ns, [(b"x", x.view[:1000]), (b"y", y.view[:1000])]),
+                         [tidepool.OK] * 2)
+        self.assertGreater(self.arena_puts, 0)
+        puts = self.arena_puts
+        # One registered, one not; and one of them empty.
+        self.assertEqual(self.c.batch_put_from(self.ns, [(b"z", x.view[:10]), (b"w", b"plain")]), [tidepool.OK] * 2)
+        self.assertEqual(self.c.batch_put_from(self.ns, [(b"e", x.view[:0]), (b"f", x.view[:10])]), [tidepool.OK] * 2)
+        self.assertGreater(self.arena_puts, puts)
+        self.assertEqual(self.c.batch_get(self.ns, [b"x", b"y", b"z", b"w", b"e", b"f"]),
+                         [payload(1000, 50), payload(1000, 51), payload(10, 50), b"plain", b"", payload(10, 50)])
+        x.view[:] = bytes([SENTINEL]) * x.size
+        y.view[:] = bytes([SENTINEL]) * y.size
+        plain = bytearray(1000)
+        self.assertEqual(self.c.batch_get_into(self.ns, [b"x", b"y"], [y.view[:1000], x.view[:1000]]), [1000] * 2)
+        self.assertEqual(self.acquires, 1)
+        self.assertEqual(self.c.batch_get_into(self.ns, [b"x", b"y"], [x.view[:1000], plain]), [1000] * 2)
+        self.assertEqual(self.acquires, 2)
+        self.assertTrue(y.view[:1000] == payload(1000, 50) and x.view[:1000] == payload(1000, 50))
+        self.assertEqual(bytes(plain), payload(1000, 51))
+        # An empty batch asks nothing.
+        self.assertEqual(self.c.batch_get_into(self.ns, [], []), [])
+        self.assertEqual(self.c.batch_put_from(self.ns, []), [])
 
 
 # The buffer socket's frames (bufsock.py, spelled out again here).
 REQ = struct.Struct(">BBHI")
 ANS = struct.Struct(">HHIQ")
-OP_REGISTER, OP_GET, OP_UNREGISTER = 1, 2, 3
+ITEM = struct.Struct(">HIQ")
+OP_REGISTER, OP_GET, OP_UNREGISTER, OP_PUT, OP_BATCH_GET, OP_BATCH_PUT = 1, 2, 3, 4, 5, 6
 ALL_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
@@ -839,6 +1041,44 @@ class BufferSocketWireTest(unittest.TestCase):
         ns = self.ns.encode()
         return struct.pack(">QQQBH", buffer_id, offset, length, 0, len(ns)) + ns + struct.pack(">H", len(key)) + key
 
+    def put_body(self, buffer_id, offset, length, key, flags=0, checksum=0):
+        ns = self.ns.encode()
+        return struct.pack(">QQQiBiIH", buffer_id, offset, length, 0, flags, 0, checksum, len(ns)) + ns \
+            + struct.pack(">H", len(key)) + key
+
+    def batch_get_body(self, buffer_id, items, count=None):
+        """items: (offset, length, key); count: the count sent, if not
+        len(items)."""
+        ns = self.ns.encode()
+        body = struct.pack(">QBH", buffer_id, 0, len(ns)) + ns + struct.pack(">H", len(items) if count is None else count)
+        for offset, length, key in items:
+            body += struct.pack(">QQH", offset, length, len(key)) + key
+        return body
+
+    def batch_put_body(self, buffer_id, items):
+        """items: (offset, length, checksum or None, key)."""
+        ns = self.ns.encode()
+        body = struct.pack(">QBiH", buffer_id, 0, 0, len(ns)) + ns + struct.pack(">H", len(items))
+        for offset, length, checksum, key in items:
+            body += struct.pack(">QQiBIH", offset, length, 0, checksum is not None, checksum or 0, len(key)) + key
+        return body
+
+    def items(self, s, n):
+        """The n items (code, checksum, value) after a batch answer."""
+        return list(ITEM.iter_unpack(self.recv(s, n * ITEM.size)))
+
+    def assertClosed(self, s):
+        self.assertEqual(s.recv(1), b"", "the server kept the connection")
+
+    def registered(self, s, size):
+        """A buffer of size bytes registered on s: (id, mapping)."""
+        fd = self.memfd(size)
+        code, message, _, bid = self.call(s, OP_REGISTER, struct.pack(">Q", size), [fd])
+        self.assertEqual(code, ErrorCode.OK, message)
+        m = mmap.mmap(fd, size)
+        self.addCleanup(m.close)
+        return bid, m
+
     def test_register_get_unregister(self):
         v = payload(1000, 9)
         self.c.put(self.ns, b"v", v)
@@ -880,6 +1120,86 @@ class BufferSocketWireTest(unittest.TestCase):
         # A per-call error: the connection is kept.
         code, message, _, _ = self.call(s, OP_REGISTER, struct.pack(">Q", 4 * KiB), [self.memfd(4 * KiB)])
         self.assertEqual(code, ErrorCode.OK, message)
+
+    def test_put_checksum(self):
+        """PUT with a checksum: a wrong one is CHECKSUM_MISMATCH and stores
+        nothing (the connection kept); the right one stores; again: existed."""
+        s = self.connect()
+        bid, m = self.registered(s, 64 * KiB)
+        v = payload(5000, 10)
+        m[100:100 + len(v)] = v
+        crc = tidepool.crc32c(v)
+        code, message, _, value = self.call(s, OP_PUT, self.put_body(bid, 100, len(v), b"k", 2, crc ^ 1))
+        self.assertEqual((code, value), (ErrorCode.CHECKSUM_MISMATCH, 0), message)
+        self.assertIsNone(self.c.get(self.ns, b"k"))
+        code, message, _, value = self.call(s, OP_PUT, self.put_body(bid, 100, len(v), b"k", 2, crc))
+        self.assertEqual((code, value), (ErrorCode.OK, 0), message)
+        self.assertEqual(self.c.get(self.ns, b"k"), v)
+        code, message, _, value = self.call(s, OP_PUT, self.put_body(bid, 100, len(v), b"k", 2, crc))
+        self.assertEqual((code, value), (ErrorCode.OK, 1), message)
+        # A checksum without flag bit 1 is not looked at.
+        code, message, _, value = self.call(s, OP_PUT, self.put_body(bid, 100, len(v), b"k2", 0, crc ^ 1))
+        self.assertEqual((code, value), (ErrorCode.OK, 0), message)
+        self.assertEqual(self.c.get(self.ns, b"k2"), v)
+        # A range outside the buffer: refused, the connection kept.
+        code, _, _, _ = self.call(s, OP_PUT, self.put_body(bid, 63 * KiB, 2 * KiB, b"k3"))
+        self.assertEqual(code, ErrorCode.INVALID_ARGUMENT)
+        self.assertIsNone(self.c.get(self.ns, b"k3"))
+        code, message, _, _ = self.call(s, OP_UNREGISTER, struct.pack(">Q", bid))
+        self.assertEqual(code, ErrorCode.OK, message)
+
+    def test_put_bad_flags(self):
+        """Flags other than bits 0 and 1: malformed; the connection closes."""
+        s = self.connect()
+        bid, m = self.registered(s, 4 * KiB)
+        code, message, _, _ = self.call(s, OP_PUT, self.put_body(bid, 0, 10, b"k", 1 << 2))
+        self.assertEqual(code, ErrorCode.INVALID_ARGUMENT, message)
+        self.assertClosed(s)
+        self.assertIsNone(self.c.get(self.ns, b"k"))
+
+    def test_batch_get_count_past_items(self):
+        """A count larger than the items present: malformed; closed."""
+        self.c.put(self.ns, b"v", b"value")
+        s = self.connect()
+        bid, _ = self.registered(s, 4 * KiB)
+        code, message, _, value = self.call(s, OP_BATCH_GET, self.batch_get_body(bid, [(0, 100, b"v")], count=3))
+        self.assertEqual((code, value), (ErrorCode.INVALID_ARGUMENT, 0), message)
+        self.assertClosed(s)
+
+    def test_batch_get_unknown_id(self):
+        """An unknown buffer id: an INVALID_ARGUMENT per item, the head OK,
+        the connection kept."""
+        self.c.put(self.ns, b"v", b"value")
+        s = self.connect()
+        items = [(0, 100, b"v"), (100, 100, b"missing")]
+        code, message, _, n = self.call(s, OP_BATCH_GET, self.batch_get_body(random.getrandbits(64) | 1, items))
+        self.assertEqual((code, n), (ErrorCode.OK, 2), message)
+        self.assertEqual(self.items(s, n), [(ErrorCode.INVALID_ARGUMENT, 0, 0)] * 2)
+        bid, m = self.registered(s, 4 * KiB)
+        code, message, _, n = self.call(s, OP_BATCH_GET, self.batch_get_body(bid, items))
+        self.assertEqual((code, n), (ErrorCode.OK, 2), message)
+        self.assertEqual(self.items(s, n),
+                         [(ErrorCode.OK, tidepool.crc32c(b"value"), 5), (ErrorCode.NOT_FOUND, 0, 0)])
+        self.assertEqual(m[:5], b"value")
+
+    def test_batch_put(self):
+        """BATCH_PUT's items: a wrong checksum, a right one, none, a stored
+        key (value 1), a range outside the buffer."""
+        self.c.put(self.ns, b"old", b"old value")
+        s = self.connect()
+        bid, m = self.registered(s, 4 * KiB)
+        v = payload(3000, 11)
+        m[:len(v)] = v
+        crc = tidepool.crc32c(v)
+        code, message, _, n = self.call(s, OP_BATCH_PUT, self.batch_put_body(bid, [
+            (0, 3000, crc ^ 1, b"bad"), (0, 3000, crc, b"good"), (0, 1000, None, b"plain"), (0, 10, None, b"old"),
+            (4000, 1000, None, b"outside")]))
+        self.assertEqual((code, n), (ErrorCode.OK, 5), message)
+        self.assertEqual([(c, val) for c, _, val in self.items(s, n)],
+                         [(ErrorCode.CHECKSUM_MISMATCH, 0), (ErrorCode.OK, 0), (ErrorCode.OK, 0), (ErrorCode.OK, 1),
+                          (ErrorCode.INVALID_ARGUMENT, 0)])
+        self.assertEqual(self.c.batch_get(self.ns, [b"bad", b"good", b"plain", b"old", b"outside"]),
+                         [None, v, v[:1000], b"old value", None])
 
 
 if __name__ == "__main__":

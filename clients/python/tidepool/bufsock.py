@@ -1,15 +1,21 @@
-"""The buffer socket's wire protocol, client side (Client.register_buffer
-and get_into use it; the server is proxy/engineapi/bufsock.go).
+"""The buffer socket's wire protocol, client side (Client.register_buffer,
+get_into, put_from, batch_put_from and batch_get_into use it; the server
+is proxy/engineapi/bufsock.go).
 
 A third Unix socket beside the engine socket, at its path plus SUFFIX: a
-client registers shared memory of its own (a sealed memfd) once, and a GET
-has the sidecar write the block straight into it. Registrations belong to
-the connection that made them and end when it closes. One call at a time
-(request, then answer); all integers big-endian.
+client registers shared memory of its own (a sealed memfd) once; a GET then
+has the sidecar write the block straight into it, a PUT has it copy the
+value out of it (checksumming as it copies), and the batches do either for
+many keys in one call. Registrations belong to the connection that made
+them and end when it closes. One call at a time (request, then answer);
+all integers big-endian.
 
 Request: u8 op, u8 version, u16 zero, u32 body length, then the body.
 Answer: u16 code, u16 message length, u32 checksum (GET OK only), u64 value,
-then the message (UTF-8).
+then the message (UTF-8); for a batch whose code is OK, value is the item
+count and that many items follow the message: u16 code, u32 checksum
+(BATCH_GET OK items), u64 value (BATCH_GET: the size; BATCH_PUT: 1 when the
+key existed).
 """
 
 import fcntl
@@ -22,13 +28,29 @@ SUFFIX = ".buf"
 REGISTER = 1
 GET = 2
 UNREGISTER = 3
+PUT = 4
+BATCH_GET = 5
+BATCH_PUT = 6
 VERSION = 1
 # The longest body the server reads; a longer one closes the connection.
-MAX_BODY = 65536
+MAX_BODY = 1 << 20
+# PUT flags (BATCH_PUT's flags take DURABLE only; each item says whether it
+# carries a checksum). Any other bit is malformed: the server closes the
+# connection.
+DURABLE = 1 << 0
+CHECKSUM = 1 << 1
+# A string's and a batch's count field are u16.
+_MAX_U16 = 0xFFFF
 
 _REQ = struct.Struct(">BBHI")
 _ANS = struct.Struct(">HHIQ")
+_ITEM = struct.Struct(">HIQ")
 _GET = struct.Struct(">QQQB")
+_PUT = struct.Struct(">QQQiBiI")
+_BATCH_GET = struct.Struct(">QB")
+_BATCH_GET_ITEM = struct.Struct(">QQ")
+_BATCH_PUT = struct.Struct(">QBi")
+_BATCH_PUT_ITEM = struct.Struct(">QQiBI")
 
 # Linux's values, for a Python whose fcntl lacks the names.
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
@@ -69,17 +91,65 @@ def unregister_body(buffer_id):
     return struct.pack(">Q", buffer_id)
 
 
+def _str16(what, s):
+    """s (str: UTF-8; else bytes) with its u16 length before it, as parts
+    to join. ValueError when it is longer than a u16 says."""
+    b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+    if len(b) > _MAX_U16:
+        raise ValueError("%s of %d bytes: the buffer socket takes at most %d" % (what, len(b), _MAX_U16))
+    return [struct.pack(">H", len(b)), b]
+
+
+def _body(parts):
+    """The body joined from parts. ValueError when it exceeds MAX_BODY (the
+    server would close the connection)."""
+    body = b"".join(parts)
+    if len(body) > MAX_BODY:
+        raise ValueError("a request of %d bytes: the buffer socket takes at most %d" % (len(body), MAX_BODY))
+    return body
+
+
+def _count(n):
+    if n > _MAX_U16:
+        raise ValueError("%d items: the buffer socket takes at most %d per call" % (n, _MAX_U16))
+    return [struct.pack(">H", n)]
+
+
 def get_body(buffer_id, offset, length, scope, ns, key):
-    """ns: str (UTF-8 on the wire), key: bytes. ValueError when the body
-    would exceed MAX_BODY."""
-    nsb = ns.encode("utf-8") if isinstance(ns, str) else bytes(ns)
-    key = bytes(key)
-    # Within MAX_BODY, each length also fits its u16.
-    if _GET.size + 2 + len(nsb) + 2 + len(key) > MAX_BODY:
-        raise ValueError("namespace (%d bytes) and key (%d bytes) too long for the buffer socket"
-                         % (len(nsb), len(key)))
-    return b"".join([_GET.pack(buffer_id, offset, length, scope),
-                     struct.pack(">H", len(nsb)), nsb, struct.pack(">H", len(key)), key])
+    """ns: str (UTF-8 on the wire), key: bytes. ValueError when ns or key
+    does not fit its u16 length."""
+    return _body([_GET.pack(buffer_id, offset, length, scope)] + _str16("namespace", ns) + _str16("key", key))
+
+
+def put_body(buffer_id, offset, length, depth, ns, key, checksum=None, durable=False, sync_replicas=0):
+    """The value is buffer[offset:offset+length]. checksum: its CRC-32C for
+    the sidecar to check as it copies (flag CHECKSUM), or None. ValueError
+    as get_body."""
+    flags = (DURABLE if durable else 0) | (CHECKSUM if checksum is not None else 0)
+    head = _PUT.pack(buffer_id, offset, length, depth, flags, sync_replicas, checksum or 0)
+    return _body([head] + _str16("namespace", ns) + _str16("key", key))
+
+
+def batch_get_body(buffer_id, scope, ns, items):
+    """items: (offset, length, key), each block read into
+    buffer[offset:offset+length]. ValueError when the body would exceed
+    MAX_BODY (or a count or length its u16)."""
+    parts = [_BATCH_GET.pack(buffer_id, scope)] + _str16("namespace", ns) + _count(len(items))
+    for offset, length, key in items:
+        parts.append(_BATCH_GET_ITEM.pack(offset, length))
+        parts += _str16("key", key)
+    return _body(parts)
+
+
+def batch_put_body(buffer_id, ns, items, durable=False, sync_replicas=0):
+    """items: (offset, length, depth, checksum or None, key), each value
+    buffer[offset:offset+length]. ValueError as batch_get_body."""
+    parts = [_BATCH_PUT.pack(buffer_id, DURABLE if durable else 0, sync_replicas)] + _str16("namespace", ns) \
+        + _count(len(items))
+    for offset, length, depth, checksum, key in items:
+        parts.append(_BATCH_PUT_ITEM.pack(offset, length, depth, checksum is not None, checksum or 0))
+        parts += _str16("key", key)
+    return _body(parts)
 
 
 class Conn:
@@ -107,9 +177,13 @@ class Conn:
 
     def call(self, op, body, fds=()):
         """Sends one request (fds ride with its first byte) and returns the
-        answer: (code, message, checksum, value). Any failure of the
-        connection closes it and raises Closed: a request half sent or an
-        answer half read leaves the stream out of step."""
+        answer: (code, message, checksum, value, items). items: for a
+        BATCH_GET or BATCH_PUT answered OK, the value items that followed
+        the message, each (code, checksum, value); else None. Any failure
+        of the connection closes it and raises Closed: a request half sent
+        or an answer half read leaves the stream out of step, and so does
+        an item count no request can have asked for (it would not be read
+        to its end)."""
         if self.sock is None:
             raise Closed("the connection was closed earlier")
         msg = _REQ.pack(op, VERSION, 0, len(body)) + body
@@ -118,10 +192,15 @@ class Conn:
             self.sock.sendall(memoryview(msg)[sent:])
             code, mlen, checksum, value = _ANS.unpack(self._recv(_ANS.size))
             message = self._recv(mlen).decode("utf-8", "replace")
+            items = None
+            if op in (BATCH_GET, BATCH_PUT) and code == 0:  # OK
+                if value > _MAX_U16:
+                    raise Closed("an answer of %d items" % value)
+                items = list(_ITEM.iter_unpack(self._recv(value * _ITEM.size)))
         except (OSError, Closed) as e:
             self.close()
             raise Closed("%s: %s" % (self.path, e)) from None
-        return code, message, checksum, value
+        return code, message, checksum, value, items
 
     def _recv(self, n):
         buf = bytearray(n)

@@ -171,18 +171,21 @@ class _Arena:
 
 class RegisteredBuffer:
     """Memory of this process registered with the sidecar over the buffer
-    socket (Client.register_buffer): get_into a buffer that lies inside
-    `view` has the sidecar write the block there itself, with no copy by
-    this client and none through the arenas for a block fetched from
-    another node.
+    socket (Client.register_buffer): get_into (and batch_get_into) a buffer
+    that lies inside `view` has the sidecar write the block there itself,
+    with no copy by this client and none through the arenas for a block
+    fetched from another node; put_from (and batch_put_from) a buffer inside
+    it has the sidecar copy the value out of it into its slot, with no
+    reserve, write and commit by this client.
 
     view: a writable memoryview of size bytes (a MAP_SHARED mapping of a
     sealed memfd, page-aligned); id: the sidecar's id for it. close()
     unregisters it and unmaps it (also as a context manager; a second
     close does nothing). After close, view is released; a slice of it kept
     from before still reads and writes the memory (the mapping goes with
-    the last such view) and get_into into it takes the unregistered path
-    (acquire and copy). Client.close() ends every registration at once."""
+    the last such view) and the calls on it take the unregistered paths
+    (acquire and copy; reserve, write and commit). Client.close() ends
+    every registration at once."""
 
     def __init__(self, client, conn, buffer_id, size, m):
         self.id = buffer_id
@@ -692,8 +695,8 @@ class Client:
         try:
             m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
             try:
-                code, message, _, buffer_id = self._bcall(conn, _bufsock.REGISTER, _bufsock.register_body(size),
-                                                          [fd])
+                code, message, _, buffer_id, _ = self._bcall(conn, _bufsock.REGISTER,
+                                                             _bufsock.register_body(size), [fd])
                 if code != OK:
                     raise Error(code, message)
             except BaseException:
@@ -725,7 +728,7 @@ class Client:
                         % e) from None
 
     def _unregister(self, b):
-        code, message, _, _ = self._bcall(b._conn, _bufsock.UNREGISTER, _bufsock.unregister_body(b.id))
+        code, message, _, _, _ = self._bcall(b._conn, _bufsock.UNREGISTER, _bufsock.unregister_body(b.id))
         if code != OK:
             raise Error(code, message)
 
@@ -745,15 +748,38 @@ class Client:
                 return b, addr - b._base, mv
         return None
 
-    def _get_registered(self, ns, key, b, offset, buf, verify, scope):
+    def _registered_in_one(self, bufs):
+        """(RegisteredBuffer, [(offset, byte view)] per buffer) when bufs is
+        not empty and every buffer of it lies inside the same registered
+        buffer of this client (as _registered says), else None: a batch
+        goes over the buffer socket as one call on one buffer id, or not
+        at all."""
+        if not self._bufs or not bufs:
+            return None
+        b, spans = None, []
+        for buf in bufs:
+            found = self._registered(buf)
+            if found is None or (b is not None and found[0] is not b):
+                return None
+            b = found[0]
+            spans.append(found[1:])
+        return b, spans
+
+    def _live(self, b):
+        """b's connection; Error(UNAVAILABLE) without asking anything when
+        it failed, for with it went the registration."""
         if not b._conn.alive:
             raise Error(ErrorCode.UNAVAILABLE, "buffer %#x was registered on a buffer socket connection that failed; "
                         "close it and re-register" % b.id)
+        return b._conn
+
+    def _get_registered(self, ns, key, b, offset, buf, verify, scope):
+        conn = self._live(b)
         try:
             body = _bufsock.get_body(b.id, offset, len(buf), scope, ns, key)
         except ValueError as e:
             raise Error(ErrorCode.INVALID_ARGUMENT, str(e)) from None
-        code, message, checksum, n = self._bcall(b._conn, _bufsock.GET, body)
+        code, message, checksum, n, _ = self._bcall(conn, _bufsock.GET, body)
         if code == NOT_FOUND:
             return None
         if code != OK:
@@ -763,6 +789,48 @@ class Client:
         if verify and crc32c(buf[:n]) != checksum:
             raise Error(ErrorCode.CHECKSUM_MISMATCH, "block written into buffer %#x" % b.id)
         return n
+
+    def _put_registered(self, ns, key, b, offset, buf, depth, verify):
+        conn = self._live(b)
+        try:
+            body = _bufsock.put_body(b.id, offset, len(buf), depth, ns, key, crc32c(buf) if verify else None)
+        except ValueError as e:
+            raise Error(ErrorCode.INVALID_ARGUMENT, str(e)) from None
+        code, message, _, existed, _ = self._bcall(conn, _bufsock.PUT, body)
+        if code != OK:
+            raise Error(code, message)
+        return bool(existed)
+
+    def _batch_registered(self, b, op, body, n):
+        """The n items (code, checksum, value) answered to a BATCH_GET or
+        BATCH_PUT on b. A refusal of the whole batch (BATCH_TOO_LARGE over
+        max_batch, ...) raises, as Acquire and Reserve do on the engine
+        socket."""
+        code, message, _, _, items = self._bcall(self._live(b), op, body)
+        if code != OK:
+            raise Error(code, message)
+        if len(items) != n:
+            raise Error(ErrorCode.INTERNAL, "the sidecar answered %d items for %d" % (len(items), n))
+        return items
+
+    def _batch_get_registered(self, b, body, spans, verify):
+        out, err = [None] * len(spans), None
+        for i, ((code, checksum, n), (_, dst)) in enumerate(
+                zip(self._batch_registered(b, _bufsock.BATCH_GET, body, len(spans)), spans)):
+            if code == NOT_FOUND:
+                continue
+            if code != OK:
+                err = err or Error(code, "key %d of the batch" % i)
+                continue
+            if n > len(dst):
+                raise Error(ErrorCode.INTERNAL, "the sidecar answered %d bytes for a buffer of %d" % (n, len(dst)))
+            if verify and crc32c(dst[:n]) != checksum:
+                err = err or Error(ErrorCode.CHECKSUM_MISMATCH, "block %d written into buffer %#x" % (i, b.id))
+                continue
+            out[i] = n
+        if err is not None:
+            raise err
+        return out
 
     # ---- zero-copy helpers (same semantics as put/get) ---------------------
 
@@ -809,8 +877,38 @@ class Client:
         it from the arena. Slots are written through the arenas' keyed
         mappings (write_mode); without protection keys, slots that follow
         one another in an arena (as a batch's usually do) are written with
-        one pwritev."""
-        return self._batch_put_from(ns, list(items), verify, ttl_ms, True)
+        one pwritev.
+
+        When every buffer lies inside one RegisteredBuffer of this client
+        (not empty, writable: slices of its view), the sidecar copies the
+        values out of it itself over the buffer socket (BATCH_PUT): one
+        round trip, nothing written by this client; ttl_ms (how long a slot
+        stays reserved) does not apply, the sidecar holding each slot only
+        while it copies. It checksums each value as it copies, from this
+        process's own memory: nothing crosses a wire or an arena on the
+        way, so by default no CRC-32C is computed here; verify=True still
+        sends each item's for the sidecar to check (CHECKSUM_MISMATCH for
+        that item, nothing stored). A batch over max_batch raises
+        Error(BATCH_TOO_LARGE) as through the arenas. Buffers in different
+        registered buffers, or some not registered, or a batch longer than
+        the buffer socket's request limit (1 MiB of keys) take the path
+        above."""
+        items = list(items)
+        found = self._registered_in_one([it[1] for it in items])
+        if found is not None:
+            b, spans = found
+            try:
+                body = _bufsock.batch_put_body(b.id, ns, [
+                    (off, len(buf), it[2] if len(it) > 2 else 0, crc32c(buf) if verify else None, it[0])
+                    for it, (off, buf) in zip(items, spans)])
+            except ValueError:
+                pass  # too long for the buffer socket: through the arenas
+            else:
+                # An existing key is answered OK with value 1: EXISTS here,
+                # as Reserve and Commit say it.
+                return [EXISTS if code == OK and existed else code
+                        for code, _, existed in self._batch_registered(b, _bufsock.BATCH_PUT, body, len(items))]
+        return self._batch_put_from(ns, items, verify, ttl_ms, True)
 
     def _batch_put_from(self, ns, items, verify, ttl_ms, use_spares):
         if verify is None:
@@ -867,7 +965,20 @@ class Client:
         return codes
 
     def put_from(self, ns, key, buf, depth=0, verify=None):
-        """Zero-copy put; returns True when the key existed (as put)."""
+        """Zero-copy put; returns True when the key existed (as put).
+
+        When buf lies entirely inside a RegisteredBuffer of this client, the
+        sidecar copies the value out of it itself over the buffer socket
+        (PUT): one round trip, no reserve, write or commit by this client,
+        and by default no CRC-32C computed here (verify=True sends it for
+        the sidecar to check: see batch_put_from). A buffer whose buffer
+        socket connection failed raises Error(UNAVAILABLE) (re-register;
+        see register_buffer). Any other buffer: batch_put_from of one item
+        through the arenas."""
+        if self._bufs:
+            found = self._registered(buf)
+            if found is not None:
+                return self._put_registered(ns, key, *found, depth, verify)
         (code,) = self.batch_put_from(ns, [(key, buf, depth)], verify=verify)
         if code == EXISTS:
             return True
@@ -885,12 +996,32 @@ class Client:
         in pure Python, slowly): a mismatch raises Error(CHECKSUM_MISMATCH)
         after every lease is released. By default (verify None or False) it
         is not, as slot_view says; a sidecar with verify_reads checks in
-        acquire for every client."""
+        acquire for every client.
+
+        When every buffer lies inside one RegisteredBuffer of this client,
+        the sidecar writes the blocks there itself over the buffer socket
+        (BATCH_GET): one round trip, no lease, no copy by this client. The
+        answers are the same: a miss is None, a buffer too short raises
+        Error(TOO_LARGE) (as does any other error of a key: the first, once
+        every key was read), verify=True checks each buffer against its
+        block's CRC-32C after the write. Buffers in different registered
+        buffers, or some not registered, or a batch longer than the buffer
+        socket's request limit take the arena path."""
         if verify is None:
             verify = False
         keys = list(keys)
         if len(buffers) != len(keys):
             raise ValueError("one buffer per key")
+        found = self._registered_in_one(buffers)
+        if found is not None:
+            b, spans = found
+            try:
+                body = _bufsock.batch_get_body(b.id, scope, ns,
+                                               [(off, len(buf), k) for k, (off, buf) in zip(keys, spans)])
+            except ValueError:
+                pass  # too long for the buffer socket: through the arenas
+            else:
+                return self._batch_get_registered(b, body, spans, verify)
         arenas = self._map()
         # Queued leases ride along (never more than max_batch: see below).
         pending, self._pending = self._pending or None, []

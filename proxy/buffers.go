@@ -1,7 +1,15 @@
 package proxy
 
-// GetInto: a read into memory the caller gives, for the engine API's
-// buffer socket (engine buffers shared with this process). A block in
+// GetInto and PutFrom: reads into and puts from memory the caller gives,
+// for the engine API's buffer socket (engine buffers shared with this
+// process).
+//
+// PutFrom copies the value into its reserved arena slot and checksums it
+// in the same pass (crc32c.Copy): one pass over the value, where a
+// zero-copy put through Reserve and Commit makes three (the client's copy
+// into the slot, its checksum, the check at Commit).
+//
+// GetInto: a block in
 // this node's tiers is copied there; a block only another node holds is
 // read from the network straight into it (Peers.FetchTo), checked against
 // its CRC-32C as it lands, without a copy into this node's arenas: one
@@ -21,7 +29,39 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/crc32c"
 )
+
+// PutFrom stores the value in src as Put does, copied into its arena slot
+// and checksummed in one pass. When sum is not nil the value must have
+// that CRC-32C (cache.ErrChecksum otherwise, nothing stored). A put that
+// cannot be written in place (ErrNoStream: durable, no shared arenas,
+// DRAM pinned full) is a Put of src. src must stay unchanged until
+// PutFrom returns; it is not kept.
+func (p *Proxy) PutFrom(ctx context.Context, ns string, key, src []byte, opts cache.PutOptions, sum *uint32) (existed bool, err error) {
+	pp, existed, err := p.ReservePut(ctx, ns, key, int64(len(src)), opts)
+	if errors.Is(err, ErrNoStream) {
+		if sum != nil && cache.Checksum(src) != *sum {
+			return false, fmt.Errorf("%w: the value does not match the checksum sent", cache.ErrChecksum)
+		}
+		return p.Put(ctx, ns, key, src, opts)
+	}
+	if err != nil || existed {
+		return existed, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			pp.Abort() // a fault in the copy (engineapi recovers it) stores nothing
+		}
+	}()
+	crc := crc32c.Copy(pp.Bytes(), src)
+	if sum != nil && crc != *sum {
+		return false, fmt.Errorf("%w: the value does not match the checksum sent", cache.ErrChecksum)
+	}
+	ok = true
+	return pp.Commit(ctx, crc)
+}
 
 // GetInto copies the block of (ns, key) into dst and returns its size and
 // metadata. A miss is cache.ErrNotFound; a block longer than dst is
