@@ -210,7 +210,7 @@ row "put 1 MiB, inline, 1 caller" put 1
 row "put 1 MiB, inline, $CONC callers" put "$CONC"
 row "get 1 MiB, inline, 1 caller" get 1
 row "get 1 MiB, inline, $CONC callers" get "$CONC"
-row "remote get 1 MiB over TCP, 1 caller" remote-get 1 --keys 128
+row "remote get 1 MiB over TCP, 1 caller" remote-get 1 --keys $((NODE_CAPACITY * 3 / 8))
 row "remote get 1 MiB over TCP, $CONC callers" remote-get "$CONC" --keys $((CONC * 16))
 row "batch_put 64 x 64 KiB, 1 caller" batch-put 1 --size 65536 --batch 64
 row "batch_get 64 x 64 KiB, 1 caller" batch-get 1 --size 65536 --batch 64
