@@ -100,6 +100,9 @@ func runConc(total, conc int, op func(worker int) error) (time.Duration, error) 
 // MB/s is the tidepool remote Get; raw-MB/s the baseline; ratio = tidepool
 // / raw (target >= 0.7).
 //
+// "get-1caller" and "fetch-1caller" are "get" and "fetch" with one caller
+// (and one raw connection): the latency of one remote read.
+//
 // "get-secret" is "get" on a cluster with a peer secret (every connection
 // authenticated, docs/security.md), "get-encrypted" with encryption too.
 func BenchmarkRemoteGet(b *testing.B) {
