@@ -52,7 +52,7 @@ var rules = []rule{
 	{pkg: "inject", ours: []string{"internal/units"}, thirdParty: []string{"gopkg.in/yaml.v3", "k8s.io/api", "k8s.io/apimachinery"}},
 	// The client library: the wire, the checksum of its zero-copy puts and
 	// the protection key that guards their writable mapping.
-	{pkg: "client", ours: []string{"protocol", "client", "internal/crc32c", "internal/pkey"}, thirdParty: []string{"github.com/cloudwego/"}},
+	{pkg: "client", ours: []string{"protocol", "client", "internal/crc32c", "internal/pkey", "internal/memfd"}, thirdParty: []string{"github.com/cloudwego/"}},
 	{pkg: "cmd", ours: []string{""}, thirdParty: []string{""}},
 	// Research code (experiments build only with -tags research).
 	{pkg: "research", ours: []string{"cache", "internal/"}, thirdParty: nil},

@@ -22,10 +22,10 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/tidepool-kv/tidepool/internal/memfd"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
 
@@ -65,24 +65,11 @@ func (c *Client) RegisterBuffer(ctx context.Context, size int) (*Buffer, error) 
 	if size <= 0 {
 		return nil, &Error{Code: tp.ErrorCode_INVALID_ARGUMENT, Message: fmt.Sprintf("a buffer of %d bytes", size)}
 	}
-	fd, err := unix.MemfdCreate("tidepool-buffer", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, mem, err := memfd.Create("tidepool-buffer", size)
 	if err != nil {
-		return nil, fmt.Errorf("tidepool: memfd_create: %w", err)
+		return nil, fmt.Errorf("tidepool: %w", err)
 	}
-	defer unix.Close(fd) // the mappings keep the file
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return nil, fmt.Errorf("tidepool: size a buffer of %d bytes: %w", size, err)
-	}
-	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
-		return nil, fmt.Errorf("tidepool: allocate a buffer of %d bytes: %w", size, err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		return nil, fmt.Errorf("tidepool: seal a buffer: %w", err)
-	}
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("tidepool: map a buffer: %w", err)
-	}
+	defer syscall.Close(fd) // the mappings keep the file
 	b := &Buffer{mem: mem, timeout: c.raw.timeout}
 	fail := func(err error) (*Buffer, error) {
 		b.Close()
@@ -94,7 +81,7 @@ func (c *Client) RegisterBuffer(ctx context.Context, size int) (*Buffer, error) 
 		return fail(&Error{Code: tp.ErrorCode_UNAVAILABLE, Message: fmt.Sprintf("the buffer socket: %v", err)})
 	}
 	b.conn = conn.(*net.UnixConn)
-	a, err := b.call(ctx, bufRegister, binary.BigEndian.AppendUint64(nil, uint64(size)), unix.UnixRights(fd))
+	a, err := b.call(ctx, bufRegister, binary.BigEndian.AppendUint64(nil, uint64(size)), syscall.UnixRights(fd))
 	if err != nil {
 		return fail(err)
 	}
@@ -175,7 +162,7 @@ func (b *Buffer) Close() error {
 	if b.conn != nil {
 		errs = append(errs, b.conn.Close())
 	}
-	errs = append(errs, unix.Munmap(b.mem))
+	errs = append(errs, memfd.Unmap(b.mem))
 	b.mem = nil
 	return errors.Join(errs...)
 }

@@ -54,9 +54,9 @@ import (
 	"unicode/utf8"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/memfd"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/wirecode"
@@ -138,41 +138,25 @@ func (s *bufServer) start() {
 
 func (s *bufServer) accept() {
 	defer s.wg.Done()
-	backoff := 5 * time.Millisecond
-	for {
-		conn, err := s.ln.Accept()
-		if err != nil {
-			select {
-			case <-s.closed:
-				return
-			default:
-			}
-			s.acceptErrors.Add(1)
-			s.lg.Warn("buffer socket: accept failed", zap.Error(err), zap.Duration("retry_in", backoff))
-			select {
-			case <-time.After(backoff):
-			case <-s.closed:
-				return
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 5 * time.Millisecond
-		s.accepted.Add(1)
-		uc, ok := conn.(*net.UnixConn)
-		s.mu.Lock()
-		if !ok || s.closing || len(s.active) >= s.maxConns {
-			s.mu.Unlock()
-			s.refused.Add(1)
-			conn.Close()
-			continue
-		}
-		bc := &bufConn{conn: uc, bufs: make(map[uint64][]byte)}
-		s.active[bc] = struct{}{}
-		s.wg.Add(1)
+	acceptLoop(s.ln, s.closed, s.lg, "buffer socket", &s.accepted, &s.acceptErrors, s.admit)
+}
+
+// admit starts serving a connection accepted on the buffer socket, unless
+// MaxConnections of them are open.
+func (s *bufServer) admit(conn net.Conn) {
+	uc, ok := conn.(*net.UnixConn)
+	s.mu.Lock()
+	if !ok || s.closing || len(s.active) >= s.maxConns {
 		s.mu.Unlock()
-		go s.serve(bc)
+		s.refused.Add(1)
+		conn.Close()
+		return
 	}
+	bc := &bufConn{conn: uc, bufs: make(map[uint64][]byte)}
+	s.active[bc] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.serve(bc)
 }
 
 // serve answers bc's calls until it closes, sends what does not parse, or
@@ -465,31 +449,16 @@ func (bc *bufConn) register(size uint64) (uint64, error) {
 	}
 	fd := bc.fds[0]
 	bc.fds = bc.fds[:0]
-	defer unix.Close(fd) // the mapping keeps the file
+	defer syscall.Close(fd) // the mapping keeps the file
 	switch {
 	case size == 0 || size > MaxBufferBytes:
 		return 0, fmt.Errorf("%w: buffer of %d bytes (1 to %d)", proxy.ErrInvalidArgument, size, uint64(MaxBufferBytes))
 	case len(bc.bufs) >= MaxBuffersPerConn:
 		return 0, fmt.Errorf("%w: %d buffers on this connection already (max %d)", proxy.ErrInvalidArgument, len(bc.bufs), MaxBuffersPerConn)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return 0, fmt.Errorf("%w: fstat: %v", proxy.ErrInvalidArgument, err)
-	}
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return 0, fmt.Errorf("%w: not a regular file or memfd (mode %o)", proxy.ErrInvalidArgument, st.Mode)
-	case err != nil || seals&unix.F_SEAL_SHRINK == 0:
-		return 0, fmt.Errorf("%w: the file is not sealed against shrinking (memfd_create with MFD_ALLOW_SEALING, then F_ADD_SEALS F_SEAL_SHRINK)", proxy.ErrInvalidArgument)
-	case st.Size < 0 || uint64(st.Size) < size:
-		return 0, fmt.Errorf("%w: the file has %d bytes, the buffer %d", proxy.ErrInvalidArgument, st.Size, size)
-	case uint64(st.Blocks)*512 < size:
-		return 0, fmt.Errorf("%w: the file has holes (%d of %d bytes allocated): write or fallocate it first", proxy.ErrInvalidArgument, st.Blocks*512, size)
-	}
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := memfd.Map(fd, int(size))
 	if err != nil {
-		return 0, fmt.Errorf("%w: mmap: %v", proxy.ErrInvalidArgument, err)
+		return 0, fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err)
 	}
 	for {
 		var b [8]byte
@@ -506,7 +475,7 @@ func (bc *bufConn) register(size uint64) (uint64, error) {
 func (bc *bufConn) drop(id uint64) {
 	if mem, ok := bc.bufs[id]; ok {
 		delete(bc.bufs, id)
-		_ = unix.Munmap(mem)
+		_ = memfd.Unmap(mem)
 	}
 }
 
@@ -514,7 +483,7 @@ func (bc *bufConn) drop(id uint64) {
 // with the bytes (at most a few per read; more are closed by the kernel:
 // MSG_CTRUNC).
 func (bc *bufConn) read(b []byte) error {
-	oob := make([]byte, unix.CmsgSpace(4*4))
+	oob := make([]byte, syscall.CmsgSpace(4*4))
 	for len(b) > 0 {
 		n, oobn, _, _, err := bc.conn.ReadMsgUnix(b, oob)
 		if oobn > 0 {
@@ -561,7 +530,7 @@ func (bc *bufConn) takeFDs(oob []byte) {
 // closeFDs closes the descriptors received and not claimed.
 func (bc *bufConn) closeFDs() {
 	for _, fd := range bc.fds {
-		_ = unix.Close(fd)
+		_ = syscall.Close(fd)
 	}
 	bc.fds = bc.fds[:0]
 }

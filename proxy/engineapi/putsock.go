@@ -100,50 +100,60 @@ func (s *putServer) start() {
 
 func (s *putServer) accept() {
 	defer s.wg.Done()
+	acceptLoop(s.ln, s.closed, s.lg, "put socket", &s.accepted, &s.acceptErrors, s.admit)
+}
+
+// admit starts serving a connection accepted on the put socket.
+func (s *putServer) admit(conn net.Conn) {
+	if uc, ok := conn.(*net.UnixConn); ok {
+		_ = uc.SetReadBuffer(replySendBuffer) // best effort: a 1 MiB request in one read
+	}
+	ctx, err := s.conns.OnActive(context.Background(), conn)
+	if err != nil { // over MaxConnections
+		s.conns.OnInactive(ctx, conn)
+		conn.Close()
+		return
+	}
+	pc := &putConn{conn: conn}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		s.conns.OnInactive(ctx, conn)
+		conn.Close()
+		return
+	}
+	s.active[pc] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.serve(ctx, pc)
+}
+
+// acceptLoop accepts connections on ln until closed is closed, handing
+// each to admit. accept(2) failures (EMFILE and the like) are counted and
+// logged, and accepting backs off and goes on, as the engine socket does.
+func acceptLoop(ln net.Listener, closed <-chan struct{}, lg *zap.Logger, what string, accepted, failed *atomic.Uint64, admit func(net.Conn)) {
 	backoff := 5 * time.Millisecond
 	for {
-		conn, err := s.ln.Accept()
+		conn, err := ln.Accept()
 		if err != nil {
 			select {
-			case <-s.closed:
+			case <-closed:
 				return
 			default:
 			}
-			// EMFILE and the like: back off and go on, as the engine
-			// socket does.
-			s.acceptErrors.Add(1)
-			s.lg.Warn("put socket: accept failed", zap.Error(err), zap.Duration("retry_in", backoff))
+			failed.Add(1)
+			lg.Warn(what+": accept failed", zap.Error(err), zap.Duration("retry_in", backoff))
 			select {
 			case <-time.After(backoff):
-			case <-s.closed:
+			case <-closed:
 				return
 			}
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		s.accepted.Add(1)
-		if uc, ok := conn.(*net.UnixConn); ok {
-			_ = uc.SetReadBuffer(replySendBuffer) // best effort: a 1 MiB request in one read
-		}
-		ctx, err := s.conns.OnActive(context.Background(), conn)
-		if err != nil { // over MaxConnections
-			s.conns.OnInactive(ctx, conn)
-			conn.Close()
-			continue
-		}
-		pc := &putConn{conn: conn}
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			s.conns.OnInactive(ctx, conn)
-			conn.Close()
-			continue
-		}
-		s.active[pc] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serve(ctx, pc)
+		accepted.Add(1)
+		admit(conn)
 	}
 }
 
