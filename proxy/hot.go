@@ -108,25 +108,17 @@ func (h *hotTracker) note(fk string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.rotateLocked(h.cfg.Clock.Now())
-	if _, ok := h.live[fk]; ok {
-		// A live replica fetched again: the store lost it; fetch it hot
-		// again in the slot it holds.
-		h.pending++
-		return true
+	hot, full := h.hotLocked(fk)
+	if _, live := h.live[fk]; !live {
+		h.countLocked(fk)
 	}
-	n := h.cur[fk] + h.old[fk] + 1
-	if _, ok := h.cur[fk]; ok || len(h.cur) < h.cfg.HotTracked {
-		h.cur[fk]++
-	}
-	if int(n) < h.cfg.HotThreshold {
-		return false
-	}
-	if len(h.live)+h.pending >= h.cfg.HotMaxReplicas || h.liveBytes >= h.cfg.HotMaxBytes {
+	if full {
 		h.full.Add(1)
-		return false
 	}
-	h.pending++
-	return true
+	if hot {
+		h.pending++
+	}
+	return hot
 }
 
 // noteDirect is note for a fetch that would land outside the store (a
@@ -140,17 +132,37 @@ func (h *hotTracker) noteDirect(fk string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.rotateLocked(h.cfg.Clock.Now())
+	if hot, _ := h.hotLocked(fk); hot {
+		return true
+	}
+	h.countLocked(fk)
+	return false
+}
+
+// hotLocked reports whether a fetch of fk now keeps it as a hot replica:
+// a live replica fetched again (the store lost it: fetched hot again into
+// the slot it holds), or the fetch that brings its count in the window to
+// HotThreshold with room for one more replica (full: at the threshold
+// without room).
+func (h *hotTracker) hotLocked(fk string) (hot, full bool) {
 	if _, ok := h.live[fk]; ok {
-		return true
+		return true, false
 	}
-	n := h.cur[fk] + h.old[fk] + 1
-	if int(n) >= h.cfg.HotThreshold && len(h.live)+h.pending < h.cfg.HotMaxReplicas && h.liveBytes < h.cfg.HotMaxBytes {
-		return true
+	if n := h.cur[fk] + h.old[fk] + 1; int(n) < h.cfg.HotThreshold {
+		return false, false
 	}
+	if len(h.live)+h.pending >= h.cfg.HotMaxReplicas || h.liveBytes >= h.cfg.HotMaxBytes {
+		return false, true
+	}
+	return true, false
+}
+
+// countLocked counts one fetch of fk in the current window (a key not yet
+// counted there only while fewer than HotTracked are).
+func (h *hotTracker) countLocked(fk string) {
 	if _, ok := h.cur[fk]; ok || len(h.cur) < h.cfg.HotTracked {
 		h.cur[fk]++
 	}
-	return false
 }
 
 // done ends a promotion note granted: when ok the block is now local at

@@ -101,14 +101,20 @@ func (f *fakePeers) Pull(_ context.Context, node string, b RemoteBlock, into cac
 	return f.deliver(into, v, b.Checksum, "pull from "+node)
 }
 
-// FetchTo is Fetch into plain memory.
-func (f *fakePeers) FetchTo(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) ([]byte, error)) error {
+// namedRead is what the owner does for a named read: the block's bytes
+// and metadata, or ErrNoFetch where named reads are off.
+func (f *fakePeers) namedRead(ctx context.Context, node, ns string, key []byte) ([]byte, cache.Info, error) {
 	if !f.named.Load() {
-		return ErrNoFetch
+		return nil, cache.Info{}, ErrNoFetch
 	}
 	f.fetches.Add(1)
 	f.nameds.Add(1)
-	v, info, err := f.nodes[node].Get(ctx, ns, key, ScopeLocal)
+	return f.nodes[node].Get(ctx, ns, key, ScopeLocal)
+}
+
+// FetchTo is Fetch into plain memory.
+func (f *fakePeers) FetchTo(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) ([]byte, error)) error {
+	v, info, err := f.namedRead(ctx, node, ns, key)
 	if err != nil {
 		return err
 	}
@@ -142,12 +148,7 @@ func (f *fakePeers) deliver(into cache.Reservation, v []byte, sum uint32, what s
 // Fetch is a named read when named is set: the owner's bytes go straight
 // into the slot land reserves, checked as the transfer layer checks them.
 func (f *fakePeers) Fetch(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) (cache.Reservation, error)) error {
-	if !f.named.Load() {
-		return ErrNoFetch
-	}
-	f.fetches.Add(1)
-	f.nameds.Add(1)
-	v, info, err := f.nodes[node].Get(ctx, ns, key, ScopeLocal)
+	v, info, err := f.namedRead(ctx, node, ns, key)
 	if err != nil {
 		return err
 	}

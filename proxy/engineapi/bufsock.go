@@ -47,7 +47,6 @@ import (
 	"net"
 	"runtime/debug"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -57,6 +56,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/internal/memfd"
+	"github.com/tidepool-kv/tidepool/internal/wire"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/wirecode"
@@ -102,103 +102,72 @@ const (
 
 // bufServer serves the buffer socket.
 type bufServer struct {
-	ln       net.Listener
+	sockConns
 	p        *proxy.Proxy
 	obs      Observer
 	maxConns int
-	drain    time.Duration
-	lg       *zap.Logger
-	closed   chan struct{}
-
-	accepted, acceptErrors, refused atomic.Uint64
-
-	mu      sync.Mutex
-	active  map[*bufConn]struct{}
-	closing bool
-	wg      sync.WaitGroup
+	refused  atomic.Uint64
 }
 
 // bufConn is one connection and the buffers it registered.
 type bufConn struct {
-	conn *net.UnixConn
-	busy bool // a call is being served (under bufServer.mu)
+	sockConn
+	uc   *net.UnixConn
 	bufs map[uint64][]byte
 	fds  []int // descriptors received and not yet claimed by a REGISTER
 }
 
 func newBufServer(ln net.Listener, p *proxy.Proxy, cfg Config, lg *zap.Logger) *bufServer {
-	return &bufServer{ln: ln, p: p, obs: cfg.Observer, maxConns: cfg.MaxConnections, drain: cfg.DrainTimeout, lg: lg,
-		closed: make(chan struct{}), active: make(map[*bufConn]struct{})}
+	return &bufServer{sockConns: newSockConns(ln, lg, "buffer socket", cfg.DrainTimeout), p: p, obs: cfg.Observer, maxConns: cfg.MaxConnections}
 }
 
-func (s *bufServer) start() {
-	s.wg.Add(1)
-	go s.accept()
-}
-
-func (s *bufServer) accept() {
-	defer s.wg.Done()
-	acceptLoop(s.ln, s.closed, s.lg, "buffer socket", &s.accepted, &s.acceptErrors, s.admit)
-}
+func (s *bufServer) start() { s.sockConns.start(s.admit) }
 
 // admit starts serving a connection accepted on the buffer socket, unless
 // MaxConnections of them are open.
 func (s *bufServer) admit(conn net.Conn) {
 	uc, ok := conn.(*net.UnixConn)
-	s.mu.Lock()
-	if !ok || s.closing || len(s.active) >= s.maxConns {
-		s.mu.Unlock()
+	if !ok || s.open() >= s.maxConns {
 		s.refused.Add(1)
 		conn.Close()
 		return
 	}
-	bc := &bufConn{conn: uc, bufs: make(map[uint64][]byte)}
-	s.active[bc] = struct{}{}
-	s.wg.Add(1)
-	s.mu.Unlock()
+	bc := &bufConn{sockConn: sockConn{conn: conn}, uc: uc, bufs: make(map[uint64][]byte)}
+	if !s.add(&bc.sockConn) {
+		conn.Close()
+		return
+	}
 	go s.serve(bc)
 }
 
 // serve answers bc's calls until it closes, sends what does not parse, or
 // the server closes; then its buffers are unmapped.
 func (s *bufServer) serve(bc *bufConn) {
-	defer s.wg.Done()
 	// A fault in a registered mapping (a file that shrank after all)
 	// panics here instead of killing the process; call recovers it.
 	debug.SetPanicOnFault(true)
 	defer func() {
-		s.mu.Lock()
-		delete(s.active, bc)
-		s.mu.Unlock()
 		bc.conn.Close()
 		bc.closeFDs()
 		for id := range bc.bufs {
 			bc.drop(id)
 		}
+		s.done(&bc.sockConn)
 	}()
 	head := make([]byte, bufHeader)
 	body := make([]byte, 0, 256)
 	for {
 		// Idle until a request's first byte: no deadline (the connection
-		// holds the registrations); close wakes it through the deadline,
-		// set under the lock so that close cannot miss it.
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
+		// holds the registrations); close wakes it.
+		if !s.idle(&bc.sockConn) {
 			return
 		}
-		_ = bc.conn.SetDeadline(time.Time{})
-		s.mu.Unlock()
 		if err := bc.read(head[:1]); err != nil {
 			return
 		}
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
+		if !s.begin(&bc.sockConn) {
 			return
 		}
-		bc.busy = true
-		s.mu.Unlock()
 		// The call, from its first byte, has bufCallTimeout; its answer
 		// then has bufAnswerTimeout more to be written.
 		callDeadline := time.Now().Add(bufCallTimeout)
@@ -227,11 +196,7 @@ func (s *bufServer) serve(bc *bufConn) {
 		if _, err := bc.conn.Write(ans); err != nil {
 			return
 		}
-		s.mu.Lock()
-		bc.busy = false
-		closing := s.closing
-		s.mu.Unlock()
-		if !ok || closing {
+		if closing := s.end(&bc.sockConn); !ok || closing {
 			return
 		}
 	}
@@ -273,19 +238,19 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		code, msg = tp.ErrorCode_INVALID_ARGUMENT, "buffer socket: malformed "+method+" request"
 		return false
 	}
-	d := wire{b: body}
+	d := wire.Reader{B: body}
 	switch op {
 	case bufOpRegister:
 		method = "RegisterBuffer"
-		size := d.u64()
-		if !d.done() {
+		size := d.U64()
+		if !d.Done() {
 			return nil, malformed()
 		}
 		value, err = bc.register(size)
 	case bufOpUnregister:
 		method = "UnregisterBuffer"
-		id := d.u64()
-		if !d.done() {
+		id := d.U64()
+		if !d.Done() {
 			return nil, malformed()
 		}
 		if _, held := bc.bufs[id]; !held {
@@ -295,9 +260,9 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		}
 	case bufOpGet:
 		method = "GetIntoBuffer"
-		id, off, n, sc := d.u64(), d.u64(), d.u64(), d.u8()
-		ns, key := d.str16(), d.str16()
-		if !d.done() {
+		id, off, n, sc := d.U64(), d.U64(), d.U64(), d.U8()
+		ns, key := d.Str16(), d.Str16()
+		if !d.Done() {
 			return nil, malformed()
 		}
 		var got int64
@@ -306,10 +271,10 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		}
 	case bufOpPut:
 		method = "PutFromBuffer"
-		id, off, n := d.u64(), d.u64(), d.u64()
-		opts, syncReplicas, check := d.putOpts()
-		ns, key := d.str16(), d.str16()
-		if !d.done() {
+		id, off, n := d.U64(), d.U64(), d.U64()
+		opts, syncReplicas, check := putOpts(&d)
+		ns, key := d.Str16(), d.Str16()
+		if !d.Done() {
 			return nil, malformed()
 		}
 		var existed bool
@@ -317,16 +282,16 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		value = b2u(existed)
 	case bufOpBatchGet:
 		method = "BatchGetIntoBuffer"
-		id, sc, ns, count := d.u64(), d.u8(), d.str16(), d.u16()
+		id, sc, ns, count := d.U64(), d.U8(), d.Str16(), d.U16()
 		type get struct {
 			off, n uint64
 			key    []byte
 		}
-		gets := make([]get, 0, min(int(count), len(d.b)/18))
+		gets := make([]get, 0, min(int(count), len(d.B)/18))
 		for range count {
-			gets = append(gets, get{d.u64(), d.u64(), d.str16()})
+			gets = append(gets, get{d.U64(), d.U64(), d.Str16()})
 		}
-		if !d.done() {
+		if !d.Done() {
 			return nil, malformed()
 		}
 		if err = s.checkBatch(len(gets)); err != nil {
@@ -342,8 +307,8 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		}
 	case bufOpBatchPut:
 		method = "BatchPutFromBuffer"
-		id, flags, syncReplicas := d.u64(), d.u8(), int32(d.u32())
-		ns, count := d.str16(), d.u16()
+		id, flags, syncReplicas := d.U64(), d.U8(), int32(d.U32())
+		ns, count := d.Str16(), d.U16()
 		if flags&^bufDurable != 0 {
 			return nil, malformed()
 		}
@@ -353,21 +318,21 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 			sum    *uint32
 			key    []byte
 		}
-		puts := make([]put, 0, min(int(count), len(d.b)/27))
+		puts := make([]put, 0, min(int(count), len(d.B)/27))
 		for range count {
-			it := put{off: d.u64(), n: d.u64(), depth: int32(d.u32())}
-			has, crc := d.u8(), d.u32()
+			it := put{off: d.U64(), n: d.U64(), depth: int32(d.U32())}
+			has, crc := d.U8(), d.U32()
 			switch has {
 			case 0:
 			case 1:
 				it.sum = &crc
 			default:
-				d.bad = true
+				d.Bad = true
 			}
-			it.key = d.str16()
+			it.key = d.Str16()
 			puts = append(puts, it)
 		}
-		if !d.done() {
+		if !d.Done() {
 			return nil, malformed()
 		}
 		if err = s.checkBatch(len(puts)); err != nil {
@@ -485,7 +450,7 @@ func (bc *bufConn) drop(id uint64) {
 func (bc *bufConn) read(b []byte) error {
 	oob := make([]byte, syscall.CmsgSpace(4*4))
 	for len(b) > 0 {
-		n, oobn, _, _, err := bc.conn.ReadMsgUnix(b, oob)
+		n, oobn, _, _, err := bc.uc.ReadMsgUnix(b, oob)
 		if oobn > 0 {
 			bc.takeFDs(oob[:oobn])
 		}
@@ -560,102 +525,18 @@ func bufAnswer(code tp.ErrorCode, msg string, sum uint32, value uint64, items []
 	return b
 }
 
-// wire reads big-endian fields; past the end it sets bad and returns
-// zeros.
-type wire struct {
-	b   []byte
-	bad bool
-}
-
-func (d *wire) take(n int) []byte {
-	if d.bad || n > len(d.b) {
-		d.bad = true
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *wire) u8() uint8 {
-	if v := d.take(1); v != nil {
-		return v[0]
-	}
-	return 0
-}
-
-func (d *wire) u16() uint16 {
-	if v := d.take(2); v != nil {
-		return binary.BigEndian.Uint16(v)
-	}
-	return 0
-}
-
-func (d *wire) u32() uint32 {
-	if v := d.take(4); v != nil {
-		return binary.BigEndian.Uint32(v)
-	}
-	return 0
-}
-
-// done reports whether the body parsed to its last byte.
-func (d *wire) done() bool { return !d.bad && len(d.b) == 0 }
-
 // putOpts reads a put's i32 depth, u8 flags (bufDurable, bufChecksum),
 // i32 sync_replicas and u32 checksum (meant only with bufChecksum).
-func (d *wire) putOpts() (cache.PutOptions, int32, *uint32) {
-	opts := cache.PutOptions{Depth: int32(d.u32())}
-	flags := d.u8()
-	syncReplicas, crc := int32(d.u32()), d.u32()
+func putOpts(d *wire.Reader) (cache.PutOptions, int32, *uint32) {
+	opts := cache.PutOptions{Depth: int32(d.U32())}
+	flags := d.U8()
+	syncReplicas, crc := int32(d.U32()), d.U32()
 	if flags&^(bufDurable|bufChecksum) != 0 {
-		d.bad = true
+		d.Bad = true
 	}
 	opts.Durable = flags&bufDurable != 0
 	if flags&bufChecksum == 0 {
 		return opts, syncReplicas, nil
 	}
 	return opts, syncReplicas, &crc
-}
-
-func (d *wire) u64() uint64 {
-	if v := d.take(8); v != nil {
-		return binary.BigEndian.Uint64(v)
-	}
-	return 0
-}
-
-func (d *wire) str16() []byte {
-	v := d.take(2)
-	if v == nil {
-		return nil
-	}
-	return d.take(int(binary.BigEndian.Uint16(v)))
-}
-
-// close stops accepting, lets calls in flight finish (up to the drain
-// timeout), then closes every connection, which unmaps its buffers.
-func (s *bufServer) close() {
-	s.mu.Lock()
-	s.closing = true
-	close(s.closed)
-	for bc := range s.active {
-		if !bc.busy {
-			_ = bc.conn.SetReadDeadline(time.Now()) // wakes the idle read
-		}
-	}
-	s.mu.Unlock()
-	s.ln.Close()
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return
-	case <-time.After(s.drain):
-	}
-	s.mu.Lock()
-	for bc := range s.active {
-		bc.conn.Close()
-	}
-	s.mu.Unlock()
-	<-done
 }

@@ -23,8 +23,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
@@ -64,44 +62,20 @@ const (
 
 // putServer serves the put socket.
 type putServer struct {
-	ln    net.Listener
+	sockConns
 	p     *proxy.Proxy
 	conns *connTracker
 	obs   Observer
-	drain time.Duration
 	// maxRequest bounds the bytes one call may read (MaxRequestBytes).
 	maxRequest int64
-	lg         *zap.Logger
-	closed     chan struct{}
-
-	accepted, acceptErrors atomic.Uint64
-
-	mu      sync.Mutex
-	active  map[*putConn]struct{}
-	closing bool
-	wg      sync.WaitGroup
-}
-
-// putConn is one connection; busy is set while a call is being served.
-type putConn struct {
-	conn net.Conn
-	busy bool
 }
 
 func newPutServer(ln net.Listener, p *proxy.Proxy, conns *connTracker, cfg Config, lg *zap.Logger) *putServer {
-	return &putServer{ln: ln, p: p, conns: conns, obs: cfg.Observer, drain: cfg.DrainTimeout, maxRequest: int64(cfg.MaxRequestBytes), lg: lg,
-		closed: make(chan struct{}), active: make(map[*putConn]struct{})}
+	return &putServer{sockConns: newSockConns(ln, lg, "put socket", cfg.DrainTimeout), p: p, conns: conns, obs: cfg.Observer,
+		maxRequest: int64(cfg.MaxRequestBytes)}
 }
 
-func (s *putServer) start() {
-	s.wg.Add(1)
-	go s.accept()
-}
-
-func (s *putServer) accept() {
-	defer s.wg.Done()
-	acceptLoop(s.ln, s.closed, s.lg, "put socket", &s.accepted, &s.acceptErrors, s.admit)
-}
+func (s *putServer) start() { s.sockConns.start(s.admit) }
 
 // admit starts serving a connection accepted on the put socket.
 func (s *putServer) admit(conn net.Conn) {
@@ -114,59 +88,22 @@ func (s *putServer) admit(conn net.Conn) {
 		conn.Close()
 		return
 	}
-	pc := &putConn{conn: conn}
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
+	pc := &sockConn{conn: conn}
+	if !s.add(pc) {
 		s.conns.OnInactive(ctx, conn)
 		conn.Close()
 		return
 	}
-	s.active[pc] = struct{}{}
-	s.wg.Add(1)
-	s.mu.Unlock()
 	go s.serve(ctx, pc)
-}
-
-// acceptLoop accepts connections on ln until closed is closed, handing
-// each to admit. accept(2) failures (EMFILE and the like) are counted and
-// logged, and accepting backs off and goes on, as the engine socket does.
-func acceptLoop(ln net.Listener, closed <-chan struct{}, lg *zap.Logger, what string, accepted, failed *atomic.Uint64, admit func(net.Conn)) {
-	backoff := 5 * time.Millisecond
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			select {
-			case <-closed:
-				return
-			default:
-			}
-			failed.Add(1)
-			lg.Warn(what+": accept failed", zap.Error(err), zap.Duration("retry_in", backoff))
-			select {
-			case <-time.After(backoff):
-			case <-closed:
-				return
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 5 * time.Millisecond
-		accepted.Add(1)
-		admit(conn)
-	}
 }
 
 // serve answers pc's calls one after another until it closes, idles out,
 // sends what does not parse, or the server closes.
-func (s *putServer) serve(ctx context.Context, pc *putConn) {
-	defer s.wg.Done()
+func (s *putServer) serve(ctx context.Context, pc *sockConn) {
 	defer func() {
-		s.mu.Lock()
-		delete(s.active, pc)
-		s.mu.Unlock()
 		s.conns.OnInactive(ctx, pc.conn)
 		pc.conn.Close()
+		s.done(pc)
 	}()
 	lr := &limitReader{r: pc.conn}
 	var callDeadline time.Time
@@ -175,26 +112,17 @@ func (s *putServer) serve(ctx context.Context, pc *putConn) {
 	var w []byte
 	for {
 		// Idle until a request's first byte (the tracker's reaper closes
-		// the connection after IdleTimeout; close wakes it too, through
-		// the deadline: set under the lock, so that close cannot miss it).
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
+		// the connection after IdleTimeout; close wakes it too).
+		if !s.idle(pc) {
 			return
 		}
-		_ = pc.conn.SetReadDeadline(time.Time{})
-		s.mu.Unlock()
 		lr.left = s.maxRequest // the next call's allowance (what is buffered came under the last one's)
 		if _, err := r.Peek(1); err != nil {
 			return
 		}
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
+		if !s.begin(pc) {
 			return
 		}
-		pc.busy = true
-		s.mu.Unlock()
 		_, _ = s.conns.OnRead(ctx, pc.conn)
 		callDeadline = time.Now().Add(putCallTimeout)
 		_ = pc.conn.SetDeadline(callDeadline)
@@ -209,11 +137,7 @@ func (s *putServer) serve(ctx context.Context, pc *putConn) {
 			}
 		}
 		_, _ = s.conns.Write(ctx, pc.conn, nil)
-		s.mu.Lock()
-		pc.busy = false
-		closing := s.closing
-		s.mu.Unlock()
-		if !ok || closing {
+		if closing := s.end(pc); !ok || closing {
 			return
 		}
 	}
@@ -490,32 +414,4 @@ func (q *putRequest) finish() (existed bool, err error) {
 		return true, nil
 	}
 	return q.s.p.Put(q.ctx(), string(q.ns), q.key, q.value, q.opts)
-}
-
-// close stops accepting, lets calls in flight finish (up to the drain
-// timeout), then closes every connection.
-func (s *putServer) close() {
-	s.mu.Lock()
-	s.closing = true
-	close(s.closed)
-	for pc := range s.active {
-		if !pc.busy {
-			_ = pc.conn.SetReadDeadline(time.Now()) // wakes the idle read
-		}
-	}
-	s.mu.Unlock()
-	s.ln.Close()
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return
-	case <-time.After(s.drain):
-	}
-	s.mu.Lock()
-	for pc := range s.active {
-		pc.conn.Close()
-	}
-	s.mu.Unlock()
-	<-done
 }

@@ -336,9 +336,7 @@ func (s *Server) ConnStats() ConnStats {
 		st.Accepted += s.bufs.accepted.Load()
 		st.AcceptErrors += s.bufs.acceptErrors.Load()
 		st.Refused += s.bufs.refused.Load()
-		s.bufs.mu.Lock()
-		st.Active += int64(len(s.bufs.active))
-		s.bufs.mu.Unlock()
+		st.Active += int64(s.bufs.open())
 	}
 	return st
 }

@@ -50,6 +50,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/wire"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
@@ -92,14 +93,14 @@ func encodeFetchRequest(a *peer.Auth, ns string, key []byte) ([]byte, error) {
 var errFetchRequest = errors.New("peerapi: malformed named-read request")
 
 func decodeFetchRequest(b []byte) (fetchRequest, error) {
-	d := wireReader{b: b}
-	if v := d.u8(); v != fetchVersion {
+	d := wire.Reader{B: b}
+	if v := d.U8(); v != fetchVersion {
 		return fetchRequest{}, fmt.Errorf("%w: version %d", errFetchRequest, v)
 	}
-	r := fetchRequest{protocol: d.u16()}
-	r.label, r.token, r.ns = string(d.str16()), string(d.str16()), string(d.str16())
-	r.key = bytes.Clone(d.str16()) // req is the transport's buffer, reused for the next request
-	if d.bad || len(d.b) != 0 {
+	r := fetchRequest{protocol: d.U16()}
+	r.label, r.token, r.ns = string(d.Str16()), string(d.Str16()), string(d.Str16())
+	r.key = bytes.Clone(d.Str16()) // req is the transport's buffer, reused for the next request
+	if !d.Done() {
 		return fetchRequest{}, fmt.Errorf("%w: %d bytes", errFetchRequest, len(b))
 	}
 	return r, nil
@@ -134,16 +135,16 @@ func encodeFetchMeta(m fetchMeta) []byte {
 }
 
 func decodeFetchMeta(b []byte) (fetchMeta, error) {
-	d := wireReader{b: b}
-	if v := d.u8(); v != fetchVersion {
+	d := wire.Reader{B: b}
+	if v := d.U8(); v != fetchVersion {
 		return fetchMeta{}, fmt.Errorf("%w: named-read answer version %d", ErrProtocol, v)
 	}
-	m := fetchMeta{code: tp.ErrorCode(d.u16())}
-	flags := d.u8()
+	m := fetchMeta{code: tp.ErrorCode(d.U16())}
+	flags := d.U8()
 	m.refused = flags&metaRefused != 0
-	m.checksum, m.depth = d.u32(), int32(d.u32())
-	msg := d.str16()
-	if d.bad || len(d.b) != 0 || len(msg) > maxMetaMsg || flags&^metaRefused != 0 {
+	m.checksum, m.depth = d.U32(), int32(d.U32())
+	msg := d.Str16()
+	if !d.Done() || len(msg) > maxMetaMsg || flags&^metaRefused != 0 {
 		return fetchMeta{}, fmt.Errorf("%w: named-read answer of %d bytes", ErrProtocol, len(b))
 	}
 	m.msg = string(msg)
@@ -152,46 +153,6 @@ func decodeFetchMeta(b []byte) (fetchMeta, error) {
 	}
 	return m, nil
 }
-
-// wireReader reads big-endian fields; past the end it sets bad and
-// returns zeros.
-type wireReader struct {
-	b   []byte
-	bad bool
-}
-
-func (d *wireReader) take(n int) []byte {
-	if d.bad || n > len(d.b) {
-		d.bad = true
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *wireReader) u8() uint8 {
-	if v := d.take(1); v != nil {
-		return v[0]
-	}
-	return 0
-}
-
-func (d *wireReader) u16() uint16 {
-	if v := d.take(2); v != nil {
-		return binary.BigEndian.Uint16(v)
-	}
-	return 0
-}
-
-func (d *wireReader) u32() uint32 {
-	if v := d.take(4); v != nil {
-		return binary.BigEndian.Uint32(v)
-	}
-	return 0
-}
-
-func (d *wireReader) str16() []byte { return d.take(int(d.u16())) }
 
 // ---- owner side ----
 
