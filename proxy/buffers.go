@@ -89,9 +89,11 @@ func (p *Proxy) GetInto(ctx context.Context, ns string, key, dst []byte, scope S
 	return n, info, err
 }
 
-// copyLocal copies the block of (ns, key) from this node's tiers into dst.
-// The pins are released even when the copy faults (a caller's mapping
-// that could not be written: engineapi's buffer socket recovers it).
+// copyLocal copies the block of (ns, key) from this node's tiers into dst:
+// from the DRAM arenas pinned in place, else (a slower tier) read by the
+// store straight into dst. The pins are released even when the copy
+// faults (a caller's mapping that could not be written: engineapi's
+// buffer socket recovers it).
 func (p *Proxy) copyLocal(ctx context.Context, ns string, key, dst []byte) (_ int64, _ cache.Info, err error) {
 	var pins Pins
 	defer func() {
@@ -99,14 +101,20 @@ func (p *Proxy) copyLocal(ctx context.Context, ns string, key, dst []byte) (_ in
 			err = rerr // the pin's lease ended before the copy did: the bytes may be wrong
 		}
 	}()
-	v, info, err := p.local(ctx, ns, key, &pins)
-	if err != nil {
-		return 0, cache.Info{}, err
+	v, info, pinned := p.pin(ctx, ns, key, &pins)
+	if !pinned {
+		// Store.Get writes into dst only when the block fits; a longer one
+		// comes back in a slice of its own, dst untouched.
+		if v, info, err = p.store.Get(ctx, ns, key, dst[:0]); err != nil {
+			return 0, cache.Info{}, err
+		}
 	}
 	if len(v) > len(dst) {
 		return 0, cache.Info{}, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, len(v), len(dst))
 	}
-	copy(dst, v)
+	if len(v) > 0 && &v[0] != &dst[0] {
+		copy(dst, v)
+	}
 	return int64(len(v)), info, nil
 }
 

@@ -84,3 +84,26 @@ func TestPutFrom(t *testing.T) {
 		t.Fatalf("second PutFrom: existed %v, %v", existed, err)
 	}
 }
+
+// TestGetIntoFromStore: a block the store serves (no arenas: a slower
+// tier's path) is read straight into dst; one longer than dst is
+// ErrTooLarge with dst untouched.
+func TestGetIntoFromStore(t *testing.T) {
+	ctx := context.Background()
+	p, _ := newTestProxy(t, nil)
+	val := bytes.Repeat([]byte("ab"), 300)
+	if _, err := p.Put(ctx, "ns", []byte("k"), val, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, 1000)
+	if n, _, err := p.GetInto(ctx, "ns", []byte("k"), dst, ScopeLocal); err != nil || !bytes.Equal(dst[:n], val) {
+		t.Fatalf("GetInto: %d bytes, %v", n, err)
+	}
+	small := bytes.Repeat([]byte{0x5A}, 100)
+	if _, _, err := p.GetInto(ctx, "ns", []byte("k"), small, ScopeLocal); !errors.Is(err, cache.ErrTooLarge) || !bytes.Equal(small, bytes.Repeat([]byte{0x5A}, 100)) {
+		t.Fatalf("too large: %v, dst %q", err, small[:8])
+	}
+	if _, _, err := p.GetInto(ctx, "ns", []byte("absent"), dst, ScopeLocal); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("miss: %v", err)
+	}
+}
