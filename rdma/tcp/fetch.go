@@ -233,11 +233,9 @@ func (c *conn) fetch(f *fetchCall) (bool, error) {
 		if d.Op != frame.OpReadData || !d.Summed() || d.Offset != got || d.Length == 0 || uint64(d.Length) > n-got {
 			return false, fmt.Errorf("%w: unexpected %s at %d len %d in a fetch of %d bytes", rdma.ErrProtocol, d.Op, d.Offset, d.Length, n)
 		}
-		dst := mem[got : got+uint64(d.Length)]
-		if _, err := io.ReadFull(c.br, dst); err != nil {
+		if sum, err = readSummed(c.br, mem[got:got+uint64(d.Length)], sum); err != nil {
 			return false, lost(err)
 		}
-		sum = frame.UpdateChecksum(sum, dst)
 		got += uint64(d.Length)
 		if d.Last() != (got == n) {
 			return false, fmt.Errorf("%w: fetch data ended at %d of %d bytes", rdma.ErrProtocol, got, n)
@@ -248,4 +246,23 @@ func (c *conn) fetch(f *fetchCall) (bool, error) {
 	}
 	f.n = n
 	return true, nil
+}
+
+// readSummed fills dst from r and extends sum over it piece by piece, as
+// the bytes arrive: each piece is checksummed while it is still in the
+// cache and while the owner goes on sending, so that only the last piece's
+// checksum is left once the last byte has landed.
+func readSummed(r io.Reader, dst []byte, sum uint32) (uint32, error) {
+	for off := 0; off < len(dst); {
+		n, err := r.Read(dst[off:])
+		sum = frame.UpdateChecksum(sum, dst[off:off+n])
+		off += n
+		if err != nil && off < len(dst) {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return sum, err
+		}
+	}
+	return sum, nil
 }

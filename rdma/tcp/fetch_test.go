@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/tidepool-kv/tidepool/protocol/frame"
@@ -288,5 +289,36 @@ func TestFetchMem(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d pins not given back", o.pinned.Load())
 		}
+	}
+}
+
+// TestReadSummed: the checksum taken piece by piece as the bytes arrive is
+// the checksum of the whole, however the reads are cut; a stream that ends
+// early is an error, never a short success.
+func TestReadSummed(t *testing.T) {
+	src := make([]byte, 300<<10+7)
+	for i := range src {
+		src[i] = byte(i*7 + i>>9)
+	}
+	want := frame.UpdateChecksum(frame.UpdateChecksum(0, []byte("head")), src)
+	for name, r := range map[string]io.Reader{
+		"whole":    bytes.NewReader(src),
+		"one byte": iotest.OneByteReader(bytes.NewReader(src)),
+		"halves":   iotest.HalfReader(bytes.NewReader(src)),
+		"data+EOF": iotest.DataErrReader(bytes.NewReader(src)),
+	} {
+		dst := make([]byte, len(src))
+		sum, err := readSummed(r, dst, frame.UpdateChecksum(0, []byte("head")))
+		if err != nil || sum != want || !bytes.Equal(dst, src) {
+			t.Errorf("%s: sum %08x err %v (want %08x), bytes equal %v", name, sum, err, want, bytes.Equal(dst, src))
+		}
+	}
+	dst := make([]byte, len(src)+1)
+	if _, err := readSummed(iotest.HalfReader(bytes.NewReader(src)), dst, 0); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("short stream: %v, want io.ErrUnexpectedEOF", err)
+	}
+	boom := errors.New("boom")
+	if _, err := readSummed(io.MultiReader(bytes.NewReader(src[:10]), iotest.ErrReader(boom)), make([]byte, 20), 0); !errors.Is(err, boom) {
+		t.Errorf("reader error: %v, want boom", err)
 	}
 }
