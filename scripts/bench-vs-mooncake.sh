@@ -32,6 +32,9 @@
 #   DURATION        seconds per timed run (default 3)
 #   CONC            the many-callers count (default 16)
 #   NODE_CAPACITY   DRAM per node on both systems, MiB (default 1024)
+#   REMOTE_PASSES   passes of each remote get run, each on freshly written
+#                   keys (default 4): one pass reads only what fits in
+#                   node 1, a tenth of a second or two
 #   REPLAY_REQUESTS trace requests replayed (default 0: all)
 #   REPLAY_CAPACITY per-node capacity of the replay, tokens (default 3M; at
 #                   least 2M: a Mooncake segment is at least 16 MiB)
@@ -72,6 +75,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-3}
 CONC=${CONC:-16}
 NODE_CAPACITY=${NODE_CAPACITY:-1024}
+REMOTE_PASSES=${REMOTE_PASSES:-4}
 REPLAY_REQUESTS=${REPLAY_REQUESTS:-0}
 REPLAY_CAPACITY=${REPLAY_CAPACITY:-3M}
 ONLY=${ONLY:-}
@@ -79,7 +83,7 @@ KEEP_WORK=${KEEP_WORK:-0}
 MC_THREADS=${MC_THREADS:-$(nproc)}
 TRACE=${TRACE:-$ROOT/../shared/traces/conversation_trace.jsonl}
 if [[ $QUICK == 1 ]]; then
-	ROUNDS=1 DURATION=1 CONC=4 REPLAY_REQUESTS=300 NODE_CAPACITY=256
+	ROUNDS=1 DURATION=1 CONC=4 REPLAY_REQUESTS=300 NODE_CAPACITY=256 REMOTE_PASSES=2
 fi
 
 log() { echo "bench-vs-mooncake: $*" >&2; }
@@ -210,8 +214,8 @@ row "put 1 MiB, inline, 1 caller" put 1
 row "put 1 MiB, inline, $CONC callers" put "$CONC"
 row "get 1 MiB, inline, 1 caller" get 1
 row "get 1 MiB, inline, $CONC callers" get "$CONC"
-row "remote get 1 MiB over TCP, 1 caller" remote-get 1 --keys $((NODE_CAPACITY * 3 / 8))
-row "remote get 1 MiB over TCP, $CONC callers" remote-get "$CONC" --keys $((CONC * 16))
+row "remote get 1 MiB over TCP, 1 caller" remote-get 1 --keys $((NODE_CAPACITY * 3 / 8)) --passes "$REMOTE_PASSES"
+row "remote get 1 MiB over TCP, $CONC callers" remote-get "$CONC" --keys $((CONC * 16)) --passes "$REMOTE_PASSES"
 row "batch_put 64 x 64 KiB, 1 caller" batch-put 1 --size 65536 --batch 64
 row "batch_get 64 x 64 KiB, 1 caller" batch-get 1 --size 65536 --batch 64
 row "prefix lookup of 256 keys, 1 caller" lookup 1 --size 4096 --batch 256
@@ -231,7 +235,7 @@ run_driver() { # SYSTEM ROUND LABEL WORKLOAD CONC ARGS...
 		--duration "$DURATION" "${nodes[@]}" "$@" 2>>"$WORK/driver-$sys.log" | tail -n 1); then
 		"$PY" -c 'import json, sys; d = json.loads(sys.argv[1]); d.update(round=int(sys.argv[2]), label=sys.argv[3]); print(json.dumps(d))' \
 			"$out" "$round" "$label" >>"$RESULTS"
-		log "round $round $sys $label: $(jq -r '"\(.value) \(.unit) (\(.ok) ok, \(.fail) failed\(if .owned_keys then ", \(.exhausted) of them not on owned keys" else "" end))"' <<<"$out" 2>/dev/null || echo "$out")"
+		log "round $round $sys $label: $(jq -r '"\(.value) \(.unit) (\(.ok) ok, \(.fail) failed\(if .owned_keys then ", \(.exhausted) of them not on owned keys" else "" end)\(if .passes then "; passes \(.pass_values | map(tostring) | join(", "))" else "" end))"' <<<"$out" 2>/dev/null || echo "$out")"
 	else
 		log "round $round $sys $label: driver failed: $(grep -v "^[IWE][0-9]" "$WORK/driver-$sys.log" | tail -n 1)"
 	fi
