@@ -528,9 +528,7 @@ def measure(args):
                pass_values=[o["value"] for o in outs],
                p50_us=round(lat[len(lat) // 2] * 1e6, 1) if lat else 0.0)
     out["value"] = round(sum(o["bytes"] for o in outs) / secs / MIB, 1) if secs > 0 else 0.0
-    for o in outs:
-        o.pop("bytes", None)
-    out.pop("bytes", None)
+    del out["bytes"]
     return out
 
 
