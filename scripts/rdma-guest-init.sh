@@ -87,6 +87,9 @@ while IFS='	' read -r name cmd; do
 	echo "RDMA-STEP-BEGIN $name"
 	timeout "$step_timeout" sh -c "$cmd" 2>&1
 	rc=$?
+	# A step's output need not end with a newline; the marker must start
+	# a line of its own for the host to find it.
+	echo
 	echo "RDMA-STEP $name rc=$rc"
 	[ $rc -ne 0 ] && fail=1
 done </tests/steps

@@ -156,8 +156,10 @@ for s in "${STEPS[@]}"; do
 		add devinfo "/usr/bin/ibv_devices && /usr/bin/ibv_devinfo -d rxe0 && /usr/bin/rdma link show"
 		;;
 	readbw)
-		# ib_read_bw loopback on rxe0: the limit of this setup.
-		add readbw "(/usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 200 --report_gbits >/tmp/rbw-server.log 2>&1 &) ; sleep 1; /usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 200 --report_gbits 10.0.0.1; rc=\$?; cat /tmp/rbw-server.log; exit \$rc"
+		# ib_read_bw loopback on rxe0: the limit of this setup. The server's
+		# log is read once it has exited: its stdout is a file, so until
+		# then the log may end mid-line (and take the RDMA-STEP line with it).
+		add readbw "/usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 200 --report_gbits >/tmp/rbw-server.log 2>&1 & srv=\$!; sleep 1; /usr/bin/ib_read_bw -d rxe0 -x 1 -F -s 1048576 -n 200 --report_gbits 10.0.0.1; rc=\$?; wait \$srv || rc=1; cat /tmp/rbw-server.log; exit \$rc"
 		;;
 	verbs)
 		add verbs "TIDEPOOL_RDMA_DEVICE=rxe0 /tests/verbs.test -test.v -test.count=1 -test.timeout=${STEP_TIMEOUT}s -test.run '$RUN'"
