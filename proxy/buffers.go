@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -145,6 +146,7 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 			continue
 		}
 		var b RemoteBlock
+		start := time.Now()
 		err = r.peers.FetchTo(ctx, node, ns, key, func(got RemoteBlock) ([]byte, error) {
 			if got.Length < 0 || got.Length > int64(len(dst)) {
 				return nil, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, got.Length, len(dst))
@@ -165,6 +167,9 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 		pc := r.stats.of(node)
 		pc.fetches.Add(1)
 		pc.named.Add(1)
+		if o == callOK {
+			pc.latency.Add(int64(time.Since(start))) // calls the node answered
+		}
 		if !errors.Is(err, cache.ErrTooLarge) {
 			pc.landed(b.Length, err)
 		}

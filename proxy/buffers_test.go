@@ -39,6 +39,12 @@ func TestGetIntoFetchesToMemory(t *testing.T) {
 	if _, ok, _ := ps["a"].Exists(ctx, "ns", keys[0], ScopeLocal); ok {
 		t.Fatal("a block read into the caller's memory was kept")
 	}
+	// Counted as a fetch from b, with the time it took (the mean per
+	// block on the dashboards divides one by the other).
+	if st := ps["a"].PeerStats(); len(st) != 1 || st[0].Node != "b" || st[0].Fetches != 1 || st[0].NamedReads != 1 ||
+		st[0].FetchedBlocks != 1 || st[0].FetchedBytes != int64(len(val)) || st[0].FetchLatency <= 0 {
+		t.Fatalf("peer stats after one read into memory: %+v", st)
+	}
 	peers["a"].corrupt.Store(true)
 	if _, _, err := ps["a"].GetInto(ctx, "ns", keys[1], dst, ScopeCluster); !errors.Is(err, cache.ErrChecksum) {
 		t.Fatalf("a block damaged in transit: %v, want ErrChecksum", err)
