@@ -152,6 +152,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	tcfg.Key = akey
 	tcfg.MaxConns = cfg.PeerMaxConns
 	tcfg.IdleTimeout = cfg.PeerIdleTime
+	tcfg.Congestion = cfg.TCPCongestion
 	// Components that name their own logger (rdma/tcp, cluster, the cache
 	// tiers) get lg as it is; naming it here too doubled the name
 	// ("rdma.rdma.tcp", "cluster.cluster").

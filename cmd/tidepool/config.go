@@ -29,6 +29,7 @@ import (
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 	"github.com/tidepool-kv/tidepool/rdma/auto"
+	"github.com/tidepool-kv/tidepool/rdma/tcp"
 	"github.com/tidepool-kv/tidepool/rdma/verbs"
 )
 
@@ -69,6 +70,7 @@ type Config struct {
 	Transport       string        // auto, tcp or rdma: how blocks move between nodes
 	RDMADevice      string        // RDMA device for transport auto/rdma; empty: the first active one
 	RDMAGIDIndex    int           // GID index; -1: the first RoCE v2 GID (IPv4-mapped first)
+	TCPCongestion   []string      // congestion controls of the TCP transfer connections, first accepted wins; "system": the host's
 	Join            []string      // addresses or DNS names of members to join
 	Replicas        int           // owners per block (R)
 	GossipKeyFile   string        // file holding the gossip encryption key
@@ -233,6 +235,7 @@ var settings = []setting{
 	stringSetting("transfer_addr", "host:port of the block transfer layer (TCP); default bind_addr:7948 in cluster mode", func(c *Config) *string { return &c.TransferAddr }),
 	stringSetting("transport", "how blocks move between nodes: auto (RDMA to peers that serve it, when this binary has the verbs binding and the host a device; TCP otherwise), tcp, or rdma (like auto, but refuse to start without a device); docs/rdma.md", func(c *Config) *string { return &c.Transport }),
 	stringSetting("rdma_device", "RDMA device(s) for transport auto or rdma (e.g. mlx5_0, or mlx5_0,mlx5_1 to slice transfers across several); empty: the first with an active port", func(c *Config) *string { return &c.RDMADevice }),
+	listSetting("transfer_tcp_congestion", "comma-separated TCP congestion controls for the TCP transfer connections, in order: each connection gets the first the kernel accepts; system keeps the host's default (net.ipv4.tcp_congestion_control); docs/config.md says why not BBR", func(c *Config) *[]string { return &c.TCPCongestion }),
 	intSetting("rdma_gid_index", "GID index of the RDMA port; -1: the first RoCE v2 GID, preferring an IPv4-mapped one", func(c *Config) *int { return &c.RDMAGIDIndex }),
 	listSetting("join", "comma-separated addresses or DNS names (default port 7946) of cluster members to join; turns cluster mode on; retried in the background until a peer answers", func(c *Config) *[]string { return &c.Join }),
 	intSetting("replicas", "owners per block (R)", func(c *Config) *int { return &c.Replicas }),
@@ -342,6 +345,7 @@ func DefaultConfig() Config {
 		PeerIdleTime:    pc.IdleTimeout,
 		Transport:       auto.ModeAuto,
 		RDMAGIDIndex:    verbs.DefaultConfig().GIDIndex,
+		TCPCongestion:   tcp.DefaultConfig().Congestion,
 
 		RemoteTimeout:     rc.RemoteTimeout,
 		PeerDownFor:       rc.PeerDownFor,
@@ -487,6 +491,9 @@ func (c Config) Validate() error {
 	case "auto", "tcp", "rdma":
 	default:
 		bad("transport %q: want auto, tcp or rdma", c.Transport)
+	}
+	if err := tcp.CheckCongestion(c.TCPCongestion); err != nil {
+		bad("transfer_tcp_congestion: %v", err)
 	}
 	if c.RDMAGIDIndex < -1 {
 		bad("rdma_gid_index %d: want -1 (automatic) or an index", c.RDMAGIDIndex)

@@ -77,11 +77,11 @@ func TestConfigErrors(t *testing.T) {
 	}
 	// Every invalid value is reported at once, including contradictions.
 	_, err = parse(t, []string{"--socket", "relative.sock", "--dram-capacity", "4MiB", "--max-value-size", "8MiB", "--log-level", "loud", "--max-batch", "0",
-		"--ssd-background-priority", "idle", "--demotion-wait", "-1s"}, nil)
+		"--ssd-background-priority", "idle", "--demotion-wait", "-1s", "--transfer-tcp-congestion", "cubic,BBR"}, nil)
 	if err == nil {
 		t.Fatal("invalid flags accepted")
 	}
-	for _, want := range []string{"absolute path", "exceeds dram_capacity", "log_level", "max_batch", `ssd_background_priority "idle": low or normal`, "demotion_wait -1s: must not be negative"} {
+	for _, want := range []string{"absolute path", "exceeds dram_capacity", "log_level", "max_batch", `ssd_background_priority "idle": low or normal`, "demotion_wait -1s: must not be negative", `transfer_tcp_congestion: "BBR"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

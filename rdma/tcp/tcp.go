@@ -101,6 +101,13 @@ type Config struct {
 	// Defaults 3 and 100 ms.
 	MaxKeyFailures  int
 	KeyFailureDelay time.Duration
+	// Congestion lists TCP congestion control algorithms in order of
+	// preference: each connection, dialed or accepted, gets the first the
+	// kernel accepts (TCP_CONGESTION; congestion.go says why BBR is not
+	// wanted here). SystemCongestion ("system") keeps the system's default;
+	// so does a list the kernel refuses whole (logged once). Default
+	// cubic, then reno.
+	Congestion []string
 }
 
 // DefaultConfig returns the defaults documented on Config.
@@ -116,6 +123,7 @@ func DefaultConfig() Config {
 		MaxConns:        1024,
 		MaxKeyFailures:  3,
 		KeyFailureDelay: 100 * time.Millisecond,
+		Congestion:      []string{"cubic", "reno"},
 	}
 }
 
@@ -152,6 +160,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.KeyFailureDelay == 0 {
 		c.KeyFailureDelay = d.KeyFailureDelay
+	}
+	if len(c.Congestion) == 0 {
+		c.Congestion = d.Congestion
 	}
 	return c
 }
@@ -196,6 +207,9 @@ func (c Config) Validate() error {
 	if c.IdleTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("tcp: IdleTimeout %v must be > 0", c.IdleTimeout))
 	}
+	if err := CheckCongestion(c.Congestion); err != nil {
+		errs = append(errs, fmt.Errorf("tcp: Congestion: %w", err))
+	}
 	if c.MaxConns < 0 || c.MaxKeyFailures < 0 || c.KeyFailureDelay < 0 {
 		errs = append(errs, fmt.Errorf("tcp: MaxConns %d, MaxKeyFailures %d, KeyFailureDelay %v: none may be negative",
 			c.MaxConns, c.MaxKeyFailures, c.KeyFailureDelay))
@@ -226,6 +240,11 @@ type Transport struct {
 	inbound map[net.Conn]struct{}
 	peers   map[string]*counters.Peer
 	handles map[*peer]struct{}
+
+	// ccNext is the index in cfg.Congestion of the first algorithm the
+	// kernel has not refused; ccLogged and ccWarned log the outcome once.
+	ccNext             atomic.Int32
+	ccLogged, ccWarned atomic.Bool
 }
 
 var (
@@ -438,6 +457,7 @@ func (p *peer) dial(ctx context.Context) (*conn, error) {
 		p.c.DialFail()
 		return nil, err
 	}
+	p.t.setCongestion(nc)
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(p.t.cfg.DialTimeout)
