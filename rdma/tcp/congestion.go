@@ -43,15 +43,13 @@ func CheckCongestion(names []string) error {
 	return nil
 }
 
-// setCongestion gives nc the first algorithm of the configured list the
-// kernel accepts, remembering which names it refused so that later
-// connections do not ask again. A connection that is not a TCP socket (a
-// test's pipe) is left alone. When the kernel refuses every name the
-// connection keeps the system's default; that is logged once.
+// setCongestion gives nc, the socket itself (not an encrypting wrapper),
+// the first algorithm of the configured list the kernel accepts,
+// remembering which names it refused so that later connections do not ask
+// again. A connection that is not a socket (a test's pipe) is left alone.
+// When the kernel refuses every name the connection keeps the system's
+// default; that is logged once.
 func (t *Transport) setCongestion(nc net.Conn) {
-	if r, ok := nc.(interface{ Raw() net.Conn }); ok {
-		nc = r.Raw()
-	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return
