@@ -33,6 +33,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -666,6 +667,18 @@ func (s *subListener) Close() error {
 }
 
 func (s *subListener) Addr() net.Addr { return s.d.ln.Addr() }
+
+// SyscallConn is the shared listening socket's: the tcp transport sets its
+// connections' congestion control there (tcp.Config.Congestion), before
+// any peer knows the address, and every connection accepted on the port
+// inherits it.
+func (s *subListener) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := s.d.ln.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("auto: the transfer listener is not a socket")
+	}
+	return sc.SyscallConn()
+}
 
 // peekedConn replays the bytes classify peeked.
 type peekedConn struct {

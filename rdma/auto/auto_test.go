@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/frame"
@@ -256,4 +258,37 @@ func TestLinkDown(t *testing.T) {
 		t.Fatal("reads hung with the link down")
 	}
 	t.Logf("counters %+v", x.a.Counters())
+}
+
+// TestCongestion: the tcp transport's congestion control is set on the
+// shared listening socket (the demux's sub-listener hands it over), so
+// every connection accepted on the transfer port inherits it
+// (rdma/tcp TestCongestion checks the inheritance), and a read between
+// two nodes lands intact.
+func TestCongestion(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := config(t, ModeAuto)
+	cb.TCP.Listener = ln
+	cb.TCP.Congestion = []string{"no_such_cc", "reno"} // reno: in every kernel, allowed to every process
+	x := newPair(t, config(t, ModeAuto), cb, 1<<20)
+	rc, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		name, gerr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+	}); err != nil || gerr != nil {
+		t.Fatal(err, gerr)
+	}
+	if name != "reno" {
+		t.Fatalf("the transfer listener's congestion control: %q, want reno", name)
+	}
+	if err := x.read(0); err != nil || !x.landed(0) {
+		t.Fatalf("read: %v, landed %v", err, x.landed(0))
+	}
 }

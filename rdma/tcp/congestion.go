@@ -16,7 +16,6 @@ package tcp
 
 import (
 	"fmt"
-	"net"
 	"regexp"
 	"syscall"
 
@@ -43,14 +42,15 @@ func CheckCongestion(names []string) error {
 	return nil
 }
 
-// setCongestion gives nc, the socket itself (not an encrypting wrapper),
-// the first algorithm of the configured list the kernel accepts,
-// remembering which names it refused so that later connections do not ask
-// again. A connection that is not a socket (a test's pipe) is left alone.
-// When the kernel refuses every name the connection keeps the system's
-// default; that is logged once.
-func (t *Transport) setCongestion(nc net.Conn) {
-	sc, ok := nc.(syscall.Conn)
+// setCongestion gives a socket the first algorithm of the configured list
+// the kernel accepts, remembering which names it refused so that later
+// sockets do not ask again: each dialed connection, before its handshake,
+// and the listener, whose accepted connections inherit what was set on it
+// (so an encrypting wrapper does not hide them). Anything that is not a
+// socket (a test's pipe) is left alone. When the kernel refuses every name
+// the socket keeps the system's default; that is logged once.
+func (t *Transport) setCongestion(s any) {
+	sc, ok := s.(syscall.Conn)
 	if !ok {
 		return
 	}
@@ -74,7 +74,7 @@ func (t *Transport) setCongestion(nc net.Conn) {
 		if err := rc.Control(func(fd uintptr) {
 			serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, names[i])
 		}); err != nil {
-			return // the connection is closed already
+			return // the socket is closed already
 		}
 		if serr == nil {
 			if t.ccLogged.CompareAndSwap(false, true) {

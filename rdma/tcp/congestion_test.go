@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
@@ -34,13 +35,15 @@ func (l *connLog) all() []net.Conn {
 	return append([]net.Conn(nil), l.conns...)
 }
 
+// loggingListener is a TCP listener (congestion controls are set on it)
+// that records what it accepts.
 type loggingListener struct {
-	net.Listener
+	*net.TCPListener
 	log *connLog
 }
 
 func (l loggingListener) Accept() (net.Conn, error) {
-	nc, err := l.Listener.Accept()
+	nc, err := l.TCPListener.Accept()
 	if err == nil {
 		l.log.add(nc)
 	}
@@ -80,17 +83,20 @@ func systemCongestion(t *testing.T) string {
 // default, and bytes move all the same.
 func TestCongestion(t *testing.T) {
 	sys := systemCongestion(t)
+	encrypting := testKey(t, clusterSecret).Encrypting()
 	for _, tc := range []struct {
 		name  string
 		list  []string
+		key   *peerauth.Key
 		want  string
 		next  int32 // first name not refused, after the connections
 		warns bool
 	}{
 		// reno is built into every kernel and allowed to every process.
-		{"refused then reno", []string{"no_such_cc", "reno"}, "reno", 1, false},
-		{"system", []string{SystemCongestion, "reno"}, sys, 0, false},
-		{"all refused", []string{"no_such_cc"}, sys, 1, true},
+		{"refused then reno", []string{"no_such_cc", "reno"}, nil, "reno", 1, false},
+		{"encrypted", []string{"no_such_cc", "reno"}, encrypting, "reno", 1, false},
+		{"system", []string{SystemCongestion, "reno"}, nil, sys, 0, false},
+		{"all refused", []string{"no_such_cc"}, nil, sys, 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var dialed, accepted connLog
@@ -100,11 +106,13 @@ func TestCongestion(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				c.Listener = loggingListener{ln, &accepted}
+				c.Listener = loggingListener{ln.(*net.TCPListener), &accepted}
 				c.Congestion = tc.list
+				c.Key = tc.key
 			}, data)
 			a := newLocal(t, func(c *Config) {
 				c.Congestion = tc.list
+				c.Key = tc.key
 				c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 					var d net.Dialer
 					nc, err := d.DialContext(ctx, network, addr)

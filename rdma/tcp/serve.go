@@ -54,7 +54,6 @@ func (t *Transport) serveConn(nc net.Conn) {
 	if r, ok := nc.(interface{ Raw() net.Conn }); ok {
 		s.w = r.Raw() // writev (net.Buffers) needs the *net.TCPConn
 	}
-	t.setCongestion(s.w)
 	// loop returns only on an error.
 	if err := s.loop(); !t.closed.Load() && !errors.Is(err, io.EOF) {
 		t.lg.Debug("served connection ended", zap.Stringer("remote", nc.RemoteAddr()), zap.Error(err))

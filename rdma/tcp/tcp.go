@@ -280,15 +280,16 @@ func New(cfg Config, lg *zap.Logger) (*Transport, error) {
 		}
 	}
 	lg = lg.Named("rdma.tcp")
-	gl := peerauth.NewListener(ln, peerauth.ListenerConfig{
-		Key: cfg.Key, Purpose: peerauth.PurposeTransfer, MaxConns: cfg.MaxConns, HandshakeTimeout: cfg.DialTimeout,
-	}, lg)
 	t := &Transport{
-		cfg: cfg, lg: lg, ln: gl, table: region.NewTable(),
+		cfg: cfg, lg: lg, table: region.NewTable(),
 		done:    make(chan struct{}),
 		inbound: make(map[net.Conn]struct{}), peers: make(map[string]*counters.Peer),
 		handles: make(map[*peer]struct{}),
 	}
+	t.setCongestion(ln) // before the first accept: accepted connections inherit it
+	t.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
+		Key: cfg.Key, Purpose: peerauth.PurposeTransfer, MaxConns: cfg.MaxConns, HandshakeTimeout: cfg.DialTimeout,
+	}, lg)
 	t.addr = cfg.AdvertiseAddr
 	if t.addr == "" {
 		t.addr = ln.Addr().String()
