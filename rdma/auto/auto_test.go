@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
-	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/protocol/frame"
@@ -274,19 +273,8 @@ func TestCongestion(t *testing.T) {
 	cb.TCP.Listener = ln
 	cb.TCP.Congestion = []string{"no_such_cc", "reno"} // reno: in every kernel, allowed to every process
 	x := newPair(t, config(t, ModeAuto), cb, 1<<20)
-	rc, err := ln.(*net.TCPListener).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var name string
-	var gerr error
-	if err := rc.Control(func(fd uintptr) {
-		name, gerr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION)
-	}); err != nil || gerr != nil {
-		t.Fatal(err, gerr)
-	}
-	if name != "reno" {
-		t.Fatalf("the transfer listener's congestion control: %q, want reno", name)
+	if name, err := tcp.CongestionOf(ln.(*net.TCPListener)); err != nil || name != "reno" {
+		t.Fatalf("the transfer listener's congestion control: %q (%v), want reno", name, err)
 	}
 	if err := x.read(0); err != nil || !x.landed(0) {
 		t.Fatalf("read: %v, landed %v", err, x.landed(0))

@@ -91,3 +91,20 @@ func (t *Transport) setCongestion(s any) {
 		}
 	}
 }
+
+// CongestionOf reports the TCP congestion control of a socket (a
+// connection or a listener).
+func CongestionOf(s syscall.Conn) (string, error) {
+	rc, err := s.SyscallConn()
+	if err != nil {
+		return "", err
+	}
+	var name string
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		name, gerr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+	}); err != nil {
+		return "", err
+	}
+	return name, gerr
+}

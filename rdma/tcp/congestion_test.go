@@ -8,10 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/rdma"
@@ -48,25 +45,6 @@ func (l loggingListener) Accept() (net.Conn, error) {
 		l.log.add(nc)
 	}
 	return nc, err
-}
-
-func congestionOf(t *testing.T, nc net.Conn) string {
-	t.Helper()
-	rc, err := nc.(syscall.Conn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var name string
-	var gerr error
-	if err := rc.Control(func(fd uintptr) {
-		name, gerr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if gerr != nil {
-		t.Fatal(gerr)
-	}
-	return name
 }
 
 func systemCongestion(t *testing.T) string {
@@ -155,8 +133,8 @@ func TestCongestion(t *testing.T) {
 				t.Fatalf("%d connections dialed, %d accepted", len(dialed.all()), len(accepted.all()))
 			}
 			for _, nc := range ends {
-				if got := congestionOf(t, nc); got != tc.want {
-					t.Errorf("%s -> %s: congestion %q, want %q", nc.LocalAddr(), nc.RemoteAddr(), got, tc.want)
+				if got, err := CongestionOf(nc.(*net.TCPConn)); err != nil || got != tc.want {
+					t.Errorf("%s -> %s: congestion %q (%v), want %q", nc.LocalAddr(), nc.RemoteAddr(), got, err, tc.want)
 				}
 			}
 			for _, tr := range []*Transport{o.tr, a} {
