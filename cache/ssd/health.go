@@ -22,6 +22,15 @@ func (t *Tier) degradeLocked(reason string, fields ...zap.Field) {
 		return
 	}
 	t.degradedEvents.Add(1)
+	why := reason
+	for _, f := range fields {
+		if f.Key == "error" {
+			if e, ok := f.Interface.(error); ok {
+				why += ": " + e.Error()
+			}
+		}
+	}
+	t.degradedWhy.Store(why)
 	t.nextProbe = t.clk.Now().Add(t.cfg.ProbeInterval)
 	t.lg.Warn("ssd tier degraded: not admitting blocks, still serving reads",
 		append(fields, zap.String("reason", reason), zap.Duration("probe_in", t.cfg.ProbeInterval))...)
@@ -63,6 +72,9 @@ func (t *Tier) probe(stamp []byte) error {
 		if err := t.hookBeforeWrite(); err != nil {
 			return err
 		}
+	}
+	if err := checkDescriptors(t.null); err != nil {
+		return err
 	}
 	t.dbMu.RLock()
 	defer t.dbMu.RUnlock()

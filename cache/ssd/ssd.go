@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/evict"
@@ -159,6 +160,14 @@ type Tier struct {
 	compactions, relocations, spaceEvictions   atomic.Int64
 	quarantines                                atomic.Int64
 	quarantinedTo                              atomic.Value // string
+	// degradedWhy is why the tier last became degraded (a short text with
+	// the error), for Health.
+	degradedWhy atomic.Value // string
+
+	// null is a descriptor of /dev/null that checkDescriptors duplicates
+	// before each write; -1 turns the check off (tests, or /dev/null
+	// missing).
+	null int
 
 	// Test seams; nil in production.
 	hookFreeSpace   func(dir string) (int64, error)
@@ -198,10 +207,15 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		clk: cfg.Clock,
 		nss: make(map[string]*nsStats),
 	}
+	var err error
+	if t.null, err = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		t.null = -1
+	}
 	t.flights = flight.New[string](t.releaseRead)
 	t.resetIndex()
 	blocks, bytes, err := t.openAtStart()
 	if err != nil {
+		t.closeNull()
 		return nil, err
 	}
 	t.recBlocks, t.recBytes, t.recTook = blocks, bytes, time.Since(start)
@@ -229,6 +243,9 @@ var errDiskFull = errors.New("ssd: disk full")
 func (t *Tier) openChecked() (*store, error) {
 	if free, ok := t.diskFree(); ok && free < openMinFree {
 		return nil, fmt.Errorf("%w: %d bytes free in %s (opening needs %d)", errDiskFull, free, t.cfg.Dir, openMinFree)
+	}
+	if err := checkDescriptors(t.null); err != nil {
+		return nil, err
 	}
 	return openStore(&t.cfg)
 }
@@ -509,6 +526,9 @@ func (t *Tier) write(b *batch, durable bool) error {
 			return err
 		}
 	}
+	if err := checkDescriptors(t.null); err != nil {
+		return err
+	}
 	t.dbMu.RLock()
 	defer t.dbMu.RUnlock()
 	if t.st == nil {
@@ -776,6 +796,9 @@ type Health struct {
 	// Open is false while the tier has no database open (the disk was
 	// full at start, or a reopen failed); it is degraded then.
 	Open bool
+	// Reason says why the tier last became degraded (with the error);
+	// empty if it never was.
+	Reason string
 	// Quarantines counts corrupt databases New moved aside (0 or 1);
 	// QuarantinedTo is where the last one went.
 	Quarantines   int64
@@ -798,6 +821,7 @@ func (t *Tier) Health() Health {
 		Quarantines:      t.quarantines.Load(),
 	}
 	h.QuarantinedTo, _ = t.quarantinedTo.Load().(string)
+	h.Reason, _ = t.degradedWhy.Load().(string)
 	t.dbMu.RLock()
 	if t.vlog != nil {
 		h.ValueLogBytes, h.ValueLogLiveBytes = t.vlog.usage()
@@ -829,6 +853,7 @@ func (t *Tier) Close() error {
 	}
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
+	defer t.closeNull()
 	t.stopCompactionLocked()
 	t.dbMu.Lock()
 	defer t.dbMu.Unlock()
@@ -852,7 +877,7 @@ func (t *Tier) Close() error {
 	if len(b.metaSet) > 0 {
 		err = t.st.apply(b, false)
 	}
-	if !t.degraded.Load() {
+	if !t.degraded.Load() && !t.st.wedged.Load() {
 		if t.vlog != nil {
 			err = errors.Join(err, t.vlog.sync())
 		}
@@ -864,4 +889,12 @@ func (t *Tier) Close() error {
 		return fmt.Errorf("ssd: close: %w", err)
 	}
 	return nil
+}
+
+// closeNull closes the descriptor checkDescriptors duplicates.
+func (t *Tier) closeNull() {
+	if t.null >= 0 {
+		unix.Close(t.null)
+		t.null = -1
+	}
 }
