@@ -772,7 +772,9 @@ type Health struct {
 	// ChecksumFailures counts reads whose block was bad: bytes that did not
 	// match their CRC-32C, or a RocksDB corruption/read error on the blob.
 	ChecksumFailures int64
-	// ReadErrors counts the RocksDB read errors among ChecksumFailures.
+	// ReadErrors counts RocksDB read errors: those of damaged blocks
+	// (dropped, also in ChecksumFailures) and those for lack of
+	// descriptors (a miss; the block is kept).
 	ReadErrors int64
 	// WriteErrors counts failed RocksDB writes and flushes.
 	WriteErrors int64

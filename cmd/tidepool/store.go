@@ -114,7 +114,11 @@ func storeNotes(s *tiered.Store) []string {
 	case !h.Open:
 		notes = append(notes, "ssd tier has no database open (disk full?): puts refused, ssd reads miss")
 	case h.Degraded:
-		notes = append(notes, "ssd tier refuses new blocks (disk full or failing); durable puts refused")
+		why := "disk full or failing"
+		if h.Reason != "" {
+			why = h.Reason
+		}
+		notes = append(notes, "ssd tier refuses new blocks ("+why+"); durable puts refused, retried every ssd probe interval")
 	}
 	if h.Quarantines > 0 {
 		notes = append(notes, "ssd database was corrupt, moved to "+h.QuarantinedTo+"; started with an empty ssd tier")
@@ -129,7 +133,8 @@ type movementCollector struct {
 
 	promotions, demotions, dropped, demoteErrs, qBlocks, qBytes, pfQueued, pfDropped *prometheus.Desc
 	waits, waitSeconds                                                               *prometheus.Desc
-	degraded, degradedEvents, diskBytes, writeErrs, readErrs, recBlocks, recBytes    *prometheus.Desc
+	degraded, degradedEvents, recoveries, diskBytes, writeErrs, readErrs, recBlocks  *prometheus.Desc
+	recBytes                                                                         *prometheus.Desc
 	ssdOpen, quarantined                                                             *prometheus.Desc
 	vlogBytes, vlogLive, vlogSegments, relocations, spaceEvictions                   *prometheus.Desc
 }
@@ -150,9 +155,10 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 		pfDropped:      d("tidepool_prefetch_dropped_total", "Keys Prefetch dropped because its queue was full."),
 		degraded:       d("tidepool_ssd_degraded", "1 while the SSD tier refuses new blocks (disk full or failing), else 0."),
 		degradedEvents: d("tidepool_ssd_degraded_events_total", "Entries of the SSD tier into degraded mode."),
+		recoveries:     d("tidepool_ssd_recoveries_total", "Exits of the SSD tier from degraded mode (a probe found the disk and RocksDB taking writes again)."),
 		diskBytes:      d("tidepool_ssd_disk_bytes", "Size of the SSD tier's live SST and blob files and of its value log's segment files."),
 		writeErrs:      d("tidepool_ssd_write_errors_total", "Failed writes and flushes of the SSD tier."),
-		readErrs:       d("tidepool_ssd_read_errors_total", "SSD reads that failed in RocksDB (counted as checksum failures too)."),
+		readErrs:       d("tidepool_ssd_read_errors_total", "SSD reads that failed in RocksDB: a damaged block (dropped; counted as a checksum failure too), or a file RocksDB could not open for lack of descriptors (a miss; the block is kept)."),
 		recBlocks:      d("tidepool_ssd_recovered_blocks", "Blocks the SSD tier found on disk at start."),
 		recBytes:       d("tidepool_ssd_recovered_bytes", "Value bytes the SSD tier found on disk at start."),
 		ssdOpen:        d("tidepool_ssd_open", "1 while the SSD tier has its database open, 0 while it has none (disk full at start, failed reopen)."),
@@ -167,7 +173,7 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 
 func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.waits, c.waitSeconds, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
-		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined,
+		c.degraded, c.degradedEvents, c.recoveries, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined,
 		c.vlogBytes, c.vlogLive, c.vlogSegments, c.relocations, c.spaceEvictions} {
 		ch <- d
 	}
@@ -195,6 +201,7 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 		blocks, bytes, _ := c.s.SSD().Recovered()
 		ch <- m(c.degraded, g, deg)
 		ch <- m(c.degradedEvents, ctr, float64(h.DegradedEvents))
+		ch <- m(c.recoveries, ctr, float64(h.Recoveries))
 		ch <- m(c.diskBytes, g, float64(h.DiskBytes))
 		ch <- m(c.vlogBytes, g, float64(h.ValueLogBytes))
 		ch <- m(c.vlogLive, g, float64(h.ValueLogLiveBytes))

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tidepool-kv/tidepool/client"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
@@ -510,4 +512,132 @@ func TestServeCounters(t *testing.T) {
 	if bad {
 		t.FailNow()
 	}
+}
+
+// limitDescriptors sets the soft RLIMIT_NOFILE of process pid to the
+// number of descriptors it has open now (so that its next open fails with
+// EMFILE) and returns a function that restores the old limit.
+func limitDescriptors(t *testing.T, pid int) (restore func()) {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := unix.Rlimit{Cur: uint64(len(fds)), Max: old.Max}
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &low, nil); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	restore = func() {
+		if !done {
+			done = true
+			if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &old, nil); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
+// TestServeOutOfDescriptors runs a real sidecar with the SSD tier out of
+// file descriptors (its soft RLIMIT_NOFILE lowered from outside to what it
+// has open) while it takes durable puts of blocks RocksDB keeps (16 KiB),
+// so that RocksDB must create a new WAL file when a memtable fills. Before
+// the fix RocksDB met EMFILE there, and the sidecar aborted in
+// rocksdb_close (`ColumnFamilySet::~ColumnFamilySet(): Assertion 'last_ref'
+// failed`) when the tier reopened the database or stopped. Now: durable
+// puts are refused (UNAVAILABLE), /readyz and the metrics say the tier is
+// degraded for lack of descriptors, DRAM keeps serving, and once the limit
+// is back the tier takes durable puts again without a restart; every
+// acknowledged durable block reads back and SIGTERM exits 0.
+func TestServeOutOfDescriptors(t *testing.T) {
+	dataDir := t.TempDir()
+	ctx := context.Background()
+	d, _ := startServeIn(t, dataDir)
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
+		t.Fatalf("/readyz at start: %q", ready) // also leaves a kept-alive connection
+	}
+	const size = 16 << 10
+	var acked []int
+	restore := limitDescriptors(t, d.cmd.Process.Pid)
+	// 32 MiB of blocks fill a data memtable; 4096 puts fill two.
+	refused := false
+	for i := range 4096 {
+		_, err := c.PutWith(ctx, "fd", rkey(i), restartValue(i, size), client.PutOptions{Durable: true})
+		if err == nil {
+			acked = append(acked, i)
+			continue
+		}
+		if client.CodeOf(err) != client.CodeUnavailable {
+			t.Fatalf("durable put %d without descriptors: %v, want UNAVAILABLE", i, err)
+		}
+		refused = true
+		break
+	}
+	if !refused {
+		t.Fatal("4096 durable puts accepted without a free descriptor")
+	}
+	t.Logf("%d durable puts acknowledged before the first refusal", len(acked))
+	// Still out of descriptors: the kept-alive connection reads /readyz.
+	ready := httpGet(t, "http://"+d.metrics+"/readyz")
+	if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier refuses new blocks") ||
+		!strings.Contains(strings.ToLower(ready), "too many open files") {
+		t.Fatalf("/readyz out of descriptors: %q", ready)
+	}
+	if v := scrape(t, d, "tidepool_ssd_degraded"); v[0] != 1 {
+		t.Fatalf("tidepool_ssd_degraded = %v out of descriptors", v[0])
+	}
+	// DRAM serves: best-effort puts and their reads.
+	for i := 9000; i < 9004; i++ {
+		if _, err := c.PutWith(ctx, "fd", rkey(i), restartValue(i, 1<<20), client.PutOptions{}); err != nil {
+			t.Fatalf("best-effort put without descriptors: %v", err)
+		}
+		if got, found, err := c.Get(ctx, "fd", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, 1<<20)) {
+			t.Fatalf("get of a DRAM block without descriptors: found %v, %v", found, err)
+		}
+	}
+
+	restore()
+	// A put after the tier's probe interval (5 s) finds RocksDB taking
+	// writes again.
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 10000; ; i++ {
+		_, err := c.PutWith(ctx, "fd", rkey(i), restartValue(i, size), client.PutOptions{Durable: true})
+		if err == nil {
+			acked = append(acked, i)
+			break
+		}
+		if client.CodeOf(err) != client.CodeUnavailable || time.Now().After(deadline) {
+			t.Fatalf("durable put after the descriptors came back: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
+		t.Fatalf("/readyz after recovery: %q", ready)
+	}
+	if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_recoveries_total"); v[0] != 0 || v[1] < 1 {
+		t.Fatalf("after recovery: degraded %v, recoveries %v", v[0], v[1])
+	}
+	for _, i := range acked {
+		if got, found, err := c.Get(ctx, "fd", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, size)) {
+			t.Fatalf("acknowledged durable block %d: found %v, %v", i, found, err)
+		}
+	}
+	d.stop(t, syscall.SIGTERM) // fails the test unless the exit is 0
+	// And the durable blocks survive a restart.
+	d, recovered := startServeIn(t, dataDir)
+	if recovered < len(acked) {
+		t.Fatalf("restart recovered %d blocks, want the %d acknowledged durable ones", recovered, len(acked))
+	}
+	d.stop(t, syscall.SIGTERM)
 }
