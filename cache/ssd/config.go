@@ -81,7 +81,8 @@ type Config struct {
 	// max_open_files; both share its table cache), so that the tier's
 	// descriptors stay within Descriptors() and RocksDB is never the one
 	// that exhausts the process's table. Default (0): a quarter of the
-	// process's RLIMIT_NOFILE soft limit when New runs, within 64..4096.
+	// process's RLIMIT_NOFILE soft limit when the defaults are taken
+	// (DefaultConfig, New), within 64..4096.
 	// At least 20 (RocksDB's own floor).
 	MaxOpenFiles int
 
@@ -142,6 +143,7 @@ func DefaultConfig() Config {
 		ValueLogSegmentSize: 64 << 20,
 		MinFreeBytes:        1 << 30,
 		ProbeInterval:       5 * time.Second,
+		MaxOpenFiles:        defaultMaxOpenFiles(nofileLimit()),
 		Policy:              evict.NewLRU,
 		Clock:               clock.Real{},
 	}
@@ -166,9 +168,7 @@ func (c Config) withDefaults() Config {
 	fill(&c.ValueLogSegmentSize, d.ValueLogSegmentSize)
 	fill(&c.MinFreeBytes, d.MinFreeBytes)
 	fill(&c.ProbeInterval, d.ProbeInterval)
-	if c.MaxOpenFiles == 0 {
-		c.MaxOpenFiles = defaultMaxOpenFiles(nofileLimit())
-	}
+	fill(&c.MaxOpenFiles, d.MaxOpenFiles)
 	if c.Policy == nil {
 		c.Policy = d.Policy
 	}
