@@ -51,6 +51,9 @@ func (t *Tier) tryRecoverLocked() bool {
 	if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
 		return false
 	}
+	if free, ok := t.diskFree(); ok && free < openMinFree && t.readOnlyLocked() {
+		return false // a reopen would be read-only again
+	}
 	stamp := []byte(now.UTC().Format(time.RFC3339Nano))
 	if t.probe(stamp) != nil {
 		if err := t.reopenLocked(); err != nil {

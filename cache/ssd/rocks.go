@@ -70,6 +70,10 @@ type store struct {
 
 	// dir is the path the database was opened under (see dbPath).
 	dir string
+	// readOnly: opened with OpenForReadOnly (the disk was full): reads
+	// only, apply and probe return errReadOnly without calling RocksDB,
+	// flush and compactData do nothing.
+	readOnly bool
 	// wedged is set when a write failed to create a new WAL: librocksdb
 	// 7.8 then leaves a column family referenced for good (descriptors.go),
 	// RocksDB refuses every later write (a fatal background error, which
@@ -121,9 +125,15 @@ type applyReq struct {
 	durable bool
 }
 
-// openStore opens (creating if needed) the database in cfg.Dir.
-func openStore(cfg *Config) (_ *store, err error) {
-	s := &store{dir: cfg.Dir}
+// errReadOnly is returned by the writes of a store opened read-only.
+var errReadOnly = errors.New("ssd: rocksdb open read-only (disk full)")
+
+// openStore opens (creating if needed) the database in cfg.Dir. With
+// readOnly it opens an existing database for reads only: RocksDB then
+// writes nothing at all (no info LOG, WAL, MANIFEST or OPTIONS file; the
+// WAL is replayed into memory), so it opens on a full disk.
+func openStore(cfg *Config, readOnly bool) (_ *store, err error) {
+	s := &store{dir: cfg.Dir, readOnly: readOnly}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -218,9 +228,15 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.dataOpts.SetBlobGCForceThreshold(0.5)
 	s.dataOpts.SetBlobCompactionReadaheadSize(2 << 20)
 
-	db, cfs, err := grocksdb.OpenDbColumnFamilies(s.opts, dbPath(cfg.Dir),
-		[]string{cfDefaultName, cfMetaName, cfDataName},
-		[]*grocksdb.Options{s.opts, s.metaOpts, s.dataOpts})
+	names := []string{cfDefaultName, cfMetaName, cfDataName}
+	cfOpts := []*grocksdb.Options{s.opts, s.metaOpts, s.dataOpts}
+	var db *grocksdb.DB
+	var cfs []*grocksdb.ColumnFamilyHandle
+	if readOnly {
+		db, cfs, err = grocksdb.OpenDbForReadOnlyColumnFamilies(s.opts, dbPath(cfg.Dir), names, cfOpts, false)
+	} else {
+		db, cfs, err = grocksdb.OpenDbColumnFamilies(s.opts, dbPath(cfg.Dir), names, cfOpts)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ssd: open rocksdb in %s: %w", cfg.Dir, err)
 	}
@@ -363,6 +379,9 @@ func (s *store) apply(b *batch, durable bool) error {
 
 // applyNow is apply on the write thread.
 func (s *store) applyNow(b *batch, durable bool) error {
+	if s.readOnly {
+		return errReadOnly
+	}
 	wb := s.wb
 	wb.Clear()
 	for _, k := range b.dels {
@@ -395,6 +414,9 @@ func (s *store) applyNow(b *batch, durable bool) error {
 // probe writes a small record through the WAL to learn whether the
 // database accepts writes.
 func (s *store) probe(stamp []byte) error {
+	if s.readOnly {
+		return errReadOnly
+	}
 	err := s.db.PutCF(s.woSync, s.cfDef, probeKey, stamp)
 	if isWALCreateFailure(err) {
 		s.wedged.Store(true)
@@ -461,6 +483,9 @@ func (s *store) scanMeta(fn func(key, rec []byte)) error {
 // waits for it, Close stops it), and the flushes RocksDB already queued
 // are finished first.
 func (s *store) flush() error {
+	if s.readOnly {
+		return nil
+	}
 	s.waitFlushesIdle()
 	if err := s.db.FlushCF(s.cfMeta, s.fo); err != nil {
 		return err
@@ -508,6 +533,9 @@ func (s *store) waitFlushesIdle() {
 // files are relocated so that those files can go. Compactions RocksDB
 // starts meanwhile GC too, which only frees space sooner.
 func (s *store) compactData() {
+	if s.readOnly {
+		return
+	}
 	s.setBlobGC(true)
 	defer s.setBlobGC(false)
 	s.db.CompactRangeCFOpt(s.cfData, grocksdb.Range{}, s.compact)

@@ -239,16 +239,25 @@ const openMinFree = 4 << 20
 // errDiskFull is returned by openChecked when the disk lacks openMinFree.
 var errDiskFull = errors.New("ssd: disk full")
 
-// openChecked opens the store unless the disk is (nearly) full.
+// openChecked opens the store, read-only when the disk is (nearly) full
+// and a database is there to read (see openStore); errDiskFull when it is
+// full and there is none.
 func (t *Tier) openChecked() (*store, error) {
-	if free, ok := t.diskFree(); ok && free < openMinFree {
-		return nil, fmt.Errorf("%w: %d bytes free in %s (opening needs %d)", errDiskFull, free, t.cfg.Dir, openMinFree)
-	}
 	if err := checkDescriptors(t.null); err != nil {
 		return nil, err
 	}
-	return openStore(&t.cfg)
+	if free, ok := t.diskFree(); ok && free < openMinFree {
+		if _, err := os.Stat(filepath.Join(t.cfg.Dir, "CURRENT")); err != nil {
+			return nil, fmt.Errorf("%w: %d bytes free in %s (opening needs %d)", errDiskFull, free, t.cfg.Dir, openMinFree)
+		}
+		return openStore(&t.cfg, true)
+	}
+	return openStore(&t.cfg, false)
 }
+
+// readOnlyLocked reports whether the store is open read-only. wmu or dbMu
+// held.
+func (t *Tier) readOnlyLocked() bool { return t.st != nil && t.st.readOnly }
 
 // openAtStart opens the database and rebuilds the index for New, starting
 // degraded on a full disk and quarantining a corrupt database.
@@ -288,10 +297,12 @@ func (t *Tier) openAtStart() (blocks, bytes int64, err error) {
 			return 0, 0, err
 		}
 	}
-	if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
-		t.wmu.Lock()
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.readOnlyLocked() {
+		t.degradeLocked("disk full at start: database open read-only, its blocks served")
+	} else if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
 		t.degradeLocked("low free space at start", zap.Int64("free_bytes", free))
-		t.wmu.Unlock()
 	}
 	return blocks, bytes, nil
 }
@@ -796,8 +807,14 @@ type Health struct {
 	// keep the value log's dead space within its limit (docs/ssd.md).
 	Relocations, SpaceEvictions int64
 	// Open is false while the tier has no database open (the disk was
-	// full at start, or a reopen failed); it is degraded then.
+	// full at start with no database there, or a reopen failed); it is
+	// degraded then.
 	Open bool
+	// ReadOnly is true while the database is open for reads only (the
+	// disk was full when it was opened): its blocks are served, puts
+	// refused (degraded) until a probe finds space and reopens it
+	// writable.
+	ReadOnly bool
 	// Reason says why the tier last became degraded (with the error);
 	// empty if it never was.
 	Reason string
@@ -832,6 +849,7 @@ func (t *Tier) Health() Health {
 	if t.st != nil {
 		h.DiskBytes = t.st.diskBytes() + h.ValueLogBytes
 		h.Open = true
+		h.ReadOnly = t.st.readOnly
 	}
 	t.dbMu.RUnlock()
 	return h
@@ -876,7 +894,7 @@ func (t *Tier) Close() error {
 		}
 	}
 	t.mu.Unlock()
-	if len(b.metaSet) > 0 {
+	if len(b.metaSet) > 0 && !t.st.readOnly {
 		err = t.st.apply(b, false)
 	}
 	if !t.degraded.Load() && !t.st.wedged.Load() {

@@ -70,9 +70,11 @@ func ssdCapacity(cfg Config, lg *zap.Logger) (int64, error) {
 	}
 	if room < 64<<20 || room < cfg.MaxValueSize {
 		// Not DRAM only: that acknowledged durable puts it could not keep.
-		// The tier opens degraded (or, with no room to open RocksDB, without
-		// a database) and refuses puts until space is freed.
-		capacity := min(cfg.SSDCapacity, max(64<<20, cfg.MaxValueSize))
+		// The tier opens degraded (read-only when RocksDB has no room to
+		// write) and refuses puts until space is freed. Its budget keeps
+		// room for what it already holds, so that opening it evicts
+		// nothing (docs/ssd.md).
+		capacity := min(cfg.SSDCapacity, max(64<<20, cfg.MaxValueSize, used))
 		lg.Warn("not enough disk for the ssd tier: it starts degraded",
 			zap.String("dir", dir), zap.String("free", units.FormatBytes(free)),
 			zap.String("ssd_min_free", units.FormatBytes(cfg.SSDMinFree)),
@@ -113,6 +115,8 @@ func storeNotes(s *tiered.Store) []string {
 	switch {
 	case !h.Open:
 		notes = append(notes, "ssd tier has no database open (disk full?): puts refused, ssd reads miss")
+	case h.ReadOnly:
+		notes = append(notes, "ssd tier open read-only (disk full at open): its blocks are served, puts and durable puts refused until space is back")
 	case h.Degraded:
 		why := "disk full or failing"
 		if h.Reason != "" {
@@ -135,7 +139,7 @@ type movementCollector struct {
 	waits, waitSeconds                                                               *prometheus.Desc
 	degraded, degradedEvents, recoveries, diskBytes, writeErrs, readErrs, recBlocks  *prometheus.Desc
 	recBytes                                                                         *prometheus.Desc
-	ssdOpen, quarantined                                                             *prometheus.Desc
+	ssdOpen, ssdReadOnly, quarantined                                                *prometheus.Desc
 	vlogBytes, vlogLive, vlogSegments, relocations, spaceEvictions                   *prometheus.Desc
 }
 
@@ -162,6 +166,7 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 		recBlocks:      d("tidepool_ssd_recovered_blocks", "Blocks the SSD tier found on disk at start."),
 		recBytes:       d("tidepool_ssd_recovered_bytes", "Value bytes the SSD tier found on disk at start."),
 		ssdOpen:        d("tidepool_ssd_open", "1 while the SSD tier has its database open, 0 while it has none (disk full at start, failed reopen)."),
+		ssdReadOnly:    d("tidepool_ssd_read_only", "1 while the SSD tier's database is open read-only (the disk was full when it opened): its blocks are served, puts refused."),
 		quarantined:    d("tidepool_ssd_quarantined_total", "Corrupt SSD databases moved aside at start (the tier then started empty)."),
 		vlogBytes:      d("tidepool_ssd_value_log_bytes", "Size of the SSD tier's value log segment files (blocks of ssd_value_log_min and up)."),
 		vlogLive:       d("tidepool_ssd_value_log_live_bytes", "Bytes of the value log's segment files that live blocks take (each rounded up to 4 KiB)."),
@@ -173,7 +178,7 @@ func newMovementCollector(s *tiered.Store) *movementCollector {
 
 func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.waits, c.waitSeconds, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
-		c.degraded, c.degradedEvents, c.recoveries, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined,
+		c.degraded, c.degradedEvents, c.recoveries, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.ssdReadOnly, c.quarantined,
 		c.vlogBytes, c.vlogLive, c.vlogSegments, c.relocations, c.spaceEvictions} {
 		ch <- d
 	}
@@ -217,6 +222,11 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 			open = 1
 		}
 		ch <- m(c.ssdOpen, g, open)
+		ro := 0.0
+		if h.ReadOnly {
+			ro = 1
+		}
+		ch <- m(c.ssdReadOnly, g, ro)
 		ch <- m(c.quarantined, ctr, float64(h.Quarantines))
 	}
 }

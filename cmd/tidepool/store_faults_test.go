@@ -105,7 +105,8 @@ func TestServeDiskFull(t *testing.T) {
 	dataDir := filepath.Join(mnt, "data")
 	ctx := context.Background()
 	// More than 64 MiB on disk: a start on the full disk opens the tier
-	// (before the fix this aborted in RocksDB's open).
+	// (before the fix this aborted in RocksDB's open), read-only, with a
+	// budget that keeps every block.
 	const durable = 72
 
 	// Serving while the disk fills.
@@ -157,15 +158,21 @@ func TestServeDiskFull(t *testing.T) {
 		fillDisk(t, mnt) // a stop or a start may have freed a little
 		d, _ := startServeIn(t, dataDir)
 		ready := httpGet(t, "http://"+d.metrics+"/readyz")
-		if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier") {
+		if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier open read-only") {
 			t.Fatalf("cycle %d: /readyz %q", cycle, ready)
 		}
-		if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_open"); v[0] != 1 || v[1] != 0 {
-			t.Fatalf("cycle %d: degraded %v, open %v", cycle, v[0], v[1])
+		if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_open", "tidepool_ssd_read_only"); v[0] != 1 || v[1] != 1 || v[2] != 1 {
+			t.Fatalf("cycle %d: degraded %v, open %v, read-only %v", cycle, v[0], v[1], v[2])
 		}
 		c, err := client.New(d.socket)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The durable blocks on the full disk are served.
+		for _, i := range append([]int{0, durable / 2, durable - 1}, accepted...) {
+			if got, found, err := c.Get(ctx, "df", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, 1<<20)) {
+				t.Fatalf("cycle %d: durable block %d on the full disk: found %v, %v", cycle, i, found, err)
+			}
 		}
 		k := rkey(2000 + cycle)
 		if _, err := c.PutWith(ctx, "df", k, restartValue(2000, 1<<20), client.PutOptions{Durable: true}); client.CodeOf(err) != client.CodeUnavailable {
@@ -638,6 +645,89 @@ func TestServeOutOfDescriptors(t *testing.T) {
 	d, recovered := startServeIn(t, dataDir)
 	if recovered < len(acked) {
 		t.Fatalf("restart recovered %d blocks, want the %d acknowledged durable ones", recovered, len(acked))
+	}
+	d.stop(t, syscall.SIGTERM)
+}
+
+// TestServeFullDiskReadOnly starts a real sidecar on a really full disk
+// (a tmpfs) that holds durable blocks of an earlier run: the SSD tier opens
+// read-only and serves every one of them (before the fix it opened no
+// database: 0 of them were readable), refuses durable puts, and says so on
+// /readyz and in metrics. Space is freed while it runs: within a bounded
+// poll durable puts are accepted again, without a restart.
+func TestServeFullDiskReadOnly(t *testing.T) {
+	mnt := mountTmpfs(t, "160m")
+	dataDir := filepath.Join(mnt, "data")
+	ctx := context.Background()
+	const n, size = 40, 1 << 20
+	d, _ := startServeIn(t, dataDir)
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := c.PutWith(ctx, "ro", rkey(i), restartValue(i, size), client.PutOptions{Durable: true}); err != nil {
+			t.Fatalf("durable put %d: %v", i, err)
+		}
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM)
+
+	filler := fillDisk(t, mnt)
+	d, recovered := startServeIn(t, dataDir)
+	if recovered < n {
+		t.Fatalf("start on the full disk recovered %d blocks, want %d", recovered, n)
+	}
+	ready := httpGet(t, "http://"+d.metrics+"/readyz")
+	if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier open read-only") {
+		t.Fatalf("/readyz on the full disk: %q", ready)
+	}
+	if v := scrape(t, d, "tidepool_ssd_read_only", "tidepool_ssd_degraded"); v[0] != 1 || v[1] != 1 {
+		t.Fatalf("on the full disk: read-only %v, degraded %v", v[0], v[1])
+	}
+	c, err = client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range n {
+		if got, found, err := c.Get(ctx, "ro", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, size)) {
+			t.Fatalf("durable block %d on the full disk: found %v, %v", i, found, err)
+		}
+	}
+	if _, err := c.PutWith(ctx, "ro", rkey(100), restartValue(100, size), client.PutOptions{Durable: true}); client.CodeOf(err) != client.CodeUnavailable {
+		t.Fatalf("durable put on the full disk: %v, want UNAVAILABLE", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	// The tier probes the disk on a put at most every 5 s.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := c.PutWith(ctx, "ro", rkey(100), restartValue(100, size), client.PutOptions{Durable: true})
+		if err == nil {
+			break
+		}
+		if client.CodeOf(err) != client.CodeUnavailable || time.Now().After(deadline) {
+			t.Fatalf("durable put after space came back: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if v := scrape(t, d, "tidepool_ssd_read_only", "tidepool_ssd_degraded", "tidepool_ssd_recoveries_total"); v[0] != 0 || v[1] != 0 || v[2] != 1 {
+		t.Fatalf("after space came back: read-only %v, degraded %v, recoveries %v", v[0], v[1], v[2])
+	}
+	if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
+		t.Fatalf("/readyz after space came back: %q", ready)
+	}
+	for i := range n + 1 {
+		k := i
+		if i == n {
+			k = 100
+		}
+		if got, found, err := c.Get(ctx, "ro", rkey(k)); err != nil || !found || !bytes.Equal(got, restartValue(k, size)) {
+			t.Fatalf("durable block %d after space came back: found %v, %v", k, found, err)
+		}
 	}
 	d.stop(t, syscall.SIGTERM)
 }
