@@ -97,7 +97,7 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 		}
 		es = append(es, &entry{
 			ns: ns, skey: string(k), size: m.size, foot: footprint(len(k), m.size),
-			sum: m.sum, depth: m.depth, lowPri: m.lowPri, created: m.created, access: m.access,
+			sum: m.sum, depth: m.depth, lowPri: m.lowPri, durable: m.durable, created: m.created, access: m.access,
 			seg: m.seg, off: m.off,
 		})
 	})
@@ -128,6 +128,7 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 		}
 		t.removeLocked(v)
 		victims = append(victims, v.encKey())
+		t.countDurableEvictions([]*entry{v})
 	}
 	blocks = int64(len(t.index))
 	live := make(map[uint32]int64)

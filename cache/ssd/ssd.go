@@ -77,6 +77,7 @@ type entry struct {
 	sum     uint32
 	depth   int32
 	lowPri  bool
+	durable bool // written by a durable put
 	created int64
 	access  int64  // Unix ns of the last read or write
 	dirty   bool   // access changed since it was last persisted
@@ -97,7 +98,7 @@ func (e *entry) blobBytes() int64 {
 }
 
 func (e *entry) meta() meta {
-	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, access: e.access, created: e.created,
+	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, durable: e.durable, access: e.access, created: e.created,
 		seg: e.seg, off: e.off}
 }
 
@@ -158,6 +159,7 @@ type Tier struct {
 	checksumFailures, readErrors, writeErrors  atomic.Int64
 	degradedEvents, recoveries, stale          atomic.Int64
 	compactions, relocations, spaceEvictions   atomic.Int64
+	durableEvictions                           atomic.Int64
 	quarantines                                atomic.Int64
 	quarantinedTo                              atomic.Value // string
 	// degradedWhy is why the tier last became degraded (a short text with
@@ -470,7 +472,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	now := t.clk.Now().UnixNano()
 	e := &entry{
 		ns: ns, skey: string(ek), size: int64(len(value)), foot: foot, sum: sum,
-		depth: opts.Depth, lowPri: opts.LowPriority, created: now, access: now,
+		depth: opts.Depth, lowPri: opts.LowPriority, durable: opts.Durable, created: now, access: now,
 	}
 	bp := blockPut{key: ek, value: value}
 	if t.vlog != nil && t.cfg.ValueLogMin >= 0 && int64(len(value)) >= t.cfg.ValueLogMin {
@@ -520,6 +522,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		t.nsLocked(v.ns).evictions++
 		dropped += v.blobBytes()
 	}
+	t.countDurableEvictions(victims)
 	t.mu.Unlock()
 	t.evictions.Add(int64(len(victims)))
 	t.bytesIn.Add(int64(len(value)))
@@ -815,6 +818,9 @@ type Health struct {
 	// refused (degraded) until a probe finds space and reopens it
 	// writable.
 	ReadOnly bool
+	// DurableEvictions counts evicted blocks that a durable put wrote
+	// (docs/ssd.md: a durable block survives a crash, not eviction).
+	DurableEvictions int64
 	// Reason says why the tier last became degraded (with the error);
 	// empty if it never was.
 	Reason string
@@ -837,6 +843,7 @@ func (t *Tier) Health() Health {
 		Compactions:      t.compactions.Load(),
 		Relocations:      t.relocations.Load(),
 		SpaceEvictions:   t.spaceEvictions.Load(),
+		DurableEvictions: t.durableEvictions.Load(),
 		Quarantines:      t.quarantines.Load(),
 	}
 	h.QuarantinedTo, _ = t.quarantinedTo.Load().(string)
@@ -916,5 +923,15 @@ func (t *Tier) closeNull() {
 	if t.null >= 0 {
 		unix.Close(t.null)
 		t.null = -1
+	}
+}
+
+// countDurableEvictions counts the evicted blocks of es that a durable put
+// wrote.
+func (t *Tier) countDurableEvictions(es []*entry) {
+	for _, e := range es {
+		if e.durable {
+			t.durableEvictions.Add(1)
+		}
 	}
 }

@@ -731,3 +731,81 @@ func TestServeFullDiskReadOnly(t *testing.T) {
 	}
 	d.stop(t, syscall.SIGTERM)
 }
+
+// TestServeDurableEvictable pins down what a durable put promises on a
+// real sidecar with a small SSD budget: written through before the answer
+// and kept across restarts, but evictable like any block (docs/ssd.md,
+// "What --durable promises"). Durable blocks put first are evicted as
+// newer blocks spill from DRAM; every one that is gone is counted in
+// tidepool_ssd_durable_evictions_total (before, it went unseen), no read
+// returns wrong bytes, and those still held survive a restart.
+func TestServeDurableEvictable(t *testing.T) {
+	dataDir := t.TempDir()
+	ctx := context.Background()
+	d, _ := startServeIn(t, dataDir, "--ssd-capacity", "64MiB")
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const durable, size = 40, 1 << 20
+	for i := range durable {
+		if _, err := c.PutWith(ctx, "dv", rkey(i), restartValue(i, size), client.PutOptions{Durable: true}); err != nil {
+			t.Fatalf("durable put %d: %v", i, err)
+		}
+	}
+	// 56 MiB of best-effort blocks through a 32 MiB DRAM tier into a
+	// 64 MiB SSD tier: some durable blocks must go, not all.
+	for i := 1000; i < 1056; i++ {
+		if _, err := c.PutWith(ctx, "dv", rkey(i), restartValue(i, size), client.PutOptions{}); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for scrape(t, d, "tidepool_demotion_queue_blocks")[0] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("demotion queue not drained")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var kept []int
+	for i := range durable {
+		got, found, err := c.Get(ctx, "dv", rkey(i))
+		if err != nil {
+			t.Fatalf("durable block %d: %v", i, err)
+		}
+		if found {
+			if !bytes.Equal(got, restartValue(i, size)) {
+				t.Fatalf("durable block %d: WRONG BYTES", i)
+			}
+			kept = append(kept, i)
+		}
+	}
+	gone := durable - len(kept)
+	evicted := scrape(t, d, "tidepool_ssd_durable_evictions_total")[0]
+	t.Logf("%d of %d durable blocks evicted; tidepool_ssd_durable_evictions_total %v", gone, durable, evicted)
+	if gone == 0 {
+		t.Fatal("no durable block evicted from a 64 MiB SSD tier after 56 MiB of newer blocks")
+	}
+	// A gone durable block was evicted from SSD (it may also have been
+	// promoted to DRAM and be served from there, so ≥).
+	if evicted < float64(gone) {
+		t.Fatalf("%d durable blocks gone, %v counted as evicted", gone, evicted)
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM)
+	d, _ = startServeIn(t, dataDir, "--ssd-capacity", "64MiB")
+	c, err = client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The durable blocks read before the stop were promoted to DRAM and
+	// spilled at the stop; those SSD still held are there after it.
+	for _, i := range kept {
+		got, found, err := c.Get(ctx, "dv", rkey(i))
+		if err != nil || (found && !bytes.Equal(got, restartValue(i, size))) {
+			t.Fatalf("durable block %d after a restart: found %v, %v", i, found, err)
+		}
+	}
+	d.stop(t, syscall.SIGTERM)
+}
