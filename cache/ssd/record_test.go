@@ -168,7 +168,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		// for flag bits this version does not know.
 		again := m.encode()
 		want := bytes.Clone(in)
-		want[1] &= flagLowPri
+		want[1] &= flagLowPri | flagDurable
 		binary.LittleEndian.PutUint32(want[len(want)-4:], cache.Checksum(want[:len(want)-4]))
 		if !bytes.Equal(again, want) {
 			t.Fatalf("decodeMeta(%x) = %+v re-encodes to %x", in, m, again)
