@@ -36,6 +36,25 @@ func (t *Tier) degradeLocked(reason string, fields ...zap.Field) {
 		append(fields, zap.String("reason", reason), zap.Duration("probe_in", t.cfg.ProbeInterval))...)
 }
 
+// Probe tries to leave degraded mode now, as a put does: at most once per
+// ProbeInterval, and only if no write is in progress (it never waits for
+// one). It reports whether the tier admits blocks. A store calls it
+// periodically so that a degraded tier recovers (and Health says so)
+// without waiting for a put.
+func (t *Tier) Probe() bool {
+	if !t.degraded.Load() {
+		return true
+	}
+	if !t.wmu.TryLock() {
+		return false
+	}
+	defer t.wmu.Unlock()
+	if t.closed.Load() {
+		return false
+	}
+	return t.tryRecoverLocked()
+}
+
 // tryRecoverLocked checks, at most once per ProbeInterval, whether the
 // disk takes writes again, and leaves degraded mode if so. RocksDB stops
 // all writes after a hard background error (a flush that hit ENOSPC);

@@ -521,6 +521,23 @@ func TestServeCounters(t *testing.T) {
 	}
 }
 
+// waitReady polls d's /readyz (no put meanwhile) until it answers a plain
+// "ready", for at most a minute.
+func waitReady(t *testing.T, d *daemon) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ready := httpGet(t, "http://"+d.metrics+"/readyz")
+		if ready == "ready\n" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still %q a minute later", ready)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // limitDescriptors sets the soft RLIMIT_NOFILE of process pid to the
 // number of descriptors it has open now (so that its next open fails with
 // EMFILE) and returns a function that restores the old limit.
@@ -615,23 +632,13 @@ func TestServeOutOfDescriptors(t *testing.T) {
 	}
 
 	restore()
-	// A put after the tier's probe interval (5 s) finds RocksDB taking
-	// writes again.
-	deadline := time.Now().Add(60 * time.Second)
-	for i := 10000; ; i++ {
-		_, err := c.PutWith(ctx, "fd", rkey(i), restartValue(i, size), client.PutOptions{Durable: true})
-		if err == nil {
-			acked = append(acked, i)
-			break
-		}
-		if client.CodeOf(err) != client.CodeUnavailable || time.Now().After(deadline) {
-			t.Fatalf("durable put after the descriptors came back: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
+	// The tier tries RocksDB again every probe interval (5 s) by itself:
+	// /readyz clears without a put, then durable puts are accepted.
+	waitReady(t, d)
+	if _, err := c.PutWith(ctx, "fd", rkey(10000), restartValue(10000, size), client.PutOptions{Durable: true}); err != nil {
+		t.Fatalf("durable put after the descriptors came back: %v", err)
 	}
-	if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
-		t.Fatalf("/readyz after recovery: %q", ready)
-	}
+	acked = append(acked, 10000)
 	if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_recoveries_total"); v[0] != 0 || v[1] < 1 {
 		t.Fatalf("after recovery: degraded %v, recoveries %v", v[0], v[1])
 	}
@@ -702,23 +709,14 @@ func TestServeFullDiskReadOnly(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	// The tier probes the disk on a put at most every 5 s.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		_, err := c.PutWith(ctx, "ro", rkey(100), restartValue(100, size), client.PutOptions{Durable: true})
-		if err == nil {
-			break
-		}
-		if client.CodeOf(err) != client.CodeUnavailable || time.Now().After(deadline) {
-			t.Fatalf("durable put after space came back: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	// The tier probes the disk every 5 s by itself: /readyz clears
+	// without a put, then durable puts are accepted.
+	waitReady(t, d)
 	if v := scrape(t, d, "tidepool_ssd_read_only", "tidepool_ssd_degraded", "tidepool_ssd_recoveries_total"); v[0] != 0 || v[1] != 0 || v[2] != 1 {
 		t.Fatalf("after space came back: read-only %v, degraded %v, recoveries %v", v[0], v[1], v[2])
 	}
-	if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
-		t.Fatalf("/readyz after space came back: %q", ready)
+	if _, err := c.PutWith(ctx, "ro", rkey(100), restartValue(100, size), client.PutOptions{Durable: true}); err != nil {
+		t.Fatalf("durable put after space came back: %v", err)
 	}
 	for i := range n + 1 {
 		k := i
