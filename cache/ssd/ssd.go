@@ -227,6 +227,8 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		zap.Int64("recovered_bytes", bytes),
 		zap.Duration("took", t.recTook),
 		zap.Int64("capacity", cfg.Capacity),
+		zap.Int("max_open_files", cfg.MaxOpenFiles),
+		zap.Int("descriptors", cfg.Descriptors()),
 		zap.Bool("degraded", t.degraded.Load()),
 		zap.String("rocksdb_crc32c", rocksCRC()))
 	return t, nil
