@@ -380,7 +380,9 @@ func (t *Tier) checkKey(ns string, key []byte) error {
 }
 
 // Put stores value under (ns, key). A key already present is left as it is
-// and reported with existed = true (values are immutable). It evicts blocks
+// and reported with existed = true (values are immutable); a durable put of
+// a block held from a best-effort put writes it again through the synced
+// WAL, so that it is durable too. It evicts blocks
 // chosen by the policy until the new one fits the budget. Errors:
 // cache.ErrInvalidKey, cache.ErrTooLarge, cache.ErrClosed, and
 // cache.ErrUnavailable while the tier is degraded. With opts.Durable the
@@ -434,9 +436,12 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		return false, cache.ErrClosed
 	}
 	t.mu.Lock()
-	_, ok := t.index[string(ek)]
+	old := t.index[string(ek)]
 	t.mu.Unlock()
-	if ok {
+	if old != nil {
+		if opts.Durable && !old.durable {
+			return true, t.makeDurableLocked(old, value, sum)
+		}
 		return true, nil
 	}
 	if t.degraded.Load() && !t.tryRecoverLocked() {
@@ -936,4 +941,46 @@ func (t *Tier) countDurableEvictions(es []*entry) {
 			t.durableEvictions.Add(1)
 		}
 	}
+}
+
+// makeDurableLocked answers a durable put of a block the tier holds from a
+// best-effort one (maybe only in a memtable, without the WAL): it writes
+// the block again through the synced WAL (for a block in the value log,
+// after syncing its segment, only its record), so that the acknowledged
+// durable put survives a crash like any other. value must be the block's
+// bytes (sum their CRC-32C); other bytes under the key are left as they
+// are (values are immutable) and the put is refused. wmu held.
+func (t *Tier) makeDurableLocked(e *entry, value []byte, sum uint32) error {
+	if sum != e.sum || int64(len(value)) != e.size {
+		return fmt.Errorf("%w: ssd: durable put of other bytes than the block held", cache.ErrUnavailable)
+	}
+	if t.degraded.Load() && !t.tryRecoverLocked() {
+		return fmt.Errorf("%w: ssd tier degraded", cache.ErrUnavailable)
+	}
+	t.mu.Lock()
+	m := e.meta()
+	t.mu.Unlock()
+	m.durable = true
+	bp := blockPut{key: e.encKey(), meta: m.encode(), value: value}
+	var err error
+	if e.seg != 0 {
+		bp.value, bp.logged = nil, true
+		err = t.vlog.sync()
+	}
+	if err == nil {
+		err = t.write(&batch{puts: []blockPut{bp}, wal: true}, true)
+	}
+	if err != nil {
+		t.writeErrors.Add(1)
+		t.degradeLocked("write failed", zap.Error(err))
+		return fmt.Errorf("%w: ssd: durable put: %v", cache.ErrUnavailable, err)
+	}
+	t.mu.Lock()
+	if t.index[e.skey] == e {
+		e.durable = true
+	}
+	t.mu.Unlock()
+	// A copy RocksDB had flushed to a blob file is garbage now.
+	t.noteGarbageLocked(e.blobBytes())
+	return nil
 }
