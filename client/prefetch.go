@@ -26,8 +26,11 @@ type PutOptions struct {
 	Depth int32
 	// Durable asks the sidecar to write the block through to its SSD tier,
 	// with the write-ahead log synced, before answering: the block then
-	// survives kill -9 of the sidecar (and power loss). A sidecar without
-	// an SSD tier accepts it and keeps the block in DRAM only.
+	// survives kill -9 of the sidecar (and power loss). It is not pinned:
+	// like any block it is evicted when the cache needs room
+	// (tidepool_ssd_durable_evictions_total counts those). A sidecar that
+	// cannot make it durable (no SSD tier, or one that is degraded)
+	// refuses it with CodeUnavailable.
 	Durable bool
 }
 

@@ -100,7 +100,9 @@ struct PutRequest {
     // prefers deeper blocks: a chain without its head is useless.
     4: i32 depth,
     // Write through to persistent storage (SSD, WAL synced) before
-    // answering. Default: best effort (it is a cache).
+    // answering: the block survives a crash or restart of the sidecar. It
+    // is still evicted like any block when the cache needs room (it is a
+    // cache; docs/ssd.md "What --durable promises"). Default: best effort.
     5: bool durable,
     // Cluster: owners to wait for (0 = acknowledge after the local store and
     // push to the owners in the background).
@@ -121,6 +123,8 @@ struct PutItem {
 struct BatchPutRequest {
     1: string ns,
     2: list<PutItem> items,
+    // As PutRequest.durable: written through, kept across restarts,
+    // evictable.
     3: bool durable,
     4: i32 sync_replicas,
 }
@@ -286,6 +290,7 @@ struct ReserveRequest {
     2: list<ReserveItem> items,
     // How long the reservation lives; 0 = the server's default.
     3: i32 ttl_ms,
+    // As PutRequest.durable, for the committed blocks.
     4: bool durable,
 }
 

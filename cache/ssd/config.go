@@ -77,6 +77,15 @@ type Config struct {
 	// undone: the first tier opened with PriorityLow lowers them for every
 	// tier of the process.
 	BackgroundPriority string
+	// MaxOpenFiles bounds the SST and blob files RocksDB keeps open (its
+	// max_open_files; both share its table cache), so that the tier's
+	// descriptors stay within Descriptors() and RocksDB is never the one
+	// that exhausts the process's table. Default (0): a quarter of the
+	// process's RLIMIT_NOFILE soft limit when the defaults are taken
+	// (DefaultConfig, New), within 64..4096.
+	// At least 20 (RocksDB's own floor).
+	MaxOpenFiles int
+
 	// DirectReads opens files with O_DIRECT for reads (bypasses the page
 	// cache; the filesystem must support it). Default false.
 	DirectReads bool
@@ -134,6 +143,7 @@ func DefaultConfig() Config {
 		ValueLogSegmentSize: 64 << 20,
 		MinFreeBytes:        1 << 30,
 		ProbeInterval:       5 * time.Second,
+		MaxOpenFiles:        defaultMaxOpenFiles(nofileLimit()),
 		Policy:              evict.NewLRU,
 		Clock:               clock.Real{},
 	}
@@ -158,6 +168,7 @@ func (c Config) withDefaults() Config {
 	fill(&c.ValueLogSegmentSize, d.ValueLogSegmentSize)
 	fill(&c.MinFreeBytes, d.MinFreeBytes)
 	fill(&c.ProbeInterval, d.ProbeInterval)
+	fill(&c.MaxOpenFiles, d.MaxOpenFiles)
 	if c.Policy == nil {
 		c.Policy = d.Policy
 	}
@@ -222,6 +233,9 @@ func (c Config) Validate() error {
 	}
 	if c.ValueLogSegmentSize < 1<<20 || c.ValueLogSegmentSize%dioAlign != 0 {
 		bad("ValueLogSegmentSize must be >= 1 MiB and a multiple of %d, got %d", dioAlign, c.ValueLogSegmentSize)
+	}
+	if c.MaxOpenFiles < 20 {
+		bad("MaxOpenFiles must be >= 20, got %d", c.MaxOpenFiles)
 	}
 	if c.ProbeInterval <= 0 {
 		bad("ProbeInterval must be > 0, got %v", c.ProbeInterval)

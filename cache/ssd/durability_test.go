@@ -67,6 +67,13 @@ func runKillChild() error {
 		return err
 	}
 	for i := range killN {
+		// Half the durable blocks were first put best-effort: the durable
+		// put of a block already held must make it durable too.
+		if i%2 == 0 {
+			if err := put(nsDurable, i, false); err != nil {
+				return err
+			}
+		}
 		if err := put(nsDurable, i, true); err != nil {
 			return err
 		}
@@ -278,4 +285,46 @@ func startChild(t *testing.T, test string, env ...string) (*exec.Cmd, io.ReadClo
 		t.Fatal(err)
 	}
 	return cmd, out
+}
+
+// TestDurableEvictable: a durable put is written through and survives a
+// restart, but it is a cache block like any other: the policy evicts it
+// when room is needed (docs/ssd.md, "What --durable promises"), and each
+// such eviction is counted, also for blocks recovered at open.
+func TestDurableEvictable(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	cfg.Capacity = 8 * mib
+	const size = 1 << 20
+	ctx := context.Background()
+	tr := newTier(t, cfg)
+	for i := range 3 {
+		mustPut(t, tr, "d", key(i), value(uint64(i), size), cache.PutOptions{Durable: true})
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tr = newTier(t, cfg)
+	for i := 3; i < 6; i++ {
+		mustPut(t, tr, "d", key(i), value(uint64(i), size), cache.PutOptions{Durable: true})
+	}
+	// Best-effort blocks need the room: the oldest blocks go, durable or
+	// not.
+	for i := 100; i < 110; i++ {
+		mustPut(t, tr, "d", key(i), value(uint64(i), size), cache.PutOptions{})
+	}
+	evicted := 0
+	for i := range 6 {
+		if _, _, err := tr.Get(ctx, "d", key(i), nil); err != nil {
+			if !errors.Is(err, cache.ErrNotFound) {
+				t.Fatalf("durable block %d: %v", i, err)
+			}
+			evicted++
+		}
+	}
+	if evicted != 6 {
+		t.Fatalf("%d of 6 durable blocks evicted, want all (LRU, 7 MiB of newer blocks)", evicted)
+	}
+	if h := tr.Health(); h.DurableEvictions != int64(evicted) {
+		t.Fatalf("DurableEvictions %d, want %d", h.DurableEvictions, evicted)
+	}
 }

@@ -196,7 +196,7 @@ func testChecksumMismatch(t *testing.T, logMin int64) {
 	}
 	evil := value(99, size)
 	if logMin < 0 {
-		st, err := openStore(&cfg)
+		st, err := openStore(&cfg, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -396,16 +396,35 @@ func TestOpenDiskFull(t *testing.T) {
 	}
 	f.Close()
 
+	// The database opens read-only: every block on disk is served, no
+	// put is admitted, and nothing aborts.
 	tr2 := newTier(t, cfg)
 	h := tr2.Health()
-	if !tr2.Degraded() || h.Open || h.DegradedEvents != 1 {
+	if !tr2.Degraded() || !h.Open || !h.ReadOnly || h.DegradedEvents != 1 {
 		t.Fatalf("opened on a full disk: degraded %v, %+v", tr2.Degraded(), h)
 	}
 	if _, err := tr2.Put(ctx, "of", key(100), value(100, size), cache.PutOptions{Durable: true}); !errors.Is(err, cache.ErrUnavailable) {
-		t.Fatalf("durable put without a database: %v", err)
+		t.Fatalf("durable put on a read-only database: %v", err)
 	}
-	if _, _, err := tr2.Get(ctx, "of", key(0), nil); !errors.Is(err, cache.ErrNotFound) {
-		t.Fatalf("get without a database: %v", err)
+	if good, bad := readAll(t, tr2, "of", n, size); good != n || bad != 0 {
+		t.Fatalf("read-only on a full disk: %d good, %d bad of %d", good, bad, n)
+	}
+	// A probe while the disk is still full keeps it read-only.
+	clk.Advance(time.Second)
+	if _, err := tr2.Put(ctx, "of", key(100), value(100, size), cache.PutOptions{Durable: true}); !errors.Is(err, cache.ErrUnavailable) {
+		t.Fatalf("durable put on a full disk after a probe: %v", err)
+	}
+	if h := tr2.Health(); !h.ReadOnly || !h.Open {
+		t.Fatalf("after a probe on the full disk: %+v", h)
+	}
+	// Close and open again on the full disk: still read-only, still all
+	// blocks.
+	if err := tr2.Close(); err != nil {
+		t.Fatalf("close of a read-only tier: %v", err)
+	}
+	tr2 = newTier(t, cfg)
+	if good, bad := readAll(t, tr2, "of", n, size); good != n || bad != 0 {
+		t.Fatalf("second read-only open: %d good, %d bad of %d", good, bad, n)
 	}
 
 	if err := os.Remove(filler); err != nil {
@@ -413,7 +432,7 @@ func TestOpenDiskFull(t *testing.T) {
 	}
 	clk.Advance(time.Second)
 	mustPut(t, tr2, "of", key(100), value(100, size), cache.PutOptions{Durable: true})
-	if h := tr2.Health(); tr2.Degraded() || !h.Open || h.Recoveries != 1 {
+	if h := tr2.Health(); tr2.Degraded() || !h.Open || h.ReadOnly || h.Recoveries != 1 {
 		t.Fatalf("after space came back: degraded %v, %+v", tr2.Degraded(), h)
 	}
 	good, bad := readAll(t, tr2, "of", n, size)

@@ -22,9 +22,37 @@ func (t *Tier) degradeLocked(reason string, fields ...zap.Field) {
 		return
 	}
 	t.degradedEvents.Add(1)
+	why := reason
+	for _, f := range fields {
+		if f.Key == "error" {
+			if e, ok := f.Interface.(error); ok {
+				why += ": " + e.Error()
+			}
+		}
+	}
+	t.degradedWhy.Store(why)
 	t.nextProbe = t.clk.Now().Add(t.cfg.ProbeInterval)
 	t.lg.Warn("ssd tier degraded: not admitting blocks, still serving reads",
 		append(fields, zap.String("reason", reason), zap.Duration("probe_in", t.cfg.ProbeInterval))...)
+}
+
+// Probe tries to leave degraded mode now, as a put does: at most once per
+// ProbeInterval, and only if no write is in progress (it never waits for
+// one). It reports whether the tier admits blocks. A store calls it
+// periodically so that a degraded tier recovers (and Health says so)
+// without waiting for a put.
+func (t *Tier) Probe() bool {
+	if !t.degraded.Load() {
+		return true
+	}
+	if !t.wmu.TryLock() {
+		return false
+	}
+	defer t.wmu.Unlock()
+	if t.closed.Load() {
+		return false
+	}
+	return t.tryRecoverLocked()
 }
 
 // tryRecoverLocked checks, at most once per ProbeInterval, whether the
@@ -41,6 +69,9 @@ func (t *Tier) tryRecoverLocked() bool {
 	t.nextProbe = now.Add(t.cfg.ProbeInterval)
 	if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
 		return false
+	}
+	if free, ok := t.diskFree(); ok && free < openMinFree && t.readOnlyLocked() {
+		return false // a reopen would be read-only again
 	}
 	stamp := []byte(now.UTC().Format(time.RFC3339Nano))
 	if t.probe(stamp) != nil {
@@ -63,6 +94,9 @@ func (t *Tier) probe(stamp []byte) error {
 		if err := t.hookBeforeWrite(); err != nil {
 			return err
 		}
+	}
+	if err := checkDescriptors(t.null); err != nil {
+		return err
 	}
 	t.dbMu.RLock()
 	defer t.dbMu.RUnlock()

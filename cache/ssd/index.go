@@ -97,7 +97,7 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 		}
 		es = append(es, &entry{
 			ns: ns, skey: string(k), size: m.size, foot: footprint(len(k), m.size),
-			sum: m.sum, depth: m.depth, lowPri: m.lowPri, created: m.created, access: m.access,
+			sum: m.sum, depth: m.depth, lowPri: m.lowPri, durable: m.durable, created: m.created, access: m.access,
 			seg: m.seg, off: m.off,
 		})
 	})
@@ -114,7 +114,9 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 		t.insertLocked(e)
 	}
 	var victims [][]byte
-	for t.used > t.cfg.Capacity {
+	// A read-only store keeps every block: it cannot delete any, and a
+	// reopen once space is back evicts down to the capacity.
+	for t.used > t.cfg.Capacity && !t.st.readOnly {
 		id, ok := t.policy.Victim(noSkip)
 		if !ok {
 			break
@@ -126,6 +128,7 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 		}
 		t.removeLocked(v)
 		victims = append(victims, v.encKey())
+		t.countDurableEvictions([]*entry{v})
 	}
 	blocks = int64(len(t.index))
 	live := make(map[uint32]int64)
@@ -146,7 +149,7 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 	if len(lost) > 0 {
 		t.lg.Warn("ssd records whose value log bytes are gone, deleted", zap.Int("records", len(lost)))
 	}
-	if dels := slices.Concat(bad, lost, victims); len(dels) > 0 {
+	if dels := slices.Concat(bad, lost, victims); len(dels) > 0 && !t.st.readOnly {
 		if err := t.write(&batch{dels: dels}, false); err != nil {
 			t.lg.Warn("ssd delete after rebuild failed", zap.Error(err))
 		}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/internal/proctest"
 )
@@ -26,10 +28,17 @@ const priorityChildEnv = "TIDEPOOL_SSD_PRIORITY_CHILD"
 // lowered, so each case runs in a process of its own (this test binary,
 // running TestBackgroundPriorityChild).
 func TestBackgroundPriority(t *testing.T) {
+	// "normal" is the process's own nice value (the test may run under
+	// nice(1)); the raw getpriority syscall returns 20 - nice.
+	raw, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := 20 - raw
 	for _, c := range []struct {
 		priority string
 		nice     int
-	}{{PriorityLow, 19}, {PriorityNormal, 0}, {"", 0}} {
+	}{{PriorityLow, 19}, {PriorityNormal, own}, {"", own}} {
 		t.Run(fmt.Sprintf("priority=%q", c.priority), func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run", "^TestBackgroundPriorityChild$", "-test.v", "-test.count", "1")
 			cmd.Env = append(os.Environ(), priorityChildEnv+"="+c.priority, "TMPDIR="+t.TempDir())

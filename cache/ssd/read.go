@@ -58,6 +58,12 @@ func (t *Tier) read(sk string, ek []byte) (r shared, drop *entry, err error) {
 	}
 	p, found, err := t.st.getPinned(ek)
 	switch {
+	case err != nil && isOutOfDescriptors(err):
+		// RocksDB could not open the block's file: the block is fine, the
+		// process is short of descriptors for now. A miss, not a drop.
+		t.dbMu.RUnlock()
+		t.readErrors.Add(1)
+		return r, nil, fmt.Errorf("%w: ssd: read: %v", cache.ErrUnavailable, err)
 	case err != nil && isCorruption(err):
 		t.dbMu.RUnlock()
 		t.readErrors.Add(1)

@@ -16,7 +16,7 @@ import (
 //
 //	off len field
 //	0   1   version (recVersion)
-//	1   1   flags (bit 0: low priority)
+//	1   1   flags (bit 0: low priority, bit 1: written by a durable put)
 //	2   8   size of the value in bytes
 //	10  4   CRC-32C of the value (cache.Checksum)
 //	14  4   depth in the prefix chain (int32)
@@ -36,6 +36,7 @@ const (
 	recVersion2 = 2
 	recLen2     = 50
 	flagLowPri  = 1 << 0
+	flagDurable = 1 << 1
 )
 
 var (
@@ -72,6 +73,7 @@ type meta struct {
 	sum     uint32
 	depth   int32
 	lowPri  bool
+	durable bool // written by a durable put (counted when evicted)
 	access  int64
 	created int64
 	seg     uint32 // value log segment; 0: the bytes are in RocksDB
@@ -87,6 +89,9 @@ func (m *meta) encode() []byte {
 	b[0] = ver
 	if m.lowPri {
 		b[1] |= flagLowPri
+	}
+	if m.durable {
+		b[1] |= flagDurable
 	}
 	binary.LittleEndian.PutUint64(b[2:], uint64(m.size))
 	binary.LittleEndian.PutUint32(b[10:], m.sum)
@@ -114,6 +119,7 @@ func decodeMeta(b []byte) (meta, error) {
 	}
 	m := meta{
 		lowPri:  b[1]&flagLowPri != 0,
+		durable: b[1]&flagDurable != 0,
 		size:    int64(binary.LittleEndian.Uint64(b[2:])),
 		sum:     binary.LittleEndian.Uint32(b[10:]),
 		depth:   int32(binary.LittleEndian.Uint32(b[14:])),

@@ -88,7 +88,9 @@ func TestDecodeMeta(t *testing.T) {
 		{"round trip", m.encode(), m, nil},
 		{"zero record", (&meta{}).encode(), meta{}, nil},
 		{"negative depth", (&meta{depth: -1, size: 1}).encode(), meta{depth: -1, size: 1}, nil},
-		{"unknown flag bits are ignored", record(m, true, func(b []byte) { b[1] |= 0xfe }), m, nil},
+		{"unknown flag bits are ignored", record(m, true, func(b []byte) { b[1] |= 0xfc }), m, nil},
+		{"durable", (&meta{size: 1, durable: true}).encode(), meta{size: 1, durable: true}, nil},
+		{"durable flag bit", record(m, true, func(b []byte) { b[1] |= flagDurable }), func() meta { d := m; d.durable = true; return d }(), nil},
 		{"nothing", nil, meta{}, errBadRecord},
 		{"short", m.encode()[:recLen-1], meta{}, errBadRecord},
 		{"long", append(m.encode(), 0), meta{}, errBadRecord},
@@ -166,7 +168,7 @@ func FuzzDecodeMeta(f *testing.F) {
 		// for flag bits this version does not know.
 		again := m.encode()
 		want := bytes.Clone(in)
-		want[1] &= flagLowPri
+		want[1] &= flagLowPri | flagDurable
 		binary.LittleEndian.PutUint32(want[len(want)-4:], cache.Checksum(want[:len(want)-4]))
 		if !bytes.Equal(again, want) {
 			t.Fatalf("decodeMeta(%x) = %+v re-encodes to %x", in, m, again)

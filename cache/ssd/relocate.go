@@ -166,6 +166,7 @@ func (t *Tier) evictSegment(es []*entry) (n int64, stop bool) {
 	}
 	t.evictions.Add(int64(len(gone)))
 	t.spaceEvictions.Add(int64(len(gone)))
+	t.countDurableEvictions(gone)
 	t.freeValuesLocked(gone)
 	return int64(len(gone)), false
 }

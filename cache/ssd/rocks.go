@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/linxGnu/grocksdb"
@@ -65,6 +67,57 @@ type store struct {
 	applyCh   chan applyReq
 	applyErr  chan error
 	applyDone chan struct{}
+
+	// dir is the path the database was opened under (see dbPath).
+	dir string
+	// readOnly: opened with OpenForReadOnly (the disk was full): reads
+	// only, apply and probe return errReadOnly without calling RocksDB,
+	// flush and compactData do nothing.
+	readOnly bool
+	// wedged is set when a write failed to create a new WAL: librocksdb
+	// 7.8 then leaves a column family referenced for good (descriptors.go),
+	// RocksDB refuses every later write (a fatal background error, which
+	// DB::Resume does not clear), and closing the database would abort the
+	// process. close leaves such a database open, its background work
+	// cancelled, and the tier opens a new instance of the same directory
+	// (dbPath).
+	wedged atomic.Bool
+}
+
+// wedgedDirs counts, per directory, the database instances this process
+// left open because they were wedged. RocksDB refuses to open a
+// directory whose LOCK its own process holds under the same name (it
+// keeps a set of locked paths); the POSIX lock itself does not conflict
+// within one process. A reopen therefore names the directory differently
+// each time ("dir/.", "dir/./.", ...). The instance left open does
+// nothing more: no writes reach it and its background work was cancelled.
+var wedgedDirs = struct {
+	sync.Mutex
+	n map[string]int
+}{n: map[string]int{}}
+
+// dbPath is the name to open dir under: dir itself unless a wedged
+// instance of it is still open in this process.
+func dbPath(dir string) string {
+	wedgedDirs.Lock()
+	defer wedgedDirs.Unlock()
+	return dir + strings.Repeat("/.", wedgedDirs.n[dir])
+}
+
+// isWALCreateFailure reports whether a write's error is RocksDB failing to
+// create a new WAL file (RocksDB names it NNNNNN.log; the info log is
+// "LOG").
+func isWALCreateFailure(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	i := strings.Index(msg, "While open a file for appending: ")
+	if i < 0 {
+		return false
+	}
+	name, _, _ := strings.Cut(msg[i+len("While open a file for appending: "):], ":")
+	return strings.HasSuffix(name, ".log")
 }
 
 type applyReq struct {
@@ -72,9 +125,15 @@ type applyReq struct {
 	durable bool
 }
 
-// openStore opens (creating if needed) the database in cfg.Dir.
-func openStore(cfg *Config) (_ *store, err error) {
-	s := &store{}
+// errReadOnly is returned by the writes of a store opened read-only.
+var errReadOnly = errors.New("ssd: rocksdb open read-only (disk full)")
+
+// openStore opens (creating if needed) the database in cfg.Dir. With
+// readOnly it opens an existing database for reads only: RocksDB then
+// writes nothing at all (no info LOG, WAL, MANIFEST or OPTIONS file; the
+// WAL is replayed into memory), so it opens on a full disk.
+func openStore(cfg *Config, readOnly bool) (_ *store, err error) {
+	s := &store{dir: cfg.Dir, readOnly: readOnly}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -131,6 +190,9 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.opts.SetStatsDumpPeriodSec(0)
 	s.opts.SetStatsPersistPeriodSec(0)
 	s.opts.SetUseDirectReads(cfg.DirectReads)
+	// SST and blob readers share the table cache this bounds (see
+	// Config.MaxOpenFiles and descriptors.go).
+	s.opts.SetMaxOpenFiles(cfg.MaxOpenFiles)
 	s.opts.SetCompression(grocksdb.NoCompression)
 
 	s.metaOpts = grocksdb.NewDefaultOptions()
@@ -166,9 +228,15 @@ func openStore(cfg *Config) (_ *store, err error) {
 	s.dataOpts.SetBlobGCForceThreshold(0.5)
 	s.dataOpts.SetBlobCompactionReadaheadSize(2 << 20)
 
-	db, cfs, err := grocksdb.OpenDbColumnFamilies(s.opts, cfg.Dir,
-		[]string{cfDefaultName, cfMetaName, cfDataName},
-		[]*grocksdb.Options{s.opts, s.metaOpts, s.dataOpts})
+	names := []string{cfDefaultName, cfMetaName, cfDataName}
+	cfOpts := []*grocksdb.Options{s.opts, s.metaOpts, s.dataOpts}
+	var db *grocksdb.DB
+	var cfs []*grocksdb.ColumnFamilyHandle
+	if readOnly {
+		db, cfs, err = grocksdb.OpenDbForReadOnlyColumnFamilies(s.opts, dbPath(cfg.Dir), names, cfOpts, false)
+	} else {
+		db, cfs, err = grocksdb.OpenDbColumnFamilies(s.opts, dbPath(cfg.Dir), names, cfOpts)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("ssd: open rocksdb in %s: %w", cfg.Dir, err)
 	}
@@ -223,6 +291,17 @@ func (s *store) close() {
 		close(s.applyCh)
 		<-s.applyDone
 		s.applyCh = nil
+	}
+	if s.wedged.Load() && s.db != nil {
+		// Closing it would abort the process (see store.wedged): stop its
+		// background work and leave it, its handles and the options it
+		// uses, open for good. The rest is ours to free.
+		s.db.CancelAllBackgroundWork(true)
+		s.db, s.cfData, s.cfMeta, s.cfDef = nil, nil, nil, nil
+		s.opts, s.metaOpts, s.dataOpts = nil, nil, nil
+		wedgedDirs.Lock()
+		wedgedDirs.n[s.dir]++
+		wedgedDirs.Unlock()
 	}
 	for _, cf := range []**grocksdb.ColumnFamilyHandle{&s.cfData, &s.cfMeta, &s.cfDef} {
 		if *cf != nil {
@@ -300,6 +379,9 @@ func (s *store) apply(b *batch, durable bool) error {
 
 // applyNow is apply on the write thread.
 func (s *store) applyNow(b *batch, durable bool) error {
+	if s.readOnly {
+		return errReadOnly
+	}
 	wb := s.wb
 	wb.Clear()
 	for _, k := range b.dels {
@@ -322,13 +404,24 @@ func (s *store) applyNow(b *batch, durable bool) error {
 	case b.wal:
 		wo = s.woWAL
 	}
-	return s.db.Write(wo, wb)
+	err := s.db.Write(wo, wb)
+	if isWALCreateFailure(err) {
+		s.wedged.Store(true)
+	}
+	return err
 }
 
 // probe writes a small record through the WAL to learn whether the
 // database accepts writes.
 func (s *store) probe(stamp []byte) error {
-	return s.db.PutCF(s.woSync, s.cfDef, probeKey, stamp)
+	if s.readOnly {
+		return errReadOnly
+	}
+	err := s.db.PutCF(s.woSync, s.cfDef, probeKey, stamp)
+	if isWALCreateFailure(err) {
+		s.wedged.Store(true)
+	}
+	return err
 }
 
 // pinned is a block read that still references RocksDB memory. Its bytes
@@ -390,6 +483,9 @@ func (s *store) scanMeta(fn func(key, rec []byte)) error {
 // waits for it, Close stops it), and the flushes RocksDB already queued
 // are finished first.
 func (s *store) flush() error {
+	if s.readOnly {
+		return nil
+	}
 	s.waitFlushesIdle()
 	if err := s.db.FlushCF(s.cfMeta, s.fo); err != nil {
 		return err
@@ -437,6 +533,9 @@ func (s *store) waitFlushesIdle() {
 // files are relocated so that those files can go. Compactions RocksDB
 // starts meanwhile GC too, which only frees space sooner.
 func (s *store) compactData() {
+	if s.readOnly {
+		return
+	}
 	s.setBlobGC(true)
 	defer s.setBlobGC(false)
 	s.db.CompactRangeCFOpt(s.cfData, grocksdb.Range{}, s.compact)

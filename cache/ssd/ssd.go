@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/evict"
@@ -76,6 +77,7 @@ type entry struct {
 	sum     uint32
 	depth   int32
 	lowPri  bool
+	durable bool // written by a durable put
 	created int64
 	access  int64  // Unix ns of the last read or write
 	dirty   bool   // access changed since it was last persisted
@@ -96,7 +98,7 @@ func (e *entry) blobBytes() int64 {
 }
 
 func (e *entry) meta() meta {
-	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, access: e.access, created: e.created,
+	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, durable: e.durable, access: e.access, created: e.created,
 		seg: e.seg, off: e.off}
 }
 
@@ -157,8 +159,17 @@ type Tier struct {
 	checksumFailures, readErrors, writeErrors  atomic.Int64
 	degradedEvents, recoveries, stale          atomic.Int64
 	compactions, relocations, spaceEvictions   atomic.Int64
+	durableEvictions                           atomic.Int64
 	quarantines                                atomic.Int64
 	quarantinedTo                              atomic.Value // string
+	// degradedWhy is why the tier last became degraded (a short text with
+	// the error), for Health.
+	degradedWhy atomic.Value // string
+
+	// null is a descriptor of /dev/null that checkDescriptors duplicates
+	// before each write; -1 turns the check off (tests, or /dev/null
+	// missing).
+	null int
 
 	// Test seams; nil in production.
 	hookFreeSpace   func(dir string) (int64, error)
@@ -198,10 +209,15 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		clk: cfg.Clock,
 		nss: make(map[string]*nsStats),
 	}
+	var err error
+	if t.null, err = unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		t.null = -1
+	}
 	t.flights = flight.New[string](t.releaseRead)
 	t.resetIndex()
 	blocks, bytes, err := t.openAtStart()
 	if err != nil {
+		t.closeNull()
 		return nil, err
 	}
 	t.recBlocks, t.recBytes, t.recTook = blocks, bytes, time.Since(start)
@@ -211,6 +227,8 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		zap.Int64("recovered_bytes", bytes),
 		zap.Duration("took", t.recTook),
 		zap.Int64("capacity", cfg.Capacity),
+		zap.Int("max_open_files", cfg.MaxOpenFiles),
+		zap.Int("descriptors", cfg.Descriptors()),
 		zap.Bool("degraded", t.degraded.Load()),
 		zap.String("rocksdb_crc32c", rocksCRC()))
 	return t, nil
@@ -225,13 +243,25 @@ const openMinFree = 4 << 20
 // errDiskFull is returned by openChecked when the disk lacks openMinFree.
 var errDiskFull = errors.New("ssd: disk full")
 
-// openChecked opens the store unless the disk is (nearly) full.
+// openChecked opens the store, read-only when the disk is (nearly) full
+// and a database is there to read (see openStore); errDiskFull when it is
+// full and there is none.
 func (t *Tier) openChecked() (*store, error) {
-	if free, ok := t.diskFree(); ok && free < openMinFree {
-		return nil, fmt.Errorf("%w: %d bytes free in %s (opening needs %d)", errDiskFull, free, t.cfg.Dir, openMinFree)
+	if err := checkDescriptors(t.null); err != nil {
+		return nil, err
 	}
-	return openStore(&t.cfg)
+	if free, ok := t.diskFree(); ok && free < openMinFree {
+		if _, err := os.Stat(filepath.Join(t.cfg.Dir, "CURRENT")); err != nil {
+			return nil, fmt.Errorf("%w: %d bytes free in %s (opening needs %d)", errDiskFull, free, t.cfg.Dir, openMinFree)
+		}
+		return openStore(&t.cfg, true)
+	}
+	return openStore(&t.cfg, false)
 }
+
+// readOnlyLocked reports whether the store is open read-only. wmu or dbMu
+// held.
+func (t *Tier) readOnlyLocked() bool { return t.st != nil && t.st.readOnly }
 
 // openAtStart opens the database and rebuilds the index for New, starting
 // degraded on a full disk and quarantining a corrupt database.
@@ -271,10 +301,12 @@ func (t *Tier) openAtStart() (blocks, bytes int64, err error) {
 			return 0, 0, err
 		}
 	}
-	if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
-		t.wmu.Lock()
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.readOnlyLocked() {
+		t.degradeLocked("disk full at start: database open read-only, its blocks served")
+	} else if free, ok := t.freeSpace(); ok && free < max(t.cfg.MinFreeBytes, 0) {
 		t.degradeLocked("low free space at start", zap.Int64("free_bytes", free))
-		t.wmu.Unlock()
 	}
 	return blocks, bytes, nil
 }
@@ -348,7 +380,9 @@ func (t *Tier) checkKey(ns string, key []byte) error {
 }
 
 // Put stores value under (ns, key). A key already present is left as it is
-// and reported with existed = true (values are immutable). It evicts blocks
+// and reported with existed = true (values are immutable); a durable put of
+// a block held from a best-effort put writes it again through the synced
+// WAL, so that it is durable too. It evicts blocks
 // chosen by the policy until the new one fits the budget. Errors:
 // cache.ErrInvalidKey, cache.ErrTooLarge, cache.ErrClosed, and
 // cache.ErrUnavailable while the tier is degraded. With opts.Durable the
@@ -402,9 +436,12 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		return false, cache.ErrClosed
 	}
 	t.mu.Lock()
-	_, ok := t.index[string(ek)]
+	old := t.index[string(ek)]
 	t.mu.Unlock()
-	if ok {
+	if old != nil {
+		if opts.Durable && !old.durable {
+			return true, t.makeDurableLocked(old, value, sum)
+		}
 		return true, nil
 	}
 	if t.degraded.Load() && !t.tryRecoverLocked() {
@@ -442,7 +479,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	now := t.clk.Now().UnixNano()
 	e := &entry{
 		ns: ns, skey: string(ek), size: int64(len(value)), foot: foot, sum: sum,
-		depth: opts.Depth, lowPri: opts.LowPriority, created: now, access: now,
+		depth: opts.Depth, lowPri: opts.LowPriority, durable: opts.Durable, created: now, access: now,
 	}
 	bp := blockPut{key: ek, value: value}
 	if t.vlog != nil && t.cfg.ValueLogMin >= 0 && int64(len(value)) >= t.cfg.ValueLogMin {
@@ -492,6 +529,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		t.nsLocked(v.ns).evictions++
 		dropped += v.blobBytes()
 	}
+	t.countDurableEvictions(victims)
 	t.mu.Unlock()
 	t.evictions.Add(int64(len(victims)))
 	t.bytesIn.Add(int64(len(value)))
@@ -508,6 +546,9 @@ func (t *Tier) write(b *batch, durable bool) error {
 		if err := t.hookBeforeWrite(); err != nil {
 			return err
 		}
+	}
+	if err := checkDescriptors(t.null); err != nil {
+		return err
 	}
 	t.dbMu.RLock()
 	defer t.dbMu.RUnlock()
@@ -752,7 +793,9 @@ type Health struct {
 	// ChecksumFailures counts reads whose block was bad: bytes that did not
 	// match their CRC-32C, or a RocksDB corruption/read error on the blob.
 	ChecksumFailures int64
-	// ReadErrors counts the RocksDB read errors among ChecksumFailures.
+	// ReadErrors counts RocksDB read errors: those of damaged blocks
+	// (dropped, also in ChecksumFailures) and those for lack of
+	// descriptors (a miss; the block is kept).
 	ReadErrors int64
 	// WriteErrors counts failed RocksDB writes and flushes.
 	WriteErrors int64
@@ -774,8 +817,20 @@ type Health struct {
 	// keep the value log's dead space within its limit (docs/ssd.md).
 	Relocations, SpaceEvictions int64
 	// Open is false while the tier has no database open (the disk was
-	// full at start, or a reopen failed); it is degraded then.
+	// full at start with no database there, or a reopen failed); it is
+	// degraded then.
 	Open bool
+	// ReadOnly is true while the database is open for reads only (the
+	// disk was full when it was opened): its blocks are served, puts
+	// refused (degraded) until a probe finds space and reopens it
+	// writable.
+	ReadOnly bool
+	// DurableEvictions counts evicted blocks that a durable put wrote
+	// (docs/ssd.md: a durable block survives a crash, not eviction).
+	DurableEvictions int64
+	// Reason says why the tier last became degraded (with the error);
+	// empty if it never was.
+	Reason string
 	// Quarantines counts corrupt databases New moved aside (0 or 1);
 	// QuarantinedTo is where the last one went.
 	Quarantines   int64
@@ -795,9 +850,11 @@ func (t *Tier) Health() Health {
 		Compactions:      t.compactions.Load(),
 		Relocations:      t.relocations.Load(),
 		SpaceEvictions:   t.spaceEvictions.Load(),
+		DurableEvictions: t.durableEvictions.Load(),
 		Quarantines:      t.quarantines.Load(),
 	}
 	h.QuarantinedTo, _ = t.quarantinedTo.Load().(string)
+	h.Reason, _ = t.degradedWhy.Load().(string)
 	t.dbMu.RLock()
 	if t.vlog != nil {
 		h.ValueLogBytes, h.ValueLogLiveBytes = t.vlog.usage()
@@ -806,6 +863,7 @@ func (t *Tier) Health() Health {
 	if t.st != nil {
 		h.DiskBytes = t.st.diskBytes() + h.ValueLogBytes
 		h.Open = true
+		h.ReadOnly = t.st.readOnly
 	}
 	t.dbMu.RUnlock()
 	return h
@@ -829,6 +887,7 @@ func (t *Tier) Close() error {
 	}
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
+	defer t.closeNull()
 	t.stopCompactionLocked()
 	t.dbMu.Lock()
 	defer t.dbMu.Unlock()
@@ -849,10 +908,10 @@ func (t *Tier) Close() error {
 		}
 	}
 	t.mu.Unlock()
-	if len(b.metaSet) > 0 {
+	if len(b.metaSet) > 0 && !t.st.readOnly {
 		err = t.st.apply(b, false)
 	}
-	if !t.degraded.Load() {
+	if !t.degraded.Load() && !t.st.wedged.Load() {
 		if t.vlog != nil {
 			err = errors.Join(err, t.vlog.sync())
 		}
@@ -863,5 +922,65 @@ func (t *Tier) Close() error {
 	if err != nil {
 		return fmt.Errorf("ssd: close: %w", err)
 	}
+	return nil
+}
+
+// closeNull closes the descriptor checkDescriptors duplicates.
+func (t *Tier) closeNull() {
+	if t.null >= 0 {
+		unix.Close(t.null)
+		t.null = -1
+	}
+}
+
+// countDurableEvictions counts the evicted blocks of es that a durable put
+// wrote.
+func (t *Tier) countDurableEvictions(es []*entry) {
+	for _, e := range es {
+		if e.durable {
+			t.durableEvictions.Add(1)
+		}
+	}
+}
+
+// makeDurableLocked answers a durable put of a block the tier holds from a
+// best-effort one (maybe only in a memtable, without the WAL): it writes
+// the block again through the synced WAL (for a block in the value log,
+// after syncing its segment, only its record), so that the acknowledged
+// durable put survives a crash like any other. value must be the block's
+// bytes (sum their CRC-32C); other bytes under the key are left as they
+// are (values are immutable) and the put is refused. wmu held.
+func (t *Tier) makeDurableLocked(e *entry, value []byte, sum uint32) error {
+	if sum != e.sum || int64(len(value)) != e.size {
+		return fmt.Errorf("%w: ssd: durable put of other bytes than the block held", cache.ErrUnavailable)
+	}
+	if t.degraded.Load() && !t.tryRecoverLocked() {
+		return fmt.Errorf("%w: ssd tier degraded", cache.ErrUnavailable)
+	}
+	t.mu.Lock()
+	m := e.meta()
+	t.mu.Unlock()
+	m.durable = true
+	bp := blockPut{key: e.encKey(), meta: m.encode(), value: value}
+	var err error
+	if e.seg != 0 {
+		bp.value, bp.logged = nil, true
+		err = t.vlog.sync()
+	}
+	if err == nil {
+		err = t.write(&batch{puts: []blockPut{bp}, wal: true}, true)
+	}
+	if err != nil {
+		t.writeErrors.Add(1)
+		t.degradeLocked("write failed", zap.Error(err))
+		return fmt.Errorf("%w: ssd: durable put: %v", cache.ErrUnavailable, err)
+	}
+	t.mu.Lock()
+	if t.index[e.skey] == e {
+		e.durable = true
+	}
+	t.mu.Unlock()
+	// A copy RocksDB had flushed to a blob file is garbage now.
+	t.noteGarbageLocked(e.blobBytes())
 	return nil
 }

@@ -586,6 +586,29 @@ func (s *Store) prefetcher() {
 	}
 }
 
+// probeTick is how often prober looks at the SSD tier; the tier itself
+// tries the disk at most once per its ProbeInterval (5 s by default).
+const probeTick = time.Second
+
+// prober lets a degraded SSD tier try the disk again (ssd.Tier.Probe)
+// while no put does, so that it recovers, and /readyz says so, once the
+// disk or descriptors are back, also on an idle sidecar.
+func (s *Store) prober() {
+	defer s.bg.Done()
+	tk := time.NewTicker(probeTick)
+	defer tk.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tk.C:
+		}
+		if s.ssd.Degraded() {
+			s.ssd.Probe()
+		}
+	}
+}
+
 // watermarks evicts DRAM down to the low watermark whenever it is above
 // the high one.
 func (s *Store) watermarks(ev evicter) {

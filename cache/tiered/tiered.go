@@ -340,6 +340,8 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 			s.bg.Add(1)
 			go s.prefetcher()
 		}
+		s.bg.Add(1)
+		go s.prober()
 		if ev, ok := any(s.dram).(evicter); ok && cfg.HighWatermark > 0 {
 			s.bg.Add(1)
 			go s.watermarks(ev)

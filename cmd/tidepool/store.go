@@ -70,9 +70,11 @@ func ssdCapacity(cfg Config, lg *zap.Logger) (int64, error) {
 	}
 	if room < 64<<20 || room < cfg.MaxValueSize {
 		// Not DRAM only: that acknowledged durable puts it could not keep.
-		// The tier opens degraded (or, with no room to open RocksDB, without
-		// a database) and refuses puts until space is freed.
-		capacity := min(cfg.SSDCapacity, max(64<<20, cfg.MaxValueSize))
+		// The tier opens degraded (read-only when RocksDB has no room to
+		// write) and refuses puts until space is freed. Its budget keeps
+		// room for what it already holds, so that opening it evicts
+		// nothing (docs/ssd.md).
+		capacity := min(cfg.SSDCapacity, max(64<<20, cfg.MaxValueSize, used))
 		lg.Warn("not enough disk for the ssd tier: it starts degraded",
 			zap.String("dir", dir), zap.String("free", units.FormatBytes(free)),
 			zap.String("ssd_min_free", units.FormatBytes(cfg.SSDMinFree)),
@@ -113,8 +115,14 @@ func storeNotes(s *tiered.Store) []string {
 	switch {
 	case !h.Open:
 		notes = append(notes, "ssd tier has no database open (disk full?): puts refused, ssd reads miss")
+	case h.ReadOnly:
+		notes = append(notes, "ssd tier open read-only (disk full at open): its blocks are served, puts and durable puts refused until space is back")
 	case h.Degraded:
-		notes = append(notes, "ssd tier refuses new blocks (disk full or failing); durable puts refused")
+		why := "disk full or failing"
+		if h.Reason != "" {
+			why = h.Reason
+		}
+		notes = append(notes, "ssd tier refuses new blocks ("+why+"); durable puts refused, retried every ssd probe interval")
 	}
 	if h.Quarantines > 0 {
 		notes = append(notes, "ssd database was corrupt, moved to "+h.QuarantinedTo+"; started with an empty ssd tier")
@@ -129,46 +137,51 @@ type movementCollector struct {
 
 	promotions, demotions, dropped, demoteErrs, qBlocks, qBytes, pfQueued, pfDropped *prometheus.Desc
 	waits, waitSeconds                                                               *prometheus.Desc
-	degraded, degradedEvents, diskBytes, writeErrs, readErrs, recBlocks, recBytes    *prometheus.Desc
-	ssdOpen, quarantined                                                             *prometheus.Desc
+	degraded, degradedEvents, recoveries, diskBytes, writeErrs, readErrs, recBlocks  *prometheus.Desc
+	recBytes                                                                         *prometheus.Desc
+	ssdOpen, ssdReadOnly, quarantined                                                *prometheus.Desc
 	vlogBytes, vlogLive, vlogSegments, relocations, spaceEvictions                   *prometheus.Desc
+	durableEvictions                                                                 *prometheus.Desc
 }
 
 func newMovementCollector(s *tiered.Store) *movementCollector {
 	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
 	return &movementCollector{
-		s:              s,
-		promotions:     d("tidepool_promotions_total", "Blocks copied from SSD (or the demotion queue) into DRAM by a read or a prefetch."),
-		demotions:      d("tidepool_demotions_total", "Blocks evicted from DRAM and written to SSD."),
-		dropped:        d("tidepool_demotions_dropped_total", "Blocks evicted from DRAM and not written to SSD because the demotion queue was full."),
-		waits:          d("tidepool_demotion_waits_total", "Evictions that found the demotion queue full and waited for room (demotion_wait)."),
-		waitSeconds:    d("tidepool_demotion_wait_seconds_total", "Time evictions spent waiting for room in the demotion queue (demotion_wait)."),
-		demoteErrs:     d("tidepool_demotion_errors_total", "Demotions the SSD tier refused (degraded, no space)."),
-		qBlocks:        d("tidepool_demotion_queue_blocks", "Evicted DRAM blocks waiting to be written to SSD."),
-		qBytes:         d("tidepool_demotion_queue_bytes", "Bytes of evicted DRAM blocks waiting to be written to SSD."),
-		pfQueued:       d("tidepool_prefetch_queued_total", "Keys queued by Prefetch to be promoted into DRAM."),
-		pfDropped:      d("tidepool_prefetch_dropped_total", "Keys Prefetch dropped because its queue was full."),
-		degraded:       d("tidepool_ssd_degraded", "1 while the SSD tier refuses new blocks (disk full or failing), else 0."),
-		degradedEvents: d("tidepool_ssd_degraded_events_total", "Entries of the SSD tier into degraded mode."),
-		diskBytes:      d("tidepool_ssd_disk_bytes", "Size of the SSD tier's live SST and blob files and of its value log's segment files."),
-		writeErrs:      d("tidepool_ssd_write_errors_total", "Failed writes and flushes of the SSD tier."),
-		readErrs:       d("tidepool_ssd_read_errors_total", "SSD reads that failed in RocksDB (counted as checksum failures too)."),
-		recBlocks:      d("tidepool_ssd_recovered_blocks", "Blocks the SSD tier found on disk at start."),
-		recBytes:       d("tidepool_ssd_recovered_bytes", "Value bytes the SSD tier found on disk at start."),
-		ssdOpen:        d("tidepool_ssd_open", "1 while the SSD tier has its database open, 0 while it has none (disk full at start, failed reopen)."),
-		quarantined:    d("tidepool_ssd_quarantined_total", "Corrupt SSD databases moved aside at start (the tier then started empty)."),
-		vlogBytes:      d("tidepool_ssd_value_log_bytes", "Size of the SSD tier's value log segment files (blocks of ssd_value_log_min and up)."),
-		vlogLive:       d("tidepool_ssd_value_log_live_bytes", "Bytes of the value log's segment files that live blocks take (each rounded up to 4 KiB)."),
-		vlogSegments:   d("tidepool_ssd_value_log_segments", "Segment files of the SSD tier's value log."),
-		relocations:    d("tidepool_ssd_relocations_total", "Blocks moved out of value log segments at most half live so that their files could be deleted."),
-		spaceEvictions: d("tidepool_ssd_space_evictions_total", "Blocks evicted from value log segments more than half live, when the log's dead space passed its hard limit."),
+		s:                s,
+		promotions:       d("tidepool_promotions_total", "Blocks copied from SSD (or the demotion queue) into DRAM by a read or a prefetch."),
+		demotions:        d("tidepool_demotions_total", "Blocks evicted from DRAM and written to SSD."),
+		dropped:          d("tidepool_demotions_dropped_total", "Blocks evicted from DRAM and not written to SSD because the demotion queue was full."),
+		waits:            d("tidepool_demotion_waits_total", "Evictions that found the demotion queue full and waited for room (demotion_wait)."),
+		waitSeconds:      d("tidepool_demotion_wait_seconds_total", "Time evictions spent waiting for room in the demotion queue (demotion_wait)."),
+		demoteErrs:       d("tidepool_demotion_errors_total", "Demotions the SSD tier refused (degraded, no space)."),
+		qBlocks:          d("tidepool_demotion_queue_blocks", "Evicted DRAM blocks waiting to be written to SSD."),
+		qBytes:           d("tidepool_demotion_queue_bytes", "Bytes of evicted DRAM blocks waiting to be written to SSD."),
+		pfQueued:         d("tidepool_prefetch_queued_total", "Keys queued by Prefetch to be promoted into DRAM."),
+		pfDropped:        d("tidepool_prefetch_dropped_total", "Keys Prefetch dropped because its queue was full."),
+		degraded:         d("tidepool_ssd_degraded", "1 while the SSD tier refuses new blocks (disk full or failing), else 0."),
+		degradedEvents:   d("tidepool_ssd_degraded_events_total", "Entries of the SSD tier into degraded mode."),
+		recoveries:       d("tidepool_ssd_recoveries_total", "Exits of the SSD tier from degraded mode (a probe found the disk and RocksDB taking writes again)."),
+		diskBytes:        d("tidepool_ssd_disk_bytes", "Size of the SSD tier's live SST and blob files and of its value log's segment files."),
+		writeErrs:        d("tidepool_ssd_write_errors_total", "Failed writes and flushes of the SSD tier."),
+		readErrs:         d("tidepool_ssd_read_errors_total", "SSD reads that failed in RocksDB: a damaged block (dropped; counted as a checksum failure too), or a file RocksDB could not open for lack of descriptors (a miss; the block is kept)."),
+		recBlocks:        d("tidepool_ssd_recovered_blocks", "Blocks the SSD tier found on disk at start."),
+		recBytes:         d("tidepool_ssd_recovered_bytes", "Value bytes the SSD tier found on disk at start."),
+		ssdOpen:          d("tidepool_ssd_open", "1 while the SSD tier has its database open, 0 while it has none (disk full at start, failed reopen)."),
+		ssdReadOnly:      d("tidepool_ssd_read_only", "1 while the SSD tier's database is open read-only (the disk was full when it opened): its blocks are served, puts refused."),
+		quarantined:      d("tidepool_ssd_quarantined_total", "Corrupt SSD databases moved aside at start (the tier then started empty)."),
+		vlogBytes:        d("tidepool_ssd_value_log_bytes", "Size of the SSD tier's value log segment files (blocks of ssd_value_log_min and up)."),
+		vlogLive:         d("tidepool_ssd_value_log_live_bytes", "Bytes of the value log's segment files that live blocks take (each rounded up to 4 KiB)."),
+		vlogSegments:     d("tidepool_ssd_value_log_segments", "Segment files of the SSD tier's value log."),
+		relocations:      d("tidepool_ssd_relocations_total", "Blocks moved out of value log segments at most half live so that their files could be deleted."),
+		durableEvictions: d("tidepool_ssd_durable_evictions_total", "Blocks written by a durable put that the SSD tier evicted to make room (a durable block survives a crash or restart, not eviction: docs/ssd.md)."),
+		spaceEvictions:   d("tidepool_ssd_space_evictions_total", "Blocks evicted from value log segments more than half live, when the log's dead space passed its hard limit."),
 	}
 }
 
 func (c *movementCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.promotions, c.demotions, c.dropped, c.waits, c.waitSeconds, c.demoteErrs, c.qBlocks, c.qBytes, c.pfQueued, c.pfDropped,
-		c.degraded, c.degradedEvents, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.quarantined,
-		c.vlogBytes, c.vlogLive, c.vlogSegments, c.relocations, c.spaceEvictions} {
+		c.degraded, c.degradedEvents, c.recoveries, c.diskBytes, c.writeErrs, c.readErrs, c.recBlocks, c.recBytes, c.ssdOpen, c.ssdReadOnly, c.quarantined,
+		c.vlogBytes, c.vlogLive, c.vlogSegments, c.relocations, c.spaceEvictions, c.durableEvictions} {
 		ch <- d
 	}
 }
@@ -195,12 +208,14 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 		blocks, bytes, _ := c.s.SSD().Recovered()
 		ch <- m(c.degraded, g, deg)
 		ch <- m(c.degradedEvents, ctr, float64(h.DegradedEvents))
+		ch <- m(c.recoveries, ctr, float64(h.Recoveries))
 		ch <- m(c.diskBytes, g, float64(h.DiskBytes))
 		ch <- m(c.vlogBytes, g, float64(h.ValueLogBytes))
 		ch <- m(c.vlogLive, g, float64(h.ValueLogLiveBytes))
 		ch <- m(c.vlogSegments, g, float64(h.ValueLogSegments))
 		ch <- m(c.relocations, ctr, float64(h.Relocations))
 		ch <- m(c.spaceEvictions, ctr, float64(h.SpaceEvictions))
+		ch <- m(c.durableEvictions, ctr, float64(h.DurableEvictions))
 		ch <- m(c.writeErrs, ctr, float64(h.WriteErrors))
 		ch <- m(c.readErrs, ctr, float64(h.ReadErrors))
 		ch <- m(c.recBlocks, g, float64(blocks))
@@ -210,6 +225,11 @@ func (c *movementCollector) Collect(ch chan<- prometheus.Metric) {
 			open = 1
 		}
 		ch <- m(c.ssdOpen, g, open)
+		ro := 0.0
+		if h.ReadOnly {
+			ro = 1
+		}
+		ch <- m(c.ssdReadOnly, g, ro)
 		ch <- m(c.quarantined, ctr, float64(h.Quarantines))
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tidepool-kv/tidepool/client"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
@@ -103,7 +105,8 @@ func TestServeDiskFull(t *testing.T) {
 	dataDir := filepath.Join(mnt, "data")
 	ctx := context.Background()
 	// More than 64 MiB on disk: a start on the full disk opens the tier
-	// (before the fix this aborted in RocksDB's open).
+	// (before the fix this aborted in RocksDB's open), read-only, with a
+	// budget that keeps every block.
 	const durable = 72
 
 	// Serving while the disk fills.
@@ -155,15 +158,21 @@ func TestServeDiskFull(t *testing.T) {
 		fillDisk(t, mnt) // a stop or a start may have freed a little
 		d, _ := startServeIn(t, dataDir)
 		ready := httpGet(t, "http://"+d.metrics+"/readyz")
-		if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier") {
+		if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier open read-only") {
 			t.Fatalf("cycle %d: /readyz %q", cycle, ready)
 		}
-		if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_open"); v[0] != 1 || v[1] != 0 {
-			t.Fatalf("cycle %d: degraded %v, open %v", cycle, v[0], v[1])
+		if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_open", "tidepool_ssd_read_only"); v[0] != 1 || v[1] != 1 || v[2] != 1 {
+			t.Fatalf("cycle %d: degraded %v, open %v, read-only %v", cycle, v[0], v[1], v[2])
 		}
 		c, err := client.New(d.socket)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The durable blocks on the full disk are served.
+		for _, i := range append([]int{0, durable / 2, durable - 1}, accepted...) {
+			if got, found, err := c.Get(ctx, "df", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, 1<<20)) {
+				t.Fatalf("cycle %d: durable block %d on the full disk: found %v, %v", cycle, i, found, err)
+			}
 		}
 		k := rkey(2000 + cycle)
 		if _, err := c.PutWith(ctx, "df", k, restartValue(2000, 1<<20), client.PutOptions{Durable: true}); client.CodeOf(err) != client.CodeUnavailable {
@@ -510,4 +519,291 @@ func TestServeCounters(t *testing.T) {
 	if bad {
 		t.FailNow()
 	}
+}
+
+// waitReady polls d's /readyz (no put meanwhile) until it answers a plain
+// "ready", for at most a minute.
+func waitReady(t *testing.T, d *daemon) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ready := httpGet(t, "http://"+d.metrics+"/readyz")
+		if ready == "ready\n" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still %q a minute later", ready)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// limitDescriptors sets the soft RLIMIT_NOFILE of process pid to the
+// number of descriptors it has open now (so that its next open fails with
+// EMFILE) and returns a function that restores the old limit.
+func limitDescriptors(t *testing.T, pid int) (restore func()) {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := unix.Rlimit{Cur: uint64(len(fds)), Max: old.Max}
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &low, nil); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	restore = func() {
+		if !done {
+			done = true
+			if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &old, nil); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
+// TestServeOutOfDescriptors runs a real sidecar with the SSD tier out of
+// file descriptors (its soft RLIMIT_NOFILE lowered from outside to what it
+// has open) while it takes durable puts of blocks RocksDB keeps (16 KiB),
+// so that RocksDB must create a new WAL file when a memtable fills. Before
+// the fix RocksDB met EMFILE there, and the sidecar aborted in
+// rocksdb_close (`ColumnFamilySet::~ColumnFamilySet(): Assertion 'last_ref'
+// failed`) when the tier reopened the database or stopped. Now: durable
+// puts are refused (UNAVAILABLE), /readyz and the metrics say the tier is
+// degraded for lack of descriptors, DRAM keeps serving, and once the limit
+// is back the tier takes durable puts again without a restart; every
+// acknowledged durable block reads back and SIGTERM exits 0.
+func TestServeOutOfDescriptors(t *testing.T) {
+	dataDir := t.TempDir()
+	ctx := context.Background()
+	d, _ := startServeIn(t, dataDir)
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ready := httpGet(t, "http://"+d.metrics+"/readyz"); ready != "ready\n" {
+		t.Fatalf("/readyz at start: %q", ready) // also leaves a kept-alive connection
+	}
+	const size = 16 << 10
+	var acked []int
+	restore := limitDescriptors(t, d.cmd.Process.Pid)
+	// 32 MiB of blocks fill a data memtable; 4096 puts fill two.
+	refused := false
+	for i := range 4096 {
+		_, err := c.PutWith(ctx, "fd", rkey(i), restartValue(i, size), client.PutOptions{Durable: true})
+		if err == nil {
+			acked = append(acked, i)
+			continue
+		}
+		if client.CodeOf(err) != client.CodeUnavailable {
+			t.Fatalf("durable put %d without descriptors: %v, want UNAVAILABLE", i, err)
+		}
+		refused = true
+		break
+	}
+	if !refused {
+		t.Fatal("4096 durable puts accepted without a free descriptor")
+	}
+	t.Logf("%d durable puts acknowledged before the first refusal", len(acked))
+	// Still out of descriptors: the kept-alive connection reads /readyz.
+	ready := httpGet(t, "http://"+d.metrics+"/readyz")
+	if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier refuses new blocks") ||
+		!strings.Contains(strings.ToLower(ready), "too many open files") {
+		t.Fatalf("/readyz out of descriptors: %q", ready)
+	}
+	if v := scrape(t, d, "tidepool_ssd_degraded"); v[0] != 1 {
+		t.Fatalf("tidepool_ssd_degraded = %v out of descriptors", v[0])
+	}
+	// DRAM serves: best-effort puts and their reads.
+	for i := 9000; i < 9004; i++ {
+		if _, err := c.PutWith(ctx, "fd", rkey(i), restartValue(i, 1<<20), client.PutOptions{}); err != nil {
+			t.Fatalf("best-effort put without descriptors: %v", err)
+		}
+		if got, found, err := c.Get(ctx, "fd", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, 1<<20)) {
+			t.Fatalf("get of a DRAM block without descriptors: found %v, %v", found, err)
+		}
+	}
+
+	restore()
+	// The tier tries RocksDB again every probe interval (5 s) by itself:
+	// /readyz clears without a put, then durable puts are accepted.
+	waitReady(t, d)
+	if _, err := c.PutWith(ctx, "fd", rkey(10000), restartValue(10000, size), client.PutOptions{Durable: true}); err != nil {
+		t.Fatalf("durable put after the descriptors came back: %v", err)
+	}
+	acked = append(acked, 10000)
+	if v := scrape(t, d, "tidepool_ssd_degraded", "tidepool_ssd_recoveries_total"); v[0] != 0 || v[1] < 1 {
+		t.Fatalf("after recovery: degraded %v, recoveries %v", v[0], v[1])
+	}
+	for _, i := range acked {
+		if got, found, err := c.Get(ctx, "fd", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, size)) {
+			t.Fatalf("acknowledged durable block %d: found %v, %v", i, found, err)
+		}
+	}
+	d.stop(t, syscall.SIGTERM) // fails the test unless the exit is 0
+	// And the durable blocks survive a restart.
+	d, recovered := startServeIn(t, dataDir)
+	if recovered < len(acked) {
+		t.Fatalf("restart recovered %d blocks, want the %d acknowledged durable ones", recovered, len(acked))
+	}
+	d.stop(t, syscall.SIGTERM)
+}
+
+// TestServeFullDiskReadOnly starts a real sidecar on a really full disk
+// (a tmpfs) that holds durable blocks of an earlier run: the SSD tier opens
+// read-only and serves every one of them (before the fix it opened no
+// database: 0 of them were readable), refuses durable puts, and says so on
+// /readyz and in metrics. Space is freed while it runs: within a bounded
+// poll durable puts are accepted again, without a restart.
+func TestServeFullDiskReadOnly(t *testing.T) {
+	mnt := mountTmpfs(t, "160m")
+	dataDir := filepath.Join(mnt, "data")
+	ctx := context.Background()
+	const n, size = 40, 1 << 20
+	d, _ := startServeIn(t, dataDir)
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := c.PutWith(ctx, "ro", rkey(i), restartValue(i, size), client.PutOptions{Durable: true}); err != nil {
+			t.Fatalf("durable put %d: %v", i, err)
+		}
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM)
+
+	filler := fillDisk(t, mnt)
+	d, recovered := startServeIn(t, dataDir)
+	if recovered < n {
+		t.Fatalf("start on the full disk recovered %d blocks, want %d", recovered, n)
+	}
+	ready := httpGet(t, "http://"+d.metrics+"/readyz")
+	if !strings.HasPrefix(ready, "ready\n") || !strings.Contains(ready, "degraded: ssd tier open read-only") {
+		t.Fatalf("/readyz on the full disk: %q", ready)
+	}
+	if v := scrape(t, d, "tidepool_ssd_read_only", "tidepool_ssd_degraded"); v[0] != 1 || v[1] != 1 {
+		t.Fatalf("on the full disk: read-only %v, degraded %v", v[0], v[1])
+	}
+	c, err = client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range n {
+		if got, found, err := c.Get(ctx, "ro", rkey(i)); err != nil || !found || !bytes.Equal(got, restartValue(i, size)) {
+			t.Fatalf("durable block %d on the full disk: found %v, %v", i, found, err)
+		}
+	}
+	if _, err := c.PutWith(ctx, "ro", rkey(100), restartValue(100, size), client.PutOptions{Durable: true}); client.CodeOf(err) != client.CodeUnavailable {
+		t.Fatalf("durable put on the full disk: %v, want UNAVAILABLE", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	// The tier probes the disk every 5 s by itself: /readyz clears
+	// without a put, then durable puts are accepted.
+	waitReady(t, d)
+	if v := scrape(t, d, "tidepool_ssd_read_only", "tidepool_ssd_degraded", "tidepool_ssd_recoveries_total"); v[0] != 0 || v[1] != 0 || v[2] != 1 {
+		t.Fatalf("after space came back: read-only %v, degraded %v, recoveries %v", v[0], v[1], v[2])
+	}
+	if _, err := c.PutWith(ctx, "ro", rkey(100), restartValue(100, size), client.PutOptions{Durable: true}); err != nil {
+		t.Fatalf("durable put after space came back: %v", err)
+	}
+	for i := range n + 1 {
+		k := i
+		if i == n {
+			k = 100
+		}
+		if got, found, err := c.Get(ctx, "ro", rkey(k)); err != nil || !found || !bytes.Equal(got, restartValue(k, size)) {
+			t.Fatalf("durable block %d after space came back: found %v, %v", k, found, err)
+		}
+	}
+	d.stop(t, syscall.SIGTERM)
+}
+
+// TestServeDurableEvictable pins down what a durable put promises on a
+// real sidecar with a small SSD budget: written through before the answer
+// and kept across restarts, but evictable like any block (docs/ssd.md,
+// "What --durable promises"). Durable blocks put first are evicted as
+// newer blocks spill from DRAM; every one that is gone is counted in
+// tidepool_ssd_durable_evictions_total (before, it went unseen), no read
+// returns wrong bytes, and those still held survive a restart.
+func TestServeDurableEvictable(t *testing.T) {
+	dataDir := t.TempDir()
+	ctx := context.Background()
+	d, _ := startServeIn(t, dataDir, "--ssd-capacity", "64MiB")
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const durable, size = 40, 1 << 20
+	for i := range durable {
+		if _, err := c.PutWith(ctx, "dv", rkey(i), restartValue(i, size), client.PutOptions{Durable: true}); err != nil {
+			t.Fatalf("durable put %d: %v", i, err)
+		}
+	}
+	// 56 MiB of best-effort blocks through a 32 MiB DRAM tier into a
+	// 64 MiB SSD tier: some durable blocks must go, not all.
+	for i := 1000; i < 1056; i++ {
+		if _, err := c.PutWith(ctx, "dv", rkey(i), restartValue(i, size), client.PutOptions{}); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for scrape(t, d, "tidepool_demotion_queue_blocks")[0] != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("demotion queue not drained")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var kept []int
+	for i := range durable {
+		got, found, err := c.Get(ctx, "dv", rkey(i))
+		if err != nil {
+			t.Fatalf("durable block %d: %v", i, err)
+		}
+		if found {
+			if !bytes.Equal(got, restartValue(i, size)) {
+				t.Fatalf("durable block %d: WRONG BYTES", i)
+			}
+			kept = append(kept, i)
+		}
+	}
+	gone := durable - len(kept)
+	evicted := scrape(t, d, "tidepool_ssd_durable_evictions_total")[0]
+	t.Logf("%d of %d durable blocks evicted; tidepool_ssd_durable_evictions_total %v", gone, durable, evicted)
+	if gone == 0 {
+		t.Fatal("no durable block evicted from a 64 MiB SSD tier after 56 MiB of newer blocks")
+	}
+	// A gone durable block was evicted from SSD (it may also have been
+	// promoted to DRAM and be served from there, so ≥).
+	if evicted < float64(gone) {
+		t.Fatalf("%d durable blocks gone, %v counted as evicted", gone, evicted)
+	}
+	c.Close()
+	d.stop(t, syscall.SIGTERM)
+	d, _ = startServeIn(t, dataDir, "--ssd-capacity", "64MiB")
+	c, err = client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The durable blocks read before the stop were promoted to DRAM and
+	// spilled at the stop; those SSD still held are there after it.
+	for _, i := range kept {
+		got, found, err := c.Get(ctx, "dv", rkey(i))
+		if err != nil || (found && !bytes.Equal(got, restartValue(i, size))) {
+			t.Fatalf("durable block %d after a restart: found %v, %v", i, found, err)
+		}
+	}
+	d.stop(t, syscall.SIGTERM)
 }

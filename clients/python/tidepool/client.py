@@ -451,7 +451,10 @@ class Client:
     def reserve(self, ns, items, ttl_ms=0, durable=False):
         """items: (key, size) or (key, size, depth). One Reservation per
         item; code OK means: write `size` bytes at `slot`, then commit
-        `token` before `deadline_ms`."""
+        `token` before `deadline_ms`. durable: the committed blocks are
+        written through to the SSD tier before the commit is answered and
+        survive a restart of the sidecar; they are still evicted like any
+        block when the cache needs room."""
         req = T.ReserveRequest(ns=ns, ttl_ms=ttl_ms, durable=durable, items=[
             T.ReserveItem(key=it[0], size=it[1], depth=it[2] if len(it) > 2 else 0) for it in items])
         return [Reservation(r.code, r.message, _slot(r.slot), r.token, r.deadline_unix_ms)
