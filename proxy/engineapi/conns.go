@@ -132,7 +132,9 @@ func (c *connTracker) reap(now time.Time) {
 	var idle []net.Conn
 	c.mu.Lock()
 	for conn, st := range c.conns {
-		if st.inflight.Load() == 0 && st.last.Load() < cutoff {
+		// A connection holding GPU registrations is the engine's session:
+		// closing it would end them, so it is not reaped for quiet.
+		if st.inflight.Load() == 0 && st.last.Load() < cutoff && !st.gpu.held() {
 			idle = append(idle, conn)
 		}
 	}

@@ -48,6 +48,13 @@ func (c *connGPU) add(r *proxy.GPURegistration) (int64, error) {
 	return id, nil
 }
 
+// held reports whether the connection holds registrations.
+func (c *connGPU) held() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.regs) > 0
+}
+
 func (c *connGPU) get(id int64) (*proxy.GPURegistration, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

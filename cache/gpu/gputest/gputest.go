@@ -14,6 +14,9 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
 )
 
 var (
@@ -110,4 +113,36 @@ func Mappings(t testing.TB, pid string) int {
 		t.Fatal(err)
 	}
 	return bytes.Count(b, []byte("memfd:fakecuda-devmem"))
+}
+
+// Alloc allocates size bytes of "device memory" through the stand-in at
+// lib in this process (as an engine would through the driver) and returns
+// its IPC handle; Map gives the bytes.
+func Alloc(t testing.TB, lib string, size int) []byte {
+	t.Helper()
+	h, err := purego.Dlopen(lib, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(name string, args ...uintptr) {
+		fn, err := purego.Dlsym(h, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, _, _ := purego.SyscallN(fn, args...); int32(r) != 0 {
+			t.Fatalf("%s: CUDA error %d", name, int32(r))
+		}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var ctx uintptr
+	var p uint64
+	handle := make([]byte, 64)
+	call("cuInit", 0)
+	call("cuDevicePrimaryCtxRetain", uintptr(unsafe.Pointer(&ctx)), 0)
+	call("cuCtxSetCurrent", ctx)
+	call("cuMemAlloc_v2", uintptr(unsafe.Pointer(&p)), uintptr(size))
+	call("cuIpcGetMemHandle", uintptr(unsafe.Pointer(&handle[0])), uintptr(p))
+	call("cuCtxSetCurrent", 0)
+	return handle
 }
