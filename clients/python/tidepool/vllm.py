@@ -522,6 +522,13 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout_digest = hashlib.sha256(json.dumps([self._ns, sig]).encode()).digest()
         logger.info("tidepool: %d KV layers, %d bytes per block (+%d header)", len(layers),
                     self._block_bytes, HEADER_BYTES)
+        # --- GPU hook (tidepool.cuda, docs/gpu.md): only a KV cache on CUDA.
+        self._gpu = None
+        if layers and layers[0][1].is_cuda:
+            from . import cuda as _cuda
+            self._gpu = _cuda.attach(self, self._load_link.get(), layers, nb, self._header(),
+                                     self._x.get("gpu_path", "engine"))
+        # --- end of the GPU hook
 
     def _header(self):
         return _MAGIC + self._layout_digest + bytes(HEADER_BYTES - len(_MAGIC) - len(self._layout_digest))
@@ -545,6 +552,10 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _load(self, tr):
         """Loads what it can of one transfer; returns the indexes loaded."""
+        if getattr(self, "_gpu", None) is not None:  # GPU hook: the sidecar copies
+            idx = [i for i, k in enumerate(tr.keys) if k is not None]
+            got = self._gpu.load(self._ns, [tr.block_ids[i] for i in idx], [tr.keys[i] for i in idx])
+            return {idx[j] for j in got}
         c = self._load_link.get()
         if c is None:
             return set()
@@ -661,6 +672,9 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _save(self, link, tr):
         t0 = time.perf_counter()
+        if getattr(self, "_gpu", None) is not None:  # GPU hook: the sidecar copies
+            self._gpu.save(self._ns, tr.block_ids, tr.keys, tr.first_index)
+            return
         c = link.get()
         if c is None:
             _count("save_errors", len(tr.keys))

@@ -1,0 +1,174 @@
+"""The vLLM connector's GPU paths (docs/gpu.md), used only when the KV
+cache is on a CUDA device (``tensor.is_cuda``); the CPU path of
+tidepool.vllm does not come here and stays exactly as it is.
+
+Two layers, chosen by the connector setting ``gpu_path`` (kv_connector_extra_config):
+
+- ``"engine"`` (layer 1, the default): the engine copies. Each arena
+  mapping the client reads or writes is registered once as pinned host
+  memory (``torch.cuda.cudart().cudaHostRegister``), and block copies run
+  on a side CUDA stream with ``non_blocking=True``: a load's copies are
+  issued before the forward and the forward's stream waits on their event
+  (so they complete before any layer reads them); a save's copies wait on
+  an event recorded after the forward and are synchronized on the saver
+  thread, never on the step. Default because it needs nothing of the
+  sidecar but its arenas (the sidecar may run without a driver, in a
+  container without the GPU) and keeps every copy in the engine's own CUDA
+  context.
+- ``"sidecar"`` (layer 2): the sidecar copies. The connector hands it the
+  KV tensors' CUDA IPC memory handles once (``GpuRegister``) and then names
+  block slots and keys (``GpuSave``/``GpuLoad``); the engine's Python
+  thread only waits for the answer. Used when the sidecar's Hello lists
+  "gpu"; otherwise the connector falls back to "engine".
+
+Neither layer was run on a GPU in development (no GPU there); the one
+script scripts/device-check.sh runs both on a GPU machine.
+"""
+
+import threading
+
+import torch
+
+from .client import FEATURE_GPU, OK
+
+GPU_PATHS = ("engine", "sidecar")
+
+
+def ipc_buffer(t):
+    """(device, device_uuid, ipc_handle, offset, size) of tensor t's storage,
+    from ``untyped_storage()._share_cuda_()``: the CUDA IPC handle of the
+    allocation that holds the storage and the storage's place in it."""
+    st = t.untyped_storage()
+    share = st._share_cuda_()
+    device, handle, size, offset = share[0], share[1], share[2], share[3]
+    try:
+        uuid = bytes.fromhex(str(torch.cuda.get_device_properties(device).uuid).replace("-", ""))
+    except Exception:  # noqa: BLE001 - an older torch: by ordinal
+        uuid = b""
+    return int(device), uuid, bytes(handle), int(offset), int(size)
+
+
+def layout_segments(layers):
+    """Buffers and segments of the connector's layers [(name, t, bdim, nbytes)]
+    in the order the CPU path lays a block out (layer by layer; with the
+    block dimension second, K then V). Offsets are relative to the storage."""
+    buffers, segments = [], []
+    for _name, t, bdim, nbytes in layers:
+        es = t.element_size()
+        base = t.storage_offset() * es
+        buffers.append(ipc_buffer(t))
+        b = len(buffers) - 1
+        if bdim == 0:
+            if not t.select(0, 0).is_contiguous():
+                raise ValueError("a block of %s is not contiguous" % _name)
+            segments.append((b, base, t.stride(0) * es, nbytes))
+        else:
+            one = t.select(1, 0)
+            half = nbytes // one.shape[0]
+            for k in range(one.shape[0]):
+                if not one.select(0, k).is_contiguous():
+                    raise ValueError("a block of %s is not contiguous" % _name)
+                segments.append((b, base + k * t.stride(0) * es, t.stride(1) * es, half))
+    return buffers, segments
+
+
+class SidecarSlots:
+    """Layer 2: the sidecar saves and loads GPU block slots itself."""
+
+    def __init__(self, client, layers, num_blocks, header):
+        buffers, segments = layout_segments(layers)
+        self._c = client
+        self.id, self.block_bytes = client.gpu_register(buffers, segments, num_blocks, header)
+
+    @staticmethod
+    def available(client):
+        return FEATURE_GPU in (client.hello().features or [])
+
+    def save(self, ns, slots, keys, first_depth):
+        """Saves slot i under keys[i] after the current stream's work
+        (the forward that wrote them) is done. Returns one code per block."""
+        torch.cuda.current_stream().synchronize()
+        return self._c.gpu_save(self.id, ns, [(s, k, first_depth + i) for i, (s, k) in enumerate(zip(slots, keys))])
+
+    def load(self, ns, slots, keys):
+        """Loads keys[i] into slot i; returns the indexes loaded."""
+        codes = self._c.gpu_load(self.id, ns, list(zip(slots, keys)))
+        return {i for i, c in enumerate(codes) if c == OK}
+
+    def close(self):
+        try:
+            self._c.gpu_unregister(self.id)
+        except Exception:  # noqa: BLE001 - the connection's end ends it too
+            pass
+
+
+class EngineCopies:
+    """Layer 1: pinned arena mappings and copies on a side stream."""
+
+    def __init__(self, device):
+        self.stream = torch.cuda.Stream(device=device)
+        self._pinned = {}  # address -> size
+        self._lock = threading.Lock()
+
+    def pin(self, view):
+        """Registers the mapping under memoryview view as pinned host memory,
+        once per mapping (cudaHostRegister through torch)."""
+        t = torch.frombuffer(view, dtype=torch.uint8)
+        addr, size = t.data_ptr(), t.numel()
+        with self._lock:
+            if addr in self._pinned:
+                return
+            err = torch.cuda.cudart().cudaHostRegister(addr, size, 0)
+            if int(err) != 0:
+                raise RuntimeError("cudaHostRegister failed: %s" % err)
+            self._pinned[addr] = size
+
+    def load_block(self, view, layers, bid, off):
+        """Issues the copies of one block's bytes (view, from offset off) into
+        block bid of every layer, on the side stream."""
+        src = torch.frombuffer(view, dtype=torch.uint8)
+        with torch.cuda.stream(self.stream):
+            for _name, t, bdim, nbytes in layers:
+                dst = t.select(bdim, bid)
+                dst.copy_(src[off:off + nbytes].view(t.dtype).view(dst.shape), non_blocking=True)
+                off += nbytes
+        return off
+
+    def loads_done(self):
+        """The forward's stream waits for the loads issued so far."""
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        torch.cuda.current_stream().wait_event(ev)
+        return ev
+
+    def save_block(self, view, layers, bid, off, after):
+        """Issues the copies of block bid of every layer into view (from off)
+        on the side stream, after event after (recorded behind the forward)."""
+        dst = torch.frombuffer(view, dtype=torch.uint8)
+        self.stream.wait_event(after)
+        with torch.cuda.stream(self.stream):
+            for _name, t, bdim, nbytes in layers:
+                src = t.select(bdim, bid)
+                dst[off:off + nbytes].view(t.dtype).view(src.shape).copy_(src, non_blocking=True)
+                off += nbytes
+        return off
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    def close(self):
+        with self._lock:
+            for addr in list(self._pinned):
+                torch.cuda.cudart().cudaHostUnregister(addr)
+            self._pinned.clear()
+
+
+def attach(conn, client, layers, num_blocks, header, gpu_path):
+    """The connector's GPU hook (tidepool.vllm.register_kv_caches): a
+    SidecarSlots when gpu_path is "sidecar" and the sidecar has a GPU, else
+    None (the connector's own copies, layer 1 helpers in EngineCopies)."""
+    if gpu_path not in GPU_PATHS:
+        raise ValueError("gpu_path %r: one of %s" % (gpu_path, ", ".join(GPU_PATHS)))
+    if gpu_path != "sidecar" or client is None or not SidecarSlots.available(client):
+        return None
+    return SidecarSlots(client, layers, num_blocks, header)
