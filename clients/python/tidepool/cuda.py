@@ -78,6 +78,7 @@ class SidecarSlots:
     def __init__(self, client, layers, num_blocks, header):
         buffers, segments = layout_segments(layers)
         self._c = client
+        self._lock = threading.Lock()  # one connection, the loader's and the saver's threads
         self.id, self.block_bytes = client.gpu_register(buffers, segments, num_blocks, header)
 
     @staticmethod
@@ -88,11 +89,13 @@ class SidecarSlots:
         """Saves slot i under keys[i] after the current stream's work
         (the forward that wrote them) is done. Returns one code per block."""
         torch.cuda.current_stream().synchronize()
-        return self._c.gpu_save(self.id, ns, [(s, k, first_depth + i) for i, (s, k) in enumerate(zip(slots, keys))])
+        with self._lock:
+            return self._c.gpu_save(self.id, ns, [(s, k, first_depth + i) for i, (s, k) in enumerate(zip(slots, keys))])
 
     def load(self, ns, slots, keys):
         """Loads keys[i] into slot i; returns the indexes loaded."""
-        codes = self._c.gpu_load(self.id, ns, list(zip(slots, keys)))
+        with self._lock:
+            codes = self._c.gpu_load(self.id, ns, list(zip(slots, keys)))
         return {i for i, c in enumerate(codes) if c == OK}
 
     def close(self):

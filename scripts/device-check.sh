@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU end on a GPU machine (H100/H200, CUDA driver, PyTorch; no network,
+# no RocksDB): one run, under 8 minutes, nothing downloaded. NOT RUN YET:
+# no GPU was lent while it was written (docs/gpu.md).
+#
+#   scripts/device-check.sh --prepare   here: builds .device/ (carry it)
+#   scripts/device-check.sh             there: runs the checks, prints a summary
+#
+# .device/ holds: the tidepool binary with librocksdb and its libraries
+# (the binary links them dynamically; the script sets LD_LIBRARY_PATH), the
+# cache/gpu test binary (go test -c; no cgo library), and the Python client
+# is the repository's own clients/python.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.device
+if [[ "${1:-}" == --prepare ]]; then
+	mkdir -p "$out/lib"
+	go build -o "$out/tidepool" ./cmd/tidepool
+	go test -c -o "$out/gpu.test" ./cache/gpu/
+	for l in $(ldd "$out/tidepool" | awk '/=> \//{print $3}' | grep -v -e libc.so -e libm.so -e ld-linux -e libpthread); do
+		cp -L "$l" "$out/lib/"
+	done
+	du -sh "$out"
+	exit 0
+fi
+export LD_LIBRARY_PATH="$PWD/$out/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+echo "== layer 2, Go package against libcuda.so.1 (driver load, devices, no-GPU states)"
+TIDEPOOL_GPU_LIBRARY=libcuda.so.1 timeout 120 "$out/gpu.test" -test.v -test.count=1 2>&1 | tail -20
+echo "== layer 2 through a real sidecar, and layer 1, with PyTorch buffers"
+dir=$(mktemp -d)
+trap 'kill $(cat "$dir/pid" 2>/dev/null) 2>/dev/null || true; rm -rf "$dir"' EXIT
+"$out/tidepool" serve --socket "$dir/tp.sock" --arena-dir "$dir/arenas" --data-dir "$dir/data" \
+	--dram-capacity 8GiB --max-value-size 64MiB --metrics-addr "" --gpu-library libcuda.so.1 >"$dir/serve.log" 2>&1 &
+echo $! >"$dir/pid"
+for _ in $(seq 100); do [[ -S "$dir/tp.sock" ]] && break; sleep 0.1; done
+PYTHONPATH=clients/python timeout 360 python3 scripts/device-check.py "$dir/tp.sock"
