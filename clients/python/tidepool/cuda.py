@@ -32,6 +32,7 @@ import torch
 from .client import FEATURE_GPU, OK
 
 GPU_PATHS = ("engine", "sidecar")
+_HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly (CUDA >= 11.1)
 
 
 def ipc_buffer(t):
@@ -113,15 +114,17 @@ class EngineCopies:
         self._pinned = {}  # address -> size
         self._lock = threading.Lock()
 
-    def pin(self, view):
+    def pin(self, view, read_only=False):
         """Registers the mapping under memoryview view as pinned host memory,
-        once per mapping (cudaHostRegister through torch)."""
+        once per mapping (cudaHostRegister through torch; a read-only
+        mapping, as the client maps the arenas to read, with
+        cudaHostRegisterReadOnly)."""
         t = torch.frombuffer(view, dtype=torch.uint8)
         addr, size = t.data_ptr(), t.numel()
         with self._lock:
             if addr in self._pinned:
                 return
-            err = torch.cuda.cudart().cudaHostRegister(addr, size, 0)
+            err = torch.cuda.cudart().cudaHostRegister(addr, size, _HOST_REGISTER_READ_ONLY if read_only else 0)
             if int(err) != 0:
                 raise RuntimeError("cudaHostRegister failed: %s" % err)
             self._pinned[addr] = size
@@ -172,6 +175,176 @@ def attach(conn, client, layers, num_blocks, header, gpu_path):
     None (the connector's own copies, layer 1 helpers in EngineCopies)."""
     if gpu_path not in GPU_PATHS:
         raise ValueError("gpu_path %r: one of %s" % (gpu_path, ", ".join(GPU_PATHS)))
-    if gpu_path != "sidecar" or client is None or not SidecarSlots.available(client):
-        return None
-    return SidecarSlots(client, layers, num_blocks, header)
+    if gpu_path == "sidecar" and client is not None and SidecarSlots.available(client):
+        return _Sidecar(SidecarSlots(client, layers, num_blocks, header))
+    return EngineSlots(layers[0][1].device)
+
+
+class _Sidecar:
+    """The hook's face of layer 2 (see attach)."""
+
+    def __init__(self, slots):
+        self.slots = slots
+
+    def mark_saves(self, saves):
+        pass  # the sidecar's copies start after the step (save() synchronizes)
+
+    def load(self, conn, tr):
+        idx = [i for i, k in enumerate(tr.keys) if k is not None]
+        try:
+            got = self.slots.load(conn._ns, [tr.block_ids[i] for i in idx], [tr.keys[i] for i in idx])
+        except Exception as e:  # noqa: BLE001 - the blocks are recomputed
+            conn._load_link.failed(e)
+            return set()
+        return {idx[j] for j in got}
+
+    def save(self, conn, link, tr):
+        from . import vllm as _v
+        codes = self.slots.save(conn._ns, tr.block_ids, tr.keys, tr.first_index)
+        n = sum(1 for c in codes if c == OK)
+        _v._count("saved_blocks", n)
+        _v._count("saved_bytes", n * self.slots.block_bytes)
+
+    def close(self):
+        self.slots.close()
+
+
+class EngineSlots:
+    """The hook's face of layer 1: the connector's own zero-copy load and
+    save (Acquire/Release, Reserve/Commit), with the copies between the KV
+    tensors and the arenas on a side stream from and to pinned mappings."""
+
+    def __init__(self, device):
+        self.x = EngineCopies(device)
+        self._rw = {}  # arena index -> writable mapping (memoryview), pinned
+        self._after = {}  # id(transfer) -> event recorded behind its step
+        self._lock = threading.Lock()
+
+    def _ro(self, c, slot):
+        a = c._arena(slot)
+        self.x.pin(a.view, read_only=True)
+        return a.view[slot.offset:slot.offset + slot.length]
+
+    def _wr(self, c, slot):
+        a = c._arena(slot)
+        with self._lock:
+            mv = self._rw.get(slot.arena)
+            if mv is None:
+                import mmap
+                m = mmap.mmap(a.fd, a.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                mv = self._rw[slot.arena] = memoryview(m)
+        self.x.pin(mv)
+        return mv[slot.offset:slot.offset + slot.length]
+
+    def mark_saves(self, saves):
+        """In wait_for_save (the step's thread): an event behind the step's
+        work, which the saves' copies wait for on the side stream."""
+        ev = torch.cuda.Event()
+        ev.record()
+        for tr in saves:
+            self._after[id(tr)] = ev
+
+    def load(self, conn, tr):
+        """As tidepool.vllm's _load: returns the indexes loaded. The copies
+        are issued on the side stream and complete before the leases are
+        released and before the forward starts."""
+        from . import vllm as _v
+        c = conn._load_link.get()
+        if c is None:
+            return set()
+        want = _v.HEADER_BYTES + conn._block_bytes
+        header = conn._header()
+        idx = [i for i, k in enumerate(tr.keys) if k is not None]
+        try:
+            leases, _ = c.acquire(conn._ns, [tr.keys[i] for i in idx], lease_ms=conn._lease_ms)
+        except Exception as e:  # noqa: BLE001
+            if not _v._is_server_error(e):
+                conn._load_link.failed(e)
+            return set()
+        held = [l.lease_id for l in leases if l.code == OK]
+        leases = dict(zip(idx, leases))
+        done = set()
+        try:
+            for i, l in leases.items():
+                if l.code != OK or l.slot.length != want:
+                    continue
+                view = self._ro(c, l.slot)
+                if bytes(view[:_v.HEADER_BYTES]) != header:
+                    continue
+                if conn._verify and _v._crc.crc32c(view) != l.checksum:
+                    continue
+                self.x.load_block(view, conn._layers, tr.block_ids[i], _v.HEADER_BYTES)
+                done.add(i)
+            self.x.loads_done()
+            self.x.synchronize()
+        except Exception as e:  # noqa: BLE001
+            _v._once.warn("gpu-load:%s" % type(e).__name__, "GPU load failed: %r; recomputing", e)
+            self.x.synchronize()
+            done = set()
+        finally:
+            if held:
+                try:
+                    codes = c.release(held)
+                    expired = {held[j] for j, code in enumerate(codes) if code != OK}
+                    done -= {i for i, l in leases.items() if l.lease_id in expired}
+                except Exception as e:  # noqa: BLE001
+                    if _v._is_server_error(e):
+                        done = set()
+                    else:
+                        conn._load_link.failed(e)
+        return done
+
+    def save(self, conn, link, tr):
+        """As tidepool.vllm's _save, on the saver thread: never on the step."""
+        from . import vllm as _v
+        c = link.get()
+        after = self._after.pop(id(tr), None)
+        if c is None:
+            _v._count("save_errors", len(tr.keys))
+            return
+        if after is None:
+            after = torch.cuda.Event()
+            after.record()
+        size = _v.HEADER_BYTES + conn._block_bytes
+        header = conn._header()
+        try:
+            rs = c.reserve(conn._ns, [(k, size, tr.first_index + i) for i, k in enumerate(tr.keys)])
+        except Exception as e:  # noqa: BLE001
+            if not _v._is_server_error(e):
+                link.failed(e)
+            _v._count("save_errors", len(tr.keys))
+            return
+        ok = [i for i, r in enumerate(rs) if r.code == OK]
+        try:
+            views = {}
+            for i in ok:
+                v = views[i] = self._wr(c, rs[i].slot)
+                v[:_v.HEADER_BYTES] = header
+                self.x.save_block(v, conn._layers, tr.block_ids[i], _v.HEADER_BYTES, after)
+            self.x.synchronize()
+            commits = [(rs[i].token, _v._crc.crc32c(views[i])) for i in ok]
+        except BaseException:
+            self.x.synchronize()
+            try:
+                c.abort([rs[i].token for i in ok])
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+        if not commits:
+            return
+        codes = c.commit(commits)
+        good = [tr.keys[i] for i, code in zip(ok, codes) if code in (OK, _v.ErrorCode.EXISTS)]
+        n = sum(1 for code in codes if code == OK)
+        _v._count("saved_blocks", n)
+        _v._count("saved_bytes", n * size)
+        if good:
+            parent = tr.keys[ok[0] - 1] if ok[0] > 0 else None
+            with conn._lock:
+                conn._stored.append((good, parent, conn._block_size))
+
+    def close(self):
+        self.x.synchronize()
+        self.x.close()
+        for mv in self._rw.values():
+            mv.release()
+        self._rw.clear()

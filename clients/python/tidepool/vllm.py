@@ -552,10 +552,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _load(self, tr):
         """Loads what it can of one transfer; returns the indexes loaded."""
-        if getattr(self, "_gpu", None) is not None:  # GPU hook: the sidecar copies
-            idx = [i for i, k in enumerate(tr.keys) if k is not None]
-            got = self._gpu.load(self._ns, [tr.block_ids[i] for i in idx], [tr.keys[i] for i in idx])
-            return {idx[j] for j in got}
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            return self._gpu.load(self, tr)
         c = self._load_link.get()
         if c is None:
             return set()
@@ -641,6 +639,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                     for tr in meta.saves:
                         self._save_reqs.add(tr.req_id)
             return
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            self._gpu.mark_saves(meta.saves)
         with self._lock:
             for tr in meta.saves:
                 self._save_reqs.add(tr.req_id)
@@ -672,9 +672,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _save(self, link, tr):
         t0 = time.perf_counter()
-        if getattr(self, "_gpu", None) is not None:  # GPU hook: the sidecar copies
-            self._gpu.save(self._ns, tr.block_ids, tr.keys, tr.first_index)
-            return
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            return self._gpu.save(self, link, tr)
         c = link.get()
         if c is None:
             _count("save_errors", len(tr.keys))
@@ -805,6 +804,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         if getattr(self, "_saver", None) is not None:
             self._drain_saves(timeout_s=10.0)
             self._save_q.put(None)
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            self._gpu.close()
         link = getattr(self, "_load_link", None) or getattr(self, "_link", None)
         if link is not None and link.client is not None:
             try:
