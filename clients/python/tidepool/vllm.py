@@ -181,7 +181,8 @@ class _ReqState:
 # ---- configuration ------------------------------------------------------------
 
 _KNOWN_KEYS = {"socket", "namespace", "model_id", "timeout_s", "retry_s", "lease_ms", "load", "save",
-               "lookup_scope", "verify_reads", "test_only_load_keys_of", "test_only_load_barrier"}
+               "lookup_scope", "verify_reads", "test_only_load_keys_of", "test_only_load_barrier",
+               "gpu_path"}  # gpu_path: tidepool.cuda (a KV cache on CUDA only)
 
 
 def _test_barrier(d, timeout_s=120.0):
@@ -198,6 +199,8 @@ def _extra(cfg):
     if unknown:
         raise ValueError("TidepoolConnector: unknown kv_connector_extra_config keys %s (known: %s)"
                          % (sorted(unknown), sorted(_KNOWN_KEYS)))
+    if x.get("gpu_path", "engine") not in ("engine", "sidecar"):
+        raise ValueError("TidepoolConnector: gpu_path %r: engine or sidecar" % (x["gpu_path"],))
     return x
 
 
