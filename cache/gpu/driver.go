@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"errors"
 	"fmt"
 	"unsafe"
 
@@ -28,12 +27,7 @@ import (
 // result is a CUresult.
 type result int32
 
-const (
-	cudaSuccess       result = 0
-	cudaNotInitalized result = 3
-	cudaNoDevice      result = 100
-	cudaInvalidDevice result = 101
-)
+const cudaSuccess result = 0
 
 // Flags of the calls used here (cuda.h).
 const (
@@ -189,10 +183,4 @@ func cString(p *byte, max int) string {
 		}
 	}
 	return string(b)
-}
-
-// isCode reports whether err is the driver's code c.
-func isCode(err error, c result) bool {
-	var e *Error
-	return errors.As(err, &e) && result(e.Code) == c
 }

@@ -88,25 +88,6 @@ func failNext(t testing.TB, what string, n int) {
 	fn(what, int32(n))
 }
 
-// alloc allocates size bytes of device memory in this process, through the
-// driver on g's first device, and returns its address and IPC handle.
-func (g *GPU) alloc(t testing.TB, size int) (uint64, []byte) {
-	t.Helper()
-	var p uint64
-	var h IPCHandle
-	var err error
-	g.devs[0].save.run(func(w *worker) {
-		if err = w.d.call("cuMemAlloc_v2", w.d.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size)); err != nil {
-			return
-		}
-		err = w.d.call("cuIpcGetMemHandle", w.d.cuIpcGetMemHandle, uintptr(unsafe.Pointer(&h)), uintptr(p))
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p, h.Reserved[:]
-}
-
 // child is an engine process: it allocates device memory through the
 // driver, prints the IPC handle, and lives until its stdin closes.
 type child struct {
