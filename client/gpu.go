@@ -9,12 +9,8 @@ import (
 	"time"
 
 	kclient "github.com/cloudwego/kitex/client"
-	"github.com/cloudwego/kitex/pkg/connpool"
-	"github.com/cloudwego/kitex/pkg/remote/codec"
-	"github.com/cloudwego/kitex/pkg/rpcinfo"
 
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
-	tpsvc "github.com/tidepool-kv/tidepool/protocol/gen/tidepool/tidepool"
 )
 
 // GPU is a session of the sidecar's GPU calls (servers whose Hello lists
@@ -72,18 +68,9 @@ func NewGPU(cfg Config) (*GPU, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	kc, err := kclient.NewClient(tpsvc.NewServiceInfoForClient(),
-		kclient.WithDestService("tidepool"),
-		kclient.WithHostPorts(cfg.Socket),
-		kclient.WithRPCTimeout(cfg.Timeout),
-		kclient.WithConnectTimeout(cfg.ConnectTimeout),
-		kclient.WithDialer(newDialer()),
-		kclient.WithLongConnection(connpool.IdleConfig{MaxIdlePerAddress: 1, MaxIdleGlobal: 1, MaxIdleTimeout: 24 * time.Hour}),
-		kclient.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxResponseBytes)),
-		kclient.WithClientBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-gpu"}),
-	)
+	kc, err := newKitex(cfg, 1, 24*time.Hour, "tidepool-gpu")
 	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
+		return nil, err
 	}
 	return &GPU{kc: kc}, nil
 }

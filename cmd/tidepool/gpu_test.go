@@ -114,21 +114,29 @@ func liveReservations(t *testing.T, d *daemon) string {
 	return ""
 }
 
-func TestGPUEndToEnd(t *testing.T) {
-	lib := gputest.Lib(t)
-	d := startDaemon(t, "--gpu-library", lib)
-	ctx := context.Background()
+// gpuClient returns a client of d (closed at the test's end) and whether
+// its Hello lists the feature gpu.
+func gpuClient(t *testing.T, d *daemon) (*client.Client, bool) {
+	t.Helper()
 	c, err := client.New(d.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	h, err := c.Hello(ctx)
+	t.Cleanup(func() { c.Close() })
+	h, err := c.Hello(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(h.Features, "gpu") {
-		t.Fatalf("Hello features %v lack gpu", h.Features)
+	return c, slices.Contains(h.Features, "gpu")
+}
+
+func TestGPUEndToEnd(t *testing.T) {
+	lib := gputest.Lib(t)
+	d := startDaemon(t, "--gpu-library", lib)
+	ctx := context.Background()
+	c, hasGPU := gpuClient(t, d)
+	if !hasGPU {
+		t.Fatal("Hello features lack gpu")
 	}
 	e := newGPUEngine(t, lib)
 	g := newGPUSession(t, d)
@@ -373,16 +381,8 @@ func TestGPUChildAlloc(t *testing.T) {
 func TestGPUOffWithoutDriver(t *testing.T) {
 	d := startDaemon(t, "--gpu-library", "/nonexistent/libcuda.so.1")
 	ctx := context.Background()
-	c, err := client.New(d.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	h, err := c.Hello(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if slices.Contains(h.Features, "gpu") {
+	c, hasGPU := gpuClient(t, d)
+	if hasGPU {
 		t.Fatal("Hello lists gpu without a driver")
 	}
 	if _, err := c.Put(ctx, "ns", []byte("k"), []byte("v"), 0); err != nil {
@@ -390,7 +390,7 @@ func TestGPUOffWithoutDriver(t *testing.T) {
 	}
 	g := newGPUSession(t, d)
 	defer g.Close()
-	_, _, err = g.Register(ctx, client.GPULayout{NumBlocks: 1, Buffers: []client.GPUBuffer{{IPCHandle: make([]byte, 64), Size: 1}},
+	_, _, err := g.Register(ctx, client.GPULayout{NumBlocks: 1, Buffers: []client.GPUBuffer{{IPCHandle: make([]byte, 64), Size: 1}},
 		Segments: []client.GPUSegment{{Length: 1}}})
 	if client.CodeOf(err) != client.CodeUnavailable || errors.Is(err, context.Canceled) {
 		t.Fatalf("register without a GPU: %v", err)
