@@ -71,10 +71,55 @@ for b in range(n):
     assert torch.equal(back, want[b]), "block %d differs after the layer-1 load" % b
 ec.close()
 
+# Layer 1 as the connector runs it (tidepool.cuda.EngineSlots: Reserve,
+# copies from the KV tensors into the sidecar's pinned arena on the side
+# stream, Commit; Acquire, copies back, Release), where vLLM is installed
+# (EngineSlots reports through tidepool.vllm's counters).
+conn_rows = []
+try:
+    import vllm  # noqa: F401
+except ImportError:
+    print("device-check: vLLM not installed: the connector's layer-1 path (EngineSlots) not run")
+else:
+    import threading
+    from types import SimpleNamespace
+
+    from tidepool.cuda import EngineSlots
+
+    class _Link:
+        def __init__(self, c):
+            self.client = c
+
+        def get(self):
+            return self.client
+
+        def failed(self, e):
+            raise e
+
+    lc = Client(sock)
+    conn = SimpleNamespace(_ns="device-check-l1", _layers=layers, _block_bytes=block, _header=lambda: header,
+                           _load_link=_Link(lc), _lease_ms=0, _verify=False, _lock=threading.Lock(),
+                           _stored=[], _block_size=16)
+    es = EngineSlots(dev)
+    keys1 = [b"dc1-%04d" % i for i in range(n)]
+    tr = SimpleNamespace(keys=keys1, block_ids=list(range(n)), first_index=0, req_id="dc")
+    es.mark_saves([tr])
+    t0 = time.perf_counter(); es.save(conn, _Link(Client(sock)), tr); s1 = time.perf_counter() - t0
+    for x in layers:
+        x[1][:, NB - n:].zero_()
+    tr2 = SimpleNamespace(keys=keys1, block_ids=list(range(NB - n, NB)), first_index=0, req_id="dc")
+    t0 = time.perf_counter(); done = es.load(conn, tr2); l1 = time.perf_counter() - t0
+    assert done == set(range(n)), len(done)
+    for b in range(n):
+        back = torch.cat([x[1].select(1, NB - n + b).reshape(-1).view(torch.uint8) for x in layers]).cpu()
+        assert torch.equal(back, want[b]), "block %d differs after the connector's layer-1 load" % b
+    es.close()
+    conn_rows.append(("layer 1, connector (EngineSlots: Reserve/Commit, Acquire/Release)", s1, l1))
+
 nb = n * block
 print("device-check: %s, %d blocks of %d bytes (32 layers x K/V, FlashAttention layout)" % (name, n, block))
 print("| path | save GB/s | load GB/s | save / pinned D2H | load / pinned H2D |")
 print("| --- | --- | --- | --- | --- |")
 print("| pinned cudaMemcpy limit (torch, one copy) | %.1f | %.1f | 1.00 | 1.00 |" % (d2h, h2d))
-for label, s, l in (("layer 2 (sidecar, IPC)", save_s, load_s), ("layer 1 (engine, side stream)", l1_save, l1_load)):
+for label, s, l in [("layer 2 (sidecar, IPC)", save_s, load_s), ("layer 1, copies only (side stream)", l1_save, l1_load)] + conn_rows:
     print("| %s | %.1f | %.1f | %.2f | %.2f |" % (label, gbps(nb, s), gbps(nb, l), gbps(nb, s) / d2h, gbps(nb, l) / h2d))

@@ -31,7 +31,12 @@ echo "== layer 2, the Go package against libcuda.so.1: loading, no-GPU states, b
 TIDEPOOL_GPU_LIBRARY=libcuda.so.1 TIDEPOOL_GPU_BENCH=1 timeout 120 "$out/gpu.test" -test.v -test.count=1 2>&1 |
 	grep -E -e '^(--- |ok|FAIL|PASS)' -e 'GB/s'
 echo "== layer 2 through a real sidecar, and layer 1, with PyTorch buffers"
-dir=$(mktemp -d)
+# The arenas on tmpfs (shmem): the kernel refuses long-term pins
+# (cuMemHostRegister) of writable shared mappings of files on other
+# filesystems (Linux >= 6.5).
+base=/tmp
+[[ -d /dev/shm && -w /dev/shm ]] && base=/dev/shm
+dir=$(mktemp -d "$base/tp-device-check.XXXXXX")
 trap 'kill $(cat "$dir/pid" 2>/dev/null) 2>/dev/null || true; rm -rf "$dir"' EXIT
 "$out/tidepool" serve --socket "$dir/tp.sock" --arena-dir "$dir/arenas" --data-dir "$dir/data" \
 	--dram-capacity 8GiB --max-value-size 64MiB --metrics-addr "" --gpu-library libcuda.so.1 >"$dir/serve.log" 2>&1 &

@@ -29,7 +29,7 @@ import threading
 
 import torch
 
-from .client import FEATURE_GPU, OK
+from .client import FEATURE_GPU, OK, Client
 
 GPU_PATHS = ("engine", "sidecar")
 _HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly (CUDA >= 11.1)
@@ -79,7 +79,6 @@ class SidecarSlots:
     def __init__(self, client, layers, num_blocks, header):
         buffers, segments = layout_segments(layers)
         self._c = client
-        self._lock = threading.Lock()  # one connection, the loader's and the saver's threads
         self.id, self.block_bytes = client.gpu_register(buffers, segments, num_blocks, header)
 
     @staticmethod
@@ -87,16 +86,13 @@ class SidecarSlots:
         return FEATURE_GPU in (client.hello().features or [])
 
     def save(self, ns, slots, keys, first_depth):
-        """Saves slot i under keys[i] after the current stream's work
-        (the forward that wrote them) is done. Returns one code per block."""
-        torch.cuda.current_stream().synchronize()
-        with self._lock:
-            return self._c.gpu_save(self.id, ns, [(s, k, first_depth + i) for i, (s, k) in enumerate(zip(slots, keys))])
+        """Saves slot i under keys[i]; the caller has waited for the work
+        that wrote them. Returns one code per block."""
+        return self._c.gpu_save(self.id, ns, [(s, k, first_depth + i) for i, (s, k) in enumerate(zip(slots, keys))])
 
     def load(self, ns, slots, keys):
         """Loads keys[i] into slot i; returns the indexes loaded."""
-        with self._lock:
-            codes = self._c.gpu_load(self.id, ns, list(zip(slots, keys)))
+        codes = self._c.gpu_load(self.id, ns, list(zip(slots, keys)))
         return {i for i, c in enumerate(codes) if c == OK}
 
     def close(self):
@@ -169,44 +165,102 @@ class EngineCopies:
             self._pinned.clear()
 
 
-def attach(conn, client, layers, num_blocks, header, gpu_path):
-    """The connector's GPU hook (tidepool.vllm.register_kv_caches): a
-    SidecarSlots when gpu_path is "sidecar" and the sidecar has a GPU, else
-    None (the connector's own copies, layer 1 helpers in EngineCopies)."""
+def attach(conn, layers, num_blocks, header, gpu_path):
+    """The connector's GPU hook (tidepool.vllm.register_kv_caches): layer 2
+    (_Sidecar) when gpu_path is "sidecar" and the sidecar's Hello lists
+    "gpu", else layer 1 (EngineSlots)."""
     if gpu_path not in GPU_PATHS:
         raise ValueError("gpu_path %r: one of %s" % (gpu_path, ", ".join(GPU_PATHS)))
-    if gpu_path == "sidecar" and client is not None and SidecarSlots.available(client):
-        return _Sidecar(SidecarSlots(client, layers, num_blocks, header))
+    if gpu_path == "sidecar":
+        try:
+            c = Client(conn._socket, timeout=conn._timeout_s, client_name="tidepool-vllm/gpu")
+            try:
+                ok = SidecarSlots.available(c)
+            finally:
+                c.close()
+        except Exception:  # noqa: BLE001 - no sidecar now: the engine copies
+            ok = False
+        if ok:
+            return _Sidecar(conn, layers, num_blocks, header)
     return EngineSlots(layers[0][1].device)
 
 
 class _Sidecar:
-    """The hook's face of layer 2 (see attach)."""
+    """The hook's face of layer 2: one connection of its own (the
+    registration lives on it), used by the loading and the saving thread in
+    turn, registered again after the connection is lost."""
 
-    def __init__(self, slots):
-        self.slots = slots
+    def __init__(self, conn, layers, num_blocks, header):
+        self._args = (layers, num_blocks, header)
+        self._socket, self._timeout = conn._socket, conn._timeout_s
+        self._lock = threading.Lock()
+        self._slots = None
+        self._after = {}  # id(transfer) -> event recorded behind its step
+
+    def _get(self):
+        if self._slots is None:
+            c = Client(self._socket, timeout=self._timeout, client_name="tidepool-vllm/gpu")
+            try:
+                self._slots = SidecarSlots(c, *self._args)
+            except BaseException:
+                c.close()
+                raise
+        return self._slots
+
+    def _drop(self, err):
+        from . import vllm as _v
+        _v._once.warn("gpu-sidecar:%s" % type(err).__name__, "GPU call to the sidecar failed: %r", err)
+        if self._slots is not None:
+            try:
+                self._slots._c.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self._slots = None
 
     def mark_saves(self, saves):
-        pass  # the sidecar's copies start after the step (save() synchronizes)
+        ev = torch.cuda.Event()
+        ev.record()
+        for tr in saves:
+            self._after[id(tr)] = ev
 
     def load(self, conn, tr):
         idx = [i for i, k in enumerate(tr.keys) if k is not None]
-        try:
-            got = self.slots.load(conn._ns, [tr.block_ids[i] for i in idx], [tr.keys[i] for i in idx])
-        except Exception as e:  # noqa: BLE001 - the blocks are recomputed
-            conn._load_link.failed(e)
-            return set()
+        with self._lock:
+            try:
+                got = self._get().load(conn._ns, [tr.block_ids[i] for i in idx], [tr.keys[i] for i in idx])
+            except Exception as e:  # noqa: BLE001 - the blocks are recomputed
+                self._drop(e)
+                return set()
         return {idx[j] for j in got}
 
     def save(self, conn, link, tr):
         from . import vllm as _v
-        codes = self.slots.save(conn._ns, tr.block_ids, tr.keys, tr.first_index)
+        ev = self._after.pop(id(tr), None)
+        if ev is not None:
+            ev.synchronize()  # the step that wrote the blocks is done
+        with self._lock:
+            try:
+                s = self._get()
+                codes = s.save(conn._ns, tr.block_ids, tr.keys, tr.first_index)
+            except Exception as e:  # noqa: BLE001 - not saved
+                self._drop(e)
+                _v._count("save_errors", len(tr.keys))
+                return
         n = sum(1 for c in codes if c == OK)
         _v._count("saved_blocks", n)
-        _v._count("saved_bytes", n * self.slots.block_bytes)
+        _v._count("saved_bytes", n * s.block_bytes)
+        stored = [i for i, c in enumerate(codes) if c in (OK, _v.ErrorCode.EXISTS)]
+        if stored:  # for KV events, as tidepool.vllm's _save reports them
+            parent = tr.keys[stored[0] - 1] if stored[0] > 0 else None
+            with conn._lock:
+                conn._stored.append(([tr.keys[i] for i in stored], parent, conn._block_size))
 
     def close(self):
-        self.slots.close()
+        with self._lock:
+            if self._slots is not None:
+                self._slots.close()
+                self._slots._c.close()
+                self._slots = None
 
 
 class EngineSlots:

@@ -529,8 +529,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         self._gpu = None
         if layers and layers[0][1].is_cuda:
             from . import cuda as _cuda
-            self._gpu = _cuda.attach(self, self._load_link.get(), layers, nb, self._header(),
-                                     self._x.get("gpu_path", "engine"))
+            self._gpu = _cuda.attach(self, layers, nb, self._header(), self._x.get("gpu_path", "engine"))
         # --- end of the GPU hook
 
     def _header(self):
