@@ -396,3 +396,32 @@ func TestGPUOffWithoutDriver(t *testing.T) {
 		t.Fatalf("register without a GPU: %v", err)
 	}
 }
+
+// TestGPUArenaNotPinned: a driver that cannot pin the arenas leaves the
+// GPU end working, unpinned.
+func TestGPUArenaNotPinned(t *testing.T) {
+	lib := gputest.Lib(t)
+	t.Setenv("FAKECUDA_FAIL_HOST_REGISTER", "1")
+	d := startDaemon(t, "--gpu-library", lib)
+	c, hasGPU := gpuClient(t, d)
+	if !hasGPU {
+		t.Fatalf("no GPU end when the arenas cannot be pinned\n%s", d.stderr.String())
+	}
+	if !strings.Contains(d.stderr.String(), "arena not pinned") {
+		t.Fatalf("no warning of the unpinned arena\n%s", d.stderr.String())
+	}
+	e := newGPUEngine(t, lib)
+	g := newGPUSession(t, d)
+	defer g.Close()
+	ctx := context.Background()
+	id, _, err := g.Register(ctx, e.layout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs, err := g.Save(ctx, id, gpuNS, []client.GPUBlock{{Slot: 2, Key: gpuKey(2)}}, false); err != nil || errs[0] != nil {
+		t.Fatalf("save: %v %v", err, errs)
+	}
+	if v, found, err := c.Get(ctx, gpuNS, gpuKey(2)); err != nil || !found || !bytes.Equal(v, e.value(2)) {
+		t.Fatalf("block: found %v err %v", found, err)
+	}
+}

@@ -25,6 +25,7 @@
 //   - FAKECUDA_DEVICES=<n> (default 1): how many devices cuDeviceGetCount
 //     reports (0: no device);
 //   - FAKECUDA_COPY_DELAY_US=<us>: every copy sleeps that long;
+//   - FAKECUDA_FAIL_HOST_REGISTER (set): cuMemHostRegister_v2 fails;
 //   - fakecuda_fail(what, n): the next n calls of what ("dtoh", "htod",
 //     "ipc_open", "host_register") fail;
 //   - fakecuda_counts(out[8]): open IPC mappings, registered host ranges,
@@ -509,7 +510,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
 	(void)flags;
 	NEED_CTX();
-	if (take_fail(&fail_hostreg)) return UNKNOWN;
+	if (take_fail(&fail_hostreg) || getenv("FAKECUDA_FAIL_HOST_REGISTER")) return UNKNOWN;
 	if (!p || size == 0) return INVALID_VALUE;
 	pthread_mutex_lock(&mu);
 	for (struct range *r = hostregs; r; r = r->next)
