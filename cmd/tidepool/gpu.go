@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache/gpu"
@@ -39,4 +40,41 @@ func openGPU(cfg Config, t arenaTier, lg *zap.Logger) (*gpu.GPU, error) {
 	}
 	lg.Info("GPU end on", zap.Strings("devices", names), zap.String("library", cfg.GPULibrary))
 	return g, nil
+}
+
+// gpuCollector exports the GPU end's counters (cache/gpu.Stats).
+type gpuCollector struct {
+	g                                                  *gpu.GPU
+	devices, buffers, pinned, toHost, toDevice, errors *prometheus.Desc
+}
+
+func newGPUCollector(g *gpu.GPU) *gpuCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &gpuCollector{
+		g:        g,
+		devices:  d("tidepool_gpu_devices", "CUDA devices of the GPU end (0: no driver or no device; docs/gpu.md)."),
+		buffers:  d("tidepool_gpu_ipc_handles_open", "Engine GPU allocations opened from CUDA IPC handles, open now."),
+		pinned:   d("tidepool_gpu_pinned_bytes", "Arena bytes pinned for the GPU (cuMemHostRegister)."),
+		toHost:   d("tidepool_gpu_saved_bytes_total", "Bytes the GPU end copied from engines' GPU memory into the arenas (GpuSave)."),
+		toDevice: d("tidepool_gpu_loaded_bytes_total", "Bytes the GPU end copied from the arenas into engines' GPU memory (GpuLoad)."),
+		errors:   d("tidepool_gpu_copy_errors_total", "Blocks whose GPU copy the driver reported failed (answered INTERNAL)."),
+	}
+}
+
+func (c *gpuCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.devices, c.buffers, c.pinned, c.toHost, c.toDevice, c.errors} {
+		ch <- d
+	}
+}
+
+func (c *gpuCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.g.Stats()
+	g, ctr := prometheus.GaugeValue, prometheus.CounterValue
+	m := prometheus.MustNewConstMetric
+	ch <- m(c.devices, g, float64(st.Devices))
+	ch <- m(c.buffers, g, float64(st.OpenBuffers))
+	ch <- m(c.pinned, g, float64(st.PinnedBytes))
+	ch <- m(c.toHost, ctr, float64(st.ToHostBytes))
+	ch <- m(c.toDevice, ctr, float64(st.ToDeviceBytes))
+	ch <- m(c.errors, ctr, float64(st.CopyErrors))
 }

@@ -104,14 +104,8 @@ func waitMappings(t *testing.T, d *daemon, want int) {
 	}
 }
 
-func liveReservations(t *testing.T, d *daemon) string {
-	for _, line := range strings.Split(httpGet(t, "http://"+d.metrics+"/metrics"), "\n") {
-		if strings.HasPrefix(line, "tidepool_zerocopy_reservations_live ") {
-			return strings.TrimPrefix(line, "tidepool_zerocopy_reservations_live ")
-		}
-	}
-	t.Fatal("no tidepool_zerocopy_reservations_live")
-	return ""
+func liveReservations(t *testing.T, d *daemon) float64 {
+	return metric(t, d, "tidepool_zerocopy_reservations_live")
 }
 
 // gpuClient returns a client of d (closed at the test's end) and whether
@@ -170,6 +164,12 @@ func TestGPUEndToEnd(t *testing.T) {
 			t.Fatalf("block %d: found %v err %v, bytes equal %v", i, found, err, bytes.Equal(v, e.value(i)))
 		}
 	}
+	if got := metric(t, d, "tidepool_gpu_saved_bytes_total"); got != 8*2*gpuPiece {
+		t.Fatalf("tidepool_gpu_saved_bytes_total %v", got)
+	}
+	if got := metric(t, d, "tidepool_gpu_ipc_handles_open"); got != 2 {
+		t.Fatalf("tidepool_gpu_ipc_handles_open %v", got)
+	}
 	// Saved again: EXISTS, nothing copied.
 	errs, _ = g.Save(ctx, id, gpuNS, save[:2], false)
 	if got := codes(errs); got[0] != client.CodeExists || got[1] != client.CodeExists {
@@ -218,7 +218,7 @@ func TestGPUEndToEnd(t *testing.T) {
 			t.Fatal("the failed copy left a block")
 		}
 		if got := liveReservations(t, d); got != before {
-			t.Fatalf("reservations live %s, before %s: the failed slot leaked", got, before)
+			t.Fatalf("reservations live %v, before %v: the failed slot leaked", got, before)
 		}
 		// A load from a block whose bytes poison the host-to-device copy.
 		bad := slices.Concat(gpuHeader, []byte("FAILCOPY"), make([]byte, 2*gpuPiece-8))

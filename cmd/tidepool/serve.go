@@ -143,6 +143,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	m.notes = func() []string { return storeNotes(store) }
 	m.reg.MustRegister(newZeroCopyCollector(p))
 	m.reg.MustRegister(newScrubCollector(scrub))
+	m.reg.MustRegister(newGPUCollector(g))
 	if cfg.MetricsAddr != "" {
 		if err := m.listen(cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
