@@ -6,6 +6,8 @@
 #   scripts/device-check.sh --prepare   here: builds .device/ (carry it)
 #   scripts/device-check.sh             there: runs the checks, prints a summary
 #
+# With the device tool: run(command="scripts/device-check.sh", carry=[".device"]).
+#
 # .device/ holds: the tidepool binary with librocksdb and its libraries
 # (the binary links them dynamically; the script sets LD_LIBRARY_PATH), the
 # cache/gpu test binary (go test -c; no cgo library), and the Python client
@@ -14,15 +16,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device
 if [[ "${1:-}" == --prepare ]]; then
+	rm -rf "$out"
 	mkdir -p "$out/lib"
-	go build -o "$out/tidepool" ./cmd/tidepool
-	go test -c -o "$out/gpu.test" ./cache/gpu/
+	# Stripped, and the binary gzipped: what is carried must stay under 64 MiB.
+	go build -trimpath -ldflags '-s -w' -o "$out/tidepool" ./cmd/tidepool
+	go test -c -trimpath -ldflags '-s -w' -o "$out/gpu.test" ./cache/gpu/
 	for l in $(ldd "$out/tidepool" | awk '/=> \//{print $3}' | grep -v -e libc.so -e libm.so -e ld-linux -e libpthread); do
 		cp -L "$l" "$out/lib/"
 	done
+	gzip -1 "$out/tidepool"
 	du -sh "$out"
 	exit 0
 fi
+[[ -x "$out/tidepool" ]] || gunzip -k "$out/tidepool.gz"
 export LD_LIBRARY_PATH="$PWD/$out/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 echo "== layer 2, the Go package against libcuda.so.1: loading, no-GPU states, batched copies vs cuMemcpy"
