@@ -8,10 +8,11 @@
 #
 # With the device tool: run(command="scripts/device-check.sh", carry=[".device"]).
 #
-# .device/ holds: the tidepool binary with librocksdb and its libraries
-# (the binary links them dynamically; the script sets LD_LIBRARY_PATH), the
-# cache/gpu test binary (go test -c; no cgo library), and the Python client
-# is the repository's own clients/python.
+# .device/ holds: the tidepool binary (gzipped) with librocksdb and its
+# libraries (the binary links them dynamically; the script sets
+# LD_LIBRARY_PATH), the cache/gpu test binary (go test -c; no cgo library),
+# and Apache Thrift's Python package for the client, which is the
+# repository's own clients/python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device
@@ -25,6 +26,12 @@ if [[ "${1:-}" == --prepare ]]; then
 		cp -L "$l" "$out/lib/"
 	done
 	gzip -1 "$out/tidepool"
+	# The Python client's one dependency (Apache Thrift, pure Python; its
+	# optional C extension is left behind).
+	mkdir -p "$out/py"
+	thrift_dir=$(/usr/bin/python3 -c 'import os, thrift; print(os.path.dirname(thrift.__file__))')
+	cp -r "$thrift_dir" "$out/py/thrift"
+	find "$out/py" -name '*.so' -delete -o -name __pycache__ -prune -exec rm -rf {} +
 	du -sh "$out"
 	exit 0
 fi
@@ -35,7 +42,7 @@ echo "== layer 2, the Go package against libcuda.so.1: loading, no-GPU states, b
 # (The tests that need a second process's memory check bytes through the
 # stand-in and skip here; the sidecar run below does that with PyTorch.)
 TIDEPOOL_GPU_LIBRARY=libcuda.so.1 TIDEPOOL_GPU_BENCH=1 timeout 120 "$out/gpu.test" -test.v -test.count=1 2>&1 |
-	grep -E -e '^(--- |ok|FAIL|PASS)' -e 'GB/s'
+	grep -E -e '^(--- |ok|FAIL|PASS)' -e 'GB/s' || echo "device-check: the cache/gpu tests failed (above)"
 echo "== layer 2 through a real sidecar, and layer 1, with PyTorch buffers"
 # The arenas on tmpfs (shmem): the kernel refuses long-term pins
 # (cuMemHostRegister) of writable shared mappings of files on other
@@ -48,4 +55,8 @@ trap 'kill $(cat "$dir/pid" 2>/dev/null) 2>/dev/null || true; rm -rf "$dir"' EXI
 	--dram-capacity 8GiB --max-value-size 64MiB --metrics-addr "" --gpu-library libcuda.so.1 >"$dir/serve.log" 2>&1 &
 echo $! >"$dir/pid"
 for _ in $(seq 100); do [[ -S "$dir/tp.sock" ]] && break; sleep 0.1; done
-PYTHONPATH=clients/python timeout 360 python3 scripts/device-check.py "$dir/tp.sock"
+PYTHONPATH="clients/python:$out/py" timeout 360 python3 scripts/device-check.py "$dir/tp.sock" || {
+	echo "device-check: FAILED; the sidecar's log:"
+	tail -50 "$dir/serve.log"
+	exit 1
+}
