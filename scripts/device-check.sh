@@ -31,7 +31,8 @@ if [[ "${1:-}" == --prepare ]]; then
 	mkdir -p "$out/py"
 	thrift_dir=$(/usr/bin/python3 -c 'import os, thrift; print(os.path.dirname(thrift.__file__))')
 	cp -r "$thrift_dir" "$out/py/thrift"
-	find "$out/py" -name '*.so' -delete -o -name __pycache__ -prune -exec rm -rf {} +
+	find "$out/py" -name '*.so' -delete
+	find "$out/py" -name __pycache__ -type d -exec rm -rf {} +
 	du -sh "$out"
 	exit 0
 fi
