@@ -36,6 +36,8 @@ var rules = []rule{
 	// internal/ holds leaves only: no arrow back up into another room.
 	{pkg: "internal", ours: []string{"internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys"}},
 	{pkg: "cache/ssd", ours: []string{"cache", "internal/"}, thirdParty: []string{"github.com/linxGnu/grocksdb", "go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},
+	// The GPU end: the CUDA driver loaded at run time through purego.
+	{pkg: "cache/gpu", ours: []string{"cache", "internal/"}, thirdParty: []string{"github.com/ebitengine/purego", "go.uber.org/zap"}},
 	{pkg: "cache", ours: []string{"cache", "internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},
 	{pkg: "cluster", ours: []string{"cluster", "internal/"}, thirdParty: []string{"github.com/hashicorp/memberlist", "github.com/buraksezer/consistent", "github.com/cespare/xxhash", "go.uber.org/zap", "golang.org/x/sync"}},
 	{pkg: "rdma", ours: []string{"rdma", "internal/", "protocol/frame"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},
@@ -62,6 +64,7 @@ var rules = []rule{
 var owners = map[string]string{
 	"github.com/hashicorp/memberlist": "cluster",
 	"github.com/linxGnu/grocksdb":     "cache/ssd",
+	"github.com/ebitengine/purego":    "cache/gpu",
 }
 
 type pkgInfo struct {

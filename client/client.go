@@ -182,22 +182,9 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	kc, err := kclient.NewClient(tpsvc.NewServiceInfoForClient(),
-		kclient.WithDestService("tidepool"),
-		kclient.WithHostPorts(cfg.Socket),
-		kclient.WithRPCTimeout(cfg.Timeout),
-		kclient.WithConnectTimeout(cfg.ConnectTimeout),
-		kclient.WithDialer(newDialer()),
-		kclient.WithLongConnection(connpool.IdleConfig{
-			MaxIdlePerAddress: cfg.MaxIdleConns,
-			MaxIdleGlobal:     cfg.MaxIdleConns,
-			MaxIdleTimeout:    time.Minute,
-		}),
-		kclient.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxResponseBytes)),
-		kclient.WithClientBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-client"}),
-	)
+	kc, err := newKitex(cfg, cfg.MaxIdleConns, time.Minute, "tidepool-client")
 	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
+		return nil, err
 	}
 	c := &Client{kc: kc, raw: rawPool{socket: cfg.Socket, dialTimeout: cfg.ConnectTimeout, timeout: cfg.Timeout,
 		maxIdle: cfg.MaxIdleConns, maxValue: cfg.MaxResponseBytes}}
@@ -205,6 +192,25 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	c.initZeroCopy(cfg.ZeroCopyInFlight)
 	c.zc.maxSpares = max(cfg.ReserveAhead, 0)
 	return c, nil
+}
+
+// newKitex makes the Kitex client of the engine socket, keeping up to
+// maxIdle connections idle for up to idle.
+func newKitex(cfg Config, maxIdle int, idle time.Duration, name string) (kclient.Client, error) {
+	kc, err := kclient.NewClient(tpsvc.NewServiceInfoForClient(),
+		kclient.WithDestService("tidepool"),
+		kclient.WithHostPorts(cfg.Socket),
+		kclient.WithRPCTimeout(cfg.Timeout),
+		kclient.WithConnectTimeout(cfg.ConnectTimeout),
+		kclient.WithDialer(newDialer()),
+		kclient.WithLongConnection(connpool.IdleConfig{MaxIdlePerAddress: maxIdle, MaxIdleGlobal: maxIdle, MaxIdleTimeout: idle}),
+		kclient.WithCodec(codec.NewDefaultCodecWithSizeLimit(cfg.MaxResponseBytes)),
+		kclient.WithClientBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: name}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return kc, nil
 }
 
 // Close releases the client's connections. Safe to call twice.

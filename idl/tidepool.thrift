@@ -89,6 +89,8 @@ struct HelloResponse {
     // Optional behaviours of this server, by name, for clients to use only
     // when listed (an older server leaves the list empty):
     //   "acquire_release"  AcquireRequest.release_lease_ids is honoured.
+    //   "gpu"              the GPU calls (GpuRegister, ...) work: a driver
+    //                      and a device were found.
     8: list<string> features,
 }
 
@@ -395,6 +397,87 @@ struct RenewResponse {
     2: i64 deadline_unix_ms,
 }
 
+// The GPU end (servers whose Hello lists "gpu"): an engine hands the
+// sidecar its KV-cache buffers as CUDA IPC memory handles, and then names
+// GPU block slots to save into the store or to load from it; the sidecar
+// copies between the engine's GPU memory and its arenas itself. A
+// registration belongs to the connection that made it: it ends at
+// GpuUnregister, when that connection closes, or when the sidecar stops.
+//
+// One buffer: the allocation a CUDA IPC memory handle names (for PyTorch,
+// tensor.untyped_storage()._share_cuda_()), and the range of it used.
+struct GpuBuffer {
+    // The device: by UUID (16 bytes) when given, which does not depend on
+    // CUDA_VISIBLE_DEVICES; else by the sidecar's ordinal.
+    1: i32 device,
+    2: binary device_uuid,
+    // The CUipcMemHandle: 64 bytes.
+    3: binary ipc_handle,
+    // Bytes from the start of the allocation to the range, and its length.
+    4: i64 offset,
+    5: i64 size,
+}
+
+// One piece of every block: block slot s's piece lies at byte
+// offset + s * stride of buffer, length bytes long.
+struct GpuSegment {
+    1: i32 buffer,
+    2: i64 offset,
+    3: i64 stride,
+    4: i64 length,
+}
+
+struct GpuRegisterRequest {
+    // All on one device.
+    1: list<GpuBuffer> buffers,
+    // A block's value is header followed by its segments, in order.
+    2: list<GpuSegment> segments,
+    // Slots are 0 .. num_blocks-1.
+    3: i32 num_blocks,
+    // At most 4096 bytes, written before the segments of every block saved
+    // and checked on every block loaded (a layout's signature).
+    4: binary header,
+}
+
+struct GpuRegisterResponse {
+    1: i64 registration_id,
+    // The value size of one block: header plus every segment's length.
+    2: i64 block_bytes,
+}
+
+struct GpuUnregisterRequest {
+    1: i64 registration_id,
+}
+
+struct GpuUnregisterResponse {}
+
+struct GpuBlock {
+    1: i32 slot,
+    2: binary key,
+    // Position in the prefix chain (saves).
+    3: i32 depth,
+}
+
+// Save: copy each slot to a new block of its key (like Reserve, write,
+// Commit); Load: copy each key's block into its slot (like Acquire, read,
+// Release). The answer comes when every copy has completed or failed; a
+// failed copy leaves no block (save) or its slot's bytes undefined (load).
+struct GpuCopyRequest {
+    1: i64 registration_id,
+    2: string ns,
+    3: list<GpuBlock> blocks,
+    // Saves: write through to persistent storage. Loads: ignored.
+    4: bool durable,
+    // Loads: where to look for the blocks.
+    5: Scope scope,
+}
+
+struct GpuCopyResponse {
+    // Per block: OK; EXISTS (save: nothing copied); NOT_FOUND (load);
+    // INTERNAL for a copy that failed; or the item's error.
+    1: list<ItemStatus> results,
+}
+
 struct MembersRequest {}
 
 struct Member {
@@ -430,4 +513,8 @@ service Tidepool {
     ReleaseResponse Release(1: ReleaseRequest req) throws (1: TidepoolError err),
     RenewResponse Renew(1: RenewRequest req) throws (1: TidepoolError err),
     MembersResponse Members(1: MembersRequest req) throws (1: TidepoolError err),
+    GpuRegisterResponse GpuRegister(1: GpuRegisterRequest req) throws (1: TidepoolError err),
+    GpuUnregisterResponse GpuUnregister(1: GpuUnregisterRequest req) throws (1: TidepoolError err),
+    GpuCopyResponse GpuSave(1: GpuCopyRequest req) throws (1: TidepoolError err),
+    GpuCopyResponse GpuLoad(1: GpuCopyRequest req) throws (1: TidepoolError err),
 }

@@ -116,6 +116,7 @@ type Proxy struct {
 	zcs      ZeroCopyStore // nil: no shared arenas
 	prefetch Prefetcher    // nil: Prefetch queues nothing
 	scan     Scanner       // nil: no rebalancer
+	gpu      GPU           // nil: no GPU end
 	zc       *zcState      // the zero-copy handle tables (zerocopy.go)
 	lg       *zap.Logger
 	started  time.Time
@@ -139,7 +140,7 @@ func New(cfg Config, deps Deps, lg *zap.Logger) (*Proxy, error) {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	p := &Proxy{cfg: cfg, store: deps.Store, zcs: deps.ZeroCopy, prefetch: deps.Prefetch, scan: deps.Scan,
+	p := &Proxy{cfg: cfg, store: deps.Store, zcs: deps.ZeroCopy, prefetch: deps.Prefetch, scan: deps.Scan, gpu: deps.GPU,
 		zc: newZCState(), lg: lg, started: time.Now(), known: map[string]bool{}}
 	var off []string
 	if p.zcs == nil {

@@ -77,4 +77,5 @@ type Deps struct {
 	ZeroCopy ZeroCopyStore // zero-copy calls and in-place reads
 	Prefetch Prefetcher    // Prefetch
 	Scan     Scanner       // the rebalancer (with RouteConfig.RebalanceRate)
+	GPU      GPU           // the GPU calls (gpu.go)
 }

@@ -61,6 +61,9 @@ echo "test-python-client: building bin/tidepool"
 mkdir -p bin
 go build -o bin/tidepool ./cmd/tidepool
 
+echo "test-python-client: the GPU calls against a sidecar on the CUDA stand-in"
+TIDEPOOL_BIN=bin/tidepool "$PYTHON" clients/python/tests/test_gpu.py </dev/null
+
 echo "test-python-client: starting tidepool serve on $sock"
 # --scrub-rate 0: test_damaged_arena_bytes_are_refused_when_verifying damages
 # a committed block and expects the client's own check to refuse it; the

@@ -21,6 +21,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/evict"
+	"github.com/tidepool-kv/tidepool/cache/gpu"
 	"github.com/tidepool-kv/tidepool/cache/ssd"
 	"github.com/tidepool-kv/tidepool/cache/tiered"
 	"github.com/tidepool-kv/tidepool/cluster"
@@ -69,6 +70,7 @@ type Config struct {
 	TransferAddr    string        // host:port of the block transfer layer (TCP); empty: bind_addr:7948
 	Transport       string        // auto, tcp or rdma: how blocks move between nodes
 	RDMADevice      string        // RDMA device for transport auto/rdma; empty: the first active one
+	GPULibrary      string        // CUDA driver library the GPU end loads; "off" disables it
 	RDMAGIDIndex    int           // GID index; -1: the first RoCE v2 GID (IPv4-mapped first)
 	TCPCongestion   []string      // congestion controls of the TCP transfer connections, first accepted wins; "system": the host's
 	Join            []string      // addresses or DNS names of members to join
@@ -234,6 +236,7 @@ var settings = []setting{
 	stringSetting("peer_addr", "host:port of the peer API (TCP); default bind_addr:7947 in cluster mode", func(c *Config) *string { return &c.PeerAddr }),
 	stringSetting("transfer_addr", "host:port of the block transfer layer (TCP); default bind_addr:7948 in cluster mode", func(c *Config) *string { return &c.TransferAddr }),
 	stringSetting("transport", "how blocks move between nodes: auto (RDMA to peers that serve it, when this binary has the verbs binding and the host a device; TCP otherwise), tcp, or rdma (like auto, but refuse to start without a device); docs/rdma.md", func(c *Config) *string { return &c.Transport }),
+	stringSetting("gpu_library", "CUDA driver library of the GPU end (engines' GPU blocks saved and loaded by the sidecar; docs/gpu.md): a name dlopen finds or a path; off disables it. Without the library or a device the sidecar runs without the GPU end", func(c *Config) *string { return &c.GPULibrary }),
 	stringSetting("rdma_device", "RDMA device(s) for transport auto or rdma (e.g. mlx5_0, or mlx5_0,mlx5_1 to slice transfers across several); empty: the first with an active port", func(c *Config) *string { return &c.RDMADevice }),
 	listSetting("transfer_tcp_congestion", "comma-separated TCP congestion controls for the TCP transfer connections, in order: each connection gets the first the kernel accepts; system keeps the host's default (net.ipv4.tcp_congestion_control); docs/config.md says why not BBR", func(c *Config) *[]string { return &c.TCPCongestion }),
 	intSetting("rdma_gid_index", "GID index of the RDMA port; -1: the first RoCE v2 GID, preferring an IPv4-mapped one", func(c *Config) *int { return &c.RDMAGIDIndex }),
@@ -344,6 +347,7 @@ func DefaultConfig() Config {
 		PeerMaxConns:    pc.MaxConns,
 		PeerIdleTime:    pc.IdleTimeout,
 		Transport:       auto.ModeAuto,
+		GPULibrary:      gpu.DefaultLibrary,
 		RDMAGIDIndex:    verbs.DefaultConfig().GIDIndex,
 		TCPCongestion:   tcp.DefaultConfig().Congestion,
 
@@ -383,6 +387,9 @@ func (c Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		bad("data_dir: empty")
+	}
+	if c.GPULibrary == "" {
+		bad("gpu_library: empty (off disables the GPU end)")
 	}
 	if c.ArenaDir == "" {
 		bad("arena_dir: empty")

@@ -116,12 +116,24 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	}
 	defer scrub.Close()
 
+	// Closed before the store (deferred after it), after the engine API
+	// server: its registrations end with the server's connections.
+	g, err := openGPU(cfg, store.DRAM(), lg.Named("gpu"))
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+
 	pcfg := proxy.DefaultConfig()
 	pcfg.NodeID = cfg.NodeID
 	pcfg.Limits = cfg.limits()
 	pcfg.Namespaces = cfg.Namespaces
 	pcfg.MaxNamespaces = cfg.MaxNamespaces
-	p, err := proxy.New(pcfg, storeDeps(store), lg.Named("proxy"))
+	deps := storeDeps(store)
+	if g.Available() {
+		deps.GPU = g
+	}
+	p, err := proxy.New(pcfg, deps, lg.Named("proxy"))
 	if err != nil {
 		return err
 	}
@@ -131,6 +143,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	m.notes = func() []string { return storeNotes(store) }
 	m.reg.MustRegister(newZeroCopyCollector(p))
 	m.reg.MustRegister(newScrubCollector(scrub))
+	m.reg.MustRegister(newGPUCollector(g))
 	if cfg.MetricsAddr != "" {
 		if err := m.listen(cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)

@@ -43,6 +43,7 @@ type connTracker struct {
 type connState struct {
 	last     atomic.Int64 // unix nanoseconds of the last read or write
 	inflight atomic.Int32 // requests read and not yet answered
+	gpu      connGPU      // GPU registrations (handler_gpu.go)
 }
 
 type connStateKey struct{}
@@ -71,8 +72,12 @@ func (c *connTracker) OnActive(ctx context.Context, conn net.Conn) (context.Cont
 func (c *connTracker) OnInactive(ctx context.Context, conn net.Conn) context.Context {
 	c.active.Add(-1)
 	c.mu.Lock()
+	st := c.conns[conn]
 	delete(c.conns, conn)
 	c.mu.Unlock()
+	if st != nil {
+		st.gpu.close() // the engine is gone: its GPU buffers go with it
+	}
 	return ctx
 }
 
@@ -127,7 +132,9 @@ func (c *connTracker) reap(now time.Time) {
 	var idle []net.Conn
 	c.mu.Lock()
 	for conn, st := range c.conns {
-		if st.inflight.Load() == 0 && st.last.Load() < cutoff {
+		// A connection holding GPU registrations is the engine's session:
+		// closing it would end them, so it is not reaped for quiet.
+		if st.inflight.Load() == 0 && st.last.Load() < cutoff && !st.gpu.held() {
 			idle = append(idle, conn)
 		}
 	}
@@ -142,4 +149,14 @@ func (c *connTracker) reap(now time.Time) {
 func (c *connTracker) close() {
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.wg.Wait()
+	// Registrations of connections still open at the stop end here.
+	c.mu.Lock()
+	var sts []*connState
+	for _, st := range c.conns {
+		sts = append(sts, st)
+	}
+	c.mu.Unlock()
+	for _, st := range sts {
+		st.gpu.close()
+	}
 }

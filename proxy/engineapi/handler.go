@@ -69,6 +69,9 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 	if h.bufferSocket {
 		resp.Features = append(resp.Features, FeatureBufferSocket)
 	}
+	if h.p.HasGPU() {
+		resp.Features = append(resp.Features, FeatureGPU)
+	}
 	for _, t := range st.Tiers {
 		resp.Tiers = append(resp.Tiers, &tp.TierInfo{Name: t.Name, CapacityBytes: t.CapacityBytes, UsedBytes: t.UsedBytes, Blocks: t.Blocks})
 	}

@@ -69,6 +69,7 @@ var table = []Row{
 	{proxy.ErrNoReservation, tp.ErrorCode_LEASE_EXPIRED},
 	{proxy.ErrNoLease, tp.ErrorCode_LEASE_EXPIRED},
 	{proxy.ErrNoArenas, tp.ErrorCode_UNAVAILABLE},
+	{proxy.ErrNoGPU, tp.ErrorCode_UNAVAILABLE},
 	{ErrInternal, tp.ErrorCode_INTERNAL},
 	{ErrVersionMismatch, tp.ErrorCode_VERSION_MISMATCH},
 	// The transfer layer's errors, when one reaches an edge unwrapped: bytes

@@ -44,6 +44,7 @@ func TestCodeTable(t *testing.T) {
 		proxy.ErrNoReservation:    tp.ErrorCode_LEASE_EXPIRED,
 		proxy.ErrNoLease:          tp.ErrorCode_LEASE_EXPIRED,
 		proxy.ErrNoArenas:         tp.ErrorCode_UNAVAILABLE,
+		proxy.ErrNoGPU:            tp.ErrorCode_UNAVAILABLE,
 		ErrInternal:               tp.ErrorCode_INTERNAL,
 		ErrVersionMismatch:        tp.ErrorCode_VERSION_MISMATCH,
 		rdma.ErrChecksum:          tp.ErrorCode_CHECKSUM_MISMATCH,

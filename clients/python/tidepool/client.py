@@ -35,6 +35,7 @@ CLIENT_VERSION = 1
 
 # HelloResponse.features: Acquire honours release_lease_ids.
 FEATURE_ACQUIRE_RELEASE = "acquire_release"
+FEATURE_GPU = "gpu"
 # HelloResponse.features: Reserve takes unbound items, and Commit reserves
 # the next slot of an item that asks (CommitItem.next_size).
 FEATURE_COMMIT_NEXT = "commit_next"
@@ -497,6 +498,44 @@ class Client:
         """Returns (codes, earliest new deadline_ms)."""
         r = self._call(self._c.Renew, T.RenewRequest(lease_ids=list(lease_ids), lease_ms=lease_ms))
         return _codes(r.results), r.deadline_unix_ms
+
+    # ---- GPU end (servers whose Hello lists FEATURE_GPU; docs/gpu.md) --------
+    # A registration belongs to this client's connection: it ends at
+    # gpu_unregister, when the connection closes, or when the sidecar stops.
+
+    def gpu_register(self, buffers, segments, num_blocks, header=b""):
+        """Hands the sidecar KV-cache buffers as CUDA IPC memory handles.
+
+        buffers: [(device, device_uuid or b"", ipc_handle (64 bytes), offset,
+        size)]; segments: [(buffer, offset, stride, length)]: block slot s's
+        piece of segment j is length bytes at offset + s*stride of its
+        buffer; a block's value is header + its segments. Returns
+        (registration_id, block_bytes)."""
+        req = T.GpuRegisterRequest(
+            buffers=[T.GpuBuffer(device=d, device_uuid=bytes(u or b""), ipc_handle=bytes(h), offset=o, size=n)
+                     for d, u, h, o, n in buffers],
+            segments=[T.GpuSegment(buffer=b, offset=o, stride=st, length=n) for b, o, st, n in segments],
+            num_blocks=num_blocks, header=bytes(header))
+        r = self._call(self._c.GpuRegister, req)
+        return r.registration_id, r.block_bytes
+
+    def gpu_unregister(self, registration_id):
+        self._call(self._c.GpuUnregister, T.GpuUnregisterRequest(registration_id=registration_id))
+
+    def gpu_save(self, registration_id, ns, blocks, durable=False):
+        """blocks: [(slot, key, depth)]. One ErrorCode per block: OK, EXISTS,
+        INTERNAL (the copy failed; nothing stored) or the item's error."""
+        req = T.GpuCopyRequest(registration_id=registration_id, ns=ns, durable=durable,
+                               blocks=[T.GpuBlock(slot=s, key=k, depth=d) for s, k, d in blocks])
+        return _codes(self._call(self._c.GpuSave, req).results)
+
+    def gpu_load(self, registration_id, ns, blocks, scope=Scope.DEFAULT):
+        """blocks: [(slot, key)]. One ErrorCode per block: OK, NOT_FOUND,
+        INTERNAL (the copy failed: the slot's bytes are undefined) or the
+        item's error."""
+        req = T.GpuCopyRequest(registration_id=registration_id, ns=ns, scope=scope,
+                               blocks=[T.GpuBlock(slot=s, key=k) for s, k in blocks])
+        return _codes(self._call(self._c.GpuLoad, req).results)
 
     # ---- arenas ------------------------------------------------------------
 

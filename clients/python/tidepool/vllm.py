@@ -181,7 +181,8 @@ class _ReqState:
 # ---- configuration ------------------------------------------------------------
 
 _KNOWN_KEYS = {"socket", "namespace", "model_id", "timeout_s", "retry_s", "lease_ms", "load", "save",
-               "lookup_scope", "verify_reads", "test_only_load_keys_of", "test_only_load_barrier"}
+               "lookup_scope", "verify_reads", "test_only_load_keys_of", "test_only_load_barrier",
+               "gpu_path"}  # gpu_path: tidepool.cuda (a KV cache on CUDA only)
 
 
 def _test_barrier(d, timeout_s=120.0):
@@ -198,6 +199,8 @@ def _extra(cfg):
     if unknown:
         raise ValueError("TidepoolConnector: unknown kv_connector_extra_config keys %s (known: %s)"
                          % (sorted(unknown), sorted(_KNOWN_KEYS)))
+    if x.get("gpu_path", "engine") not in ("engine", "sidecar"):
+        raise ValueError("TidepoolConnector: gpu_path %r: engine or sidecar" % (x["gpu_path"],))
     return x
 
 
@@ -522,6 +525,12 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout_digest = hashlib.sha256(json.dumps([self._ns, sig]).encode()).digest()
         logger.info("tidepool: %d KV layers, %d bytes per block (+%d header)", len(layers),
                     self._block_bytes, HEADER_BYTES)
+        # --- GPU hook (tidepool.cuda, docs/gpu.md): only a KV cache on CUDA.
+        self._gpu = None
+        if layers and layers[0][1].is_cuda:
+            from . import cuda as _cuda
+            self._gpu = _cuda.attach(self, layers, nb, self._header(), self._x.get("gpu_path", "engine"))
+        # --- end of the GPU hook
 
     def _header(self):
         return _MAGIC + self._layout_digest + bytes(HEADER_BYTES - len(_MAGIC) - len(self._layout_digest))
@@ -545,6 +554,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _load(self, tr):
         """Loads what it can of one transfer; returns the indexes loaded."""
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            return self._gpu.load(self, tr)
         c = self._load_link.get()
         if c is None:
             return set()
@@ -630,6 +641,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                     for tr in meta.saves:
                         self._save_reqs.add(tr.req_id)
             return
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            self._gpu.mark_saves(meta.saves)
         with self._lock:
             for tr in meta.saves:
                 self._save_reqs.add(tr.req_id)
@@ -661,6 +674,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _save(self, link, tr):
         t0 = time.perf_counter()
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            return self._gpu.save(self, link, tr)
         c = link.get()
         if c is None:
             _count("save_errors", len(tr.keys))
@@ -791,6 +806,8 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         if getattr(self, "_saver", None) is not None:
             self._drain_saves(timeout_s=10.0)
             self._save_q.put(None)
+        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            self._gpu.close()
         link = getattr(self, "_load_link", None) or getattr(self, "_link", None)
         if link is not None and link.client is not None:
             try:

@@ -2447,6 +2447,410 @@ var fieldIDToName_RenewResponse = map[int16]string{
 	2: "deadline_unix_ms",
 }
 
+type GpuBuffer struct {
+	Device     int32  `thrift:"device,1" frugal:"1,default,i32" json:"device"`
+	DeviceUuid []byte `thrift:"device_uuid,2" frugal:"2,default,binary" json:"device_uuid"`
+	IpcHandle  []byte `thrift:"ipc_handle,3" frugal:"3,default,binary" json:"ipc_handle"`
+	Offset     int64  `thrift:"offset,4" frugal:"4,default,i64" json:"offset"`
+	Size       int64  `thrift:"size,5" frugal:"5,default,i64" json:"size"`
+}
+
+func NewGpuBuffer() *GpuBuffer {
+	return &GpuBuffer{}
+}
+
+func (p *GpuBuffer) InitDefault() {
+}
+
+func (p *GpuBuffer) GetDevice() (v int32) {
+	return p.Device
+}
+
+func (p *GpuBuffer) GetDeviceUuid() (v []byte) {
+	return p.DeviceUuid
+}
+
+func (p *GpuBuffer) GetIpcHandle() (v []byte) {
+	return p.IpcHandle
+}
+
+func (p *GpuBuffer) GetOffset() (v int64) {
+	return p.Offset
+}
+
+func (p *GpuBuffer) GetSize() (v int64) {
+	return p.Size
+}
+func (p *GpuBuffer) SetDevice(val int32) {
+	p.Device = val
+}
+func (p *GpuBuffer) SetDeviceUuid(val []byte) {
+	p.DeviceUuid = val
+}
+func (p *GpuBuffer) SetIpcHandle(val []byte) {
+	p.IpcHandle = val
+}
+func (p *GpuBuffer) SetOffset(val int64) {
+	p.Offset = val
+}
+func (p *GpuBuffer) SetSize(val int64) {
+	p.Size = val
+}
+
+func (p *GpuBuffer) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuBuffer(%+v)", *p)
+}
+
+var fieldIDToName_GpuBuffer = map[int16]string{
+	1: "device",
+	2: "device_uuid",
+	3: "ipc_handle",
+	4: "offset",
+	5: "size",
+}
+
+type GpuSegment struct {
+	Buffer int32 `thrift:"buffer,1" frugal:"1,default,i32" json:"buffer"`
+	Offset int64 `thrift:"offset,2" frugal:"2,default,i64" json:"offset"`
+	Stride int64 `thrift:"stride,3" frugal:"3,default,i64" json:"stride"`
+	Length int64 `thrift:"length,4" frugal:"4,default,i64" json:"length"`
+}
+
+func NewGpuSegment() *GpuSegment {
+	return &GpuSegment{}
+}
+
+func (p *GpuSegment) InitDefault() {
+}
+
+func (p *GpuSegment) GetBuffer() (v int32) {
+	return p.Buffer
+}
+
+func (p *GpuSegment) GetOffset() (v int64) {
+	return p.Offset
+}
+
+func (p *GpuSegment) GetStride() (v int64) {
+	return p.Stride
+}
+
+func (p *GpuSegment) GetLength() (v int64) {
+	return p.Length
+}
+func (p *GpuSegment) SetBuffer(val int32) {
+	p.Buffer = val
+}
+func (p *GpuSegment) SetOffset(val int64) {
+	p.Offset = val
+}
+func (p *GpuSegment) SetStride(val int64) {
+	p.Stride = val
+}
+func (p *GpuSegment) SetLength(val int64) {
+	p.Length = val
+}
+
+func (p *GpuSegment) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuSegment(%+v)", *p)
+}
+
+var fieldIDToName_GpuSegment = map[int16]string{
+	1: "buffer",
+	2: "offset",
+	3: "stride",
+	4: "length",
+}
+
+type GpuRegisterRequest struct {
+	Buffers   []*GpuBuffer  `thrift:"buffers,1" frugal:"1,default,list<GpuBuffer>" json:"buffers"`
+	Segments  []*GpuSegment `thrift:"segments,2" frugal:"2,default,list<GpuSegment>" json:"segments"`
+	NumBlocks int32         `thrift:"num_blocks,3" frugal:"3,default,i32" json:"num_blocks"`
+	Header    []byte        `thrift:"header,4" frugal:"4,default,binary" json:"header"`
+}
+
+func NewGpuRegisterRequest() *GpuRegisterRequest {
+	return &GpuRegisterRequest{}
+}
+
+func (p *GpuRegisterRequest) InitDefault() {
+}
+
+func (p *GpuRegisterRequest) GetBuffers() (v []*GpuBuffer) {
+	return p.Buffers
+}
+
+func (p *GpuRegisterRequest) GetSegments() (v []*GpuSegment) {
+	return p.Segments
+}
+
+func (p *GpuRegisterRequest) GetNumBlocks() (v int32) {
+	return p.NumBlocks
+}
+
+func (p *GpuRegisterRequest) GetHeader() (v []byte) {
+	return p.Header
+}
+func (p *GpuRegisterRequest) SetBuffers(val []*GpuBuffer) {
+	p.Buffers = val
+}
+func (p *GpuRegisterRequest) SetSegments(val []*GpuSegment) {
+	p.Segments = val
+}
+func (p *GpuRegisterRequest) SetNumBlocks(val int32) {
+	p.NumBlocks = val
+}
+func (p *GpuRegisterRequest) SetHeader(val []byte) {
+	p.Header = val
+}
+
+func (p *GpuRegisterRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuRegisterRequest(%+v)", *p)
+}
+
+var fieldIDToName_GpuRegisterRequest = map[int16]string{
+	1: "buffers",
+	2: "segments",
+	3: "num_blocks",
+	4: "header",
+}
+
+type GpuRegisterResponse struct {
+	RegistrationId int64 `thrift:"registration_id,1" frugal:"1,default,i64" json:"registration_id"`
+	BlockBytes     int64 `thrift:"block_bytes,2" frugal:"2,default,i64" json:"block_bytes"`
+}
+
+func NewGpuRegisterResponse() *GpuRegisterResponse {
+	return &GpuRegisterResponse{}
+}
+
+func (p *GpuRegisterResponse) InitDefault() {
+}
+
+func (p *GpuRegisterResponse) GetRegistrationId() (v int64) {
+	return p.RegistrationId
+}
+
+func (p *GpuRegisterResponse) GetBlockBytes() (v int64) {
+	return p.BlockBytes
+}
+func (p *GpuRegisterResponse) SetRegistrationId(val int64) {
+	p.RegistrationId = val
+}
+func (p *GpuRegisterResponse) SetBlockBytes(val int64) {
+	p.BlockBytes = val
+}
+
+func (p *GpuRegisterResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuRegisterResponse(%+v)", *p)
+}
+
+var fieldIDToName_GpuRegisterResponse = map[int16]string{
+	1: "registration_id",
+	2: "block_bytes",
+}
+
+type GpuUnregisterRequest struct {
+	RegistrationId int64 `thrift:"registration_id,1" frugal:"1,default,i64" json:"registration_id"`
+}
+
+func NewGpuUnregisterRequest() *GpuUnregisterRequest {
+	return &GpuUnregisterRequest{}
+}
+
+func (p *GpuUnregisterRequest) InitDefault() {
+}
+
+func (p *GpuUnregisterRequest) GetRegistrationId() (v int64) {
+	return p.RegistrationId
+}
+func (p *GpuUnregisterRequest) SetRegistrationId(val int64) {
+	p.RegistrationId = val
+}
+
+func (p *GpuUnregisterRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuUnregisterRequest(%+v)", *p)
+}
+
+var fieldIDToName_GpuUnregisterRequest = map[int16]string{
+	1: "registration_id",
+}
+
+type GpuUnregisterResponse struct {
+}
+
+func NewGpuUnregisterResponse() *GpuUnregisterResponse {
+	return &GpuUnregisterResponse{}
+}
+
+func (p *GpuUnregisterResponse) InitDefault() {
+}
+
+func (p *GpuUnregisterResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuUnregisterResponse(%+v)", *p)
+}
+
+var fieldIDToName_GpuUnregisterResponse = map[int16]string{}
+
+type GpuBlock struct {
+	Slot  int32  `thrift:"slot,1" frugal:"1,default,i32" json:"slot"`
+	Key   []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Depth int32  `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
+}
+
+func NewGpuBlock() *GpuBlock {
+	return &GpuBlock{}
+}
+
+func (p *GpuBlock) InitDefault() {
+}
+
+func (p *GpuBlock) GetSlot() (v int32) {
+	return p.Slot
+}
+
+func (p *GpuBlock) GetKey() (v []byte) {
+	return p.Key
+}
+
+func (p *GpuBlock) GetDepth() (v int32) {
+	return p.Depth
+}
+func (p *GpuBlock) SetSlot(val int32) {
+	p.Slot = val
+}
+func (p *GpuBlock) SetKey(val []byte) {
+	p.Key = val
+}
+func (p *GpuBlock) SetDepth(val int32) {
+	p.Depth = val
+}
+
+func (p *GpuBlock) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuBlock(%+v)", *p)
+}
+
+var fieldIDToName_GpuBlock = map[int16]string{
+	1: "slot",
+	2: "key",
+	3: "depth",
+}
+
+type GpuCopyRequest struct {
+	RegistrationId int64       `thrift:"registration_id,1" frugal:"1,default,i64" json:"registration_id"`
+	Ns             string      `thrift:"ns,2" frugal:"2,default,string" json:"ns"`
+	Blocks         []*GpuBlock `thrift:"blocks,3" frugal:"3,default,list<GpuBlock>" json:"blocks"`
+	Durable        bool        `thrift:"durable,4" frugal:"4,default,bool" json:"durable"`
+	Scope          Scope       `thrift:"scope,5" frugal:"5,default,Scope" json:"scope"`
+}
+
+func NewGpuCopyRequest() *GpuCopyRequest {
+	return &GpuCopyRequest{}
+}
+
+func (p *GpuCopyRequest) InitDefault() {
+}
+
+func (p *GpuCopyRequest) GetRegistrationId() (v int64) {
+	return p.RegistrationId
+}
+
+func (p *GpuCopyRequest) GetNs() (v string) {
+	return p.Ns
+}
+
+func (p *GpuCopyRequest) GetBlocks() (v []*GpuBlock) {
+	return p.Blocks
+}
+
+func (p *GpuCopyRequest) GetDurable() (v bool) {
+	return p.Durable
+}
+
+func (p *GpuCopyRequest) GetScope() (v Scope) {
+	return p.Scope
+}
+func (p *GpuCopyRequest) SetRegistrationId(val int64) {
+	p.RegistrationId = val
+}
+func (p *GpuCopyRequest) SetNs(val string) {
+	p.Ns = val
+}
+func (p *GpuCopyRequest) SetBlocks(val []*GpuBlock) {
+	p.Blocks = val
+}
+func (p *GpuCopyRequest) SetDurable(val bool) {
+	p.Durable = val
+}
+func (p *GpuCopyRequest) SetScope(val Scope) {
+	p.Scope = val
+}
+
+func (p *GpuCopyRequest) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuCopyRequest(%+v)", *p)
+}
+
+var fieldIDToName_GpuCopyRequest = map[int16]string{
+	1: "registration_id",
+	2: "ns",
+	3: "blocks",
+	4: "durable",
+	5: "scope",
+}
+
+type GpuCopyResponse struct {
+	Results []*ItemStatus `thrift:"results,1" frugal:"1,default,list<ItemStatus>" json:"results"`
+}
+
+func NewGpuCopyResponse() *GpuCopyResponse {
+	return &GpuCopyResponse{}
+}
+
+func (p *GpuCopyResponse) InitDefault() {
+}
+
+func (p *GpuCopyResponse) GetResults() (v []*ItemStatus) {
+	return p.Results
+}
+func (p *GpuCopyResponse) SetResults(val []*ItemStatus) {
+	p.Results = val
+}
+
+func (p *GpuCopyResponse) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("GpuCopyResponse(%+v)", *p)
+}
+
+var fieldIDToName_GpuCopyResponse = map[int16]string{
+	1: "results",
+}
+
 type MembersRequest struct {
 }
 
@@ -2648,6 +3052,14 @@ type Tidepool interface {
 	Renew(ctx context.Context, req *RenewRequest) (r *RenewResponse, err error)
 
 	Members(ctx context.Context, req *MembersRequest) (r *MembersResponse, err error)
+
+	GpuRegister(ctx context.Context, req *GpuRegisterRequest) (r *GpuRegisterResponse, err error)
+
+	GpuUnregister(ctx context.Context, req *GpuUnregisterRequest) (r *GpuUnregisterResponse, err error)
+
+	GpuSave(ctx context.Context, req *GpuCopyRequest) (r *GpuCopyResponse, err error)
+
+	GpuLoad(ctx context.Context, req *GpuCopyRequest) (r *GpuCopyResponse, err error)
 }
 
 type TidepoolHelloArgs struct {
@@ -4432,6 +4844,382 @@ func (p *TidepoolMembersResult) String() string {
 }
 
 var fieldIDToName_TidepoolMembersResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolGpuRegisterArgs struct {
+	Req *GpuRegisterRequest `thrift:"req,1" frugal:"1,default,GpuRegisterRequest" json:"req"`
+}
+
+func NewTidepoolGpuRegisterArgs() *TidepoolGpuRegisterArgs {
+	return &TidepoolGpuRegisterArgs{}
+}
+
+func (p *TidepoolGpuRegisterArgs) InitDefault() {
+}
+
+var TidepoolGpuRegisterArgs_Req_DEFAULT *GpuRegisterRequest
+
+func (p *TidepoolGpuRegisterArgs) GetReq() (v *GpuRegisterRequest) {
+	if !p.IsSetReq() {
+		return TidepoolGpuRegisterArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolGpuRegisterArgs) SetReq(val *GpuRegisterRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolGpuRegisterArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolGpuRegisterArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuRegisterArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuRegisterArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolGpuRegisterResult struct {
+	Success *GpuRegisterResponse `thrift:"success,0,optional" frugal:"0,optional,GpuRegisterResponse" json:"success,omitempty"`
+	Err     *TidepoolError       `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolGpuRegisterResult() *TidepoolGpuRegisterResult {
+	return &TidepoolGpuRegisterResult{}
+}
+
+func (p *TidepoolGpuRegisterResult) InitDefault() {
+}
+
+var TidepoolGpuRegisterResult_Success_DEFAULT *GpuRegisterResponse
+
+func (p *TidepoolGpuRegisterResult) GetSuccess() (v *GpuRegisterResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolGpuRegisterResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolGpuRegisterResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolGpuRegisterResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolGpuRegisterResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolGpuRegisterResult) SetSuccess(x interface{}) {
+	p.Success = x.(*GpuRegisterResponse)
+}
+func (p *TidepoolGpuRegisterResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolGpuRegisterResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolGpuRegisterResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolGpuRegisterResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuRegisterResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuRegisterResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolGpuUnregisterArgs struct {
+	Req *GpuUnregisterRequest `thrift:"req,1" frugal:"1,default,GpuUnregisterRequest" json:"req"`
+}
+
+func NewTidepoolGpuUnregisterArgs() *TidepoolGpuUnregisterArgs {
+	return &TidepoolGpuUnregisterArgs{}
+}
+
+func (p *TidepoolGpuUnregisterArgs) InitDefault() {
+}
+
+var TidepoolGpuUnregisterArgs_Req_DEFAULT *GpuUnregisterRequest
+
+func (p *TidepoolGpuUnregisterArgs) GetReq() (v *GpuUnregisterRequest) {
+	if !p.IsSetReq() {
+		return TidepoolGpuUnregisterArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolGpuUnregisterArgs) SetReq(val *GpuUnregisterRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolGpuUnregisterArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolGpuUnregisterArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuUnregisterArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuUnregisterArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolGpuUnregisterResult struct {
+	Success *GpuUnregisterResponse `thrift:"success,0,optional" frugal:"0,optional,GpuUnregisterResponse" json:"success,omitempty"`
+	Err     *TidepoolError         `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolGpuUnregisterResult() *TidepoolGpuUnregisterResult {
+	return &TidepoolGpuUnregisterResult{}
+}
+
+func (p *TidepoolGpuUnregisterResult) InitDefault() {
+}
+
+var TidepoolGpuUnregisterResult_Success_DEFAULT *GpuUnregisterResponse
+
+func (p *TidepoolGpuUnregisterResult) GetSuccess() (v *GpuUnregisterResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolGpuUnregisterResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolGpuUnregisterResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolGpuUnregisterResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolGpuUnregisterResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolGpuUnregisterResult) SetSuccess(x interface{}) {
+	p.Success = x.(*GpuUnregisterResponse)
+}
+func (p *TidepoolGpuUnregisterResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolGpuUnregisterResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolGpuUnregisterResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolGpuUnregisterResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuUnregisterResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuUnregisterResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolGpuSaveArgs struct {
+	Req *GpuCopyRequest `thrift:"req,1" frugal:"1,default,GpuCopyRequest" json:"req"`
+}
+
+func NewTidepoolGpuSaveArgs() *TidepoolGpuSaveArgs {
+	return &TidepoolGpuSaveArgs{}
+}
+
+func (p *TidepoolGpuSaveArgs) InitDefault() {
+}
+
+var TidepoolGpuSaveArgs_Req_DEFAULT *GpuCopyRequest
+
+func (p *TidepoolGpuSaveArgs) GetReq() (v *GpuCopyRequest) {
+	if !p.IsSetReq() {
+		return TidepoolGpuSaveArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolGpuSaveArgs) SetReq(val *GpuCopyRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolGpuSaveArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolGpuSaveArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuSaveArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuSaveArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolGpuSaveResult struct {
+	Success *GpuCopyResponse `thrift:"success,0,optional" frugal:"0,optional,GpuCopyResponse" json:"success,omitempty"`
+	Err     *TidepoolError   `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolGpuSaveResult() *TidepoolGpuSaveResult {
+	return &TidepoolGpuSaveResult{}
+}
+
+func (p *TidepoolGpuSaveResult) InitDefault() {
+}
+
+var TidepoolGpuSaveResult_Success_DEFAULT *GpuCopyResponse
+
+func (p *TidepoolGpuSaveResult) GetSuccess() (v *GpuCopyResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolGpuSaveResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolGpuSaveResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolGpuSaveResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolGpuSaveResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolGpuSaveResult) SetSuccess(x interface{}) {
+	p.Success = x.(*GpuCopyResponse)
+}
+func (p *TidepoolGpuSaveResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolGpuSaveResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolGpuSaveResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolGpuSaveResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuSaveResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuSaveResult = map[int16]string{
+	0: "success",
+	1: "err",
+}
+
+type TidepoolGpuLoadArgs struct {
+	Req *GpuCopyRequest `thrift:"req,1" frugal:"1,default,GpuCopyRequest" json:"req"`
+}
+
+func NewTidepoolGpuLoadArgs() *TidepoolGpuLoadArgs {
+	return &TidepoolGpuLoadArgs{}
+}
+
+func (p *TidepoolGpuLoadArgs) InitDefault() {
+}
+
+var TidepoolGpuLoadArgs_Req_DEFAULT *GpuCopyRequest
+
+func (p *TidepoolGpuLoadArgs) GetReq() (v *GpuCopyRequest) {
+	if !p.IsSetReq() {
+		return TidepoolGpuLoadArgs_Req_DEFAULT
+	}
+	return p.Req
+}
+func (p *TidepoolGpuLoadArgs) SetReq(val *GpuCopyRequest) {
+	p.Req = val
+}
+
+func (p *TidepoolGpuLoadArgs) IsSetReq() bool {
+	return p.Req != nil
+}
+
+func (p *TidepoolGpuLoadArgs) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuLoadArgs(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuLoadArgs = map[int16]string{
+	1: "req",
+}
+
+type TidepoolGpuLoadResult struct {
+	Success *GpuCopyResponse `thrift:"success,0,optional" frugal:"0,optional,GpuCopyResponse" json:"success,omitempty"`
+	Err     *TidepoolError   `thrift:"err,1,optional" frugal:"1,optional,TidepoolError" json:"err,omitempty"`
+}
+
+func NewTidepoolGpuLoadResult() *TidepoolGpuLoadResult {
+	return &TidepoolGpuLoadResult{}
+}
+
+func (p *TidepoolGpuLoadResult) InitDefault() {
+}
+
+var TidepoolGpuLoadResult_Success_DEFAULT *GpuCopyResponse
+
+func (p *TidepoolGpuLoadResult) GetSuccess() (v *GpuCopyResponse) {
+	if !p.IsSetSuccess() {
+		return TidepoolGpuLoadResult_Success_DEFAULT
+	}
+	return p.Success
+}
+
+var TidepoolGpuLoadResult_Err_DEFAULT *TidepoolError
+
+func (p *TidepoolGpuLoadResult) GetErr() (v *TidepoolError) {
+	if !p.IsSetErr() {
+		return TidepoolGpuLoadResult_Err_DEFAULT
+	}
+	return p.Err
+}
+func (p *TidepoolGpuLoadResult) SetSuccess(x interface{}) {
+	p.Success = x.(*GpuCopyResponse)
+}
+func (p *TidepoolGpuLoadResult) SetErr(val *TidepoolError) {
+	p.Err = val
+}
+
+func (p *TidepoolGpuLoadResult) IsSetSuccess() bool {
+	return p.Success != nil
+}
+
+func (p *TidepoolGpuLoadResult) IsSetErr() bool {
+	return p.Err != nil
+}
+
+func (p *TidepoolGpuLoadResult) String() string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprintf("TidepoolGpuLoadResult(%+v)", *p)
+}
+
+var fieldIDToName_TidepoolGpuLoadResult = map[int16]string{
 	0: "success",
 	1: "err",
 }

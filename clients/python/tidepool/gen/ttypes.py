@@ -4231,6 +4231,725 @@ class RenewResponse(object):
         return not (self == other)
 
 
+class GpuBuffer(object):
+    """
+    Attributes:
+     - device
+     - device_uuid
+     - ipc_handle
+     - offset
+     - size
+
+    """
+
+
+    def __init__(self, device=None, device_uuid=None, ipc_handle=None, offset=None, size=None,):
+        self.device = device
+        self.device_uuid = device_uuid
+        self.ipc_handle = ipc_handle
+        self.offset = offset
+        self.size = size
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.device = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.device_uuid = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.STRING:
+                    self.ipc_handle = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.offset = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I64:
+                    self.size = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuBuffer')
+        if self.device is not None:
+            oprot.writeFieldBegin('device', TType.I32, 1)
+            oprot.writeI32(self.device)
+            oprot.writeFieldEnd()
+        if self.device_uuid is not None:
+            oprot.writeFieldBegin('device_uuid', TType.STRING, 2)
+            oprot.writeBinary(self.device_uuid)
+            oprot.writeFieldEnd()
+        if self.ipc_handle is not None:
+            oprot.writeFieldBegin('ipc_handle', TType.STRING, 3)
+            oprot.writeBinary(self.ipc_handle)
+            oprot.writeFieldEnd()
+        if self.offset is not None:
+            oprot.writeFieldBegin('offset', TType.I64, 4)
+            oprot.writeI64(self.offset)
+            oprot.writeFieldEnd()
+        if self.size is not None:
+            oprot.writeFieldBegin('size', TType.I64, 5)
+            oprot.writeI64(self.size)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuSegment(object):
+    """
+    Attributes:
+     - buffer
+     - offset
+     - stride
+     - length
+
+    """
+
+
+    def __init__(self, buffer=None, offset=None, stride=None, length=None,):
+        self.buffer = buffer
+        self.offset = offset
+        self.stride = stride
+        self.length = length
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.buffer = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.offset = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I64:
+                    self.stride = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.I64:
+                    self.length = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuSegment')
+        if self.buffer is not None:
+            oprot.writeFieldBegin('buffer', TType.I32, 1)
+            oprot.writeI32(self.buffer)
+            oprot.writeFieldEnd()
+        if self.offset is not None:
+            oprot.writeFieldBegin('offset', TType.I64, 2)
+            oprot.writeI64(self.offset)
+            oprot.writeFieldEnd()
+        if self.stride is not None:
+            oprot.writeFieldBegin('stride', TType.I64, 3)
+            oprot.writeI64(self.stride)
+            oprot.writeFieldEnd()
+        if self.length is not None:
+            oprot.writeFieldBegin('length', TType.I64, 4)
+            oprot.writeI64(self.length)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuRegisterRequest(object):
+    """
+    Attributes:
+     - buffers
+     - segments
+     - num_blocks
+     - header
+
+    """
+
+
+    def __init__(self, buffers=None, segments=None, num_blocks=None, header=None,):
+        self.buffers = buffers
+        self.segments = segments
+        self.num_blocks = num_blocks
+        self.header = header
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.buffers = []
+                    (_etype192, _size189) = iprot.readListBegin()
+                    for _i193 in range(_size189):
+                        _elem194 = GpuBuffer()
+                        _elem194.read(iprot)
+                        self.buffers.append(_elem194)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.LIST:
+                    self.segments = []
+                    (_etype198, _size195) = iprot.readListBegin()
+                    for _i199 in range(_size195):
+                        _elem200 = GpuSegment()
+                        _elem200.read(iprot)
+                        self.segments.append(_elem200)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I32:
+                    self.num_blocks = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.STRING:
+                    self.header = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuRegisterRequest')
+        if self.buffers is not None:
+            oprot.writeFieldBegin('buffers', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.buffers))
+            for iter201 in self.buffers:
+                iter201.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.segments is not None:
+            oprot.writeFieldBegin('segments', TType.LIST, 2)
+            oprot.writeListBegin(TType.STRUCT, len(self.segments))
+            for iter202 in self.segments:
+                iter202.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.num_blocks is not None:
+            oprot.writeFieldBegin('num_blocks', TType.I32, 3)
+            oprot.writeI32(self.num_blocks)
+            oprot.writeFieldEnd()
+        if self.header is not None:
+            oprot.writeFieldBegin('header', TType.STRING, 4)
+            oprot.writeBinary(self.header)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuRegisterResponse(object):
+    """
+    Attributes:
+     - registration_id
+     - block_bytes
+
+    """
+
+
+    def __init__(self, registration_id=None, block_bytes=None,):
+        self.registration_id = registration_id
+        self.block_bytes = block_bytes
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I64:
+                    self.registration_id = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.I64:
+                    self.block_bytes = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuRegisterResponse')
+        if self.registration_id is not None:
+            oprot.writeFieldBegin('registration_id', TType.I64, 1)
+            oprot.writeI64(self.registration_id)
+            oprot.writeFieldEnd()
+        if self.block_bytes is not None:
+            oprot.writeFieldBegin('block_bytes', TType.I64, 2)
+            oprot.writeI64(self.block_bytes)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuUnregisterRequest(object):
+    """
+    Attributes:
+     - registration_id
+
+    """
+
+
+    def __init__(self, registration_id=None,):
+        self.registration_id = registration_id
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I64:
+                    self.registration_id = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuUnregisterRequest')
+        if self.registration_id is not None:
+            oprot.writeFieldBegin('registration_id', TType.I64, 1)
+            oprot.writeI64(self.registration_id)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuUnregisterResponse(object):
+
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuUnregisterResponse')
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuBlock(object):
+    """
+    Attributes:
+     - slot
+     - key
+     - depth
+
+    """
+
+
+    def __init__(self, slot=None, key=None, depth=None,):
+        self.slot = slot
+        self.key = key
+        self.depth = depth
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I32:
+                    self.slot = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.key = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.I32:
+                    self.depth = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuBlock')
+        if self.slot is not None:
+            oprot.writeFieldBegin('slot', TType.I32, 1)
+            oprot.writeI32(self.slot)
+            oprot.writeFieldEnd()
+        if self.key is not None:
+            oprot.writeFieldBegin('key', TType.STRING, 2)
+            oprot.writeBinary(self.key)
+            oprot.writeFieldEnd()
+        if self.depth is not None:
+            oprot.writeFieldBegin('depth', TType.I32, 3)
+            oprot.writeI32(self.depth)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuCopyRequest(object):
+    """
+    Attributes:
+     - registration_id
+     - ns
+     - blocks
+     - durable
+     - scope
+
+    """
+
+
+    def __init__(self, registration_id=None, ns=None, blocks=None, durable=None, scope=None,):
+        self.registration_id = registration_id
+        self.ns = ns
+        self.blocks = blocks
+        self.durable = durable
+        self.scope = scope
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.I64:
+                    self.registration_id = iprot.readI64()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 2:
+                if ftype == TType.STRING:
+                    self.ns = iprot.readString().decode('utf-8', errors='replace') if sys.version_info[0] == 2 else iprot.readString()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 3:
+                if ftype == TType.LIST:
+                    self.blocks = []
+                    (_etype206, _size203) = iprot.readListBegin()
+                    for _i207 in range(_size203):
+                        _elem208 = GpuBlock()
+                        _elem208.read(iprot)
+                        self.blocks.append(_elem208)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.BOOL:
+                    self.durable = iprot.readBool()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.I32:
+                    self.scope = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuCopyRequest')
+        if self.registration_id is not None:
+            oprot.writeFieldBegin('registration_id', TType.I64, 1)
+            oprot.writeI64(self.registration_id)
+            oprot.writeFieldEnd()
+        if self.ns is not None:
+            oprot.writeFieldBegin('ns', TType.STRING, 2)
+            oprot.writeString(self.ns.encode('utf-8') if sys.version_info[0] == 2 else self.ns)
+            oprot.writeFieldEnd()
+        if self.blocks is not None:
+            oprot.writeFieldBegin('blocks', TType.LIST, 3)
+            oprot.writeListBegin(TType.STRUCT, len(self.blocks))
+            for iter209 in self.blocks:
+                iter209.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.durable is not None:
+            oprot.writeFieldBegin('durable', TType.BOOL, 4)
+            oprot.writeBool(self.durable)
+            oprot.writeFieldEnd()
+        if self.scope is not None:
+            oprot.writeFieldBegin('scope', TType.I32, 5)
+            oprot.writeI32(self.scope)
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
+class GpuCopyResponse(object):
+    """
+    Attributes:
+     - results
+
+    """
+
+
+    def __init__(self, results=None,):
+        self.results = results
+
+    def read(self, iprot):
+        if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
+            iprot._fast_decode(self, iprot, [self.__class__, self.thrift_spec])
+            return
+        iprot.readStructBegin()
+        while True:
+            (fname, ftype, fid) = iprot.readFieldBegin()
+            if ftype == TType.STOP:
+                break
+            if fid == 1:
+                if ftype == TType.LIST:
+                    self.results = []
+                    (_etype213, _size210) = iprot.readListBegin()
+                    for _i214 in range(_size210):
+                        _elem215 = ItemStatus()
+                        _elem215.read(iprot)
+                        self.results.append(_elem215)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            else:
+                iprot.skip(ftype)
+            iprot.readFieldEnd()
+        iprot.readStructEnd()
+
+    def write(self, oprot):
+        if oprot._fast_encode is not None and self.thrift_spec is not None:
+            oprot.trans.write(oprot._fast_encode(self, [self.__class__, self.thrift_spec]))
+            return
+        oprot.writeStructBegin('GpuCopyResponse')
+        if self.results is not None:
+            oprot.writeFieldBegin('results', TType.LIST, 1)
+            oprot.writeListBegin(TType.STRUCT, len(self.results))
+            for iter216 in self.results:
+                iter216.write(oprot)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        oprot.writeFieldStop()
+        oprot.writeStructEnd()
+
+    def validate(self):
+        return
+
+    def __repr__(self):
+        L = ['%s=%r' % (key, value)
+             for key, value in self.__dict__.items()]
+        return '%s(%s)' % (self.__class__.__name__, ', '.join(L))
+
+    def __eq__(self, other):
+        return isinstance(other, self.__class__) and self.__dict__ == other.__dict__
+
+    def __ne__(self, other):
+        return not (self == other)
+
+
 class MembersRequest(object):
 
 
@@ -4406,11 +5125,11 @@ class MembersResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype192, _size189) = iprot.readListBegin()
-                    for _i193 in range(_size189):
-                        _elem194 = Member()
-                        _elem194.read(iprot)
-                        self.members.append(_elem194)
+                    (_etype220, _size217) = iprot.readListBegin()
+                    for _i221 in range(_size217):
+                        _elem222 = Member()
+                        _elem222.read(iprot)
+                        self.members.append(_elem222)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4427,8 +5146,8 @@ class MembersResponse(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter195 in self.members:
-                iter195.write(oprot)
+            for iter223 in self.members:
+                iter223.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4791,6 +5510,66 @@ RenewResponse.thrift_spec = (
     None,  # 0
     (1, TType.LIST, 'results', (TType.STRUCT, [ItemStatus, None], False), None, ),  # 1
     (2, TType.I64, 'deadline_unix_ms', None, None, ),  # 2
+)
+all_structs.append(GpuBuffer)
+GpuBuffer.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'device', None, None, ),  # 1
+    (2, TType.STRING, 'device_uuid', 'BINARY', None, ),  # 2
+    (3, TType.STRING, 'ipc_handle', 'BINARY', None, ),  # 3
+    (4, TType.I64, 'offset', None, None, ),  # 4
+    (5, TType.I64, 'size', None, None, ),  # 5
+)
+all_structs.append(GpuSegment)
+GpuSegment.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'buffer', None, None, ),  # 1
+    (2, TType.I64, 'offset', None, None, ),  # 2
+    (3, TType.I64, 'stride', None, None, ),  # 3
+    (4, TType.I64, 'length', None, None, ),  # 4
+)
+all_structs.append(GpuRegisterRequest)
+GpuRegisterRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'buffers', (TType.STRUCT, [GpuBuffer, None], False), None, ),  # 1
+    (2, TType.LIST, 'segments', (TType.STRUCT, [GpuSegment, None], False), None, ),  # 2
+    (3, TType.I32, 'num_blocks', None, None, ),  # 3
+    (4, TType.STRING, 'header', 'BINARY', None, ),  # 4
+)
+all_structs.append(GpuRegisterResponse)
+GpuRegisterResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.I64, 'registration_id', None, None, ),  # 1
+    (2, TType.I64, 'block_bytes', None, None, ),  # 2
+)
+all_structs.append(GpuUnregisterRequest)
+GpuUnregisterRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.I64, 'registration_id', None, None, ),  # 1
+)
+all_structs.append(GpuUnregisterResponse)
+GpuUnregisterResponse.thrift_spec = (
+)
+all_structs.append(GpuBlock)
+GpuBlock.thrift_spec = (
+    None,  # 0
+    (1, TType.I32, 'slot', None, None, ),  # 1
+    (2, TType.STRING, 'key', 'BINARY', None, ),  # 2
+    (3, TType.I32, 'depth', None, None, ),  # 3
+)
+all_structs.append(GpuCopyRequest)
+GpuCopyRequest.thrift_spec = (
+    None,  # 0
+    (1, TType.I64, 'registration_id', None, None, ),  # 1
+    (2, TType.STRING, 'ns', 'UTF8', None, ),  # 2
+    (3, TType.LIST, 'blocks', (TType.STRUCT, [GpuBlock, None], False), None, ),  # 3
+    (4, TType.BOOL, 'durable', None, None, ),  # 4
+    (5, TType.I32, 'scope', None, None, ),  # 5
+)
+all_structs.append(GpuCopyResponse)
+GpuCopyResponse.thrift_spec = (
+    None,  # 0
+    (1, TType.LIST, 'results', (TType.STRUCT, [ItemStatus, None], False), None, ),  # 1
 )
 all_structs.append(MembersRequest)
 MembersRequest.thrift_spec = (

@@ -30,6 +30,10 @@ type Client interface {
 	Release(ctx context.Context, req *tidepool.ReleaseRequest, callOptions ...callopt.Option) (r *tidepool.ReleaseResponse, err error)
 	Renew(ctx context.Context, req *tidepool.RenewRequest, callOptions ...callopt.Option) (r *tidepool.RenewResponse, err error)
 	Members(ctx context.Context, req *tidepool.MembersRequest, callOptions ...callopt.Option) (r *tidepool.MembersResponse, err error)
+	GpuRegister(ctx context.Context, req *tidepool.GpuRegisterRequest, callOptions ...callopt.Option) (r *tidepool.GpuRegisterResponse, err error)
+	GpuUnregister(ctx context.Context, req *tidepool.GpuUnregisterRequest, callOptions ...callopt.Option) (r *tidepool.GpuUnregisterResponse, err error)
+	GpuSave(ctx context.Context, req *tidepool.GpuCopyRequest, callOptions ...callopt.Option) (r *tidepool.GpuCopyResponse, err error)
+	GpuLoad(ctx context.Context, req *tidepool.GpuCopyRequest, callOptions ...callopt.Option) (r *tidepool.GpuCopyResponse, err error)
 }
 
 // NewClient creates a client for the service defined in IDL.
@@ -154,4 +158,24 @@ func (p *kTidepoolClient) Renew(ctx context.Context, req *tidepool.RenewRequest,
 func (p *kTidepoolClient) Members(ctx context.Context, req *tidepool.MembersRequest, callOptions ...callopt.Option) (r *tidepool.MembersResponse, err error) {
 	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
 	return p.kClient.Members(ctx, req)
+}
+
+func (p *kTidepoolClient) GpuRegister(ctx context.Context, req *tidepool.GpuRegisterRequest, callOptions ...callopt.Option) (r *tidepool.GpuRegisterResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.GpuRegister(ctx, req)
+}
+
+func (p *kTidepoolClient) GpuUnregister(ctx context.Context, req *tidepool.GpuUnregisterRequest, callOptions ...callopt.Option) (r *tidepool.GpuUnregisterResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.GpuUnregister(ctx, req)
+}
+
+func (p *kTidepoolClient) GpuSave(ctx context.Context, req *tidepool.GpuCopyRequest, callOptions ...callopt.Option) (r *tidepool.GpuCopyResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.GpuSave(ctx, req)
+}
+
+func (p *kTidepoolClient) GpuLoad(ctx context.Context, req *tidepool.GpuCopyRequest, callOptions ...callopt.Option) (r *tidepool.GpuCopyResponse, err error) {
+	ctx = client.NewCtxWithCallOptions(ctx, callOptions)
+	return p.kClient.GpuLoad(ctx, req)
 }

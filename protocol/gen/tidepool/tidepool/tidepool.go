@@ -146,6 +146,34 @@ var serviceMethods = map[string]kitex.MethodInfo{
 		false,
 		kitex.WithStreamingMode(kitex.StreamingNone),
 	),
+	"GpuRegister": kitex.NewMethodInfo(
+		gpuRegisterHandler,
+		newTidepoolGpuRegisterArgs,
+		newTidepoolGpuRegisterResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"GpuUnregister": kitex.NewMethodInfo(
+		gpuUnregisterHandler,
+		newTidepoolGpuUnregisterArgs,
+		newTidepoolGpuUnregisterResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"GpuSave": kitex.NewMethodInfo(
+		gpuSaveHandler,
+		newTidepoolGpuSaveArgs,
+		newTidepoolGpuSaveResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
+	"GpuLoad": kitex.NewMethodInfo(
+		gpuLoadHandler,
+		newTidepoolGpuLoadArgs,
+		newTidepoolGpuLoadResult,
+		false,
+		kitex.WithStreamingMode(kitex.StreamingNone),
+	),
 }
 
 var (
@@ -668,6 +696,102 @@ func newTidepoolMembersResult() interface{} {
 	return tidepool.NewTidepoolMembersResult()
 }
 
+func gpuRegisterHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolGpuRegisterArgs)
+	realResult := result.(*tidepool.TidepoolGpuRegisterResult)
+	success, err := handler.(tidepool.Tidepool).GpuRegister(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolGpuRegisterArgs() interface{} {
+	return tidepool.NewTidepoolGpuRegisterArgs()
+}
+
+func newTidepoolGpuRegisterResult() interface{} {
+	return tidepool.NewTidepoolGpuRegisterResult()
+}
+
+func gpuUnregisterHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolGpuUnregisterArgs)
+	realResult := result.(*tidepool.TidepoolGpuUnregisterResult)
+	success, err := handler.(tidepool.Tidepool).GpuUnregister(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolGpuUnregisterArgs() interface{} {
+	return tidepool.NewTidepoolGpuUnregisterArgs()
+}
+
+func newTidepoolGpuUnregisterResult() interface{} {
+	return tidepool.NewTidepoolGpuUnregisterResult()
+}
+
+func gpuSaveHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolGpuSaveArgs)
+	realResult := result.(*tidepool.TidepoolGpuSaveResult)
+	success, err := handler.(tidepool.Tidepool).GpuSave(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolGpuSaveArgs() interface{} {
+	return tidepool.NewTidepoolGpuSaveArgs()
+}
+
+func newTidepoolGpuSaveResult() interface{} {
+	return tidepool.NewTidepoolGpuSaveResult()
+}
+
+func gpuLoadHandler(ctx context.Context, handler interface{}, arg, result interface{}) error {
+	realArg := arg.(*tidepool.TidepoolGpuLoadArgs)
+	realResult := result.(*tidepool.TidepoolGpuLoadResult)
+	success, err := handler.(tidepool.Tidepool).GpuLoad(ctx, realArg.Req)
+	if err != nil {
+		switch v := err.(type) {
+		case *tidepool.TidepoolError:
+			realResult.Err = v
+		default:
+			return err
+		}
+	} else {
+		realResult.Success = success
+	}
+	return nil
+}
+func newTidepoolGpuLoadArgs() interface{} {
+	return tidepool.NewTidepoolGpuLoadArgs()
+}
+
+func newTidepoolGpuLoadResult() interface{} {
+	return tidepool.NewTidepoolGpuLoadResult()
+}
+
 type kClient struct {
 	c client.Client
 }
@@ -935,6 +1059,62 @@ func (p *kClient) Members(ctx context.Context, req *tidepool.MembersRequest) (r 
 	_args.Req = req
 	var _result tidepool.TidepoolMembersResult
 	if err = p.c.Call(ctx, "Members", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) GpuRegister(ctx context.Context, req *tidepool.GpuRegisterRequest) (r *tidepool.GpuRegisterResponse, err error) {
+	var _args tidepool.TidepoolGpuRegisterArgs
+	_args.Req = req
+	var _result tidepool.TidepoolGpuRegisterResult
+	if err = p.c.Call(ctx, "GpuRegister", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) GpuUnregister(ctx context.Context, req *tidepool.GpuUnregisterRequest) (r *tidepool.GpuUnregisterResponse, err error) {
+	var _args tidepool.TidepoolGpuUnregisterArgs
+	_args.Req = req
+	var _result tidepool.TidepoolGpuUnregisterResult
+	if err = p.c.Call(ctx, "GpuUnregister", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) GpuSave(ctx context.Context, req *tidepool.GpuCopyRequest) (r *tidepool.GpuCopyResponse, err error) {
+	var _args tidepool.TidepoolGpuSaveArgs
+	_args.Req = req
+	var _result tidepool.TidepoolGpuSaveResult
+	if err = p.c.Call(ctx, "GpuSave", &_args, &_result); err != nil {
+		return
+	}
+	switch {
+	case _result.Err != nil:
+		return r, _result.Err
+	}
+	return _result.GetSuccess(), nil
+}
+
+func (p *kClient) GpuLoad(ctx context.Context, req *tidepool.GpuCopyRequest) (r *tidepool.GpuCopyResponse, err error) {
+	var _args tidepool.TidepoolGpuLoadArgs
+	_args.Req = req
+	var _result tidepool.TidepoolGpuLoadResult
+	if err = p.c.Call(ctx, "GpuLoad", &_args, &_result); err != nil {
 		return
 	}
 	switch {
