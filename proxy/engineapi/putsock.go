@@ -71,7 +71,7 @@ type putServer struct {
 }
 
 func newPutServer(ln net.Listener, p *proxy.Proxy, conns *connTracker, cfg Config, lg *zap.Logger) *putServer {
-	return &putServer{sockConns: newSockConns(ln, lg, "put socket", cfg.DrainTimeout), p: p, conns: conns, obs: cfg.Observer,
+	return &putServer{sockConns: newSockConns(ln, lg, "put socket", cfg.DrainTimeout, cfg.FDGuard), p: p, conns: conns, obs: cfg.Observer,
 		maxRequest: int64(cfg.MaxRequestBytes)}
 }
 
