@@ -401,10 +401,38 @@ type block struct {
 
 	// Guarded by shard.mu; pins and leaseExp are also read without it by
 	// the eviction skip function (a hint, re-checked under the lock).
-	linked   bool
-	pins     atomic.Int32
-	leaseExp atomic.Int64 // unix nanoseconds, latest deadline of the pins
+	linked bool
+	pins   atomic.Int32 // every pin: leases and the tier's own
+	// ipins counts the pins among pins that the tier holds for itself
+	// (the copy of a Get, a scrub, a Pin for a socket write): they end
+	// at their Release, never by a deadline, and never move leaseExp.
+	ipins    atomic.Int32
+	leaseExp atomic.Int64 // unix nanoseconds, latest deadline of the leases (Acquire) held now
 	gen      uint32       // bumped when pins are revoked after expiry
+}
+
+// held reports whether b's bytes are protected at now: by a pin of the
+// tier's own, or by a lease whose deadline has not passed. A lease past
+// its deadline protects nothing, whatever pins came and went beside it.
+func (b *block) held(now int64) bool {
+	ip := b.ipins.Load()
+	return ip > 0 || (b.pins.Load() > ip && b.leaseExp.Load() > now)
+}
+
+// pinLocked adds a pin to b (shard.mu held): one of the tier's own
+// (internal) or a lease until deadline.
+func (sh *shard) pinLocked(b *block, deadline int64, internal bool) {
+	n := b.pins.Add(1)
+	if n == 1 {
+		sh.pinned.Add(b.foot)
+	}
+	if internal {
+		b.ipins.Add(1)
+		return
+	}
+	if n-b.ipins.Load() == 1 || deadline > b.leaseExp.Load() {
+		b.leaseExp.Store(deadline) // the first lease, or a later deadline
+	}
 }
 
 func (b *block) info() cache.Info {

@@ -433,7 +433,7 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 // sh.mu must be held.
 func (t *Tier) dropLocked(sh *shard, b *block, now int64) {
 	if b.pins.Load() > 0 {
-		if b.leaseExp.Load() > now {
+		if b.held(now) {
 			t.zmu.Lock()
 			t.zombies[b] = struct{}{}
 			t.zmu.Unlock()
