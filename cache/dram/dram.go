@@ -45,9 +45,11 @@
 // # Integrity (scrub.go)
 //
 // A block's CRC-32C is computed from the caller's bytes on Put and checked
-// against the writer's on Commit. Same-host reads (Get, Pin, Acquire) check
-// it only when Config.VerifyReads is set or the namespace is listed in
-// VerifyReadsNamespaces; a block that fails is removed (removeDamaged:
+// against the writer's on Commit. The reads that copy the bytes (Get, with
+// the checksum fused into the copy; Pin, whose caller copies them into a
+// socket answer) always check it; zero-copy reads in place (Acquire) only
+// when Config.VerifyReads is set or the namespace is listed in
+// VerifyReadsNamespaces. A block that fails is removed (removeDamaged:
 // unlinked, counted in ChecksumFailures) and the read reports
 // cache.ErrChecksum. Otherwise a Scrubber re-checks resident blocks at a
 // bounded rate and removes those that fail the same way. A Put that
@@ -166,14 +168,14 @@ type Config struct {
 	Policy evict.Factory
 	// Clock is the time source for leases (default clock.Real).
 	Clock clock.Clock
-	// VerifyReads makes every same-host read of a block (Get, Pin,
-	// Acquire) check its bytes against the block's CRC-32C first: a block
-	// that fails is removed and the read reports cache.ErrChecksum.
-	// Default false: the bytes were checked where they entered (Put, Commit,
-	// a verified transfer, an SSD read) and only a writer holding a
-	// reservation, or this process, can write the arenas; the Scrubber
-	// re-checks resident blocks in the background (docs/security.md,
-	// "Integrity").
+	// VerifyReads makes the zero-copy reads in place (Acquire) check a
+	// block's bytes against its CRC-32C first, as the copying reads (Get,
+	// Pin) always do: a block that fails is removed and the read reports
+	// cache.ErrChecksum. Default false: the bytes were checked where they
+	// entered (Put, Commit, a verified transfer, an SSD read) and only a
+	// writer holding a reservation, or this process, can write the
+	// arenas; the Scrubber re-checks resident blocks in the background
+	// (docs/security.md, "Integrity").
 	VerifyReads bool
 	// VerifyReadsNamespaces lists namespaces whose reads are verified as
 	// with VerifyReads, when VerifyReads is false.
