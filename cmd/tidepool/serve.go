@@ -195,6 +195,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	scfg.Build = buildVersion()
 	scfg.MaxBuffersPerConn = cfg.BufMaxPerConn
 	scfg.MaxBuffers = cfg.BufMax
+	scfg.PutReserveAhead = max(cfg.DRAMCapacity/16, 1<<20)
 	scfg.FDGuard = fdGuard
 	if cfg.PutSocket {
 		if scfg.PutListener, err = engineapi.Listen(cfg.Socket+engineapi.PutSocketSuffix, cfg.SocketMode, gid); err != nil {

@@ -61,6 +61,13 @@ type Config struct {
 	// Defaults 64 and 1024.
 	MaxBuffersPerConn int
 	MaxBuffers        int
+	// PutReserveAhead bounds the bytes of arena slots the put socket
+	// holds reserved for values whose bytes have not all arrived, all
+	// connections together: a value that would pass it is read whole
+	// first (one copy more), so that lengths claimed by requests whose
+	// bytes do not come evict at most this much. Default 8 MiB; cmd
+	// passes dram_capacity/16.
+	PutReserveAhead int64
 	// FDGuard, if set, keeps the descriptors clients make this process
 	// hold (connections on the three sockets, descriptors passed to the
 	// buffer socket) out of the process's descriptor reserve: one that
@@ -71,7 +78,7 @@ type Config struct {
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
 	return Config{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxConnections: 1024, IdleTimeout: 10 * time.Minute, Build: "dev",
-		MaxBuffersPerConn: 64, MaxBuffers: 1024}
+		MaxBuffersPerConn: 64, MaxBuffers: 1024, PutReserveAhead: 8 << 20}
 }
 
 // withDefaults fills the zero fields with their defaults: the one place a
@@ -96,6 +103,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxBuffers == 0 {
 		c.MaxBuffers = d.MaxBuffers
 	}
+	if c.PutReserveAhead == 0 {
+		c.PutReserveAhead = d.PutReserveAhead
+	}
 	if c.Build == "" {
 		c.Build = d.Build
 	}
@@ -113,7 +123,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("engineapi: DrainTimeout %v, MaxConnections %d, IdleTimeout %v: none may be negative",
 			c.DrainTimeout, c.MaxConnections, c.IdleTimeout))
 	}
-	if c.MaxBuffersPerConn < 0 || c.MaxBuffers < 0 {
+	if c.MaxBuffersPerConn < 0 || c.MaxBuffers < 0 || c.PutReserveAhead < 0 {
 		errs = append(errs, fmt.Errorf("engineapi: MaxBuffersPerConn %d, MaxBuffers %d: neither may be negative", c.MaxBuffersPerConn, c.MaxBuffers))
 	}
 	return errors.Join(errs...)
