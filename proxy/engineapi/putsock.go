@@ -78,7 +78,6 @@ type putServer struct {
 	maxAhead int64
 }
 
-
 func newPutServer(ln net.Listener, p *proxy.Proxy, conns *connTracker, cfg Config, lg *zap.Logger) *putServer {
 	return &putServer{sockConns: newSockConns(ln, lg, "put socket", cfg.DrainTimeout, cfg.FDGuard), p: p, conns: conns, obs: cfg.Observer,
 		maxRequest: int64(cfg.MaxRequestBytes), maxAhead: cfg.PutReserveAhead}
@@ -286,8 +285,8 @@ type putRequest struct {
 	// is read (past); answered records that it was.
 	answerNow func(err error)
 	answered  bool
-	ns           []byte
-	key          []byte
+	ns        []byte
+	key       []byte
 	// seen marks the fields read so far, by id.
 	seen uint8
 	opts cache.PutOptions
