@@ -94,13 +94,8 @@ func pollMetric(t *testing.T, d *daemon, name string, want float64) {
 // and tidepool_tier_checksum_failures_total{tier="dram"}.
 func TestServeScrubberFindsScribble(t *testing.T) {
 	d := startDaemon(t, "--ssd-capacity", "0", "--scrub-rate", "256MiB")
-	c, err := client.New(d.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, w := scribbler(t, d)
 	ctx := context.Background()
-	w := &buggyWriter{t: t, c: c, slots: map[string]client.Slot{}}
 	keys := []string{"a", "b", "c"}
 	vals := map[string][]byte{}
 	for i, k := range keys {
@@ -158,13 +153,8 @@ func TestServeScrubberFindsScribble(t *testing.T) {
 // block it refused.
 func TestServeVerifyReadsRefusesScribble(t *testing.T) {
 	d := startDaemon(t, "--ssd-capacity", "0", "--scrub-rate", "0", "--verify-reads-namespaces", "vr,other")
-	c, err := client.New(d.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, w := scribbler(t, d)
 	ctx := context.Background()
-	w := &buggyWriter{t: t, c: c, slots: map[string]client.Slot{}}
 	val := restartValue(50, 200<<10)
 	for _, ns := range []string{"vr", "plain"} {
 		for _, k := range []string{"x", "y"} {
@@ -210,6 +200,18 @@ func TestServeVerifyReadsRefusesScribble(t *testing.T) {
 	}
 }
 
+// scribbler connects a client to d and a buggyWriter through it; the
+// client closes with the test.
+func scribbler(t *testing.T, d *daemon) (*client.Client, *buggyWriter) {
+	t.Helper()
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, &buggyWriter{t: t, c: c, slots: map[string]client.Slot{}}
+}
+
 // TestServeCopyingReadsRefuseScribble: with the scrubber off and no
 // namespace verified, the reads that copy a block check what they copy:
 // inline Get, BatchGet and a read into a registered buffer each refuse a
@@ -219,13 +221,8 @@ func TestServeVerifyReadsRefusesScribble(t *testing.T) {
 // they lie, as docs/zerocopy.md says.
 func TestServeCopyingReadsRefuseScribble(t *testing.T) {
 	d := startDaemon(t, "--ssd-capacity", "0", "--scrub-rate", "0")
-	c, err := client.New(d.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, w := scribbler(t, d)
 	ctx := context.Background()
-	w := &buggyWriter{t: t, c: c, slots: map[string]client.Slot{}}
 	val := restartValue(51, 200<<10)
 	for _, k := range []string{"get", "batch", "buf", "inplace"} {
 		w.put("ns", k, val)
