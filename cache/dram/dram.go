@@ -45,9 +45,11 @@
 // # Integrity (scrub.go)
 //
 // A block's CRC-32C is computed from the caller's bytes on Put and checked
-// against the writer's on Commit. Same-host reads (Get, Pin, Acquire) check
-// it only when Config.VerifyReads is set or the namespace is listed in
-// VerifyReadsNamespaces; a block that fails is removed (removeDamaged:
+// against the writer's on Commit. The reads that copy the bytes (Get, with
+// the checksum fused into the copy; Pin, whose caller copies them into a
+// socket answer) always check it; zero-copy reads in place (Acquire) only
+// when Config.VerifyReads is set or the namespace is listed in
+// VerifyReadsNamespaces. A block that fails is removed (removeDamaged:
 // unlinked, counted in ChecksumFailures) and the read reports
 // cache.ErrChecksum. Otherwise a Scrubber re-checks resident blocks at a
 // bounded rate and removes those that fail the same way. A Put that
@@ -166,14 +168,14 @@ type Config struct {
 	Policy evict.Factory
 	// Clock is the time source for leases (default clock.Real).
 	Clock clock.Clock
-	// VerifyReads makes every same-host read of a block (Get, Pin,
-	// Acquire) check its bytes against the block's CRC-32C first: a block
-	// that fails is removed and the read reports cache.ErrChecksum.
-	// Default false: the bytes were checked where they entered (Put, Commit,
-	// a verified transfer, an SSD read) and only a writer holding a
-	// reservation, or this process, can write the arenas; the Scrubber
-	// re-checks resident blocks in the background (docs/security.md,
-	// "Integrity").
+	// VerifyReads makes the zero-copy reads in place (Acquire) check a
+	// block's bytes against its CRC-32C first, as the copying reads (Get,
+	// Pin) always do: a block that fails is removed and the read reports
+	// cache.ErrChecksum. Default false: the bytes were checked where they
+	// entered (Put, Commit, a verified transfer, an SSD read) and only a
+	// writer holding a reservation, or this process, can write the
+	// arenas; the Scrubber re-checks resident blocks in the background
+	// (docs/security.md, "Integrity").
 	VerifyReads bool
 	// VerifyReadsNamespaces lists namespaces whose reads are verified as
 	// with VerifyReads, when VerifyReads is false.
@@ -401,10 +403,38 @@ type block struct {
 
 	// Guarded by shard.mu; pins and leaseExp are also read without it by
 	// the eviction skip function (a hint, re-checked under the lock).
-	linked   bool
-	pins     atomic.Int32
-	leaseExp atomic.Int64 // unix nanoseconds, latest deadline of the pins
+	linked bool
+	pins   atomic.Int32 // every pin: leases and the tier's own
+	// ipins counts the pins among pins that the tier holds for itself
+	// (the copy of a Get, a scrub, a Pin for a socket write): they end
+	// at their Release, never by a deadline, and never move leaseExp.
+	ipins    atomic.Int32
+	leaseExp atomic.Int64 // unix nanoseconds, latest deadline of the leases (Acquire) held now
 	gen      uint32       // bumped when pins are revoked after expiry
+}
+
+// held reports whether b's bytes are protected at now: by a pin of the
+// tier's own, or by a lease whose deadline has not passed. A lease past
+// its deadline protects nothing, whatever pins came and went beside it.
+func (b *block) held(now int64) bool {
+	ip := b.ipins.Load()
+	return ip > 0 || (b.pins.Load() > ip && b.leaseExp.Load() > now)
+}
+
+// pinLocked adds a pin to b (shard.mu held): one of the tier's own
+// (internal) or a lease until deadline.
+func (sh *shard) pinLocked(b *block, deadline int64, internal bool) {
+	n := b.pins.Add(1)
+	if n == 1 {
+		sh.pinned.Add(b.foot)
+	}
+	if internal {
+		b.ipins.Add(1)
+		return
+	}
+	if n-b.ipins.Load() == 1 || deadline > b.leaseExp.Load() {
+		b.leaseExp.Store(deadline) // the first lease, or a later deadline
+	}
 }
 
 func (b *block) info() cache.Info {

@@ -131,12 +131,7 @@ func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, 
 		}
 		return fmt.Errorf("%w: dram", cache.ErrNotFound)
 	}
-	if b.pins.Add(1) == 1 {
-		sh.pinned.Add(b.foot)
-		b.leaseExp.Store(deadline)
-	} else if deadline > b.leaseExp.Load() {
-		b.leaseExp.Store(deadline)
-	}
+	sh.pinLocked(b, deadline, internal)
 	if internal {
 		sh.ops++
 	}
@@ -201,6 +196,7 @@ func (t *Tier) release(l *Lease) error {
 	sh.mu.Lock()
 	if l.internal {
 		sh.ops--
+		b.ipins.Add(-1) // never revoked: held() protects b meanwhile
 	}
 	if b.gen != l.gen {
 		sh.mu.Unlock()

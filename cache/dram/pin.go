@@ -22,12 +22,12 @@ const pinLease = 100 * 365 * 24 * time.Hour
 
 // Pin is Get without the copy, for a caller that copies the bytes out itself
 // (a socket write straight from the arena): it pins (ns, key), verifies the
-// block's checksum over its bytes in place when reads of ns are verified
-// (Config.VerifyReads, VerifyReadsNamespaces) and returns the lease, whose
-// Bytes are the value. A hit counts as a read; a miss is not counted, as
+// block's checksum over its bytes in place (always: the caller copies them
+// into an answer, unlike Acquire's reader in place) and returns the lease,
+// whose Bytes are the value. A hit counts as a read; a miss is not counted, as
 // the caller goes on to Get (or a slower tier), which counts it.
 //
-// When verifying, the first Pin of a block committed with CommitChecked
+// The first Pin of a block committed with CommitChecked
 // less than landedFresh (1 s) ago does not checksum it again: it was
 // checked in place as it landed.
 //
@@ -50,9 +50,6 @@ func (t *Tier) Pin(ctx context.Context, ns string, key []byte) (cache.Lease, err
 		return nil, err
 	}
 	b := l.b
-	if !b.ns.verify {
-		return l, nil
-	}
 	if at := b.landed.Swap(0); at != 0 && t.now()-at < int64(landedFresh) {
 		return l, nil // checked in place as it landed, a moment ago
 	}

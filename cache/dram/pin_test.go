@@ -251,3 +251,58 @@ func TestPinLandedFresh(t *testing.T) {
 		t.Fatalf("first Pin of a damaged CommitSummed block in the window: %v, want ErrChecksum", err)
 	}
 }
+
+// TestLeaseNotLengthenedByTierPins: the tier's own short pins on a leased
+// block (a Get's copy, a Pin for a socket write, a scrub) end at their
+// Release and leave the lease's deadline alone: once it passes, a put that
+// needs the room evicts the block, and a deleted one is freed.
+func TestLeaseNotLengthenedByTierPins(t *testing.T) {
+	cfg, fc := testConfig(t, 4<<20)
+	cfg.LeaseTimeout = 5 * time.Second
+	tr := newTier(t, cfg)
+	for i := range 4 {
+		if _, err := tr.Put(ctx, "ns", []byte{byte(i)}, pattern("v", 1<<20-4096), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var leases []cache.Lease
+	for i := range 4 {
+		l, err := tr.Acquire(ctx, "ns", []byte{byte(i)}, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	// Within the lease, the tier pins each block for itself and lets go.
+	if _, _, err := tr.Get(ctx, "ns", []byte{0}, nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := tr.Pin(ctx, "ns", []byte{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Release()
+	sc, err := NewScrubber(tr, ScrubConfig{Rate: 1 << 40, Clock: fc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(time.Millisecond)
+	if sc.step() == 0 {
+		t.Fatal("the scrubber checked nothing")
+	}
+	if _, err := tr.Delete(ctx, "ns", []byte{3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Put(ctx, "ns", []byte("big"), pattern("b", 2<<20), cache.PutOptions{}); !errors.Is(err, cache.ErrNoSpace) {
+		t.Fatalf("put within the leases: %v", err)
+	}
+	fc.Advance(2300 * time.Millisecond)
+	if _, err := tr.Put(ctx, "ns", []byte("big"), pattern("b", 2<<20), cache.PutOptions{}); err != nil {
+		t.Fatalf("put 2.3 s into 2 s leases: %v", err)
+	}
+	for _, l := range leases {
+		if err := l.Release(); !errors.Is(err, cache.ErrLeaseExpired) && err != nil {
+			t.Fatal(err)
+		}
+	}
+}

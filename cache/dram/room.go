@@ -83,7 +83,7 @@ func (t *Tier) couldFit(foot, now int64) bool {
 		if sh.pinned.Load() > 0 {
 			for _, m := range sh.m {
 				for _, b := range m {
-					if b.pins.Load() > 0 && b.leaseExp.Load() > now {
+					if b.held(now) {
 						pinned += b.foot
 					}
 				}
@@ -108,7 +108,7 @@ func (t *Tier) reapZombies(now int64) {
 	}
 	var expired []*block
 	for b := range t.zombies {
-		if b.leaseExp.Load() <= now {
+		if !b.held(now) {
 			expired = append(expired, b)
 		}
 	}
@@ -118,7 +118,7 @@ func (t *Tier) reapZombies(now int64) {
 		sh.mu.Lock()
 		t.zmu.Lock()
 		_, still := t.zombies[b]
-		if still && b.pins.Load() > 0 && b.leaseExp.Load() <= now {
+		if still && b.pins.Load() > 0 && !b.held(now) {
 			delete(t.zombies, b)
 			t.zmu.Unlock()
 			t.revokeLocked(sh, b)
@@ -134,7 +134,7 @@ func (t *Tier) reapZombies(now int64) {
 // Called under pmu.
 func (t *Tier) skip(id uint64) bool {
 	b := t.byID[id]
-	return b == nil || (b.pins.Load() > 0 && b.leaseExp.Load() > t.skipNow)
+	return b == nil || b.held(t.skipNow)
 }
 
 // makeProgress evicts one victim or, when the policy has none left but
@@ -195,7 +195,7 @@ func (t *Tier) evictOne(now int64) bool {
 			continue
 		}
 		if b.pins.Load() > 0 {
-			if b.leaseExp.Load() > now {
+			if b.held(now) {
 				// Pinned since the policy looked: it is being read, so
 				// keep it as most recently used.
 				t.pmu.Lock()

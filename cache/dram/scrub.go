@@ -278,12 +278,7 @@ func (s *Scrubber) check(b *block) (n int64, ok bool) {
 	// Pinned as a read pins (not evicted, not freed), counted in ops so
 	// that Close waits, but not recorded for the policy.
 	deadline := t.clk.Now().Add(t.cfg.LeaseTimeout).UnixNano()
-	if b.pins.Add(1) == 1 {
-		sh.pinned.Add(b.foot)
-		b.leaseExp.Store(deadline)
-	} else if deadline > b.leaseExp.Load() {
-		b.leaseExp.Store(deadline)
-	}
+	sh.pinLocked(b, deadline, true)
 	sh.ops++
 	l := Lease{t: t, b: b, gen: b.gen, internal: true}
 	sh.mu.Unlock()

@@ -183,8 +183,8 @@ func (t *Tier) freeBlockMem(b *block) {
 
 // Get copies the value of (ns, key) into dst (reused when its capacity is
 // enough, else a new slice of exactly the value's size) and returns it with
-// the block's Info. When reads of ns are verified (Config.VerifyReads,
-// VerifyReadsNamespaces) the checksum of the copy is checked: on a mismatch
+// the block's Info. The checksum of the copy is checked, computed in the
+// same pass as the copy (whatever Config.VerifyReads says): on a mismatch
 // Get removes the block (the next Put stores a good copy), counts a miss
 // and a checksum failure, and returns cache.ErrChecksum and no bytes.
 // Errors: cache.ErrNotFound, cache.ErrInvalidKey, cache.ErrChecksum,
@@ -208,17 +208,12 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 	} else {
 		dst = make([]byte, b.size)
 	}
-	var sum uint32
-	if nss.verify {
-		// The checksum is of the copy: what the caller gets is what was put.
-		sum = copyChecksum(dst, t.bytes(b.off, b.size), true)
-	} else {
-		copy(dst, t.bytes(b.off, b.size))
-	}
+	// The checksum is of the copy: what the caller gets is what was put.
+	sum := copyChecksum(dst, t.bytes(b.off, b.size), true)
 	if err := t.release(&l); err != nil {
 		return nil, cache.Info{}, err
 	}
-	if nss.verify && sum != b.crc {
+	if sum != b.crc {
 		// Counted as a hit when pinned; it was a miss.
 		t.misses.Add(1)
 		b.ns.misses.Add(1)
@@ -433,7 +428,7 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 // sh.mu must be held.
 func (t *Tier) dropLocked(sh *shard, b *block, now int64) {
 	if b.pins.Load() > 0 {
-		if b.leaseExp.Load() > now {
+		if b.held(now) {
 			t.zmu.Lock()
 			t.zombies[b] = struct{}{}
 			t.zmu.Unlock()

@@ -25,6 +25,9 @@ import (
 var binPath string
 
 func TestMain(m *testing.M) {
+	if helperProcess() {
+		return
+	}
 	dir, err := os.MkdirTemp("", "tpbin")
 	if err != nil {
 		panic(err)

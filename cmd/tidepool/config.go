@@ -55,6 +55,9 @@ type Config struct {
 	EngineIdle      time.Duration // engine API connection idle timeout
 	PutSocket       bool          // serve Put on Socket+".put" too, values read straight into the arenas
 	BufferSocket    bool          // serve registered engine buffers on Socket+".buf"
+	BufMaxPerConn   int           // most buffers one buffer socket connection holds registered
+	BufMax          int           // most buffers registered on the buffer socket, all connections
+	FDReserve       int           // descriptors kept from clients for the process's own files
 	Namespaces      []string      // allow-list of namespaces; empty allows any
 	MaxNamespaces   int           // most namespaces holding data at once
 	LeaseTimeout    time.Duration // longest read pin
@@ -221,6 +224,9 @@ var settings = []setting{
 	intSetting("engine_max_connections", "most engine API connections open at once; more are closed on accept", func(c *Config) *int { return &c.EngineMaxConns }),
 	durationSetting("engine_idle_timeout", "close an engine API connection idle this long", func(c *Config) *time.Duration { return &c.EngineIdle }),
 	boolSetting("buffer_socket", "also serve a third socket, the engine socket's path plus .buf, through which an engine registers memory of its own (a sealed memfd) and reads blocks straight into it: a block from another node lands there from the network, with no copy into this node's arenas", func(c *Config) *bool { return &c.BufferSocket }),
+	intSetting("buffer_socket_max_buffers_per_conn", "most buffers one buffer socket connection holds registered", func(c *Config) *int { return &c.BufMaxPerConn }),
+	intSetting("buffer_socket_max_buffers", "most buffers registered on the buffer socket, all connections together", func(c *Config) *int { return &c.BufMax }),
+	intSetting("fd_reserve", "file descriptors kept for the process's own files (RocksDB, metrics, peers): a client connection or passed descriptor that would take one of the last fd_reserve below the limit is closed at once (at most a quarter of the limit)", func(c *Config) *int { return &c.FDReserve }),
 	boolSetting("put_socket", "also serve Put on a second socket, the engine socket's path plus .put, that reads each value straight into the DRAM arenas (one copy fewer than the engine socket)", func(c *Config) *bool { return &c.PutSocket }),
 	listSetting("namespaces", "comma-separated allow-list of namespaces; empty allows any", func(c *Config) *[]string { return &c.Namespaces }),
 	intSetting("max_namespaces", "most namespaces holding data at once", func(c *Config) *int { return &c.MaxNamespaces }),
@@ -334,6 +340,9 @@ func DefaultConfig() Config {
 		EngineIdle:      ec.IdleTimeout,
 		PutSocket:       true,
 		BufferSocket:    true,
+		BufMaxPerConn:   ec.MaxBuffersPerConn,
+		BufMax:          ec.MaxBuffers,
+		FDReserve:       512,
 		MaxNamespaces:   proxy.DefaultConfig().MaxNamespaces,
 		LeaseTimeout:    dc.LeaseTimeout,
 		EvictionPolicy:  "prefix",
@@ -425,6 +434,12 @@ func (c Config) Validate() error {
 	}
 	if c.EngineMaxConns < 1 {
 		bad("engine_max_connections %d: must be positive", c.EngineMaxConns)
+	}
+	if c.BufMaxPerConn < 1 || c.BufMax < 1 {
+		bad("buffer_socket_max_buffers_per_conn %d, buffer_socket_max_buffers %d: must be positive", c.BufMaxPerConn, c.BufMax)
+	}
+	if c.FDReserve < 0 {
+		bad("fd_reserve %d: must not be negative", c.FDReserve)
 	}
 	if c.EngineIdle <= 0 {
 		bad("engine_idle_timeout %s: must be positive", c.EngineIdle)

@@ -94,13 +94,8 @@ func pollMetric(t *testing.T, d *daemon, name string, want float64) {
 // and tidepool_tier_checksum_failures_total{tier="dram"}.
 func TestServeScrubberFindsScribble(t *testing.T) {
 	d := startDaemon(t, "--ssd-capacity", "0", "--scrub-rate", "256MiB")
-	c, err := client.New(d.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, w := scribbler(t, d)
 	ctx := context.Background()
-	w := &buggyWriter{t: t, c: c, slots: map[string]client.Slot{}}
 	keys := []string{"a", "b", "c"}
 	vals := map[string][]byte{}
 	for i, k := range keys {
@@ -158,13 +153,8 @@ func TestServeScrubberFindsScribble(t *testing.T) {
 // block it refused.
 func TestServeVerifyReadsRefusesScribble(t *testing.T) {
 	d := startDaemon(t, "--ssd-capacity", "0", "--scrub-rate", "0", "--verify-reads-namespaces", "vr,other")
-	c, err := client.New(d.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, w := scribbler(t, d)
 	ctx := context.Background()
-	w := &buggyWriter{t: t, c: c, slots: map[string]client.Slot{}}
 	val := restartValue(50, 200<<10)
 	for _, ns := range []string{"vr", "plain"} {
 		for _, k := range []string{"x", "y"} {
@@ -207,5 +197,70 @@ func TestServeVerifyReadsRefusesScribble(t *testing.T) {
 	// scribbler left (the scrubber, off here, is what removes it).
 	if n, found, err := c.GetInto(ctx, "plain", []byte("y"), buf); err != nil || !found || n != len(val) || bytes.Equal(buf, val) {
 		t.Fatalf("unverified GetInto: %d %v %v (want the scribbled bytes)", n, found, err)
+	}
+}
+
+// scribbler connects a client to d and a buggyWriter through it; the
+// client closes with the test.
+func scribbler(t *testing.T, d *daemon) (*client.Client, *buggyWriter) {
+	t.Helper()
+	c, err := client.New(d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, &buggyWriter{t: t, c: c, slots: map[string]client.Slot{}}
+}
+
+// TestServeCopyingReadsRefuseScribble: with the scrubber off and no
+// namespace verified, the reads that copy a block check what they copy:
+// inline Get, BatchGet and a read into a registered buffer each refuse a
+// scribbled block (a miss, or CHECKSUM_MISMATCH), the block is removed
+// (Lookup stops before it) and the next reader sees a miss. A zero-copy
+// read in place (GetInto, through Acquire) still returns the bytes as
+// they lie, as docs/zerocopy.md says.
+func TestServeCopyingReadsRefuseScribble(t *testing.T) {
+	d := startDaemon(t, "--ssd-capacity", "0", "--scrub-rate", "0")
+	c, w := scribbler(t, d)
+	ctx := context.Background()
+	val := restartValue(51, 200<<10)
+	for _, k := range []string{"get", "batch", "buf", "inplace"} {
+		w.put("ns", k, val)
+		w.scribble("ns", k, 999)
+	}
+	refused := func(what string, found bool, err error) {
+		t.Helper()
+		if found || (err != nil && client.CodeOf(err) != tp.ErrorCode_CHECKSUM_MISMATCH) {
+			t.Fatalf("%s of a scribbled block: found %v, %v; want a miss or CHECKSUM_MISMATCH", what, found, err)
+		}
+	}
+	_, found, err := c.Get(ctx, "ns", []byte("get"))
+	refused("Get", found, err)
+	rs, err := c.BatchGet(ctx, "ns", [][]byte{[]byte("batch")})
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("BatchGet: %v", err)
+	}
+	refused("BatchGet", rs[0].Code == client.CodeOK, nil)
+	rb, err := c.RegisterBuffer(ctx, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	_, found, err = rb.Get(ctx, "ns", []byte("buf"), 0, 1<<20, client.ScopeLocal)
+	refused("a read into a registered buffer", found, err)
+	for _, k := range []string{"get", "batch", "buf"} {
+		if n, err := c.Lookup(ctx, "ns", [][]byte{[]byte(k)}); err != nil || n != 0 {
+			t.Fatalf("Lookup %s after the refusal: %d, %v", k, n, err)
+		}
+		if _, found, err := c.Get(ctx, "ns", []byte(k)); found || err != nil {
+			t.Fatalf("the next Get of %s: found %v, %v; want a miss", k, found, err)
+		}
+	}
+	if v := scrape(t, d, `tidepool_tier_checksum_failures_total{tier="dram"}`); v[0] != 3 {
+		t.Fatalf("checksum failures %v, want 3", v[0])
+	}
+	buf := make([]byte, len(val))
+	if n, found, err := c.GetInto(ctx, "ns", []byte("inplace"), buf); err != nil || !found || n != len(val) || bytes.Equal(buf, val) {
+		t.Fatalf("zero-copy GetInto: %d %v %v (want the scribbled bytes, unchecked by default)", n, found, err)
 	}
 }

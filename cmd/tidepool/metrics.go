@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
@@ -357,22 +358,30 @@ func (c *zeroCopyCollector) Collect(ch chan<- prometheus.Metric) {
 // engineConnCollector exports the engine API's connection counters.
 type engineConnCollector struct {
 	srv                                         *engineapi.Server
+	guard                                       *fdlimit.Guard
 	active, accepted, refused, idle, acceptErrs *prometheus.Desc
+	bufs, fdsRefused, fdLimit, fdReserve        *prometheus.Desc
+	fdReserveRefused                            *prometheus.Desc
 }
 
-func newEngineConnCollector(srv *engineapi.Server) *engineConnCollector {
+func newEngineConnCollector(srv *engineapi.Server, guard *fdlimit.Guard) *engineConnCollector {
 	d := prometheus.NewDesc
-	return &engineConnCollector{srv: srv,
-		active:     d("tidepool_engine_connections", "Engine API connections open now.", nil, nil),
-		accepted:   d("tidepool_engine_connections_accepted_total", "Engine API connections accepted (refused ones included).", nil, nil),
-		refused:    d("tidepool_engine_connections_refused_total", "Engine API connections closed on accept because engine_max_connections were open.", nil, nil),
-		idle:       d("tidepool_engine_connections_idle_closed_total", "Engine API connections closed after engine_idle_timeout without a call.", nil, nil),
-		acceptErrs: d("tidepool_engine_accept_errors_total", "Failed accepts on the engine socket (e.g. EMFILE); accepting backs off and continues.", nil, nil),
+	return &engineConnCollector{srv: srv, guard: guard,
+		bufs:             d("tidepool_buffer_socket_buffers", "Buffers registered on the buffer socket now, all connections.", nil, nil),
+		fdsRefused:       d("tidepool_buffer_socket_descriptors_refused_total", "Descriptors passed to the buffer socket and closed on arrival (more than one with a request, one where the protocol has none, or one that would enter the descriptor reserve).", nil, nil),
+		fdLimit:          d("tidepool_fd_limit", "The process's soft RLIMIT_NOFILE, raised to the hard limit at start.", nil, nil),
+		fdReserve:        d("tidepool_fd_reserve", "Descriptors kept below the limit for the process's own files; clients cannot take them.", nil, nil),
+		fdReserveRefused: d("tidepool_fd_reserve_refused_total", "Client connections and passed descriptors closed at once because they would have entered the descriptor reserve.", nil, nil),
+		active:           d("tidepool_engine_connections", "Engine API connections open now.", nil, nil),
+		accepted:         d("tidepool_engine_connections_accepted_total", "Engine API connections accepted (refused ones included).", nil, nil),
+		refused:          d("tidepool_engine_connections_refused_total", "Engine API connections closed on accept because engine_max_connections were open.", nil, nil),
+		idle:             d("tidepool_engine_connections_idle_closed_total", "Engine API connections closed after engine_idle_timeout without a call.", nil, nil),
+		acceptErrs:       d("tidepool_engine_accept_errors_total", "Failed accepts on the engine socket (e.g. EMFILE); accepting backs off and continues.", nil, nil),
 	}
 }
 
 func (c *engineConnCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.active, c.accepted, c.refused, c.idle, c.acceptErrs} {
+	for _, d := range []*prometheus.Desc{c.active, c.accepted, c.refused, c.idle, c.acceptErrs, c.bufs, c.fdsRefused, c.fdLimit, c.fdReserve, c.fdReserveRefused} {
 		ch <- d
 	}
 }
@@ -386,4 +395,10 @@ func (c *engineConnCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.refused, ctr, float64(s.Refused))
 	ch <- m(c.idle, ctr, float64(s.IdleClosed))
 	ch <- m(c.acceptErrs, ctr, float64(s.AcceptErrors))
+	b, fd := c.srv.BufferStats(), c.guard.Stats()
+	ch <- m(c.bufs, g, float64(b.Registered))
+	ch <- m(c.fdsRefused, ctr, float64(b.DescriptorsRefused))
+	ch <- m(c.fdLimit, g, float64(fd.Limit))
+	ch <- m(c.fdReserve, g, float64(fd.Reserve))
+	ch <- m(c.fdReserveRefused, ctr, float64(fd.Refused))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
@@ -57,6 +58,25 @@ func stopWatchdog(d time.Duration, lg *zap.Logger, exit func(int)) *time.Timer {
 	})
 }
 
+// raiseFDLimit sets the soft RLIMIT_NOFILE to the hard limit, logs both,
+// and returns the guard that keeps reserve descriptors from clients.
+func raiseFDLimit(reserve int, lg *zap.Logger) (*fdlimit.Guard, error) {
+	soft, hard, err := fdlimit.Raise()
+	if err != nil {
+		lg.Warn("could not raise the descriptor limit", zap.Uint64("soft", soft), zap.Uint64("hard", hard), zap.Error(err))
+	}
+	g, gerr := fdlimit.New(reserve)
+	if gerr != nil {
+		return nil, gerr
+	}
+	st := g.Stats()
+	lg.Info("descriptor limit", zap.Uint64("soft", soft), zap.Uint64("hard", hard), zap.Int("reserve", st.Reserve))
+	if st.Reserve < reserve {
+		lg.Warn("descriptor limit too low for fd_reserve; reserving a quarter of it", zap.Int("fd_reserve", reserve), zap.Int("reserve", st.Reserve))
+	}
+	return g, nil
+}
+
 // lookupGroup resolves a group name or numeric gid; empty means keep.
 func lookupGroup(g string) (int, error) {
 	if g == "" {
@@ -86,6 +106,12 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		}
 	}()
 	gid, err := lookupGroup(cfg.SocketGroup)
+	if err != nil {
+		return err
+	}
+	// Before any file opens: the descriptor limit the process runs under,
+	// and the reserve clients cannot take from it.
+	fdGuard, err := raiseFDLimit(cfg.FDReserve, lg)
 	if err != nil {
 		return err
 	}
@@ -180,6 +206,10 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	scfg.IdleTimeout = cfg.EngineIdle
 	scfg.Observer = m.observer()
 	scfg.Build = buildVersion()
+	scfg.MaxBuffersPerConn = cfg.BufMaxPerConn
+	scfg.MaxBuffers = cfg.BufMax
+	scfg.PutReserveAhead = max(cfg.DRAMCapacity/16, 1<<20)
+	scfg.FDGuard = fdGuard
 	if cfg.PutSocket {
 		if scfg.PutListener, err = engineapi.Listen(cfg.Socket+engineapi.PutSocketSuffix, cfg.SocketMode, gid); err != nil {
 			ln.Close()
@@ -200,7 +230,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	if err != nil {
 		return err
 	}
-	m.reg.MustRegister(newEngineConnCollector(srv))
+	m.reg.MustRegister(newEngineConnCollector(srv, fdGuard))
 	if err := srv.Start(ctx); err != nil {
 		return err
 	}

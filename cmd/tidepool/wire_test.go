@@ -376,10 +376,12 @@ func TestEngineIdleTimeout(t *testing.T) {
 
 // TestAcceptSurvivesFdExhaustion: with its descriptors used up, the server
 // fails accepts (EMFILE), backs off and keeps going: once descriptors are
-// free again it serves new connections.
+// free again it serves new connections. With no descriptor reserve
+// (fd_reserve 0), so that clients can fill the table; with one they
+// cannot (TestServeDescriptorFlood).
 func TestAcceptSurvivesFdExhaustion(t *testing.T) {
 	const limit = 64
-	d := startDaemonWith(t, []string{"prlimit", fmt.Sprintf("--nofile=%d:%d", limit, limit), "--"})
+	d := startDaemonWith(t, []string{"prlimit", fmt.Sprintf("--nofile=%d:%d", limit, limit), "--"}, "--fd-reserve", "0")
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 )
 
 // ErrReleased reports an Accept after Release.
@@ -32,9 +34,10 @@ var ErrReleased = errors.New("fdlisten: listener released")
 // contract, not net.Listener's: it does not block, and returns nil, nil
 // when no connection is waiting.
 type Listener struct {
-	ln   net.Listener // owns the descriptor; closed once, in Release
-	fd   int
-	addr net.Addr
+	ln    net.Listener // owns the descriptor; closed once, in Release
+	fd    int
+	addr  net.Addr
+	guard *fdlimit.Guard // set before the first Accept; nil admits all
 
 	// mu orders Accept (read side) before Release (write side), so that
 	// no accept(2) ever runs on a descriptor number already closed.
@@ -84,6 +87,10 @@ func New(ln net.Listener) (*Listener, error) {
 	return &Listener{ln: ln, fd: fd, addr: ln.Addr(), polled: make(chan struct{})}, nil
 }
 
+// SetGuard makes Accept close at once the connections whose descriptors
+// g refuses (internal/fdlimit). Call it before the server starts.
+func (l *Listener) SetGuard(g *fdlimit.Guard) { l.guard = g }
+
 // Fd returns the listening descriptor, for the server's poller. It stays
 // valid until Release.
 func (l *Listener) Fd() int {
@@ -129,6 +136,12 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if l.closing.Load() {
 			syscall.Close(nfd)
 			l.drained.Add(1)
+			continue
+		}
+		if !l.guard.Admit(nfd) {
+			// Within the reserve of the descriptor limit: the client
+			// sees its connection end, the process keeps the number.
+			syscall.Close(nfd)
 			continue
 		}
 		l.accepted.Add(1)

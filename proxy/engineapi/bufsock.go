@@ -55,6 +55,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 	"github.com/tidepool-kv/tidepool/internal/memfd"
 	"github.com/tidepool-kv/tidepool/internal/wire"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
@@ -89,10 +90,8 @@ const (
 	bufChecksum = 1 << 1
 	// bufMaxMsg bounds an answer's message.
 	bufMaxMsg = 1024
-	// MaxBufferBytes bounds one registered buffer; MaxBuffersPerConn the
-	// buffers one connection holds.
-	MaxBufferBytes    = 64 << 30
-	MaxBuffersPerConn = 64
+	// MaxBufferBytes bounds one registered buffer.
+	MaxBufferBytes = 64 << 30
 	// bufCallTimeout bounds one call once its first byte arrived (the
 	// whole batch, every read into the buffer included), and
 	// bufAnswerTimeout the write of its answer after that.
@@ -103,10 +102,15 @@ const (
 // bufServer serves the buffer socket.
 type bufServer struct {
 	sockConns
-	p        *proxy.Proxy
-	obs      Observer
-	maxConns int
-	refused  atomic.Uint64
+	p          *proxy.Proxy
+	obs        Observer
+	guard      *fdlimit.Guard
+	maxConns   int
+	maxPerConn int // Config.MaxBuffersPerConn
+	maxBufs    int // Config.MaxBuffers
+	refused    atomic.Uint64
+	registered atomic.Int64  // buffers mapped now, all connections
+	fdsRefused atomic.Uint64 // descriptors closed on arrival
 }
 
 // bufConn is one connection and the buffers it registered.
@@ -114,11 +118,30 @@ type bufConn struct {
 	sockConn
 	uc   *net.UnixConn
 	bufs map[uint64][]byte
-	fds  []int // descriptors received and not yet claimed by a REGISTER
+	// fd is the descriptor that came with this request's first byte (-1:
+	// none), until a REGISTER claims it or the request ends.
+	fd int
+	// fdErr, once set, refuses the request: a descriptor came where the
+	// protocol has none, or would have entered the process's reserve.
+	// Such descriptors are closed as they arrive.
+	fdErr error
 }
 
 func newBufServer(ln net.Listener, p *proxy.Proxy, cfg Config, lg *zap.Logger) *bufServer {
-	return &bufServer{sockConns: newSockConns(ln, lg, "buffer socket", cfg.DrainTimeout), p: p, obs: cfg.Observer, maxConns: cfg.MaxConnections}
+	return &bufServer{sockConns: newSockConns(ln, lg, "buffer socket", cfg.DrainTimeout, cfg.FDGuard), p: p, obs: cfg.Observer,
+		guard: cfg.FDGuard, maxConns: cfg.MaxConnections, maxPerConn: cfg.MaxBuffersPerConn, maxBufs: cfg.MaxBuffers}
+}
+
+// BufferStats counts the buffer socket's registered buffers and the
+// descriptors it refused.
+type BufferStats struct {
+	// Registered is buffers mapped now, all connections together.
+	Registered int64
+	// DescriptorsRefused counts descriptors closed as they arrived: more
+	// than one with a request, one with a byte other than a request's
+	// first or with a request other than REGISTER, or one that would
+	// have entered the descriptor reserve.
+	DescriptorsRefused uint64
 }
 
 func (s *bufServer) start() { s.sockConns.start(s.admit) }
@@ -132,7 +155,7 @@ func (s *bufServer) admit(conn net.Conn) {
 		conn.Close()
 		return
 	}
-	bc := &bufConn{sockConn: sockConn{conn: conn}, uc: uc, bufs: make(map[uint64][]byte)}
+	bc := &bufConn{sockConn: sockConn{conn: conn}, uc: uc, bufs: make(map[uint64][]byte), fd: -1}
 	if !s.add(&bc.sockConn) {
 		conn.Close()
 		return
@@ -148,9 +171,9 @@ func (s *bufServer) serve(bc *bufConn) {
 	debug.SetPanicOnFault(true)
 	defer func() {
 		bc.conn.Close()
-		bc.closeFDs()
+		bc.closeFD()
 		for id := range bc.bufs {
-			bc.drop(id)
+			s.drop(bc, id)
 		}
 		s.done(&bc.sockConn)
 	}()
@@ -162,7 +185,8 @@ func (s *bufServer) serve(bc *bufConn) {
 		if !s.idle(&bc.sockConn) {
 			return
 		}
-		if err := bc.read(head[:1]); err != nil {
+		// A descriptor may come with this byte only.
+		if err := s.read(bc, head[:1], true); err != nil {
 			return
 		}
 		if !s.begin(&bc.sockConn) {
@@ -172,10 +196,14 @@ func (s *bufServer) serve(bc *bufConn) {
 		// then has bufAnswerTimeout more to be written.
 		callDeadline := time.Now().Add(bufCallTimeout)
 		_ = bc.conn.SetDeadline(callDeadline.Add(bufAnswerTimeout))
-		if err := bc.read(head[1:]); err != nil {
+		if err := s.read(bc, head[1:], false); err != nil {
 			return
 		}
 		op, n := head[0], binary.BigEndian.Uint32(head[4:])
+		if bc.fd >= 0 && op != bufOpRegister {
+			s.refuseFD(bc, bc.fd, fmt.Errorf("%w: a descriptor came with op %d; only REGISTER carries one", proxy.ErrInvalidArgument, op))
+			bc.fd = -1
+		}
 		var ans []byte
 		ok := true
 		switch {
@@ -185,14 +213,21 @@ func (s *bufServer) serve(bc *bufConn) {
 			ans, ok = bufAnswer(tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: body of %d bytes (max %d)", n, bufMaxBody), 0, 0, nil), false
 		default:
 			var err error
-			if body, err = bc.readBody(body[:0], int(n)); err != nil {
+			if body, err = s.readBody(bc, body[:0], int(n)); err != nil {
 				return
+			}
+			if bc.fdErr != nil {
+				// Refused whole, its descriptors closed already; the
+				// body was read, so the connection may go on.
+				ans = bufAnswer(wirecode.Code(bc.fdErr), "buffer socket: "+bc.fdErr.Error(), 0, 0, nil)
+				break
 			}
 			ctx, cancel := context.WithDeadline(context.Background(), callDeadline)
 			ans, ok = s.call(ctx, bc, op, body)
 			cancel()
 		}
-		bc.closeFDs() // a descriptor no REGISTER claimed
+		bc.closeFD() // a descriptor no REGISTER claimed
+		bc.fdErr = nil
 		if _, err := bc.conn.Write(ans); err != nil {
 			return
 		}
@@ -246,7 +281,7 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		if !d.Done() {
 			return nil, malformed()
 		}
-		value, err = bc.register(size)
+		value, err = s.register(bc, size)
 	case bufOpUnregister:
 		method = "UnregisterBuffer"
 		id := d.U64()
@@ -256,7 +291,7 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		if _, held := bc.bufs[id]; !held {
 			err = fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, id)
 		} else {
-			bc.drop(id)
+			s.drop(bc, id)
 		}
 	case bufOpGet:
 		method = "GetIntoBuffer"
@@ -408,21 +443,26 @@ func (s *bufServer) put(ctx context.Context, bc *bufConn, id, off, n uint64, ns 
 
 // register maps the descriptor that came with the request as a buffer of
 // size bytes and returns its id.
-func (bc *bufConn) register(size uint64) (uint64, error) {
-	if len(bc.fds) != 1 {
-		return 0, fmt.Errorf("%w: REGISTER carries %d descriptors, want 1 (SCM_RIGHTS with the request's first byte)", proxy.ErrInvalidArgument, len(bc.fds))
+func (s *bufServer) register(bc *bufConn, size uint64) (uint64, error) {
+	if bc.fd < 0 {
+		return 0, fmt.Errorf("%w: REGISTER carries no descriptor (SCM_RIGHTS with the request's first byte)", proxy.ErrInvalidArgument)
 	}
-	fd := bc.fds[0]
-	bc.fds = bc.fds[:0]
+	fd := bc.fd
+	bc.fd = -1
 	defer syscall.Close(fd) // the mapping keeps the file
 	switch {
 	case size == 0 || size > MaxBufferBytes:
 		return 0, fmt.Errorf("%w: buffer of %d bytes (1 to %d)", proxy.ErrInvalidArgument, size, uint64(MaxBufferBytes))
-	case len(bc.bufs) >= MaxBuffersPerConn:
-		return 0, fmt.Errorf("%w: %d buffers on this connection already (max %d)", proxy.ErrInvalidArgument, len(bc.bufs), MaxBuffersPerConn)
+	case len(bc.bufs) >= s.maxPerConn:
+		return 0, fmt.Errorf("%w: %d buffers on this connection already (buffer_socket_max_buffers_per_conn %d)", proxy.ErrInvalidArgument, len(bc.bufs), s.maxPerConn)
+	}
+	if n := s.registered.Add(1); n > int64(s.maxBufs) {
+		s.registered.Add(-1)
+		return 0, fmt.Errorf("%w: %d buffers registered on this node already (buffer_socket_max_buffers %d)", cache.ErrNoSpace, n-1, s.maxBufs)
 	}
 	mem, err := memfd.Map(fd, int(size))
 	if err != nil {
+		s.registered.Add(-1)
 		return 0, fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err)
 	}
 	for {
@@ -436,23 +476,32 @@ func (bc *bufConn) register(size uint64) (uint64, error) {
 	}
 }
 
-// drop unmaps buffer id.
-func (bc *bufConn) drop(id uint64) {
+// drop unmaps buffer id of bc.
+func (s *bufServer) drop(bc *bufConn, id uint64) {
 	if mem, ok := bc.bufs[id]; ok {
 		delete(bc.bufs, id)
+		s.registered.Add(-1)
 		_ = memfd.Unmap(mem)
 	}
 }
 
-// read fills b from the connection, keeping the descriptors that come
-// with the bytes (at most a few per read; more are closed by the kernel:
-// MSG_CTRUNC).
-func (bc *bufConn) read(b []byte) error {
-	oob := make([]byte, syscall.CmsgSpace(4*4))
+// stats returns the counters.
+func (s *bufServer) stats() BufferStats {
+	return BufferStats{Registered: s.registered.Load(), DescriptorsRefused: s.fdsRefused.Load()}
+}
+
+// read fills b from the connection. A descriptor is taken only where
+// first is set (a request's first byte), and one at most: the control
+// buffer is that small, so the kernel closes most of the rest (MSG_CTRUNC) before
+// this process holds them, and every descriptor that comes elsewhere is
+// closed at once and refuses the request (refuseFD). Clients thus cannot
+// make the process hold more than one descriptor per connection.
+func (s *bufServer) read(bc *bufConn, b []byte, first bool) error {
+	oob := make([]byte, syscall.CmsgSpace(4)) // room for one descriptor (two where alignment pads it)
 	for len(b) > 0 {
-		n, oobn, _, _, err := bc.uc.ReadMsgUnix(b, oob)
-		if oobn > 0 {
-			bc.takeFDs(oob[:oobn])
+		n, oobn, flags, _, err := bc.uc.ReadMsgUnix(b, oob)
+		if oobn > 0 || flags&syscall.MSG_CTRUNC != 0 {
+			s.takeFD(bc, oob[:oobn], first, flags&syscall.MSG_CTRUNC != 0)
 		}
 		if err != nil {
 			return err
@@ -461,17 +510,18 @@ func (bc *bufConn) read(b []byte) error {
 			return io.ErrUnexpectedEOF
 		}
 		b = b[n:]
+		first = false
 	}
 	return nil
 }
 
 // readBody appends n bytes from the connection to body, growing it by
 // at most bufBodyChunk ahead of the bytes that arrived.
-func (bc *bufConn) readBody(body []byte, n int) ([]byte, error) {
+func (s *bufServer) readBody(bc *bufConn, body []byte, n int) ([]byte, error) {
 	for len(body) < n {
 		k := min(n-len(body), bufBodyChunk)
 		body = slices.Grow(body, k)
-		if err := bc.read(body[len(body) : len(body)+k]); err != nil {
+		if err := s.read(bc, body[len(body):len(body)+k], false); err != nil {
 			return body, err
 		}
 		body = body[:len(body)+k]
@@ -479,25 +529,59 @@ func (bc *bufConn) readBody(body []byte, n int) ([]byte, error) {
 	return body, nil
 }
 
-// takeFDs keeps the descriptors of the control messages in oob.
-func (bc *bufConn) takeFDs(oob []byte) {
-	msgs, err := syscall.ParseSocketControlMessage(oob)
-	if err != nil {
+// takeFD keeps the one descriptor that came with a request's first byte
+// (first) and closes every other at once, refusing the request.
+// truncated: the kernel dropped descriptors that did not fit.
+func (s *bufServer) takeFD(bc *bufConn, oob []byte, first, truncated bool) {
+	var fds []int
+	if msgs, err := syscall.ParseSocketControlMessage(oob); err == nil {
+		for _, m := range msgs {
+			if got, err := syscall.ParseUnixRights(&m); err == nil {
+				fds = append(fds, got...)
+			}
+		}
+	}
+	bad := error(nil)
+	switch {
+	case truncated || len(fds) > 1:
+		bad = fmt.Errorf("%w: more than one descriptor with a request", proxy.ErrInvalidArgument)
+	case !first:
+		bad = fmt.Errorf("%w: a descriptor after a request's first byte", proxy.ErrInvalidArgument)
+	case len(fds) == 1 && !s.guard.Admit(fds[0]):
+		bad = fmt.Errorf("%w: this node is near its descriptor limit; try again later", cache.ErrUnavailable)
+	}
+	if bad == nil {
+		bc.fd = fds[0]
 		return
 	}
-	for _, m := range msgs {
-		if fds, err := syscall.ParseUnixRights(&m); err == nil {
-			bc.fds = append(bc.fds, fds...)
-		}
+	for _, fd := range fds {
+		s.refuseFD(bc, fd, bad)
+	}
+	if len(fds) == 0 {
+		s.refuseFD(bc, -1, bad)
 	}
 }
 
-// closeFDs closes the descriptors received and not claimed.
-func (bc *bufConn) closeFDs() {
-	for _, fd := range bc.fds {
+// refuseFD closes fd (-1: none) and refuses bc's request with err, unless
+// an earlier error refuses it already.
+func (s *bufServer) refuseFD(bc *bufConn, fd int, err error) {
+	if fd >= 0 {
 		_ = syscall.Close(fd)
+		if s.fdsRefused.Add(1) == 1 {
+			s.lg.Warn("buffer socket: refusing descriptors", zap.Error(err))
+		}
 	}
-	bc.fds = bc.fds[:0]
+	if bc.fdErr == nil {
+		bc.fdErr = err
+	}
+}
+
+// closeFD closes the request's descriptor if no REGISTER claimed it.
+func (bc *bufConn) closeFD() {
+	if bc.fd >= 0 {
+		_ = syscall.Close(bc.fd)
+		bc.fd = -1
+	}
 }
 
 // bufAnswer encodes an answer; a batch's items follow the message.

@@ -282,7 +282,7 @@ func TestBufferSocketRegisterRefusals(t *testing.T) {
 		t.Fatalf("register: %+v", a)
 	}
 	// At most MaxBuffersPerConn per connection.
-	for i := 1; i < engineapi.MaxBuffersPerConn; i++ {
+	for i := 1; i < engineapi.DefaultConfig().MaxBuffersPerConn; i++ {
 		if a := c.register(4096, good); a.code != tp.ErrorCode_OK {
 			t.Fatalf("register %d: %+v", i, a)
 		}

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/cloudwego/gopkg/protocol/thrift"
@@ -33,6 +34,7 @@ import (
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/protocol/thriftstream"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
 )
 
 // FeaturePutSocket, listed in HelloResponse.features: the file named as
@@ -68,11 +70,17 @@ type putServer struct {
 	obs   Observer
 	// maxRequest bounds the bytes one call may read (MaxRequestBytes).
 	maxRequest int64
+	// ahead is the bytes of arena slots reserved for values whose bytes
+	// have not all arrived, all connections together; maxAhead bounds it
+	// (Config.PutReserveAhead). A value that would pass the bound is read
+	// whole first, so that claimed lengths alone evict at most maxAhead.
+	ahead    atomic.Int64
+	maxAhead int64
 }
 
 func newPutServer(ln net.Listener, p *proxy.Proxy, conns *connTracker, cfg Config, lg *zap.Logger) *putServer {
-	return &putServer{sockConns: newSockConns(ln, lg, "put socket", cfg.DrainTimeout), p: p, conns: conns, obs: cfg.Observer,
-		maxRequest: int64(cfg.MaxRequestBytes)}
+	return &putServer{sockConns: newSockConns(ln, lg, "put socket", cfg.DrainTimeout, cfg.FDGuard), p: p, conns: conns, obs: cfg.Observer,
+		maxRequest: int64(cfg.MaxRequestBytes), maxAhead: cfg.PutReserveAhead}
 }
 
 func (s *putServer) start() { s.sockConns.start(s.admit) }
@@ -130,6 +138,10 @@ func (s *putServer) serve(ctx context.Context, pc *sockConn) {
 		w, ok = s.call(d, w[:0], func(slot time.Time) {
 			// Reading into a slot: stop before its deadline.
 			_ = pc.conn.SetReadDeadline(earliest(callDeadline, slot))
+		}, func(reply []byte) {
+			// Answered before the value's bytes (which are then read
+			// past): the client learns at once.
+			_, _ = pc.conn.Write(reply)
 		})
 		if len(w) > 0 {
 			if _, err := pc.conn.Write(w); err != nil {
@@ -146,7 +158,7 @@ func (s *putServer) serve(ctx context.Context, pc *sockConn) {
 // call reads one request and appends its reply to w. ok is false when the
 // connection must close: the request did not parse (the reply is then an
 // application exception, when one can be sent) or the stream failed.
-func (s *putServer) call(d *thriftstream.Decoder, w []byte, slotDeadline func(time.Time)) (_ []byte, ok bool) {
+func (s *putServer) call(d *thriftstream.Decoder, w []byte, slotDeadline func(time.Time), send func([]byte)) (_ []byte, ok bool) {
 	typ, method, seq, err := d.MessageBegin()
 	if err != nil {
 		return exception(w, method, seq, err), false
@@ -163,6 +175,12 @@ func (s *putServer) call(d *thriftstream.Decoder, w []byte, slotDeadline func(ti
 	}
 	start := time.Now()
 	req := putRequest{s: s, slotDeadline: slotDeadline}
+	req.answerNow = func(err error) {
+		send(putReply(nil, method, seq, false, err))
+		if s.obs != nil {
+			s.obs("Put", time.Since(start), wirecode.Code(err).String())
+		}
+	}
 	seen := false
 	err = d.ReadStruct(func(d *thriftstream.Decoder, t thrift.TType, id int16) error {
 		if id == 1 && t == thrift.STRUCT {
@@ -179,25 +197,35 @@ func (s *putServer) call(d *thriftstream.Decoder, w []byte, slotDeadline func(ti
 	})
 	if err != nil {
 		req.abort()
+		if req.answered {
+			return w, false // the stream failed after the answer
+		}
 		return exception(w, method, seq, err), false
 	}
+	if req.answered {
+		req.abort()
+		return w, true
+	}
 	existed, perr := req.finish()
+	if s.obs != nil {
+		s.obs("Put", time.Since(start), wirecode.Code(perr).String())
+	}
+	return putReply(w, method, seq, existed, perr), true
+}
+
+// putReply appends the reply to a Put: existed, or err.
+func putReply(w []byte, method string, seq int32, existed bool, err error) []byte {
 	res := tp.TidepoolPutResult{}
-	code := "OK"
-	if perr != nil {
-		te := toThrift(perr).(*tp.TidepoolError)
-		res.Err, code = te, te.Code.String()
+	if err != nil {
+		res.Err = toThrift(err).(*tp.TidepoolError)
 	} else {
 		res.Success = &tp.PutResponse{Existed: existed}
-	}
-	if s.obs != nil {
-		s.obs("Put", time.Since(start), code)
 	}
 	w = thrift.Binary.AppendMessageBegin(w, method, thrift.REPLY, seq)
 	n := len(w)
 	w = append(w, make([]byte, res.BLength())...)
 	res.FastWriteNocopy(w[n:], nil)
-	return w, true
+	return w
 }
 
 // exception appends an application exception for a request that did not
@@ -253,8 +281,12 @@ type putRequest struct {
 	s *putServer
 	// slotDeadline bounds the connection's reads by the slot's deadline.
 	slotDeadline func(time.Time)
-	ns           []byte
-	key          []byte
+	// answerNow sends the reply for err before the rest of the request
+	// is read (past); answered records that it was.
+	answerNow func(err error)
+	answered  bool
+	ns        []byte
+	key       []byte
 	// seen marks the fields read so far, by id.
 	seen uint8
 	opts cache.PutOptions
@@ -345,29 +377,53 @@ func (q *putRequest) readValue(d *thriftstream.Decoder, limit int64) error {
 	}
 	q.hasValue = true
 	if int64(n) > limit {
+		// Answered at once, before the claimed bytes, which are then
+		// read past (up to max_request_size) to keep the stream.
 		q.fail(fmt.Errorf("%w: value is %d bytes, limit %d", cache.ErrTooLarge, n, limit))
+		if !q.answered {
+			q.answered = true
+			q.answerNow(q.err)
+		}
+		return d.Discard(int(n))
 	}
 	if q.err != nil {
 		return d.Discard(int(n))
 	}
-	if q.seen&inPlaceFields == inPlaceFields {
+	if q.seen&inPlaceFields == inPlaceFields && q.s.takeAhead(int64(n)) {
 		pp, existed, err := q.s.p.ReservePut(q.ctx(), string(q.ns), q.key, int64(n), q.opts)
 		switch {
 		case err == nil && existed:
+			q.s.ahead.Add(-int64(n))
 			q.existed = true
 			return d.Discard(int(n))
 		case err == nil:
 			q.pending = pp
 			margin := min(putSlotMargin, time.Until(pp.Deadline())/4)
 			q.slotDeadline(pp.Deadline().Add(-margin))
-			return q.fill(d, pp.Bytes())
+			err := q.fill(d, pp.Bytes())
+			q.s.ahead.Add(-int64(n)) // arrived, or the request ends
+			return err
 		case !errors.Is(err, proxy.ErrNoStream):
+			q.s.ahead.Add(-int64(n))
 			q.fail(err)
 			return d.Discard(int(n))
 		}
+		q.s.ahead.Add(-int64(n))
 	}
 	q.value, err = d.AppendN(q.value[:0], int(n))
 	return err
+}
+
+// takeAhead counts n bytes of a slot reserved ahead of its value's bytes,
+// unless that would pass maxAhead; the caller gives them back once the
+// value has arrived (or not). Refused, the value is read whole first and
+// takes room only as its bytes arrive.
+func (s *putServer) takeAhead(n int64) bool {
+	if s.ahead.Add(n) > s.maxAhead {
+		s.ahead.Add(-n)
+		return false
+	}
+	return true
 }
 
 // fill reads the value into dst a chunk at a time, checksumming each chunk

@@ -80,7 +80,7 @@ func FuzzPutSocketRequest(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return tier, &putServer{p: p, maxRequest: 4 << 20}
+		return tier, &putServer{p: p, maxRequest: 4 << 20, maxAhead: 8 << 20}
 	}
 
 	args := func(req *tp.PutRequest) []byte {
@@ -106,7 +106,9 @@ func FuzzPutSocketRequest(f *testing.F) {
 		msg := thrift.Binary.AppendMessageBegin(nil, "Put", thrift.CALL, 1)
 		msg = append(msg, body...)
 		d := &thriftstream.Decoder{R: bufio.NewReaderSize(&limitReader{r: bytes.NewReader(msg), left: s.maxRequest}, putReadBuffer), What: "request"}
-		reply, _ := s.call(d, nil, func(time.Time) {})
+		var early []byte
+		reply, _ := s.call(d, nil, func(time.Time) {}, func(b []byte) { early = append(early, b...) })
+		reply = append(early, reply...)
 
 		stored := false
 		if len(reply) > 0 {

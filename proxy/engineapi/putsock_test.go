@@ -334,9 +334,10 @@ func TestPutSocketBadStreams(t *testing.T) {
 		}
 	}
 
-	// A value claiming 2 GiB - 1 and a few bytes of it: refused (TOO_LARGE
-	// is known at once, the rest would be read past); the connection
-	// ending then frees everything. The server holds nothing for it.
+	// A value claiming 2 GiB - 1 and a few bytes of it: refused at once,
+	// TOO_LARGE answered before the claimed bytes (the rest would be read
+	// past); the connection ending then frees everything. The server
+	// holds nothing for it.
 	c := dialPut(t, ts)
 	claim := inPlacePut(1, "ns", []byte("t"), nil, 0)
 	claim = binary.BigEndian.AppendUint32(claim[:len(claim)-6], 1<<31-1)
@@ -344,8 +345,8 @@ func TestPutSocketBadStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.conn.(*net.UnixConn).CloseWrite()
-	if got, _ := io.ReadAll(c.d.R); len(got) != 0 {
-		t.Fatalf("a 2 GiB claim cut short: got a reply of %d bytes", len(got))
+	if got, _ := io.ReadAll(c.d.R); !bytes.Contains(got, []byte("value is 2147483647 bytes")) {
+		t.Fatalf("a 2 GiB claim cut short: got a reply of %d bytes, want TOO_LARGE at once: %q", len(got), got)
 	}
 
 	// Unknown fields past max_request_size: the connection closes.

@@ -13,6 +13,7 @@ import (
 	"github.com/cloudwego/kitex/server"
 	"go.uber.org/zap"
 
+	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 	"github.com/tidepool-kv/tidepool/internal/fdlisten"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	tpsvc "github.com/tidepool-kv/tidepool/protocol/gen/tidepool/tidepool"
@@ -55,11 +56,29 @@ type Config struct {
 	// BufferSocketSuffix), and Hello lists FeatureBufferSocket. The server
 	// owns it, as it owns ln.
 	BufferListener net.Listener
+	// MaxBuffersPerConn bounds the buffers one buffer socket connection
+	// holds registered; MaxBuffers those of all connections together.
+	// Defaults 64 and 1024.
+	MaxBuffersPerConn int
+	MaxBuffers        int
+	// PutReserveAhead bounds the bytes of arena slots the put socket
+	// holds reserved for values whose bytes have not all arrived, all
+	// connections together: a value that would pass it is read whole
+	// first (one copy more), so that lengths claimed by requests whose
+	// bytes do not come evict at most this much. Default 8 MiB; cmd
+	// passes dram_capacity/16.
+	PutReserveAhead int64
+	// FDGuard, if set, keeps the descriptors clients make this process
+	// hold (connections on the three sockets, descriptors passed to the
+	// buffer socket) out of the process's descriptor reserve: one that
+	// would enter it is closed at once (internal/fdlimit).
+	FDGuard *fdlimit.Guard
 }
 
 // DefaultConfig returns the defaults documented on Config.
 func DefaultConfig() Config {
-	return Config{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxConnections: 1024, IdleTimeout: 10 * time.Minute, Build: "dev"}
+	return Config{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxConnections: 1024, IdleTimeout: 10 * time.Minute, Build: "dev",
+		MaxBuffersPerConn: 64, MaxBuffers: 1024, PutReserveAhead: 8 << 20}
 }
 
 // withDefaults fills the zero fields with their defaults: the one place a
@@ -78,6 +97,15 @@ func (c Config) withDefaults() Config {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = d.IdleTimeout
 	}
+	if c.MaxBuffersPerConn == 0 {
+		c.MaxBuffersPerConn = d.MaxBuffersPerConn
+	}
+	if c.MaxBuffers == 0 {
+		c.MaxBuffers = d.MaxBuffers
+	}
+	if c.PutReserveAhead == 0 {
+		c.PutReserveAhead = d.PutReserveAhead
+	}
 	if c.Build == "" {
 		c.Build = d.Build
 	}
@@ -94,6 +122,9 @@ func (c Config) Validate() error {
 	if c.DrainTimeout < 0 || c.MaxConnections < 0 || c.IdleTimeout < 0 {
 		errs = append(errs, fmt.Errorf("engineapi: DrainTimeout %v, MaxConnections %d, IdleTimeout %v: none may be negative",
 			c.DrainTimeout, c.MaxConnections, c.IdleTimeout))
+	}
+	if c.MaxBuffersPerConn < 0 || c.MaxBuffers < 0 || c.PutReserveAhead < 0 {
+		errs = append(errs, fmt.Errorf("engineapi: MaxBuffersPerConn %d, MaxBuffers %d: neither may be negative", c.MaxBuffersPerConn, c.MaxBuffers))
 	}
 	return errors.Join(errs...)
 }
@@ -172,6 +203,7 @@ func NewServer(cfg Config, p *proxy.Proxy, ln net.Listener, lg *zap.Logger) (*Se
 	if err != nil {
 		return fail(fmt.Errorf("engineapi: %w", err))
 	}
+	fl.SetGuard(cfg.FDGuard)
 	conns := newConnTracker(cfg.MaxConnections, cfg.IdleTimeout, lg)
 	exit := make(chan error)
 	lender := new(safecodec.Lender)
@@ -339,4 +371,12 @@ func (s *Server) ConnStats() ConnStats {
 		st.Active += int64(s.bufs.open())
 	}
 	return st
+}
+
+// BufferStats returns the buffer socket's counters (zero without one).
+func (s *Server) BufferStats() BufferStats {
+	if s.bufs == nil {
+		return BufferStats{}
+	}
+	return s.bufs.stats()
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 )
 
 // sockConns is what the put socket and the buffer socket share: a
@@ -22,6 +24,7 @@ type sockConns struct {
 	what   string // "put socket", for the log
 	drain  time.Duration
 	closed chan struct{}
+	guard  *fdlimit.Guard // nil admits every connection
 
 	accepted, acceptErrors atomic.Uint64
 
@@ -37,8 +40,8 @@ type sockConn struct {
 	busy bool // under sockConns.mu
 }
 
-func newSockConns(ln net.Listener, lg *zap.Logger, what string, drain time.Duration) sockConns {
-	return sockConns{ln: ln, lg: lg, what: what, drain: drain, closed: make(chan struct{}), active: make(map[*sockConn]struct{})}
+func newSockConns(ln net.Listener, lg *zap.Logger, what string, drain time.Duration, guard *fdlimit.Guard) sockConns {
+	return sockConns{ln: ln, lg: lg, what: what, drain: drain, guard: guard, closed: make(chan struct{}), active: make(map[*sockConn]struct{})}
 }
 
 // start accepts connections in the background, handing each to admit.
@@ -46,7 +49,15 @@ func (sc *sockConns) start(admit func(net.Conn)) {
 	sc.wg.Add(1)
 	go func() {
 		defer sc.wg.Done()
-		acceptLoop(sc.ln, sc.closed, sc.lg, sc.what, &sc.accepted, &sc.acceptErrors, admit)
+		acceptLoop(sc.ln, sc.closed, sc.lg, sc.what, &sc.accepted, &sc.acceptErrors, func(conn net.Conn) {
+			// Within the reserve of the descriptor limit the client sees
+			// its connection end (internal/fdlimit).
+			if !sc.guard.AdmitConn(conn) {
+				conn.Close()
+				return
+			}
+			admit(conn)
+		})
 	}()
 }
 

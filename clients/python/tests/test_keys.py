@@ -61,5 +61,37 @@ class KeysTest(unittest.TestCase):
         self.assertLess(crcmod.to_i32(0xE3069283), 0)
 
 
+class FallbackWarningTest(unittest.TestCase):
+    """Without a C CRC-32C module the import says, once, that zero-copy
+    reads go unchecked unless verify=True (and that verify=True is slow);
+    with one it says nothing."""
+
+    def run_import(self, block):
+        import subprocess
+
+        code = (
+            "import sys, warnings\n"
+            "warnings.simplefilter('default')\n"
+            + ("sys.modules['crc32c'] = None; sys.modules['google_crc32c'] = None\n" if block else "")
+            + "sys.path.insert(0, %r)\n"
+            "import tidepool, tidepool.client, tidepool.checksum\n"
+            "import importlib\n"
+            "print('FAST', tidepool.checksum.FAST)\n"
+        ) % os.path.dirname(HERE)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    def test_warns_once_without_c_module(self):
+        r = self.run_import(True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("FAST False", r.stdout)
+        self.assertEqual(r.stderr.count("unchecked unless verify=True"), 1, r.stderr)
+
+    def test_silent_with_c_module(self):
+        if not crcmod.FAST:
+            self.skipTest("no C CRC-32C module on this host")
+        r = self.run_import(False)
+        self.assertNotIn("unchecked unless verify=True", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -4,11 +4,17 @@ Uses the ``crc32c`` or ``google_crc32c`` module when one is installed (C
 speed, several GB/s; ``pip install tidepool-kv`` brings ``crc32c``);
 otherwise a table-driven pure-Python fallback (a few MB/s: fine for tests
 and small blocks, slow for MiB blocks). ``FAST`` says which one is in use.
-Zero-copy reads (batch_get_into, get_into, slot_view of a Lease) verify by
-default with whichever is present: a missing C module makes them slower,
-never unchecked. Puts send their checksum only when FAST; otherwise the
-server computes it from the arena at Commit.
+Zero-copy reads (batch_get_into, get_into, slot_view of a Lease) are not
+checked by default (the sidecar checks where bytes enter, and with
+verify_reads also at acquire); verify=True checks them with whichever
+implementation is present, so without a C module such a check runs at a
+few MB/s. Importing this module without one warns once (RuntimeWarning),
+so that nobody believes reads are checked cheaply when they are not. Puts
+send their checksum only when FAST; otherwise the server computes it from
+the arena at Commit.
 """
+
+import warnings
 
 FAST = False
 try:  # pragma: no cover - depends on the host
@@ -50,3 +56,13 @@ def to_i32(u):
 
 def from_i32(i):
     return i & 0xFFFFFFFF
+
+
+if not FAST:
+    warnings.warn(
+        "tidepool: no C CRC-32C module (pip install crc32c): zero-copy reads "
+        "(get_into, batch_get_into, slot_view) are unchecked unless verify=True, "
+        "and verify=True falls back to pure Python (a few MB/s)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
