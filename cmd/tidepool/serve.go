@@ -59,11 +59,18 @@ func stopWatchdog(d time.Duration, lg *zap.Logger, exit func(int)) *time.Timer {
 }
 
 // raiseFDLimit sets the soft RLIMIT_NOFILE to the hard limit, logs both,
-// and returns the guard that keeps reserve descriptors from clients.
-func raiseFDLimit(reserve int, lg *zap.Logger) (*fdlimit.Guard, error) {
+// and returns the guard that keeps reserve descriptors from clients: at
+// least fd_reserve, and with an SSD tier at least the descriptors the tier
+// may hold (its MaxOpenFiles follows the raised limit), so that RocksDB
+// never meets EMFILE because clients took its share.
+func raiseFDLimit(cfg Config, lg *zap.Logger) (*fdlimit.Guard, error) {
 	soft, hard, err := fdlimit.Raise()
 	if err != nil {
 		lg.Warn("could not raise the descriptor limit", zap.Uint64("soft", soft), zap.Uint64("hard", hard), zap.Error(err))
+	}
+	reserve := cfg.FDReserve
+	if cfg.SSDCapacity > 0 && cfg.FDReserve > 0 {
+		reserve = max(reserve, cfg.storeConfig(cfg.SSDCapacity).SSD.Descriptors())
 	}
 	g, gerr := fdlimit.New(reserve)
 	if gerr != nil {
@@ -111,7 +118,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	}
 	// Before any file opens: the descriptor limit the process runs under,
 	// and the reserve clients cannot take from it.
-	fdGuard, err := raiseFDLimit(cfg.FDReserve, lg)
+	fdGuard, err := raiseFDLimit(cfg, lg)
 	if err != nil {
 		return err
 	}
