@@ -181,6 +181,10 @@ type Publisher struct {
 
 	mu      sync.Mutex
 	table   map[string]map[string]*held // ns → key → held
+	// limbo lists blocks no tier holds, oldest first, whose description is
+	// kept a while: a block evicted from DRAM is stored in SSD once its
+	// demotion is written, and that BlockStored should carry its tokens.
+	limbo []nsKey
 	started bool
 	ch      chan *event
 	lost    atomic.Bool // a change was dropped since the last batch
@@ -209,6 +213,12 @@ type held struct {
 	mediums uint8
 	meta    *meta
 }
+
+type nsKey struct{ ns, key string }
+
+// limboBlocks bounds the descriptions kept for blocks no tier holds (a
+// demotion queue's worth: cache/tiered's default QueueBlocks is 1024).
+const limboBlocks = 16384
 
 type ringEntry struct {
 	seq     int64
@@ -314,6 +324,25 @@ func (p *Publisher) heldLocked(ns, key string) *held {
 	return h
 }
 
+// toLimboLocked keeps the description of a block no tier holds now for a
+// while (limboBlocks), dropping the oldest such block's. mu held.
+func (p *Publisher) toLimboLocked(ns, key string, h *held) {
+	if h.meta == nil {
+		p.deleteLocked(ns, p.table[ns], key)
+		return
+	}
+	p.limbo = append(p.limbo, nsKey{ns, key})
+	for len(p.limbo) > limboBlocks {
+		old := p.limbo[0]
+		p.limbo = p.limbo[1:]
+		if t := p.table[old.ns]; t != nil {
+			if o := t[old.key]; o != nil && o.mediums == 0 {
+				p.deleteLocked(old.ns, t, old.key)
+			}
+		}
+	}
+}
+
 func (p *Publisher) deleteLocked(ns string, t map[string]*held, key string) {
 	delete(t, key)
 	p.held_.Add(-1)
@@ -348,7 +377,7 @@ func (p *Publisher) Removed(ns string, key []byte, tier string) {
 		if h := t[string(key)]; h != nil && h.mediums&bit != 0 {
 			h.mediums &^= bit
 			if h.mediums == 0 {
-				p.deleteLocked(ns, t, string(key))
+				p.toLimboLocked(ns, string(key), h)
 			}
 			p.enqueueLocked(&event{kind: removed, ns: ns, key: string(key), medium: medium})
 		}
