@@ -70,6 +70,9 @@ def main():
     kw = {}
     if spec.get("kv_transfer_config"):
         kw["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])
+    if spec.get("kv_events_config"):  # vLLM's own KV-event publisher
+        from vllm.config import KVEventsConfig
+        kw["kv_events_config"] = KVEventsConfig(**spec["kv_events_config"])
     t0 = time.time()
     llm = LLM(model=spec["model"], load_format=spec.get("load_format", "safetensors"), skip_tokenizer_init=True,
               dtype=spec.get("dtype", "float32"), block_size=spec.get("block_size", 32),

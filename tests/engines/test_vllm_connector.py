@@ -134,14 +134,15 @@ class EngineRun:
         self.root = root
         self.n = 0
 
-    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False):
+    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False, events=None):
         self.n += 1
         spec = os.path.join(self.root, "spec%d.json" % self.n)
         out = os.path.join(self.root, "out%d.json" % self.n)
         log = os.path.join(self.root, "engine%d.log" % self.n)
         with open(spec, "w") as f:
             json.dump({"model": model, "prompts": prompts, "max_tokens": max_tokens,
-                       "kv_transfer_config": kv, "logprobs": 5, "block_size": BLOCK}, f)
+                       "kv_transfer_config": kv, "logprobs": 5, "block_size": BLOCK,
+                       "kv_events_config": events}, f)
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
                    VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         env.pop("PYTHONHASHSEED", None)
@@ -353,6 +354,62 @@ class EngineTests(unittest.TestCase):
         self.assertGreaterEqual(cb["load_errors"], 1, cb)
         self.assertIn("colliding key", b["log"])
         self.assert_same_as_reference(b["outputs"][0], "engine B with one bad block")
+
+    # 5 -----------------------------------------------------------------------
+    def test_5_kv_events_name_vllms_block_hashes(self):
+        """The sidecar's KV events for engine A's prompt name the block
+        hashes vLLM's own KV events name for it, with the same token ids
+        (vLLM's publisher on in the same engine; both decoded with msgspec's
+        msgpack, not the project's code)."""
+        import msgspec
+        import zmq
+        pub, rep, vpub = free_port(), free_port(), free_port()
+        s = self.sidecar("events", ["--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                                    "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep])
+        ctx = zmq.Context()
+        theirs = ctx.socket(zmq.SUB)  # vLLM's PUB connects here (no "*" in its endpoint)
+        theirs.bind("tcp://127.0.0.1:%d" % vpub)
+        theirs.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            a = self.run_engine(self.model, [P], kv=kv_config(s.socket), events={
+                "enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": "tcp://127.0.0.1:%d" % vpub, "topic": "kv@engine-a@tiny"})
+            self.assertEqual(a["connector"]["saved_blocks"], P_BLOCKS, a["connector"])
+            vllm_blocks = {}  # hash -> token ids, from vLLM's BlockStored events
+            while theirs.poll(2000):
+                _, _, payload = theirs.recv_multipart()
+                for e in msgspec.msgpack.decode(payload)[1]:
+                    if e["type"] == "BlockStored":
+                        n = e["block_size"]
+                        for i, h in enumerate(e["block_hashes"]):
+                            vllm_blocks[h] = e["token_ids"][i * n:(i + 1) * n]
+            # The sidecar's events so far, from its replay socket (from 0).
+            d = ctx.socket(zmq.DEALER)
+            d.connect("tcp://127.0.0.1:%d" % rep)
+            d.send_multipart([b"", (0).to_bytes(8, "big")])
+            ours = {}
+            while True:
+                self.assertTrue(d.poll(30000), "replay socket did not answer")
+                parts = d.recv_multipart()
+                if int.from_bytes(parts[2], "big", signed=True) == -1:
+                    break
+                for e in msgspec.msgpack.decode(parts[3])[1]:
+                    if e["type"] == "BlockStored" and e["medium"] == "CPU":
+                        self.assertEqual(e["block_size"], BLOCK)
+                        ours[e["block_hashes"][0]] = (e["token_ids"], e["parent_block_hash"])
+            d.close(0)
+        finally:
+            theirs.close(0)
+            ctx.term()
+        self.assertEqual(len(ours), P_BLOCKS, ours)
+        self.assertTrue(vllm_blocks, "vLLM published no BlockStored")
+        for h, (toks, parent) in ours.items():
+            self.assertIn(h, vllm_blocks, "block hash %d of the sidecar's events is not vLLM's" % h)
+            self.assertEqual(toks, vllm_blocks[h])
+        # The chain: each block's parent is the block before it, as vLLM's.
+        firsts = [h for h, (_, parent) in ours.items() if parent is None]
+        self.assertEqual(len(firsts), 1)
+        self.assertEqual(ours[firsts[0]][0], P[:BLOCK])
 
 
 if __name__ == "__main__":
