@@ -123,7 +123,7 @@ func (c Config) Validate() error {
 		if _, err := listenAddr(c.ReplayEndpoint); err != nil {
 			errs = append(errs, fmt.Errorf("replay endpoint: %w", err))
 		}
-		if c.ReplayEndpoint == c.Endpoint {
+		if c.ReplayEndpoint == c.Endpoint && !strings.HasSuffix(c.Endpoint, ":0") {
 			errs = append(errs, errors.New("replay endpoint equals the endpoint"))
 		}
 	}
