@@ -179,12 +179,12 @@ type Publisher struct {
 	lg    *zap.Logger
 	asInt bool
 
-	mu      sync.Mutex
-	table   map[string]map[string]*held // ns → key → held
+	mu    sync.Mutex
+	table map[string]map[string]*held // ns → key → held
 	// limbo lists blocks no tier holds, oldest first, whose description is
 	// kept a while: a block evicted from DRAM is stored in SSD once its
 	// demotion is written, and that BlockStored should carry its tokens.
-	limbo []nsKey
+	limbo   []nsKey
 	started bool
 	ch      chan *event
 	lost    atomic.Bool // a change was dropped since the last batch
