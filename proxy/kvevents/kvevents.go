@@ -490,14 +490,20 @@ func (p *Publisher) publishSnapshot(evs []*event) {
 // most BatchEvents events.
 func (p *Publisher) publishAll(evs []*event) {
 	for len(evs) > 0 {
-		t := p.topic(evs[0].ns)
-		n := 1
-		for n < len(evs) && n < p.cfg.BatchEvents && p.topic(evs[n].ns) == t {
-			n++
-		}
+		t, n := p.nextRun(evs)
 		p.publish(t, evs[:n])
 		evs = evs[n:]
 	}
+}
+
+// nextRun is the topic of evs[0] and how many events from it make one
+// batch: the same topic, at most BatchEvents.
+func (p *Publisher) nextRun(evs []*event) (topic string, n int) {
+	topic, n = p.topic(evs[0].ns), 1
+	for n < len(evs) && n < p.cfg.BatchEvents && p.topic(evs[n].ns) == topic {
+		n++
+	}
+	return topic, n
 }
 
 // publish encodes and sends one batch to every subscriber of its topic
@@ -844,11 +850,7 @@ func (p *Publisher) sendSnapshot(send func(topic, seq, payload []byte) error, he
 	p.mu.Unlock()
 	seq := seqBytes(head)
 	for len(evs) > 0 {
-		t := p.topic(evs[0].ns)
-		n := 1
-		for n < len(evs) && n < p.cfg.BatchEvents && p.topic(evs[n].ns) == t {
-			n++
-		}
+		t, n := p.nextRun(evs)
 		payload := encodeBatch(nil, float64(time.Now().UnixNano())/1e9, evs[:n], p.asInt)
 		if err := send([]byte(t), seq, payload); err != nil {
 			return err

@@ -395,19 +395,18 @@ class EngineTests(unittest.TestCase):
                     break
                 for e in msgspec.msgpack.decode(parts[3])[1]:
                     if e["type"] == "BlockStored" and e["medium"] == "CPU":
-                        self.assertEqual(e["block_size"], BLOCK)
-                        ours[e["block_hashes"][0]] = (e["token_ids"], e["parent_block_hash"])
-            d.close(0)
+                        ours[e["block_hashes"][0]] = (e["token_ids"], e["parent_block_hash"], e["block_size"])
         finally:
-            theirs.close(0)
-            ctx.term()
+            ctx.destroy(linger=0)
         self.assertEqual(len(ours), P_BLOCKS, ours)
         self.assertTrue(vllm_blocks, "vLLM published no BlockStored")
-        for h, (toks, parent) in ours.items():
+        for h, (toks, parent, size) in ours.items():
             self.assertIn(h, vllm_blocks, "block hash %d of the sidecar's events is not vLLM's" % h)
+            self.assertEqual(size, BLOCK)
             self.assertEqual(toks, vllm_blocks[h])
-        # The chain: each block's parent is the block before it, as vLLM's.
-        firsts = [h for h, (_, parent) in ours.items() if parent is None]
+            self.assertTrue(parent is None or parent in ours, "parent %s of %d not a block of the prompt" % (parent, h))
+        # The chain's head is the prompt's first block.
+        firsts = [h for h, (_, parent, _) in ours.items() if parent is None]
         self.assertEqual(len(firsts), 1)
         self.assertEqual(ours[firsts[0]][0], P[:BLOCK])
 
