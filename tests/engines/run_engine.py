@@ -101,6 +101,13 @@ def main():
     except Exception as e:  # noqa: BLE001
         res["connector_error"] = repr(e)
     json.dump(res, open(sys.argv[2], "w"))
+    if spec.get("kv_events_config"):
+        # vLLM's publisher socket is never closed at exit (the engine is not
+        # shut down) and its unsent frames would hold the ZeroMQ context's
+        # termination forever: give its thread a moment, then leave.
+        time.sleep(2)
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
