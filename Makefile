@@ -78,6 +78,7 @@ test: deps
 	step test-go $(MAKE) --no-print-directory test-go
 	step test-python scripts/test-python.sh
 	step test-python-client scripts/test-python-client.sh
+	step test-llmd scripts/test-llmd.sh
 	step test-engines scripts/test-engines.sh
 	step test-rdma $(MAKE) --no-print-directory test-rdma
 	(IFS=,; echo "make test: seconds per step: $${took[*]}")

@@ -47,6 +47,9 @@ var rules = []rule{
 	{pkg: "proxy/peerapi", ours: []string{"proxy", "cache", "cluster", "rdma", "protocol", "internal/"}, never: noTier, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
 	{pkg: "proxy/clusterview", ours: []string{"proxy", "cache", "cluster", "internal/"}, never: noTier, thirdParty: []string{"go.uber.org/zap"}},
 	{pkg: "proxy/engineapi", ours: []string{"proxy", "cache", "protocol", "internal/"}, never: noTier, thirdParty: []string{"github.com/cloudwego/", "go.uber.org/zap"}},
+	// The KV-event publisher: cache's vocabulary (Observer, BlockMeta), its
+	// own ZeroMQ wire; the proxy and the tiers reach it through interfaces.
+	{pkg: "proxy/kvevents", ours: []string{"cache", "internal/"}, never: noTier, thirdParty: []string{"go.uber.org/zap"}},
 	{pkg: "proxy", ours: []string{"proxy", "cache", "cluster", "rdma", "internal/"}, never: noTier, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sync"}},
 	// Sidecar injection: the mutation knows Kubernetes' types, not tidepool's
 	// wire; the webhook adapter alone knows controller-runtime.

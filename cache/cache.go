@@ -39,6 +39,10 @@ type PutOptions struct {
 	// not get a fresh checksum there.
 	Checksum    uint32
 	HasChecksum bool
+	// Meta, when set, describes the block for routers (token ids, parent
+	// key, block size): the proxy hands it to the KV-event publisher. The
+	// tiers ignore it.
+	Meta *BlockMeta
 }
 
 // Info describes one stored block.
@@ -80,4 +84,28 @@ type NamespaceStats struct {
 type Stats struct {
 	Tiers      []TierStats
 	Namespaces []NamespaceStats
+}
+
+// Observer hears of blocks entering and leaving a tier's index, so that a
+// publisher can tell routers what this sidecar holds (proxy/kvevents). A
+// tier calls it with its own name ("dram", "ssd") as the block becomes
+// visible and as it stops being visible, whatever the cause (put, commit,
+// promotion, demotion, delete, eviction, the scrubber, a reset index).
+// Calls are made with the tier's locks held: they must not block and must
+// not call back into the tier. key is valid only during the call.
+type Observer interface {
+	Stored(ns string, key []byte, tier string)
+	Removed(ns string, key []byte, tier string)
+	// Cleared reports that every block of ns left the tier at once.
+	Cleared(ns string, tier string)
+}
+
+// BlockMeta is what a router needs to index a block that the sidecar
+// holds: the token ids the block covers, the key of the block before it in
+// its chain (empty for the first) and the engine's block size in tokens.
+// Engines pass it along with a put (optional); the store never reads it.
+type BlockMeta struct {
+	Tokens    []uint32
+	Parent    []byte
+	BlockSize int32
 }

@@ -281,6 +281,7 @@ type Item struct {
 	Key   []byte
 	Value []byte
 	Depth int32
+	Meta  *BlockMeta // for KV events; nil: none
 }
 
 // BatchPut stores several blocks; the per-item results are nil, an *Error
@@ -289,6 +290,7 @@ func (c *Client) BatchPut(ctx context.Context, ns string, items []Item) ([]error
 	req := &tp.BatchPutRequest{Ns: ns, Items: make([]*tp.PutItem, len(items))}
 	for i, it := range items {
 		req.Items[i] = &tp.PutItem{Key: it.Key, Value: it.Value, Depth: it.Depth}
+		req.Items[i].TokenIds, req.Items[i].ParentKey, req.Items[i].BlockSize = it.Meta.fields()
 	}
 	var res tp.TidepoolBatchPutResult
 	err := c.call(ctx, "BatchPut", &tp.TidepoolBatchPutArgs{Req: req}, &res)

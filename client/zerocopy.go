@@ -79,6 +79,7 @@ type CommitItem struct {
 	Key         []byte
 	Depth       int32
 	NextSize    int64
+	Meta        *BlockMeta // for KV events; nil: none
 }
 
 // FeatureCommitNext, in HelloResponse.Features: the server takes unbound
@@ -168,6 +169,7 @@ func (c *Client) CommitNext(ctx context.Context, items []CommitItem) ([]error, [
 	for i, it := range items {
 		req.Items[i] = &tp.CommitItem{Token: it.Token, Checksum: int32(it.Checksum), HasChecksum: it.HasChecksum,
 			Key: it.Key, Depth: it.Depth, NextSize: it.NextSize}
+		req.Items[i].TokenIds, req.Items[i].ParentKey, req.Items[i].BlockSize = it.Meta.fields()
 	}
 	var res tp.TidepoolCommitResult
 	if err := c.call(ctx, "Commit", &tp.TidepoolCommitArgs{Req: req}, &res); err != nil {

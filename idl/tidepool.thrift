@@ -109,6 +109,15 @@ struct PutRequest {
     // Cluster: owners to wait for (0 = acknowledge after the local store and
     // push to the owners in the background).
     6: i32 sync_replicas,
+    // Optional, for KV events (docs/events.md): the token ids this block
+    // covers (exactly block_size of them), the key of the block before it
+    // in its chain (absent for the first block) and the engine's block
+    // size in tokens. Routers index a block by its tokens; the sidecar
+    // keeps them only while it publishes events. An older client leaves
+    // them out.
+    7: optional list<i32> token_ids,
+    8: optional binary parent_key,
+    9: optional i32 block_size,
 }
 
 struct PutResponse {
@@ -120,6 +129,10 @@ struct PutItem {
     1: binary key,
     2: binary value,
     3: i32 depth,
+    // As in PutRequest.
+    4: optional list<i32> token_ids,
+    5: optional binary parent_key,
+    6: optional i32 block_size,
 }
 
 struct BatchPutRequest {
@@ -325,6 +338,10 @@ struct CommitItem {
     // put of that size needs no Reserve round trip (servers whose Hello
     // lists "commit_next").
     6: i64 next_size,
+    // As in PutRequest.
+    7: optional list<i32> token_ids,
+    8: optional binary parent_key,
+    9: optional i32 block_size,
 }
 
 struct CommitRequest {

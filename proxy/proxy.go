@@ -117,6 +117,7 @@ type Proxy struct {
 	prefetch Prefetcher    // nil: Prefetch queues nothing
 	scan     Scanner       // nil: no rebalancer
 	gpu      GPU           // nil: no GPU end
+	notes    BlockNotes    // nil: block descriptions are checked and dropped
 	zc       *zcState      // the zero-copy handle tables (zerocopy.go)
 	lg       *zap.Logger
 	started  time.Time
@@ -140,7 +141,7 @@ func New(cfg Config, deps Deps, lg *zap.Logger) (*Proxy, error) {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	p := &Proxy{cfg: cfg, store: deps.Store, zcs: deps.ZeroCopy, prefetch: deps.Prefetch, scan: deps.Scan, gpu: deps.GPU,
+	p := &Proxy{cfg: cfg, store: deps.Store, zcs: deps.ZeroCopy, prefetch: deps.Prefetch, scan: deps.Scan, gpu: deps.GPU, notes: deps.Notes,
 		zc: newZCState(), lg: lg, started: time.Now(), known: map[string]bool{}}
 	var off []string
 	if p.zcs == nil {
@@ -233,6 +234,44 @@ func (p *Proxy) checkKey(key []byte) error {
 	return nil
 }
 
+// MaxBlockTokens is the most token ids one block's description may carry
+// (cache.BlockMeta; engines use blocks of 16 to 256 tokens).
+const MaxBlockTokens = 4096
+
+// checkMeta checks a put's block description: a block size in
+// (0, MaxBlockTokens], token ids (if any) exactly one block of them, a
+// parent key no longer than a key.
+func (p *Proxy) checkMeta(m *cache.BlockMeta) error {
+	switch {
+	case m == nil:
+		return nil
+	case m.BlockSize <= 0 && len(m.Tokens) > 0:
+		return fmt.Errorf("%w: token_ids given without block_size", ErrInvalidArgument)
+	case m.BlockSize < 0 || m.BlockSize > MaxBlockTokens:
+		return fmt.Errorf("%w: block_size %d outside 1..%d", ErrInvalidArgument, m.BlockSize, MaxBlockTokens)
+	case len(m.Tokens) > 0 && len(m.Tokens) != int(m.BlockSize):
+		return fmt.Errorf("%w: %d token_ids for a block of %d tokens", ErrInvalidArgument, len(m.Tokens), m.BlockSize)
+	case len(m.Parent) > p.cfg.MaxKeyBytes:
+		return fmt.Errorf("%w: parent_key is %d bytes, limit %d", ErrInvalidArgument, len(m.Parent), p.cfg.MaxKeyBytes)
+	}
+	return nil
+}
+
+// describe hands a put's block description to the publisher before the
+// store sees the block; the returned func, called with the put's error,
+// forgets it when the put failed.
+func (p *Proxy) describe(ns string, key []byte, m *cache.BlockMeta) func(error) {
+	if p.notes == nil || m == nil {
+		return func(error) {}
+	}
+	p.notes.Describe(ns, key, m)
+	return func(err error) {
+		if err != nil {
+			p.notes.Forget(ns, key)
+		}
+	}
+}
+
 func (p *Proxy) checkValue(value []byte) error {
 	if int64(len(value)) > p.cfg.MaxValueBytes {
 		return fmt.Errorf("%w: value is %d bytes, limit %d", cache.ErrTooLarge, len(value), p.cfg.MaxValueBytes)
@@ -255,6 +294,9 @@ func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	if err := p.checkValue(value); err != nil {
 		return false, err
 	}
+	if err := p.checkMeta(opts.Meta); err != nil {
+		return false, err
+	}
 	if err := p.admitNamespace(ns); err != nil {
 		return false, err
 	}
@@ -262,7 +304,10 @@ func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	if r != nil && !r.owns(ns, key) {
 		opts.LowPriority = true // a copy of a block owned elsewhere
 	}
+	done := p.describe(ns, key, opts.Meta)
 	existed, err = p.store.Put(ctx, ns, key, value, opts)
+	done(err)
+	opts.Meta = nil // the owners are told nothing of it
 	if err != nil || r == nil {
 		return existed, err
 	}
@@ -332,10 +377,17 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 			results[i] = err
 			continue
 		}
+		if err := p.checkMeta(it.Opts.Meta); err != nil {
+			results[i] = err
+			continue
+		}
 		if r != nil && !r.owns(ns, it.Key) {
 			it.Opts.LowPriority = true
 		}
+		done := p.describe(ns, it.Key, it.Opts.Meta)
 		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
+		done(err)
+		it.Opts.Meta = nil
 		switch {
 		case err != nil:
 			results[i] = err

@@ -42,6 +42,9 @@ func (p *Proxy) ReservePut(ctx context.Context, ns string, key []byte, size int6
 	if err := p.checkSize(size); err != nil {
 		return nil, false, err
 	}
+	if err := p.checkMeta(opts.Meta); err != nil {
+		return nil, false, err
+	}
 	if opts.Durable {
 		return nil, false, fmt.Errorf("%w: a durable put", ErrNoStream)
 	}
@@ -81,6 +84,9 @@ func (pp *PendingPut) Deadline() time.Time { return pp.r.Deadline() }
 // A slot whose deadline passed before the value was all written is an
 // ErrUnavailable (the writer was too slow; nothing is stored).
 func (pp *PendingPut) Commit(ctx context.Context, crc uint32) (existed bool, err error) {
+	done := pp.p.describe(pp.ns, pp.key, pp.opts.Meta)
+	defer func() { done(err) }()
+	pp.opts.Meta = nil // the owners are told nothing of it
 	var value []byte
 	push := pp.rt != nil && pp.rt.pushesElsewhere(pp.ns, pp.key)
 	if push && !pp.r.Expired() {
@@ -97,6 +103,17 @@ func (pp *PendingPut) Commit(ctx context.Context, crc uint32) (existed bool, err
 		return existed, err
 	}
 	return false, pp.rt.push(ctx, pp.ns, []PutItem{{Key: pp.key, Value: value, Opts: pp.opts}}, syncReplicas(ctx), true)
+}
+
+// Describe sets the block's description (token ids, parent key, block
+// size) for KV events, when it arrives after the value (the put socket);
+// a bad one is ErrInvalidArgument and changes nothing.
+func (pp *PendingPut) Describe(m *cache.BlockMeta) error {
+	if err := pp.p.checkMeta(m); err != nil {
+		return err
+	}
+	pp.opts.Meta = m
+	return nil
 }
 
 // Abort frees the slot: nothing is stored.

@@ -70,6 +70,16 @@ type Scanner interface {
 	Scan(fn func(cache.BlockRef) bool)
 }
 
+// BlockNotes is the KV-event publisher's ear for what only the engine
+// knows of a block (proxy/kvevents): the token ids, parent key and block
+// size a put carries. Describe is called before the block is stored, so
+// that the store's notification of it (cache.Observer) finds the
+// description; Forget when the put then failed. Neither may block.
+type BlockNotes interface {
+	Describe(ns string, key []byte, meta *cache.BlockMeta)
+	Forget(ns string, key []byte)
+}
+
 // Deps is what New needs from the rest of the sidecar. Store is required;
 // each other field, when nil, turns its feature off.
 type Deps struct {
@@ -78,4 +88,5 @@ type Deps struct {
 	Prefetch Prefetcher    // Prefetch
 	Scan     Scanner       // the rebalancer (with RouteConfig.RebalanceRate)
 	GPU      GPU           // the GPU calls (gpu.go)
+	Notes    BlockNotes    // block descriptions for KV events
 }

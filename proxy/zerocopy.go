@@ -95,6 +95,8 @@ type CommitItem struct {
 	Key         []byte
 	Depth       int32
 	NextSize    int64
+	// Meta describes the block for KV events (optional).
+	Meta *cache.BlockMeta
 }
 
 // AcquireResult is one key of Acquire: Err is nil (the block is pinned at
@@ -426,6 +428,11 @@ func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) (
 			out[i] = err
 			continue
 		}
+		if err := p.checkMeta(it.Meta); err != nil {
+			_ = e.r.Abort()
+			out[i] = err
+			continue
+		}
 		r := e.r
 		var value []byte
 		push := rt != nil && rt.pushesElsewhere(e.ns, e.key)
@@ -436,7 +443,9 @@ func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) (
 			// not copied.
 			value = bytes.Clone(r.Bytes())
 		}
+		done := p.describe(e.ns, e.key, it.Meta)
 		existed, err := r.Commit(ctx, it.Checksum, it.HasChecksum)
+		done(err)
 		if err == nil && !existed && e.opts.Durable && value != nil {
 			// A durable reservation is acknowledged only once the block is
 			// on persistent storage, as a durable Put is: the store writes

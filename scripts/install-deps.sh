@@ -7,6 +7,7 @@
 #   librocksdb-dev   RocksDB headers and library for grocksdb (cache/ssd)
 #   thrift-compiler  `thrift --gen py` for the Python interop test
 #   python3-thrift   Apache Thrift runtime for /usr/bin/python3
+#   python3-zmq, python3-msgpack  the KV-event subscriber test (test_kv_events.py)
 #   fio              SSD baseline benchmarks
 #   redis-server     comparison benchmarks
 #   iproute2         network-namespace tests (`ip netns`)
@@ -20,6 +21,8 @@ packages=(
 	librocksdb-dev
 	thrift-compiler
 	python3-thrift
+	python3-zmq
+	python3-msgpack
 	fio
 	redis-server
 	iproute2

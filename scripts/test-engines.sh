@@ -23,6 +23,8 @@ rc=0
 if (($# == 0)); then
 	echo "test-engines: connector unit tests (real vLLM classes, no model)"
 	"$py" tests/engines/test_vllm_units.py -v </dev/null || rc=1
+	echo "test-engines: KV events, each payload re-encoded by vLLM's own classes"
+	TIDEPOOL_BIN=bin/tidepool PYTHONPATH=clients/python "$py" tests/python/test_kv_events.py -v </dev/null || rc=1
 	echo "test-engines: end-to-end tests (vLLM engine processes + tidepool serve)"
 	"$py" tests/engines/test_vllm_connector.py -v </dev/null || rc=1
 else

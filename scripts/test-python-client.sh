@@ -89,6 +89,10 @@ TIDEPOOL_SOCKET="$sock" \
 	TIDEPOOL_DRAM_CAPACITY="$DRAM_CAPACITY" \
 	"$PYTHON" clients/python/tests/test_client.py -v </dev/null
 
+echo "test-python-client: KV events (a pyzmq + msgpack subscriber against servers of its own)"
+TIDEPOOL_BIN=bin/tidepool PYTHONPATH=clients/python \
+	"$PYTHON" tests/python/test_kv_events.py -v </dev/null
+
 if ! kill -0 "$pid" 2>/dev/null; then
 	echo "test-python-client: server died during the tests" >&2
 	pid=

@@ -188,6 +188,10 @@ type Config struct {
 	// until it returns. It must not Put into this tier. key and value are
 	// valid only during the call and must not be modified.
 	OnEvict func(ns string, key []byte, value []byte, info cache.Info)
+	// Observer, if set, hears of every block linked into and unlinked from
+	// the index (tier name "dram"), with a shard lock held (see
+	// cache.Observer). nil: nobody is told.
+	Observer cache.Observer
 }
 
 // DefaultConfig returns the defaults: a 1 GiB tier in /dev/shm/tidepool.

@@ -328,6 +328,7 @@ func (t *Tier) publish(b *block, key string) (existed bool, err error) {
 	t.policy.Admit(b.entry())
 	t.byID[b.id] = b
 	t.pmu.Unlock()
+	t.observeStored(b)
 	sh.mu.Unlock()
 
 	t.blocks.Add(1)

@@ -213,6 +213,7 @@ func (t *Tier) evictOne(now int64) bool {
 			delete(sh.m, b.ns.id)
 		}
 		b.linked = false
+		t.observeRemoved(b)
 		sh.mu.Unlock()
 
 		// b is unlinked and unpinned: nothing else can reach or free it.

@@ -131,6 +131,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	t.policy.Admit(b.entry())
 	t.byID[b.id] = b
 	t.pmu.Unlock()
+	t.observeStored(b)
 	sh.mu.Unlock()
 
 	t.blocks.Add(1)
@@ -274,6 +275,7 @@ func (t *Tier) unlinkLocked(sh *shard, nss *nsState, m map[string]*block, b *blo
 		delete(sh.m, nss.id)
 	}
 	b.linked = false
+	t.observeRemoved(b)
 	t.pmu.Lock()
 	t.policy.Remove(b.id)
 	delete(t.byID, b.id)
@@ -418,8 +420,28 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 	t.blocks.Add(-n)
 	nss.blocks.Add(-n)
 	nss.bytes.Add(-bytes)
+	if o := t.cfg.Observer; o != nil && n > 0 {
+		o.Cleared(ns, tierName)
+	}
 	t.awaitEvictions(func() bool { return t.evictingNS[nss] > 0 })
 	return n, nil
+}
+
+// tierName is this tier's name toward a cache.Observer.
+const tierName = "dram"
+
+// observeStored and observeRemoved tell the Observer, if any, that b was
+// linked into or unlinked from the index. The shard lock is held.
+func (t *Tier) observeStored(b *block) {
+	if o := t.cfg.Observer; o != nil {
+		o.Stored(b.ns.name, []byte(b.key), tierName)
+	}
+}
+
+func (t *Tier) observeRemoved(b *block) {
+	if o := t.cfg.Observer; o != nil {
+		o.Removed(b.ns.name, []byte(b.key), tierName)
+	}
 }
 
 // dropLocked disposes of the memory of a block just unlinked by Delete or

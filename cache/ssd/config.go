@@ -117,6 +117,11 @@ type Config struct {
 	// Clock is the time source for access times and probe backoff
 	// (default clock.Real).
 	Clock clock.Clock
+	// Observer, if set, hears of every block inserted into and removed
+	// from the index (tier name "ssd"), with the index lock held (see
+	// cache.Observer). The blocks found at start are reported as they are
+	// indexed. nil: nobody is told.
+	Observer cache.Observer
 }
 
 // The values of Config.BackgroundPriority.

@@ -29,10 +29,22 @@ func (t *Tier) insertLocked(e *entry) {
 	s := t.nsLocked(e.ns)
 	s.blocks++
 	s.bytes += e.size
+	if o := t.cfg.Observer; o != nil {
+		o.Stored(e.ns, e.userKey(), tierName)
+	}
 }
 
 // removeLocked drops e from the index and the policy. mu held.
 func (t *Tier) removeLocked(e *entry) {
+	t.unindexLocked(e)
+	if o := t.cfg.Observer; o != nil {
+		o.Removed(e.ns, e.userKey(), tierName)
+	}
+}
+
+// unindexLocked is removeLocked without telling the Observer (Clear tells
+// it once for the namespace). mu held.
+func (t *Tier) unindexLocked(e *entry) {
 	delete(t.index, e.skey)
 	delete(t.byID, e.id)
 	t.policy.Remove(e.id)
@@ -49,8 +61,24 @@ func (t *Tier) resetIndex() {
 	t.mu.Unlock()
 }
 
+// tierName is this tier's name toward a cache.Observer.
+const tierName = "ssd"
+
+// userKey is the block's key without its namespace.
+func (e *entry) userKey() []byte {
+	_, key, _ := decodeKey([]byte(e.skey))
+	return key
+}
+
 // resetIndexLocked empties the index, sized for n entries. mu held.
 func (t *Tier) resetIndexLocked(n int) {
+	if o := t.cfg.Observer; o != nil {
+		for ns, s := range t.nss {
+			if s.blocks > 0 {
+				o.Cleared(ns, tierName)
+			}
+		}
+	}
 	t.index = make(map[string]*entry, n)
 	t.byID = make(map[uint64]*entry, n)
 	t.policy = t.cfg.Policy()

@@ -696,7 +696,10 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 		}
 	}
 	for _, e := range gone {
-		t.removeLocked(e)
+		t.unindexLocked(e)
+	}
+	if o := t.cfg.Observer; o != nil && len(gone) > 0 {
+		o.Cleared(ns, tierName)
 	}
 	t.mu.Unlock()
 	count := int64(len(keys))

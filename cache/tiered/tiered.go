@@ -120,6 +120,10 @@ type Config struct {
 	// DrainTimeout bounds how long Close drains the demotion queue when
 	// StopSpillTimeout is off (default 10 s).
 	DrainTimeout time.Duration
+	// Observer, if set, is given to both tiers (dram.Config.Observer,
+	// ssd.Config.Observer): it hears of every block entering and leaving
+	// each tier. nil: nobody is told.
+	Observer cache.Observer
 }
 
 // DefaultConfig returns the defaults: a default DRAM tier and no SSD tier.
@@ -316,7 +320,11 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 	s.roomCond = sync.NewCond(&s.qmu)
 	s.freeIdle = freeIdle
 	if cfg.SSD != nil {
-		st, err := ssd.New(*cfg.SSD, lg)
+		scfg := *cfg.SSD
+		if cfg.Observer != nil {
+			scfg.Observer = cfg.Observer
+		}
+		st, err := ssd.New(scfg, lg)
 		if err != nil {
 			return nil, err
 		}
@@ -324,6 +332,9 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 	}
 	dcfg := cfg.DRAM
 	dcfg.OnEvict = s.onEvict
+	if cfg.Observer != nil {
+		dcfg.Observer = cfg.Observer
+	}
 	dt, err := dram.New(dcfg, lg)
 	if err != nil {
 		if s.ssd != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
+	"github.com/tidepool-kv/tidepool/proxy/kvevents"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 	"github.com/tidepool-kv/tidepool/rdma/auto"
 	"github.com/tidepool-kv/tidepool/rdma/tcp"
@@ -111,6 +112,12 @@ type Config struct {
 	ScrubRate             int64    // bytes/s the DRAM scrubber re-checks; 0 disables it
 	VerifyReads           bool     // same-host DRAM reads check the CRC-32C
 	VerifyReadsNamespaces []string // namespaces whose same-host DRAM reads check the CRC-32C
+
+	KVEventsEndpoint       string // tcp://HOST:PORT of the KV-event PUB socket; empty: no events
+	KVEventsReplayEndpoint string // tcp://HOST:PORT of its replay (ROUTER) socket; empty: none
+	KVEventsModel          string // the topic's model (kv@<pod>@<model>); empty: the namespace
+	KVEventsBlockHash      string // int (vLLM's default) or bytes
+	KVEventsQueue          int    // changes waiting to be published; more are dropped
 }
 
 // setting binds one Config field to its YAML key, flag and variable.
@@ -278,6 +285,11 @@ var settings = []setting{
 	sizeSetting("scrub_rate", "bytes per second the background scrubber re-checks the CRC-32C of resident DRAM blocks (removing any that fail); 0 disables it", func(c *Config) *int64 { return &c.ScrubRate }),
 	boolSetting("verify_reads", "check every same-host read of a DRAM block (Get, Acquire, zero-copy GetInto) against its CRC-32C before answering; off, the scrubber finds damage instead", func(c *Config) *bool { return &c.VerifyReads }),
 	listSetting("verify_reads_namespaces", "comma-separated namespaces whose same-host DRAM reads are verified as with verify_reads", func(c *Config) *[]string { return &c.VerifyReadsNamespaces }),
+	stringSetting("kv_events_endpoint", "tcp://HOST:PORT where KV events (vLLM's format: what this sidecar holds, for llm-d's and Dynamo's routers) are published on a ZeroMQ PUB socket; empty: no events (docs/events.md)", func(c *Config) *string { return &c.KVEventsEndpoint }),
+	stringSetting("kv_events_replay_endpoint", "tcp://HOST:PORT of the KV events' replay socket (ZeroMQ ROUTER, vLLM's replay protocol); empty: none", func(c *Config) *string { return &c.KVEventsReplayEndpoint }),
+	stringSetting("kv_events_model", "model name in the KV events' topic kv@<node_name>@<model>; empty: the block's namespace", func(c *Config) *string { return &c.KVEventsModel }),
+	stringSetting("kv_events_block_hash", "how KV events carry block keys: int (the key's last 8 bytes as an integer, vLLM's default) or bytes", func(c *Config) *string { return &c.KVEventsBlockHash }),
+	intSetting("kv_events_queue", "changes that may wait to be published as KV events; more are dropped and counted (tidepool_kv_events_dropped_total), never waited for", func(c *Config) *int { return &c.KVEventsQueue }),
 }
 
 // runtimeDir is where the socket lives by default: $XDG_RUNTIME_DIR/tidepool,
@@ -378,6 +390,9 @@ func DefaultConfig() Config {
 		StopSpillTimeout: 30 * time.Second,
 
 		ScrubRate: dram.DefaultScrubRate,
+
+		KVEventsBlockHash: "int",
+		KVEventsQueue:     kvevents.DefaultConfig().QueueEvents,
 	}
 }
 
@@ -567,6 +582,21 @@ func (c Config) Validate() error {
 	case "json", "console":
 	default:
 		bad("log_format %q: json or console", c.LogFormat)
+	}
+	if c.KVEventsEndpoint != "" {
+		if err := c.kvEventsConfig().Validate(); err != nil {
+			bad("kv_events: %v", err)
+		}
+	} else if c.KVEventsReplayEndpoint != "" {
+		bad("kv_events_replay_endpoint needs kv_events_endpoint")
+	}
+	switch c.KVEventsBlockHash {
+	case "int", "bytes":
+	default:
+		bad("kv_events_block_hash %q: int or bytes", c.KVEventsBlockHash)
+	}
+	if c.KVEventsQueue <= 0 {
+		bad("kv_events_queue %d: must be positive", c.KVEventsQueue)
 	}
 	return errors.Join(errs...)
 }

@@ -86,6 +86,20 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
 	}
+	// KV events: a replay socket without the PUB socket, an endpoint that
+	// is not tcp://HOST:PORT, an unknown hash form, a topic's '@'.
+	_, err = parse(t, []string{"--kv-events-replay-endpoint", "tcp://127.0.0.1:5558", "--kv-events-block-hash", "hex"}, nil)
+	for _, want := range []string{"kv_events_replay_endpoint needs kv_events_endpoint", `kv_events_block_hash "hex": int or bytes`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	_, err = parse(t, []string{"--kv-events-endpoint", "udp://127.0.0.1:5557", "--kv-events-model", "a@b"}, nil)
+	for _, want := range []string{"want tcp://HOST:PORT", "must not contain '@'"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
 	_, err = parse(t, []string{"--dram-capacity", "lots"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "--dram-capacity") {
 		t.Fatalf("bad size: %v", err)
@@ -144,6 +158,13 @@ func TestMetricsDocumented(t *testing.T) {
 	}
 	defer sc.Close()
 	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil), newGuardCollector(nil), newScrubCollector(sc))
+	kc := DefaultConfig()
+	kc.KVEventsEndpoint = "tcp://127.0.0.1:0"
+	ev, err := newKVEvents(kc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.reg.MustRegister(newKVEventsCollector(ev))
 	mfs, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)

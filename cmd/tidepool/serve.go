@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
@@ -129,7 +130,17 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	}
 	defer dirs.Close()
 
-	store, err := openStore(cfg, lg)
+	// Before the store: the tiers report to it from their first block
+	// (the blocks a kept SSD tier holds at start).
+	events, err := newKVEvents(cfg, lg)
+	if err != nil {
+		return err
+	}
+	var obs cache.Observer
+	if events != nil {
+		obs = events
+	}
+	store, err := openObservedStore(cfg, obs, lg)
 	if err != nil {
 		return err
 	}
@@ -166,6 +177,15 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	if g.Available() {
 		deps.GPU = g
 	}
+	if events != nil {
+		deps.Notes = events
+		// Publishes the startup snapshot (what the store holds now), then
+		// every change; closed before the store.
+		if err := events.Start(ctx); err != nil {
+			return err
+		}
+		defer events.Close()
+	}
 	p, err := proxy.New(pcfg, deps, lg.Named("proxy"))
 	if err != nil {
 		return err
@@ -177,6 +197,9 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	m.reg.MustRegister(newZeroCopyCollector(p))
 	m.reg.MustRegister(newScrubCollector(scrub))
 	m.reg.MustRegister(newGPUCollector(g))
+	if events != nil {
+		m.reg.MustRegister(newKVEventsCollector(events))
+	}
 	if cfg.MetricsAddr != "" {
 		if err := m.listen(cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/tiered"
 	"github.com/tidepool-kv/tidepool/internal/units"
@@ -25,6 +26,12 @@ func ssdDir(dataDir string) string { return filepath.Join(dataDir, "ssd") }
 // openStore builds the block store: the DRAM tier, and the SSD tier under
 // data_dir/ssd unless ssd_capacity is 0, composed by cache/tiered.
 func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
+	return openObservedStore(cfg, nil, lg)
+}
+
+// openObservedStore is openStore whose tiers report every block entering
+// and leaving them to obs (nil: nobody).
+func openObservedStore(cfg Config, obs cache.Observer, lg *zap.Logger) (*tiered.Store, error) {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
@@ -32,7 +39,9 @@ func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := tiered.New(cfg.storeConfig(capacity), lg)
+	tc := cfg.storeConfig(capacity)
+	tc.Observer = obs
+	s, err := tiered.New(tc, lg)
 	if err != nil {
 		return nil, fmt.Errorf("block store: %w", err)
 	}

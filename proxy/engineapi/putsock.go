@@ -332,8 +332,60 @@ func (q *putRequest) field(d *thriftstream.Decoder, t thrift.TType, id int16) er
 		v, err := d.I32()
 		q.sync, q.seen = v, q.seen|1<<6
 		return err
+	case id == 7 && t == thrift.LIST:
+		return q.tokens(d)
+	case id == 8 && t == thrift.STRING:
+		q.meta()
+		return q.str(d, &q.opts.Meta.Parent, "parent_key", int64(cfg.MaxKeyBytes), 0)
+	case id == 9 && t == thrift.I32:
+		v, err := d.I32()
+		q.meta().BlockSize = v
+		return err
 	}
 	return d.Skip(t, 0)
+}
+
+// meta is the request's block description, made at its first field.
+func (q *putRequest) meta() *cache.BlockMeta {
+	if q.opts.Meta == nil {
+		q.opts.Meta = &cache.BlockMeta{}
+	}
+	return q.opts.Meta
+}
+
+// tokens reads token_ids (a list of i32): at most proxy.MaxBlockTokens of
+// them, a longer list is read past and fails the request.
+func (q *putRequest) tokens(d *thriftstream.Decoder) error {
+	et, err := d.Byte()
+	if err != nil {
+		return err
+	}
+	n, err := d.I32()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		return d.Errorf("token_ids of %d items", n)
+	}
+	if thrift.TType(et) != thrift.I32 || n > proxy.MaxBlockTokens {
+		q.fail(fmt.Errorf("%w: token_ids: %d items of type %d (at most %d i32)", proxy.ErrInvalidArgument, n, et, proxy.MaxBlockTokens))
+		for range n {
+			if err := d.Skip(thrift.TType(et), 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	m := q.meta()
+	m.Tokens = make([]uint32, 0, n)
+	for range n {
+		v, err := d.I32()
+		if err != nil {
+			return err
+		}
+		m.Tokens = append(m.Tokens, uint32(v))
+	}
+	return nil
 }
 
 // str reads a string field of at most limit bytes; a longer one is read
@@ -464,6 +516,14 @@ func (q *putRequest) finish() (existed bool, err error) {
 	if q.pending != nil {
 		pp := q.pending
 		q.pending = nil
+		if q.opts.Meta != nil {
+			// The description came after the value (the generated
+			// encoders' field order).
+			if err := pp.Describe(q.opts.Meta); err != nil {
+				pp.Abort()
+				return false, err
+			}
+		}
 		return pp.Commit(q.ctx(), q.crc)
 	}
 	if q.existed {

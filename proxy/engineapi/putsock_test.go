@@ -21,6 +21,7 @@ import (
 	"github.com/tidepool-kv/tidepool/client"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/protocol/thriftstream"
+	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
 
@@ -238,6 +239,12 @@ func TestPutSocketWire(t *testing.T) {
 		{"value twice", twice(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
 		{"request twice", requestTwice(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
 		{"namespace after the value", nsAfterValue(inPlacePut(3, "ns", []byte("c"), v, 0)), tp.ErrorCode_INVALID_ARGUMENT},
+		// Block descriptions (KV events): token ids not matching the block
+		// size, a token list over proxy.MaxBlockTokens.
+		{"token ids not one block", withSeq(3, unframedPut(&tp.PutRequest{Ns: "ns", Key: []byte("c"), Value: v,
+			TokenIds: []int32{1, 2, 3}, BlockSize: i32ptr(4)})), tp.ErrorCode_INVALID_ARGUMENT},
+		{"huge token list", withSeq(3, unframedPut(&tp.PutRequest{Ns: "ns", Key: []byte("c"), Value: v,
+			TokenIds: make([]int32, proxy.MaxBlockTokens+1), BlockSize: i32ptr(proxy.MaxBlockTokens + 1)})), tp.ErrorCode_INVALID_ARGUMENT},
 	} {
 		res := c.call(3, tc.msg)
 		if res.Err == nil || res.Err.Code != tc.code {
@@ -248,6 +255,13 @@ func TestPutSocketWire(t *testing.T) {
 			t.Fatalf("%s: the tier uses %d bytes, %d before", tc.name, u, base)
 		}
 	}
+
+	// A block description that is one: stored.
+	if res := c.call(1, unframedPut(&tp.PutRequest{Ns: "ns", Key: []byte("m"), Value: v[:100],
+		TokenIds: []int32{1, 2, 3, 4}, ParentKey: []byte("b"), BlockSize: i32ptr(4)})); res.Err != nil {
+		t.Fatalf("put with a block description: %+v", res)
+	}
+	checkStored(t, ts, "ns", []byte("m"), v[:100])
 
 	// Another method: UNKNOWN_METHOD, its arguments read past.
 	get := &tp.TidepoolGetArgs{Req: &tp.GetRequest{Ns: "ns", Key: []byte("a")}}
@@ -490,4 +504,12 @@ func TestPutSocketSlowValue(t *testing.T) {
 	}
 	time.Sleep(time.Second) // past the first slot's deadline
 	checkStored(t, ts, "ns", []byte("next"), w)
+}
+
+func i32ptr(v int32) *int32 { return &v }
+
+// withSeq sets the sequence number of an unframedPut message.
+func withSeq(seq int32, msg []byte) []byte {
+	binary.BigEndian.PutUint32(msg[11:], uint32(seq))
+	return msg
 }

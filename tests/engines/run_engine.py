@@ -70,6 +70,31 @@ def main():
     kw = {}
     if spec.get("kv_transfer_config"):
         kw["kv_transfer_config"] = KVTransferConfig(**spec["kv_transfer_config"])
+    if spec.get("kv_events_capture"):
+        # vLLM's own KV events, as its publisher gets them, written to a
+        # file (msgpack, as its ZMQ publisher encodes them) instead of a
+        # ZMQ socket, whose delivery a loaded 2-core machine delays past
+        # the engine's life. The engine core runs in this process.
+        import msgspec
+        from vllm.config import KVEventsConfig
+        from vllm.distributed import kv_events as ke
+
+        class Capture(ke.EventPublisher):
+            def __init__(self, data_parallel_rank=0, **_):
+                super().__init__(data_parallel_rank)
+                self._f = open(spec["kv_events_capture"], "ab")
+                self._enc = msgspec.msgpack.Encoder()
+
+            def publish(self, events):
+                b = self._enc.encode(events)
+                self._f.write(len(b).to_bytes(4, "big") + b)
+                self._f.flush()
+
+            def shutdown(self):
+                self._f.close()
+
+        ke.EventPublisherFactory._registry["zmq"] = Capture
+        kw["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq")
     t0 = time.time()
     llm = LLM(model=spec["model"], load_format=spec.get("load_format", "safetensors"), skip_tokenizer_init=True,
               dtype=spec.get("dtype", "float32"), block_size=spec.get("block_size", 32),

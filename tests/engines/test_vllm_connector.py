@@ -134,14 +134,15 @@ class EngineRun:
         self.root = root
         self.n = 0
 
-    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False):
+    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False, capture=None):
         self.n += 1
         spec = os.path.join(self.root, "spec%d.json" % self.n)
         out = os.path.join(self.root, "out%d.json" % self.n)
         log = os.path.join(self.root, "engine%d.log" % self.n)
         with open(spec, "w") as f:
             json.dump({"model": model, "prompts": prompts, "max_tokens": max_tokens,
-                       "kv_transfer_config": kv, "logprobs": 5, "block_size": BLOCK}, f)
+                       "kv_transfer_config": kv, "logprobs": 5, "block_size": BLOCK,
+                       "kv_events_capture": capture}, f)
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
                    VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         env.pop("PYTHONHASHSEED", None)
@@ -353,6 +354,61 @@ class EngineTests(unittest.TestCase):
         self.assertGreaterEqual(cb["load_errors"], 1, cb)
         self.assertIn("colliding key", b["log"])
         self.assert_same_as_reference(b["outputs"][0], "engine B with one bad block")
+
+    # 5 -----------------------------------------------------------------------
+    def test_5_kv_events_name_vllms_block_hashes(self):
+        """The sidecar's KV events for engine A's prompt name the block
+        hashes vLLM's own KV events name for it, with the same token ids
+        (vLLM's event publisher on in the same engine, its batches written
+        to a file; both decoded with msgspec's msgpack, not the project's
+        code)."""
+        import msgspec
+        import zmq
+        pub, rep = free_port(), free_port()
+        s = self.sidecar("events", ["--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+                                    "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep])
+        capture = os.path.join(self.tmp, "vllm-events.bin")
+        ctx = zmq.Context()
+        try:
+            a = self.run_engine(self.model, [P], kv=kv_config(s.socket), capture=capture)
+            self.assertEqual(a["connector"]["saved_blocks"], P_BLOCKS, a["connector"])
+            vllm_blocks = {}  # hash -> token ids, from vLLM's BlockStored events
+            with open(capture, "rb") as f:
+                data = f.read()
+            while data:
+                n = int.from_bytes(data[:4], "big")
+                for e in msgspec.msgpack.decode(data[4:4 + n])[1]:
+                    if e["type"] == "BlockStored" and e["medium"] == "GPU":
+                        bs = e["block_size"]
+                        for i, h in enumerate(e["block_hashes"]):
+                            vllm_blocks[h] = e["token_ids"][i * bs:(i + 1) * bs]
+                data = data[4 + n:]
+            # The sidecar's events so far, from its replay socket (from 0).
+            d = ctx.socket(zmq.DEALER)
+            d.connect("tcp://127.0.0.1:%d" % rep)
+            d.send_multipart([b"", (0).to_bytes(8, "big")])
+            ours = {}
+            while True:
+                self.assertTrue(d.poll(30000), "replay socket did not answer")
+                parts = d.recv_multipart()
+                if int.from_bytes(parts[2], "big", signed=True) == -1:
+                    break
+                for e in msgspec.msgpack.decode(parts[3])[1]:
+                    if e["type"] == "BlockStored" and e["medium"] == "CPU":
+                        ours[e["block_hashes"][0]] = (e["token_ids"], e["parent_block_hash"], e["block_size"])
+        finally:
+            ctx.destroy(linger=0)
+        self.assertEqual(len(ours), P_BLOCKS, ours)
+        self.assertTrue(vllm_blocks, "vLLM published no BlockStored")
+        for h, (toks, parent, size) in ours.items():
+            self.assertIn(h, vllm_blocks, "block hash %d of the sidecar's events is not vLLM's" % h)
+            self.assertEqual(size, BLOCK)
+            self.assertEqual(toks, vllm_blocks[h])
+            self.assertTrue(parent is None or parent in ours, "parent %s of %d not a block of the prompt" % (parent, h))
+        # The chain's head is the prompt's first block.
+        firsts = [h for h, (_, parent, _) in ours.items() if parent is None]
+        self.assertEqual(len(firsts), 1)
+        self.assertEqual(ours[firsts[0]][0], P[:BLOCK])
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ uses them.
 
 from .client import (  # noqa: F401
     ARENA_LAYOUT_VERSION,
+    BlockMeta,
     EXISTS,
     NOT_FOUND,
     OK,
@@ -34,7 +35,7 @@ from .checksum import crc32c  # noqa: F401
 from .keys import KEY_SIZE, block_key, chain_keys  # noqa: F401
 
 __all__ = [
-    "ARENA_LAYOUT_VERSION", "CRC32C_FAST", "Client", "EXISTS", "Error", "ErrorCode", "KEY_SIZE",
+    "ARENA_LAYOUT_VERSION", "BlockMeta", "CRC32C_FAST", "Client", "EXISTS", "Error", "ErrorCode", "KEY_SIZE",
     "Lease", "NOT_FOUND", "OK", "Presence", "RegisteredBuffer", "Reservation", "Scope", "Slot", "block_key",
     "chain_keys", "code_name", "crc32c",
 ]

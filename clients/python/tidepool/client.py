@@ -371,20 +371,25 @@ class Client:
             raise Error(e.code, e.message) from None
 
     # ---- inline calls ------------------------------------------------------
+    # (BlockMeta and _meta_fields are at the end of this module.)
 
     def hello(self):
         """HelloResponse: server version, limits, tiers, arenas."""
         return self._call(self._c.Hello, T.HelloRequest(client_version=CLIENT_VERSION, client_name=self._name))
 
-    def put(self, ns, key, value, depth=0):
-        """Stores one block; returns True when the key existed (a no-op)."""
-        return self._call(self._cw.Put, T.PutRequest(ns=ns, key=key, value=bytes(value), depth=depth)).existed
+    def put(self, ns, key, value, depth=0, meta=None):
+        """Stores one block; returns True when the key existed (a no-op).
+        meta (a BlockMeta: token ids, parent key, block size) describes the
+        block for KV events (docs/events.md)."""
+        return self._call(self._cw.Put, T.PutRequest(ns=ns, key=key, value=bytes(value), depth=depth,
+                                                     **_meta_fields(meta))).existed
 
     def batch_put(self, ns, items):
-        """items: (key, value) or (key, value, depth). Returns one ErrorCode
-        per item (OK, EXISTS, ...)."""
+        """items: (key, value), (key, value, depth) or (key, value, depth,
+        meta). Returns one ErrorCode per item (OK, EXISTS, ...)."""
         req = T.BatchPutRequest(ns=ns, items=[
-            T.PutItem(key=it[0], value=bytes(it[1]), depth=it[2] if len(it) > 2 else 0) for it in items])
+            T.PutItem(key=it[0], value=bytes(it[1]), depth=it[2] if len(it) > 2 else 0,
+                      **_meta_fields(it[3] if len(it) > 3 else None)) for it in items])
         return _codes(self._call(self._cw.BatchPut, req).results)
 
     def get(self, ns, key, scope=Scope.DEFAULT):
@@ -462,14 +467,16 @@ class Client:
                 for r in self._call(self._c.Reserve, req).results]
 
     def commit(self, items):
-        """items: token, or (token, crc32c or None). One ErrorCode per item:
-        OK, EXISTS (stored meanwhile; slot freed), LEASE_EXPIRED (unknown,
-        used or expired token), CHECKSUM_MISMATCH."""
+        """items: token, (token, crc32c or None) or (token, crc32c or None,
+        meta: a BlockMeta for KV events). One ErrorCode per item: OK, EXISTS
+        (stored meanwhile; slot freed), LEASE_EXPIRED (unknown, used or
+        expired token), CHECKSUM_MISMATCH."""
         req = T.CommitRequest(items=[])
         for it in items:
-            token, crc = (it, None) if isinstance(it, int) else it
+            token, crc, meta = (it, None, None) if isinstance(it, int) else (tuple(it) + (None,))[:3]
             req.items.append(T.CommitItem(token=token, has_checksum=crc is not None,
-                                          checksum=to_i32(crc) if crc is not None else 0))
+                                          checksum=to_i32(crc) if crc is not None else 0,
+                                          **_meta_fields(meta)))
         return _codes(self._call(self._c.Commit, req).results)
 
     def abort(self, tokens):
@@ -1132,3 +1139,18 @@ class Client:
             if found is not None:
                 return self._get_registered(ns, key, *found, verify, scope)
         return self.batch_get_into(ns, [key], [buf], verify=verify, scope=scope)[0]
+
+
+class BlockMeta(collections.namedtuple("BlockMeta", "token_ids parent_key block_size")):
+    """What a router needs to index a block (docs/events.md): the block's
+    token ids (exactly block_size of them, or empty), the key of the block
+    before it in its chain (None for the first) and the engine's block size
+    in tokens. Passed with put, batch_put and commit."""
+
+
+def _meta_fields(meta):
+    if meta is None:
+        return {}
+    return {"token_ids": [int(t) for t in meta.token_ids] if meta.token_ids else None,
+            "parent_key": bytes(meta.parent_key) if meta.parent_key else None,
+            "block_size": int(meta.block_size) if meta.block_size else None}

@@ -47,7 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from . import checksum as _crc
-from .client import OK, Client, Error, ErrorCode
+from .client import OK, BlockMeta, Client, Error, ErrorCode
 
 logger = init_logger("vllm.kv_connector.tidepool")
 # Loads wrap the read-only arena mapping in a tensor that is only read.
@@ -163,6 +163,7 @@ class _Transfer:
     keys: list  # tidepool keys (bytes), one per block
     block_ids: list  # vLLM block ids, same length
     first_index: int  # chain index of keys[0] (the block's depth)
+    metas: Optional[list] = None  # saves: a BlockMeta per key (for the sidecar's KV events)
 
 
 @dataclass
@@ -253,6 +254,24 @@ def namespace_for(desc, override=None):
     digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:24]
     base = override or "vllm/" + os.path.basename(str(desc["model"]).rstrip("/"))[:64]
     return "%s/tp%d/pp%d/%s" % (base, desc["tp"][0], desc["pp"][0], digest)
+
+
+def block_metas(request, keys, first, block_size, parent=None):
+    """The BlockMeta of each of keys, blocks first, first+1, ... of request
+    (parent: the key of block first-1, None for block 0): the block's token
+    ids, the key before it and the block
+    size, which the sidecar publishes in its KV events so that routers
+    (llm-d, Dynamo) can index the blocks it holds (docs/events.md). A block
+    whose tokens are not all known gets no token ids."""
+    toks = getattr(request, "all_token_ids", None)
+    if toks is None:
+        toks = getattr(request, "prompt_token_ids", None) or []
+    out = []
+    for i, _ in enumerate(keys):
+        b = first + i
+        t = list(toks[b * block_size:(b + 1) * block_size])
+        out.append(BlockMeta(t if len(t) == block_size else [], keys[i - 1] if i > 0 else parent, block_size))
+    return out
 
 
 def _vllm_hashes_of(tokens, block_size, hash_algo):
@@ -450,8 +469,10 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                 keys = self._keys(st.request, full)
                 if len(keys) > st.saved_upto:
                     n = len(keys)
-                    meta.saves.append(_Transfer(rid, keys[st.saved_upto:n], bids[st.saved_upto:n],
-                                                st.saved_upto))
+                    tr = _Transfer(rid, keys[st.saved_upto:n], bids[st.saved_upto:n], st.saved_upto)
+                    tr.metas = block_metas(st.request, tr.keys, st.saved_upto, self._block_size,
+                                           keys[st.saved_upto - 1] if st.saved_upto > 0 else None)
+                    meta.saves.append(tr)
                     st.saved_upto = n
                     st.has_saves = True
         return meta
@@ -725,7 +746,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                             off += nbytes
                         del dst
                         crc = _crc.crc32c(v)
-                commits.append((r.token, crc))
+                commits.append((r.token, crc, tr.metas[i] if tr.metas else None))
                 stored.append(i)
         except BaseException as e:
             try:

@@ -499,12 +499,15 @@ var fieldIDToName_HelloResponse = map[int16]string{
 }
 
 type PutRequest struct {
-	Ns           string `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
-	Key          []byte `thrift:"key,2" frugal:"2,default,binary" json:"key"`
-	Value        []byte `thrift:"value,3" frugal:"3,default,binary" json:"value"`
-	Depth        int32  `thrift:"depth,4" frugal:"4,default,i32" json:"depth"`
-	Durable      bool   `thrift:"durable,5" frugal:"5,default,bool" json:"durable"`
-	SyncReplicas int32  `thrift:"sync_replicas,6" frugal:"6,default,i32" json:"sync_replicas"`
+	Ns           string  `thrift:"ns,1" frugal:"1,default,string" json:"ns"`
+	Key          []byte  `thrift:"key,2" frugal:"2,default,binary" json:"key"`
+	Value        []byte  `thrift:"value,3" frugal:"3,default,binary" json:"value"`
+	Depth        int32   `thrift:"depth,4" frugal:"4,default,i32" json:"depth"`
+	Durable      bool    `thrift:"durable,5" frugal:"5,default,bool" json:"durable"`
+	SyncReplicas int32   `thrift:"sync_replicas,6" frugal:"6,default,i32" json:"sync_replicas"`
+	TokenIds     []int32 `thrift:"token_ids,7,optional" frugal:"7,optional,list<i32>" json:"token_ids,omitempty"`
+	ParentKey    []byte  `thrift:"parent_key,8,optional" frugal:"8,optional,binary" json:"parent_key,omitempty"`
+	BlockSize    *int32  `thrift:"block_size,9,optional" frugal:"9,optional,i32" json:"block_size,omitempty"`
 }
 
 func NewPutRequest() *PutRequest {
@@ -537,6 +540,33 @@ func (p *PutRequest) GetDurable() (v bool) {
 func (p *PutRequest) GetSyncReplicas() (v int32) {
 	return p.SyncReplicas
 }
+
+var PutRequest_TokenIds_DEFAULT []int32
+
+func (p *PutRequest) GetTokenIds() (v []int32) {
+	if !p.IsSetTokenIds() {
+		return PutRequest_TokenIds_DEFAULT
+	}
+	return p.TokenIds
+}
+
+var PutRequest_ParentKey_DEFAULT []byte
+
+func (p *PutRequest) GetParentKey() (v []byte) {
+	if !p.IsSetParentKey() {
+		return PutRequest_ParentKey_DEFAULT
+	}
+	return p.ParentKey
+}
+
+var PutRequest_BlockSize_DEFAULT int32
+
+func (p *PutRequest) GetBlockSize() (v int32) {
+	if !p.IsSetBlockSize() {
+		return PutRequest_BlockSize_DEFAULT
+	}
+	return *p.BlockSize
+}
 func (p *PutRequest) SetNs(val string) {
 	p.Ns = val
 }
@@ -555,6 +585,27 @@ func (p *PutRequest) SetDurable(val bool) {
 func (p *PutRequest) SetSyncReplicas(val int32) {
 	p.SyncReplicas = val
 }
+func (p *PutRequest) SetTokenIds(val []int32) {
+	p.TokenIds = val
+}
+func (p *PutRequest) SetParentKey(val []byte) {
+	p.ParentKey = val
+}
+func (p *PutRequest) SetBlockSize(val *int32) {
+	p.BlockSize = val
+}
+
+func (p *PutRequest) IsSetTokenIds() bool {
+	return p.TokenIds != nil
+}
+
+func (p *PutRequest) IsSetParentKey() bool {
+	return p.ParentKey != nil
+}
+
+func (p *PutRequest) IsSetBlockSize() bool {
+	return p.BlockSize != nil
+}
 
 func (p *PutRequest) String() string {
 	if p == nil {
@@ -570,6 +621,9 @@ var fieldIDToName_PutRequest = map[int16]string{
 	4: "depth",
 	5: "durable",
 	6: "sync_replicas",
+	7: "token_ids",
+	8: "parent_key",
+	9: "block_size",
 }
 
 type PutResponse struct {
@@ -602,9 +656,12 @@ var fieldIDToName_PutResponse = map[int16]string{
 }
 
 type PutItem struct {
-	Key   []byte `thrift:"key,1" frugal:"1,default,binary" json:"key"`
-	Value []byte `thrift:"value,2" frugal:"2,default,binary" json:"value"`
-	Depth int32  `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
+	Key       []byte  `thrift:"key,1" frugal:"1,default,binary" json:"key"`
+	Value     []byte  `thrift:"value,2" frugal:"2,default,binary" json:"value"`
+	Depth     int32   `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
+	TokenIds  []int32 `thrift:"token_ids,4,optional" frugal:"4,optional,list<i32>" json:"token_ids,omitempty"`
+	ParentKey []byte  `thrift:"parent_key,5,optional" frugal:"5,optional,binary" json:"parent_key,omitempty"`
+	BlockSize *int32  `thrift:"block_size,6,optional" frugal:"6,optional,i32" json:"block_size,omitempty"`
 }
 
 func NewPutItem() *PutItem {
@@ -625,6 +682,33 @@ func (p *PutItem) GetValue() (v []byte) {
 func (p *PutItem) GetDepth() (v int32) {
 	return p.Depth
 }
+
+var PutItem_TokenIds_DEFAULT []int32
+
+func (p *PutItem) GetTokenIds() (v []int32) {
+	if !p.IsSetTokenIds() {
+		return PutItem_TokenIds_DEFAULT
+	}
+	return p.TokenIds
+}
+
+var PutItem_ParentKey_DEFAULT []byte
+
+func (p *PutItem) GetParentKey() (v []byte) {
+	if !p.IsSetParentKey() {
+		return PutItem_ParentKey_DEFAULT
+	}
+	return p.ParentKey
+}
+
+var PutItem_BlockSize_DEFAULT int32
+
+func (p *PutItem) GetBlockSize() (v int32) {
+	if !p.IsSetBlockSize() {
+		return PutItem_BlockSize_DEFAULT
+	}
+	return *p.BlockSize
+}
 func (p *PutItem) SetKey(val []byte) {
 	p.Key = val
 }
@@ -633,6 +717,27 @@ func (p *PutItem) SetValue(val []byte) {
 }
 func (p *PutItem) SetDepth(val int32) {
 	p.Depth = val
+}
+func (p *PutItem) SetTokenIds(val []int32) {
+	p.TokenIds = val
+}
+func (p *PutItem) SetParentKey(val []byte) {
+	p.ParentKey = val
+}
+func (p *PutItem) SetBlockSize(val *int32) {
+	p.BlockSize = val
+}
+
+func (p *PutItem) IsSetTokenIds() bool {
+	return p.TokenIds != nil
+}
+
+func (p *PutItem) IsSetParentKey() bool {
+	return p.ParentKey != nil
+}
+
+func (p *PutItem) IsSetBlockSize() bool {
+	return p.BlockSize != nil
 }
 
 func (p *PutItem) String() string {
@@ -646,6 +751,9 @@ var fieldIDToName_PutItem = map[int16]string{
 	1: "key",
 	2: "value",
 	3: "depth",
+	4: "token_ids",
+	5: "parent_key",
+	6: "block_size",
 }
 
 type BatchPutRequest struct {
@@ -1938,12 +2046,15 @@ var fieldIDToName_ReserveResponse = map[int16]string{
 }
 
 type CommitItem struct {
-	Token       int64  `thrift:"token,1" frugal:"1,default,i64" json:"token"`
-	HasChecksum bool   `thrift:"has_checksum,2" frugal:"2,default,bool" json:"has_checksum"`
-	Checksum    int32  `thrift:"checksum,3" frugal:"3,default,i32" json:"checksum"`
-	Key         []byte `thrift:"key,4" frugal:"4,default,binary" json:"key"`
-	Depth       int32  `thrift:"depth,5" frugal:"5,default,i32" json:"depth"`
-	NextSize    int64  `thrift:"next_size,6" frugal:"6,default,i64" json:"next_size"`
+	Token       int64   `thrift:"token,1" frugal:"1,default,i64" json:"token"`
+	HasChecksum bool    `thrift:"has_checksum,2" frugal:"2,default,bool" json:"has_checksum"`
+	Checksum    int32   `thrift:"checksum,3" frugal:"3,default,i32" json:"checksum"`
+	Key         []byte  `thrift:"key,4" frugal:"4,default,binary" json:"key"`
+	Depth       int32   `thrift:"depth,5" frugal:"5,default,i32" json:"depth"`
+	NextSize    int64   `thrift:"next_size,6" frugal:"6,default,i64" json:"next_size"`
+	TokenIds    []int32 `thrift:"token_ids,7,optional" frugal:"7,optional,list<i32>" json:"token_ids,omitempty"`
+	ParentKey   []byte  `thrift:"parent_key,8,optional" frugal:"8,optional,binary" json:"parent_key,omitempty"`
+	BlockSize   *int32  `thrift:"block_size,9,optional" frugal:"9,optional,i32" json:"block_size,omitempty"`
 }
 
 func NewCommitItem() *CommitItem {
@@ -1976,6 +2087,33 @@ func (p *CommitItem) GetDepth() (v int32) {
 func (p *CommitItem) GetNextSize() (v int64) {
 	return p.NextSize
 }
+
+var CommitItem_TokenIds_DEFAULT []int32
+
+func (p *CommitItem) GetTokenIds() (v []int32) {
+	if !p.IsSetTokenIds() {
+		return CommitItem_TokenIds_DEFAULT
+	}
+	return p.TokenIds
+}
+
+var CommitItem_ParentKey_DEFAULT []byte
+
+func (p *CommitItem) GetParentKey() (v []byte) {
+	if !p.IsSetParentKey() {
+		return CommitItem_ParentKey_DEFAULT
+	}
+	return p.ParentKey
+}
+
+var CommitItem_BlockSize_DEFAULT int32
+
+func (p *CommitItem) GetBlockSize() (v int32) {
+	if !p.IsSetBlockSize() {
+		return CommitItem_BlockSize_DEFAULT
+	}
+	return *p.BlockSize
+}
 func (p *CommitItem) SetToken(val int64) {
 	p.Token = val
 }
@@ -1994,6 +2132,27 @@ func (p *CommitItem) SetDepth(val int32) {
 func (p *CommitItem) SetNextSize(val int64) {
 	p.NextSize = val
 }
+func (p *CommitItem) SetTokenIds(val []int32) {
+	p.TokenIds = val
+}
+func (p *CommitItem) SetParentKey(val []byte) {
+	p.ParentKey = val
+}
+func (p *CommitItem) SetBlockSize(val *int32) {
+	p.BlockSize = val
+}
+
+func (p *CommitItem) IsSetTokenIds() bool {
+	return p.TokenIds != nil
+}
+
+func (p *CommitItem) IsSetParentKey() bool {
+	return p.ParentKey != nil
+}
+
+func (p *CommitItem) IsSetBlockSize() bool {
+	return p.BlockSize != nil
+}
 
 func (p *CommitItem) String() string {
 	if p == nil {
@@ -2009,6 +2168,9 @@ var fieldIDToName_CommitItem = map[int16]string{
 	4: "key",
 	5: "depth",
 	6: "next_size",
+	7: "token_ids",
+	8: "parent_key",
+	9: "block_size",
 }
 
 type CommitRequest struct {

@@ -744,17 +744,23 @@ class PutRequest(object):
      - depth
      - durable
      - sync_replicas
+     - token_ids
+     - parent_key
+     - block_size
 
     """
 
 
-    def __init__(self, ns=None, key=None, value=None, depth=None, durable=None, sync_replicas=None,):
+    def __init__(self, ns=None, key=None, value=None, depth=None, durable=None, sync_replicas=None, token_ids=None, parent_key=None, block_size=None,):
         self.ns = ns
         self.key = key
         self.value = value
         self.depth = depth
         self.durable = durable
         self.sync_replicas = sync_replicas
+        self.token_ids = token_ids
+        self.parent_key = parent_key
+        self.block_size = block_size
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -795,6 +801,26 @@ class PutRequest(object):
                     self.sync_replicas = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.LIST:
+                    self.token_ids = []
+                    (_etype24, _size21) = iprot.readListBegin()
+                    for _i25 in range(_size21):
+                        _elem26 = iprot.readI32()
+                        self.token_ids.append(_elem26)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.parent_key = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.I32:
+                    self.block_size = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -828,6 +854,21 @@ class PutRequest(object):
         if self.sync_replicas is not None:
             oprot.writeFieldBegin('sync_replicas', TType.I32, 6)
             oprot.writeI32(self.sync_replicas)
+            oprot.writeFieldEnd()
+        if self.token_ids is not None:
+            oprot.writeFieldBegin('token_ids', TType.LIST, 7)
+            oprot.writeListBegin(TType.I32, len(self.token_ids))
+            for iter27 in self.token_ids:
+                oprot.writeI32(iter27)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.parent_key is not None:
+            oprot.writeFieldBegin('parent_key', TType.STRING, 8)
+            oprot.writeBinary(self.parent_key)
+            oprot.writeFieldEnd()
+        if self.block_size is not None:
+            oprot.writeFieldBegin('block_size', TType.I32, 9)
+            oprot.writeI32(self.block_size)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -910,14 +951,20 @@ class PutItem(object):
      - key
      - value
      - depth
+     - token_ids
+     - parent_key
+     - block_size
 
     """
 
 
-    def __init__(self, key=None, value=None, depth=None,):
+    def __init__(self, key=None, value=None, depth=None, token_ids=None, parent_key=None, block_size=None,):
         self.key = key
         self.value = value
         self.depth = depth
+        self.token_ids = token_ids
+        self.parent_key = parent_key
+        self.block_size = block_size
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -943,6 +990,26 @@ class PutItem(object):
                     self.depth = iprot.readI32()
                 else:
                     iprot.skip(ftype)
+            elif fid == 4:
+                if ftype == TType.LIST:
+                    self.token_ids = []
+                    (_etype31, _size28) = iprot.readListBegin()
+                    for _i32 in range(_size28):
+                        _elem33 = iprot.readI32()
+                        self.token_ids.append(_elem33)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 5:
+                if ftype == TType.STRING:
+                    self.parent_key = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 6:
+                if ftype == TType.I32:
+                    self.block_size = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -964,6 +1031,21 @@ class PutItem(object):
         if self.depth is not None:
             oprot.writeFieldBegin('depth', TType.I32, 3)
             oprot.writeI32(self.depth)
+            oprot.writeFieldEnd()
+        if self.token_ids is not None:
+            oprot.writeFieldBegin('token_ids', TType.LIST, 4)
+            oprot.writeListBegin(TType.I32, len(self.token_ids))
+            for iter34 in self.token_ids:
+                oprot.writeI32(iter34)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.parent_key is not None:
+            oprot.writeFieldBegin('parent_key', TType.STRING, 5)
+            oprot.writeBinary(self.parent_key)
+            oprot.writeFieldEnd()
+        if self.block_size is not None:
+            oprot.writeFieldBegin('block_size', TType.I32, 6)
+            oprot.writeI32(self.block_size)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -1017,11 +1099,11 @@ class BatchPutRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype24, _size21) = iprot.readListBegin()
-                    for _i25 in range(_size21):
-                        _elem26 = PutItem()
-                        _elem26.read(iprot)
-                        self.items.append(_elem26)
+                    (_etype38, _size35) = iprot.readListBegin()
+                    for _i39 in range(_size35):
+                        _elem40 = PutItem()
+                        _elem40.read(iprot)
+                        self.items.append(_elem40)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1052,8 +1134,8 @@ class BatchPutRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter27 in self.items:
-                iter27.write(oprot)
+            for iter41 in self.items:
+                iter41.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.durable is not None:
@@ -1173,11 +1255,11 @@ class BatchPutResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype31, _size28) = iprot.readListBegin()
-                    for _i32 in range(_size28):
-                        _elem33 = ItemStatus()
-                        _elem33.read(iprot)
-                        self.results.append(_elem33)
+                    (_etype45, _size42) = iprot.readListBegin()
+                    for _i46 in range(_size42):
+                        _elem47 = ItemStatus()
+                        _elem47.read(iprot)
+                        self.results.append(_elem47)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1194,8 +1276,8 @@ class BatchPutResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter34 in self.results:
-                iter34.write(oprot)
+            for iter48 in self.results:
+                iter48.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1406,10 +1488,10 @@ class BatchGetRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype38, _size35) = iprot.readListBegin()
-                    for _i39 in range(_size35):
-                        _elem40 = iprot.readBinary()
-                        self.keys.append(_elem40)
+                    (_etype52, _size49) = iprot.readListBegin()
+                    for _i53 in range(_size49):
+                        _elem54 = iprot.readBinary()
+                        self.keys.append(_elem54)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1435,8 +1517,8 @@ class BatchGetRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter41 in self.keys:
-                oprot.writeBinary(iter41)
+            for iter55 in self.keys:
+                oprot.writeBinary(iter55)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -1563,11 +1645,11 @@ class BatchGetResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype45, _size42) = iprot.readListBegin()
-                    for _i46 in range(_size42):
-                        _elem47 = GetItem()
-                        _elem47.read(iprot)
-                        self.results.append(_elem47)
+                    (_etype59, _size56) = iprot.readListBegin()
+                    for _i60 in range(_size56):
+                        _elem61 = GetItem()
+                        _elem61.read(iprot)
+                        self.results.append(_elem61)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1584,8 +1666,8 @@ class BatchGetResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter48 in self.results:
-                iter48.write(oprot)
+            for iter62 in self.results:
+                iter62.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1796,10 +1878,10 @@ class BatchExistsRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype52, _size49) = iprot.readListBegin()
-                    for _i53 in range(_size49):
-                        _elem54 = iprot.readBinary()
-                        self.keys.append(_elem54)
+                    (_etype66, _size63) = iprot.readListBegin()
+                    for _i67 in range(_size63):
+                        _elem68 = iprot.readBinary()
+                        self.keys.append(_elem68)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1825,8 +1907,8 @@ class BatchExistsRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter55 in self.keys:
-                oprot.writeBinary(iter55)
+            for iter69 in self.keys:
+                oprot.writeBinary(iter69)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -1874,11 +1956,11 @@ class BatchExistsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype59, _size56) = iprot.readListBegin()
-                    for _i60 in range(_size56):
-                        _elem61 = ExistsResponse()
-                        _elem61.read(iprot)
-                        self.results.append(_elem61)
+                    (_etype73, _size70) = iprot.readListBegin()
+                    for _i74 in range(_size70):
+                        _elem75 = ExistsResponse()
+                        _elem75.read(iprot)
+                        self.results.append(_elem75)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1895,8 +1977,8 @@ class BatchExistsResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter62 in self.results:
-                iter62.write(oprot)
+            for iter76 in self.results:
+                iter76.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -1949,10 +2031,10 @@ class LookupRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype66, _size63) = iprot.readListBegin()
-                    for _i67 in range(_size63):
-                        _elem68 = iprot.readBinary()
-                        self.keys.append(_elem68)
+                    (_etype80, _size77) = iprot.readListBegin()
+                    for _i81 in range(_size77):
+                        _elem82 = iprot.readBinary()
+                        self.keys.append(_elem82)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -1978,8 +2060,8 @@ class LookupRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter69 in self.keys:
-                oprot.writeBinary(iter69)
+            for iter83 in self.keys:
+                oprot.writeBinary(iter83)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -2676,22 +2758,22 @@ class StatsResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.tiers = []
-                    (_etype73, _size70) = iprot.readListBegin()
-                    for _i74 in range(_size70):
-                        _elem75 = TierStats()
-                        _elem75.read(iprot)
-                        self.tiers.append(_elem75)
+                    (_etype87, _size84) = iprot.readListBegin()
+                    for _i88 in range(_size84):
+                        _elem89 = TierStats()
+                        _elem89.read(iprot)
+                        self.tiers.append(_elem89)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.namespaces = []
-                    (_etype79, _size76) = iprot.readListBegin()
-                    for _i80 in range(_size76):
-                        _elem81 = NamespaceStats()
-                        _elem81.read(iprot)
-                        self.namespaces.append(_elem81)
+                    (_etype93, _size90) = iprot.readListBegin()
+                    for _i94 in range(_size90):
+                        _elem95 = NamespaceStats()
+                        _elem95.read(iprot)
+                        self.namespaces.append(_elem95)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2718,15 +2800,15 @@ class StatsResponse(object):
         if self.tiers is not None:
             oprot.writeFieldBegin('tiers', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.tiers))
-            for iter82 in self.tiers:
-                iter82.write(oprot)
+            for iter96 in self.tiers:
+                iter96.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.namespaces is not None:
             oprot.writeFieldBegin('namespaces', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.namespaces))
-            for iter83 in self.namespaces:
-                iter83.write(oprot)
+            for iter97 in self.namespaces:
+                iter97.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.uptime_ms is not None:
@@ -2787,10 +2869,10 @@ class PrefetchRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype87, _size84) = iprot.readListBegin()
-                    for _i88 in range(_size84):
-                        _elem89 = iprot.readBinary()
-                        self.keys.append(_elem89)
+                    (_etype101, _size98) = iprot.readListBegin()
+                    for _i102 in range(_size98):
+                        _elem103 = iprot.readBinary()
+                        self.keys.append(_elem103)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -2816,8 +2898,8 @@ class PrefetchRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter90 in self.keys:
-                oprot.writeBinary(iter90)
+            for iter104 in self.keys:
+                oprot.writeBinary(iter104)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.scope is not None:
@@ -3023,11 +3105,11 @@ class ReserveRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype94, _size91) = iprot.readListBegin()
-                    for _i95 in range(_size91):
-                        _elem96 = ReserveItem()
-                        _elem96.read(iprot)
-                        self.items.append(_elem96)
+                    (_etype108, _size105) = iprot.readListBegin()
+                    for _i109 in range(_size105):
+                        _elem110 = ReserveItem()
+                        _elem110.read(iprot)
+                        self.items.append(_elem110)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3058,8 +3140,8 @@ class ReserveRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter97 in self.items:
-                iter97.write(oprot)
+            for iter111 in self.items:
+                iter111.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.ttl_ms is not None:
@@ -3213,11 +3295,11 @@ class ReserveResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype101, _size98) = iprot.readListBegin()
-                    for _i102 in range(_size98):
-                        _elem103 = Reservation()
-                        _elem103.read(iprot)
-                        self.results.append(_elem103)
+                    (_etype115, _size112) = iprot.readListBegin()
+                    for _i116 in range(_size112):
+                        _elem117 = Reservation()
+                        _elem117.read(iprot)
+                        self.results.append(_elem117)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3234,8 +3316,8 @@ class ReserveResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter104 in self.results:
-                iter104.write(oprot)
+            for iter118 in self.results:
+                iter118.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3265,17 +3347,23 @@ class CommitItem(object):
      - key
      - depth
      - next_size
+     - token_ids
+     - parent_key
+     - block_size
 
     """
 
 
-    def __init__(self, token=None, has_checksum=None, checksum=None, key=None, depth=None, next_size=None,):
+    def __init__(self, token=None, has_checksum=None, checksum=None, key=None, depth=None, next_size=None, token_ids=None, parent_key=None, block_size=None,):
         self.token = token
         self.has_checksum = has_checksum
         self.checksum = checksum
         self.key = key
         self.depth = depth
         self.next_size = next_size
+        self.token_ids = token_ids
+        self.parent_key = parent_key
+        self.block_size = block_size
 
     def read(self, iprot):
         if iprot._fast_decode is not None and isinstance(iprot.trans, TTransport.CReadableTransport) and self.thrift_spec is not None:
@@ -3316,6 +3404,26 @@ class CommitItem(object):
                     self.next_size = iprot.readI64()
                 else:
                     iprot.skip(ftype)
+            elif fid == 7:
+                if ftype == TType.LIST:
+                    self.token_ids = []
+                    (_etype122, _size119) = iprot.readListBegin()
+                    for _i123 in range(_size119):
+                        _elem124 = iprot.readI32()
+                        self.token_ids.append(_elem124)
+                    iprot.readListEnd()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 8:
+                if ftype == TType.STRING:
+                    self.parent_key = iprot.readBinary()
+                else:
+                    iprot.skip(ftype)
+            elif fid == 9:
+                if ftype == TType.I32:
+                    self.block_size = iprot.readI32()
+                else:
+                    iprot.skip(ftype)
             else:
                 iprot.skip(ftype)
             iprot.readFieldEnd()
@@ -3349,6 +3457,21 @@ class CommitItem(object):
         if self.next_size is not None:
             oprot.writeFieldBegin('next_size', TType.I64, 6)
             oprot.writeI64(self.next_size)
+            oprot.writeFieldEnd()
+        if self.token_ids is not None:
+            oprot.writeFieldBegin('token_ids', TType.LIST, 7)
+            oprot.writeListBegin(TType.I32, len(self.token_ids))
+            for iter125 in self.token_ids:
+                oprot.writeI32(iter125)
+            oprot.writeListEnd()
+            oprot.writeFieldEnd()
+        if self.parent_key is not None:
+            oprot.writeFieldBegin('parent_key', TType.STRING, 8)
+            oprot.writeBinary(self.parent_key)
+            oprot.writeFieldEnd()
+        if self.block_size is not None:
+            oprot.writeFieldBegin('block_size', TType.I32, 9)
+            oprot.writeI32(self.block_size)
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
         oprot.writeStructEnd()
@@ -3391,11 +3514,11 @@ class CommitRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.items = []
-                    (_etype108, _size105) = iprot.readListBegin()
-                    for _i109 in range(_size105):
-                        _elem110 = CommitItem()
-                        _elem110.read(iprot)
-                        self.items.append(_elem110)
+                    (_etype129, _size126) = iprot.readListBegin()
+                    for _i130 in range(_size126):
+                        _elem131 = CommitItem()
+                        _elem131.read(iprot)
+                        self.items.append(_elem131)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3412,8 +3535,8 @@ class CommitRequest(object):
         if self.items is not None:
             oprot.writeFieldBegin('items', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.items))
-            for iter111 in self.items:
-                iter111.write(oprot)
+            for iter132 in self.items:
+                iter132.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3459,22 +3582,22 @@ class CommitResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype115, _size112) = iprot.readListBegin()
-                    for _i116 in range(_size112):
-                        _elem117 = ItemStatus()
-                        _elem117.read(iprot)
-                        self.results.append(_elem117)
+                    (_etype136, _size133) = iprot.readListBegin()
+                    for _i137 in range(_size133):
+                        _elem138 = ItemStatus()
+                        _elem138.read(iprot)
+                        self.results.append(_elem138)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.next = []
-                    (_etype121, _size118) = iprot.readListBegin()
-                    for _i122 in range(_size118):
-                        _elem123 = Reservation()
-                        _elem123.read(iprot)
-                        self.next.append(_elem123)
+                    (_etype142, _size139) = iprot.readListBegin()
+                    for _i143 in range(_size139):
+                        _elem144 = Reservation()
+                        _elem144.read(iprot)
+                        self.next.append(_elem144)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3491,15 +3614,15 @@ class CommitResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter124 in self.results:
-                iter124.write(oprot)
+            for iter145 in self.results:
+                iter145.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.next is not None:
             oprot.writeFieldBegin('next', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.next))
-            for iter125 in self.next:
-                iter125.write(oprot)
+            for iter146 in self.next:
+                iter146.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3543,10 +3666,10 @@ class AbortRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.tokens = []
-                    (_etype129, _size126) = iprot.readListBegin()
-                    for _i130 in range(_size126):
-                        _elem131 = iprot.readI64()
-                        self.tokens.append(_elem131)
+                    (_etype150, _size147) = iprot.readListBegin()
+                    for _i151 in range(_size147):
+                        _elem152 = iprot.readI64()
+                        self.tokens.append(_elem152)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3563,8 +3686,8 @@ class AbortRequest(object):
         if self.tokens is not None:
             oprot.writeFieldBegin('tokens', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.tokens))
-            for iter132 in self.tokens:
-                oprot.writeI64(iter132)
+            for iter153 in self.tokens:
+                oprot.writeI64(iter153)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3608,11 +3731,11 @@ class AbortResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype136, _size133) = iprot.readListBegin()
-                    for _i137 in range(_size133):
-                        _elem138 = ItemStatus()
-                        _elem138.read(iprot)
-                        self.results.append(_elem138)
+                    (_etype157, _size154) = iprot.readListBegin()
+                    for _i158 in range(_size154):
+                        _elem159 = ItemStatus()
+                        _elem159.read(iprot)
+                        self.results.append(_elem159)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3629,8 +3752,8 @@ class AbortResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter139 in self.results:
-                iter139.write(oprot)
+            for iter160 in self.results:
+                iter160.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3687,10 +3810,10 @@ class AcquireRequest(object):
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.keys = []
-                    (_etype143, _size140) = iprot.readListBegin()
-                    for _i144 in range(_size140):
-                        _elem145 = iprot.readBinary()
-                        self.keys.append(_elem145)
+                    (_etype164, _size161) = iprot.readListBegin()
+                    for _i165 in range(_size161):
+                        _elem166 = iprot.readBinary()
+                        self.keys.append(_elem166)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3707,10 +3830,10 @@ class AcquireRequest(object):
             elif fid == 5:
                 if ftype == TType.LIST:
                     self.release_lease_ids = []
-                    (_etype149, _size146) = iprot.readListBegin()
-                    for _i150 in range(_size146):
-                        _elem151 = iprot.readI64()
-                        self.release_lease_ids.append(_elem151)
+                    (_etype170, _size167) = iprot.readListBegin()
+                    for _i171 in range(_size167):
+                        _elem172 = iprot.readI64()
+                        self.release_lease_ids.append(_elem172)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3731,8 +3854,8 @@ class AcquireRequest(object):
         if self.keys is not None:
             oprot.writeFieldBegin('keys', TType.LIST, 2)
             oprot.writeListBegin(TType.STRING, len(self.keys))
-            for iter152 in self.keys:
-                oprot.writeBinary(iter152)
+            for iter173 in self.keys:
+                oprot.writeBinary(iter173)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.lease_ms is not None:
@@ -3746,8 +3869,8 @@ class AcquireRequest(object):
         if self.release_lease_ids is not None:
             oprot.writeFieldBegin('release_lease_ids', TType.LIST, 5)
             oprot.writeListBegin(TType.I64, len(self.release_lease_ids))
-            for iter153 in self.release_lease_ids:
-                oprot.writeI64(iter153)
+            for iter174 in self.release_lease_ids:
+                oprot.writeI64(iter174)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -3895,11 +4018,11 @@ class AcquireResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype157, _size154) = iprot.readListBegin()
-                    for _i158 in range(_size154):
-                        _elem159 = Lease()
-                        _elem159.read(iprot)
-                        self.results.append(_elem159)
+                    (_etype178, _size175) = iprot.readListBegin()
+                    for _i179 in range(_size175):
+                        _elem180 = Lease()
+                        _elem180.read(iprot)
+                        self.results.append(_elem180)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3921,8 +4044,8 @@ class AcquireResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter160 in self.results:
-                iter160.write(oprot)
+            for iter181 in self.results:
+                iter181.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.deadline_unix_ms is not None:
@@ -3970,10 +4093,10 @@ class ReleaseRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.lease_ids = []
-                    (_etype164, _size161) = iprot.readListBegin()
-                    for _i165 in range(_size161):
-                        _elem166 = iprot.readI64()
-                        self.lease_ids.append(_elem166)
+                    (_etype185, _size182) = iprot.readListBegin()
+                    for _i186 in range(_size182):
+                        _elem187 = iprot.readI64()
+                        self.lease_ids.append(_elem187)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -3990,8 +4113,8 @@ class ReleaseRequest(object):
         if self.lease_ids is not None:
             oprot.writeFieldBegin('lease_ids', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.lease_ids))
-            for iter167 in self.lease_ids:
-                oprot.writeI64(iter167)
+            for iter188 in self.lease_ids:
+                oprot.writeI64(iter188)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4035,11 +4158,11 @@ class ReleaseResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype171, _size168) = iprot.readListBegin()
-                    for _i172 in range(_size168):
-                        _elem173 = ItemStatus()
-                        _elem173.read(iprot)
-                        self.results.append(_elem173)
+                    (_etype192, _size189) = iprot.readListBegin()
+                    for _i193 in range(_size189):
+                        _elem194 = ItemStatus()
+                        _elem194.read(iprot)
+                        self.results.append(_elem194)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4056,8 +4179,8 @@ class ReleaseResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter174 in self.results:
-                iter174.write(oprot)
+            for iter195 in self.results:
+                iter195.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -4103,10 +4226,10 @@ class RenewRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.lease_ids = []
-                    (_etype178, _size175) = iprot.readListBegin()
-                    for _i179 in range(_size175):
-                        _elem180 = iprot.readI64()
-                        self.lease_ids.append(_elem180)
+                    (_etype199, _size196) = iprot.readListBegin()
+                    for _i200 in range(_size196):
+                        _elem201 = iprot.readI64()
+                        self.lease_ids.append(_elem201)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4128,8 +4251,8 @@ class RenewRequest(object):
         if self.lease_ids is not None:
             oprot.writeFieldBegin('lease_ids', TType.LIST, 1)
             oprot.writeListBegin(TType.I64, len(self.lease_ids))
-            for iter181 in self.lease_ids:
-                oprot.writeI64(iter181)
+            for iter202 in self.lease_ids:
+                oprot.writeI64(iter202)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.lease_ms is not None:
@@ -4179,11 +4302,11 @@ class RenewResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype185, _size182) = iprot.readListBegin()
-                    for _i186 in range(_size182):
-                        _elem187 = ItemStatus()
-                        _elem187.read(iprot)
-                        self.results.append(_elem187)
+                    (_etype206, _size203) = iprot.readListBegin()
+                    for _i207 in range(_size203):
+                        _elem208 = ItemStatus()
+                        _elem208.read(iprot)
+                        self.results.append(_elem208)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4205,8 +4328,8 @@ class RenewResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter188 in self.results:
-                iter188.write(oprot)
+            for iter209 in self.results:
+                iter209.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.deadline_unix_ms is not None:
@@ -4451,22 +4574,22 @@ class GpuRegisterRequest(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.buffers = []
-                    (_etype192, _size189) = iprot.readListBegin()
-                    for _i193 in range(_size189):
-                        _elem194 = GpuBuffer()
-                        _elem194.read(iprot)
-                        self.buffers.append(_elem194)
+                    (_etype213, _size210) = iprot.readListBegin()
+                    for _i214 in range(_size210):
+                        _elem215 = GpuBuffer()
+                        _elem215.read(iprot)
+                        self.buffers.append(_elem215)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
             elif fid == 2:
                 if ftype == TType.LIST:
                     self.segments = []
-                    (_etype198, _size195) = iprot.readListBegin()
-                    for _i199 in range(_size195):
-                        _elem200 = GpuSegment()
-                        _elem200.read(iprot)
-                        self.segments.append(_elem200)
+                    (_etype219, _size216) = iprot.readListBegin()
+                    for _i220 in range(_size216):
+                        _elem221 = GpuSegment()
+                        _elem221.read(iprot)
+                        self.segments.append(_elem221)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4493,15 +4616,15 @@ class GpuRegisterRequest(object):
         if self.buffers is not None:
             oprot.writeFieldBegin('buffers', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.buffers))
-            for iter201 in self.buffers:
-                iter201.write(oprot)
+            for iter222 in self.buffers:
+                iter222.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.segments is not None:
             oprot.writeFieldBegin('segments', TType.LIST, 2)
             oprot.writeListBegin(TType.STRUCT, len(self.segments))
-            for iter202 in self.segments:
-                iter202.write(oprot)
+            for iter223 in self.segments:
+                iter223.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.num_blocks is not None:
@@ -4815,11 +4938,11 @@ class GpuCopyRequest(object):
             elif fid == 3:
                 if ftype == TType.LIST:
                     self.blocks = []
-                    (_etype206, _size203) = iprot.readListBegin()
-                    for _i207 in range(_size203):
-                        _elem208 = GpuBlock()
-                        _elem208.read(iprot)
-                        self.blocks.append(_elem208)
+                    (_etype227, _size224) = iprot.readListBegin()
+                    for _i228 in range(_size224):
+                        _elem229 = GpuBlock()
+                        _elem229.read(iprot)
+                        self.blocks.append(_elem229)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4854,8 +4977,8 @@ class GpuCopyRequest(object):
         if self.blocks is not None:
             oprot.writeFieldBegin('blocks', TType.LIST, 3)
             oprot.writeListBegin(TType.STRUCT, len(self.blocks))
-            for iter209 in self.blocks:
-                iter209.write(oprot)
+            for iter230 in self.blocks:
+                iter230.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         if self.durable is not None:
@@ -4907,11 +5030,11 @@ class GpuCopyResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.results = []
-                    (_etype213, _size210) = iprot.readListBegin()
-                    for _i214 in range(_size210):
-                        _elem215 = ItemStatus()
-                        _elem215.read(iprot)
-                        self.results.append(_elem215)
+                    (_etype234, _size231) = iprot.readListBegin()
+                    for _i235 in range(_size231):
+                        _elem236 = ItemStatus()
+                        _elem236.read(iprot)
+                        self.results.append(_elem236)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -4928,8 +5051,8 @@ class GpuCopyResponse(object):
         if self.results is not None:
             oprot.writeFieldBegin('results', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.results))
-            for iter216 in self.results:
-                iter216.write(oprot)
+            for iter237 in self.results:
+                iter237.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5125,11 +5248,11 @@ class MembersResponse(object):
             if fid == 1:
                 if ftype == TType.LIST:
                     self.members = []
-                    (_etype220, _size217) = iprot.readListBegin()
-                    for _i221 in range(_size217):
-                        _elem222 = Member()
-                        _elem222.read(iprot)
-                        self.members.append(_elem222)
+                    (_etype241, _size238) = iprot.readListBegin()
+                    for _i242 in range(_size238):
+                        _elem243 = Member()
+                        _elem243.read(iprot)
+                        self.members.append(_elem243)
                     iprot.readListEnd()
                 else:
                     iprot.skip(ftype)
@@ -5146,8 +5269,8 @@ class MembersResponse(object):
         if self.members is not None:
             oprot.writeFieldBegin('members', TType.LIST, 1)
             oprot.writeListBegin(TType.STRUCT, len(self.members))
-            for iter223 in self.members:
-                iter223.write(oprot)
+            for iter244 in self.members:
+                iter244.write(oprot)
             oprot.writeListEnd()
             oprot.writeFieldEnd()
         oprot.writeFieldStop()
@@ -5229,6 +5352,9 @@ PutRequest.thrift_spec = (
     (4, TType.I32, 'depth', None, None, ),  # 4
     (5, TType.BOOL, 'durable', None, None, ),  # 5
     (6, TType.I32, 'sync_replicas', None, None, ),  # 6
+    (7, TType.LIST, 'token_ids', (TType.I32, None, False), None, ),  # 7
+    (8, TType.STRING, 'parent_key', 'BINARY', None, ),  # 8
+    (9, TType.I32, 'block_size', None, None, ),  # 9
 )
 all_structs.append(PutResponse)
 PutResponse.thrift_spec = (
@@ -5241,6 +5367,9 @@ PutItem.thrift_spec = (
     (1, TType.STRING, 'key', 'BINARY', None, ),  # 1
     (2, TType.STRING, 'value', 'BINARY', None, ),  # 2
     (3, TType.I32, 'depth', None, None, ),  # 3
+    (4, TType.LIST, 'token_ids', (TType.I32, None, False), None, ),  # 4
+    (5, TType.STRING, 'parent_key', 'BINARY', None, ),  # 5
+    (6, TType.I32, 'block_size', None, None, ),  # 6
 )
 all_structs.append(BatchPutRequest)
 BatchPutRequest.thrift_spec = (
@@ -5443,6 +5572,9 @@ CommitItem.thrift_spec = (
     (4, TType.STRING, 'key', 'BINARY', None, ),  # 4
     (5, TType.I32, 'depth', None, None, ),  # 5
     (6, TType.I64, 'next_size', None, None, ),  # 6
+    (7, TType.LIST, 'token_ids', (TType.I32, None, False), None, ),  # 7
+    (8, TType.STRING, 'parent_key', 'BINARY', None, ),  # 8
+    (9, TType.I32, 'block_size', None, None, ),  # 9
 )
 all_structs.append(CommitRequest)
 CommitRequest.thrift_spec = (
