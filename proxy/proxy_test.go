@@ -249,3 +249,60 @@ func TestConfigValidateReportsAll(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 }
+
+// tailStore holds at most max blocks and, when full, evicts the block put
+// last: what the prefix policy does to a chain that outgrows the room
+// (the deepest block goes first).
+type tailStore struct {
+	*mapStore
+	max  int
+	last string
+}
+
+func (s *tailStore) Put(ctx context.Context, ns string, key, value []byte, o cache.PutOptions) (bool, error) {
+	s.mu.Lock()
+	if _, ok := s.m[id(ns, key)]; !ok && len(s.m) >= s.max && s.last != "" {
+		delete(s.m, s.last)
+	}
+	s.last = id(ns, key)
+	s.mu.Unlock()
+	return s.mapStore.Put(ctx, ns, key, value, o)
+}
+
+// TestBatchPutKeepsItsHead: a BatchPut larger than the room does not push
+// out its own earlier blocks to place later ones: it keeps the head of the
+// chain, answers NO_SPACE for the rest, and leaves no orphan behind.
+func TestBatchPutKeepsItsHead(t *testing.T) {
+	cfg := DefaultConfig()
+	st := &tailStore{mapStore: newMapStore(), max: 5}
+	p, err := New(cfg, Deps{Store: st}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	items := make([]PutItem, 8)
+	for i := range items {
+		items[i] = PutItem{Key: []byte{'k', byte(i)}, Value: []byte{byte(i)}}
+	}
+	res, err := p.BatchPut(ctx, "ns", items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if (i < 5) != (r == nil) || (i >= 5 && !errors.Is(r, cache.ErrNoSpace)) {
+			t.Errorf("item %d: %v", i, r)
+		}
+	}
+	keys := make([][]byte, len(items))
+	for i := range items {
+		keys[i] = items[i].Key
+	}
+	if n := st.PresentPrefix(ctx, "ns", keys); n != 5 {
+		t.Errorf("present prefix %d, want 5", n)
+	}
+	for i := 5; i < len(items); i++ {
+		if _, ok := st.Stat(ctx, "ns", items[i].Key); ok {
+			t.Errorf("block %d stored past the head: an orphan", i)
+		}
+	}
+}
