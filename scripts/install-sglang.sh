@@ -30,7 +30,8 @@ CONSTRAINTS=tests/engines/constraints.txt
 # What `import sglang.srt.managers.cache_controller` and the storage modules
 # need besides torch (found by iterating on ModuleNotFoundError).
 DEPS=(numpy pyzmq msgspec pydantic orjson psutil pybase64 requests packaging pillow starlette tqdm
-	IPython aiohttp "setuptools>=77")
+	IPython aiohttp "setuptools>=77" transformers torchvision apache-tvm-ffi dill sentencepiece
+	compressed-tensors gguf)
 
 if [[ -z "$PYTHON" ]]; then
 	for p in python3.11 python3.12 python3; do

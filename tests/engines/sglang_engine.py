@@ -63,23 +63,40 @@ def digest(t):
     return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+def publish_config(spec, page):
+    """What an SGLang process publishes before it builds its caches: the
+    server configuration (here SGLang's test helper's dummy ServerArgs with
+    the HiCache flags of the command line) and this process's ranks."""
+    from sglang.srt.runtime_context import get_context, get_parallel
+    get_context().override_server_args(
+        enable_hierarchical_cache=True, page_size=page, device="cpu",
+        hicache_mem_layout=spec.get("layout", "layer_first"), hicache_storage_backend="dynamic",
+        hicache_storage_backend_extra_config=json.dumps(spec.get("extra", {}))).install()
+    get_parallel().override_permanently(tp_rank=0, pp_rank=0, attn_tp_rank=0, attn_dp_rank=0, attn_cp_rank=0,
+                                        attn_dcp_rank=0)
+
+
 class Engine:
     def __init__(self, spec):
         from sglang.srt.managers.cache_controller import HiCacheController
         from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+        from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
         from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
         self.page = int(spec.get("page_size", 16))
+        publish_config(spec, self.page)
         self.dtype = getattr(torch, spec.get("dtype", "float32"))
-        self.device_pool = MHATokenToKVPool(1024, self.page, self.dtype, HEADS, HEAD_DIM, LAYERS, "cpu", False,
-                                            0, LAYERS)
+        self.device_pool = MHATokenToKVPool(1024, self.page, self.dtype, HEADS, HEAD_DIM, LAYERS, "cpu", False)
         self.allocator = PagedTokenToKVPoolAllocator(1024, self.page, self.dtype, "cpu", self.device_pool, False)
         info = self.device_pool.get_device_pool_infos()[0].buffer_info
-        self.host = MHATokenToKVPoolHost(info, 2.0, 0, self.page, spec.get("layout", "layer_first"),
-                                         pin_memory=False, device="cpu",
-                                         device_capacity_tokens=self.device_pool.size,
-                                         start_layer=0, end_layer=LAYERS)
+        # A budget of its own: SGLang otherwise keeps 10 GiB of the
+        # machine's free memory out of reach (a 2 MiB pool here).
+        with host_memory_budget_scope(1 << 30):
+            self.host = MHATokenToKVPoolHost(info, 2.0, 0, self.page, spec.get("layout", "layer_first"),
+                                             pin_memory=False, device="cpu",
+                                             device_capacity_tokens=self.device_pool.size,
+                                             start_layer=0, end_layer=LAYERS)
         extra = {"backend_name": "tidepool", "module_path": "tidepool.sglang", "class_name": "TidepoolStorage",
                  "socket": spec["socket"], "timeout_s": 5.0, "retry_s": 0.2}
         if spec.get("interface_v1", 1):

@@ -100,10 +100,11 @@ def _key(k):
 
 
 def _tensor_bytes(t):
-    """A writable byte memoryview over a contiguous CPU tensor's memory."""
+    """A writable byte memoryview over a contiguous CPU tensor's memory
+    (it keeps the tensor alive)."""
     if t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError("a page tensor must be contiguous host memory")
-    return memoryview((ctypes.c_char * (t.numel() * t.element_size())).from_address(t.data_ptr())).cast("B")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 def namespace_descriptor(cfg, pool, model):
@@ -480,7 +481,7 @@ class TidepoolStorage(HiCacheStorage):
                            getattr(v, "dtype", type(v).__name__), tuple(getattr(v, "shape", ())),
                            self._page_bytes, self._pool.dtype)
                 return False
-        parts = [self._flat_parts(v)[0] for v in values]
+        parts = [self._flat_parts(v) for v in values]
         return all(self._set_pages([_key(k) for k in keys], parts, 0))
 
     # ---- the rest ------------------------------------------------------------------
