@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import tidepool  # noqa: E402
 from sidecar import Sidecar, cluster_pair, poll  # noqa: E402
 
-ENGINE_TIMEOUT_S = float(os.environ.get("ENGINE_TIMEOUT_S", "300"))
+ENGINE_TIMEOUT_S = float(os.environ.get("ENGINE_TIMEOUT_S", "600"))
 PAGE = 16
 P = [(7 * i + 3) % 500 for i in range(5 * PAGE)]  # 5 pages
 Q = [(11 * i + 5) % 500 for i in range(5 * PAGE)]
@@ -251,6 +251,7 @@ class EngineProcesses(unittest.TestCase):
         log = open(os.path.join(d, "engine.log"), "wb")
         p = subprocess.Popen([sys.executable, os.path.join(HERE, "sglang_engine.py"), os.path.join(d, "spec.json"),
                               out], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()  # the child has its own descriptor
         p.out, p.logpath = out, os.path.join(d, "engine.log")
         if wait:
             return self.finish(p)
@@ -303,8 +304,10 @@ class EngineProcesses(unittest.TestCase):
         """Negative control: a page's bytes altered inside the sidecar's
         arena. With verify_reads the CRC-32C refuses it (that page and the
         rest of the prefix are not loaded); without, the loaded bytes
-        visibly differ from the saved ones."""
-        sc = self.sidecar("alter")
+        visibly differ from the saved ones. The sidecar's scrubber is off:
+        it would find the damage and remove the block, in a fraction of a
+        second at its default rate, before either engine reads it."""
+        sc = self.sidecar("alter", ["--scrub-rate", "0"])
         a = self.engine(sc.socket, [{"op": "save", "tokens": P, "seed": 3}])
         ns, key = a["namespace"], a["steps"][0]["hashes"][2].encode()
         c = tidepool.Client(sc.socket)
@@ -351,8 +354,8 @@ class EngineProcesses(unittest.TestCase):
                  {"op": "load", "tokens": Q, "seed": 6}]       # 8
         p = self.engine(sock, steps, wait=False)
         try:
-            poll(lambda: os.path.exists(p.out) and len(json.load(open(p.out))["steps"]) >= 2, ENGINE_TIMEOUT_S,
-                 "the engine's first steps")
+            poll(lambda: p.poll() is not None or os.path.exists(p.out) and len(json.load(open(p.out))["steps"]) >= 2,
+                 ENGINE_TIMEOUT_S, "the engine's first steps")
             sc = Sidecar(self.tmp, "restart").start()
             self.sidecars.append(sc)
             open(go + "1", "w").close()
@@ -360,7 +363,7 @@ class EngineProcesses(unittest.TestCase):
                  "the load's Acquire")
             sc.kill()
             open(os.path.join(barrier, "go"), "w").close()
-            poll(lambda: len(json.load(open(p.out))["steps"]) >= 6 or p.poll() is not None, ENGINE_TIMEOUT_S,
+            poll(lambda: p.poll() is not None or len(json.load(open(p.out))["steps"]) >= 6, ENGINE_TIMEOUT_S,
                  "the load after the kill")
             sc2 = Sidecar(self.tmp, "restart").start()
             self.sidecars.append(sc2)
