@@ -10,6 +10,22 @@ from typing import Optional
 from .client import Client
 
 
+class Counters:
+    """Named counters of a process, for tests and logs; thread-safe."""
+
+    def __init__(self, names):
+        self._lock = threading.Lock()
+        self._c = dict.fromkeys(names, 0)
+
+    def add(self, name, n=1):
+        with self._lock:
+            self._c[name] += n
+
+    def snapshot(self):
+        with self._lock:
+            return dict(self._c)
+
+
 class Once:
     """Logs each cause once (per outage for connection causes)."""
 

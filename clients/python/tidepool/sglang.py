@@ -52,7 +52,7 @@ import torch
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
-from ._link import Link, Once
+from ._link import Counters, Link, Once
 from .client import OK, Error, ErrorCode, Scope
 
 logger = logging.getLogger("tidepool.sglang")
@@ -76,20 +76,10 @@ SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp_
 _once = Once(logger)
 
 # Counters of this process, for tests and logs (stats()).
-_STATS = {"exists_calls": 0, "exists_hit_pages": 0, "get_pages": 0, "got_pages": 0, "get_errors": 0,
-          "set_pages": 0, "saved_pages": 0, "set_exists": 0, "set_errors": 0}
-_STATS_LOCK = threading.Lock()
-
-
-def _count(name, n=1):
-    with _STATS_LOCK:
-        _STATS[name] += n
-
-
-def stats():
-    """A copy of this process's backend counters."""
-    with _STATS_LOCK:
-        return dict(_STATS)
+_STATS = Counters(("exists_calls", "exists_hit_pages", "get_pages", "got_pages", "get_errors", "set_pages",
+                   "saved_pages", "set_exists", "set_errors"))
+_count = _STATS.add
+stats = _STATS.snapshot
 
 
 def _key(k):
