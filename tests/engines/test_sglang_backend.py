@@ -338,7 +338,8 @@ class EngineProcesses(unittest.TestCase):
     def test_4_sidecar_down_and_killed_mid_batch(self):
         """No sidecar: misses, saves fail, the controller's threads keep
         serving. Killed after Acquire, mid-load: that load reports nothing
-        loaded. Back: the same engine saves and loads again."""
+        loaded. Back: the same engine saves and loads again at once (the
+        backup thread's connection to the killed sidecar is remade)."""
         sock = os.path.join(self.tmp, "restart", "tp.sock")
         go = os.path.join(self.tmp, "restart-go")
         barrier = os.path.join(self.tmp, "kill-barrier")
@@ -350,8 +351,9 @@ class EngineProcesses(unittest.TestCase):
                  {"op": "load", "tokens": P, "seed": 5, "barrier": barrier},  # 4: killed mid-load
                  {"op": "load", "tokens": P, "seed": 5},       # 5: down: miss
                  {"op": "wait", "file": go + "2"},              # 6
-                 {"op": "save", "tokens": Q, "seed": 6},       # 7: back
-                 {"op": "load", "tokens": Q, "seed": 6}]       # 8
+                 {"op": "save", "tokens": P, "seed": 5},       # 7: back (a stale connection is remade)
+                 {"op": "save", "tokens": Q, "seed": 6},       # 8
+                 {"op": "load", "tokens": Q, "seed": 6}]       # 9
         p = self.engine(sock, steps, wait=False)
         try:
             poll(lambda: p.poll() is not None or os.path.exists(p.out) and len(json.load(open(p.out))["steps"]) >= 2,
@@ -379,9 +381,10 @@ class EngineProcesses(unittest.TestCase):
         self.assertEqual(s[4]["hit_tokens"], len(P), s[4])
         self.assertEqual(s[4]["completed_tokens"], 0, "pages of a load whose sidecar died were reported loaded")
         self.assertEqual((s[5]["hit_tokens"], s[5]["completed_tokens"]), (0, 0), s[5])
-        self.assertEqual(s[7]["completed_tokens"], len(Q), s[7])
+        self.assertEqual(s[7]["completed_tokens"], len(P), s[7])
         self.assertEqual(s[8]["completed_tokens"], len(Q), s[8])
-        self.assertEqual(s[8]["loaded"], s[7]["saved"])
+        self.assertEqual(s[9]["completed_tokens"], len(Q), s[9])
+        self.assertEqual(s[9]["loaded"], s[8]["saved"])
         self.assertTrue(r["threads_alive"])
 
 

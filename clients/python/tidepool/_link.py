@@ -89,13 +89,15 @@ class Link:
                         "sidecar at %s unavailable (%s side): %s; serving by recomputation "
                         "and retrying every %.1fs", self.path, self.name, repr(err), self.retry_s)
 
-    def failed(self, err):
-        """The connection broke (transport error, timeout): drop it."""
+    def failed(self, err, retry_now=False):
+        """The connection broke (transport error, timeout): drop it. With
+        retry_now the next get() connects at once (a sidecar that restarted
+        answers a new connection), else after retry_s."""
         c, self.client = self.client, None
         if c is not None:
             try:
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
-        self._next_try = time.monotonic() + self.retry_s
+        self._next_try = 0.0 if retry_now else time.monotonic() + self.retry_s
         self._mark_down(err)

@@ -244,6 +244,25 @@ class TidepoolStorage(HiCacheStorage):
         else:
             link.failed(e)
 
+    def _first(self, what, fn):
+        """(client, fn(client)) for a call's first request, or (None, None)
+        when there is no sidecar or it refused. A connection that fails
+        there is remade at once, once: it may be to a sidecar that
+        restarted since this thread's last call."""
+        link = self._link()
+        for attempt in (0, 1):
+            c = link.get()
+            if c is None:
+                return None, None
+            try:
+                return c, fn(c)
+            except Exception as e:  # noqa: BLE001
+                if isinstance(e, Error):
+                    self._failed(link, e, what)
+                    return None, None
+                link.failed(e, retry_now=attempt == 0)
+        return None, None
+
     # ---- pages in and out -------------------------------------------------------
 
     def _set_pages(self, keys, parts, depth0):
@@ -252,15 +271,10 @@ class TidepoolStorage(HiCacheStorage):
         n = len(keys)
         _count("set_pages", n)
         link = self._link()
-        c = link.get()
-        if c is None:
-            _count("set_errors", n)
-            return [False] * n
         size = HEADER_BYTES + self._page_bytes
-        try:
-            rs = c.reserve(self._ns, [(k, size, depth0 + i) for i, k in enumerate(keys)])
-        except Exception as e:  # noqa: BLE001
-            self._failed(link, e, "Reserve")
+        c, rs = self._first("Reserve", lambda c: c.reserve(self._ns, [(k, size, depth0 + i)
+                                                                      for i, k in enumerate(keys)]))
+        if c is None:
             _count("set_errors", n)
             return [False] * n
         ok, commits, where = [False] * n, [], []
@@ -306,15 +320,12 @@ class TidepoolStorage(HiCacheStorage):
         n = len(keys)
         _count("get_pages", n)
         link = self._link()
-        c = link.get()
+        want = HEADER_BYTES + self._page_bytes
+        c, got = self._first("Acquire", lambda c: c.acquire(self._ns, keys, lease_ms=self._lease_ms,
+                                                             scope=self._scope))
         if c is None:
             return [False] * n
-        want = HEADER_BYTES + self._page_bytes
-        try:
-            leases, _ = c.acquire(self._ns, keys, lease_ms=self._lease_ms, scope=self._scope)
-        except Exception as e:  # noqa: BLE001
-            self._failed(link, e, "Acquire")
-            return [False] * n
+        leases = got[0]
         held = [l.lease_id for l in leases if l.code == OK]
         ok = [False] * n
         try:
@@ -374,14 +385,9 @@ class TidepoolStorage(HiCacheStorage):
         _count("exists_calls")
         if not keys:
             return 0
-        link = self._link()
-        c = link.get()
+        kb = [_key(k) for k in keys]
+        c, hit = self._first("Lookup", lambda c: c.lookup(self._ns, kb, scope=self._scope))
         if c is None:
-            return 0
-        try:
-            hit = c.lookup(self._ns, [_key(k) for k in keys], scope=self._scope)
-        except Exception as e:  # noqa: BLE001
-            self._failed(link, e, "Lookup")
             return 0
         hit = max(0, min(int(hit), len(keys)))
         _count("exists_hit_pages", hit)
@@ -480,16 +486,8 @@ class TidepoolStorage(HiCacheStorage):
         """Deletes every page of this backend's namespace (SGLang's
         /clear_hicache_storage_backend), for every engine that shares it."""
         self._need_pool()
-        link = self._link()
-        c = link.get()
-        if c is None:
-            return False
-        try:
-            c.clear(self._ns)
-            return True
-        except Exception as e:  # noqa: BLE001
-            self._failed(link, e, "Clear")
-            return False
+        c, _ = self._first("Clear", lambda c: c.clear(self._ns))
+        return c is not None
 
     def close(self):
         link = getattr(self._local, "link", None)
