@@ -80,6 +80,7 @@ test: deps
 	step test-python-client scripts/test-python-client.sh
 	step test-llmd scripts/test-llmd.sh
 	step test-engines scripts/test-engines.sh
+	step test-sglang scripts/test-sglang.sh
 	step test-rdma $(MAKE) --no-print-directory test-rdma
 	(IFS=,; echo "make test: seconds per step: $${took[*]}")
 	if ((rc == 0)); then echo "make test: all passed"; exit 0; fi
@@ -101,6 +102,12 @@ test-rdma:
 .PHONY: test-engines
 test-engines:
 	scripts/test-engines.sh
+
+# SGLang's HiCache storage code with tidepool.sglang against real sidecars
+# (installs its venv; no GPU: docs/engines.md, "SGLang").
+.PHONY: test-sglang
+test-sglang:
+	scripts/test-sglang.sh
 
 # Both lists run even when the first fails, so one report shows every failure.
 test-go:

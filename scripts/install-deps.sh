@@ -27,6 +27,9 @@ packages=(
 	redis-server
 	iproute2
 	libibverbs-dev
+	# SGLang compiles its page hash (C++, -lcrypto) at first use: scripts/test-sglang.sh
+	libssl-dev
+	ninja-build
 )
 
 installed() {

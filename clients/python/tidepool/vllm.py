@@ -47,7 +47,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from . import checksum as _crc
-from .client import OK, BlockMeta, Client, Error, ErrorCode
+from ._link import Link, Once
+from .client import OK, BlockMeta, Error, ErrorCode
 
 logger = init_logger("vllm.kv_connector.tidepool")
 # Loads wrap the read-only arena mapping in a tensor that is only read.
@@ -77,78 +78,14 @@ def test_stats():
         return json.loads(json.dumps(_STATS))
 
 
-class _Once:
-    """Logs each cause once (per outage for connection causes)."""
-
-    def __init__(self):
-        self._seen = set()
-        self._lock = threading.Lock()
-
-    def warn(self, cause, msg, *args):
-        with self._lock:
-            if cause in self._seen:
-                return
-            self._seen.add(cause)
-        logger.warning("tidepool: " + msg, *args)
-
-    def forget(self, cause):
-        with self._lock:
-            self._seen.discard(cause)
+_once = Once(logger)
 
 
-_once = _Once()
-
-
-class _Link:
-    """A lazily (re)connected Client. get() returns a Client or None while
-    the sidecar is unreachable; reconnects at most every retry_s. Not
-    thread-safe: each thread has its own _Link."""
+class _Link(Link):
+    """Link with the connector's logger and client name."""
 
     def __init__(self, socket_path, timeout_s, retry_s, name):
-        self.path = socket_path
-        self.timeout_s = timeout_s
-        self.retry_s = retry_s
-        self.name = name
-        self.client: Optional[Client] = None
-        self._next_try = 0.0
-        self._down = False
-
-    def get(self):
-        if self.client is not None:
-            return self.client
-        now = time.monotonic()
-        if now < self._next_try:
-            return None
-        self._next_try = now + self.retry_s
-        try:
-            c = Client(self.path, timeout=self.timeout_s, client_name="tidepool-vllm/" + self.name)
-            c._map()  # Hello, and map the arenas now: a load never needs the socket to read bytes
-        except Exception as e:  # noqa: BLE001 - any failure means "no sidecar"
-            self._mark_down(e)
-            return None
-        if self._down:
-            logger.info("tidepool: sidecar at %s is back (%s side)", self.path, self.name)
-            _once.forget("down:" + self.name)
-        self._down = False
-        self.client = c
-        return c
-
-    def _mark_down(self, err):
-        self._down = True
-        _once.warn("down:" + self.name,
-                   "sidecar at %s unavailable (%s side): %s; serving by recomputation "
-                   "and retrying every %.1fs", self.path, self.name, repr(err), self.retry_s)
-
-    def failed(self, err):
-        """The connection broke (transport error, timeout): drop it."""
-        c, self.client = self.client, None
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
-        self._next_try = time.monotonic() + self.retry_s
-        self._mark_down(err)
+        super().__init__(socket_path, timeout_s, retry_s, name, logger, _once, "tidepool-vllm/" + name)
 
 
 def _is_server_error(e):
