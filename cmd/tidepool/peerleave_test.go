@@ -39,7 +39,7 @@ func TestPeerLeavesUnderTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ca.Close()
-	const cycles = 12
+	const cycles = 10
 	var wrong, okGets, fails atomic.Int64
 	for cycle := 0; cycle < cycles; cycle++ {
 		leaveCycle(t, bin, a, b, ca, cycle, &wrong, &okGets, &fails)
@@ -83,7 +83,7 @@ func leaveCycle(t *testing.T, bin string, a, b *clusterMember, ca *client.Client
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		defer func() { close(stop); wg.Wait() }()
-		run := func(f func(i int)) {
+		run := func(f func(i int) bool) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -93,34 +93,40 @@ func leaveCycle(t *testing.T, bin string, a, b *clusterMember, ca *client.Client
 						return
 					default:
 					}
-					f(i)
+					if !f(i) {
+						time.Sleep(5 * time.Millisecond) // B is down: no busy loop
+					}
 				}
 			}()
 		}
 		for g := 0; g < 4; g++ {
-			run(func(i int) { // fetches from B, then drop the local copy
+			run(func(i int) bool { // fetches from B, then drop the local copy
 				k := keys[(i*4+g)%nkeys]
 				got, found, err := ca.GetScope(ctx, "leave", k, client.ScopeCluster)
+				_, _ = ca.DeleteScope(ctx, "leave", k, client.ScopeLocal)
 				switch {
 				case err != nil || !found:
 					fails.Add(1)
+					return false
 				case !bytes.Equal(got, leaveVal((i*4+g)%nkeys)):
 					wrong.Add(1)
 				default:
 					okGets.Add(1)
 				}
-				_, _ = ca.DeleteScope(ctx, "leave", k, client.ScopeLocal)
+				return true
 			})
 		}
 		for g := 0; g < 3; g++ {
-			run(func(i int) { // pushes to B (the blocks B owns) and lookups on B
+			run(func(i int) bool { // pushes to B (the blocks B owns) and lookups on B
 				k := fmt.Appendf(nil, "a%d-%d-%d", cycle, g, i)
 				_, _ = ca.Put(ctx, "pushed", k, leaveVal(i%64), 0)
-				_, _ = ca.PresentScope(ctx, "leave", keys, client.ScopeCluster)
+				present, err := ca.PresentScope(ctx, "leave", keys, client.ScopeCluster)
+				return err == nil && present[0]
 			})
 		}
-		run(func(i int) { // cluster-wide deletes: a Delete call to B
-			_, _ = ca.DeleteScope(ctx, "pushed", fmt.Appendf(nil, "a%d-0-%d", cycle, i), client.ScopeCluster)
+		run(func(i int) bool { // cluster-wide deletes: a Delete call to B
+			_, err := ca.DeleteScope(ctx, "pushed", fmt.Appendf(nil, "a%d-0-%d", cycle, i), client.ScopeCluster)
+			return err == nil
 		})
 		time.Sleep(300 * time.Millisecond) // traffic before the leave
 		b.d.stop(t, syscall.SIGTERM)
