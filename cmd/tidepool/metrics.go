@@ -133,7 +133,7 @@ func inPod(getenv func(string) string) bool {
 // namespaces (model names, tenants), the members and their addresses. In a
 // pod that is the usual setup (Prometheus scrapes $POD_IP:9464 and network
 // policy guards the pod network), so nothing is logged there.
-func warnExposedMetrics(lg *zap.Logger, addr net.Addr, pod bool) {
+func warnExposedMetrics(lg *zap.Logger, configured string, addr net.Addr, pod bool) {
 	ta, ok := addr.(*net.TCPAddr)
 	if !ok || ta.IP.IsLoopback() || pod {
 		return
@@ -141,7 +141,7 @@ func warnExposedMetrics(lg *zap.Logger, addr net.Addr, pod bool) {
 	lg.Warn("metrics listener reachable beyond this host, without authentication: /metrics exposes namespace names, "+
 		"member names and addresses, traffic, capacity and error figures, and /healthz and /readyz the node's state; "+
 		"bind metrics_addr to 127.0.0.1 (the default) or firewall the port (docs/security.md)",
-		zap.String("metrics_addr", addr.String()))
+		zap.String("metrics_addr", configured), zap.Stringer("listening", addr))
 }
 
 func (m *metrics) listen(addr string) error {
