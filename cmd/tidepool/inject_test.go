@@ -250,7 +250,7 @@ func TestNoVersionNeedsImage(t *testing.T) {
 	} {
 		out, errs, code := runTool(t, nil, args...)
 		if code != 2 || out != "" || !strings.Contains(errs, "--image is required") || !strings.Contains(errs, "no release version") {
-			t.Fatalf("%s without --image: exit %d, stdout %q, stderr %s", args[0], code, out, errs)
+			t.Fatalf("%s without --image: exit %d, stdout %q..., stderr %s", args[0], code, out[:min(len(out), 200)], errs)
 		}
 	}
 	if out, errs, code := runTool(t, nil, "inject", "--image", testImage, "../../inject/testdata/in/deployment.yaml"); code != 0 || !strings.Contains(out, "image: "+testImage) {
