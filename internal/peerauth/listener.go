@@ -262,7 +262,7 @@ type handshaking struct {
 	nc    net.Conn
 	src   string
 	el    *list.Element // in pending; nil once removed
-	hello bool          // its hello arrived: it is waiting for its proof
+	hello atomic.Bool   // its hello arrived: it is waiting for its proof (set without mu: never behind the accept loop)
 }
 
 // sourceOf is the address a connection comes from, without the port.
@@ -313,7 +313,7 @@ func (l *Listener) oldestLocked(src string) *handshaking {
 		if src != "" && h.src != src {
 			continue
 		}
-		if !h.hello && !hasBytes(h.nc) {
+		if !h.hello.Load() && !hasBytes(h.nc) {
 			return h
 		}
 		if first == nil {
@@ -364,11 +364,7 @@ func (l *Listener) handshake(h *handshaking) {
 	var err error
 	ac := nc
 	if l.cfg.Key != nil {
-		ac, err = l.cfg.Key.server(nc, l.cfg.Purpose, time.Now().Add(l.cfg.HandshakeTimeout), func() {
-			l.mu.Lock()
-			h.hello = true
-			l.mu.Unlock()
-		})
+		ac, err = l.cfg.Key.server(nc, l.cfg.Purpose, time.Now().Add(l.cfg.HandshakeTimeout), func() { h.hello.Store(true) })
 	}
 	l.mu.Lock()
 	displaced := !l.removeLocked(h)
