@@ -169,9 +169,16 @@ type Client struct {
 	// puts is Put's connections to the put socket (rawput.go).
 	puts putSocket
 
-	closeOnce sync.Once
-	closeErr  error
+	// life: calls hold it for reading, Close for writing. Kitex panics on a
+	// call through a closed client ("client is already closed"); a call
+	// after Close gets errClientClosed instead.
+	life     sync.RWMutex
+	closed   bool
+	closeErr error
 }
+
+// errClientClosed answers a call made after Close.
+var errClientClosed = &Error{Code: tp.ErrorCode_UNAVAILABLE, Message: "the client is closed"}
 
 // New connects lazily to the sidecar at socket with the default config.
 func New(socket string) (*Client, error) { return NewWithConfig(DefaultConfig(socket)) }
@@ -213,22 +220,38 @@ func newKitex(cfg Config, maxIdle int, idle time.Duration, name string) (kclient
 	return kc, nil
 }
 
-// Close releases the client's connections. Safe to call twice.
+// Close releases the client's connections, after the calls in flight
+// return; later calls fail with UNAVAILABLE. Safe to call twice.
 func (c *Client) Close() error {
-	// Once: the Kitex client's connection pool reports a second Close as
-	// an error.
-	c.closeOnce.Do(func() {
+	c.life.RLock()
+	closed := c.closed
+	c.life.RUnlock()
+	if !closed {
+		// These make calls (Abort, Release): before the lock below.
 		c.abortQuietly(c.zc.dropSpares()) // PutFrom's unbound reservations
-		c.zc.close()
-		c.raw.close()
-		c.puts.pool.close()
-		c.closeErr = c.kc.(interface{ Close() error }).Close()
-	})
+		c.zc.close()                      // releases the queued leases
+	}
+	c.life.Lock()
+	defer c.life.Unlock()
+	if c.closed {
+		// Once: the Kitex client's connection pool reports a second Close
+		// as an error.
+		return c.closeErr
+	}
+	c.closed = true
+	c.raw.close()
+	c.puts.pool.close()
+	c.closeErr = c.kc.(interface{ Close() error }).Close()
 	return c.closeErr
 }
 
 // call makes one RPC and turns a declared exception into *Error.
 func (c *Client) call(ctx context.Context, method string, args interface{}, res interface{ GetErr() *tp.TidepoolError }) error {
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.closed {
+		return errClientClosed
+	}
 	if err := c.kc.Call(ctx, method, args, res); err != nil {
 		return wrap(err)
 	}

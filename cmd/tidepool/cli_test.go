@@ -91,6 +91,12 @@ func startDaemon(t *testing.T, extra ...string) *daemon {
 // overrides the default here), and returns once it printed its first line.
 func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonBin(t, binPath, prefix, extra...)
+}
+
+// startDaemonBin is startDaemonWith running the binary bin.
+func startDaemonBin(t *testing.T, bin string, prefix []string, extra ...string) *daemon {
+	t.Helper()
 	sockDir, err := os.MkdirTemp("", "tpcli")
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +117,7 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 		"--metrics-addr", "127.0.0.1:0",
 		"--log-level", "info",
 	}, extra...)
-	argv := append(append(append([]string{}, prefix...), binPath), args...)
+	argv := append(append(append([]string{}, prefix...), bin), args...)
 	d.cmd = exec.Command(argv[0], argv[1:]...)
 	d.cmd.Stderr = d.stderr
 	stdout, err := d.cmd.StdoutPipe()

@@ -151,6 +151,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	tcfg.ListenAddr = cfg.TransferAddr
 	tcfg.Key = akey
 	tcfg.MaxConns = cfg.PeerMaxConns
+	tcfg.MaxHandshakes, tcfg.MaxHandshakesPerSource = cfg.PeerHandshakes, cfg.PeerHandshakesPerSource
 	tcfg.IdleTimeout = cfg.PeerIdleTime
 	tcfg.Congestion = cfg.TCPCongestion
 	// Components that name their own logger (rdma/tcp, cluster, the cache
@@ -219,7 +220,9 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
 	scfg.DrainTimeout = cfg.DrainTimeout
 	scfg.MaxConns = cfg.PeerMaxConns
+	scfg.MaxHandshakes, scfg.MaxHandshakesPerSource = cfg.PeerHandshakes, cfg.PeerHandshakesPerSource
 	scfg.IdleTimeout = cfg.PeerIdleTime
+	scfg.NoNamedReads = !cfg.PeerNamedReads
 	if n.psrv, err = peerapi.NewServer(scfg, p, pln, lg.Named("peerapi")); err != nil {
 		pln.Close()
 		return nil, err

@@ -25,6 +25,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache/ssd"
 	"github.com/tidepool-kv/tidepool/cache/tiered"
 	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/internal/peerauth"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
@@ -40,55 +41,58 @@ import (
 // environment (TIDEPOOL_KEY). Precedence: flags, then environment, then the
 // YAML file, then the embedded defaults. docs/config.md lists them all.
 type Config struct {
-	Socket          string        // engine API Unix socket path
-	SocketMode      os.FileMode   // socket file mode (octal)
-	SocketGroup     string        // group (name or gid) given the socket; empty keeps the process group
-	DataDir         string        // persistent data (SSD tier)
-	ArenaDir        string        // DRAM arena files (tmpfs; shared with the engine); empty: derived from Socket
-	TrustedDirs     []string      // directories accepted whatever their owner and mode
-	DRAMCapacity    int64         // DRAM tier budget in bytes
-	ArenaSize       int64         // bytes per arena file
-	MaxKeySize      int           // longest key, bytes
-	MaxValueSize    int64         // largest value, bytes
-	MaxBatch        int           // most items per batch call
-	MaxRequestSize  int64         // largest framed request, bytes
-	EngineMaxConns  int           // most engine API connections open at once
-	EngineIdle      time.Duration // engine API connection idle timeout
-	PutSocket       bool          // serve Put on Socket+".put" too, values read straight into the arenas
-	BufferSocket    bool          // serve registered engine buffers on Socket+".buf"
-	BufMaxPerConn   int           // most buffers one buffer socket connection holds registered
-	BufMax          int           // most buffers registered on the buffer socket, all connections
-	FDReserve       int           // descriptors kept from clients for the process's own files
-	Namespaces      []string      // allow-list of namespaces; empty allows any
-	MaxNamespaces   int           // most namespaces holding data at once
-	LeaseTimeout    time.Duration // longest read pin
-	EvictionPolicy  string        // prefix (default) or lru
-	MetricsAddr     string        // HTTP address for /metrics, /healthz, /readyz (read-only GETs); empty disables
-	LogLevel        string        // debug, info, warn, error
-	LogFormat       string        // json or console
-	NodeID          string        // this sidecar's name (node_name); default $POD_NAME, then the host name
-	BindAddr        string        // IP the cluster listeners bind; empty: 0.0.0.0 in a pod ($POD_IP set), else 127.0.0.1
-	GossipAddr      string        // host:port of gossip (memberlist); empty: bind_addr:7946 in cluster mode
-	AdvertiseAddr   string        // host or host:port peers use to reach gossip; empty: derived (deriveCluster)
-	PeerAddr        string        // host:port of the peer API (TCP); empty: bind_addr:7947
-	TransferAddr    string        // host:port of the block transfer layer (TCP); empty: bind_addr:7948
-	Transport       string        // auto, tcp or rdma: how blocks move between nodes
-	RDMADevice      string        // RDMA device for transport auto/rdma; empty: the first active one
-	GPULibrary      string        // CUDA driver library the GPU end loads; "off" disables it
-	RDMAGIDIndex    int           // GID index; -1: the first RoCE v2 GID (IPv4-mapped first)
-	TCPCongestion   []string      // congestion controls of the TCP transfer connections, first accepted wins; "system": the host's
-	Join            []string      // addresses or DNS names of members to join
-	Replicas        int           // owners per block (R)
-	GossipKeyFile   string        // file holding the gossip encryption key
-	ClusterLabel    string        // cluster label; peers with another are refused
-	PeerTokenFile   string        // file holding the peer API shared token (legacy, checked after decoding)
-	PeerSecretFile  string        // file holding the cluster secret that authenticates peer API and transfer connections
-	Insecure        bool          // insecure_cluster: run a cluster without credentials
-	PeerEncrypt     bool          // encrypt peer API and transfer connections (AES-256-GCM) after authenticating them
-	PeerMaxConns    int           // most connections open at once on the peer API port and on the transfer port (each)
-	PeerIdleTime    time.Duration // a peer API or transfer connection idle that long is closed
-	DrainTimeout    time.Duration // how long shutdown waits for in-flight calls
-	ShutdownTimeout time.Duration // bound on the whole stop after SIGTERM (leave, drain, spill); past it the process exits
+	Socket                  string        // engine API Unix socket path
+	SocketMode              os.FileMode   // socket file mode (octal)
+	SocketGroup             string        // group (name or gid) given the socket; empty keeps the process group
+	DataDir                 string        // persistent data (SSD tier)
+	ArenaDir                string        // DRAM arena files (tmpfs; shared with the engine); empty: derived from Socket
+	TrustedDirs             []string      // directories accepted whatever their owner and mode
+	DRAMCapacity            int64         // DRAM tier budget in bytes
+	ArenaSize               int64         // bytes per arena file
+	MaxKeySize              int           // longest key, bytes
+	MaxValueSize            int64         // largest value, bytes
+	MaxBatch                int           // most items per batch call
+	MaxRequestSize          int64         // largest framed request, bytes
+	EngineMaxConns          int           // most engine API connections open at once
+	EngineIdle              time.Duration // engine API connection idle timeout
+	PutSocket               bool          // serve Put on Socket+".put" too, values read straight into the arenas
+	BufferSocket            bool          // serve registered engine buffers on Socket+".buf"
+	BufMaxPerConn           int           // most buffers one buffer socket connection holds registered
+	BufMax                  int           // most buffers registered on the buffer socket, all connections
+	FDReserve               int           // descriptors kept from clients for the process's own files
+	Namespaces              []string      // allow-list of namespaces; empty allows any
+	MaxNamespaces           int           // most namespaces holding data at once
+	LeaseTimeout            time.Duration // longest read pin
+	EvictionPolicy          string        // prefix (default) or lru
+	MetricsAddr             string        // HTTP address for /metrics, /healthz, /readyz (read-only GETs); empty disables
+	LogLevel                string        // debug, info, warn, error
+	LogFormat               string        // json or console
+	NodeID                  string        // this sidecar's name (node_name); default $POD_NAME, then the host name
+	BindAddr                string        // IP the cluster listeners bind; empty: 0.0.0.0 in a pod ($POD_IP set), else 127.0.0.1
+	GossipAddr              string        // host:port of gossip (memberlist); empty: bind_addr:7946 in cluster mode
+	AdvertiseAddr           string        // host or host:port peers use to reach gossip; empty: derived (deriveCluster)
+	PeerAddr                string        // host:port of the peer API (TCP); empty: bind_addr:7947
+	TransferAddr            string        // host:port of the block transfer layer (TCP); empty: bind_addr:7948
+	Transport               string        // auto, tcp or rdma: how blocks move between nodes
+	RDMADevice              string        // RDMA device for transport auto/rdma; empty: the first active one
+	GPULibrary              string        // CUDA driver library the GPU end loads; "off" disables it
+	RDMAGIDIndex            int           // GID index; -1: the first RoCE v2 GID (IPv4-mapped first)
+	TCPCongestion           []string      // congestion controls of the TCP transfer connections, first accepted wins; "system": the host's
+	Join                    []string      // addresses or DNS names of members to join
+	Replicas                int           // owners per block (R)
+	GossipKeyFile           string        // file holding the gossip encryption key
+	ClusterLabel            string        // cluster label; peers with another are refused
+	PeerTokenFile           string        // file holding the peer API shared token (legacy, checked after decoding)
+	PeerSecretFile          string        // file holding the cluster secret that authenticates peer API and transfer connections
+	Insecure                bool          // insecure_cluster: run a cluster without credentials
+	PeerEncrypt             bool          // encrypt peer API and transfer connections (AES-256-GCM) after authenticating them
+	PeerMaxConns            int           // most connections open at once on the peer API port and on the transfer port (each)
+	PeerIdleTime            time.Duration // a peer API or transfer connection idle that long is closed
+	PeerNamedReads          bool          // serve named reads to peers (else they fetch by Acquire and a one-sided read)
+	PeerHandshakes          int           // most connections authenticating at once on each cluster port (their own budget)
+	PeerHandshakesPerSource int           // of those, most from one source address
+	DrainTimeout            time.Duration // how long shutdown waits for in-flight calls
+	ShutdownTimeout         time.Duration // bound on the whole stop after SIGTERM (leave, drain, spill); past it the process exits
 
 	RemoteTimeout     time.Duration // bound on the remote part of a read (owners asked, the owner's answer)
 	PeerDownFor       time.Duration // how long a node that failed a call is not asked
@@ -262,6 +266,9 @@ var settings = []setting{
 	boolSetting("insecure_cluster", "run a cluster without gossip_key_file and peer_secret_file: any host that reaches the ports can read, write and join (logged loudly; never on a shared network)", func(c *Config) *bool { return &c.Insecure }),
 	boolSetting("peer_encrypt", "encrypt every peer API and transfer connection (AES-256-GCM, keys from peer_secret_file); every member must agree", func(c *Config) *bool { return &c.PeerEncrypt }),
 	intSetting("peer_max_conns", "most connections open at once on the peer API port, and on the transfer port; more are closed as they come", func(c *Config) *int { return &c.PeerMaxConns }),
+	intSetting("peer_max_handshakes", "most connections still authenticating at once on the peer API port, and on the transfer port: a budget apart from peer_max_conns; a new connection over it displaces the oldest that has sent nothing", func(c *Config) *int { return &c.PeerHandshakes }),
+	intSetting("peer_max_handshakes_per_source", "most connections still authenticating at once from one source address, on each cluster port; a new one over it displaces that address's oldest that has sent nothing", func(c *Config) *int { return &c.PeerHandshakesPerSource }),
+	boolSetting("peer_named_reads", "serve peers' fetches as named reads on the transfer port (one exchange each); false: peers fetch by Acquire, a one-sided read and a lease release", func(c *Config) *bool { return &c.PeerNamedReads }),
 	durationSetting("peer_idle_timeout", "a peer API or transfer connection that sends nothing for this long is closed", func(c *Config) *time.Duration { return &c.PeerIdleTime }),
 	durationSetting("drain_timeout", "how long shutdown waits for in-flight calls", func(c *Config) *time.Duration { return &c.DrainTimeout }),
 	durationSetting("shutdown_timeout", "bound on the whole stop after SIGTERM or SIGINT (leave the cluster, drain, spill DRAM to SSD); past it the process exits with status 1", func(c *Config) *time.Duration { return &c.ShutdownTimeout }),
@@ -336,41 +343,45 @@ func defaultDRAMCapacity() int64 {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
+	lc := peerauth.DefaultListenerConfig()
 	rc, sc, tc := proxy.DefaultRouteConfig(), ssd.DefaultConfig(), tiered.DefaultConfig()
 	return Config{
-		Socket:          defaultSocket(),
-		SocketMode:      0o600,
-		DataDir:         defaultDataDir(),
-		ArenaDir:        defaultArenaDir(defaultSocket()),
-		DRAMCapacity:    defaultDRAMCapacity(),
-		ArenaSize:       dc.ArenaSize,
-		MaxKeySize:      cache.DefaultMaxKeyBytes,
-		MaxValueSize:    cache.DefaultMaxValueBytes,
-		MaxBatch:        cache.DefaultMaxBatch,
-		MaxRequestSize:  int64(ec.MaxRequestBytes),
-		EngineMaxConns:  ec.MaxConnections,
-		EngineIdle:      ec.IdleTimeout,
-		PutSocket:       true,
-		BufferSocket:    true,
-		BufMaxPerConn:   ec.MaxBuffersPerConn,
-		BufMax:          ec.MaxBuffers,
-		FDReserve:       512,
-		MaxNamespaces:   proxy.DefaultConfig().MaxNamespaces,
-		LeaseTimeout:    dc.LeaseTimeout,
-		EvictionPolicy:  "prefix",
-		MetricsAddr:     "127.0.0.1:9464",
-		LogLevel:        "info",
-		LogFormat:       "console",
-		NodeID:          host,
-		Replicas:        cluster.DefaultRingConfig().Replicas,
-		DrainTimeout:    ec.DrainTimeout,
-		ShutdownTimeout: 20 * time.Second,
-		PeerMaxConns:    pc.MaxConns,
-		PeerIdleTime:    pc.IdleTimeout,
-		Transport:       auto.ModeAuto,
-		GPULibrary:      gpu.DefaultLibrary,
-		RDMAGIDIndex:    verbs.DefaultConfig().GIDIndex,
-		TCPCongestion:   tcp.DefaultConfig().Congestion,
+		Socket:                  defaultSocket(),
+		SocketMode:              0o600,
+		DataDir:                 defaultDataDir(),
+		ArenaDir:                defaultArenaDir(defaultSocket()),
+		DRAMCapacity:            defaultDRAMCapacity(),
+		ArenaSize:               dc.ArenaSize,
+		MaxKeySize:              cache.DefaultMaxKeyBytes,
+		MaxValueSize:            cache.DefaultMaxValueBytes,
+		MaxBatch:                cache.DefaultMaxBatch,
+		MaxRequestSize:          int64(ec.MaxRequestBytes),
+		EngineMaxConns:          ec.MaxConnections,
+		EngineIdle:              ec.IdleTimeout,
+		PutSocket:               true,
+		BufferSocket:            true,
+		BufMaxPerConn:           ec.MaxBuffersPerConn,
+		BufMax:                  ec.MaxBuffers,
+		FDReserve:               512,
+		MaxNamespaces:           proxy.DefaultConfig().MaxNamespaces,
+		LeaseTimeout:            dc.LeaseTimeout,
+		EvictionPolicy:          "prefix",
+		MetricsAddr:             "127.0.0.1:9464",
+		LogLevel:                "info",
+		LogFormat:               "console",
+		NodeID:                  host,
+		Replicas:                cluster.DefaultRingConfig().Replicas,
+		DrainTimeout:            ec.DrainTimeout,
+		ShutdownTimeout:         20 * time.Second,
+		PeerMaxConns:            pc.MaxConns,
+		PeerIdleTime:            pc.IdleTimeout,
+		PeerNamedReads:          !pc.NoNamedReads,
+		PeerHandshakes:          lc.MaxHandshakes,
+		PeerHandshakesPerSource: lc.MaxHandshakesPerSource,
+		Transport:               auto.ModeAuto,
+		GPULibrary:              gpu.DefaultLibrary,
+		RDMAGIDIndex:            verbs.DefaultConfig().GIDIndex,
+		TCPCongestion:           tcp.DefaultConfig().Congestion,
 
 		RemoteTimeout:     rc.RemoteTimeout,
 		PeerDownFor:       rc.PeerDownFor,
@@ -568,6 +579,10 @@ func (c Config) Validate() error {
 		}
 		if c.PeerEncrypt && c.PeerSecretFile == "" {
 			bad("peer_encrypt needs peer_secret_file (the encryption keys derive from it)")
+		}
+		if c.PeerHandshakes < 1 || c.PeerHandshakesPerSource < 1 || c.PeerHandshakesPerSource > c.PeerHandshakes {
+			bad("peer_max_handshakes %d, peer_max_handshakes_per_source %d: must be positive, the second at most the first",
+				c.PeerHandshakes, c.PeerHandshakesPerSource)
 		}
 		if c.PeerMaxConns < 1 || c.PeerIdleTime <= 0 {
 			bad("peer_max_conns %d, peer_idle_timeout %s: must be positive", c.PeerMaxConns, c.PeerIdleTime)

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -86,12 +88,50 @@ func injectorFlags(fs *pflag.FlagSet, cfg *inject.Config) func() error {
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
+		if cfg.Image == "" {
+			return errNoImage
+		}
 		return cfg.Validate()
 	}
 }
 
+// errNoImage: the binary cannot name its own image and --image is missing.
+var errNoImage = errors.New("--image is required: this tidepool binary has no release version " +
+	"(a plain `go build`; `make build VERSION=...` and the Dockerfile set one), so it cannot name the sidecar image " +
+	"(ghcr.io/tidepool-kv/tidepool:<version>); give --image REPOSITORY:TAG")
+
+// imageTag is what a container image tag may be (the OCI distribution
+// spec): a release version is one; "(devel)" or "v1.0.0+incompatible" is
+// not.
+var imageTag = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
+
+// pseudoVersion matches a Go pseudo-version's tail (a commit time and
+// hash): a build of an untagged commit, for which no image is published.
+var pseudoVersion = regexp.MustCompile(`[0-9]{14}-[0-9a-f]{12}$`)
+
+// sidecarImage is the default sidecar image: ghcr.io/tidepool-kv/tidepool
+// tagged with this binary's release version, ldflagsVersion (-ldflags
+// -X main.version), else the main module's version from the build
+// information when it is a valid tag (built as a module at a version).
+// "" when the binary has none (a plain `go build` of a checkout): the
+// commands then require --image (errNoImage) rather than inject an image
+// tagged with nothing, which a kubelet cannot pull.
+func sidecarImage(ldflagsVersion string) string {
+	tag := ldflagsVersion
+	if tag == "" {
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			tag = bi.Main.Version
+		}
+	}
+	if !imageTag.MatchString(tag) || pseudoVersion.MatchString(tag) {
+		return ""
+	}
+	return inject.DefaultConfig(tag).Image
+}
+
 func newInjectCmd(io *stdio) *cobra.Command {
 	cfg := inject.DefaultConfig(version)
+	cfg.Image = sidecarImage(version)
 	var out string
 	cmd := &cobra.Command{
 		Use:     "inject [flags] [FILE|-]...",
@@ -203,6 +243,7 @@ type webhookFlags struct {
 
 func newWebhookCmd(io *stdio) *cobra.Command {
 	cfg := inject.DefaultConfig(version)
+	cfg.Image = sidecarImage(version)
 	var f webhookFlags
 	cmd := &cobra.Command{
 		Use:               "webhook [flags]",

@@ -35,7 +35,7 @@ func runTool(t *testing.T, stdin []byte, args ...string) (string, string, int) {
 // sidecar and its volumes.
 func injectedSidecar(t *testing.T, input string) (corev1.Container, []corev1.Volume) {
 	t.Helper()
-	out, errs, code := runTool(t, nil, "inject", filepath.Join("..", "..", "inject", "testdata", "in", input))
+	out, errs, code := runTool(t, nil, "inject", "--image", testImage, filepath.Join("..", "..", "inject", "testdata", "in", input))
 	if code != 0 {
 		t.Fatalf("tidepool inject: exit %d: %s", code, errs)
 	}
@@ -205,17 +205,17 @@ func TestInjectCommand(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  template:\n    spec:\n      containers: [{name: e, image: e}]\n      volumes: [{name: tidepool-socket, hostPath: {path: /x}}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, errs, code = runTool(t, nil, "inject", "-o", dst, "../../inject/testdata/in/deployment.yaml", bad)
+	out, errs, code = runTool(t, nil, "inject", "--image", testImage, "-o", dst, "../../inject/testdata/in/deployment.yaml", bad)
 	if code != 1 || out != "" || !strings.Contains(errs, `bad.yaml: document 1 (Deployment "web")`) || !strings.Contains(errs, "spec.template.spec.volumes[0]") {
 		t.Fatalf("exit %d, stdout %q, stderr %s", code, out, errs)
 	}
 	if b, _ := os.ReadFile(dst); string(b) != "old\n" {
 		t.Errorf("-o file changed on error: %q", b)
 	}
-	if out, errs, code = runTool(t, []byte("kind: [\n"), "inject"); code != 1 || out != "" || !strings.Contains(errs, "<stdin>: document 1: malformed YAML") {
+	if out, errs, code = runTool(t, []byte("kind: [\n"), "inject", "--image", testImage); code != 1 || out != "" || !strings.Contains(errs, "<stdin>: document 1: malformed YAML") {
 		t.Errorf("malformed stdin: exit %d, stdout %q, stderr %s", code, out, errs)
 	}
-	if _, errs, code = runTool(t, nil, "inject", "--dram-capacity", "1MiB", "-"); code != 2 || !strings.Contains(errs, "dram capacity") {
+	if _, errs, code = runTool(t, nil, "inject", "--image", testImage, "--dram-capacity", "1MiB", "-"); code != 2 || !strings.Contains(errs, "dram capacity") {
 		t.Errorf("bad flag: exit %d, %s", code, errs)
 	}
 	// -o on success.
@@ -229,8 +229,53 @@ func TestInjectCommand(t *testing.T) {
 
 // `tidepool webhook` refuses to start without its certificate files.
 func TestWebhookCommandNeedsCertificates(t *testing.T) {
-	_, errs, code := runTool(t, nil, "webhook", "--cert-dir", t.TempDir(), "--health-addr", "")
+	_, errs, code := runTool(t, nil, "webhook", "--image", testImage, "--cert-dir", t.TempDir(), "--health-addr", "")
 	if code != 1 || !strings.Contains(errs, "tls.crt") {
 		t.Fatalf("exit %d: %s", code, errs)
+	}
+}
+
+// testImage is the sidecar image the tests name: the test binary is a
+// plain `go build`, which has no image of its own (sidecarImage).
+const testImage = "ghcr.io/tidepool-kv/tidepool:test"
+
+// TestNoVersionNeedsImage: a binary without a release version (the plain
+// build of these tests) refuses to inject or serve the webhook without
+// --image, with an error that says so, instead of injecting an image
+// tagged with nothing (`...tidepool:`), which a kubelet cannot pull.
+func TestNoVersionNeedsImage(t *testing.T) {
+	for _, args := range [][]string{
+		{"inject", "../../inject/testdata/in/deployment.yaml"},
+		{"webhook", "--cert-dir", t.TempDir(), "--health-addr", ""},
+	} {
+		out, errs, code := runTool(t, nil, args...)
+		if code != 2 || out != "" || !strings.Contains(errs, "--image is required") || !strings.Contains(errs, "no release version") {
+			t.Fatalf("%s without --image: exit %d, stdout %q..., stderr %s", args[0], code, out[:min(len(out), 200)], errs)
+		}
+	}
+	if out, errs, code := runTool(t, nil, "inject", "--image", testImage, "../../inject/testdata/in/deployment.yaml"); code != 0 || !strings.Contains(out, "image: "+testImage) {
+		t.Fatalf("inject --image: exit %d, %s", code, errs)
+	}
+}
+
+// TestSidecarImage: the default image is tagged with the -ldflags version,
+// else the build information's when it is a valid tag; a version that is
+// no tag (empty, "(devel)", "+" build metadata) or a pseudo-version (no
+// image is published for one) gives none.
+func TestSidecarImage(t *testing.T) {
+	for _, tc := range []struct{ version, want string }{
+		{"v1.4.0", "ghcr.io/tidepool-kv/tidepool:v1.4.0"},
+		{"1.4.0-rc.1", "ghcr.io/tidepool-kv/tidepool:1.4.0-rc.1"},
+		{"0.1.0-dev+abc123-dirty", ""},
+		{"(devel)", ""},
+		{"v0.0.0-20261206120000-0123456789ab", ""},
+	} {
+		if got := sidecarImage(tc.version); got != tc.want {
+			t.Errorf("sidecarImage(%q) = %q, want %q", tc.version, got, tc.want)
+		}
+	}
+	// A test binary carries no module version: no image.
+	if got := sidecarImage(""); got != "" {
+		t.Errorf("sidecarImage(\"\") in a test binary = %q, want none", got)
 	}
 }

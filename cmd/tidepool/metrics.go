@@ -121,6 +121,30 @@ func (m *metrics) observer() engineapi.Observer {
 // it serves read-only GETs only (/metrics, /healthz, /readyz) and nothing
 // that changes state or reveals more (no pprof, no debug handlers): every
 // other method is 405, every other path 404.
+// inPod reports whether serve runs in a Kubernetes pod: the downward
+// API's POD_IP (what the injected sidecar gets, and what serve's pod
+// defaults read) or the service host the kubelet gives every container.
+func inPod(getenv func(string) string) bool {
+	return getenv("POD_IP") != "" || getenv("KUBERNETES_SERVICE_HOST") != ""
+}
+
+// warnExposedMetrics warns when the metrics listener is bound to more than
+// loopback outside a pod: /metrics, /healthz and /readyz answer anyone who
+// reaches the port, without authentication, and the metrics name the
+// namespaces (model names, tenants), the members and their addresses. In a
+// pod that is the usual setup (Prometheus scrapes $POD_IP:9464 and network
+// policy guards the pod network), so nothing is logged there.
+func warnExposedMetrics(lg *zap.Logger, configured string, addr net.Addr, pod bool) {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok || ta.IP.IsLoopback() || pod {
+		return
+	}
+	lg.Warn("metrics listener reachable beyond this host, without authentication: /metrics exposes namespace names, "+
+		"member names and addresses, traffic, capacity and error figures, and /healthz and /readyz the node's state; "+
+		"bind metrics_addr to 127.0.0.1 (the default) or firewall the port (docs/security.md)",
+		zap.String("metrics_addr", configured), zap.Stringer("listening", addr))
+}
+
 func (m *metrics) listen(addr string) error {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return err

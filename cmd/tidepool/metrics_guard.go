@@ -12,16 +12,17 @@ import (
 type guardCollector struct {
 	cn *clusterNode
 
-	conns, accepted, refused, acceptErrs, keyFails, keyCutoffs, members *prometheus.Desc
+	conns, handshakes, accepted, refused, acceptErrs, keyFails, keyCutoffs, members *prometheus.Desc
 }
 
 func newGuardCollector(cn *clusterNode) *guardCollector {
 	d := prometheus.NewDesc
 	port := []string{"port"}
 	return &guardCollector{cn: cn,
-		conns:      d("tidepool_port_connections", "Connections open now on a cluster port (peer_api, transfer), handshaking or served.", port, nil),
+		conns:      d("tidepool_port_connections", "Authenticated connections open now on a cluster port (peer_api, transfer), capped by peer_max_conns.", port, nil),
+		handshakes: d("tidepool_port_handshakes", "Connections in their authentication handshake now on a cluster port, capped by peer_max_handshakes apart from peer_max_conns.", port, nil),
 		accepted:   d("tidepool_port_accepted_total", "Connections a cluster port authenticated and served.", port, nil),
-		refused:    d("tidepool_port_refused_total", "Connections a cluster port closed: reason limit (peer_max_conns open) or auth (failed handshake).", []string{"port", "reason"}, nil),
+		refused:    d("tidepool_port_refused_total", "Connections a cluster port closed: reason limit (peer_max_conns open), auth (failed or timed-out handshake) or displaced (over the handshake budget, closed for a newer connection).", []string{"port", "reason"}, nil),
 		acceptErrs: d("tidepool_port_accept_errors_total", "Accept errors a cluster port survived (too many open files, ...), each followed by a back-off.", port, nil),
 		keyFails:   d("tidepool_transfer_key_failures_total", "Transfer requests refused for an unknown region, a wrong region key or an address outside the region (each throttled).", nil, nil),
 		keyCutoffs: d("tidepool_transfer_key_cutoffs_total", "Transfer connections closed after too many such requests.", nil, nil),
@@ -30,7 +31,7 @@ func newGuardCollector(cn *clusterNode) *guardCollector {
 }
 
 func (c *guardCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.conns, c.accepted, c.refused, c.acceptErrs, c.keyFails, c.keyCutoffs, c.members} {
+	for _, d := range []*prometheus.Desc{c.conns, c.handshakes, c.accepted, c.refused, c.acceptErrs, c.keyFails, c.keyCutoffs, c.members} {
 		ch <- d
 	}
 }
@@ -56,9 +57,11 @@ func (c *guardCollector) Collect(ch chan<- prometheus.Metric) {
 		s    peerauth.ListenerStats
 	}{{"peer_api", papi}, {"transfer", xfer}} {
 		ch <- m(c.conns, g, float64(p.s.Active), p.name)
+		ch <- m(c.handshakes, g, float64(p.s.Handshaking), p.name)
 		ch <- m(c.accepted, ctr, float64(p.s.Accepted), p.name)
 		ch <- m(c.refused, ctr, float64(p.s.OverLimit), p.name, "limit")
 		ch <- m(c.refused, ctr, float64(p.s.AuthFailures), p.name, "auth")
+		ch <- m(c.refused, ctr, float64(p.s.Displaced), p.name, "displaced")
 		ch <- m(c.acceptErrs, ctr, float64(p.s.AcceptErrors), p.name)
 	}
 	ch <- m(c.keyFails, ctr, float64(keyFails))

@@ -205,6 +205,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
 		}
 		defer m.close()
+		warnExposedMetrics(lg, cfg.MetricsAddr, m.ln.Addr(), inPod(os.Getenv))
 	}
 
 	var cn *clusterNode

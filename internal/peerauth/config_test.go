@@ -38,7 +38,7 @@ func TestZeroConfigIsDefault(t *testing.T) {
 // or HandshakeTimeout is an error (it used to become the default); a
 // negative IdleTimeout is valid (no cap).
 func TestListenerConfigValues(t *testing.T) {
-	c := ListenerConfig{MaxConns: 2, HandshakeTimeout: time.Second, IdleTimeout: time.Minute}
+	c := ListenerConfig{MaxConns: 2, MaxHandshakes: 3, MaxHandshakesPerSource: 1, HandshakeTimeout: time.Second, IdleTimeout: time.Minute}
 	if got := c.withDefaults(); got != c {
 		t.Fatalf("withDefaults changed explicit values: %+v", got)
 	}
@@ -50,6 +50,8 @@ func TestListenerConfigValues(t *testing.T) {
 		{"no idle cap", ListenerConfig{IdleTimeout: NoIdleTimeout}, ""},
 		{"MaxConns", ListenerConfig{MaxConns: -1}, "MaxConns -1"},
 		{"HandshakeTimeout", ListenerConfig{HandshakeTimeout: -time.Second}, "HandshakeTimeout -1s"},
+		{"MaxHandshakes", ListenerConfig{MaxHandshakes: -1}, "MaxHandshakes -1"},
+		{"MaxHandshakesPerSource", ListenerConfig{MaxHandshakesPerSource: -1}, "MaxHandshakesPerSource -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()

@@ -158,20 +158,26 @@ func (k *Key) Client(c net.Conn, p Purpose, deadline time.Time) (net.Conn, error
 // exactly helloLen+macLen bytes and nothing else before the peer is
 // authenticated. On error the caller closes c.
 func (k *Key) Server(c net.Conn, p Purpose, deadline time.Time) (net.Conn, error) {
+	return k.server(c, p, deadline, func() {})
+}
+
+// server is Server; hello is called once a well-formed hello arrived.
+func (k *Key) server(c net.Conn, p Purpose, deadline time.Time, hello func()) (net.Conn, error) {
 	if err := c.SetDeadline(deadline); err != nil {
 		return nil, err
 	}
-	var hello [helloLen]byte
-	if _, err := io.ReadFull(c, hello[:]); err != nil {
+	var hi [helloLen]byte
+	if _, err := io.ReadFull(c, hi[:]); err != nil {
 		return nil, fmt.Errorf("%w: reading the hello: %v", ErrRefused, err)
 	}
-	if string(hello[:len(magic)]) != magic || Purpose(hello[len(magic)]) != p {
+	if string(hi[:len(magic)]) != magic || Purpose(hi[len(magic)]) != p {
 		return nil, fmt.Errorf("%w: not a tidepool handshake for this port", ErrRefused)
 	}
-	if hello[len(magic)+1] != k.flags() {
+	hello()
+	if hi[len(magic)+1] != k.flags() {
 		return nil, fmt.Errorf("%w: the client's encryption setting differs from this node's", ErrRefused)
 	}
-	cn := hello[len(magic)+2:]
+	cn := hi[len(magic)+2:]
 	var reply [nonceLen + macLen]byte
 	sn := reply[:nonceLen]
 	if _, err := rand.Read(sn); err != nil {

@@ -1,11 +1,13 @@
 package peerauth
 
 import (
+	"container/list"
 	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,9 +23,21 @@ type ListenerConfig struct {
 	Key *Key
 	// Purpose is the port the handshake is bound to.
 	Purpose Purpose
-	// MaxConns caps the connections open at once (handshaking or
-	// accepted); one over the cap is closed at once. Default 1024.
+	// MaxConns caps the authenticated connections open at once; a new
+	// connection while that many are open is closed at once, and so is one
+	// that authenticates while they are. Default 1024.
 	MaxConns int
+	// MaxHandshakes caps the connections in their handshake at once, and
+	// MaxHandshakesPerSource those of one source address: a budget of
+	// their own, apart from MaxConns, so strangers holding connections
+	// open cannot keep members out. A new connection over either budget
+	// is let in and the one it displaces is closed: of that source (per
+	// source) or of all (total), the oldest that has sent nothing yet,
+	// else the oldest still waiting for its proof. A member sends its
+	// hello at once and finishes in one round trip, so it is rarely the
+	// one displaced, and a flood of silent connections, even from the
+	// members' own address, only displaces itself. Defaults 64 and 16.
+	MaxHandshakes, MaxHandshakesPerSource int
 	// HandshakeTimeout bounds the handshake. Default 5 s.
 	HandshakeTimeout time.Duration
 	// IdleTimeout caps every read deadline of an accepted connection
@@ -40,7 +54,8 @@ const NoIdleTimeout time.Duration = -1
 
 // DefaultListenerConfig returns the defaults documented on ListenerConfig.
 func DefaultListenerConfig() ListenerConfig {
-	return ListenerConfig{MaxConns: 1024, HandshakeTimeout: 5 * time.Second, IdleTimeout: NoIdleTimeout}
+	return ListenerConfig{MaxConns: 1024, MaxHandshakes: 64, MaxHandshakesPerSource: 16,
+		HandshakeTimeout: 5 * time.Second, IdleTimeout: NoIdleTimeout}
 }
 
 // withDefaults fills the zero fields with their defaults: the one place a
@@ -49,6 +64,12 @@ func (c ListenerConfig) withDefaults() ListenerConfig {
 	d := DefaultListenerConfig()
 	if c.MaxConns == 0 {
 		c.MaxConns = d.MaxConns
+	}
+	if c.MaxHandshakes == 0 {
+		c.MaxHandshakes = d.MaxHandshakes
+	}
+	if c.MaxHandshakesPerSource == 0 {
+		c.MaxHandshakesPerSource = min(d.MaxHandshakesPerSource, c.MaxHandshakes)
 	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = d.HandshakeTimeout
@@ -60,21 +81,24 @@ func (c ListenerConfig) withDefaults() ListenerConfig {
 }
 
 // Validate reports every problem with c (after defaults): a negative
-// MaxConns or HandshakeTimeout.
+// MaxConns, MaxHandshakes, MaxHandshakesPerSource or HandshakeTimeout.
 func (c ListenerConfig) Validate() error {
 	c = c.withDefaults()
-	if c.MaxConns < 0 || c.HandshakeTimeout < 0 {
-		return fmt.Errorf("peerauth: listener MaxConns %d, HandshakeTimeout %v: neither may be negative", c.MaxConns, c.HandshakeTimeout)
+	if c.MaxConns < 0 || c.MaxHandshakes < 0 || c.MaxHandshakesPerSource < 0 || c.HandshakeTimeout < 0 {
+		return fmt.Errorf("peerauth: listener MaxConns %d, MaxHandshakes %d, MaxHandshakesPerSource %d, HandshakeTimeout %v: none may be negative",
+			c.MaxConns, c.MaxHandshakes, c.MaxHandshakesPerSource, c.HandshakeTimeout)
 	}
 	return nil
 }
 
 // ListenerStats counts a guarded listener's connections.
 type ListenerStats struct {
-	Active       int64 // connections open now (handshaking or accepted)
+	Active       int64 // authenticated connections open now (under MaxConns)
+	Handshaking  int64 // connections in their handshake now (under MaxHandshakes)
 	Accepted     int64 // connections handed to the server (authenticated)
 	OverLimit    int64 // connections closed because MaxConns were open
-	AuthFailures int64 // connections closed for a failed handshake
+	AuthFailures int64 // connections closed for a failed or timed-out handshake
+	Displaced    int64 // handshakes closed to make room for a newer connection (MaxHandshakes)
 	AcceptErrors int64 // accept errors survived (EMFILE, ...)
 }
 
@@ -102,10 +126,11 @@ type Listener struct {
 	closeErr  error
 
 	mu      sync.Mutex
-	pending map[net.Conn]struct{} // handshaking
+	pending *list.List     // of *handshaking, oldest first
+	sources map[string]int // handshakes per source address
 
-	active, accepted, overLimit, authFails, acceptErrs atomic.Int64
-	lastRefusalLog                                     atomic.Int64 // unix nanos: refusals are logged at most once a second
+	active, accepted, overLimit, authFails, displaced, acceptErrs atomic.Int64
+	lastRefusalLog                                                atomic.Int64 // unix nanos: refusals are logged at most once a second
 }
 
 // NewListener wraps ln and starts accepting. lg is used as given (nil is a
@@ -121,7 +146,7 @@ func NewListener(ln net.Listener, cfg ListenerConfig, lg *zap.Logger) *Listener 
 		lg = zap.NewNop()
 	}
 	l := &Listener{ln: ln, cfg: cfg, lg: lg, conns: make(chan net.Conn), done: make(chan struct{}),
-		pending: make(map[net.Conn]struct{})}
+		pending: list.New(), sources: make(map[string]int)}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l
@@ -154,8 +179,8 @@ func (l *Listener) Close() error {
 		close(l.done)
 		l.closeErr = l.ln.Close()
 		l.mu.Lock()
-		for c := range l.pending {
-			_ = c.Close()
+		for e := l.pending.Front(); e != nil; e = e.Next() {
+			_ = e.Value.(*handshaking).nc.Close()
 		}
 		l.mu.Unlock()
 		l.wg.Wait()
@@ -165,8 +190,11 @@ func (l *Listener) Close() error {
 
 // Stats returns a snapshot of the counters.
 func (l *Listener) Stats() ListenerStats {
-	return ListenerStats{Active: l.active.Load(), Accepted: l.accepted.Load(), OverLimit: l.overLimit.Load(),
-		AuthFailures: l.authFails.Load(), AcceptErrors: l.acceptErrs.Load()}
+	l.mu.Lock()
+	hs := int64(l.pending.Len())
+	l.mu.Unlock()
+	return ListenerStats{Active: l.active.Load(), Handshaking: hs, Accepted: l.accepted.Load(), OverLimit: l.overLimit.Load(),
+		AuthFailures: l.authFails.Load(), Displaced: l.displaced.Load(), AcceptErrors: l.acceptErrs.Load()}
 }
 
 func (l *Listener) closed() bool {
@@ -202,39 +230,158 @@ func (l *Listener) acceptLoop() {
 			continue
 		}
 		delay = 0
-		if l.active.Add(1) > int64(l.cfg.MaxConns) {
-			l.active.Add(-1)
+		if l.active.Load() >= int64(l.cfg.MaxConns) {
 			l.overLimit.Add(1)
 			_ = nc.Close()
 			continue
 		}
+		h := &handshaking{nc: nc, src: sourceOf(nc)}
 		l.mu.Lock()
 		if l.closed() {
 			l.mu.Unlock()
-			l.active.Add(-1)
 			_ = nc.Close()
 			return
 		}
-		l.pending[nc] = struct{}{}
-		l.wg.Add(1)
+		victim, ok := l.admitLocked(h)
+		if ok {
+			l.wg.Add(1)
+		}
 		l.mu.Unlock()
-		go l.handshake(nc)
+		if victim != nil {
+			l.displaced.Add(1)
+			_ = victim.Close() // its handshake fails and ends
+		}
+		if ok {
+			go l.handshake(h)
+		}
 	}
 }
 
-func (l *Listener) handshake(nc net.Conn) {
+// handshaking is a connection in its handshake.
+type handshaking struct {
+	nc    net.Conn
+	src   string
+	el    *list.Element // in pending; nil once removed
+	hello atomic.Bool   // its hello arrived: it is waiting for its proof (set without mu: never behind the accept loop)
+}
+
+// sourceOf is the address a connection comes from, without the port.
+func sourceOf(nc net.Conn) string {
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	host, _, err := net.SplitHostPort(nc.RemoteAddr().String())
+	if err != nil {
+		return nc.RemoteAddr().String()
+	}
+	return host
+}
+
+// admitLocked adds h to the handshakes and returns the connection it
+// displaces (nil if none): when h's source, or all sources, are at their
+// budget, the oldest of them that has not sent its hello, else the oldest.
+// A budget of none (a negative one that got past Validate) fails closed:
+// h itself is displaced and not admitted.
+func (l *Listener) admitLocked(h *handshaking) (victim net.Conn, admitted bool) {
+	if l.cfg.MaxHandshakes <= 0 || l.cfg.MaxHandshakesPerSource <= 0 {
+		return h.nc, false
+	}
+	var old *handshaking
+	switch {
+	case l.sources[h.src] >= l.cfg.MaxHandshakesPerSource:
+		old = l.oldestLocked(h.src)
+	case l.pending.Len() >= l.cfg.MaxHandshakes:
+		old = l.oldestLocked("")
+	}
+	if old != nil {
+		l.removeLocked(old)
+		victim = old.nc
+	}
+	h.el = l.pending.PushBack(h)
+	l.sources[h.src]++
+	return victim, true
+}
+
+// oldestLocked returns the oldest handshake of src ("": of any source)
+// that has not sent a byte, else the oldest of src; nil if none. Bytes
+// waiting unread count as sent: a member's hello follows its connect at
+// once, before its handshake goroutine may have run.
+func (l *Listener) oldestLocked(src string) *handshaking {
+	var first *handshaking
+	for e := l.pending.Front(); e != nil; e = e.Next() {
+		h := e.Value.(*handshaking)
+		if src != "" && h.src != src {
+			continue
+		}
+		if !h.hello.Load() && !hasBytes(h.nc) {
+			return h
+		}
+		if first == nil {
+			first = h
+		}
+	}
+	return first
+}
+
+// hasBytes reports whether bytes wait unread on nc, without reading them
+// or waiting (and without the read lock that the handshake's blocked
+// Read holds).
+func hasBytes(nc net.Conn) bool {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	waiting := false
+	_ = rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		waiting = err == nil && n > 0
+	})
+	return waiting
+}
+
+// removeLocked takes h out of the handshakes; false if it was not there
+// (displaced).
+func (l *Listener) removeLocked(h *handshaking) bool {
+	if h.el == nil {
+		return false
+	}
+	l.pending.Remove(h.el)
+	h.el = nil
+	if l.sources[h.src]--; l.sources[h.src] <= 0 {
+		delete(l.sources, h.src)
+	}
+	return true
+}
+
+func (l *Listener) handshake(h *handshaking) {
 	defer l.wg.Done()
+	nc := h.nc
 	var err error
 	ac := nc
 	if l.cfg.Key != nil {
-		ac, err = l.cfg.Key.Server(nc, l.cfg.Purpose, time.Now().Add(l.cfg.HandshakeTimeout))
+		ac, err = l.cfg.Key.server(nc, l.cfg.Purpose, time.Now().Add(l.cfg.HandshakeTimeout), func() { h.hello.Store(true) })
 	}
 	l.mu.Lock()
-	delete(l.pending, nc)
+	displaced := !l.removeLocked(h)
 	l.mu.Unlock()
+	if displaced {
+		_ = nc.Close()
+		return // counted as displaced
+	}
+	if err == nil && l.active.Add(1) > int64(l.cfg.MaxConns) {
+		// Members filled the cap while this one authenticated.
+		l.active.Add(-1)
+		l.overLimit.Add(1)
+		_ = nc.Close()
+		return
+	}
 	if err != nil {
 		l.authFails.Add(1)
-		l.active.Add(-1)
 		if now, last := time.Now().UnixNano(), l.lastRefusalLog.Load(); !l.closed() && now-last >= int64(time.Second) &&
 			l.lastRefusalLog.CompareAndSwap(last, now) {
 			// At most once a second: a prober must not flood the log.

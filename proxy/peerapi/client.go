@@ -119,7 +119,11 @@ type Client struct {
 	apis   map[string]*apiConn  // by peer API address
 	xfers  map[string]rdma.Peer // by transfer address
 
-	releases sync.WaitGroup // asynchronous lease releases
+	// releases counts lease releases being sent from a timer; calls
+	// counts every call in flight through any connection of this client,
+	// forgotten ones too (apiConn). Close waits for both: no goroutine of
+	// this client calls a peer after Close returns.
+	releases, calls sync.WaitGroup
 	// pending holds, per node, owner leases this client is done with, not
 	// yet released: the next Acquire to that node carries them, or a
 	// Release call does after releaseDelay.
@@ -164,8 +168,9 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	}, nil
 }
 
-// Close waits for pending lease releases and closes every connection. Safe
-// to call twice.
+// Close sends the queued lease releases, refuses calls from then on, waits
+// for the calls in flight (each bounded by Timeout) and closes every
+// connection. Safe to call twice.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -192,6 +197,7 @@ func (c *Client) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	c.calls.Wait() // the last call on each connection closes it
 	for _, p := range xfers {
 		errs = append(errs, p.Close())
 	}
@@ -201,9 +207,11 @@ func (c *Client) Close() error {
 // Forget closes the pooled peer API connections to addr (a member that
 // left, is leaving or failed), so that its server, draining, is not held
 // open by idle connections from here. Calls in flight finish; their
-// connections are closed as they are returned. A later call to addr dials
-// anew. Transfer connections are left alone: a transfer in flight ends as
-// it would.
+// connections are closed as they are returned; a call or a queued lease
+// release that still holds the forgotten connection fails with ErrClosed
+// (those pins expire with their lease). A later call to addr dials anew.
+// Transfer connections are left alone: a transfer in flight ends as it
+// would.
 func (c *Client) Forget(addr string) {
 	c.mu.Lock()
 	a, ok := c.apis[addr]
@@ -249,7 +257,7 @@ func (c *Client) api(node string) (*apiConn, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("peerapi: client for %s: %w", addr, err)
 	}
-	a := &apiConn{kc: kc}
+	a := newAPIConn(kc, &c.calls)
 	c.apis[addr] = a
 	return a, xfer, nil
 }
@@ -509,12 +517,14 @@ func (c *Client) release(node string, kc *apiConn, ids []int64) {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
-		c.releases.Add(1) // Close is flushing: send them now
-		go c.sendRelease(node, kc, ids)
+		// Close is flushing or done: send them now, from this goroutine
+		// (a call on a closed connection fails at once).
+		c.mu.Unlock()
+		c.sendRelease(node, kc, ids)
 		return
 	}
+	defer c.mu.Unlock()
 	p := c.pending[node]
 	if p == nil {
 		p = &pendingRelease{}
@@ -542,12 +552,13 @@ func (c *Client) takeReleases(node string) []int64 {
 	return ids
 }
 
-// flushRelease sends node's queued lease ids in a Release call: in the
-// background from the timer, synchronously from Close (wait).
-func (c *Client) flushRelease(node string, wait bool) {
+// flushRelease sends node's queued lease ids in a Release call, from the
+// timer's goroutine (counted in c.releases) or from Close (closing: the
+// timer's call is then a no-op, Close flushes).
+func (c *Client) flushRelease(node string, closing bool) {
 	c.mu.Lock()
 	p := c.pending[node]
-	if p == nil {
+	if p == nil || (c.closed && !closing) {
 		c.mu.Unlock()
 		return
 	}
@@ -561,19 +572,16 @@ func (c *Client) flushRelease(node string, wait bool) {
 		c.mu.Unlock()
 		return
 	}
-	c.releases.Add(1)
+	c.releases.Add(1) // under mu, before closed is set or by Close itself: never races its Wait
 	c.mu.Unlock()
-	if wait {
-		c.sendRelease(node, kc, ids)
-	} else {
-		go c.sendRelease(node, kc, ids)
-	}
+	defer c.releases.Done()
+	c.sendRelease(node, kc, ids)
 }
 
 // sendRelease releases ids in Release calls of at most maxRide; on failure
-// the pins expire with their lease. It marks one c.releases as done.
+// (a connection closed by Forget or Close included) the pins expire with
+// their lease.
 func (c *Client) sendRelease(node string, kc *apiConn, ids []int64) {
-	defer c.releases.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
 	for len(ids) > 0 {

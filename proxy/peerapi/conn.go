@@ -22,15 +22,59 @@ import (
 // apiConn is a Kitex client for one peer's API. It calls through the
 // generic kclient.Client (as the generated wrapper does) because the
 // generated wrapper cannot be closed.
+//
+// Kitex panics on a call through a client that was closed ("client is
+// already closed", and reads its closed flag unguarded), so the two never
+// meet here: a call enters under mu and is refused with ErrClosed once
+// Close began, and the Kitex client is closed by whichever comes last of
+// Close and the last call in flight. Every call is also counted in the
+// owner's calls, which Client.Close waits for.
 type apiConn struct {
-	kc kclient.Client
+	kc    kclient.Client
+	calls *sync.WaitGroup // the owning Client's calls in flight
 
-	closeOnce sync.Once
-	closeErr  error
+	mu       sync.Mutex
+	inflight int  // calls entered and not yet returned
+	closing  bool // Close began: no call enters
+	shut     bool // kc is closed
+	closeErr error
 }
 
-// call makes one RPC; a declared PeerError comes back as err.
+func newAPIConn(kc kclient.Client, calls *sync.WaitGroup) *apiConn {
+	return &apiConn{kc: kc, calls: calls}
+}
+
+// enter admits one call, or refuses it once Close began.
+func (a *apiConn) enter() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closing {
+		return false
+	}
+	a.inflight++
+	a.calls.Add(1) // before Close marks closing: never races Client.Close's Wait
+	return true
+}
+
+// exit ends a call entered by enter; the last call after Close closes kc.
+func (a *apiConn) exit() {
+	a.mu.Lock()
+	a.inflight--
+	last := a.closing && a.inflight == 0
+	a.mu.Unlock()
+	if last {
+		a.shutKitex()
+	}
+	a.calls.Done()
+}
+
+// call makes one RPC; a declared PeerError comes back as err, a call on a
+// closed connection as ErrClosed.
 func (a *apiConn) call(ctx context.Context, method string, args any, res interface{ GetErr() *peer.PeerError }) error {
+	if !a.enter() {
+		return ErrClosed
+	}
+	defer a.exit()
 	if err := a.kc.Call(ctx, method, args, res); err != nil {
 		return err
 	}
@@ -103,14 +147,35 @@ func (a *apiConn) Clear(ctx context.Context, req *peer.ClearRequest) (*peer.Clea
 	return res.Success, nil
 }
 
-// Close releases the connections. Safe to call twice: the Kitex client's
-// connection pool is closed once (it reports a second Close as an error).
+// Close refuses calls from now on and closes the connections: at once when
+// no call is in flight, else as the last one returns (Close does not wait
+// for it; Client.Close does). Safe to call twice.
 func (a *apiConn) Close() error {
-	a.closeOnce.Do(func() {
+	a.mu.Lock()
+	if a.closing {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closing = true
+	idle := a.inflight == 0
+	a.mu.Unlock()
+	if idle {
+		return a.shutKitex()
+	}
+	return nil
+}
+
+// shutKitex closes the Kitex client once (its connection pool reports a
+// second Close as an error); no call is in flight or can enter.
+func (a *apiConn) shutKitex() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.shut {
+		a.shut = true
 		if c, ok := a.kc.(interface{ Close() error }); ok {
 			a.closeErr = c.Close()
 		}
-	})
+	}
 	return a.closeErr
 }
 

@@ -90,6 +90,10 @@ type ServerConfig struct {
 	// HandshakeTimeout bounds the authentication of a new connection.
 	// Default 5 s.
 	HandshakeTimeout time.Duration
+	// MaxHandshakes and MaxHandshakesPerSource are the budget of
+	// connections still authenticating, in all and per source address,
+	// apart from MaxConns (peerauth.ListenerConfig). Defaults 64 and 16.
+	MaxHandshakes, MaxHandshakesPerSource int
 	// NoNamedReads: do not serve named reads (fetch.go) even where the
 	// transport can; peers then fetch by Acquire and a one-sided read.
 	NoNamedReads bool
@@ -142,6 +146,10 @@ func (c ServerConfig) Validate() error {
 	}
 	if c.MaxLease < 0 {
 		errs = append(errs, fmt.Errorf("peerapi: MaxLease %v is negative", c.MaxLease))
+	}
+	if c.MaxHandshakes < 0 || c.MaxHandshakesPerSource < 0 {
+		errs = append(errs, fmt.Errorf("peerapi: MaxHandshakes %d, MaxHandshakesPerSource %d: neither may be negative",
+			c.MaxHandshakes, c.MaxHandshakesPerSource))
 	}
 	if c.MaxConns < 0 || c.IdleTimeout < 0 || c.HandshakeTimeout < 0 {
 		errs = append(errs, fmt.Errorf("peerapi: MaxConns %d, IdleTimeout %v, HandshakeTimeout %v: none may be negative",
@@ -205,6 +213,7 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 	}
 	s.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
 		Key: cfg.Key, Purpose: peerauth.PurposePeerAPI, MaxConns: cfg.MaxConns,
+		MaxHandshakes: cfg.MaxHandshakes, MaxHandshakesPerSource: cfg.MaxHandshakesPerSource,
 		HandshakeTimeout: cfg.HandshakeTimeout, IdleTimeout: cfg.IdleTimeout,
 	}, lg)
 	s.svr = tidepoolpeer.NewServer(h,

@@ -95,6 +95,11 @@ type Config struct {
 	// MaxConns caps the served connections open at once; more are closed
 	// as they come. Default 1024.
 	MaxConns int
+	// MaxHandshakes and MaxHandshakesPerSource are the budget of
+	// connections still authenticating, in all and per source address,
+	// apart from MaxConns (peerauth.ListenerConfig). Zero: peerauth's
+	// defaults (64 and 16).
+	MaxHandshakes, MaxHandshakesPerSource int
 	// MaxKeyFailures closes a served connection after that many requests
 	// naming a region it does not know or with the wrong key; each such
 	// refusal is delayed by KeyFailureDelay times the failures so far.
@@ -210,6 +215,10 @@ func (c Config) Validate() error {
 	if err := CheckCongestion(c.Congestion); err != nil {
 		errs = append(errs, fmt.Errorf("tcp: Congestion: %w", err))
 	}
+	if c.MaxHandshakes < 0 || c.MaxHandshakesPerSource < 0 {
+		errs = append(errs, fmt.Errorf("tcp: MaxHandshakes %d, MaxHandshakesPerSource %d: neither may be negative",
+			c.MaxHandshakes, c.MaxHandshakesPerSource))
+	}
 	if c.MaxConns < 0 || c.MaxKeyFailures < 0 || c.KeyFailureDelay < 0 {
 		errs = append(errs, fmt.Errorf("tcp: MaxConns %d, MaxKeyFailures %d, KeyFailureDelay %v: none may be negative",
 			c.MaxConns, c.MaxKeyFailures, c.KeyFailureDelay))
@@ -289,6 +298,7 @@ func New(cfg Config, lg *zap.Logger) (*Transport, error) {
 	t.setCongestion(ln) // before the first accept: accepted connections inherit it
 	t.ln = peerauth.NewListener(ln, peerauth.ListenerConfig{
 		Key: cfg.Key, Purpose: peerauth.PurposeTransfer, MaxConns: cfg.MaxConns, HandshakeTimeout: cfg.DialTimeout,
+		MaxHandshakes: cfg.MaxHandshakes, MaxHandshakesPerSource: cfg.MaxHandshakesPerSource,
 	}, lg)
 	t.addr = cfg.AdvertiseAddr
 	if t.addr == "" {
