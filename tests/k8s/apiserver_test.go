@@ -171,6 +171,20 @@ func TestAgainstAPIServer(t *testing.T) {
 		compareStored(t, got, createPod(t, c, statefulSetPod(&injected, 0)))
 	})
 
+	t.Run("LeaderWorkerSet meets its CRD's schema, injected", func(t *testing.T) {
+		raw, err := os.ReadFile("../../inject/testdata/in/lws.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := c.kubectlIn(raw, "create", "--validate=strict", "-n", "inference", "-f", "-"); err != nil {
+			t.Fatalf("kubectl create LeaderWorkerSet: %v\n%s", err, out)
+		}
+		injected := bytes.Replace(runInject(t, tidepool, raw), []byte("name: vllm-multinode\n"), []byte("name: vllm-multinode-cli\n"), 1)
+		if out, err := c.kubectlIn(injected, "create", "--validate=strict", "-n", "inference", "-f", "-"); err != nil {
+			t.Fatalf("kubectl create the injected LeaderWorkerSet: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("LeaderWorkerSet leader and worker pods", func(t *testing.T) {
 		var in, injected lwsTemplates
 		readObject(t, "../../inject/testdata/in/lws.yaml", &in)

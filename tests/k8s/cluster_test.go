@@ -308,11 +308,19 @@ current-context: test
 
 // kubectl runs kubectl against the cluster and returns its combined output.
 func (c *cluster) kubectl(args ...string) (string, error) {
+	return c.kubectlIn(nil, args...)
+}
+
+// kubectlIn runs kubectl with stdin.
+func (c *cluster) kubectlIn(stdin []byte, args ...string) (string, error) {
 	bin := os.Getenv("KUBECTL")
 	if bin == "" {
 		bin = "kubectl"
 	}
-	cmd := exec.Command(bin, append([]string{"--kubeconfig", c.kubeconfig}, args...)...)
+	cmd := exec.Command(bin, append([]string{"--kubeconfig", c.kubeconfig, "--cache-dir", filepath.Join(c.dir, "kubectl-cache")}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
