@@ -29,6 +29,11 @@ import (
 // are given, so their outputs can be compared.
 const testImage = "ghcr.io/tidepool-kv/tidepool:test"
 
+// cliNamespace is where pods injected by `tidepool inject` are stored to
+// be compared: a namespace the webhook does not select, which would
+// otherwise inject them again with its own configuration.
+const cliNamespace = "plain"
+
 // TestAgainstAPIServer is tidepool's deploy/ and webhook against a real
 // kube-apiserver (built by scripts/k8s-apiserver.sh) on etcd, on loopback:
 // the CRDs of cert-manager and the Prometheus Operator from their pinned
@@ -58,9 +63,14 @@ func TestAgainstAPIServer(t *testing.T) {
 		if out, err := c.kubectl("apply", "--server-side", "-f", f); err != nil {
 			t.Fatalf("kubectl apply %s: %v\n%s", f, err, out)
 		}
-		if out, err := c.kubectl("wait", "--for=condition=Established", "--timeout=120s", "-f", f); err != nil {
-			t.Fatalf("CRD of %s not established: %v\n%s", f, err, out)
-		}
+		// kubectl 1.32's wait fails outright ("conditions accessor
+		// error") while the new CRD has no conditions yet: ask again.
+		waitFor(t, "CRD of "+f+" established", c.apiserver, 2*time.Minute, func() error {
+			if out, err := c.kubectl("wait", "--for=condition=Established", "--timeout=10s", "-f", f); err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
 	}
 
 	// deploy/ exactly as docs/kubernetes.md says to apply it.
@@ -150,7 +160,7 @@ func TestAgainstAPIServer(t *testing.T) {
 			}
 		}
 		want := injectCLI(t, tidepool, vllmPod)
-		want.Name = vllmPod.Name + "-cli"
+		want.Name, want.Namespace = vllmPod.Name+"-cli", cliNamespace
 		compareStored(t, got, createPod(t, c, want))
 	})
 
@@ -167,7 +177,7 @@ func TestAgainstAPIServer(t *testing.T) {
 		}
 		var injected appsv1.StatefulSet
 		injectObject(t, tidepool, "../../inject/testdata/in/statefulset.yaml", &injected)
-		injected.Name += "-cli"
+		injected.Name, injected.Namespace = injected.Name+"-cli", cliNamespace
 		compareStored(t, got, createPod(t, c, statefulSetPod(&injected, 0)))
 	})
 
@@ -198,7 +208,7 @@ func TestAgainstAPIServer(t *testing.T) {
 			if sidecarOf(got) == nil {
 				t.Fatalf("%s: stored pod has no tidepool init container", name)
 			}
-			compareStored(t, got, createPod(t, c, podFromTemplate(name+"-cli", pair[1], "inference")))
+			compareStored(t, got, createPod(t, c, podFromTemplate(name+"-cli", pair[1], cliNamespace)))
 		}
 	})
 

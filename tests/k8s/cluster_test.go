@@ -274,6 +274,9 @@ func startCluster(t *testing.T, apiserver string) *cluster {
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--authorization-mode=RBAC",
 		"--profiling=false",
+		// The "kubernetes" Service's endpoints may not be loopback
+		// addresses; nothing here needs them.
+		"--endpoint-reconciler-type=none",
 	)
 	c.apiserver = api
 	c.client = kubernetes.NewForConfigOrDie(&rest.Config{
