@@ -122,15 +122,7 @@ func TestAgainstAPIServer(t *testing.T) {
 		return nil
 	})
 	t.Run("unreachable webhook, Ignore: stored without the sidecar", func(t *testing.T) {
-		p := vllmPod.DeepCopy()
-		p.Name = "vllm-unreachable"
-		before := c.failedOpen(hook)
-		if hasSidecar(createPod(t, c, p)) {
-			t.Errorf("pod injected although the webhook is unreachable")
-		}
-		if c.failedOpen(hook) == before {
-			t.Errorf("the API server did not log the call to %s failing open", hook)
-		}
+		storedFailingOpen(t, c, hook, vllmPod, "vllm-unreachable")
 	})
 
 	// The webhook on loopback, and the configuration pointed at it: the
@@ -250,15 +242,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	// overlay would set it.
 	wh.proc.stop()
 	t.Run("webhook down, Ignore: stored without the sidecar", func(t *testing.T) {
-		p := vllmPod.DeepCopy()
-		p.Name = "vllm-webhook-down"
-		before := c.failedOpen(hook)
-		if hasSidecar(createPod(t, c, p)) {
-			t.Errorf("pod injected with the webhook down")
-		}
-		if c.failedOpen(hook) == before {
-			t.Errorf("the API server did not log the call to %s failing open", hook)
-		}
+		storedFailingOpen(t, c, hook, vllmPod, "vllm-webhook-down")
 	})
 	t.Run("webhook down, Fail: refused, its own namespace still served", func(t *testing.T) {
 		for i := range mwc.Webhooks {
@@ -284,6 +268,22 @@ func TestAgainstAPIServer(t *testing.T) {
 			t.Errorf("a pod of tidepool-system was injected")
 		}
 	})
+}
+
+// storedFailingOpen creates a copy of pod named name and checks that it
+// was stored without the sidecar after the API server's call to hook
+// failed (failurePolicy Ignore): not merely skipped.
+func storedFailingOpen(t *testing.T, c *cluster, hook string, pod *corev1.Pod, name string) {
+	t.Helper()
+	p := pod.DeepCopy()
+	p.Name = name
+	before := c.failedOpen(hook)
+	if hasSidecar(createPod(t, c, p)) {
+		t.Errorf("pod injected although the webhook cannot be reached")
+	}
+	if c.failedOpen(hook) == before {
+		t.Errorf("the API server did not log the call to %s failing open", hook)
+	}
 }
 
 // wantObjects checks that every object of a Kustomize directory is stored.

@@ -161,14 +161,7 @@ func documents(t *testing.T, path string) []document {
 		case "LeaderWorkerSet":
 			// leaderworkerset.x-k8s.io is not part of Kubernetes: its pod
 			// templates are checked as core PodTemplates and Pods.
-			var o struct {
-				Spec struct {
-					LeaderWorkerTemplate struct {
-						LeaderTemplate *corev1.PodTemplateSpec `json:"leaderTemplate"`
-						WorkerTemplate *corev1.PodTemplateSpec `json:"workerTemplate"`
-					} `json:"leaderWorkerTemplate"`
-				} `json:"spec"`
-			}
+			var o lwsTemplates
 			if err := yaml.Unmarshal(raw, &o); err != nil {
 				t.Fatalf("%s: %v", d.name, err)
 			}
