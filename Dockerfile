@@ -24,9 +24,13 @@ RUN CGO_ENABLED=1 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
       -o /out/tidepool ./cmd/tidepool
 
 FROM debian:bookworm-slim
+# The runtime packages are listed once, in image/runtime-packages, which
+# scripts/build-image.sh (the same image from Debian packages alone,
+# without Docker) reads too.
+COPY image/runtime-packages /tmp/runtime-packages
 RUN apt-get update \
- && apt-get install -y --no-install-recommends librocksdb7.8 ca-certificates \
- && rm -rf /var/lib/apt/lists/*
+ && sed 's/#.*//' /tmp/runtime-packages | xargs apt-get install -y --no-install-recommends \
+ && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages
 COPY --from=build /out/tidepool /usr/local/bin/tidepool
 # An unprivileged default user. An injected sidecar runs as its engine's
 # user instead (it sets runAsUser; docs/kubernetes.md, "Users and

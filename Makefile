@@ -82,6 +82,7 @@ test: deps
 	step test-engines scripts/test-engines.sh
 	step test-sglang scripts/test-sglang.sh
 	step test-rdma $(MAKE) --no-print-directory test-rdma
+	step test-k8s $(MAKE) --no-print-directory test-k8s
 	(IFS=,; echo "make test: seconds per step: $${took[*]}")
 	if ((rc == 0)); then echo "make test: all passed"; exit 0; fi
 	echo "make test: FAILED: $${failed[*]} (whole logs in $(TEST_LOGS)/)"
@@ -97,6 +98,22 @@ test: deps
 .PHONY: test-rdma
 test-rdma:
 	scripts/test-rdma.sh
+
+# Kubernetes 1.37 itself (tests/k8s, a module of its own): the injected
+# goldens through its validation, and a real kube-apiserver + etcd on
+# loopback calling `tidepool webhook`, with `kubectl apply -k deploy/`.
+# kube-apiserver is built from the Go module proxy once and cached in
+# ${XDG_CACHE_HOME:-$HOME/.cache}/tidepool/ (docs/kubernetes.md).
+.PHONY: test-k8s
+test-k8s:
+	scripts/test-k8s.sh
+
+# The image from Debian packages (mmdebstrap, umoci; no Docker), run with
+# crun and spoken to through its socket. Not part of `make test`: it
+# downloads Debian packages and needs a privileged (root) machine.
+.PHONY: image
+image:
+	scripts/test-image.sh
 
 # vLLM with the tidepool connector against real sidecars (installs its venv).
 .PHONY: test-engines

@@ -12,6 +12,10 @@
 #   redis-server     comparison benchmarks
 #   iproute2         network-namespace tests (`ip netns`)
 #   libibverbs-dev   the optional `rdma` build tag
+#   etcd-server      storage of the kube-apiserver of `make test-k8s`
+#   mmdebstrap umoci crun skopeo
+#                    `make image`: build the image from Debian packages,
+#                    run it, inspect it (scripts/build-image.sh)
 #
 # Works as root or through sudo, without a TTY or stdin.
 set -euo pipefail
@@ -30,6 +34,11 @@ packages=(
 	# SGLang compiles its page hash (C++, -lcrypto) at first use: scripts/test-sglang.sh
 	libssl-dev
 	ninja-build
+	etcd-server
+	mmdebstrap
+	umoci
+	crun
+	skopeo
 )
 
 installed() {
