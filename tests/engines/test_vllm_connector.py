@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 sys.path.insert(0, HERE)
 
 import tidepool  # noqa: E402
-from run_engine import write_tiny_llama  # noqa: E402
+from run_engine import vllm_hashes_of, write_tiny_llama  # noqa: E402
 
 BIN = os.path.join(ROOT, "bin", "tidepool")
 BLOCK = 32  # the CPU attention backend wants a multiple of 32
@@ -134,14 +134,14 @@ class EngineRun:
         self.root = root
         self.n = 0
 
-    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False):
+    def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False, hooks=None):
         self.n += 1
         spec = os.path.join(self.root, "spec%d.json" % self.n)
         out = os.path.join(self.root, "out%d.json" % self.n)
         log = os.path.join(self.root, "engine%d.log" % self.n)
         with open(spec, "w") as f:
             json.dump({"model": model, "prompts": prompts, "max_tokens": max_tokens,
-                       "kv_transfer_config": kv, "logprobs": 5, "block_size": BLOCK}, f)
+                       "kv_transfer_config": kv, "logprobs": 5, "block_size": BLOCK, "hooks": hooks}, f)
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
                    VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         env.pop("PYTHONHASHSEED", None)
@@ -240,8 +240,13 @@ class EngineTests(unittest.TestCase):
         self.assertEqual(cb["load_errors"], 0, cb)
         self.assertGreaterEqual(ob["num_cached_tokens"], P_BLOCKS * BLOCK, ob)
         self.assertGreaterEqual(s.counter("tidepool_namespace_hits_total") - hits_before, P_BLOCKS)
-        # Two processes computed the same keys for P.
-        self.assertEqual(ca["keys"][0][:P_BLOCKS], cb["keys"][0][:P_BLOCKS])
+        # The keys are vLLM's block hashes of P, the same in every process.
+        c = tidepool.Client(s.socket)
+        try:
+            ns = [n.ns for n in c.stats().namespaces if n.blocks > 0][0]
+            self.assertEqual(c.lookup(ns, vllm_hashes_of(P, BLOCK)), P_BLOCKS)
+        finally:
+            c.close()
         self.assert_same_as_reference(ob, "engine B (P loaded from tidepool)")
         # The same with vLLM's production process layout: scheduler in the
         # EngineCore process, worker in its own, metadata serialized between
@@ -255,8 +260,8 @@ class EngineTests(unittest.TestCase):
         # 2: the same run with Q's blocks loaded in place of P's must differ.
         # (B saved one more block, P + SUFFIX's 14th: Q + SUFFIX has no such
         # block, so that one is a load error and is recomputed.)
-        n = self.run_engine(self.model, [P + SUFFIX],
-                            kv=kv_config(s.socket, test_only_load_keys_of=Q + SUFFIX))
+        n = self.run_engine(self.model, [P + SUFFIX], kv=kv_config(s.socket),
+                            hooks={"load_keys_of": Q + SUFFIX, "load_keys_for": P + SUFFIX})
         cn, on = n["connector"], n["outputs"][0]
         self.assertGreaterEqual(cn["loaded_blocks"], P_BLOCKS, cn)
         self.assertGreater(max_logprob_diff(on, self.ref), 100 * ABS_TOL,
@@ -315,7 +320,7 @@ class EngineTests(unittest.TestCase):
         barrier = os.path.join(self.tmp, "barrier")
         os.makedirs(barrier, exist_ok=True)
         p, out, log = self.run_engine(self.model, [P + SUFFIX],
-                                      kv=kv_config(s.socket, test_only_load_barrier=barrier),
+                                      kv=kv_config(s.socket), hooks={"load_barrier": barrier},
                                       background=True)
         try:
             poll(lambda: os.path.exists(os.path.join(barrier, "acquired")) or p.poll() is not None,
@@ -340,7 +345,7 @@ class EngineTests(unittest.TestCase):
         # vLLM recomputes from it, output unchanged, no engine error.
         s = self.sidecar("badblock")
         a = self.run_engine(self.model, [P], kv=kv_config(s.socket))
-        keys = [bytes.fromhex(k) for k in a["connector"]["keys"][0]]
+        keys = vllm_hashes_of(P, BLOCK)
         c = tidepool.Client(s.socket)
         try:
             ns = [n.ns for n in c.stats().namespaces if n.blocks > 0][0]
