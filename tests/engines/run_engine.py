@@ -121,7 +121,7 @@ def main():
               max_model_len=spec.get("max_model_len", 1024), enable_prefix_caching=True,
               max_num_seqs=4, max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024),
               enforce_eager=True, seed=0, gpu_memory_utilization=spec.get("mem", 0.05),
-              **kw)
+              tensor_parallel_size=spec.get("tp", 1), **kw)
     t_init = time.time() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8),
                         logprobs=spec.get("logprobs", 5), detokenize=False)

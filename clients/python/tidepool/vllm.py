@@ -513,8 +513,13 @@ class Scheduler:
         if c is None:
             return 0, False
         try:
-            _count("rpc_lookup")
-            hit = c.lookup(self._ns, keys, scope=self._scope)
+            hit = 0
+            for chunk in _chunks(keys, self._link.max_batch):  # a chain longer than max_batch: in pieces
+                _count("rpc_lookup")
+                n = c.lookup(self._ns, chunk, scope=self._scope)
+                hit += n
+                if n < len(chunk):
+                    break
         except Exception as e:  # noqa: BLE001
             if _is_server_error(e):
                 _once.warn("lookup:%s" % e.code, "Lookup refused (%s); treating as a miss", e)
@@ -717,7 +722,7 @@ class Worker:
         self._layout_digest = b""
         self._link = _Link(s.socket, s.timeout_s, s.retry_s, "worker")
         self._arena_tensors = {}  # (id(client), arena, dtype) -> 1-D tensor over the mapping
-        self._link.on_close = self._arena_tensors.clear
+        self._link.on_close = self._forget_client
         self._to_release: list = []  # lease ids that ride on the next Acquire
         self._release_by = 0.0  # monotonic time by which they are released anyway
         self._load_errors: set = set()
@@ -802,6 +807,12 @@ class Worker:
                 break
         return done
 
+    def _forget_client(self):
+        """The worker's client is about to close: its arena views and the
+        leases it holds go with it (the sidecar ends them)."""
+        self._arena_tensors.clear()
+        self._to_release = []
+
     def _take_releases(self):
         ids, self._to_release = self._to_release, []
         return ids or None
@@ -814,6 +825,7 @@ class Worker:
         leases, deadline = c.acquire(self._ns, keys, lease_ms=self._s.lease_ms, release=self._take_releases())
         held = [l.lease_id for l in leases if l.code == OK]
         want = self.block_bytes
+        views = c.arena_views()
         good = []  # (index in chunk, lease)
         for j, l in enumerate(leases):
             if l.code != OK:
@@ -824,6 +836,10 @@ class Worker:
             if l.slot.length != want:
                 _once.warn("size", "block of %d bytes where this layout needs %d (another model "
                            "under a colliding key?); recomputing", l.slot.length, want)
+                continue
+            if not 0 <= l.slot.arena < len(views) or l.slot.offset < 0 \
+                    or l.slot.offset + want > len(views[l.slot.arena]):
+                _once.warn("slot", "slot %r outside the arenas; recomputing", l.slot)
                 continue
             good.append((j, l))
         if self._s.verify_reads:
