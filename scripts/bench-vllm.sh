@@ -36,7 +36,7 @@ fi
 echo "bench-vllm: $(date -u +%FT%TZ) load: $(uptime | sed 's/.*load average: //')"
 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
 	"$VENV/bin/python" tests/engines/bench_vllm.py "$tmp" "$PWD/bin/tidepool" "$rounds" "$prefix" "$bs" \
-	</dev/null 2>"$tmp/bench.log" || { tail -40 "$tmp/bench.log" "$tmp"/engine-*.log; exit 1; }
+	</dev/null 2>"$tmp/bench.log" || { tail -n 40 "$tmp/bench.log" "$tmp"/engine-*.log; exit 1; }
 # The yardstick: zero-copy GETs of the same block size (docs/bench.md).
 layers=${BENCH_LAYERS:-8}
 size=$((bs * layers * 4 * 64 * 2 * 4 + 64))
