@@ -885,13 +885,11 @@ class Worker:
         offs = torch.tensor(offsets, dtype=torch.int64) // esize
         rows = a.numel()
 
-        def gather(at, nbytes, index):
-            n = nbytes // esize
-            # Row r of this view is the n elements at r + at: the rows
-            # overlap, and index_select picks one per block.
-            return a.as_strided((rows - at - n + 1, n), (1, 1), at).index_select(0, index)
-
-        hdr = gather(0, HEADER_BYTES, offs)
+        # Row r of a.as_strided((rows - at - n + 1, n), (1, 1), at) is the
+        # n elements at r + at: the rows overlap, and index_select picks one
+        # per block (its offset).
+        hn = HEADER_BYTES // esize
+        hdr = a.as_strided((rows - hn + 1, hn), (1, 1), 0).index_select(0, offs)
         ok = (hdr == self._header_t.view(dtype)).all(dim=1)
         if not bool(ok.all()):
             _once.warn("header", "block with another layout's header; recomputing")
@@ -902,14 +900,22 @@ class Worker:
             if not js:
                 return set()
         dst = torch.tensor(bids, dtype=torch.int64)
-        run = bids == list(range(bids[0], bids[0] + len(bids)))  # consecutive: gather straight in
+        # KV blocks that make one run (in any order, as a fresh engine's
+        # free list hands them out): each part's gather lands straight in
+        # the run's rows, with no scatter after it.
+        lo = min(bids)
+        run = max(bids) - lo == len(bids) - 1 and len(set(bids)) == len(bids)
+        if run:
+            order = torch.empty(len(bids), dtype=torch.int64)
+            order[dst - lo] = torch.arange(len(bids))
+            offs_run = offs.index_select(0, order)
         for p in self._parts:
             rows_p = p.view(dtype)
             at = (HEADER_BYTES + p.offset) // esize
             n = p.nbytes // esize
             src = a.as_strided((rows - at - n + 1, n), (1, 1), at)
             if run and rows_p.device.type == "cpu" and rows_p.is_contiguous():
-                torch.index_select(src, 0, offs, out=rows_p[bids[0]:bids[0] + len(bids)])
+                torch.index_select(src, 0, offs_run, out=rows_p[lo:lo + len(bids)])
             else:
                 g = src.index_select(0, offs)
                 rows_p.index_copy_(0, dst.to(rows_p.device), g.to(rows_p.device))
