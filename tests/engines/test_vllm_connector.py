@@ -94,14 +94,17 @@ class Sidecar:
         except OSError:
             return ""
 
-    def counter(self, name):
-        """Sum of a Prometheus counter over its labels; name may end in
-        the start of a label set ('x_total{method="Reserve"')."""
+    def counter(self, name, **labels):
+        """Sum of a Prometheus counter over the series whose labels include
+        labels (counter("x_total", method="Reserve"))."""
         body = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
+        want = ['%s="%s"' % kv for kv in labels.items()]
         total = 0.0
         for line in body.splitlines():
-            if ("{" in name and line.startswith(name)) or line.startswith(name + " ") \
-                    or line.startswith(name + "{"):
+            if not (line.startswith(name + " ") or line.startswith(name + "{")):
+                continue
+            head = line.rsplit(" ", 1)[0]
+            if all(w in head for w in want):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
@@ -421,13 +424,13 @@ class EngineTests(unittest.TestCase):
         # fills all of a request's blocks in one step).
         self.assertEqual((ca.get("rpc_lookup"), ca.get("rpc_reserve"), ca.get("rpc_commit"),
                           ca.get("rpc_acquire", 0)), (2, 2, 2, 0), ca)
-        reserves = s.counter('tidepool_request_duration_seconds_count{method="Reserve"')
+        reserves = s.counter("tidepool_request_duration_seconds_count", method="Reserve")
         b = self.run_engine(self.model, [P + SUFFIX], kv=kv_config(s.socket))
         cb = b["connector"]
         self.assertEqual(cb["loaded_blocks"], P_BLOCKS + 1, cb)
         self.assertEqual((cb.get("rpc_lookup"), cb.get("rpc_acquire"), cb.get("rpc_reserve", 0),
                           cb.get("offered_blocks", 0)), (1, 1, 0, 0), cb)
-        self.assertEqual(s.counter('tidepool_request_duration_seconds_count{method="Reserve"') - reserves, 0)
+        self.assertEqual(s.counter("tidepool_request_duration_seconds_count", method="Reserve") - reserves, 0)
         self.assert_same_as_reference(b["outputs"][0], "engine B, one Acquire")
 
     # 7 -----------------------------------------------------------------------
