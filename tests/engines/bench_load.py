@@ -9,6 +9,10 @@ printed.
 
   .venv-engines/bin/python tests/engines/bench_load.py [ROUNDS] [BLOCKS] [LAYERS]   (3 64 2)
 
+torch runs on BENCH_THREADS threads (default 1: on a busy machine torch's
+parallel copies wait on each other's threads far longer than they copy;
+vLLM's CPU worker binds its own threads).
+
 A block is LAYERS x 64 KiB (+64 bytes of header): LAYERS=2 gives 128 KiB
 blocks, LAYERS=8 512 KiB. Each round loads the same blocks into other KV
 blocks (the engine's situation after its first pass over the arenas); the
@@ -39,6 +43,7 @@ import test_vllm_units as U  # noqa: E402
 def main():
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     layers = int(sys.argv[3]) if len(sys.argv) > 3 else 2

@@ -142,6 +142,7 @@ class EngineRun:
     def __call__(self, model, prompts, kv=None, max_tokens=6, background=False, multiprocess=False, hooks=None,
                  **spec_extra):
         self.n += 1
+        extra_env = spec_extra.pop("env", {})
         spec = os.path.join(self.root, "spec%d.json" % self.n)
         out = os.path.join(self.root, "out%d.json" % self.n)
         log = os.path.join(self.root, "engine%d.log" % self.n)
@@ -152,6 +153,7 @@ class EngineRun:
             json.dump(d, f)
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocess else "0",
                    VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        env.update(extra_env)
         env.pop("PYTHONHASHSEED", None)
         with open(log, "wb") as logf:
             p = subprocess.Popen([sys.executable, os.path.join(HERE, "run_engine.py"), spec, out],
@@ -454,6 +456,35 @@ class EngineTests(unittest.TestCase):
         self.assertGreater(cb["rpc_acquire"], 1, cb)  # in chunks
         self.assertLessEqual(max_logprob_diff(b["outputs"][0], a["outputs"][0]), ABS_TOL,
                              "engine B (loaded from SSD) differs from engine A (computed)")
+
+
+    # 8 -----------------------------------------------------------------------
+    def test_8_tensor_parallel_2(self):
+        # TP=2 (vLLM's CPU build binds one core per rank with
+        # VLLM_CPU_OMP_THREADS_BIND; its automatic binding refuses a single
+        # NUMA node): each rank saves and loads its own blocks under its own
+        # namespace. One block of rank 1 is deleted before B runs: that
+        # rank's load error makes vLLM recompute from that block on both
+        # ranks, and B's output still equals A's.
+        s = self.sidecar("tp2")
+        env = {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("TP2_THREADS_BIND", "0|1")}
+        a = self.run_engine(self.model, [P + SUFFIX], kv=kv_config(s.socket), multiprocess=True, tp=2, env=env)
+        c = tidepool.Client(s.socket)
+        try:
+            nss = sorted(n.ns for n in c.stats().namespaces if n.ns.startswith("vllm/"))
+            self.assertEqual([("/tp0/" in n, "/tp1/" in n) for n in nss], [(True, False), (False, True)], nss)
+            keys = vllm_hashes_of(P + SUFFIX, BLOCK)
+            for ns in nss:
+                poll(lambda: c.lookup(ns, keys) == len(keys), 60, "the saves of " + ns)
+            self.assertTrue(c.delete(nss[1], keys[5]))
+        finally:
+            c.close()
+        acquires = s.counter("tidepool_request_duration_seconds_count", method="Acquire")
+        b = self.run_engine(self.model, [P + SUFFIX], kv=kv_config(s.socket), multiprocess=True, tp=2, env=env)
+        self.assertGreaterEqual(s.counter("tidepool_request_duration_seconds_count", method="Acquire") - acquires, 2)
+        self.assertGreaterEqual(b["outputs"][0]["num_cached_tokens"], 5 * BLOCK)
+        self.assertLessEqual(max_logprob_diff(b["outputs"][0], a["outputs"][0]), ABS_TOL,
+                             "TP=2 engine B (loaded, one block of rank 1 recomputed) differs from A")
 
 
 if __name__ == "__main__":
