@@ -42,17 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "clients", "python"))
 from run_engine import vllm_hashes_of, write_tiny_llama  # noqa: E402
+from test_vllm_connector import free_port  # noqa: E402
 
 import tidepool  # noqa: E402
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def serve(bin_, tmp, name, extra):

@@ -41,8 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from test_vllm_connector import (  # noqa: E402
-    ABS_TOL, BLOCK, P, P_BLOCKS, SUFFIX, Sidecar, cluster_pair, free_port, held_blocks, kv_config, poll,
-    prompt, wait_members)
+    ABS_TOL, BLOCK, P, P_BLOCKS, SUFFIX, Sidecar, cluster_pair, free_port, held_blocks, kv_config,
+    max_logprob_diff, poll, prompt, wait_members)
 from run_engine import write_tiny_llama  # noqa: E402
 
 SERVER_TIMEOUT_S = float(os.environ.get("ENGINE_TIMEOUT_S", "600"))
@@ -106,18 +106,6 @@ class Server:
         self._logf.close()
 
 
-def same(a, b):
-    """Largest |difference| of the top logprobs; inf when ids differ."""
-    if a["token_ids"] != b["token_ids"]:
-        return float("inf")
-    worst = 0.0
-    for sa, sb in zip(a["logprobs"], b["logprobs"]):
-        if [t for t, _ in sa] != [t for t, _ in sb]:
-            return float("inf")
-        worst = max(worst, max(abs(x - y) for (_, x), (_, y) in zip(sa, sb)))
-    return worst
-
-
 class ServeTests(unittest.TestCase):
     def setUp(self):
         base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
@@ -148,7 +136,7 @@ class ServeTests(unittest.TestCase):
         # Y's sidecar is not up: Y answers by recomputation, and says so
         # once per side (no error per try).
         early = prompt(77, 5 * BLOCK + 3)
-        self.assertLessEqual(same(y.complete(early), r.complete(early)), ABS_TOL)
+        self.assertLessEqual(max_logprob_diff(y.complete(early), r.complete(early)), ABS_TOL)
         ylog = y.log()
         self.assertNotIn("Could not connect", ylog)
         lines = re.findall(r"tidepool: sidecar at \S+ unavailable \(not up yet\? ([\w-]+) side\)", ylog)
@@ -169,7 +157,7 @@ class ServeTests(unittest.TestCase):
         acquires = s2.counter("tidepool_request_duration_seconds_count", method="Acquire")
         remote = s2.counter("tidepool_remote_hits_total")
         got = poll(lambda: y.complete(P + SUFFIX) if y.healthy() else None, 30, "server y")
-        self.assertLessEqual(same(got, ref), ABS_TOL, "server Y differs from the no-connector server:\n%s\n%s"
+        self.assertLessEqual(max_logprob_diff(got, ref), ABS_TOL, "server Y differs from the no-connector server:\n%s\n%s"
                              % (got, ref))
         self.assertGreater(s2.counter("tidepool_request_duration_seconds_count", method="Acquire") - acquires, 0,
                            "server Y did not load (its sidecar came up after it started)")
