@@ -107,7 +107,7 @@ class Server:
 
 class ServeTests(unittest.TestCase):
     def setUp(self):
-        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        base = os.environ.get("ENGINE_TMPDIR") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
         self.tmp = tempfile.mkdtemp(prefix="tp-serve.", dir=base)
         self.model = write_tiny_llama(os.path.join(self.tmp, "model"))
         self.addCleanup(lambda: None if os.environ.get("KEEP_ENGINE_TMP") else
