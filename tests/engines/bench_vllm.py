@@ -164,7 +164,7 @@ def main():
     model = write_tiny_llama(os.path.join(tmp, "model"), layers=layers, hidden=hidden, heads=hidden // 64,
                              kv_heads=4, vocab=2048, ctx=prefix + 256)
     block_bytes = bs * layers * 4 * 64 * 2 * 4
-    ssd_dram = max(16 << 20, 4 * block_bytes)
+    ssd_dram = max(16 << 20, 8 * block_bytes)
     key = os.path.join(tmp, "gossip.key")
     secret = os.path.join(tmp, "peer.secret")
     for path in (key, secret):
