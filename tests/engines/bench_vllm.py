@@ -59,6 +59,7 @@ def serve(bin_, tmp, name, extra):
     line = p.stdout.readline().decode()
     m = re.search(r"metrics (http://\S+/metrics)", line)
     if not m:
+        p.kill()
         raise SystemExit("sidecar %s did not start: %r" % (name, line))
     return p, sock, m.group(1)
 
@@ -158,6 +159,24 @@ def flush_dram(sock, nbytes):
 
 
 def main():
+    procs, engines = [], {}
+    try:
+        run(procs, engines)
+    finally:  # no sidecar or engine outlives the benchmark, whatever failed
+        for e in engines.values():
+            if e.p.poll() is None:
+                e.p.kill()
+        for p_ in procs:
+            if p_.poll() is None:
+                p_.terminate()
+        for p_ in procs:
+            try:
+                p_.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p_.kill()
+
+
+def run(procs, engines):
     tmp, bin_, rounds, prefix, bs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     layers = int(os.environ.get("BENCH_LAYERS", "8"))
     hidden = int(os.environ.get("BENCH_HIDDEN", "512"))
@@ -178,7 +197,6 @@ def main():
 
     def node(extra):
         return [a % free_port() if "%d" in a else a for a in common] + extra
-    procs = []
     p1, s1, m1 = serve(bin_, tmp, "node-1", node(["--gossip-addr", g1]))
     procs.append(p1)
     p2, s2, m2 = serve(bin_, tmp, "node-2", node(["--gossip-addr", "127.0.0.1:%d" % free_port(), "--join", g1]))
@@ -209,7 +227,8 @@ def main():
     if before:
         specs["B"] = dict(base, pythonpath=before, profile=prof and prof + ".B",
                           kv_transfer_config=dict(tp(s1), kv_connector_module_path="tidepool_before.vllm"))
-    engines = {k: Engine(tmp, k, v) for k, v in specs.items()}
+    for k, v in specs.items():
+        engines[k] = Engine(tmp, k, v)
     unavailable = {}
     for k, e in list(engines.items()):
         if not e.ready():
@@ -277,9 +296,6 @@ def main():
                 rows.setdefault(name, []).append(v)
     for e in engines.values():
         e.quit()
-    for p_ in procs:
-        p_.terminate()
-        p_.wait(timeout=30)
 
     def med(xs):
         xs = sorted(xs)
