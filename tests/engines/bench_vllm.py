@@ -191,7 +191,7 @@ def run(procs, engines):
             f.write(os.urandom(32))
         os.chmod(path, 0o600)
     g1 = "127.0.0.1:%d" % free_port()
-    common = ["--dram-capacity", "2GiB", "--max-value-size", "64MiB", "--ssd-capacity", "0",
+    common = ["--dram-capacity", "1GiB", "--max-value-size", "64MiB", "--ssd-capacity", "0",
               "--cluster-label", "bench", "--replicas", "1", "--gossip-key-file", key, "--peer-secret-file", secret,
               "--peer-addr", "127.0.0.1:%d", "--transfer-addr", "127.0.0.1:%d"]
 
