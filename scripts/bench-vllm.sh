@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
-# TTFT of vLLM (CPU build) with a 2,048-token prefix in tidepool versus
-# recomputed, same engine process, several rounds; plus the load and save
-# paths' bytes per second (tests/engines/bench_vllm.py). Figures:
-# docs/engines.md. BENCH_SAVE_MAPPED=1 saves every block through
-# writable_slot (the connector's path for blocks not in host memory).
+# Time to first token of a prefix hit in vLLM (CPU build), every way side
+# by side in one invocation, interleaved rounds (tests/engines/bench_vllm.py):
+# recompute, vLLM's own prefix cache (same process), tidepool (local hit, a
+# hit fetched from a peer sidecar, a hit from the SSD tier), vLLM's
+# ExampleConnector, vLLM's OffloadingConnector (a row saying why when it
+# cannot run here), and with BENCH_BEFORE=REV the connector of git
+# revision REV. Then `tidepool bench` zero-copy GETs of the same block size
+# against a sidecar of its own, for the load path's yardstick. Figures:
+# docs/PERFORMANCE.md.
 #
-#   scripts/bench-vllm.sh [ROUNDS] [PREFIX_TOKENS]     (default 3 2048)
-#   BENCH_LAYERS=8 BENCH_HIDDEN=1536 scripts/bench-vllm.sh   (the model: Llama-style, GQA 4 KV heads)
+#   scripts/bench-vllm.sh [ROUNDS] [PREFIX_TOKENS] [BLOCK_SIZE]   (default 3 2048 32)
+#   BENCH_LAYERS=8 BENCH_HIDDEN=512     the model (Llama-style, 4 KV heads of 64, float32)
+#   BENCH_BEFORE=main                   add main's connector as a row
+#   BENCH_PROFILE=/tmp/prof             cProfile of the tidepool engines' hits (.T, .B)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 prefix=${2:-2048}
-scripts/install-engines.sh >/dev/null
+bs=${3:-32}
+VENV=${VENV:-.venv-engines}
+VENV=$VENV scripts/install-engines.sh >/dev/null
 mkdir -p bin
 go build -o bin/tidepool ./cmd/tidepool
 base=/tmp
 [[ -d /dev/shm && -w /dev/shm ]] && base=/dev/shm
 tmp=$(mktemp -d "$base/tp-bench-vllm.XXXXXX")
-pid=
-cleanup() {
-	[[ -n "$pid" ]] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-bin/tidepool serve --socket "$tmp/tp.sock" --data-dir "$tmp/data" --arena-dir "$tmp/arenas" \
-	--dram-capacity 1GiB --max-value-size 16MiB --metrics-addr 127.0.0.1:0 --ssd-capacity 0 \
-	--log-level warn </dev/null >"$tmp/serve.out" 2>"$tmp/serve.log" &
-pid=$!
-for _ in $(seq 600); do
-	[[ -S "$tmp/tp.sock" ]] && break
-	sleep 0.1
-done
-VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} \
-	.venv-engines/bin/python tests/engines/bench_vllm.py "$tmp/model" "$tmp/tp.sock" "$rounds" "$prefix" \
-	>"$tmp/engine.out" 2>"$tmp/engine.log" </dev/null || { tail -40 "$tmp/engine.out" "$tmp/engine.log"; exit 1; }
-grep -E '^(\{|SUMMARY)' "$tmp/engine.out"
+trap 'rm -rf "$tmp"' EXIT
+export PYTHONPATH=$PWD/clients/python${PYTHONPATH:+:$PYTHONPATH}
+if [[ -n "${BENCH_BEFORE:-}" ]]; then
+	mkdir -p "$tmp/before"
+	git archive "$BENCH_BEFORE" clients/python/tidepool | tar -x -C "$tmp/before" -f -
+	mv "$tmp/before/clients/python/tidepool" "$tmp/before/tidepool_before"
+	export BENCH_BEFORE_PKG=$tmp/before
+fi
+echo "bench-vllm: $(date -u +%FT%TZ) load: $(uptime | sed 's/.*load average: //')"
+VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
+	"$VENV/bin/python" tests/engines/bench_vllm.py "$tmp" "$PWD/bin/tidepool" "$rounds" "$prefix" "$bs" \
+	</dev/null 2>"$tmp/bench.log" || { tail -n 40 "$tmp/bench.log" "$tmp"/engine-*.log; exit 1; }
+# The yardstick: zero-copy GETs of the same block size (docs/bench.md).
+layers=${BENCH_LAYERS:-8}
+size=$((bs * layers * 4 * 64 * 2 * 4 + 64))
+bin/tidepool serve --socket "$tmp/y.sock" --data-dir "$tmp/ydata" --arena-dir "$tmp/yarenas" \
+	--dram-capacity 2GiB --max-value-size 64MiB --metrics-addr 127.0.0.1:0 --ssd-capacity 0 \
+	--log-level warn </dev/null >"$tmp/y.out" 2>"$tmp/y.log" &
+ypid=$!
+for _ in $(seq 600); do [[ -S "$tmp/y.sock" ]] && break; sleep 0.1; done
+bin/tidepool bench --socket "$tmp/y.sock" --op get --zero-copy --size "$size" --keys 200 --concurrency 1 \
+	--duration 5s --progress none 2>&1 | tail -4 || true
+kill "$ypid"; wait "$ypid" 2>/dev/null || true
+echo "bench-vllm: done $(date -u +%FT%TZ) load: $(uptime | sed 's/.*load average: //')"

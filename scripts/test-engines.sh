@@ -8,6 +8,7 @@
 #
 #   scripts/test-engines.sh                 all engine tests
 #   scripts/test-engines.sh EngineTests.test_4a_sidecar_absent_at_start
+#   scripts/test-engines.sh ServeTests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,10 @@ if (($# == 0)); then
 	TIDEPOOL_BIN=bin/tidepool PYTHONPATH=clients/python "$py" tests/python/test_kv_events.py -v </dev/null || rc=1
 	echo "test-engines: end-to-end tests (vLLM engine processes + tidepool serve)"
 	"$py" tests/engines/test_vllm_connector.py -v </dev/null || rc=1
+	echo "test-engines: vLLM's OpenAI server as a process, requests over HTTP"
+	"$py" tests/engines/test_vllm_serve.py -v </dev/null || rc=1
+elif [[ "$1" == ServeTests* ]]; then
+	"$py" tests/engines/test_vllm_serve.py -v "$@" </dev/null || rc=1
 else
 	"$py" tests/engines/test_vllm_connector.py -v "$@" </dev/null || rc=1
 fi

@@ -344,6 +344,19 @@ func TestVersionAndUsage(t *testing.T) {
 	}
 }
 
+// TestClientBeforeSocket: a client command run before its sidecar's socket
+// exists prints its error once, not a Kitex warning per retry first.
+func TestClientBeforeSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "absent.sock")
+	out, err := exec.Command(binPath, "stat", "--socket", sock, "--timeout", "5s").CombinedOutput()
+	if err == nil {
+		t.Fatalf("stat of an absent socket succeeded:\n%s", out)
+	}
+	if strings.Contains(string(out), "KITEX") || strings.Count(string(out), "\n") != 1 {
+		t.Fatalf("want one line of error, got:\n%s", out)
+	}
+}
+
 // TestServePutSocket: serve makes the put socket beside the engine socket
 // (same mode), a large put goes through it and reads back, its calls and
 // connections are counted, and SIGTERM removes it with the engine socket;

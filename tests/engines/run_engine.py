@@ -61,8 +61,53 @@ def write_tiny_llama(d, layers=2, hidden=256, heads=4, kv_heads=2, vocab=512, ct
     return d
 
 
+def vllm_hashes_of(tokens, block_size, hash_algo="sha256"):
+    """vLLM's block hashes of a plain token prompt (no LoRA, multimodal
+    input or salt), as the scheduler computes them: the connector's keys."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils as kcu
+    fn = get_hash_fn_by_name(hash_algo)
+    if getattr(kcu, "NONE_HASH", None) is None:
+        kcu.init_none_hash(fn)
+    out, parent = [], None
+    for i in range(len(tokens) // block_size):
+        parent = kcu.hash_block_tokens(fn, parent, tokens[i * block_size:(i + 1) * block_size], None)
+        out.append(bytes(parent))
+    return out
+
+
+def install_test_hooks(hooks, block_size):
+    """Test seams, set from the spec's "hooks" (in-process engines only:
+    they patch this process's tidepool.Client.acquire, which loads call):
+      load_keys_of, load_keys_for: [token ids] each: a load of a block of
+        load_keys_for acquires the block of the same depth of load_keys_of
+        instead (a negative control: another prompt's KV);
+      load_barrier: dir: after a load's Acquire, create dir/acquired and
+        wait (at most 120 s) for dir/go: lets a test kill the sidecar
+        while the engine holds leases it has not copied from."""
+    import tidepool
+    orig = tidepool.Client.acquire
+    swap = {}
+    if hooks.get("load_keys_of") is not None:
+        swap = dict(zip(vllm_hashes_of(hooks["load_keys_for"], block_size),
+                        vllm_hashes_of(hooks["load_keys_of"], block_size)))
+    barrier = hooks.get("load_barrier")
+
+    def acquire(self, ns, keys, *a, **kw):
+        r = orig(self, ns, [swap.get(k, k) for k in keys], *a, **kw)
+        if barrier:
+            open(os.path.join(barrier, "acquired"), "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(os.path.join(barrier, "go")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return r
+    tidepool.Client.acquire = acquire
+
+
 def main():
     spec = json.load(open(sys.argv[1]))
+    if spec.get("hooks"):
+        install_test_hooks(spec["hooks"], spec.get("block_size", 32))
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -101,7 +146,7 @@ def main():
               max_model_len=spec.get("max_model_len", 1024), enable_prefix_caching=True,
               max_num_seqs=4, max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024),
               enforce_eager=True, seed=0, gpu_memory_utilization=spec.get("mem", 0.05),
-              **kw)
+              tensor_parallel_size=spec.get("tp", 1), **kw)
     t_init = time.time() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8),
                         logprobs=spec.get("logprobs", 5), detokenize=False)
@@ -119,7 +164,7 @@ def main():
     res = {"outputs": outs, "init_seconds": t_init}
     try:
         from tidepool import vllm as tv
-        res["connector"] = tv.test_stats()
+        res["connector"] = tv.stats()
     except Exception as e:  # noqa: BLE001
         res["connector_error"] = repr(e)
     json.dump(res, open(sys.argv[2], "w"))

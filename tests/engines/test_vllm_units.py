@@ -101,13 +101,13 @@ class UnitTests(unittest.TestCase):
 
     def test_keys_are_vllm_block_hashes_and_stable(self):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        from tidepool.vllm import _vllm_hashes_of
-        c = self.connector(KVConnectorRole.SCHEDULER)
+        from run_engine import vllm_hashes_of
+        c = self.connector(KVConnectorRole.SCHEDULER)._sched
         toks = list(range(5, 5 + 3 * BS + 7))
         r = make_request("r", toks)
         keys = c._keys(r)
         self.assertEqual(len(keys), 3)
-        self.assertEqual(keys, _vllm_hashes_of(toks, BS, "sha256"))  # a fresh chain: same keys
+        self.assertEqual(keys, vllm_hashes_of(toks, BS, "sha256"))  # a fresh chain: same keys
         salted = make_request("s", toks, cache_salt="tenant-a")
         self.assertNotEqual(c._keys(salted)[0], keys[0])  # cache_salt is in the key
 
@@ -124,7 +124,7 @@ class UnitTests(unittest.TestCase):
     # -- scheduler side -------------------------------------------------------
     def test_scheduler_lookup_alloc_meta_finish(self):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        c = self.connector(KVConnectorRole.SCHEDULER)
+        c = self.connector(KVConnectorRole.SCHEDULER)._sched
         toks = list(range(100, 100 + 5 * BS + 3))
         r = make_request("req-1", toks)
         c.on_new_request(r)
@@ -139,13 +139,13 @@ class UnitTests(unittest.TestCase):
         self.assertEqual(c.get_num_new_matched_tokens(r, BS), (2 * BS, False))
         self.assertEqual(c._pending_loads, {})
         self.assertEqual(c.get_num_new_matched_tokens(r, 3 * BS), (0, False))
-        c.update_state_after_alloc(r, None, 2 * BS)
+        c.update_state_after_alloc(r, 2 * BS)
         bids = [7, 8, 9, 10, 11, 12]
         meta = c.build_connector_meta(scheduler_output([(r, bids)], {"req-1": len(toks) - 3 * BS}))
         # r.num_computed_tokens is 0 in a bare Request; the scheduler sets it.
         self.assertEqual(len(meta.loads), 0 if r.num_computed_tokens == 0 else 1)
         r.num_computed_tokens = 3 * BS
-        c.update_state_after_alloc(r, None, 2 * BS)
+        c.update_state_after_alloc(r, 2 * BS)
         meta = c.build_connector_meta(scheduler_output([(r, bids)], {"req-1": len(toks) - 3 * BS}))
         (load,) = meta.loads
         self.assertEqual((load.req_id, load.block_ids, load.keys, load.first_index),
@@ -154,15 +154,15 @@ class UnitTests(unittest.TestCase):
         self.assertEqual((save.block_ids, save.keys, save.first_index), ([10, 11], keys[3:5], 3))
         again = c.build_connector_meta(scheduler_output())
         self.assertEqual((again.loads, again.saves), ([], []))  # per-step state was reset
-        self.assertEqual(c.request_finished(r, bids), (True, None))  # saves in flight: keep blocks
+        self.assertEqual(c.request_finished(r), (True, None))  # saves in flight: keep blocks
         r2 = make_request("req-2", toks[:BS - 1])
         c.on_new_request(r2)
-        self.assertEqual(c.request_finished(r2, [1]), (False, None))
+        self.assertEqual(c.request_finished(r2), (False, None))
 
     def test_scheduler_without_sidecar(self):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         c = self.connector(KVConnectorRole.SCHEDULER,
-                           cfg=make_config(self.model, os.path.join(self.tmp, "absent.sock")))
+                           cfg=make_config(self.model, os.path.join(self.tmp, "absent.sock")))._sched
         r = make_request("r", list(range(3 * BS + 1)))
         self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
         self.assertEqual(c._pending_loads, {})
@@ -190,7 +190,7 @@ class UnitTests(unittest.TestCase):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         d = tempfile.mkdtemp(dir=self.tmp)
         sock = os.path.join(d, "late.sock")
-        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))
+        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))._sched
         r = make_request("late", list(range(7, 7 + 2 * BS + 1)))
         self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))  # absent: a miss
         self.start_sidecar(sock)
@@ -209,7 +209,7 @@ class UnitTests(unittest.TestCase):
         d = tempfile.mkdtemp(dir=self.tmp)
         sock = os.path.join(d, "strict.sock")
         self.start_sidecar(sock, "--namespaces", "only/this")
-        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))
+        c = self.connector(KVConnectorRole.SCHEDULER, cfg=make_config(self.model, sock))._sched
         r = make_request("strict", list(range(9, 9 + 2 * BS + 1)))
         with self.assertLogs("vllm.kv_connector.tidepool", level="WARNING") as logs:
             self.assertEqual(c.get_num_new_matched_tokens(r, 0), (0, False))
@@ -231,7 +231,7 @@ class UnitTests(unittest.TestCase):
             kv_cache_groups = [Group(), Group()]
             num_blocks = 4
         cfg = make_config(self.model, self.socket)
-        c = TidepoolConnector(cfg, KVConnectorRole.SCHEDULER, KVC())
+        c = TidepoolConnector(cfg, KVConnectorRole.SCHEDULER, KVC())._sched
         r = make_request("h", list(range(3 * BS + 1)))
         cl = tidepool.Client(self.socket)
         self.addCleanup(cl.close)
@@ -247,46 +247,61 @@ class UnitTests(unittest.TestCase):
         self.assertEqual(cfg.kv_transfer_config.kv_load_failure_policy, "recompute")
 
     # -- worker side: both layouts, save then load through the sidecar ------------
-    def roundtrip(self, shape_of, tag, dtype=torch.float32, mapped=0):
-        """Saves blocks 1-3 of two layers, loads two back into blocks 5-6.
-        mapped: how many saves should go through writable_slot (a mapping
-        per block, for blocks not contiguous in host memory); the others
-        are written by the client from the tensors' memory (write_slot)."""
+    def worker(self, tag, kv, num_blocks=10, extra=None):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        from tidepool.vllm import TidepoolConnector, TidepoolConnectorMetadata, _Transfer
-
-        calls = {"writable_slot": 0, "write_slot": 0}
-        for name in calls:
-            orig = getattr(tidepool.Client, name)
-
-            def counted(self_, *a, _orig=orig, _name=name, **kw):
-                calls[_name] += 1
-                return _orig(self_, *a, **kw)
-            setattr(tidepool.Client, name, counted)
-            self.addCleanup(setattr, tidepool.Client, name, orig)
+        from tidepool.vllm import TidepoolConnector
 
         class KVC:
-            num_blocks = 10
-        cfg = make_config(self.model, self.socket, extra={"namespace": "unit/" + tag})
-        w = TidepoolConnector(cfg, KVConnectorRole.WORKER, KVC())
-        g = torch.Generator().manual_seed(1)
-        kv = {"layer.%d" % i: torch.randn(*shape_of(10), generator=g).to(dtype) for i in range(2)}
-        w.register_kv_caches(kv)
-        self.assertGreater(w._block_bytes, 0)
-        keys = [bytes([i]) * 32 for i in range(1, 4)]
-        w.bind_connector_metadata(TidepoolConnectorMetadata(saves=[_Transfer("a", keys, [1, 2, 3], 0)]))
+            pass
+        KVC.num_blocks = num_blocks
+        x = {"namespace": "unit/" + tag}
+        x.update(extra or {})
+        cfg = make_config(self.model, self.socket, extra=x)
+        c = TidepoolConnector(cfg, KVConnectorRole.WORKER, KVC())
+        c.register_kv_caches(kv)
+        self.addCleanup(c.shutdown)
+        return c, cfg
+
+    def save_blocks(self, w, req, keys, bids, first=0):
+        from tidepool.vllm import TidepoolConnectorMetadata, _Transfer
+        import time
+        w.bind_connector_metadata(TidepoolConnectorMetadata(saves=[_Transfer(req, keys, bids, first)]))
         w.wait_for_save()
         w.clear_connector_metadata()
-        import time
         deadline = time.monotonic() + 30
         done = None
         while time.monotonic() < deadline:
-            done, _ = w.get_finished({"a"})
+            done, _ = w.get_finished({req})
             if done:
                 break
             time.sleep(0.02)
-        self.assertEqual(done, {"a"})
-        self.assertEqual(calls, {"writable_slot": mapped, "write_slot": 3 - mapped})
+        self.assertEqual(done, {req})
+
+    def load_blocks(self, w, keys, bids):
+        from tidepool.vllm import TidepoolConnectorMetadata, _Transfer
+        w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("l", keys, bids, 0)]))
+        w.start_load_kv(None)
+        w.clear_connector_metadata()
+        return w.get_block_ids_with_load_errors()
+
+    def roundtrip(self, shape_of, tag, dtype=torch.float32):
+        """Saves blocks 1-3 of two layers, loads two back into blocks 5-6
+        (consecutive: gathered straight into the KV tensor) and into 9, 4
+        (scattered: gathered, then index_copy_)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from tidepool.vllm import TidepoolConnector, stats
+
+        g = torch.Generator().manual_seed(1)
+        kv = {"layer.%d" % i: torch.randn(*shape_of(10), generator=g).to(dtype) for i in range(2)}
+        w, cfg = self.worker(tag, kv)
+        self.assertGreater(w._worker.block_bytes, 64)
+        keys = [bytes([i]) * 32 for i in range(1, 4)]
+        before = stats()
+        self.save_blocks(w, "a", keys, [1, 2, 3])
+        after = stats()
+        # One Reserve and one Commit for the three blocks.
+        self.assertEqual((after.get("rpc_reserve", 0) - before.get("rpc_reserve", 0),
+                          after.get("rpc_commit", 0) - before.get("rpc_commit", 0)), (1, 1))
         # take_events: the scheduler turns the worker's report into BlockStored.
         from vllm.v1.outputs import KVConnectorOutput
         wm = w.build_connector_worker_meta()
@@ -296,63 +311,134 @@ class UnitTests(unittest.TestCase):
         (ev,) = list(sched.take_events())
         self.assertEqual((ev.block_hashes, ev.parent_block_hash, ev.medium), (keys, None, "tidepool"))
         self.assertEqual(list(sched.take_events()), [])
-        before = {n: t.clone() for n, t in kv.items()}
-        bdim = w._layers[0][2]
-        for t in kv.values():
-            t.select(bdim, 5).zero_()
-            t.select(bdim, 6).zero_()
-            t.select(bdim, 7).zero_()
-        missing = bytes([9]) * 32
-        w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("b", [keys[1], keys[2], missing],
-                                                                             [5, 6, 7], 1)]))
-        w.start_load_kv(None)
-        w.clear_connector_metadata()
-        self.assertEqual(w.get_block_ids_with_load_errors(), {7})
+        ref = {n: t.clone() for n, t in kv.items()}
+        bdim = 0 if next(iter(kv.values())).shape[0] == 10 else 1
+        for dst in ([5, 6, 7], [9, 4, 7], [6, 5, 8]):  # a run, scattered, a run out of order
+            for t in kv.values():
+                for b in dst:
+                    t.select(bdim, b).zero_()
+            missing = bytes([9]) * 32
+            self.assertEqual(self.load_blocks(w, [keys[1], keys[2], missing], dst), {dst[2]})
+            for n, t in kv.items():
+                self.assertTrue(torch.equal(t.select(bdim, dst[0]), ref[n].select(bdim, 2)), n)
+                self.assertTrue(torch.equal(t.select(bdim, dst[1]), ref[n].select(bdim, 3)), n)
+                self.assertEqual(float(t.select(bdim, dst[2]).float().abs().sum()), 0.0)
+                self.assertTrue(torch.equal(t.select(bdim, 1), ref[n].select(bdim, 1)), n)  # untouched
         self.assertEqual(w.get_block_ids_with_load_errors(), set())
-        for n, t in kv.items():
-            self.assertTrue(torch.equal(t.select(bdim, 5), before[n].select(bdim, 2)), n)
-            self.assertTrue(torch.equal(t.select(bdim, 6), before[n].select(bdim, 3)), n)
-            self.assertEqual(float(t.select(bdim, 7).abs().sum()), 0.0)
-        w.shutdown()
         return w
 
     def test_cpu_layout_roundtrip(self):
         # CPU attention backend: (num_blocks, num_kv_heads, block_size, 2 * head_size)
         w = self.roundtrip(lambda nb: (nb, 2, BS, 128), "cpu")
-        self.assertEqual(w._layers[0][2], 0)
+        self.assertEqual(len(w._worker._parts), 2)
 
     def test_cpu_layout_roundtrip_bf16(self):
-        # numpy has no bfloat16: the blocks' bytes are viewed as uint8.
         w = self.roundtrip(lambda nb: (nb, 2, BS, 128), "cpu-bf16", dtype=torch.bfloat16)
-        self.assertEqual(w._layers[0][2], 0)
+        self.assertEqual(len(w._worker._parts), 2)
 
     def test_flash_attention_layout_roundtrip(self):
-        # FlashAttention: (2, num_blocks, block_size, num_kv_heads, head_size)
-        # A block's K and V are apart: saved through writable_slot.
-        w = self.roundtrip(lambda nb: (2, nb, BS, 2, 64), "fa", mapped=3)
-        self.assertEqual(w._layers[0][2], 1)
+        # FlashAttention: (2, num_blocks, block_size, num_kv_heads, head_size):
+        # a block's K and V are two parts of each layer.
+        w = self.roundtrip(lambda nb: (2, nb, BS, 2, 64), "fa")
+        self.assertEqual(len(w._worker._parts), 4)
 
     def test_wrong_layout_block_is_a_load_error(self):
         # A block saved under another layout (same size, other header) is refused.
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        from tidepool.vllm import HEADER_BYTES, TidepoolConnector, TidepoolConnectorMetadata, _Transfer
-
-        class KVC:
-            num_blocks = 4
-        cfg = make_config(self.model, self.socket, extra={"namespace": "unit/bad"})
-        w = TidepoolConnector(cfg, KVConnectorRole.WORKER, KVC())
+        from tidepool.vllm import HEADER_BYTES
         kv = {"l0": torch.ones(4, 2, BS, 128)}
-        w.register_kv_caches(kv)
+        w, _ = self.worker("bad", kv, num_blocks=4)
         cl = tidepool.Client(self.socket)
         self.addCleanup(cl.close)
         k1, k2 = b"\x01" * 32, b"\x02" * 32
-        cl.put(w._ns, k1, b"\x00" * (HEADER_BYTES + w._block_bytes))  # right size, wrong header
+        cl.put(w._ns, k1, b"\x00" * (HEADER_BYTES + w._worker._block_bytes))  # right size, wrong header
         cl.put(w._ns, k2, b"\x00" * 100)  # wrong size
-        w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("r", [k1, k2], [1, 2], 0)]))
-        w.start_load_kv(None)
-        self.assertEqual(w.get_block_ids_with_load_errors(), {1, 2})
+        self.assertEqual(self.load_blocks(w, [k1, k2], [1, 2]), {1, 2})
         self.assertEqual(float(kv["l0"][1].sum()), float(kv["l0"][0].sum()))  # untouched
 
+    def test_long_transfers_go_in_chunks(self):
+        # A transfer longer than the sidecar's max_batch, or than DRAM_SHARE
+        # of its DRAM, goes in several calls; every block arrives.
+        from tidepool.vllm import stats
+        nb = 40
+        g = torch.Generator().manual_seed(2)
+        kv = {"l0": torch.randn(nb, 2, BS, 128, generator=g)}
+        w, _ = self.worker("chunks", kv, num_blocks=nb)
+        w._worker._link.get()
+        w._worker._link.budget = 7 * w._worker.block_bytes  # as a small DRAM tier would
+        orig = tidepool.vllm._Link.get
+
+        def small(link):  # the saver thread's own link, same budget
+            c = orig(link)
+            if c is not None:
+                link.budget = 7 * w._worker.block_bytes
+            return c
+        tidepool.vllm._Link.get = small
+        self.addCleanup(setattr, tidepool.vllm._Link, "get", orig)
+        keys = [os.urandom(32) for _ in range(16)]
+        before = stats()
+        self.save_blocks(w, "c", keys, list(range(16)))
+        mid = stats()
+        self.assertEqual(mid["rpc_reserve"] - before.get("rpc_reserve", 0), 3)  # 7 + 7 + 2
+        self.assertEqual(mid["saved_blocks"] - before.get("saved_blocks", 0), 16)
+        ref = kv["l0"][:16].clone()
+        kv["l0"][20:36].zero_()
+        self.assertEqual(self.load_blocks(w, keys, list(range(20, 36))), set())
+        self.assertEqual(stats()["rpc_acquire"] - mid.get("rpc_acquire", 0), 3)
+        self.assertTrue(torch.equal(kv["l0"][20:36], ref))
+
+    def test_shutdown_waits_for_saves(self):
+        # Saves queued just before shutdown() are all stored when it returns.
+        nb = 24
+        kv = {"l0": torch.randn(nb, 2, BS, 128)}
+        w, _ = self.worker("shutdown", kv, num_blocks=nb)
+        from tidepool.vllm import TidepoolConnectorMetadata, _Transfer
+        keys = [os.urandom(32) for _ in range(nb)]
+        w.bind_connector_metadata(TidepoolConnectorMetadata(
+            saves=[_Transfer("s%d" % i, [k], [i], i) for i, k in enumerate(keys)]))
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        w.shutdown()
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        self.assertEqual(cl.lookup(w._ns, keys), nb)
+        w.shutdown()  # twice: nothing happens
+
+    def test_saves_skip_what_the_sidecar_holds(self):
+        # Blocks the lookup found, and blocks this engine saved before, are
+        # not offered again; a save the worker reports failed is.
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.v1.outputs import KVConnectorOutput
+        from tidepool.vllm import TidepoolWorkerMetadata
+        c = self.connector(KVConnectorRole.SCHEDULER, extra={"namespace": "unit/skip"})._sched
+        toks = list(range(200, 200 + 6 * BS + 3))
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        r1 = make_request("s1", toks)
+        c.on_new_request(r1)
+        keys = c._keys(r1)
+        for k in keys[:2]:
+            cl.put(c._ns, k, b"x")
+        self.assertEqual(c.get_num_new_matched_tokens(r1, 0), (2 * BS, False))
+        r1.num_computed_tokens = 2 * BS
+        c.update_state_after_alloc(r1, 2 * BS)
+        meta = c.build_connector_meta(scheduler_output([(r1, list(range(7)))], {"s1": len(toks) - 2 * BS}))
+        (save,) = meta.saves
+        self.assertEqual((save.keys, save.first_index, save.parent), (keys[2:6], 2, keys[1]))
+        c.request_finished(r1)
+        # The same prompt again (vLLM's own prefix cache has it: no lookup
+        # is asked for it) plus one block: only the new block is offered.
+        r2 = make_request("s2", toks + list(range(BS)))
+        c.on_new_request(r2)
+        meta = c.build_connector_meta(scheduler_output([(r2, list(range(8)))], {"s2": len(toks) + BS}))
+        (save,) = meta.saves
+        self.assertEqual((save.keys, save.first_index), (c._keys(r2)[6:7], 6))
+        # The worker reports block 6 failed: a third request offers it again.
+        c.update_connector_output(KVConnectorOutput(
+            kv_connector_worker_meta=TidepoolWorkerMetadata(failed=list(save.keys))))
+        r3 = make_request("s3", toks + list(range(BS)) + [1])
+        c.on_new_request(r3)
+        meta = c.build_connector_meta(scheduler_output([(r3, list(range(8)))], {"s3": len(toks) + BS + 1}))
+        self.assertEqual([t.keys for t in meta.saves], [c._keys(r3)[6:7]])
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

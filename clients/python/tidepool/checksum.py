@@ -17,8 +17,12 @@ the arena at Commit.
 import warnings
 
 FAST = False
+_extend = None  # (data, crc) -> the crc continued over data, where a C module offers it
 try:  # pragma: no cover - depends on the host
     import crc32c as _mod
+
+    def _extend(data, crc):
+        return _mod.crc32c(data, crc)
 
     def crc32c(data):
         return _mod.crc32c(data) & 0xFFFFFFFF
@@ -47,6 +51,17 @@ except ImportError:
             for b in memoryview(data).cast("B"):
                 c = t[(c ^ b) & 0xFF] ^ (c >> 8)
             return c ^ 0xFFFFFFFF
+
+
+def crc32c_parts(parts):
+    """CRC-32C of the parts' bytes one after the other, without joining
+    them (the C modules continue a CRC across calls)."""
+    if _extend is not None:
+        c = 0
+        for p in parts:
+            c = _extend(p, c)
+        return c & 0xFFFFFFFF
+    return crc32c(b"".join(bytes(memoryview(p).cast("B")) for p in parts))
 
 
 def to_i32(u):

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import ctypes
 import errno
+import logging
 import mmap
 import os
 import socket
@@ -54,6 +55,19 @@ RELEASE_MARGIN_MS = 100
 # else pwrite. WRITE_PWRITE: always pwrite on the arena file.
 WRITE_KEYED = "keyed"
 WRITE_PWRITE = "pwrite"
+
+
+
+class _QuietConnectFailures(logging.Filter):
+    """thrift's TSocket logs an ERROR for every failed connect before it
+    raises; the raised error says the same, and a caller that retries (an
+    engine started before its sidecar) would log one per try."""
+
+    def filter(self, record):
+        return not str(record.msg).startswith("Could not connect to")
+
+
+logging.getLogger("thrift.transport.TSocket").addFilter(_QuietConnectFailures())
 
 ErrorCode = T.ErrorCode
 Scope = T.Scope
@@ -131,6 +145,12 @@ def _grow_send_buffer(tsock):
         pass
 
 
+# populate_reads: the unit it fills page tables in, and madvise's advice
+# (Linux >= 5.14; Python 3.11's mmap module does not name it).
+_POPULATE_CHUNK = 2 << 20
+_MADV_POPULATE_READ = 22
+
+
 class _Arena:
     """One arena file: mapped read-only, a descriptor to write slots, and a
     keyed mapping for writes (pkey.KeyedMap, made at the first keyed write)."""
@@ -150,6 +170,7 @@ class _Arena:
             raise
         self.view = memoryview(self.map)
         self.keyed = None
+        self.populated = set()  # 2 MiB regions populate_reads filled; None: not supported
 
     def keyed_map(self):
         if self.keyed is None:
@@ -295,6 +316,7 @@ class Client:
         self._cw = Tidepool.Client(proto, TBinaryProtocol.TBinaryProtocol(self._transport))
         self._name = client_name
         self._arenas = None
+        self._hello = None  # the HelloResponse the arenas were mapped from
         # Lazy release (batch_get_into, get_into): the leases of a finished
         # copy are queued and ride on the next Acquire (release_lease_ids)
         # when the server lists FEATURE_ACQUIRE_RELEASE, instead of a
@@ -555,6 +577,7 @@ class Client:
         if h.layout_version != ARENA_LAYOUT_VERSION:
             raise Error(ErrorCode.UNAVAILABLE, "arena layout version %d, this client knows %d"
                         % (h.layout_version, ARENA_LAYOUT_VERSION))
+        self._hello = h
         self._acq_release = FEATURE_ACQUIRE_RELEASE in (h.features or ())
         self._commit_next = FEATURE_COMMIT_NEXT in (h.features or ())
         if remap:
@@ -575,6 +598,42 @@ class Client:
         self._unmap()
         self._arenas = arenas
         return arenas
+
+    def server_info(self):
+        """The HelloResponse this client mapped its arenas from (limits,
+        tiers, features), asking for it first if it has not yet."""
+        self._map()
+        return self._hello
+
+    def arena_views(self):
+        """Read-only memoryviews of the shared arenas, by arena id, for
+        readers that copy many leased blocks at once (tidepool.vllm views
+        them as tensors). A slot's bytes are valid while its lease is held;
+        the views go with close()."""
+        return [a.view for a in self._map()]
+
+    def populate_reads(self, arena, offsets, length):
+        """Optional: fills this process's page tables for the arena pages
+        under [off, off + length) for each off in offsets, 2 MiB at a time
+        and each 2 MiB once per client (MADV_POPULATE_READ, Linux >= 5.14),
+        so that a copy out of those slots takes no page fault per 4 KiB.
+        Best effort: an older kernel leaves them to fault as they are read."""
+        a = self._map()[arena]
+        if a.populated is None:
+            return
+        end = a.size
+        for off in offsets:
+            first, last = off // _POPULATE_CHUNK, (min(off + length, end) - 1) // _POPULATE_CHUNK
+            for r in range(first, last + 1):
+                if r in a.populated:
+                    continue
+                a.populated.add(r)
+                start = r * _POPULATE_CHUNK
+                try:
+                    a.map.madvise(_MADV_POPULATE_READ, start, min(_POPULATE_CHUNK, end - start))
+                except (OSError, ValueError):
+                    a.populated = None  # not on this kernel: stop trying
+                    return
 
     def _unmap(self):
         if self._arenas:
@@ -626,15 +685,24 @@ class Client:
         on the arena file. data is a C-contiguous buffer, or a list of them
         written one after the other (a block assembled from parts, with no
         copy to join them)."""
-        a = self._arena(slot)
-        parts = [memoryview(d).cast("B") for d in (data if isinstance(data, (list, tuple)) else [data])]
-        n = sum(len(p) for p in parts)
-        if n != slot.length:
-            raise Error(ErrorCode.INVALID_ARGUMENT, "slot of %d bytes, %d to write" % (slot.length, n))
-        writes, off = [], slot.offset
-        for p in parts:
-            writes.append((a, off, p))
-            off += len(p)
+        self.write_slots([(slot, data)])
+
+    def write_slots(self, items):
+        """write_slot for many slots in one go: items are (slot, data), data
+        as write_slot takes it. Every size is checked before any byte is
+        written; the writes then go through one keyed access window (or
+        pwritev runs), as batch_put_from's."""
+        writes = []
+        for slot, data in items:
+            a = self._arena(slot)
+            parts = [memoryview(d).cast("B") for d in (data if isinstance(data, (list, tuple)) else [data])]
+            n = sum(len(p) for p in parts)
+            if n != slot.length:
+                raise Error(ErrorCode.INVALID_ARGUMENT, "slot of %d bytes, %d to write" % (slot.length, n))
+            off = slot.offset
+            for p in parts:
+                writes.append((a, off, p))
+                off += len(p)
         self._write_slots(writes)
 
     def prepare_writes(self):

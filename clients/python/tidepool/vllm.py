@@ -12,6 +12,11 @@ layer by layer, by the bytes that layer's paged KV tensor holds for that
 block, in the tensor's own layout. docs/engines.md has the whole story: keys,
 namespaces, failure handling, figures.
 
+vLLM builds the connector twice: in the scheduler (Scheduler below: lookups
+and the plan of each step's loads and saves) and in each worker (Worker:
+the copies between the paged KV tensors and the sidecar's shared arenas).
+TidepoolConnector is the class vLLM names; it hands each call to its side.
+
 Keys are vLLM's own block hashes (chained; they fold in every token before
 the block, LoRA, multimodal inputs, cache_salt and prompt embeddings) under a
 namespace that names everything else that changes the KV bytes (model,
@@ -22,10 +27,12 @@ draws a random seed, and the connector refuses to start.
 
 The sidecar is a cache, never a dependency: when it is absent or dies, the
 connector answers "no hit", loads report their blocks as failed (vLLM
-recomputes them), saves are dropped, one warning is logged, and the
+recomputes them), saves are dropped, one line is logged, and the
 connector reconnects when the sidecar is back.
 """
 
+import atexit
+import collections
 import hashlib
 import json
 import os
@@ -33,6 +40,7 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -47,23 +55,33 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from . import checksum as _crc
-from ._link import Link, Once
-from .client import OK, BlockMeta, Error, ErrorCode
+from .client import OK, BlockMeta, Client, Error, ErrorCode, RELEASE_MARGIN_MS, Scope
 
 logger = init_logger("vllm.kv_connector.tidepool")
-# Loads wrap the read-only arena mapping in a tensor that is only read.
+# Loads view the read-only arena mapping as a tensor that is only read.
 warnings.filterwarnings("ignore", message="The given buffer is not writable")  # under "vllm": its log configuration applies
 
 HEADER_BYTES = 64
 _MAGIC = b"tidepool/vllm/1\0"  # 16 bytes; then a 32-byte layout digest; 16 zero bytes
 DEFAULT_SOCKET = "/run/tidepool/tidepool.sock"
 
-# Counters of this process, for tests and logs (test_stats()).
-_STATS = {"lookups": 0, "lookup_hit_blocks": 0, "matched_tokens": 0, "loaded_blocks": 0,
-          "load_seconds": 0.0, "loaded_bytes": 0,
-          "load_errors": 0, "saved_blocks": 0, "save_exists": 0, "save_errors": 0,
-          "save_seconds": 0.0, "saved_bytes": 0,
-          "keys": []}
+# One load or save call moves at most this share of the sidecar's DRAM tier
+# (and at most its max_batch keys): the rest of a long prefix goes in
+# further calls, so that a prefix larger than DRAM streams through it
+# (saves: committed blocks demote to SSD as the next call reserves; loads:
+# blocks promoted from SSD for one call are released before the next).
+DRAM_SHARE = 4
+# Leases a load left to ride on the next Acquire are released on their own
+# once they are this old, so that an engine that goes idle does not keep
+# them pinned until their deadline.
+RELEASE_IDLE_S = 0.5
+# Remembered keys of blocks this engine stored or found stored (not
+# offered again): a bound, oldest forgotten first.
+KNOWN_KEYS = 1 << 18
+
+# Counters of this process, for logs, benchmarks and tests (stats()).
+# rpc_* count round trips to the sidecar by call.
+_STATS = collections.Counter()
 _STATS_LOCK = threading.Lock()
 
 
@@ -72,24 +90,123 @@ def _count(name, n=1):
         _STATS[name] += n
 
 
-def test_stats():
-    """A copy of this process's connector counters (used by the tests)."""
+def stats():
+    """A copy of this process's connector counters: lookups, blocks loaded
+    and saved (and their seconds and bytes), errors, and round trips to
+    the sidecar by call (rpc_lookup, rpc_acquire, rpc_release,
+    rpc_reserve, rpc_commit)."""
     with _STATS_LOCK:
-        return json.loads(json.dumps(_STATS))
+        return dict(_STATS)
 
 
-_once = Once(logger)
+class _Once:
+    """Logs each cause once (per outage for connection causes)."""
+
+    def __init__(self):
+        self._seen = set()
+        self._lock = threading.Lock()
+
+    def warn(self, cause, msg, *args, level="warning"):
+        with self._lock:
+            if cause in self._seen:
+                return
+            self._seen.add(cause)
+        getattr(logger, level)("tidepool: " + msg, *args)
+
+    def forget(self, cause):
+        with self._lock:
+            self._seen.discard(cause)
 
 
-class _Link(Link):
-    """Link with the connector's logger and client name."""
+_once = _Once()
+
+
+class _Link:
+    """A lazily (re)connected Client. get() returns a Client or None while
+    the sidecar is unreachable; reconnects at most every retry_s. An engine
+    started before its sidecar logs one line and connects when it is up.
+    Not thread-safe: each thread has its own _Link."""
 
     def __init__(self, socket_path, timeout_s, retry_s, name):
-        super().__init__(socket_path, timeout_s, retry_s, name, logger, _once, "tidepool-vllm/" + name)
+        self.path = socket_path
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.name = name
+        self.client: Optional[Client] = None
+        self.max_batch = 256
+        self.budget = 1 << 62  # bytes one call may move (DRAM_SHARE)
+        self._next_try = 0.0
+        self._down = False
+        self._ever = False
+        self.on_close = None  # called before the client is closed (views of its arenas must go first)
+
+    def get(self):
+        if self.client is not None:
+            return self.client
+        now = time.monotonic()
+        if now < self._next_try:
+            return None
+        self._next_try = now + self.retry_s
+        try:
+            c = Client(self.path, timeout=self.timeout_s, client_name="tidepool-vllm/" + self.name)
+            # Hello, and map the arenas now: a load never needs the socket to read bytes.
+            h = c.server_info()
+        except Exception as e:  # noqa: BLE001 - any failure means "no sidecar"
+            self._mark_down(e)
+            return None
+        if h.limits is not None and h.limits.max_batch > 0:
+            self.max_batch = h.limits.max_batch
+        dram = [t.capacity_bytes for t in (h.tiers or ()) if t.name == "dram" and t.capacity_bytes > 0]
+        if dram:
+            self.budget = max(dram[0] // DRAM_SHARE, 1)
+        if self._down:
+            logger.info("tidepool: connected to the sidecar at %s (%s side)", self.path, self.name)
+            _once.forget("down:" + self.name)
+        self._down = False
+        self._ever = True
+        self.client = c
+        return c
+
+    def _mark_down(self, err):
+        self._down = True
+        if self._ever:
+            _once.warn("down:" + self.name,
+                       "sidecar at %s unavailable (%s side): %s; serving by recomputation "
+                       "and retrying every %.1fs", self.path, self.name, repr(err), self.retry_s)
+        else:  # not up yet: the engine started first, nothing is wrong
+            _once.warn("down:" + self.name,
+                       "sidecar at %s unavailable (not up yet? %s side); serving by recomputation "
+                       "until it is, trying every %.1fs", self.path, self.name, self.retry_s, level="info")
+
+    def failed(self, err):
+        """The connection broke (transport error, timeout): drop it."""
+        self.close()
+        self._next_try = time.monotonic() + self.retry_s
+        self._mark_down(err)
+
+    def close(self):
+        c, self.client = self.client, None
+        if c is None:
+            return
+        if self.on_close is not None:
+            self.on_close()
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def chunk(self, block_bytes):
+        """Blocks per call: max_batch, and DRAM_SHARE of the DRAM tier."""
+        return max(1, min(self.max_batch, self.budget // max(block_bytes, 1)))
 
 
 def _is_server_error(e):
     return isinstance(e, Error)
+
+
+def _chunks(seq, n):
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]
 
 
 # ---- metadata -----------------------------------------------------------------
@@ -97,10 +214,11 @@ def _is_server_error(e):
 @dataclass
 class _Transfer:
     req_id: str
-    keys: list  # tidepool keys (bytes), one per block
+    keys: list  # tidepool keys (bytes), one per block; a load's may hold None (no key: fails)
     block_ids: list  # vLLM block ids, same length
-    first_index: int  # chain index of keys[0] (the block's depth)
-    metas: Optional[list] = None  # saves: a BlockMeta per key (for the sidecar's KV events)
+    first_index: int  # chain index (depth) of keys[0]; the keys follow one another in the chain
+    parent: Optional[bytes] = None  # a save's: the key of the block before keys[0] (None: keys[0] is first)
+    metas: Optional[list] = None  # a save's: a BlockMeta per key (the sidecar's KV events: docs/events.md)
 
 
 @dataclass
@@ -109,37 +227,60 @@ class TidepoolConnectorMetadata(KVConnectorMetadata):
     saves: list = field(default_factory=list)  # [_Transfer]
 
 
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata as _WM
+except ImportError:  # pragma: no cover
+    _WM = object
+
+
 @dataclass
-class _ReqState:
-    request: Any
-    saved_upto: int = 0  # blocks [0, saved_upto) were saved or need no save
-    has_saves: bool = False
+class TidepoolWorkerMetadata(_WM):
+    """Worker -> scheduler: blocks saved since the last step (for events and
+    to not offer them again), and keys whose save failed (to offer again)."""
+    stored: list = field(default_factory=list)  # [(keys, parent, block_size)]
+    failed: list = field(default_factory=list)  # [key]
+
+    def aggregate(self, other):
+        return TidepoolWorkerMetadata(stored=list(self.stored) + list(getattr(other, "stored", [])),
+                                      failed=list(self.failed) + list(getattr(other, "failed", [])))
 
 
 # ---- configuration ------------------------------------------------------------
 
-_KNOWN_KEYS = {"socket", "namespace", "model_id", "timeout_s", "retry_s", "lease_ms", "load", "save",
-               "lookup_scope", "verify_reads", "test_only_load_keys_of", "test_only_load_barrier",
-               "gpu_path"}  # gpu_path: tidepool.cuda (a KV cache on CUDA only)
+@dataclass
+class Settings:
+    """kv_connector_extra_config, checked (docs/engines.md lists the keys)."""
+    socket: str = DEFAULT_SOCKET
+    namespace: Optional[str] = None
+    model_id: Optional[str] = None
+    timeout_s: float = 5.0
+    retry_s: float = 2.0
+    lease_ms: int = 0
+    load: Optional[bool] = None
+    save: Optional[bool] = None
+    lookup_scope: str = "default"
+    verify_reads: bool = False
+    shutdown_timeout_s: float = 30.0
+    gpu_path: str = "engine"  # a KV cache on CUDA only: engine (layer 1) or sidecar (layer 2); docs/gpu.md
 
-
-def _test_barrier(d, timeout_s=120.0):
-    """Test hook: announce d/acquired, wait (bounded) for d/go."""
-    open(os.path.join(d, "acquired"), "w").close()
-    deadline = time.monotonic() + timeout_s
-    while not os.path.exists(os.path.join(d, "go")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def _extra(cfg):
-    x = dict(cfg.kv_connector_extra_config or {})
-    unknown = set(x) - _KNOWN_KEYS
-    if unknown:
-        raise ValueError("TidepoolConnector: unknown kv_connector_extra_config keys %s (known: %s)"
-                         % (sorted(unknown), sorted(_KNOWN_KEYS)))
-    if x.get("gpu_path", "engine") not in ("engine", "sidecar"):
-        raise ValueError("TidepoolConnector: gpu_path %r: engine or sidecar" % (x["gpu_path"],))
-    return x
+    @classmethod
+    def parse(cls, extra):
+        x = dict(extra or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = set(x) - known
+        if unknown:
+            raise ValueError("TidepoolConnector: unknown kv_connector_extra_config keys %s (known: %s)"
+                             % (sorted(unknown), sorted(known)))
+        s = cls(**x)
+        s.timeout_s, s.retry_s, s.shutdown_timeout_s = float(s.timeout_s), float(s.retry_s), float(s.shutdown_timeout_s)
+        s.lease_ms, s.verify_reads = int(s.lease_ms), bool(s.verify_reads)
+        if not hasattr(Scope, str(s.lookup_scope).upper()):
+            raise ValueError("TidepoolConnector: lookup_scope must be default, local or cluster")
+        if s.shutdown_timeout_s < 0:
+            raise ValueError("TidepoolConnector: shutdown_timeout_s must not be negative")
+        if s.gpu_path not in ("engine", "sidecar"):
+            raise ValueError("TidepoolConnector: gpu_path %r: engine or sidecar" % (s.gpu_path,))
+        return s
 
 
 def check_stable_keys(vllm_config, environ=os.environ):
@@ -167,8 +308,8 @@ def namespace_descriptor(vllm_config, kv_cache_config, tp_rank, pp_rank, extra):
     groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
     if groups:
         spec = repr(groups[0].kv_cache_spec)
-    model = extra.get("model_id") or (mc.served_model_name if isinstance(mc.served_model_name, str)
-                                       else None) or mc.model
+    model_id = extra.get("model_id") if isinstance(extra, dict) else extra.model_id
+    model = model_id or (mc.served_model_name if isinstance(mc.served_model_name, str) else None) or mc.model
     return {
         "v": 1,
         "model": model,
@@ -193,13 +334,15 @@ def namespace_for(desc, override=None):
     return "%s/tp%d/pp%d/%s" % (base, desc["tp"][0], desc["pp"][0], digest)
 
 
+# ---- the connector vLLM names --------------------------------------------------
+
 def block_metas(request, keys, first, block_size, parent=None):
     """The BlockMeta of each of keys, blocks first, first+1, ... of request
     (parent: the key of block first-1, None for block 0): the block's token
-    ids, the key before it and the block
-    size, which the sidecar publishes in its KV events so that routers
-    (llm-d, Dynamo) can index the blocks it holds (docs/events.md). A block
-    whose tokens are not all known gets no token ids."""
+    ids, the key before it and the block size, which the sidecar publishes
+    in its KV events so that routers (llm-d, Dynamo) can index the blocks it
+    holds (docs/events.md). A block whose tokens are not all known gets no
+    token ids."""
     toks = getattr(request, "all_token_ids", None)
     if toks is None:
         toks = getattr(request, "prompt_token_ids", None) or []
@@ -211,45 +354,18 @@ def block_metas(request, keys, first, block_size, parent=None):
     return out
 
 
-def _vllm_hashes_of(tokens, block_size, hash_algo):
-    """vLLM's block hashes of a plain token prompt (no LoRA, multimodal
-    input or salt), as the scheduler computes them. Test hook only."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core import kv_cache_utils as kcu
-    fn = get_hash_fn_by_name(hash_algo)
-    if getattr(kcu, "NONE_HASH", None) is None:
-        kcu.init_none_hash(fn)
-    out, parent = [], None
-    for i in range(len(tokens) // block_size):
-        parent = kcu.hash_block_tokens(fn, parent, tokens[i * block_size:(i + 1) * block_size], None)
-        out.append(bytes(parent))
-    return out
-
-
-# ---- the connector -------------------------------------------------------------
-
 class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
-    """vLLM V1 KV connector storing KV blocks in a tidepool sidecar."""
+    """vLLM V1 KV connector storing KV blocks in a tidepool sidecar. Each
+    instance is one side: a Scheduler in the scheduler, a Worker in each
+    worker; the calls of the other side are not made on it."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         check_stable_keys(vllm_config)
-        self._x = _extra(self._kv_transfer_config)
         tc = self._kv_transfer_config
-        self._block_size = vllm_config.cache_config.block_size
-        self._hash_algo = vllm_config.cache_config.prefix_caching_hash_algo
-        self._socket = self._x.get("socket", DEFAULT_SOCKET)
-        self._timeout_s = float(self._x.get("timeout_s", 5.0))
-        self._retry_s = float(self._x.get("retry_s", 2.0))
-        self._lease_ms = int(self._x.get("lease_ms", 0))
-        self._verify = bool(self._x.get("verify_reads", False))
-        self._do_load = bool(self._x.get("load", tc.kv_role in ("kv_both", "kv_consumer")))
-        self._do_save = bool(self._x.get("save", tc.kv_role in ("kv_both", "kv_producer")))
-        scope = str(self._x.get("lookup_scope", "default")).upper()
-        from .client import Scope
-        if not hasattr(Scope, scope):
-            raise ValueError("TidepoolConnector: lookup_scope must be default, local or cluster")
-        self._scope = getattr(Scope, scope)
+        s = Settings.parse(tc.kv_connector_extra_config)
+        do_load = bool(tc.kv_role in ("kv_both", "kv_consumer") if s.load is None else s.load)
+        do_save = bool(tc.kv_role in ("kv_both", "kv_producer") if s.save is None else s.save)
         # A block that cannot be loaded is recomputed, never an error of the
         # request: tidepool is a cache. The scheduler reads this policy right
         # after it builds the scheduler-side connector.
@@ -263,36 +379,118 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             # several KV-cache groups (hybrid models): stay out of the way.
             logger.warning("tidepool: %d KV-cache groups (hybrid model): the connector supports one; "
                            "it stays inactive (no loads, no saves)", len(groups))
-            self._do_load = self._do_save = False
+            do_load = do_save = False
         pc = vllm_config.parallel_config
-        if role == KVConnectorRole.SCHEDULER:
-            self._tp_rank, self._pp_rank = 0, 0
-        else:
+        tp_rank = pp_rank = 0
+        if role != KVConnectorRole.SCHEDULER:
             from vllm.distributed.parallel_state import get_pp_group, get_tp_group
-            self._tp_rank = get_tp_group().rank_in_group if pc.tensor_parallel_size > 1 else 0
-            self._pp_rank = get_pp_group().rank_in_group if pc.pipeline_parallel_size > 1 else 0
-        self._desc = namespace_descriptor(vllm_config, kv_cache_config, self._tp_rank, self._pp_rank, self._x)
-        self._ns = namespace_for(self._desc, self._x.get("namespace"))
+            tp_rank = get_tp_group().rank_in_group if pc.tensor_parallel_size > 1 else 0
+            pp_rank = get_pp_group().rank_in_group if pc.pipeline_parallel_size > 1 else 0
+        desc = namespace_descriptor(vllm_config, kv_cache_config, tp_rank, pp_rank, s)
+        ns = namespace_for(desc, s.namespace)
+        block_size = vllm_config.cache_config.block_size
         logger.info("tidepool: %s side, socket %s, namespace %s",
-                    "scheduler" if role == KVConnectorRole.SCHEDULER else "worker", self._socket, self._ns)
+                    "scheduler" if role == KVConnectorRole.SCHEDULER else "worker", s.socket, ns)
+        self._ns = ns
+        self._sched = self._worker = None
         if role == KVConnectorRole.SCHEDULER:
-            self._init_scheduler()
+            self._sched = Scheduler(s, ns, block_size, do_load, do_save, lambda: self._kv_cache_manager)
         else:
-            self._init_worker()
+            self._worker = Worker(s, ns, block_size, do_load, do_save, kv_cache_config)
 
-    # ==== scheduler side ==========================================================
+    # ---- scheduler side -----------------------------------------------------------
+    def on_new_request(self, request):
+        self._sched.on_new_request(request)
 
-    def _init_scheduler(self):
-        self._link = _Link(self._socket, self._timeout_s, self._retry_s, "scheduler")
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        self._sched.update_state_after_alloc(request, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output):
+        return self._sched.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request, block_ids):
+        return self._sched.request_finished(request)
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self._sched.request_finished(request)
+
+    def update_connector_output(self, connector_output):
+        self._sched.update_connector_output(connector_output)
+
+    def take_events(self):
+        return self._sched.take_events()
+
+    # ---- worker side --------------------------------------------------------------
+    def register_kv_caches(self, kv_caches):
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._connector_metadata
+        if isinstance(meta, TidepoolConnectorMetadata):
+            self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name):
+        return  # whole blocks are loaded in start_load_kv
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        return  # whole blocks are saved after the forward (wait_for_save)
+
+    def wait_for_save(self):
+        meta = self._connector_metadata
+        if isinstance(meta, TidepoolConnectorMetadata):
+            self._worker.wait_for_save(meta)
+
+    def handle_preemptions(self, kv_connector_metadata):
+        self._worker.drain()  # preempted requests' blocks are about to be reused
+
+    def get_finished(self, finished_req_ids):
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self):
+        return self._worker.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self):
+        return self._worker.build_worker_meta()
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+        if self._sched is not None:
+            self._sched.shutdown()
+
+
+# ==== scheduler side ==============================================================
+
+@dataclass
+class _ReqState:
+    request: Any
+    planned: int = 0  # blocks [0, planned) were loaded, offered for saving or need no save
+    hit: int = 0  # blocks the last Lookup found in the sidecar
+    has_saves: bool = False
+
+
+class Scheduler:
+    """The scheduler's half: one Lookup per scheduling attempt, and per step
+    the plan of loads (blocks the lookup found) and saves (blocks that
+    became full and that neither the lookup found nor this engine stored
+    before)."""
+
+    def __init__(self, s, ns, block_size, do_load, do_save, kv_cache_manager):
+        self._s = s
+        self._ns = ns
+        self._block_size = block_size
+        self._do_load = do_load
+        self._do_save = do_save
+        self._manager = kv_cache_manager  # () -> vLLM's KVCacheManager or None
+        self._scope = getattr(Scope, s.lookup_scope.upper())
+        self._link = _Link(s.socket, s.timeout_s, s.retry_s, "scheduler")
         self._reqs: dict = {}
         self._pending_loads: dict = {}  # req_id -> num external tokens
+        self._known = collections.OrderedDict()  # keys stored (or being stored) in the sidecar
         self._events: list = []
-        self._test_keys = None
-        if self._x.get("test_only_load_keys_of") is not None:
-            logger.warning("tidepool: TEST HOOK test_only_load_keys_of is set: loads take the blocks "
-                           "of another prompt (for negative-control tests only)")
-            self._test_keys = _vllm_hashes_of(list(self._x["test_only_load_keys_of"]),
-                                               self._block_size, self._hash_algo)
 
     def _keys(self, request, n_blocks=None):
         """Keys of the request's full blocks (vLLM's block hashes)."""
@@ -304,6 +502,13 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             n = min(n, n_blocks)
         return [bytes(hashes[(i + 1) * ratio - 1]) for i in range(n)]
 
+    def _know(self, keys):
+        for k in keys:
+            self._known[k] = True
+            self._known.move_to_end(k)
+        while len(self._known) > KNOWN_KEYS:
+            self._known.popitem(last=False)
+
     def on_new_request(self, request):
         self._reqs[request.request_id] = _ReqState(request)
 
@@ -314,13 +519,13 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         return st
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        """One Lookup of the request's prompt blocks; no side effects on the
-        connector's state (vLLM may call it several times)."""
+        """One Lookup of the request's prompt blocks. vLLM may call it
+        several times: it only remembers the last answer (which blocks need
+        no save)."""
         if not self._do_load:
             return 0, False
         # vLLM must compute at least the last prompt token itself.
-        n_prompt = request.num_prompt_tokens
-        max_blocks = (n_prompt - 1) // self._block_size
+        max_blocks = (request.num_prompt_tokens - 1) // self._block_size
         if max_blocks * self._block_size <= num_computed_tokens:
             return 0, False
         keys = self._keys(request, max_blocks)
@@ -330,7 +535,13 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
         if c is None:
             return 0, False
         try:
-            hit = c.lookup(self._ns, keys, scope=self._scope)
+            hit = 0
+            for chunk in _chunks(keys, self._link.max_batch):  # a chain longer than max_batch: in pieces
+                _count("rpc_lookup")
+                n = c.lookup(self._ns, chunk, scope=self._scope)
+                hit += n
+                if n < len(chunk):
+                    break
         except Exception as e:  # noqa: BLE001
             if _is_server_error(e):
                 _once.warn("lookup:%s" % e.code, "Lookup refused (%s); treating as a miss", e)
@@ -339,23 +550,18 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             return 0, False
         _count("lookups")
         _count("lookup_hit_blocks", hit)
-        with _STATS_LOCK:
-            if len(_STATS["keys"]) < 4096:
-                _STATS["keys"].append([k.hex() for k in keys])
+        self._state(request).hit = hit
         ext = hit * self._block_size - num_computed_tokens
-        if ext <= 0:
-            return 0, False
-        return ext, False
+        return (ext, False) if ext > 0 else (0, False)
 
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        st = self._state(request)
+    def update_state_after_alloc(self, request, num_external_tokens):
+        self._state(request)
         if num_external_tokens > 0:
             self._pending_loads[request.request_id] = num_external_tokens
             _count("matched_tokens", num_external_tokens)
-        return st
 
     def _block_ids(self, req_id):
-        m = self._kv_cache_manager
+        m = self._manager()
         if m is None:
             return None
         try:
@@ -366,7 +572,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_meta(self, scheduler_output):
         meta = TidepoolConnectorMetadata()
         sched = scheduler_output.num_scheduled_tokens
-        progress = []  # (req_id, tokens computed after this step, block ids or None)
+        progress = []  # (req_id, tokens computed after this step, block ids or None, computed before)
         for nr in scheduler_output.scheduled_new_reqs:
             progress.append((nr.req_id, nr.num_computed_tokens + sched.get(nr.req_id, 0),
                              list(nr.block_ids[0]) if nr.block_ids else None, nr.num_computed_tokens))
@@ -382,52 +588,75 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                 bids = self._block_ids(rid)
             if bids is None:
                 continue
-            ext = self._pending_loads.pop(rid, 0)
-            if ext > 0 and before < ext:  # cannot happen with vLLM's scheduler
-                _once.warn("plan", "request %s: %d external tokens but %d computed; not loading",
-                           rid, ext, before)
-                ext = 0
-            if ext > 0:
-                first = (before - ext) // self._block_size
-                last = before // self._block_size
-                keys = self._keys(st.request, last)[first:last]
-                if self._test_keys is not None:
-                    keys = self._test_keys[first:last]
-                # vLLM counts these tokens as computed: every block must be
-                # loaded or reported failed by the worker. A block without
-                # a key (None) is reported failed.
-                keys = list(keys) + [None] * (last - first - len(keys))
-                meta.loads.append(_Transfer(rid, keys, bids[first:last], first))
-                st.saved_upto = max(st.saved_upto, last)
-            if not self._do_save:
-                continue
-            full = min(after // self._block_size, len(bids))
-            if full > st.saved_upto:
-                keys = self._keys(st.request, full)
-                if len(keys) > st.saved_upto:
-                    n = len(keys)
-                    tr = _Transfer(rid, keys[st.saved_upto:n], bids[st.saved_upto:n], st.saved_upto)
-                    tr.metas = block_metas(st.request, tr.keys, st.saved_upto, self._block_size,
-                                           keys[st.saved_upto - 1] if st.saved_upto > 0 else None)
-                    meta.saves.append(tr)
-                    st.saved_upto = n
-                    st.has_saves = True
+            load = self._plan_load(rid, st, bids, before)
+            if load is not None:
+                meta.loads.append(load)
+            if self._do_save:
+                meta.saves.extend(self._plan_saves(rid, st, bids, after))
         return meta
 
-    def request_finished(self, request, block_ids):
+    def _plan_load(self, rid, st, bids, before):
+        ext = self._pending_loads.pop(rid, 0)
+        if ext > 0 and before < ext:  # cannot happen with vLLM's scheduler
+            _once.warn("plan", "request %s: %d external tokens but %d computed; not loading", rid, ext, before)
+            ext = 0
+        if ext <= 0:
+            return None
+        first = (before - ext) // self._block_size
+        last = before // self._block_size
+        keys = self._keys(st.request, last)[first:last]
+        # vLLM counts these tokens as computed: every block must be loaded
+        # or reported failed by the worker. A block without a key (None)
+        # is reported failed.
+        keys = list(keys) + [None] * (last - first - len(keys))
+        st.planned = max(st.planned, last)
+        self._know(k for k in keys if k is not None)
+        return _Transfer(rid, keys, bids[first:last], first)
+
+    def _plan_saves(self, rid, st, bids, after):
+        """The blocks that become full in this step and that the sidecar
+        does not hold as far as this engine knows (its Lookup found them,
+        or this engine stored them or offered them already): one _Transfer
+        per run of consecutive blocks."""
+        full = min(after // self._block_size, len(bids))
+        if full <= st.planned:
+            return []
+        keys = self._keys(st.request, full)
+        start, st.planned = st.planned, max(st.planned, len(keys))
+        out, run = [], None
+        for i in range(start, len(keys)):
+            k = keys[i]
+            if i < st.hit or k in self._known:
+                run = None
+                continue
+            if run is None:
+                run = _Transfer(rid, [], [], i, keys[i - 1] if i > 0 else None)
+                out.append(run)
+            run.keys.append(k)
+            run.block_ids.append(bids[i])
+        for tr in out:
+            self._know(tr.keys)
+            tr.metas = block_metas(st.request, tr.keys, tr.first_index, self._block_size, tr.parent)
+            _count("offered_blocks", len(tr.keys))
+        if out:
+            st.has_saves = True
+        return out
+
+    def request_finished(self, request):
         """Keeps the blocks while saves of the request may be in flight;
         the worker reports the request in get_finished when they are done."""
         st = self._reqs.pop(request.request_id, None)
         self._pending_loads.pop(request.request_id, None)
         return bool(st is not None and st.has_saves), None
 
-    def request_finished_all_groups(self, request, block_ids):
-        return self.request_finished(request, block_ids[0] if block_ids else [])
-
     def update_connector_output(self, connector_output):
         meta = connector_output.kv_connector_worker_meta
-        if isinstance(meta, TidepoolWorkerMetadata) and meta.stored:
+        if not isinstance(meta, TidepoolWorkerMetadata):
+            return
+        if meta.stored:
             self._events.extend(meta.stored)
+        for k in meta.failed:
+            self._known.pop(k, None)  # offer it again next time
 
     def take_events(self):
         """BlockStored events for the blocks this engine saved into tidepool,
@@ -436,74 +665,195 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             return ()
         from vllm.distributed.kv_events import BlockStored
         evs, self._events = self._events, []
-        out = []
-        for hashes, parent, bs in evs:
-            out.append(BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=[],
-                                   block_size=bs, lora_id=None, medium="tidepool", lora_name=None))
-        return out
+        return [BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=[], block_size=bs,
+                            lora_id=None, medium="tidepool", lora_name=None)
+                for hashes, parent, bs in evs]
 
-    # ==== worker side ==============================================================
+    def shutdown(self):
+        self._link.close()
 
-    def _init_worker(self):
-        self._layers = []  # [(name, tensor, block_dim, nbytes per block)]
+
+# ==== worker side =================================================================
+
+# Element types a block's bytes are viewed as for the copies: the widest
+# that every offset involved is a multiple of (torch copies uint8 rows
+# element by element, several times slower).
+_ELEMS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+def _elem_for(*sizes):
+    for n, dt in _ELEMS:
+        if all(s % n == 0 for s in sizes):
+            return n, dt
+    return _ELEMS[-1]
+
+
+class _Part:
+    """One run of a block's bytes in one KV tensor: layer l's block (the
+    CPU backend's and other blocks-first layouts), or its K or V half
+    (FlashAttention's (2, num_blocks, ...)). rows is a (num_blocks, n)
+    view of the tensor, one row per block, n elements of its dtype."""
+
+    def __init__(self, rows, offset):
+        self.rows = rows
+        self.nbytes = rows.shape[1] * rows.element_size()
+        self.offset = offset  # byte offset in the tidepool block (after the header)
+        self._as = {}
+
+    def view(self, dtype):
+        """rows reinterpreted as dtype (same bytes)."""
+        v = self._as.get(dtype)
+        if v is None:
+            v = self._as[dtype] = self.rows.view(torch.uint8).view(dtype) if self.rows.dtype != dtype else self.rows
+        return v
+
+
+def _parts_of(name, t, num_blocks):
+    """The _Parts of one layer's KV tensor, or None for a layout whose
+    block bytes are not contiguous runs."""
+    if num_blocks is not None and t.dim() >= 2 and t.shape[0] == num_blocks:
+        halves = [t]  # blocks first: the CPU backend, FlashInfer, MLA
+    elif num_blocks is not None and t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == num_blocks:
+        halves = [t[0], t[1]]  # FlashAttention: (2, num_blocks, block_size, heads, head_size)
+    else:
+        return None
+    out = []
+    for h in halves:
+        one = h[0]
+        if not one.is_contiguous() or (h.shape[0] > 1 and h.stride(0) < one.numel()):
+            return None
+        out.append(h.as_strided((h.shape[0], one.numel()), (h.stride(0), 1)))
+    return out
+
+
+def _gpu_layers(kv_caches, nb):
+    """The KV tensors on CUDA as tidepool.cuda takes them: (name, tensor,
+    block dim, bytes per block); [] when the cache is not on CUDA or its
+    layout is not one of the two it knows."""
+    out = []
+    for name, t in kv_caches.items():
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            return []
+        if nb is not None and t.dim() >= 2 and t.shape[0] == nb:
+            bdim = 0  # blocks first
+        elif nb is not None and t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == nb:
+            bdim = 1  # FlashAttention: (2, num_blocks, block_size, heads, head_size)
+        else:
+            return []
+        out.append((name, t, bdim, t.select(bdim, 0).numel() * t.element_size()))
+    return out
+
+
+class _GPUConn:
+    """What tidepool.cuda reads of the connector, over a Worker."""
+
+    def __init__(self, w, layers):
+        self._w = w
+        self._layers = layers
+        self._socket, self._timeout_s = w._s.socket, w._s.timeout_s
+        self._ns, self._block_size = w._ns, w._block_size
+        self._lease_ms, self._verify = w._s.lease_ms, w._s.verify_reads
+        self._lock = w._lock
+        self._load_link = w._link
+
+    @property
+    def _stored(self):
+        return self._w._stored
+
+    @property
+    def _block_bytes(self):
+        return self._w._block_bytes
+
+    def _header(self):
+        return self._w._header
+
+
+class Worker:
+    """The worker's half: loads (before the forward, synchronously: one
+    Acquire per chunk, one gather per layer out of the arena mapping and one
+    scatter into the paged KV tensor; the leases ride on the next Acquire)
+    and saves (queued to a thread: one Reserve per chunk, the blocks
+    written into their slots, one Commit)."""
+
+    def __init__(self, s, ns, block_size, do_load, do_save, kv_cache_config):
+        self._s = s
+        self._ns = ns
+        self._block_size = block_size
+        self._do_load = do_load
+        self._do_save = do_save
+        self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
+        self._parts: list = []
         self._block_bytes = 0
         self._layout_digest = b""
-        self._load_link = _Link(self._socket, self._timeout_s, self._retry_s, "worker")
+        self._link = _Link(s.socket, s.timeout_s, s.retry_s, "worker")
+        self._arena_tensors = {}  # (id(client), arena, dtype) -> 1-D tensor over the mapping
+        self._link.on_close = self._forget_client
+        self._to_release: list = []  # lease ids that ride on the next Acquire
+        self._release_by = 0.0  # monotonic time by which they are released anyway
         self._load_errors: set = set()
         self._save_q: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._outstanding: dict = {}  # req_id -> saves not done
-        self._save_reqs: set = set()  # req ids that ever had a save
+        self._save_reqs: set = set()  # req ids that had a save and are not reported done
         self._finished_waiting: set = set()
         self._stored: list = []
-        self._idle = threading.Condition(self._lock)
+        self._failed: list = []
         self._saver = None
+        self._closed = False
+        self._gpu = None  # tidepool.cuda's hook: a KV cache on CUDA only
+        # Saves in flight finish before the process exits: vLLM calls
+        # shutdown() when it shuts the worker down; atexit covers an
+        # engine left to the interpreter's exit.
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref().shutdown())
 
+    # -- layout --------------------------------------------------------------
     def register_kv_caches(self, kv_caches):
-        nb = getattr(self._kv_cache_config, "num_blocks", None)
-        layers, sig = [], []
+        parts, sig, off = [], [], 0
         for name, t in kv_caches.items():
             if not isinstance(t, torch.Tensor):
                 continue
-            if nb is not None and t.dim() >= 2 and t.shape[0] == nb:
-                bdim = 0  # blocks first: the CPU backend, FlashInfer, MLA
-            elif nb is not None and t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] == nb:
-                bdim = 1  # FlashAttention: (2, num_blocks, block_size, heads, head_size)
-            else:
-                _once.warn("layout", "KV tensor %s has shape %s with %s blocks: layout not supported, "
-                           "connector disabled", name, tuple(t.shape), nb)
-                self._layers = []
+            ps = _parts_of(name, t, self._num_blocks)
+            if ps is None:
+                _once.warn("layout", "KV tensor %s has shape %s, strides %s with %s blocks: layout not "
+                           "supported, connector disabled", name, tuple(t.shape), tuple(t.stride()),
+                           self._num_blocks)
+                self._parts = []
                 return
-            one = t.select(bdim, 0)
-            nbytes = one.numel() * t.element_size()
-            layers.append((name, t, bdim, nbytes))
-            sig.append([name, list(t.shape), bdim, str(t.dtype), list(t.stride())])
-        self._layers = layers
-        self._block_bytes = sum(l[3] for l in layers)
+            for p in ps:
+                parts.append(_Part(p, off))
+                off += parts[-1].nbytes
+            sig.append([name, list(t.shape), 0 if len(ps) == 1 else 1, str(t.dtype), list(t.stride())])
+        self._parts = parts
+        self._block_bytes = off
         self._layout_digest = hashlib.sha256(json.dumps([self._ns, sig]).encode()).digest()
-        logger.info("tidepool: %d KV layers, %d bytes per block (+%d header)", len(layers),
+        self._header = _MAGIC + self._layout_digest + bytes(HEADER_BYTES - len(_MAGIC) - len(self._layout_digest))
+        self._header_t = torch.frombuffer(bytearray(self._header), dtype=torch.uint8)
+        self._elem = _elem_for(HEADER_BYTES, *[p.nbytes for p in parts])
+        logger.info("tidepool: %d KV tensors, %d bytes per block (+%d header)", len(kv_caches),
                     self._block_bytes, HEADER_BYTES)
         # --- GPU hook (tidepool.cuda, docs/gpu.md): only a KV cache on CUDA.
-        self._gpu = None
-        if layers and layers[0][1].is_cuda:
+        layers = _gpu_layers(kv_caches, self._num_blocks)
+        if layers:
             from . import cuda as _cuda
-            self._gpu = _cuda.attach(self, layers, nb, self._header(), self._x.get("gpu_path", "engine"))
+            self._gpu_conn = _GPUConn(self, layers)
+            self._gpu = _cuda.attach(self._gpu_conn, layers, self._num_blocks, self._header, self._s.gpu_path)
         # --- end of the GPU hook
 
-    def _header(self):
-        return _MAGIC + self._layout_digest + bytes(HEADER_BYTES - len(_MAGIC) - len(self._layout_digest))
+    @property
+    def block_bytes(self):
+        return HEADER_BYTES + self._block_bytes
 
-    # -- load: arena -> paged KV, synchronously before the forward ----------------
-
-    def start_load_kv(self, forward_context, **kwargs):
-        meta = self._get_connector_metadata()
-        if not isinstance(meta, TidepoolConnectorMetadata) or not meta.loads or not self._do_load:
+    # -- load: arena -> paged KV, before the forward --------------------------------
+    def start_load_kv(self, meta):
+        if not meta.loads or not self._do_load:
             return
         for tr in meta.loads:
             t0 = time.perf_counter()
-            ok = self._load(tr) if self._layers else set()
+            ok = self._load(tr) if self._parts else set()
             _count("load_seconds", time.perf_counter() - t0)
-            _count("loaded_bytes", len(ok) * (HEADER_BYTES + self._block_bytes))
+            _count("loaded_bytes", len(ok) * self.block_bytes)
             bad = [b for i, b in enumerate(tr.block_ids) if i not in ok]
             if bad:
                 self._load_errors.update(bad)
@@ -512,99 +862,203 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _load(self, tr):
         """Loads what it can of one transfer; returns the indexes loaded."""
-        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
-            return self._gpu.load(self, tr)
-        c = self._load_link.get()
+        if self._gpu is not None:  # GPU hook (tidepool.cuda)
+            return self._gpu.load(self._gpu_conn, tr)
+        c = self._link.get()
         if c is None:
             return set()
-        want = HEADER_BYTES + self._block_bytes
-        header = self._header()
-        done = set()
         idx = [i for i, k in enumerate(tr.keys) if k is not None]
-        try:
-            leases, _ = c.acquire(self._ns, [tr.keys[i] for i in idx], lease_ms=self._lease_ms)
-        except Exception as e:  # noqa: BLE001
-            if _is_server_error(e):
-                _once.warn("acquire:%s" % e.code, "Acquire refused (%s); recomputing", e)
-            else:
-                self._load_link.failed(e)
-            return done
-        held = [l.lease_id for l in leases if l.code == OK]
-        leases = dict(zip(idx, leases))
-        barrier = self._x.get("test_only_load_barrier")
-        if barrier:  # test hook: lets a test kill the sidecar mid-load
-            _test_barrier(barrier)
-        try:
-            for i, l in leases.items():
-                if l.code != OK:
-                    if l.code != ErrorCode.NOT_FOUND:
-                        _once.warn("acq-item:%s" % l.code, "block refused (%s); recomputing",
-                                   ErrorCode._VALUES_TO_NAMES.get(l.code, l.code))
-                    continue
-                if l.slot.length != want:
-                    _once.warn("size", "block of %d bytes where this layout needs %d (another model "
-                               "under a colliding key?); recomputing", l.slot.length, want)
-                    continue
-                view = c.slot_view(l, verify=self._verify)
-                try:
-                    if bytes(view[:HEADER_BYTES]) != header:
-                        _once.warn("header", "block with another layout's header; recomputing")
-                        continue
-                    src = torch.frombuffer(view, dtype=torch.uint8)
-                    off = HEADER_BYTES
-                    bid = tr.block_ids[i]
-                    for _name, t, bdim, nbytes in self._layers:
-                        dst = t.select(bdim, bid)
-                        dst.copy_(src[off:off + nbytes].view(t.dtype).view(dst.shape))
-                        off += nbytes
-                    del src
-                    done.add(i)
-                except Error as e:
-                    _once.warn("verify:%s" % e.code, "block failed its check (%s); recomputing", e)
-                finally:
-                    view.release()
-        except Exception as e:  # noqa: BLE001
-            _once.warn("load:%s" % type(e).__name__, "load failed: %r; recomputing", e)
-        finally:
-            if held:
-                try:
-                    codes = c.release(held)
-                    expired = {held[j] for j, code in enumerate(codes) if code != OK}
-                    if expired:
-                        # The bytes copied under an expired lease may be wrong.
-                        _once.warn("expired", "a lease expired during a load; recomputing its blocks")
-                        done -= {i for i, l in leases.items() if l.lease_id in expired}
-                except Exception as e:  # noqa: BLE001
-                    # The sidecar is gone: nobody can rewrite the mapped arena
-                    # any more, and every block was verified before its copy.
-                    if _is_server_error(e):
-                        done = set()
-                    else:
-                        self._load_link.failed(e)
+        done = set()
+        for chunk in _chunks(idx, self._link.chunk(self.block_bytes)):
+            try:
+                done |= self._load_chunk(c, tr, chunk)
+            except Exception as e:  # noqa: BLE001
+                if _is_server_error(e):
+                    _once.warn("acquire:%s" % e.code, "Acquire refused (%s); recomputing", e)
+                elif isinstance(e, (OSError, EOFError)) or type(e).__name__.startswith("TTransport"):
+                    self._link.failed(e)
+                else:
+                    _once.warn("load:%s" % type(e).__name__, "load failed: %r; recomputing", e)
+                break
         return done
 
-    def wait_for_layer_load(self, layer_name):
-        return  # whole blocks are loaded in start_load_kv
+    def _forget_client(self):
+        """The worker's client is about to close: its arena views and the
+        leases it holds go with it (the sidecar ends them)."""
+        self._arena_tensors.clear()
+        self._to_release = []
 
-    # -- save: paged KV -> arena, asynchronously ------------------------------------
+    def _take_releases(self):
+        ids, self._to_release = self._to_release, []
+        return ids or None
 
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        return  # whole blocks are saved after the forward (wait_for_save)
+    def _load_chunk(self, c, tr, chunk):
+        """One Acquire (with the last call's leases to release), the copies,
+        the leases kept for the next call. Returns the indexes loaded."""
+        keys = [tr.keys[i] for i in chunk]
+        _count("rpc_acquire")
+        leases, deadline = c.acquire(self._ns, keys, lease_ms=self._s.lease_ms, release=self._take_releases())
+        held = [l.lease_id for l in leases if l.code == OK]
+        want = self.block_bytes
+        views = c.arena_views()
+        good = []  # (index in chunk, lease)
+        for j, l in enumerate(leases):
+            if l.code != OK:
+                if l.code != ErrorCode.NOT_FOUND:
+                    _once.warn("acq-item:%s" % l.code, "block refused (%s); recomputing",
+                               ErrorCode._VALUES_TO_NAMES.get(l.code, l.code))
+                continue
+            if l.slot.length != want:
+                _once.warn("size", "block of %d bytes where this layout needs %d (another model "
+                           "under a colliding key?); recomputing", l.slot.length, want)
+                continue
+            if not 0 <= l.slot.arena < len(views) or l.slot.offset < 0 \
+                    or l.slot.offset + want > len(views[l.slot.arena]):
+                _once.warn("slot", "slot %r outside the arenas; recomputing", l.slot)
+                continue
+            good.append((j, l))
+        if self._s.verify_reads:
+            good = [(j, l) for j, l in good if self._verified(c, l)]
+        loaded = set()
+        try:
+            by_arena = collections.defaultdict(list)
+            for j, l in good:
+                by_arena[l.slot.arena].append((j, l))
+            for arena, items in by_arena.items():
+                loaded |= self._copy_in(c, arena, [l.slot.offset for _, l in items],
+                                        [tr.block_ids[chunk[j]] for j, _ in items], [j for j, _ in items])
+        finally:
+            self._settle(c, held, deadline, leases, loaded)
+        return {chunk[j] for j in loaded}
 
-    def wait_for_save(self):
-        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
-        if not isinstance(meta, TidepoolConnectorMetadata) or not meta.saves or not self._layers:
-            if isinstance(meta, TidepoolConnectorMetadata):
-                with self._lock:
-                    for tr in meta.saves:
-                        self._save_reqs.add(tr.req_id)
+    def _verified(self, c, lease):
+        try:
+            c.slot_view(lease, verify=True).release()
+            return True
+        except Error as e:
+            _once.warn("verify:%s" % e.code, "block failed its check (%s); recomputing", e)
+            return False
+
+    def _arena(self, c, arena, dtype, esize):
+        key = (id(c), arena, dtype)
+        t = self._arena_tensors.get(key)
+        if t is None:
+            if any(k[0] != id(c) for k in self._arena_tensors):
+                self._arena_tensors.clear()  # a new client: the old mappings are gone
+            v = c.arena_views()[arena]
+            t = self._arena_tensors[key] = torch.frombuffer(v, dtype=dtype, count=len(v) // esize)
+        return t
+
+    def _copy_in(self, c, arena, offsets, bids, js):
+        """Copies the blocks at offsets (one arena) into KV blocks bids:
+        a header check of all, then per part one gather out of the mapping
+        and one scatter into the KV tensor. Returns the js whose block was
+        copied."""
+        esize, dtype = _elem_for(self._elem[0], *offsets)
+        a = self._arena(c, arena, dtype, esize)
+        c.populate_reads(arena, offsets, self.block_bytes)
+        offs = torch.tensor(offsets, dtype=torch.int64) // esize
+        rows = a.numel()
+
+        # Row r of a.as_strided((rows - at - n + 1, n), (1, 1), at) is the
+        # n elements at r + at: the rows overlap, and index_select picks one
+        # per block (its offset).
+        hn = HEADER_BYTES // esize
+        hdr = a.as_strided((rows - hn + 1, hn), (1, 1), 0).index_select(0, offs)
+        ok = (hdr == self._header_t.view(dtype)).all(dim=1)
+        if not bool(ok.all()):
+            _once.warn("header", "block with another layout's header; recomputing")
+            keep = ok.nonzero().flatten()
+            offs = offs.index_select(0, keep)
+            keep = keep.tolist()
+            bids, js = [bids[i] for i in keep], [js[i] for i in keep]
+            if not js:
+                return set()
+        dst = torch.tensor(bids, dtype=torch.int64)
+        # KV blocks that make one run (in any order, as a fresh engine's
+        # free list hands them out): each part's gather lands straight in
+        # the run's rows, with no scatter after it.
+        lo = min(bids)
+        run = max(bids) - lo == len(bids) - 1 and len(set(bids)) == len(bids)
+        if run:
+            order = torch.empty(len(bids), dtype=torch.int64)
+            order[dst - lo] = torch.arange(len(bids))
+            offs_run = offs.index_select(0, order)
+        for p in self._parts:
+            rows_p = p.view(dtype)
+            at = (HEADER_BYTES + p.offset) // esize
+            n = p.nbytes // esize
+            src = a.as_strided((rows - at - n + 1, n), (1, 1), at)
+            if run and rows_p.device.type == "cpu" and rows_p.is_contiguous():
+                torch.index_select(src, 0, offs_run, out=rows_p[lo:lo + len(bids)])
+            else:
+                g = src.index_select(0, offs)
+                rows_p.index_copy_(0, dst.to(rows_p.device), g.to(rows_p.device))
+        return set(js)
+
+    def _settle(self, c, held, deadline, leases, loaded):
+        """The chunk's leases: copied well before their deadline, they ride
+        on the next Acquire (the bytes were pinned throughout); otherwise
+        released now, and a lease that had expired fails its block."""
+        if not held:
             return
-        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
-            self._gpu.mark_saves(meta.saves)
+        if time.time() * 1000 + RELEASE_MARGIN_MS < deadline:
+            if not self._to_release:
+                self._release_by = time.monotonic() + RELEASE_IDLE_S
+            self._to_release.extend(held)
+            if len(self._to_release) + self._link.max_batch // 2 > self._link.max_batch:
+                self._flush_releases()
+            return
+        try:
+            _count("rpc_release")
+            codes = c.release(held)
+        except Exception as e:  # noqa: BLE001
+            # The sidecar is gone: nobody can rewrite the mapped arena
+            # any more, and every block was checked before its copy.
+            if _is_server_error(e):
+                loaded.clear()
+            else:
+                self._link.failed(e)
+            return
+        expired = {held[k] for k, code in enumerate(codes) if code != OK}
+        if expired:
+            # The bytes copied under an expired lease may be wrong.
+            _once.warn("expired", "a lease expired during a load; recomputing its blocks")
+            for j, l in enumerate(leases):
+                if l.lease_id in expired:
+                    loaded.discard(j)
+
+    def _flush_releases(self):
+        ids = self._take_releases()
+        c = self._link.client
+        if not ids or c is None:
+            return
+        try:
+            _count("rpc_release")
+            c.release(ids)
+        except Exception as e:  # noqa: BLE001 - the leases lapse at their deadline anyway
+            if not _is_server_error(e):
+                self._link.failed(e)
+
+    def get_block_ids_with_load_errors(self):
+        errs, self._load_errors = self._load_errors, set()
+        return errs
+
+    # -- save: paged KV -> arena, on a thread ----------------------------------------
+    def wait_for_save(self, meta):
+        if self._to_release and time.monotonic() > self._release_by:
+            self._flush_releases()  # idle since the last load: unpin its blocks
+        if not meta.saves:
+            return
         with self._lock:
             for tr in meta.saves:
                 self._save_reqs.add(tr.req_id)
-                self._outstanding[tr.req_id] = self._outstanding.get(tr.req_id, 0) + 1
+                if self._parts and not self._closed:
+                    self._outstanding[tr.req_id] = self._outstanding.get(tr.req_id, 0) + 1
+        if not self._parts or self._closed:
+            return
+        if self._gpu is not None:  # GPU hook (tidepool.cuda)
+            self._gpu.mark_saves(meta.saves)
         for tr in meta.saves:
             self._save_q.put(tr)
         if self._saver is None:
@@ -612,13 +1066,13 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             self._saver.start()
 
     def _save_loop(self):
-        link = _Link(self._socket, self._timeout_s, self._retry_s, "worker-save")
+        link = _Link(self._s.socket, self._s.timeout_s, self._s.retry_s, "worker-save")
         while True:
             tr = self._save_q.get()
             if tr is None:
-                return
+                break
             try:
-                self._save(link, tr)
+                self.save(link, tr)
             except Exception as e:  # noqa: BLE001
                 _once.warn("save:%s" % type(e).__name__, "save failed: %s", e)
             finally:
@@ -629,62 +1083,82 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                     else:
                         self._outstanding[tr.req_id] = n
                     self._idle.notify_all()
+        link.close()
 
-    def _save(self, link, tr):
+    def save(self, link, tr):
+        """Saves one transfer (a run of consecutive blocks of one request),
+        DRAM_SHARE of the sidecar's DRAM at a time: Reserve, write each
+        block (header, then every part) into its slot, Commit with each
+        block's CRC-32C. Blocks another engine stored first (EXISTS) count
+        as stored. Reports what was stored (for BlockStored events) and
+        what failed (to be offered again)."""
+        if self._gpu is not None:  # GPU hook (tidepool.cuda)
+            return self._gpu.save(self._gpu_conn, link, tr)
         t0 = time.perf_counter()
-        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
-            return self._gpu.save(self, link, tr)
-        c = link.get()
-        if c is None:
-            _count("save_errors", len(tr.keys))
-            return
-        size = HEADER_BYTES + self._block_bytes
-        header = self._header()
+        size = self.block_bytes
+        n = len(tr.keys)
+        stored = []  # indexes into tr.keys, in order
+        i = 0
+        while i < n:
+            c = link.get()
+            if c is None:
+                break
+            m = min(link.chunk(size), n - i)
+            got = self._save_chunk(link, c, tr, i, m)
+            if got is None:
+                break
+            stored.extend(got)
+            i += m
+        failed = sorted(set(range(n)) - set(stored))
+        _count("save_errors", len(failed))
+        _count("save_seconds", time.perf_counter() - t0)
+        with self._lock:
+            if failed:
+                self._failed.extend(tr.keys[j] for j in failed)
+            # One BlockStored per run of consecutive stored blocks.
+            run = []
+            for j in stored + [None]:
+                if run and (j is None or j != run[-1] + 1):
+                    parent = tr.keys[run[0] - 1] if run[0] > 0 else tr.parent
+                    self._stored.append(([tr.keys[k] for k in run], parent, self._block_size))
+                    run = []
+                if j is not None:
+                    run.append(j)
+
+    def _save_chunk(self, link, c, tr, i, m):
+        """Blocks i..i+m of tr: one Reserve, the writes, one Commit. Returns
+        the indexes stored (EXISTS included), or None when the sidecar
+        failed (the rest of the transfer is dropped)."""
+        size = self.block_bytes
+        header = self._header
         try:
-            rs = c.reserve(self._ns, [(k, size, tr.first_index + i) for i, k in enumerate(tr.keys)])
+            _count("rpc_reserve")
+            rs = c.reserve(self._ns, [(tr.keys[j], size, tr.first_index + j) for j in range(i, i + m)])
         except Exception as e:  # noqa: BLE001
             if _is_server_error(e):
                 _once.warn("reserve:%s" % e.code, "Reserve refused (%s); not saving", e)
             else:
                 link.failed(e)
-            _count("save_errors", len(tr.keys))
-            return
-        commits, stored = [], []
+            return None
+        writes, commits, where, stored = [], [], [], []
+        for k, r in enumerate(rs):
+            j = i + k
+            if r.code == ErrorCode.EXISTS:
+                _count("save_exists")
+                stored.append(j)
+                continue
+            if r.code != OK:
+                _once.warn("reserve-item:%s" % r.code, "block not saved (%s: %s)",
+                           ErrorCode._VALUES_TO_NAMES.get(r.code, r.code), r.message)
+                continue
+            bid = tr.block_ids[j]
+            data = [header] + [self._host_row(p, bid) for p in self._parts]
+            writes.append((r.slot, data))
+            commits.append((r.token, _crc.crc32c_parts(data), tr.metas[j] if tr.metas else None))
+            where.append(j)
         try:
-            for i, r in enumerate(rs):
-                if r.code == ErrorCode.EXISTS:
-                    _count("save_exists")
-                    continue
-                if r.code != OK:
-                    _once.warn("reserve-item:%s" % r.code, "block not saved (%s: %s)",
-                               ErrorCode._VALUES_TO_NAMES.get(r.code, r.code), r.message)
-                    _count("save_errors")
-                    continue
-                parts = self._host_parts(tr.block_ids[i])
-                if parts is not None:
-                    # Host memory, contiguous per layer: the client copies
-                    # the parts into the slot itself (a keyed mapping, or
-                    # one pwritev), with no mapping made per block.
-                    c.write_slot(r.slot, [header] + parts)
-                    v = c.slot_view(r.slot)
-                    try:
-                        crc = _crc.crc32c(v)
-                    finally:
-                        v.release()
-                else:
-                    with c.writable_slot(r.slot) as v:
-                        dst = torch.frombuffer(v, dtype=torch.uint8)
-                        dst[:HEADER_BYTES].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
-                        off = HEADER_BYTES
-                        bid = tr.block_ids[i]
-                        for _name, t, bdim, nbytes in self._layers:
-                            src = t.select(bdim, bid)
-                            dst[off:off + nbytes].view(t.dtype).view(src.shape).copy_(src)
-                            off += nbytes
-                        del dst
-                        crc = _crc.crc32c(v)
-                commits.append((r.token, crc, tr.metas[i] if tr.metas else None))
-                stored.append(i)
+            if writes:
+                c.write_slots(writes)
         except BaseException as e:
             try:
                 c.abort([r.token for r in rs if r.code == OK])
@@ -692,54 +1166,43 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
                 pass
             if not _is_server_error(e) and not isinstance(e, (ValueError, RuntimeError)):
                 link.failed(e)
+                return None
             raise
         if not commits:
-            return
+            return stored
         try:
+            _count("rpc_commit")
             codes = c.commit(commits)
         except Exception as e:  # noqa: BLE001
             if not _is_server_error(e):
                 link.failed(e)
-            _count("save_errors", len(commits))
-            return
-        good = [tr.keys[i] for i, code in zip(stored, codes) if code in (OK, ErrorCode.EXISTS)]
-        n = sum(1 for code in codes if code == OK)
-        _count("saved_blocks", n)
-        _count("saved_bytes", n * size)
-        _count("save_seconds", time.perf_counter() - t0)
-        if good:
-            parent = tr.keys[stored[0] - 1] if stored and stored[0] > 0 else None
-            with self._lock:
-                self._stored.append((good, parent, self._block_size))
+                return None
+            return stored
+        good = [j for j, code in zip(where, codes) if code in (OK, ErrorCode.EXISTS)]
+        k = sum(1 for code in codes if code == OK)
+        _count("saved_blocks", k)
+        _count("saved_bytes", k * size)
+        return sorted(stored + good)
 
-    def _host_parts(self, bid):
-        """Block bid of every layer as a byte buffer over the KV tensors'
-        own memory, in layer order, or None when a layer's block is not in
-        host memory or not contiguous (a GPU's KV cache, FlashAttention's
-        K/V split): those go through writable_slot and torch's copy_."""
-        parts = []
-        for _name, t, bdim, nbytes in self._layers:
-            src = t.select(bdim, bid)
-            if src.device.type != "cpu" or not src.is_contiguous():
-                return None
-            try:
-                b = src.reshape(-1).view(torch.uint8).numpy()
-            except (RuntimeError, TypeError):  # a dtype numpy or view() refuses
-                return None
-            if b.nbytes != nbytes:
-                return None
-            parts.append(b)
-        return parts
+    @staticmethod
+    def _host_row(p, bid):
+        """Block bid's bytes of part p as a byte buffer: a view of the KV
+        tensor's own memory in host memory, a copy to the host otherwise
+        (a GPU's KV cache)."""
+        row = p.rows[bid]
+        if row.device.type != "cpu":
+            row = row.to("cpu")
+        return row.view(torch.uint8).numpy()
 
-    def _drain_saves(self, timeout_s=60.0):
+    # -- completion, shutdown -----------------------------------------------------
+    def drain(self, timeout_s=60.0):
+        """Waits (at most timeout_s) for the saves queued so far; True when
+        none is left."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while self._outstanding and time.monotonic() < deadline:
                 self._idle.wait(timeout=0.1)
-
-    def handle_preemptions(self, kv_connector_metadata):
-        # Preempted requests' blocks are about to be reused: finish reading them.
-        self._drain_saves()
+            return not self._outstanding
 
     def get_finished(self, finished_req_ids):
         with self._lock:
@@ -749,41 +1212,32 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             self._save_reqs -= done
         return (done or None), None
 
-    def get_block_ids_with_load_errors(self):
-        errs, self._load_errors = self._load_errors, set()
-        return errs
-
-    def build_connector_worker_meta(self):
+    def build_worker_meta(self):
         with self._lock:
             stored, self._stored = self._stored, []
-        if not stored:
+            failed, self._failed = self._failed, []
+        if not stored and not failed:
             return None
-        return TidepoolWorkerMetadata(stored=stored)
+        return TidepoolWorkerMetadata(stored=stored, failed=failed)
 
     def shutdown(self):
-        if getattr(self, "_saver", None) is not None:
-            self._drain_saves(timeout_s=10.0)
+        """Lets the saves in flight finish (at most shutdown_timeout_s),
+        then stops the saver and releases the leases this worker holds.
+        Safe to call twice (vLLM's shutdown, then atexit)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._saver is not None:
+            t0 = time.monotonic()
+            if not self.drain(self._s.shutdown_timeout_s):
+                logger.warning("tidepool: %d saves not finished after shutdown_timeout_s=%.0fs; dropped",
+                               sum(self._outstanding.values()), self._s.shutdown_timeout_s)
+            elif time.monotonic() - t0 > 0.1:
+                logger.info("tidepool: waited %.1fs for the last saves", time.monotonic() - t0)
             self._save_q.put(None)
-        if getattr(self, "_gpu", None) is not None:  # GPU hook (tidepool.cuda)
+            self._saver.join(timeout=5)
+        self._flush_releases()
+        if self._gpu is not None:  # GPU hook (tidepool.cuda)
             self._gpu.close()
-        link = getattr(self, "_load_link", None) or getattr(self, "_link", None)
-        if link is not None and link.client is not None:
-            try:
-                link.client.close()
-            except Exception:  # noqa: BLE001
-                pass
-
-
-try:
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata as _WM
-except ImportError:  # pragma: no cover
-    _WM = object
-
-
-@dataclass
-class TidepoolWorkerMetadata(_WM):
-    """Worker -> scheduler: blocks saved since the last step (for events)."""
-    stored: list = field(default_factory=list)
-
-    def aggregate(self, other):
-        return TidepoolWorkerMetadata(stored=list(self.stored) + list(getattr(other, "stored", [])))
+        self._link.close()
