@@ -146,6 +146,8 @@ func (c *Cluster) Start(ctx context.Context) error {
 	mc.TCPTimeout = c.cfg.TCPTimeout
 	mc.RetransmitMult = c.cfg.RetransmitMult
 	mc.IndirectChecks = max(c.cfg.IndirectChecks, 0)
+	mc.SuspicionMaxTimeoutMult = c.cfg.SuspicionMaxTimeoutMult
+	mc.AwarenessMaxMultiplier = c.cfg.AwarenessMaxMultiplier
 	mc.DeadNodeReclaimTime = c.cfg.DeadNodeReclaimTime
 	mc.GossipToTheDeadTime = max(2*c.cfg.PushPullInterval, 5*c.cfg.ProbeInterval)
 	d := delegate{c: c}

@@ -80,17 +80,35 @@ type Config struct {
 	// Protocol to ProtocolVersion.
 	Meta Meta
 
-	// Failure detection and gossip timings (see memberlist.Config).
-	// Defaults are memberlist's LAN defaults.
-	ProbeInterval    time.Duration // default 1 s
-	ProbeTimeout     time.Duration // default 500 ms
-	SuspicionMult    int           // default 4
-	GossipInterval   time.Duration // default 200 ms
+	// Failure detection and gossip timings (see memberlist.Config). The
+	// defaults are tuned for a failure seen within about 3 s on a LAN
+	// (docs/scale.md): memberlist declares a suspect failed after
+	// SuspicionMult x max(1, log10(members)) x ProbeInterval, so the
+	// defaults detect a killed member in about 1.8 s at 10 members, 2.8 s
+	// at 100 and 3.8 s at 1,000, where memberlist's LAN defaults (1 s,
+	// 500 ms, 4, 200 ms) took 5-6 s at 3 members. A probe waits the whole
+	// ProbeInterval for a late or indirect answer, so a member stalled for
+	// less than that (a 300 ms pause) is not suspected.
+	ProbeInterval    time.Duration // default 500 ms
+	ProbeTimeout     time.Duration // default 250 ms (then indirect probes)
+	SuspicionMult    int           // default 2
+	GossipInterval   time.Duration // default 100 ms
 	GossipNodes      int           // default 3
 	PushPullInterval time.Duration // default 30 s
 	TCPTimeout       time.Duration // default 10 s
 	RetransmitMult   int           // default 4
 	IndirectChecks   int           // default 3; negative: none
+	// SuspicionMaxTimeoutMult is Lifeguard's upper bound on a suspicion:
+	// a member suspected by one node alone is declared failed after this
+	// many times the minimum suspicion timeout; each independent
+	// confirmation (SuspicionMult-2 expected) shortens it toward the
+	// minimum. Default 6.
+	SuspicionMaxTimeoutMult int
+	// AwarenessMaxMultiplier is Lifeguard's local health awareness: a node
+	// that misses its own acks (it is the slow one) stretches its probe
+	// interval and timeout up to this factor instead of suspecting
+	// others. Default 8.
+	AwarenessMaxMultiplier int
 	// DeadNodeReclaimTime lets a dead node's name be taken by a new address
 	// after this long (a restarted pod with a new IP). Default 10 s.
 	DeadNodeReclaimTime time.Duration
@@ -119,26 +137,28 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		NodeName:            host,
-		BindAddr:            "0.0.0.0",
-		BindPort:            DefaultPort,
-		JoinRetryInterval:   time.Second,
-		JoinRetryMax:        30 * time.Second,
-		JoinWait:            5 * time.Second,
-		JoinRefreshInterval: 30 * time.Second,
-		ProbeInterval:       time.Second,
-		ProbeTimeout:        500 * time.Millisecond,
-		SuspicionMult:       4,
-		GossipInterval:      200 * time.Millisecond,
-		GossipNodes:         3,
-		PushPullInterval:    30 * time.Second,
-		TCPTimeout:          10 * time.Second,
-		RetransmitMult:      4,
-		IndirectChecks:      3,
-		DeadNodeReclaimTime: 10 * time.Second,
-		EventBuffer:         4096,
-		Tombstone:           10 * time.Minute,
-		ReconnectInterval:   10 * time.Second,
+		NodeName:                host,
+		BindAddr:                "0.0.0.0",
+		BindPort:                DefaultPort,
+		JoinRetryInterval:       time.Second,
+		JoinRetryMax:            30 * time.Second,
+		JoinWait:                5 * time.Second,
+		JoinRefreshInterval:     30 * time.Second,
+		ProbeInterval:           500 * time.Millisecond,
+		ProbeTimeout:            250 * time.Millisecond,
+		SuspicionMult:           2,
+		GossipInterval:          100 * time.Millisecond,
+		GossipNodes:             3,
+		PushPullInterval:        30 * time.Second,
+		TCPTimeout:              10 * time.Second,
+		RetransmitMult:          4,
+		IndirectChecks:          3,
+		SuspicionMaxTimeoutMult: 6,
+		AwarenessMaxMultiplier:  8,
+		DeadNodeReclaimTime:     10 * time.Second,
+		EventBuffer:             4096,
+		Tombstone:               10 * time.Minute,
+		ReconnectInterval:       10 * time.Second,
 	}
 }
 
@@ -192,6 +212,7 @@ func (c Config) withDefaults() Config {
 		{&c.SuspicionMult, &d.SuspicionMult}, {&c.GossipNodes, &d.GossipNodes},
 		{&c.RetransmitMult, &d.RetransmitMult}, {&c.IndirectChecks, &d.IndirectChecks},
 		{&c.EventBuffer, &d.EventBuffer},
+		{&c.SuspicionMaxTimeoutMult, &d.SuspicionMaxTimeoutMult}, {&c.AwarenessMaxMultiplier, &d.AwarenessMaxMultiplier},
 	} {
 		if *f.p == 0 {
 			*f.p = *f.def
@@ -256,6 +277,7 @@ func (c Config) Validate() error {
 	}{
 		{"SuspicionMult", c.SuspicionMult}, {"GossipNodes", c.GossipNodes},
 		{"RetransmitMult", c.RetransmitMult}, {"EventBuffer", c.EventBuffer},
+		{"SuspicionMaxTimeoutMult", c.SuspicionMaxTimeoutMult}, {"AwarenessMaxMultiplier", c.AwarenessMaxMultiplier},
 	} {
 		if n.v <= 0 {
 			bad("%s %d must be > 0", n.name, n.v)

@@ -188,10 +188,13 @@ func BenchmarkRingOwner(b *testing.B) {
 	}
 }
 
+// BenchmarkNewRing: a ring rebuild at fleet sizes up to 5,000 members
+// (docs/scale.md). One rebuild scores every member for every partition.
 func BenchmarkNewRing(b *testing.B) {
-	for _, n := range []int{10, 100} {
+	for _, n := range []int{10, 100, 1000, 5000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			ms := names(n)
+			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
 				mustRing(b, ms, DefaultRingConfig())
 			}

@@ -285,3 +285,23 @@ func TestZeroConfigIsDefault(t *testing.T) {
 		t.Fatalf("Ring{Replicas: 2} with defaults = %+v, want %+v", got, want)
 	}
 }
+
+// TestDrainCoalesces: the events queued behind one make a single rebuild,
+// and gaps among them are still counted.
+func TestDrainCoalesces(t *testing.T) {
+	ch := make(chan cluster.Event, 8)
+	for _, s := range []uint64{2, 3, 5, 6} {
+		ch <- cluster.Event{Seq: s}
+	}
+	last := uint64(0)
+	n, gaps, open := drain(cluster.Event{Seq: 1}, ch, &last)
+	if n != 5 || gaps != 1 || !open || last != 6 || len(ch) != 0 {
+		t.Fatalf("drain = n %d gaps %d open %v last %d left %d; want 5 1 true 6 0", n, gaps, open, last, len(ch))
+	}
+	ch <- cluster.Event{Seq: 9}
+	close(ch)
+	n, gaps, open = drain(cluster.Event{Seq: 7}, ch, &last)
+	if n != 2 || gaps != 1 || open {
+		t.Fatalf("drain after close = n %d gaps %d open %v; want 2 1 false", n, gaps, open)
+	}
+}

@@ -1,0 +1,246 @@
+// Command tidepool-scale measures tidepool's cluster layer at fleet scale on
+// one machine: up to thousands of real cluster members (cluster.Cluster,
+// each a real memberlist with its own UDP and TCP sockets on loopback, the
+// real node metadata and signatures off) in one process, or spread over
+// child processes so that whole processes can be starved with SIGSTOP.
+// Placement uses the real cluster.Ring and the real proxy/clusterview.View.
+// Nothing else of a sidecar runs: no engine API, no peer API, no transfers,
+// no tiers (docs/scale.md says what each figure covers).
+//
+//	tidepool-scale -nodes 1000 -scenario converge,detect,gossip
+//	tidepool-scale -nodes 400 -procs 4 -scenario starve
+//	tidepool-scale -scenario ring
+//	tidepool-scale -nodes 1000 -scenario churn
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/cluster"
+)
+
+type options struct {
+	nodes     int
+	procs     int
+	prof      profile
+	parallel  int
+	kills     int
+	window    time.Duration
+	starve    time.Duration
+	pause     time.Duration
+	jsonOut   bool
+	childArgs []string // timing overrides passed on to children
+}
+
+func main() {
+	var o options
+	var scen, prof string
+	var child bool
+	var join string
+	flag.IntVar(&o.nodes, "nodes", 1000, "cluster members")
+	flag.IntVar(&o.procs, "procs", 4, "child processes hosting the members (starve scenario)")
+	flag.StringVar(&prof, "profile", string(profShipped), "gossip timings: shipped (cluster.DefaultConfig), lan (memberlist's LAN defaults, tidepool's before 2026-12-06), local (the tests')")
+	flag.IntVar(&o.parallel, "parallel", 8, "members started at once")
+	flag.IntVar(&o.kills, "kills", 5, "members killed one after another (detect scenario)")
+	flag.DurationVar(&o.window, "window", 10*time.Second, "steady-state window for the gossip byte count")
+	flag.DurationVar(&o.starve, "starve-for", 30*time.Second, "how long the starve scenario stops processes")
+	flag.DurationVar(&o.pause, "pause", 300*time.Millisecond, "how long each SIGSTOP lasts (starve scenario)")
+	flag.StringVar(&scen, "scenario", "converge,detect,gossip", "comma-separated: converge, detect, gossip, starve, ring, churn")
+	flag.BoolVar(&o.jsonOut, "json", false, "one JSON object per figure instead of text")
+	flag.BoolVar(&child, "child", false, "internal: host members for a parent process")
+	flag.StringVar(&join, "join", "", "internal: a member to join (child)")
+	var pi, pt, gi, pp time.Duration
+	var sm, smax, gn int
+	flag.DurationVar(&pi, "probe-interval", 0, "override the profile's ProbeInterval")
+	flag.DurationVar(&pt, "probe-timeout", 0, "override the profile's ProbeTimeout")
+	flag.DurationVar(&gi, "gossip-interval", 0, "override the profile's GossipInterval")
+	flag.DurationVar(&pp, "push-pull-interval", 0, "override the profile's PushPullInterval")
+	flag.IntVar(&sm, "suspicion-mult", 0, "override the profile's SuspicionMult")
+	flag.IntVar(&smax, "suspicion-max-mult", 0, "override the profile's SuspicionMaxTimeoutMult")
+	flag.IntVar(&gn, "gossip-nodes", 0, "override the profile's GossipNodes")
+	flag.Parse()
+	var childArgs []string
+	flag.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "probe-interval", "probe-timeout", "gossip-interval", "push-pull-interval", "suspicion-mult", "suspicion-max-mult", "gossip-nodes":
+			childArgs = append(childArgs, "-"+f.Name, f.Value.String())
+		}
+	})
+	o.childArgs = childArgs
+	overrides = func(c *cluster.Config) {
+		for _, d := range []struct {
+			p *time.Duration
+			v time.Duration
+		}{{&c.ProbeInterval, pi}, {&c.ProbeTimeout, pt}, {&c.GossipInterval, gi}, {&c.PushPullInterval, pp}} {
+			if d.v > 0 {
+				*d.p = d.v
+			}
+		}
+		for _, d := range []struct {
+			p *int
+			v int
+		}{{&c.SuspicionMult, sm}, {&c.SuspicionMaxTimeoutMult, smax}, {&c.GossipNodes, gn}} {
+			if d.v > 0 {
+				*d.p = d.v
+			}
+		}
+	}
+	o.prof = profile(prof)
+	if _, err := o.prof.config("x"); err != nil {
+		fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if child {
+		if err := runChild(ctx, o, join); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	r := &reporter{json: o.jsonOut}
+	r.note("profile", string(o.prof))
+	for _, s := range strings.Split(scen, ",") {
+		var err error
+		switch strings.TrimSpace(s) {
+		case "converge", "detect", "gossip":
+			// run together on one fleet, below
+			continue
+		case "starve":
+			err = runStarve(ctx, o, r)
+		case "ring":
+			err = runRing(r)
+		case "churn":
+			err = runChurn(ctx, o, r)
+		default:
+			err = fmt.Errorf("unknown scenario %q", s)
+		}
+		if err != nil {
+			fatal(err)
+		}
+	}
+	if want := fleetScenarios(scen); len(want) > 0 {
+		if err := runFleet(ctx, o, want, r); err != nil {
+			fatal(err)
+		}
+	}
+}
+
+func fleetScenarios(scen string) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range strings.Split(scen, ",") {
+		switch s = strings.TrimSpace(s); s {
+		case "converge", "detect", "gossip":
+			out[s] = true
+		}
+	}
+	return out
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "tidepool-scale:", err)
+	os.Exit(1)
+}
+
+// reporter prints figures as aligned text or JSON lines.
+type reporter struct{ json bool }
+
+func (r *reporter) note(k, v string) {
+	if r.json {
+		b, _ := json.Marshal(map[string]string{k: v})
+		fmt.Println(string(b))
+		return
+	}
+	fmt.Printf("# %s: %s\n", k, v)
+}
+
+func (r *reporter) fig(name string, v float64, unit string, extra ...any) {
+	if r.json {
+		m := map[string]any{"figure": name, "value": v, "unit": unit}
+		for i := 0; i+1 < len(extra); i += 2 {
+			m[fmt.Sprint(extra[i])] = extra[i+1]
+		}
+		b, _ := json.Marshal(m)
+		fmt.Println(string(b))
+		return
+	}
+	var sb strings.Builder
+	for i := 0; i+1 < len(extra); i += 2 {
+		fmt.Fprintf(&sb, " %v=%v", extra[i], extra[i+1])
+	}
+	fmt.Printf("%-44s %12.4g %-8s%s\n", name, v, unit, sb.String())
+}
+
+// childStatus is what a child prints, one JSON line every 250 ms.
+type childStatus struct {
+	Seed          string `json:"seed,omitempty"`
+	Members       int    `json:"members"`
+	LiveMin       int    `json:"live_min"`
+	RefuteSuspect int64  `json:"refute_suspect"`
+	RefuteDead    int64  `json:"refute_dead"`
+	MarkedFailed  int64  `json:"marked_failed"`
+	Failed        int    `json:"failed"` // members some member of this child holds failed
+}
+
+// runChild hosts o.nodes members, joined to join (or seeding the fleet),
+// and reports on stdout until stdin closes or a signal arrives.
+func runChild(ctx context.Context, o options, join string) error {
+	f := newFleet(o.prof, fmt.Sprintf("p%d-", os.Getpid()))
+	defer f.close()
+	var seeds []string
+	if join != "" {
+		seeds = []string{join}
+	}
+	first, err := f.add(ctx, 1, 1, seeds)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(os.Stdout)
+	_ = enc.Encode(childStatus{Seed: first[0].c.Addr()})
+	if _, err := f.add(ctx, o.nodes-1, o.parallel, seeds); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+		}
+		close(done)
+	}()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ns := f.all()
+		st := childStatus{Members: len(ns), LiveMin: liveMin(ns)}
+		failed := map[string]bool{}
+		for _, nd := range ns {
+			st.RefuteSuspect += nd.log.refuteSuspect.Load()
+			st.RefuteDead += nd.log.refuteDead.Load()
+			st.MarkedFailed += nd.log.markedFailed.Load()
+			for _, m := range nd.c.Members() {
+				if m.State.String() == "failed" {
+					failed[m.Name] = true
+				}
+			}
+		}
+		st.Failed = len(failed)
+		if err := enc.Encode(st); err != nil {
+			return nil // the parent went away
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-done:
+			return nil
+		case <-t.C:
+		}
+	}
+}
