@@ -368,7 +368,6 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 	results = make([]error, len(items))
 	r := p.router()
 	var stored []PutItem
-	prev := -1 // the last item this batch stored anew
 	for i, it := range items {
 		if err := p.checkKey(it.Key); err != nil {
 			results[i] = err
@@ -395,26 +394,6 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		case existed:
 			results[i] = cache.ErrExists
 		}
-		if err == nil && !existed {
-			if prev >= 0 && p.pushedOut(ctx, ns, items[prev].Key) {
-				// Placing this block evicted the one this batch placed
-				// before it: the batch is larger than the room. Going on,
-				// each block would push out its predecessor in turn (a
-				// chain's tail goes first), leaving the chain's head and one
-				// orphan no lookup reaches. Keep the head: take this block
-				// back, put the one it pushed out again in the room that
-				// frees, and refuse the rest.
-				_, _ = p.store.Delete(ctx, ns, it.Key)
-				_, _ = p.store.Put(ctx, ns, items[prev].Key, items[prev].Value, items[prev].Opts)
-				for j := i; j < len(items); j++ {
-					if results[j] == nil {
-						results[j] = fmt.Errorf("%w: the batch is larger than the room: its block %d pushed out block %d of the same batch", cache.ErrNoSpace, i, prev)
-					}
-				}
-				break
-			}
-			prev = i
-		}
 		if err == nil && r != nil {
 			stored = append(stored, it)
 		}
@@ -425,13 +404,6 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		}
 	}
 	return results, nil
-}
-
-// pushedOut reports whether the block (ns, key), stored moments ago by
-// the same batch, is no longer held by any tier.
-func (p *Proxy) pushedOut(ctx context.Context, ns string, key []byte) bool {
-	_, ok := p.store.Stat(ctx, ns, key)
-	return !ok
 }
 
 // Get returns a copy of one block's bytes, verified against its checksum.
