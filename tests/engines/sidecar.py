@@ -69,12 +69,17 @@ class Sidecar:
         except OSError:
             return ""
 
-    def counter(self, name):
-        """Sum of a Prometheus counter over its labels."""
+    def counter(self, name, **labels):
+        """Sum of a Prometheus counter over the series whose labels include
+        labels (counter("x_total", method="Reserve"))."""
         body = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
+        want = ['%s="%s"' % kv for kv in labels.items()]
         total = 0.0
         for line in body.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
+            if not (line.startswith(name + " ") or line.startswith(name + "{")):
+                continue
+            head = line.rsplit(" ", 1)[0]
+            if all(w in head for w in want):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 

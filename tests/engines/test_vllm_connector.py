@@ -16,13 +16,10 @@ must differ by more than 100x ABS_TOL.
 import json
 import os
 import random
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.request
 
@@ -33,96 +30,12 @@ sys.path.insert(0, HERE)
 
 import tidepool  # noqa: E402
 from run_engine import vllm_hashes_of, write_tiny_llama  # noqa: E402
+from sidecar import Sidecar, free_port, poll  # noqa: E402
 
 BIN = os.path.join(ROOT, "bin", "tidepool")
 BLOCK = 32  # the CPU attention backend wants a multiple of 32
 ABS_TOL = 1e-4
 ENGINE_TIMEOUT_S = float(os.environ.get("ENGINE_TIMEOUT_S", "600"))
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def poll(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for " + what)
-        time.sleep(0.05)
-
-
-class Sidecar:
-    """A real `tidepool serve` on a scratch directory."""
-
-    def __init__(self, root, name, extra=()):
-        self.dir = os.path.join(root, name)
-        os.makedirs(self.dir, exist_ok=True)
-        self.socket = os.path.join(self.dir, "tp.sock")
-        self.name = name
-        self.extra = list(extra)
-        self.proc = None
-        self.metrics = None
-
-    def start(self):
-        self.log = open(os.path.join(self.dir, "serve.log"), "ab")
-        self.proc = subprocess.Popen(
-            [BIN, "serve", "--socket", self.socket, "--data-dir", os.path.join(self.dir, "data"),
-             "--arena-dir", os.path.join(self.dir, "arenas"), "--dram-capacity", "64MiB",
-             "--max-value-size", "8MiB", "--metrics-addr", "127.0.0.1:0", "--ssd-capacity", "0",
-             "--log-level", "warn", "--node-name", self.name] + self.extra,
-            stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
-        line = self.proc.stdout.readline().decode()
-        m = re.search(r"metrics (http://\S+/metrics)", line)
-        if not m:
-            self.stop()
-            raise AssertionError("sidecar %s did not start: %r\n%s" % (self.name, line, self.stderr()))
-        self.metrics = m.group(1)
-        return self
-
-    def stderr(self):
-        try:
-            return open(os.path.join(self.dir, "serve.log")).read()[-4000:]
-        except OSError:
-            return ""
-
-    def counter(self, name, **labels):
-        """Sum of a Prometheus counter over the series whose labels include
-        labels (counter("x_total", method="Reserve"))."""
-        body = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
-        want = ['%s="%s"' % kv for kv in labels.items()]
-        total = 0.0
-        for line in body.splitlines():
-            if not (line.startswith(name + " ") or line.startswith(name + "{")):
-                continue
-            head = line.rsplit(" ", 1)[0]
-            if all(w in head for w in want):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc and self.proc.stdout:
-            self.proc.stdout.close()
 
 
 def kv_config(socket, **extra):
