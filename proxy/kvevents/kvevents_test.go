@@ -149,7 +149,9 @@ func readMessageLarge(r *bufio.Reader) ([][]byte, bool, error) {
 }
 
 func TestPublishGapAndSnapshot(t *testing.T) {
-	p := started(t, Config{QueueEvents: 2})
+	// One event per batch: the goroutine that took "stall" below cannot
+	// also take queued changes before it waits for smu.
+	p := started(t, Config{QueueEvents: 2, BatchEvents: 1})
 	_, r, _ := dialSub(t, p.Addr(), "SUB")
 	// The subscription arrives asynchronously: publish until one is seen.
 	k := []byte("first-key")
