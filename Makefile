@@ -30,12 +30,16 @@ NORACE_PATTERNS = $(foreach n,$(NORACE),$(MODULE)/$(n) $(MODULE)/$(n)/%)
 NORACE_PKGS = $(filter $(NORACE_PATTERNS),$(ALL_PKGS))
 RACE_PKGS = $(filter-out $(NORACE_PATTERNS),$(ALL_PKGS))
 
-.PHONY: deps tools build run test test-go test-python bench fmt-check lint tidy-check list-pkgs clean
+.PHONY: deps sysdeps tools build run test test-go test-python bench fmt-check lint tidy-check list-pkgs clean
 
-deps:
-	scripts/install-deps.sh
+deps: sysdeps
 	$(GO) mod download
 	$(MAKE) --no-print-directory tools
+
+# The Debian packages (librocksdb-dev for cgo, ...): only queries dpkg when
+# they are all present, so `make build` on a fresh machine works first.
+sysdeps:
+	scripts/install-deps.sh
 
 tools: $(STATICCHECK)
 
@@ -46,7 +50,7 @@ $(STATICCHECK):
 # checkout; without git, the binary falls back to its build information.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
-build:
+build: sysdeps
 	mkdir -p bin
 	$(GO) build -ldflags '$(if $(VERSION),-X main.version=$(VERSION))' -o $(BIN) ./cmd/tidepool
 
