@@ -22,10 +22,13 @@ VENV=${VENV:-.venv-engines}
 VENV=$VENV scripts/install-engines.sh >/dev/null
 mkdir -p bin
 go build -o bin/tidepool ./cmd/tidepool
-base=/tmp
-[[ -d /dev/shm && -w /dev/shm ]] && base=/dev/shm
-tmp=$(mktemp -d "$base/tp-bench-vllm.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+# Files (the SSD tier, ExampleConnector's safetensors, logs) on disk; the
+# sidecars' DRAM arenas in shared memory, as in a pod.
+tmp=$(mktemp -d /tmp/tp-bench-vllm.XXXXXX)
+shm=$tmp
+[[ -d /dev/shm && -w /dev/shm ]] && shm=$(mktemp -d /dev/shm/tp-bench-vllm.XXXXXX)
+trap 'rm -rf "$tmp" "$shm"' EXIT
+export BENCH_SHM=$shm
 export PYTHONPATH=$PWD/clients/python${PYTHONPATH:+:$PYTHONPATH}
 if [[ -n "${BENCH_BEFORE:-}" ]]; then
 	mkdir -p "$tmp/before"
@@ -40,7 +43,7 @@ VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
 # The yardstick: zero-copy GETs of the same block size (docs/bench.md).
 layers=${BENCH_LAYERS:-8}
 size=$((bs * layers * 4 * 64 * 2 * 4 + 64))
-bin/tidepool serve --socket "$tmp/y.sock" --data-dir "$tmp/ydata" --arena-dir "$tmp/yarenas" \
+bin/tidepool serve --socket "$tmp/y.sock" --data-dir "$tmp/ydata" --arena-dir "$shm/yarenas" \
 	--dram-capacity 2GiB --max-value-size 64MiB --metrics-addr 127.0.0.1:0 --ssd-capacity 0 \
 	--log-level warn </dev/null >"$tmp/y.out" 2>"$tmp/y.log" &
 ypid=$!

@@ -52,7 +52,8 @@ def serve(bin_, tmp, name, extra):
     os.makedirs(d, exist_ok=True)
     sock = os.path.join(d, "tp.sock")
     p = subprocess.Popen([bin_, "serve", "--socket", sock, "--data-dir", os.path.join(d, "data"),
-                          "--arena-dir", os.path.join(d, "arenas"), "--metrics-addr", "127.0.0.1:0",
+                          "--arena-dir", os.path.join(os.environ.get("BENCH_SHM", d), name + "-arenas"),
+                          "--metrics-addr", "127.0.0.1:0",
                           "--log-level", "warn", "--node-name", name] + extra,
                          stdout=subprocess.PIPE, stderr=open(os.path.join(d, "serve.log"), "wb"),
                          stdin=subprocess.DEVNULL)
