@@ -30,7 +30,7 @@ NORACE_PATTERNS = $(foreach n,$(NORACE),$(MODULE)/$(n) $(MODULE)/$(n)/%)
 NORACE_PKGS = $(filter $(NORACE_PATTERNS),$(ALL_PKGS))
 RACE_PKGS = $(filter-out $(NORACE_PATTERNS),$(ALL_PKGS))
 
-.PHONY: deps sysdeps tools build run test test-go test-python bench fmt-check lint tidy-check list-pkgs clean
+.PHONY: deps sysdeps tools build run check test test-go test-python bench fmt-check lint tidy-check list-pkgs clean
 
 deps: sysdeps
 	$(GO) mod download
@@ -154,6 +154,14 @@ test-python:
 # Placeholder: Go benchmarks of the real-socket path.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./proxy/... ./client/...
+
+# The inner loop (about two minutes on 2 cores): formatting, vet, and the
+# unit tests; `-short` leaves out every test that starts a real `tidepool
+# serve`, a memberlist cluster or a long simulation. `make test` runs all.
+check:
+	@$(MAKE) --no-print-directory fmt-check
+	$(GO) vet ./...
+	$(GO) test -short -count=1 ./...
 
 fmt-check:
 	@files=$$(find . \( -path ./.git -o -path ./.cache -o -path ./bin \) -prune -o -name '*.go' -print)

@@ -117,6 +117,9 @@ func TestBlobGCOnlyInTierCompaction(t *testing.T) {
 // child dying of SIGABRT). Flush now waits for a running compaction. A
 // regression shows up as the test binary aborting.
 func TestFlushBesideCompaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("120 rounds of flushes and compactions: not in -short")
+	}
 	cfg := testConfig(t.TempDir())
 	cfg.ValueLogMin = -1 // deleted blocks are garbage in RocksDB: compactions
 	cfg.WriteBufferSize = 2 * mib

@@ -97,6 +97,9 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 // startDaemonBin is startDaemonWith running the binary bin.
 func startDaemonBin(t *testing.T, bin string, prefix []string, extra ...string) *daemon {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("a real tidepool serve process: not in -short")
+	}
 	sockDir, err := os.MkdirTemp("", "tpcli")
 	if err != nil {
 		t.Fatal(err)

@@ -163,6 +163,9 @@ func (n *node) close() {
 // view places keys on all of them.
 func newCluster(t testing.TB, size int, o nodeOpts) []*node {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("a cluster of real memberlist nodes: not in -short")
+	}
 	nodes := []*node{newNode(t, "n0", o)}
 	for i := 1; i < size; i++ {
 		nodes = append(nodes, newNode(t, fmt.Sprintf("n%d", i), o, nodes[0].c.Addr()))
