@@ -227,7 +227,8 @@ type ringEntry struct {
 }
 
 var (
-	_ cache.Observer = (*Publisher)(nil)
+	_ cache.Observer     = (*Publisher)(nil)
+	_ cache.Descriptions = (*Publisher)(nil)
 )
 
 // New validates cfg; the sockets open at Start. Until Start the table
@@ -288,13 +289,34 @@ func (p *Publisher) Describe(ns string, key []byte, m *cache.BlockMeta) {
 	if m == nil {
 		return
 	}
-	d := &meta{tokens: append([]uint32(nil), m.Tokens...), parent: append([]byte(nil), m.Parent...), blockSize: m.BlockSize}
 	p.mu.Lock()
-	h := p.heldLocked(ns, string(key))
-	if h.meta == nil || len(d.tokens) > 0 {
-		h.meta = d
-	}
+	p.heldLocked(ns, string(key)).describe(m, true)
 	p.mu.Unlock()
+}
+
+// describe takes m as h's description: always when newer (a put's),
+// else (a tier's record of it) only where h has none with token ids.
+func (h *held) describe(m *cache.BlockMeta, newer bool) {
+	switch {
+	case m == nil:
+	case h.meta == nil, len(m.Tokens) > 0 && (newer || len(h.meta.tokens) == 0):
+		h.meta = &meta{tokens: append([]uint32(nil), m.Tokens...), parent: append([]byte(nil), m.Parent...), blockSize: m.BlockSize}
+	}
+}
+
+// Description is cache.Descriptions': the description of a block held or
+// just removed (kept a while: limboBlocks), so that its copy into SSD (a
+// demotion, the stop spill) keeps it in its record. nil: none known.
+func (p *Publisher) Description(ns string, key []byte) *cache.BlockMeta {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := p.table[ns][string(key)]
+	if h == nil || h.meta == nil {
+		return nil
+	}
+	// h.meta is never modified once set (describe replaces it), so the
+	// slices can be shared.
+	return &cache.BlockMeta{Tokens: h.meta.tokens, Parent: h.meta.parent, BlockSize: h.meta.blockSize}
 }
 
 // Forget drops the description of a block whose put failed, unless the
@@ -351,14 +373,17 @@ func (p *Publisher) deleteLocked(ns string, t map[string]*held, key string) {
 	}
 }
 
-// Stored is cache.Observer's: the block entered a tier.
-func (p *Publisher) Stored(ns string, key []byte, tier string) {
+// Stored is cache.Observer's: the block entered a tier. m, the tier's
+// record of the block's description (the SSD's, also for the blocks it
+// finds at start), describes it where nothing better is known.
+func (p *Publisher) Stored(ns string, key []byte, tier string, m *cache.BlockMeta) {
 	bit, medium := mediumBit(tier)
 	if bit == 0 {
 		return
 	}
 	p.mu.Lock()
 	h := p.heldLocked(ns, string(key))
+	h.describe(m, false)
 	if h.mediums&bit == 0 {
 		h.mediums |= bit
 		p.enqueueLocked(&event{kind: stored, ns: ns, key: string(key), medium: medium, meta: h.meta})

@@ -163,7 +163,7 @@ func TestPublishGapAndSnapshot(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	p.Describe("ns", k, &cache.BlockMeta{Tokens: []uint32{7, 8}, BlockSize: 2})
-	p.Stored("ns", k, "dram")
+	p.Stored("ns", k, "dram", nil)
 	topic, s1, payload := recvSeq(t, r, 1)
 	if topic != "kv@pod-a@ns" || !bytes.Contains(payload, []byte{0x92, 7, 8}) {
 		t.Fatalf("topic %q payload %x", topic, payload)
@@ -171,12 +171,12 @@ func TestPublishGapAndSnapshot(t *testing.T) {
 	// Stall the publishing goroutine (it needs smu to hand a batch to the
 	// subscribers): changes beyond the queue's 2 are dropped and counted.
 	p.smu.Lock()
-	p.Stored("ns", []byte("stall"), "dram") // taken by the goroutine, which then waits
+	p.Stored("ns", []byte("stall"), "dram", nil) // taken by the goroutine, which then waits
 	for len(p.ch) != 0 {
 		time.Sleep(time.Millisecond)
 	}
 	for i := range 10 {
-		p.Stored("ns", []byte{byte(i)}, "dram")
+		p.Stored("ns", []byte{byte(i)}, "dram", nil)
 	}
 	p.smu.Unlock()
 	if d := p.Stats().Dropped; d != 8 {
@@ -263,9 +263,9 @@ func TestRemovedKeepsDescriptionForDemotion(t *testing.T) {
 	}
 	k := []byte("k")
 	p.Describe("ns", k, &cache.BlockMeta{Tokens: []uint32{1}, BlockSize: 1})
-	p.Stored("ns", k, "dram")
-	p.Removed("ns", k, "dram") // evicted: no tier holds it for a moment
-	p.Stored("ns", k, "ssd")   // the demotion is written
+	p.Stored("ns", k, "dram", nil)
+	p.Removed("ns", k, "dram")    // evicted: no tier holds it for a moment
+	p.Stored("ns", k, "ssd", nil) // the demotion is written
 	snap := p.snapshotLocked()
 	if len(snap) != 1 || snap[0].medium != MediumSSD || snap[0].meta == nil || snap[0].meta.tokens[0] != 1 {
 		t.Fatalf("snapshot %+v", snap)
@@ -275,5 +275,44 @@ func TestRemovedKeepsDescriptionForDemotion(t *testing.T) {
 	p.Forget("ns", []byte("failed"))
 	if p.Stats().Held != 1 {
 		t.Fatalf("held %d", p.Stats().Held)
+	}
+}
+
+// TestStoredDescription: a tier's record of a block's description (the
+// SSD tier's, for the blocks it finds at start) describes a block nothing
+// else described, never replaces token ids a put gave, and Description
+// hands it back while the block is held or just removed, for its copy.
+func TestStoredDescription(t *testing.T) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &cache.BlockMeta{Tokens: []uint32{7, 8}, Parent: []byte("p"), BlockSize: 2}
+	p.Stored("ns", []byte("recovered"), "ssd", rec)
+	rec.Tokens[0] = 99 // the tier's copy is not kept by reference
+	snap := p.snapshotLocked()
+	if len(snap) != 1 || snap[0].meta == nil || snap[0].meta.tokens[0] != 7 || string(snap[0].meta.parent) != "p" || snap[0].meta.blockSize != 2 {
+		t.Fatalf("snapshot %+v", snap)
+	}
+	if d := p.Description("ns", []byte("recovered")); d == nil || d.Tokens[0] != 7 || d.BlockSize != 2 {
+		t.Fatalf("Description = %+v", d)
+	}
+
+	k := []byte("put")
+	p.Describe("ns", k, &cache.BlockMeta{Tokens: []uint32{1, 2}, BlockSize: 2})
+	p.Stored("ns", k, "dram", nil)
+	p.Stored("ns", k, "ssd", &cache.BlockMeta{Tokens: []uint32{5, 6}, BlockSize: 2}) // an older record
+	p.Removed("ns", k, "dram")
+	p.Removed("ns", k, "ssd") // no tier holds it: its description is kept a while
+	if d := p.Description("ns", k); d == nil || d.Tokens[0] != 1 {
+		t.Fatalf("Description after removal = %+v, want the put's", d)
+	}
+	p.Stored("ns", []byte("bare"), "dram", &cache.BlockMeta{BlockSize: 2})
+	p.Stored("ns", []byte("bare"), "ssd", &cache.BlockMeta{Tokens: []uint32{3, 4}, BlockSize: 2})
+	if d := p.Description("ns", []byte("bare")); d == nil || len(d.Tokens) != 2 {
+		t.Fatalf("a record with token ids does not describe a block known without: %+v", d)
+	}
+	if d := p.Description("ns", []byte("unknown")); d != nil {
+		t.Fatalf("Description of an unknown block = %+v", d)
 	}
 }
