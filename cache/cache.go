@@ -114,6 +114,21 @@ type BlockMeta struct {
 	BlockSize int32
 }
 
+// Clone returns a copy of m that shares no memory with it (nil for nil).
+func (m *BlockMeta) Clone() *BlockMeta {
+	if m == nil {
+		return nil
+	}
+	c := &BlockMeta{BlockSize: m.BlockSize}
+	if m.Tokens != nil {
+		c.Tokens = append([]uint32(nil), m.Tokens...)
+	}
+	if m.Parent != nil {
+		c.Parent = append([]byte(nil), m.Parent...)
+	}
+	return c
+}
+
 // Descriptions gives the description of a block the store holds or has
 // just evicted (nil: none known), so that a copy of the block into another
 // tier (a demotion into SSD, the stop spill) keeps it. It must not block.

@@ -624,12 +624,15 @@ func (r *router) everywhere(ctx context.Context, fn func(ctx context.Context, no
 // the push sends copies (an inline put's value is the request's buffer,
 // lent only until the call returns: safecodec/borrow.go; and a queued push,
 // or a synchronous one that timed out while Kitex still writes it, reads
-// the value after push returns).
+// the value after push returns). The items' descriptions (Opts.Meta, for
+// the owners' KV events) are always copied: an inline put's parent key is
+// in the request's buffer too.
 func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int, owned bool) error {
 	byNode := map[string][]PutItem{}
 	need := map[string]int{}
 	var copies [][]byte // by item, made once for all its owners
 	for k, it := range items {
+		it.Opts.Meta = it.Opts.Meta.Clone()
 		for i, n := range r.c.Owners(ns, it.Key) {
 			if i >= r.c.Replicas() {
 				break

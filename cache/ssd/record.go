@@ -122,7 +122,7 @@ func keepDesc(d *cache.BlockMeta) *cache.BlockMeta {
 		(len(d.Tokens) != 0 && len(d.Tokens) != int(d.BlockSize)) || len(d.Parent) > maxDescParent {
 		return nil
 	}
-	return &cache.BlockMeta{Tokens: slices.Clone(d.Tokens), Parent: slices.Clone(d.Parent), BlockSize: d.BlockSize}
+	return d.Clone()
 }
 
 func (m *meta) encode() []byte {
