@@ -71,6 +71,14 @@ type Config struct {
 	// WriteTimeout bounds one write to a subscriber (default 10 s); a
 	// subscriber that takes longer is disconnected.
 	WriteTimeout time.Duration
+	// SubscribeSnapshot sends each new subscription a snapshot of what is
+	// held under its topic prefix before the live batches, for subscribers
+	// that never ask the replay socket (llm-d's): after a restart of the
+	// sidecar they would otherwise miss the startup snapshot. Off by
+	// default: the snapshot's batches carry the last sequence number
+	// published, which a subscriber that tracks numbers cannot tell from
+	// the live batch of that number (docs/events.md).
+	SubscribeSnapshot bool
 }
 
 // DefaultConfig returns the defaults (Endpoint still to set).
@@ -203,6 +211,11 @@ type Publisher struct {
 	published, events, dropped, slowDropped atomic.Int64
 	replayed, snapshots, badRequests, held_ atomic.Int64
 
+	// welcome takes new subscriptions to the run goroutine, which sends
+	// each its snapshot (Config.SubscribeSnapshot) in order with the live
+	// batches.
+	welcome chan welcome
+
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -212,6 +225,12 @@ type Publisher struct {
 type held struct {
 	mediums uint8
 	meta    *meta
+}
+
+// welcome is a new subscription of s to the topics that start with prefix.
+type welcome struct {
+	s      *subscriber
+	prefix string
 }
 
 type nsKey struct{ ns, key string }
@@ -248,8 +267,9 @@ func New(cfg Config, lg *zap.Logger) (*Publisher, error) {
 		ch:    make(chan *event, cfg.QueueEvents),
 		subs:  map[*subscriber]struct{}{},
 		conns: map[net.Conn]struct{}{},
-		head:  -1,
-		stop:  make(chan struct{}),
+		head:    -1,
+		welcome: make(chan welcome, cfg.MaxSubscribers),
+		stop:    make(chan struct{}),
 	}, nil
 }
 
@@ -581,6 +601,8 @@ func (p *Publisher) run() {
 		select {
 		case <-p.stop:
 			return
+		case w := <-p.welcome:
+			p.sendWelcome(w)
 		case ev := <-p.ch:
 			buf = append(buf[:0], ev)
 		more:
@@ -595,6 +617,38 @@ func (p *Publisher) run() {
 			p.publishAll(buf)
 			clear(buf)
 		}
+	}
+}
+
+// sendWelcome queues for w.s a snapshot of what is held under its new
+// subscription's prefix, numbered with the last sequence number published
+// (as a replay's snapshot is). Only the run goroutine calls it, between
+// batches: what was published before is older than the snapshot, what is
+// published after is newer, so the subscriber's view ends up exact (it
+// may see a block stored twice). A subscriber whose queue is full misses
+// the rest, counted as a slow subscriber's batches.
+func (p *Publisher) sendWelcome(w welcome) {
+	p.mu.Lock()
+	all := p.snapshotLocked()
+	p.mu.Unlock()
+	evs := all[:0]
+	for _, ev := range all {
+		if strings.HasPrefix(p.topic(ev.ns), w.prefix) {
+			evs = append(evs, ev)
+		}
+	}
+	p.rmu.Lock()
+	seq := seqBytes(max(p.head, 0))
+	p.rmu.Unlock()
+	for len(evs) > 0 {
+		t, n := p.nextRun(evs)
+		payload := encodeBatch(nil, float64(time.Now().UnixNano())/1e9, evs[:n], p.asInt)
+		select {
+		case w.s.q <- &message{topic: []byte(t), seq: seq, payload: payload}:
+		default:
+			p.slowDropped.Add(1)
+		}
+		evs = evs[n:]
 	}
 }
 
@@ -739,19 +793,34 @@ func (p *Publisher) servePub(c net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		welcomed := false
 		for {
 			parts, cmd, err := readMessage(r)
 			if err != nil {
 				c.Close()
 				return
 			}
+			var prefix string
+			on := false
 			switch {
 			case cmd && commandName(parts[0]) == "SUBSCRIBE":
-				s.subscribe(string(parts[0][10:]), true)
+				prefix, on = string(parts[0][10:]), true
 			case cmd && commandName(parts[0]) == "CANCEL":
-				s.subscribe(string(parts[0][7:]), false)
+				prefix = string(parts[0][7:])
 			case !cmd && len(parts) == 1 && len(parts[0]) > 0 && parts[0][0] <= 1:
-				s.subscribe(string(parts[0][1:]), parts[0][0] == 1)
+				prefix, on = string(parts[0][1:]), parts[0][0] == 1
+			default:
+				continue
+			}
+			s.subscribe(prefix, on)
+			if on && p.cfg.SubscribeSnapshot && !welcomed {
+				// One snapshot per connection, for its first
+				// subscription: a snapshot walks the whole table.
+				welcomed = true
+				select {
+				case p.welcome <- welcome{s: s, prefix: prefix}:
+				default: // as many waiting as subscribers: one is stuck
+				}
 			}
 		}
 	}()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"encoding/hex"
 	"io"
 	"net"
@@ -315,4 +316,69 @@ func TestStoredDescription(t *testing.T) {
 	if d := p.Description("ns", []byte("unknown")); d != nil {
 		t.Fatalf("Description of an unknown block = %+v", d)
 	}
+}
+
+// TestSubscribeSnapshot: with SubscribeSnapshot, a new subscription gets
+// what is held under its prefix (the startup snapshot it could not see,
+// with the descriptions an SSD tier recovered) numbered with the last
+// sequence number published, then the live batches; without it, only the
+// live batches.
+func TestSubscribeSnapshot(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint(on), func(t *testing.T) {
+			cfg := Config{SubscribeSnapshot: on}
+			cfg.Endpoint, cfg.Pod = "tcp://127.0.0.1:0", "pod-a"
+			p, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What a reopened SSD tier reports before the sidecar starts.
+			p.Stored("a", []byte("kept-a"), "ssd", &cache.BlockMeta{Tokens: []uint32{7, 8}, BlockSize: 2})
+			p.Stored("b", []byte("kept-b"), "ssd", &cache.BlockMeta{Tokens: []uint32{9, 10}, BlockSize: 2})
+			if err := p.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			c, err := net.Dial("tcp", p.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			r, w := bufio.NewReader(c), bufio.NewWriter(c)
+			if _, err := handshake(c, r, w, "SUB"); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeMessage(w, []byte("\x01kv@pod-a@a")); err != nil || w.Flush() != nil {
+				t.Fatal(err)
+			}
+			for !subscribedTo(p, "kv@pod-a@a") {
+				time.Sleep(time.Millisecond)
+			}
+			if on {
+				topic, seq, payload := recvSeq(t, r, 0)
+				// The startup snapshot was two batches (one per topic),
+				// 0 and 1.
+				if topic != "kv@pod-a@a" || seq != 1 || !bytes.Contains(payload, []byte{0x92, 7, 8}) || bytes.Contains(payload, []byte{0x92, 9, 10}) {
+					t.Fatalf("first batch %q %d %x: want the snapshot of kv@pod-a@a, numbered 1", topic, seq, payload)
+				}
+			}
+			// A live change after the subscription.
+			p.Stored("a", []byte("live"), "dram", &cache.BlockMeta{Tokens: []uint32{11, 12}, BlockSize: 2})
+			topic, seq, payload := recvSeq(t, r, 0)
+			if topic != "kv@pod-a@a" || seq != 2 || !bytes.Contains(payload, []byte{0x92, 11, 12}) {
+				t.Fatalf("batch %q %d %x: want the live change, numbered 2", topic, seq, payload)
+			}
+		})
+	}
+}
+
+func subscribedTo(p *Publisher, topic string) bool {
+	p.smu.Lock()
+	defer p.smu.Unlock()
+	for s := range p.subs {
+		if s.wants(topic) {
+			return true
+		}
+	}
+	return false
 }
