@@ -506,14 +506,32 @@ func (p *Publisher) ReplayAddr() net.Addr {
 	return p.rep.Addr()
 }
 
-// snapshotLocked lists every held block as a BlockStored event per medium.
+// snapshotLocked lists every held block as a BlockStored event per medium,
+// each block after the one its description names as its parent (when that
+// is held too): llm-d skips a block whose parent it has not indexed, so a
+// chain listed in another order would be indexed up to its head only.
 func (p *Publisher) snapshotLocked() []*event {
 	var out []*event
 	for ns, t := range p.table {
-		for k, h := range t {
-			for bit := uint8(1); bit <= 2; bit <<= 1 {
-				if h.mediums&bit != 0 {
-					out = append(out, &event{kind: stored, ns: ns, key: k, medium: mediumOf(bit), meta: h.meta})
+		listed := make(map[string]bool, len(t))
+		var chain []string // a block, its parent, its parent's parent...
+		for k := range t {
+			chain = chain[:0]
+			for c := k; !listed[c]; {
+				listed[c] = true
+				chain = append(chain, c)
+				h := t[c]
+				if h.meta == nil || len(h.meta.parent) == 0 || t[string(h.meta.parent)] == nil {
+					break
+				}
+				c = string(h.meta.parent)
+			}
+			for i := len(chain) - 1; i >= 0; i-- {
+				h := t[chain[i]]
+				for bit := uint8(1); bit <= 2; bit <<= 1 {
+					if h.mediums&bit != 0 {
+						out = append(out, &event{kind: stored, ns: ns, key: chain[i], medium: mediumOf(bit), meta: h.meta})
+					}
 				}
 			}
 		}

@@ -382,3 +382,47 @@ func subscribedTo(p *Publisher, topic string) bool {
 	}
 	return false
 }
+
+// TestSnapshotListsParentsFirst: a snapshot lists each block after its
+// parent (llm-d indexes a chain only from its head), whatever the order
+// the blocks were stored in, for chains that share a prefix too.
+func TestSnapshotListsParentsFirst(t *testing.T) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(chain, i int) string {
+		if i < 10 {
+			chain = 0 // the chains share their first 10 blocks
+		}
+		return fmt.Sprintf("c%d-%03d", chain, i)
+	}
+	parent := map[string]string{}
+	for _, chain := range []int{1, 2} {
+		for i := 39; i >= 0; i-- { // children stored first
+			m := &cache.BlockMeta{BlockSize: 1, Tokens: []uint32{uint32(i)}}
+			if i > 0 {
+				m.Parent = []byte(key(chain, i-1))
+				parent[key(chain, i)] = key(chain, i-1)
+			}
+			p.Stored("ns", []byte(key(chain, i)), "ssd", m)
+		}
+	}
+	p.Stored("ns", []byte("orphan"), "dram", &cache.BlockMeta{BlockSize: 1, Tokens: []uint32{1}, Parent: []byte("gone")})
+	snap := p.snapshotLocked()
+	at := map[string]int{}
+	for i, ev := range snap {
+		if _, dup := at[ev.key]; dup {
+			t.Fatalf("%s listed twice", ev.key)
+		}
+		at[ev.key] = i
+	}
+	if len(at) != 10+2*30+1 {
+		t.Fatalf("%d blocks listed, want 71", len(at))
+	}
+	for k, par := range parent {
+		if at[par] >= at[k] {
+			t.Errorf("%s listed at %d, its parent %s at %d", k, at[k], par, at[par])
+		}
+	}
+}
