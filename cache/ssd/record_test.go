@@ -108,16 +108,21 @@ func TestDecodeMeta(t *testing.T) {
 		{"value log offset negative", record2(m2, func(b []byte) []byte { b[45] = 0x80; return b }), meta{}, errBadRecord},
 		{"bit flip in the value log offset", func() []byte { b := m2.encode(); b[40] ^= 1; return b }(), meta{}, errBadRecord},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := decodeMeta(tc.in)
-			if !errors.Is(err, tc.err) {
-				t.Fatalf("decodeMeta error = %v, want %v", err, tc.err)
-			}
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Fatalf("decodeMeta = %+v, want %+v", got, tc.want)
-			}
-		})
+		checkDecodeMeta(t, tc.name, tc.in, tc.want, tc.err)
 	}
+}
+
+func checkDecodeMeta(t *testing.T, name string, in []byte, want meta, wantErr error) {
+	t.Helper()
+	t.Run(name, func(t *testing.T) {
+		got, err := decodeMeta(in)
+		if !errors.Is(err, wantErr) {
+			t.Fatalf("decodeMeta error = %v, want %v", err, wantErr)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("decodeMeta = %+v, want %+v", got, want)
+		}
+	})
 }
 
 // TestDecodeMetaDescription: records with a block description (versions 3
@@ -159,15 +164,7 @@ func TestDecodeMetaDescription(t *testing.T) {
 		{"bit flip in a token id", func() []byte { b := m.encode(); b[43] ^= 1; return b }(), meta{}, errBadRecord},
 		{"bit flip in the parent", func() []byte { b := m.encode(); b[len(b)-6] ^= 1; return b }(), meta{}, errBadRecord},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := decodeMeta(tc.in)
-			if !errors.Is(err, tc.err) {
-				t.Fatalf("decodeMeta error = %v, want %v", err, tc.err)
-			}
-			if !reflect.DeepEqual(got, tc.want) {
-				t.Fatalf("decodeMeta = %+v, want %+v", got, tc.want)
-			}
-		})
+		checkDecodeMeta(t, tc.name, tc.in, tc.want, tc.err)
 	}
 	if got := len(m.encode()); got != recLen+descHead+4*4+len("parent-key") {
 		t.Errorf("version 3 record is %d bytes", got)

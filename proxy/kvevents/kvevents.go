@@ -263,10 +263,10 @@ func New(cfg Config, lg *zap.Logger) (*Publisher, error) {
 	}
 	return &Publisher{
 		cfg: cfg, lg: lg.Named("kvevents"), asInt: !cfg.HashBytes,
-		table: map[string]map[string]*held{},
-		ch:    make(chan *event, cfg.QueueEvents),
-		subs:  map[*subscriber]struct{}{},
-		conns: map[net.Conn]struct{}{},
+		table:   map[string]map[string]*held{},
+		ch:      make(chan *event, cfg.QueueEvents),
+		subs:    map[*subscriber]struct{}{},
+		conns:   map[net.Conn]struct{}{},
 		head:    -1,
 		welcome: make(chan welcome, cfg.MaxSubscribers),
 		stop:    make(chan struct{}),

@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
-	"fmt"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -246,16 +246,7 @@ func TestPublishGapAndSnapshot(t *testing.T) {
 	}
 }
 
-func subscribed(p *Publisher) bool {
-	p.smu.Lock()
-	defer p.smu.Unlock()
-	for s := range p.subs {
-		if s.wants("kv@x") {
-			return true
-		}
-	}
-	return false
-}
+func subscribed(p *Publisher) bool { return subscribedTo(p, "kv@x") }
 
 func TestRemovedKeepsDescriptionForDemotion(t *testing.T) {
 	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0"}, nil)
