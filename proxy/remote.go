@@ -346,6 +346,7 @@ type router struct {
 	c     Cluster
 	peers Peers
 	store Store
+	notes BlockNotes // nil: the rebalancer's pushes carry no description
 	cfg   RouteConfig
 	lg    *zap.Logger
 	hot   *hotTracker // nil: hot replication off
@@ -381,7 +382,7 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 		return err
 	}
 	cfg = cfg.withDefaults()
-	r := &router{c: c, store: p.store, zcs: p.zcs, cfg: cfg, lg: p.lg.Named("route"),
+	r := &router{c: c, store: p.store, zcs: p.zcs, notes: p.notes, cfg: cfg, lg: p.lg.Named("route"),
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
 	r.peers = counted{peers, &r.stats}

@@ -260,6 +260,8 @@ func (l *notesLog) Forget(ns string, key []byte) {
 	delete(l.meta, ns+"/"+string(key))
 }
 
+func (l *notesLog) Description(ns string, key []byte) *cache.BlockMeta { return l.get(ns, key) }
+
 func (l *notesLog) get(ns string, key []byte) *cache.BlockMeta {
 	l.mu.Lock()
 	defer l.mu.Unlock()
