@@ -40,8 +40,9 @@ type PutOptions struct {
 	Checksum    uint32
 	HasChecksum bool
 	// Meta, when set, describes the block for routers (token ids, parent
-	// key, block size): the proxy hands it to the KV-event publisher. The
-	// tiers ignore it.
+	// key, block size): the proxy hands it to the KV-event publisher, and
+	// the SSD tier keeps it in the block's record so that it survives a
+	// restart (docs/ssd.md). The DRAM tier ignores it.
 	Meta *BlockMeta
 }
 
@@ -92,9 +93,12 @@ type Stats struct {
 // visible and as it stops being visible, whatever the cause (put, commit,
 // promotion, demotion, delete, eviction, the scrubber, a reset index).
 // Calls are made with the tier's locks held: they must not block and must
-// not call back into the tier. key is valid only during the call.
+// not call back into the tier. key is valid only during the call. meta is
+// the block's description when the tier keeps one (the SSD tier: the one
+// its record holds, also for the blocks it finds at start), nil otherwise;
+// it must not be modified.
 type Observer interface {
-	Stored(ns string, key []byte, tier string)
+	Stored(ns string, key []byte, tier string, meta *BlockMeta)
 	Removed(ns string, key []byte, tier string)
 	// Cleared reports that every block of ns left the tier at once.
 	Cleared(ns string, tier string)
@@ -108,4 +112,26 @@ type BlockMeta struct {
 	Tokens    []uint32
 	Parent    []byte
 	BlockSize int32
+}
+
+// Clone returns a copy of m that shares no memory with it (nil for nil).
+func (m *BlockMeta) Clone() *BlockMeta {
+	if m == nil {
+		return nil
+	}
+	c := &BlockMeta{BlockSize: m.BlockSize}
+	if m.Tokens != nil {
+		c.Tokens = append([]uint32(nil), m.Tokens...)
+	}
+	if m.Parent != nil {
+		c.Parent = append([]byte(nil), m.Parent...)
+	}
+	return c
+}
+
+// Descriptions gives the description of a block the store holds or has
+// just evicted (nil: none known), so that a copy of the block into another
+// tier (a demotion into SSD, the stop spill) keeps it. It must not block.
+type Descriptions interface {
+	Description(ns string, key []byte) *BlockMeta
 }

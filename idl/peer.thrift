@@ -89,6 +89,13 @@ struct PutItem {
     2: binary value,
     3: i32 depth,
     4: i32 checksum,
+    // The block's description as the engine put it (tidepool.PutRequest's
+    // token_ids, parent_key, block_size), so that the owner's KV events
+    // describe the block too (docs/events.md). Absent: none; peers that
+    // predate them send none and ignore them.
+    5: optional list<i32> token_ids,
+    6: optional binary parent_key,
+    7: optional i32 block_size,
 }
 
 struct PutRequest {

@@ -113,7 +113,8 @@ struct PutRequest {
     // covers (exactly block_size of them), the key of the block before it
     // in its chain (absent for the first block) and the engine's block
     // size in tokens. Routers index a block by its tokens; the sidecar
-    // keeps them only while it publishes events. An older client leaves
+    // keeps them for its events (and in the SSD tier's record of the
+    // block, so that they outlive a restart). An older client leaves
     // them out.
     7: optional list<i32> token_ids,
     8: optional binary parent_key,

@@ -307,7 +307,6 @@ func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	done := p.describe(ns, key, opts.Meta)
 	existed, err = p.store.Put(ctx, ns, key, value, opts)
 	done(err)
-	opts.Meta = nil // the owners are told nothing of it
 	if err != nil || r == nil {
 		return existed, err
 	}
@@ -323,11 +322,17 @@ func (p *Proxy) PutLocal(ctx context.Context, ns string, key, value []byte, opts
 	if err := p.checkValue(value); err != nil {
 		return false, err
 	}
+	if err := p.checkMeta(opts.Meta); err != nil {
+		return false, err
+	}
 	if err := p.admitNamespace(ns); err != nil {
 		return false, err
 	}
 	opts.LowPriority = false
-	return p.store.Put(ctx, ns, key, value, opts)
+	done := p.describe(ns, key, opts.Meta)
+	existed, err = p.store.Put(ctx, ns, key, value, opts)
+	done(err)
+	return existed, err
 }
 
 type syncKey struct{}
@@ -387,7 +392,6 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		done := p.describe(ns, it.Key, it.Opts.Meta)
 		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
 		done(err)
-		it.Opts.Meta = nil
 		switch {
 		case err != nil:
 			results[i] = err

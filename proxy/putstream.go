@@ -86,7 +86,6 @@ func (pp *PendingPut) Deadline() time.Time { return pp.r.Deadline() }
 func (pp *PendingPut) Commit(ctx context.Context, crc uint32) (existed bool, err error) {
 	done := pp.p.describe(pp.ns, pp.key, pp.opts.Meta)
 	defer func() { done(err) }()
-	pp.opts.Meta = nil // the owners are told nothing of it
 	var value []byte
 	push := pp.rt != nil && pp.rt.pushesElsewhere(pp.ns, pp.key)
 	if push && !pp.r.Expired() {

@@ -197,6 +197,15 @@ func (b *rebalancer) plan(ctx context.Context) []move {
 	return moves
 }
 
+// description is a block's description for its new owners (nil: none
+// known).
+func (r *router) description(ns string, key []byte) *cache.BlockMeta {
+	if r.notes == nil {
+		return nil
+	}
+	return r.notes.Description(ns, key)
+}
+
 // pass plans and moves, until done or ctx ends.
 func (b *rebalancer) pass(ctx context.Context) {
 	moves := b.plan(ctx)
@@ -231,7 +240,8 @@ func (b *rebalancer) pass(ctx context.Context) {
 				}
 				pctx, cancel := context.WithTimeout(ctx, b.r.cfg.FetchTimeout)
 				err = b.r.pushNow(pctx, ctx, node, m.ns, []PutItem{{Key: m.key, Value: v,
-					Opts: cache.PutOptions{Depth: info.Depth, Checksum: info.Checksum, HasChecksum: true}}})
+					Opts: cache.PutOptions{Depth: info.Depth, Checksum: info.Checksum, HasChecksum: true,
+						Meta: b.r.description(m.ns, m.key)}}})
 				cancel()
 				if err != nil {
 					b.failed.Add(1)

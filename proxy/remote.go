@@ -346,6 +346,7 @@ type router struct {
 	c     Cluster
 	peers Peers
 	store Store
+	notes BlockNotes // nil: the rebalancer's pushes carry no description
 	cfg   RouteConfig
 	lg    *zap.Logger
 	hot   *hotTracker // nil: hot replication off
@@ -381,7 +382,7 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 		return err
 	}
 	cfg = cfg.withDefaults()
-	r := &router{c: c, store: p.store, zcs: p.zcs, cfg: cfg, lg: p.lg.Named("route"),
+	r := &router{c: c, store: p.store, zcs: p.zcs, notes: p.notes, cfg: cfg, lg: p.lg.Named("route"),
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
 	r.peers = counted{peers, &r.stats}
@@ -624,12 +625,15 @@ func (r *router) everywhere(ctx context.Context, fn func(ctx context.Context, no
 // the push sends copies (an inline put's value is the request's buffer,
 // lent only until the call returns: safecodec/borrow.go; and a queued push,
 // or a synchronous one that timed out while Kitex still writes it, reads
-// the value after push returns).
+// the value after push returns). The items' descriptions (Opts.Meta, for
+// the owners' KV events) are always copied: an inline put's parent key is
+// in the request's buffer too.
 func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int, owned bool) error {
 	byNode := map[string][]PutItem{}
 	need := map[string]int{}
 	var copies [][]byte // by item, made once for all its owners
 	for k, it := range items {
+		it.Opts.Meta = it.Opts.Meta.Clone()
 		for i, n := range r.c.Owners(ns, it.Key) {
 			if i >= r.c.Replicas() {
 				break

@@ -74,10 +74,13 @@ type Scanner interface {
 // knows of a block (proxy/kvevents): the token ids, parent key and block
 // size a put carries. Describe is called before the block is stored, so
 // that the store's notification of it (cache.Observer) finds the
-// description; Forget when the put then failed. Neither may block.
+// description; Forget when the put then failed. Description gives it back
+// (nil: none known), for the rebalancer's pushes to a block's new owners.
+// None may block.
 type BlockNotes interface {
 	Describe(ns string, key []byte, meta *cache.BlockMeta)
 	Forget(ns string, key []byte)
+	Description(ns string, key []byte) *cache.BlockMeta
 }
 
 // Deps is what New needs from the rest of the sidecar. Store is required;

@@ -446,12 +446,14 @@ func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) (
 		done := p.describe(e.ns, e.key, it.Meta)
 		existed, err := r.Commit(ctx, it.Checksum, it.HasChecksum)
 		done(err)
+		opts := e.opts
+		opts.Meta = it.Meta // kept with the durable copy, sent to the owners
 		if err == nil && !existed && e.opts.Durable && value != nil {
 			// A durable reservation is acknowledged only once the block is
 			// on persistent storage, as a durable Put is: the store writes
 			// it through (its DRAM copy is already there, so that half is a
 			// no-op). A store without a persistent tier ignores Durable.
-			if _, perr := p.store.Put(ctx, e.ns, e.key, value, e.opts); perr != nil {
+			if _, perr := p.store.Put(ctx, e.ns, e.key, value, opts); perr != nil {
 				err = fmt.Errorf("committed, but not made durable: %w", perr)
 			}
 		}
@@ -459,7 +461,7 @@ func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) (
 			if pushes == nil {
 				pushes = map[string][]PutItem{}
 			}
-			pushes[e.ns] = append(pushes[e.ns], PutItem{Key: e.key, Value: value, Opts: e.opts})
+			pushes[e.ns] = append(pushes[e.ns], PutItem{Key: e.key, Value: value, Opts: opts})
 		}
 		switch {
 		case errors.Is(err, cache.ErrLeaseExpired):

@@ -4,7 +4,8 @@
 # not take on its dependencies) against a real `tidepool serve` publishing
 # KV events: its ZMQ subscriber, vLLM adapter, index and scorer score the
 # pod for a prompt whose blocks were put the vLLM connector's way, and stop
-# once the blocks are evicted (docs/events.md).
+# once the blocks are evicted; after a restart of the sidecar that kept its
+# SSD tier, a fresh indexer scores it for the blocks kept (docs/events.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bin

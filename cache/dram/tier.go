@@ -434,7 +434,7 @@ const tierName = "dram"
 // linked into or unlinked from the index. The shard lock is held.
 func (t *Tier) observeStored(b *block) {
 	if o := t.cfg.Observer; o != nil {
-		o.Stored(b.ns.name, []byte(b.key), tierName)
+		o.Stored(b.ns.name, []byte(b.key), tierName, nil)
 	}
 }
 

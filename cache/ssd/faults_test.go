@@ -268,7 +268,7 @@ func TestDegraded(t *testing.T) {
 			if !errors.Is(err, cache.ErrUnavailable) || !tr.Degraded() {
 				t.Fatalf("Put on a broken disk: %v, degraded %v", err, tr.Degraded())
 			}
-			if ts := tierStats(tr); ts.Blocks != 1 || ts.UsedBytes != footprint(len(encodeKey("dg", key(0))), 100<<10) {
+			if ts := tierStats(tr); ts.Blocks != 1 || ts.UsedBytes != footprint(len(encodeKey("dg", key(0))), 100<<10, nil) {
 				t.Fatalf("failed put changed the accounting: %+v", ts)
 			}
 			mustGet(t, tr, "dg", key(0), value(0, 100<<10)) // reads still served

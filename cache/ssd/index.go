@@ -30,7 +30,7 @@ func (t *Tier) insertLocked(e *entry) {
 	s.blocks++
 	s.bytes += e.size
 	if o := t.cfg.Observer; o != nil {
-		o.Stored(e.ns, e.userKey(), tierName)
+		o.Stored(e.ns, e.userKey(), tierName, e.desc)
 	}
 }
 
@@ -124,9 +124,9 @@ func (t *Tier) rebuild() (blocks, bytes int64, err error) {
 			}
 		}
 		es = append(es, &entry{
-			ns: ns, skey: string(k), size: m.size, foot: footprint(len(k), m.size),
+			ns: ns, skey: string(k), size: m.size, foot: footprint(len(k), m.size, m.desc),
 			sum: m.sum, depth: m.depth, lowPri: m.lowPri, durable: m.durable, created: m.created, access: m.access,
-			seg: m.seg, off: m.off,
+			seg: m.seg, off: m.off, desc: m.desc,
 		})
 	})
 	t.dbMu.RUnlock()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/cache"
@@ -107,15 +108,78 @@ func TestDecodeMeta(t *testing.T) {
 		{"value log offset negative", record2(m2, func(b []byte) []byte { b[45] = 0x80; return b }), meta{}, errBadRecord},
 		{"bit flip in the value log offset", func() []byte { b := m2.encode(); b[40] ^= 1; return b }(), meta{}, errBadRecord},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := decodeMeta(tc.in)
-			if !errors.Is(err, tc.err) {
-				t.Fatalf("decodeMeta error = %v, want %v", err, tc.err)
-			}
-			if got != tc.want {
-				t.Fatalf("decodeMeta = %+v, want %+v", got, tc.want)
-			}
-		})
+		checkDecodeMeta(t, tc.name, tc.in, tc.want, tc.err)
+	}
+}
+
+func checkDecodeMeta(t *testing.T, name string, in []byte, want meta, wantErr error) {
+	t.Helper()
+	t.Run(name, func(t *testing.T) {
+		got, err := decodeMeta(in)
+		if !errors.Is(err, wantErr) {
+			t.Fatalf("decodeMeta error = %v, want %v", err, wantErr)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("decodeMeta = %+v, want %+v", got, want)
+		}
+	})
+}
+
+// TestDecodeMetaDescription: records with a block description (versions 3
+// and 4) round-trip, and every count in one is checked against the bytes
+// present: a record that claims more tokens or a longer parent than it
+// holds, or tokens that are not one block, is refused, never allocated.
+func TestDecodeMetaDescription(t *testing.T) {
+	desc := &cache.BlockMeta{Tokens: []uint32{1100, 1101, 1102, 0xffffffff}, Parent: []byte("parent-key"), BlockSize: 4}
+	m := meta{size: 4 << 20, sum: 0xdeadbeef, depth: 7, access: 5, created: 4, desc: desc}
+	m2 := m
+	m2.seg, m2.off = 7, 96<<20
+	noTokens := m
+	noTokens.desc = &cache.BlockMeta{BlockSize: 16}
+	// edit changes a version 3 record's description (it starts at 34)
+	// and fixes the record's CRC.
+	edit := func(m meta, f func(b []byte) []byte) []byte {
+		b := f(m.encode())
+		binary.LittleEndian.PutUint32(b[len(b)-4:], cache.Checksum(b[:len(b)-4]))
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		in   []byte
+		want meta
+		err  error
+	}{
+		{"version 3 round trip", m.encode(), m, nil},
+		{"version 4 (value log) round trip", m2.encode(), m2, nil},
+		{"block size without tokens", noTokens.encode(), noTokens, nil},
+		{"version 3 tag", func() []byte { b := m.encode(); return b[:1] }(), meta{}, errBadRecord},
+		{"token count beyond the record", edit(m, func(b []byte) []byte { binary.LittleEndian.PutUint16(b[38:], 0xffff); return b }), meta{}, errBadRecord},
+		{"parent length beyond the record", edit(m, func(b []byte) []byte { binary.LittleEndian.PutUint16(b[40:], 0xffff); return b }), meta{}, errBadRecord},
+		{"tokens are not one block", edit(m, func(b []byte) []byte { binary.LittleEndian.PutUint32(b[34:], 5); return b }), meta{}, errBadRecord},
+		{"negative block size", edit(noTokens, func(b []byte) []byte { binary.LittleEndian.PutUint32(b[34:], 0xffffffff); return b }), meta{}, errBadRecord},
+		{"block size over the cap", edit(noTokens, func(b []byte) []byte { binary.LittleEndian.PutUint32(b[34:], maxDescTokens+1); return b }), meta{}, errBadRecord},
+		{"a byte too many", edit(m, func(b []byte) []byte { return append(b, 0) }), meta{}, errBadRecord},
+		{"a byte too few", edit(m, func(b []byte) []byte { return append(b[:len(b)-5], 0, 0, 0, 0) }), meta{}, errBadRecord},
+		{"description cut off", edit(m, func(b []byte) []byte { return append(b[:37], 0, 0, 0, 0) }), meta{}, errBadRecord},
+		{"bit flip in a token id", func() []byte { b := m.encode(); b[43] ^= 1; return b }(), meta{}, errBadRecord},
+		{"bit flip in the parent", func() []byte { b := m.encode(); b[len(b)-6] ^= 1; return b }(), meta{}, errBadRecord},
+	} {
+		checkDecodeMeta(t, tc.name, tc.in, tc.want, tc.err)
+	}
+	if got := len(m.encode()); got != recLen+descHead+4*4+len("parent-key") {
+		t.Errorf("version 3 record is %d bytes", got)
+	}
+	// keepDesc copies, and drops what the format cannot hold or says
+	// nothing.
+	k := keepDesc(desc)
+	if !reflect.DeepEqual(k, desc) || &k.Tokens[0] == &desc.Tokens[0] {
+		t.Errorf("keepDesc = %+v: want an equal copy", k)
+	}
+	for _, d := range []*cache.BlockMeta{nil, {}, {BlockSize: -1}, {BlockSize: 2, Tokens: []uint32{1}},
+		{BlockSize: maxDescTokens + 1}, {Parent: make([]byte, maxDescParent+1)}} {
+		if k := keepDesc(d); k != nil {
+			t.Errorf("keepDesc(%+v) = %+v, want nil", d, k)
+		}
 	}
 }
 
@@ -153,10 +217,12 @@ func FuzzDecodeMeta(f *testing.F) {
 	f.Add(make([]byte, recLen))
 	f.Add([]byte{recVersion})
 	f.Add((&meta{size: 1 << 20, sum: 2, seg: 3, off: 8 << 20}).encode())
+	f.Add((&meta{size: 1 << 20, desc: &cache.BlockMeta{Tokens: []uint32{1, 2}, Parent: []byte("p"), BlockSize: 2}}).encode())
+	f.Add((&meta{size: 1 << 20, seg: 3, off: 8 << 20, desc: &cache.BlockMeta{BlockSize: 16}}).encode())
 	f.Fuzz(func(t *testing.T, in []byte) {
 		m, err := decodeMeta(in)
 		if err != nil {
-			if !errors.Is(err, errBadRecord) || m != (meta{}) {
+			if !errors.Is(err, errBadRecord) || !reflect.DeepEqual(m, meta{}) {
 				t.Fatalf("decodeMeta(%x) = %+v, %v: want the zero meta and errBadRecord", in, m, err)
 			}
 			return

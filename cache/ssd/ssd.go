@@ -83,6 +83,10 @@ type entry struct {
 	dirty   bool   // access changed since it was last persisted
 	seg     uint32 // value log segment of the bytes; 0: in RocksDB
 	off     int64  // offset in seg
+	// desc is the block's description (cache.PutOptions.Meta of the put
+	// that wrote it), kept in its record; nil: none. Never modified once
+	// set: a later put of the same block leaves it.
+	desc *cache.BlockMeta
 }
 
 func (e *entry) encKey() []byte { return []byte(e.skey) }
@@ -99,7 +103,7 @@ func (e *entry) blobBytes() int64 {
 
 func (e *entry) meta() meta {
 	return meta{size: e.size, sum: e.sum, depth: e.depth, lowPri: e.lowPri, durable: e.durable, access: e.access, created: e.created,
-		seg: e.seg, off: e.off}
+		seg: e.seg, off: e.off, desc: e.desc}
 }
 
 func (e *entry) info() cache.Info {
@@ -416,7 +420,8 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 		return false, fmt.Errorf("%w: %d bytes (max %d)", cache.ErrTooLarge, len(value), t.cfg.MaxValueSize)
 	}
 	ek := encodeKey(ns, key)
-	foot := footprint(len(ek), int64(len(value)))
+	desc := keepDesc(opts.Meta)
+	foot := footprint(len(ek), int64(len(value)), desc)
 	if foot > t.cfg.Capacity {
 		return false, fmt.Errorf("%w: block of %d bytes exceeds the tier capacity %d", cache.ErrTooLarge, foot, t.cfg.Capacity)
 	}
@@ -480,6 +485,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	e := &entry{
 		ns: ns, skey: string(ek), size: int64(len(value)), foot: foot, sum: sum,
 		depth: opts.Depth, lowPri: opts.LowPriority, durable: opts.Durable, created: now, access: now,
+		desc: desc,
 	}
 	bp := blockPut{key: ek, value: value}
 	if t.vlog != nil && t.cfg.ValueLogMin >= 0 && int64(len(value)) >= t.cfg.ValueLogMin {

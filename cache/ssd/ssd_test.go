@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -237,7 +238,7 @@ func TestOperations(t *testing.T) {
 
 	st := tr.Stats()
 	ts := st.Tiers[0]
-	if ts.Name != "ssd" || ts.Blocks != 1 || ts.UsedBytes != footprint(len(encodeKey("a", []byte("k1"))), int64(len(v1))) {
+	if ts.Name != "ssd" || ts.Blocks != 1 || ts.UsedBytes != footprint(len(encodeKey("a", []byte("k1"))), int64(len(v1)), nil) {
 		t.Errorf("tier stats %+v", ts)
 	}
 	if ts.Hits < 4 || ts.Misses < 2 {
@@ -529,7 +530,7 @@ func TestAccessOrderSurvivesReopen(t *testing.T) {
 	cfg := testConfig(dir)
 	clk := cfg.Clock.(*clock.Fake)
 	const size = 256 << 10
-	foot := footprint(len(encodeKey("ao", key(0))), size)
+	foot := footprint(len(encodeKey("ao", key(0))), size, nil)
 	cfg.Capacity = 4 * foot
 	cfg.MaxValueSize = size
 	tr := newTier(t, cfg)
@@ -557,5 +558,73 @@ func TestAccessOrderSurvivesReopen(t *testing.T) {
 		if _, ok := tr2.Stat(context.Background(), "ao", key(i)); ok != want {
 			t.Errorf("block %d present = %v, want %v", i, ok, want)
 		}
+	}
+}
+
+// storedLog is a cache.Observer that records the description each
+// Stored call carries.
+type storedLog struct {
+	mu   sync.Mutex
+	meta map[string]*cache.BlockMeta // ns/key → the last Stored's
+}
+
+func (o *storedLog) Stored(ns string, key []byte, _ string, m *cache.BlockMeta) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.meta == nil {
+		o.meta = map[string]*cache.BlockMeta{}
+	}
+	o.meta[ns+"/"+string(key)] = m
+}
+func (o *storedLog) Removed(string, []byte, string) {}
+func (o *storedLog) Cleared(string, string)         {}
+
+// TestDescriptionSurvivesReopen: a block put with a description keeps it
+// in its record, through the rewrite of its last access at Close and a
+// durable put of the block again, and the reopened tier reports it with
+// each block it finds; a block put without one is reported without.
+func TestDescriptionSurvivesReopen(t *testing.T) {
+	for _, sto := range stores {
+		t.Run(sto.name, func(t *testing.T) {
+			cfg := testConfig(t.TempDir())
+			cfg.ValueLogMin = sto.logMin
+			clk := clock.NewFake(t0)
+			cfg.Clock = clk
+			tr := newTier(t, cfg)
+			desc := func(i int) *cache.BlockMeta {
+				return &cache.BlockMeta{Tokens: []uint32{uint32(i), uint32(i + 1), 1 << 31}, Parent: key(i - 1), BlockSize: 3}
+			}
+			const n = 4
+			for i := range n {
+				m := desc(i)
+				mustPut(t, tr, "ns", key(i), value(uint64(i), 128<<10), cache.PutOptions{Meta: m, Durable: i == 1})
+				m.Tokens[0] = 999 // the caller's slices are not kept
+			}
+			mustPut(t, tr, "ns", key(n), value(n, 128<<10), cache.PutOptions{})
+			clk.Advance(time.Second)
+			mustGet(t, tr, "ns", key(2), value(2, 128<<10)) // its access is rewritten at Close
+			if _, err := tr.Put(context.Background(), "ns", key(3), value(3, 128<<10), cache.PutOptions{Durable: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := tr.Close(); err != nil {
+				t.Fatal(err)
+			}
+			var log storedLog
+			cfg.Observer = &log
+			tr2 := newTier(t, cfg)
+			for i := range n {
+				if got := log.meta["ns/"+string(key(i))]; !reflect.DeepEqual(got, desc(i)) {
+					t.Errorf("block %d reported with %+v, want %+v", i, got, desc(i))
+				}
+				mustGet(t, tr2, "ns", key(i), value(uint64(i), 128<<10))
+			}
+			if got, ok := log.meta["ns/"+string(key(n))]; !ok || got != nil {
+				t.Errorf("block put without a description reported with %+v (%v)", got, ok)
+			}
+			want := footprint(len(encodeKey("ns", key(0))), 128<<10, desc(0))*n + footprint(len(encodeKey("ns", key(n))), 128<<10, nil)
+			if ts := tierStats(tr2); ts.UsedBytes != want {
+				t.Errorf("used %d bytes after reopen, want %d", ts.UsedBytes, want)
+			}
+		})
 	}
 }

@@ -22,7 +22,8 @@ type item struct {
 	value     []byte
 	info      cache.Info
 	low       bool
-	cancelled bool // guarded by qmu: deleted meanwhile, do not write
+	desc      *cache.BlockMeta // its description (Config.Descriptions), for its SSD record
+	cancelled bool             // guarded by qmu: deleted meanwhile, do not write
 	// shared (guarded by qmu) is set when a reader took value from the
 	// queue: its buffer may then be referenced after the item is done and
 	// is left to the garbage collector instead of being reused.
@@ -148,6 +149,7 @@ func (s *Store) onEvict(ns string, key, value []byte, info cache.Info) {
 	}
 	damaged := sum != info.Checksum
 	it.key = append([]byte(nil), key...)
+	it.desc = s.description(ns, key)
 	s.qmu.Lock()
 	it.value = buf
 	s.qslots--
@@ -240,7 +242,7 @@ func (s *Store) writer() {
 			// The copy was checked against the DRAM block's checksum
 			// when it was made (onEvict).
 			_, err = s.ssd.PutVerified(ctx, it.ns, it.key, it.value, it.info.Checksum,
-				cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low})
+				cache.PutOptions{Depth: it.info.Depth, LowPriority: it.low, Meta: it.desc})
 		}
 		s.demoteMu.Unlock()
 		switch {

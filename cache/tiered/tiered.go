@@ -124,6 +124,12 @@ type Config struct {
 	// ssd.Config.Observer): it hears of every block entering and leaving
 	// each tier. nil: nobody is told.
 	Observer cache.Observer
+	// Descriptions, if set, gives the description (token ids, parent,
+	// block size) of a block copied from DRAM into SSD (a demotion, the
+	// stop spill), which the SSD tier keeps in the block's record so that
+	// it outlives a restart. nil: copies carry none (a durable put's own
+	// cache.PutOptions.Meta is kept either way).
+	Descriptions cache.Descriptions
 }
 
 // DefaultConfig returns the defaults: a default DRAM tier and no SSD tier.
@@ -701,6 +707,15 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
+// description is the block's description for its copy into SSD (nil:
+// none known, or no Config.Descriptions).
+func (s *Store) description(ns string, key []byte) *cache.BlockMeta {
+	if s.cfg.Descriptions == nil {
+		return nil
+	}
+	return s.cfg.Descriptions.Description(ns, key)
+}
+
 // spill copies DRAM blocks the SSD lacks into SSD until deadline. The
 // blocks are listed by dram.Scan once the writers have stopped; each is
 // re-checked, since it may have left DRAM since.
@@ -727,7 +742,8 @@ func (s *Store) spill(deadline time.Time) {
 			continue // evicted or deleted since: nothing to spill
 		}
 		buf = v
-		opts := cache.PutOptions{Depth: r.Depth, LowPriority: r.LowPriority, Checksum: info.Checksum, HasChecksum: true}
+		opts := cache.PutOptions{Depth: r.Depth, LowPriority: r.LowPriority, Checksum: info.Checksum, HasChecksum: true,
+			Meta: s.description(ns, key)}
 		if _, err := s.ssd.Put(ctx, ns, key, v, opts); err != nil {
 			s.spillMissed.Add(1)
 			continue

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -837,4 +838,76 @@ func TestFreeBuffersTrimmedWhenIdle(t *testing.T) {
 		defer s.qmu.Unlock()
 		return len(s.free) == 0 && s.freeBytes == 0 && s.freeTrim == nil
 	})
+}
+
+// descTable is a cache.Descriptions of fixed descriptions, and a
+// cache.Observer that records the description each SSD Stored carries.
+type descTable struct {
+	mu     sync.Mutex
+	give   map[string]*cache.BlockMeta
+	stored map[string]*cache.BlockMeta
+}
+
+func (d *descTable) Description(ns string, key []byte) *cache.BlockMeta {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.give[ns+"/"+string(key)]
+}
+func (d *descTable) Stored(ns string, key []byte, tier string, m *cache.BlockMeta) {
+	if tier != ssd.TierName {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stored[ns+"/"+string(key)] = m
+}
+func (d *descTable) Removed(string, []byte, string) {}
+func (d *descTable) Cleared(string, string)         {}
+
+// TestCopiesKeepDescriptions: blocks that reach SSD by demotion, by the
+// stop spill and by a durable put keep their descriptions in their
+// records, and the reopened SSD tier reports them with each block.
+func TestCopiesKeepDescriptions(t *testing.T) {
+	dir := t.TempDir()
+	desc := func(i int) *cache.BlockMeta {
+		return &cache.BlockMeta{Tokens: []uint32{uint32(i), 7}, Parent: key(i - 1), BlockSize: 2}
+	}
+	d := &descTable{give: map[string]*cache.BlockMeta{}}
+	const n = 24 // 8 demoted, 16 in DRAM only at Close
+	for i := range n {
+		d.give["ns/"+string(key(i))] = desc(i)
+	}
+	cfg := testConfig(t, 16*mib, dir)
+	cfg.StopSpillTimeout = 30 * time.Second
+	cfg.Descriptions = d
+	s := newStore(t, cfg)
+	for i := range n {
+		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A durable put's own description, which Descriptions does not know.
+	if _, err := s.Put(ctx, "ns", key(n), value(n, mib), cache.PutOptions{Durable: true, Meta: desc(n)}); err != nil {
+		t.Fatal(err)
+	}
+	waitIdle(t, s)
+	if m := s.Movement(); m.Demotions == 0 {
+		t.Fatalf("nothing demoted: %+v", m)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if m := s.Movement(); m.Spilled == 0 {
+		t.Fatalf("nothing spilled: %+v", m)
+	}
+
+	rec := &descTable{stored: map[string]*cache.BlockMeta{}}
+	cfg2 := testConfig(t, 16*mib, dir)
+	cfg2.Observer = rec
+	newStore(t, cfg2)
+	for i := range n + 1 {
+		if got := rec.stored["ns/"+string(key(i))]; !reflect.DeepEqual(got, desc(i)) {
+			t.Errorf("block %d: the reopened SSD reports %+v, want %+v", i, got, desc(i))
+		}
+	}
 }

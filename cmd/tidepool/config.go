@@ -120,6 +120,7 @@ type Config struct {
 	KVEventsEndpoint       string // tcp://HOST:PORT of the KV-event PUB socket; empty: no events
 	KVEventsReplayEndpoint string // tcp://HOST:PORT of its replay (ROUTER) socket; empty: none
 	KVEventsModel          string // the topic's model (kv@<pod>@<model>); empty: the namespace
+	KVEventsSubSnapshot    bool   // each new subscription first gets a snapshot of what is held
 	KVEventsBlockHash      string // int (vLLM's default) or bytes
 	KVEventsQueue          int    // changes waiting to be published; more are dropped
 }
@@ -296,6 +297,7 @@ var settings = []setting{
 	stringSetting("kv_events_replay_endpoint", "tcp://HOST:PORT of the KV events' replay socket (ZeroMQ ROUTER, vLLM's replay protocol); empty: none", func(c *Config) *string { return &c.KVEventsReplayEndpoint }),
 	stringSetting("kv_events_model", "model name in the KV events' topic kv@<node_name>@<model>; empty: the block's namespace", func(c *Config) *string { return &c.KVEventsModel }),
 	stringSetting("kv_events_block_hash", "how KV events carry block keys: int (the key's last 8 bytes as an integer, vLLM's default) or bytes", func(c *Config) *string { return &c.KVEventsBlockHash }),
+	boolSetting("kv_events_subscribe_snapshot", "send each new KV-event subscriber a snapshot of what this sidecar holds before the live events, for routers that never use the replay socket (llm-d's indexer), so that they see the blocks a restart kept", func(c *Config) *bool { return &c.KVEventsSubSnapshot }),
 	intSetting("kv_events_queue", "changes that may wait to be published as KV events; more are dropped and counted (tidepool_kv_events_dropped_total), never waited for", func(c *Config) *int { return &c.KVEventsQueue }),
 }
 

@@ -17,6 +17,7 @@ func (c Config) kvEventsConfig() kvevents.Config {
 	kc.Model = c.KVEventsModel
 	kc.HashBytes = c.KVEventsBlockHash == "bytes"
 	kc.QueueEvents = c.KVEventsQueue
+	kc.SubscribeSnapshot = c.KVEventsSubSnapshot
 	return kc
 }
 

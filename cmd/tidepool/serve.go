@@ -137,10 +137,11 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		return err
 	}
 	var obs cache.Observer
+	var desc cache.Descriptions
 	if events != nil {
-		obs = events
+		obs, desc = events, events
 	}
-	store, err := openObservedStore(cfg, obs, lg)
+	store, err := openObservedStore(cfg, obs, desc, lg)
 	if err != nil {
 		return err
 	}

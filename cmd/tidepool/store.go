@@ -26,12 +26,13 @@ func ssdDir(dataDir string) string { return filepath.Join(dataDir, "ssd") }
 // openStore builds the block store: the DRAM tier, and the SSD tier under
 // data_dir/ssd unless ssd_capacity is 0, composed by cache/tiered.
 func openStore(cfg Config, lg *zap.Logger) (*tiered.Store, error) {
-	return openObservedStore(cfg, nil, lg)
+	return openObservedStore(cfg, nil, nil, lg)
 }
 
 // openObservedStore is openStore whose tiers report every block entering
-// and leaving them to obs (nil: nobody).
-func openObservedStore(cfg Config, obs cache.Observer, lg *zap.Logger) (*tiered.Store, error) {
+// and leaving them to obs (nil: nobody), and whose copies into SSD keep
+// the descriptions desc gives (nil: none).
+func openObservedStore(cfg Config, obs cache.Observer, desc cache.Descriptions, lg *zap.Logger) (*tiered.Store, error) {
 	if lg == nil {
 		lg = zap.NewNop()
 	}
@@ -41,6 +42,7 @@ func openObservedStore(cfg Config, obs cache.Observer, lg *zap.Logger) (*tiered.
 	}
 	tc := cfg.storeConfig(capacity)
 	tc.Observer = obs
+	tc.Descriptions = desc
 	s, err := tiered.New(tc, lg)
 	if err != nil {
 		return nil, fmt.Errorf("block store: %w", err)

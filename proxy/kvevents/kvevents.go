@@ -71,6 +71,14 @@ type Config struct {
 	// WriteTimeout bounds one write to a subscriber (default 10 s); a
 	// subscriber that takes longer is disconnected.
 	WriteTimeout time.Duration
+	// SubscribeSnapshot sends each new subscription a snapshot of what is
+	// held under its topic prefix before the live batches, for subscribers
+	// that never ask the replay socket (llm-d's): after a restart of the
+	// sidecar they would otherwise miss the startup snapshot. Off by
+	// default: the snapshot's batches carry the last sequence number
+	// published, which a subscriber that tracks numbers cannot tell from
+	// the live batch of that number (docs/events.md).
+	SubscribeSnapshot bool
 }
 
 // DefaultConfig returns the defaults (Endpoint still to set).
@@ -203,6 +211,11 @@ type Publisher struct {
 	published, events, dropped, slowDropped atomic.Int64
 	replayed, snapshots, badRequests, held_ atomic.Int64
 
+	// welcome takes new subscriptions to the run goroutine, which sends
+	// each its snapshot (Config.SubscribeSnapshot) in order with the live
+	// batches.
+	welcome chan welcome
+
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -212,6 +225,12 @@ type Publisher struct {
 type held struct {
 	mediums uint8
 	meta    *meta
+}
+
+// welcome is a new subscription of s to the topics that start with prefix.
+type welcome struct {
+	s      *subscriber
+	prefix string
 }
 
 type nsKey struct{ ns, key string }
@@ -227,7 +246,8 @@ type ringEntry struct {
 }
 
 var (
-	_ cache.Observer = (*Publisher)(nil)
+	_ cache.Observer     = (*Publisher)(nil)
+	_ cache.Descriptions = (*Publisher)(nil)
 )
 
 // New validates cfg; the sockets open at Start. Until Start the table
@@ -243,12 +263,13 @@ func New(cfg Config, lg *zap.Logger) (*Publisher, error) {
 	}
 	return &Publisher{
 		cfg: cfg, lg: lg.Named("kvevents"), asInt: !cfg.HashBytes,
-		table: map[string]map[string]*held{},
-		ch:    make(chan *event, cfg.QueueEvents),
-		subs:  map[*subscriber]struct{}{},
-		conns: map[net.Conn]struct{}{},
-		head:  -1,
-		stop:  make(chan struct{}),
+		table:   map[string]map[string]*held{},
+		ch:      make(chan *event, cfg.QueueEvents),
+		subs:    map[*subscriber]struct{}{},
+		conns:   map[net.Conn]struct{}{},
+		head:    -1,
+		welcome: make(chan welcome, cfg.MaxSubscribers),
+		stop:    make(chan struct{}),
 	}, nil
 }
 
@@ -288,13 +309,34 @@ func (p *Publisher) Describe(ns string, key []byte, m *cache.BlockMeta) {
 	if m == nil {
 		return
 	}
-	d := &meta{tokens: append([]uint32(nil), m.Tokens...), parent: append([]byte(nil), m.Parent...), blockSize: m.BlockSize}
 	p.mu.Lock()
-	h := p.heldLocked(ns, string(key))
-	if h.meta == nil || len(d.tokens) > 0 {
-		h.meta = d
-	}
+	p.heldLocked(ns, string(key)).describe(m, true)
 	p.mu.Unlock()
+}
+
+// describe takes m as h's description: always when newer (a put's),
+// else (a tier's record of it) only where h has none with token ids.
+func (h *held) describe(m *cache.BlockMeta, newer bool) {
+	switch {
+	case m == nil:
+	case h.meta == nil, len(m.Tokens) > 0 && (newer || len(h.meta.tokens) == 0):
+		h.meta = &meta{tokens: append([]uint32(nil), m.Tokens...), parent: append([]byte(nil), m.Parent...), blockSize: m.BlockSize}
+	}
+}
+
+// Description is cache.Descriptions': the description of a block held or
+// just removed (kept a while: limboBlocks), so that its copy into SSD (a
+// demotion, the stop spill) keeps it in its record. nil: none known.
+func (p *Publisher) Description(ns string, key []byte) *cache.BlockMeta {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := p.table[ns][string(key)]
+	if h == nil || h.meta == nil {
+		return nil
+	}
+	// h.meta is never modified once set (describe replaces it), so the
+	// slices can be shared.
+	return &cache.BlockMeta{Tokens: h.meta.tokens, Parent: h.meta.parent, BlockSize: h.meta.blockSize}
 }
 
 // Forget drops the description of a block whose put failed, unless the
@@ -351,14 +393,17 @@ func (p *Publisher) deleteLocked(ns string, t map[string]*held, key string) {
 	}
 }
 
-// Stored is cache.Observer's: the block entered a tier.
-func (p *Publisher) Stored(ns string, key []byte, tier string) {
+// Stored is cache.Observer's: the block entered a tier. m, the tier's
+// record of the block's description (the SSD's, also for the blocks it
+// finds at start), describes it where nothing better is known.
+func (p *Publisher) Stored(ns string, key []byte, tier string, m *cache.BlockMeta) {
 	bit, medium := mediumBit(tier)
 	if bit == 0 {
 		return
 	}
 	p.mu.Lock()
 	h := p.heldLocked(ns, string(key))
+	h.describe(m, false)
 	if h.mediums&bit == 0 {
 		h.mediums |= bit
 		p.enqueueLocked(&event{kind: stored, ns: ns, key: string(key), medium: medium, meta: h.meta})
@@ -461,14 +506,32 @@ func (p *Publisher) ReplayAddr() net.Addr {
 	return p.rep.Addr()
 }
 
-// snapshotLocked lists every held block as a BlockStored event per medium.
+// snapshotLocked lists every held block as a BlockStored event per medium,
+// each block after the one its description names as its parent (when that
+// is held too): llm-d skips a block whose parent it has not indexed, so a
+// chain listed in another order would be indexed up to its head only.
 func (p *Publisher) snapshotLocked() []*event {
 	var out []*event
 	for ns, t := range p.table {
-		for k, h := range t {
-			for bit := uint8(1); bit <= 2; bit <<= 1 {
-				if h.mediums&bit != 0 {
-					out = append(out, &event{kind: stored, ns: ns, key: k, medium: mediumOf(bit), meta: h.meta})
+		listed := make(map[string]bool, len(t))
+		var chain []string // a block, its parent, its parent's parent...
+		for k := range t {
+			chain = chain[:0]
+			for c := k; !listed[c]; {
+				listed[c] = true
+				chain = append(chain, c)
+				h := t[c]
+				if h.meta == nil || len(h.meta.parent) == 0 || t[string(h.meta.parent)] == nil {
+					break
+				}
+				c = string(h.meta.parent)
+			}
+			for i := len(chain) - 1; i >= 0; i-- {
+				h := t[chain[i]]
+				for bit := uint8(1); bit <= 2; bit <<= 1 {
+					if h.mediums&bit != 0 {
+						out = append(out, &event{kind: stored, ns: ns, key: chain[i], medium: mediumOf(bit), meta: h.meta})
+					}
 				}
 			}
 		}
@@ -556,6 +619,8 @@ func (p *Publisher) run() {
 		select {
 		case <-p.stop:
 			return
+		case w := <-p.welcome:
+			p.sendWelcome(w)
 		case ev := <-p.ch:
 			buf = append(buf[:0], ev)
 		more:
@@ -570,6 +635,38 @@ func (p *Publisher) run() {
 			p.publishAll(buf)
 			clear(buf)
 		}
+	}
+}
+
+// sendWelcome queues for w.s a snapshot of what is held under its new
+// subscription's prefix, numbered with the last sequence number published
+// (as a replay's snapshot is). Only the run goroutine calls it, between
+// batches: what was published before is older than the snapshot, what is
+// published after is newer, so the subscriber's view ends up exact (it
+// may see a block stored twice). A subscriber whose queue is full misses
+// the rest, counted as a slow subscriber's batches.
+func (p *Publisher) sendWelcome(w welcome) {
+	p.mu.Lock()
+	all := p.snapshotLocked()
+	p.mu.Unlock()
+	evs := all[:0]
+	for _, ev := range all {
+		if strings.HasPrefix(p.topic(ev.ns), w.prefix) {
+			evs = append(evs, ev)
+		}
+	}
+	p.rmu.Lock()
+	seq := seqBytes(max(p.head, 0))
+	p.rmu.Unlock()
+	for len(evs) > 0 {
+		t, n := p.nextRun(evs)
+		payload := encodeBatch(nil, float64(time.Now().UnixNano())/1e9, evs[:n], p.asInt)
+		select {
+		case w.s.q <- &message{topic: []byte(t), seq: seq, payload: payload}:
+		default:
+			p.slowDropped.Add(1)
+		}
+		evs = evs[n:]
 	}
 }
 
@@ -714,19 +811,34 @@ func (p *Publisher) servePub(c net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		welcomed := false
 		for {
 			parts, cmd, err := readMessage(r)
 			if err != nil {
 				c.Close()
 				return
 			}
+			var prefix string
+			on := false
 			switch {
 			case cmd && commandName(parts[0]) == "SUBSCRIBE":
-				s.subscribe(string(parts[0][10:]), true)
+				prefix, on = string(parts[0][10:]), true
 			case cmd && commandName(parts[0]) == "CANCEL":
-				s.subscribe(string(parts[0][7:]), false)
+				prefix = string(parts[0][7:])
 			case !cmd && len(parts) == 1 && len(parts[0]) > 0 && parts[0][0] <= 1:
-				s.subscribe(string(parts[0][1:]), parts[0][0] == 1)
+				prefix, on = string(parts[0][1:]), parts[0][0] == 1
+			default:
+				continue
+			}
+			s.subscribe(prefix, on)
+			if on && p.cfg.SubscribeSnapshot && !welcomed {
+				// One snapshot per connection, for its first
+				// subscription: a snapshot walks the whole table.
+				welcomed = true
+				select {
+				case p.welcome <- welcome{s: s, prefix: prefix}:
+				default: // as many waiting as subscribers: one is stuck
+				}
 			}
 		}
 	}()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -163,7 +164,7 @@ func TestPublishGapAndSnapshot(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	p.Describe("ns", k, &cache.BlockMeta{Tokens: []uint32{7, 8}, BlockSize: 2})
-	p.Stored("ns", k, "dram")
+	p.Stored("ns", k, "dram", nil)
 	topic, s1, payload := recvSeq(t, r, 1)
 	if topic != "kv@pod-a@ns" || !bytes.Contains(payload, []byte{0x92, 7, 8}) {
 		t.Fatalf("topic %q payload %x", topic, payload)
@@ -171,12 +172,12 @@ func TestPublishGapAndSnapshot(t *testing.T) {
 	// Stall the publishing goroutine (it needs smu to hand a batch to the
 	// subscribers): changes beyond the queue's 2 are dropped and counted.
 	p.smu.Lock()
-	p.Stored("ns", []byte("stall"), "dram") // taken by the goroutine, which then waits
+	p.Stored("ns", []byte("stall"), "dram", nil) // taken by the goroutine, which then waits
 	for len(p.ch) != 0 {
 		time.Sleep(time.Millisecond)
 	}
 	for i := range 10 {
-		p.Stored("ns", []byte{byte(i)}, "dram")
+		p.Stored("ns", []byte{byte(i)}, "dram", nil)
 	}
 	p.smu.Unlock()
 	if d := p.Stats().Dropped; d != 8 {
@@ -245,16 +246,7 @@ func TestPublishGapAndSnapshot(t *testing.T) {
 	}
 }
 
-func subscribed(p *Publisher) bool {
-	p.smu.Lock()
-	defer p.smu.Unlock()
-	for s := range p.subs {
-		if s.wants("kv@x") {
-			return true
-		}
-	}
-	return false
-}
+func subscribed(p *Publisher) bool { return subscribedTo(p, "kv@x") }
 
 func TestRemovedKeepsDescriptionForDemotion(t *testing.T) {
 	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0"}, nil)
@@ -263,9 +255,9 @@ func TestRemovedKeepsDescriptionForDemotion(t *testing.T) {
 	}
 	k := []byte("k")
 	p.Describe("ns", k, &cache.BlockMeta{Tokens: []uint32{1}, BlockSize: 1})
-	p.Stored("ns", k, "dram")
-	p.Removed("ns", k, "dram") // evicted: no tier holds it for a moment
-	p.Stored("ns", k, "ssd")   // the demotion is written
+	p.Stored("ns", k, "dram", nil)
+	p.Removed("ns", k, "dram")    // evicted: no tier holds it for a moment
+	p.Stored("ns", k, "ssd", nil) // the demotion is written
 	snap := p.snapshotLocked()
 	if len(snap) != 1 || snap[0].medium != MediumSSD || snap[0].meta == nil || snap[0].meta.tokens[0] != 1 {
 		t.Fatalf("snapshot %+v", snap)
@@ -275,5 +267,153 @@ func TestRemovedKeepsDescriptionForDemotion(t *testing.T) {
 	p.Forget("ns", []byte("failed"))
 	if p.Stats().Held != 1 {
 		t.Fatalf("held %d", p.Stats().Held)
+	}
+}
+
+// TestStoredDescription: a tier's record of a block's description (the
+// SSD tier's, for the blocks it finds at start) describes a block nothing
+// else described, never replaces token ids a put gave, and Description
+// hands it back while the block is held or just removed, for its copy.
+func TestStoredDescription(t *testing.T) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &cache.BlockMeta{Tokens: []uint32{7, 8}, Parent: []byte("p"), BlockSize: 2}
+	p.Stored("ns", []byte("recovered"), "ssd", rec)
+	rec.Tokens[0] = 99 // the tier's copy is not kept by reference
+	snap := p.snapshotLocked()
+	if len(snap) != 1 || snap[0].meta == nil || snap[0].meta.tokens[0] != 7 || string(snap[0].meta.parent) != "p" || snap[0].meta.blockSize != 2 {
+		t.Fatalf("snapshot %+v", snap)
+	}
+	if d := p.Description("ns", []byte("recovered")); d == nil || d.Tokens[0] != 7 || d.BlockSize != 2 {
+		t.Fatalf("Description = %+v", d)
+	}
+
+	k := []byte("put")
+	p.Describe("ns", k, &cache.BlockMeta{Tokens: []uint32{1, 2}, BlockSize: 2})
+	p.Stored("ns", k, "dram", nil)
+	p.Stored("ns", k, "ssd", &cache.BlockMeta{Tokens: []uint32{5, 6}, BlockSize: 2}) // an older record
+	p.Removed("ns", k, "dram")
+	p.Removed("ns", k, "ssd") // no tier holds it: its description is kept a while
+	if d := p.Description("ns", k); d == nil || d.Tokens[0] != 1 {
+		t.Fatalf("Description after removal = %+v, want the put's", d)
+	}
+	p.Stored("ns", []byte("bare"), "dram", &cache.BlockMeta{BlockSize: 2})
+	p.Stored("ns", []byte("bare"), "ssd", &cache.BlockMeta{Tokens: []uint32{3, 4}, BlockSize: 2})
+	if d := p.Description("ns", []byte("bare")); d == nil || len(d.Tokens) != 2 {
+		t.Fatalf("a record with token ids does not describe a block known without: %+v", d)
+	}
+	if d := p.Description("ns", []byte("unknown")); d != nil {
+		t.Fatalf("Description of an unknown block = %+v", d)
+	}
+}
+
+// TestSubscribeSnapshot: with SubscribeSnapshot, a new subscription gets
+// what is held under its prefix (the startup snapshot it could not see,
+// with the descriptions an SSD tier recovered) numbered with the last
+// sequence number published, then the live batches; without it, only the
+// live batches.
+func TestSubscribeSnapshot(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprint(on), func(t *testing.T) {
+			cfg := Config{SubscribeSnapshot: on}
+			cfg.Endpoint, cfg.Pod = "tcp://127.0.0.1:0", "pod-a"
+			p, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What a reopened SSD tier reports before the sidecar starts.
+			p.Stored("a", []byte("kept-a"), "ssd", &cache.BlockMeta{Tokens: []uint32{7, 8}, BlockSize: 2})
+			p.Stored("b", []byte("kept-b"), "ssd", &cache.BlockMeta{Tokens: []uint32{9, 10}, BlockSize: 2})
+			if err := p.Start(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			c, err := net.Dial("tcp", p.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			r, w := bufio.NewReader(c), bufio.NewWriter(c)
+			if _, err := handshake(c, r, w, "SUB"); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeMessage(w, []byte("\x01kv@pod-a@a")); err != nil || w.Flush() != nil {
+				t.Fatal(err)
+			}
+			for !subscribedTo(p, "kv@pod-a@a") {
+				time.Sleep(time.Millisecond)
+			}
+			if on {
+				topic, seq, payload := recvSeq(t, r, 0)
+				// The startup snapshot was two batches (one per topic),
+				// 0 and 1.
+				if topic != "kv@pod-a@a" || seq != 1 || !bytes.Contains(payload, []byte{0x92, 7, 8}) || bytes.Contains(payload, []byte{0x92, 9, 10}) {
+					t.Fatalf("first batch %q %d %x: want the snapshot of kv@pod-a@a, numbered 1", topic, seq, payload)
+				}
+			}
+			// A live change after the subscription.
+			p.Stored("a", []byte("live"), "dram", &cache.BlockMeta{Tokens: []uint32{11, 12}, BlockSize: 2})
+			topic, seq, payload := recvSeq(t, r, 0)
+			if topic != "kv@pod-a@a" || seq != 2 || !bytes.Contains(payload, []byte{0x92, 11, 12}) {
+				t.Fatalf("batch %q %d %x: want the live change, numbered 2", topic, seq, payload)
+			}
+		})
+	}
+}
+
+func subscribedTo(p *Publisher, topic string) bool {
+	p.smu.Lock()
+	defer p.smu.Unlock()
+	for s := range p.subs {
+		if s.wants(topic) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSnapshotListsParentsFirst: a snapshot lists each block after its
+// parent (llm-d indexes a chain only from its head), whatever the order
+// the blocks were stored in, for chains that share a prefix too.
+func TestSnapshotListsParentsFirst(t *testing.T) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(chain, i int) string {
+		if i < 10 {
+			chain = 0 // the chains share their first 10 blocks
+		}
+		return fmt.Sprintf("c%d-%03d", chain, i)
+	}
+	parent := map[string]string{}
+	for _, chain := range []int{1, 2} {
+		for i := 39; i >= 0; i-- { // children stored first
+			m := &cache.BlockMeta{BlockSize: 1, Tokens: []uint32{uint32(i)}}
+			if i > 0 {
+				m.Parent = []byte(key(chain, i-1))
+				parent[key(chain, i)] = key(chain, i-1)
+			}
+			p.Stored("ns", []byte(key(chain, i)), "ssd", m)
+		}
+	}
+	p.Stored("ns", []byte("orphan"), "dram", &cache.BlockMeta{BlockSize: 1, Tokens: []uint32{1}, Parent: []byte("gone")})
+	snap := p.snapshotLocked()
+	at := map[string]int{}
+	for i, ev := range snap {
+		if _, dup := at[ev.key]; dup {
+			t.Fatalf("%s listed twice", ev.key)
+		}
+		at[ev.key] = i
+	}
+	if len(at) != 10+2*30+1 {
+		t.Fatalf("%d blocks listed, want 71", len(at))
+	}
+	for k, par := range parent {
+		if at[par] >= at[k] {
+			t.Errorf("%s listed at %d, its parent %s at %d", k, at[k], par, at[par])
+		}
 	}
 }

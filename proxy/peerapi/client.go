@@ -339,6 +339,15 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 			sum = cache.Checksum(it.Value)
 		}
 		req.Items[i] = &peer.PutItem{Key: it.Key, Value: it.Value, Depth: it.Opts.Depth, Checksum: int32(sum)}
+		if m := it.Opts.Meta; m != nil {
+			// The description travels so that the owner's KV events
+			// describe the block (its tokens are for routers).
+			req.Items[i].TokenIds = make([]int32, len(m.Tokens))
+			for j, tok := range m.Tokens {
+				req.Items[i].TokenIds[j] = int32(tok)
+			}
+			req.Items[i].ParentKey, req.Items[i].BlockSize = m.Parent, &m.BlockSize
+		}
 	}
 	res, err := kc.Put(ctx, req)
 	if err != nil {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
@@ -32,6 +34,7 @@ type node struct {
 	srv     *peerapi.Server
 	cli     *peerapi.Client
 	cred    peerapi.Credentials
+	notes   *notesLog // with nodeOpts.notes
 	unwatch func()
 	closed  bool
 }
@@ -51,6 +54,9 @@ type nodeOpts struct {
 	// noNamed: the node serves no named reads (peers fetch from it by
 	// Acquire and a one-sided read).
 	noNamed bool
+	// notes, when set, is given a notes of its own per node (n.notes):
+	// the block descriptions the node's proxy hands to its KV events.
+	notes bool
 }
 
 func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
@@ -78,7 +84,12 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	pcfg := proxy.DefaultConfig()
 	pcfg.NodeID = name
-	if n.p, err = proxy.New(pcfg, proxy.Deps{Store: n.tier, ZeroCopy: n.tier, Scan: n.tier}, nil); err != nil {
+	deps := proxy.Deps{Store: n.tier, ZeroCopy: n.tier, Scan: n.tier}
+	if o.notes {
+		n.notes = &notesLog{meta: map[string]*cache.BlockMeta{}}
+		deps.Notes = n.notes
+	}
+	if n.p, err = proxy.New(pcfg, deps, nil); err != nil {
 		t.Fatal(err)
 	}
 	tcfg := tcp.DefaultLocalConfig()
@@ -231,4 +242,31 @@ func value(seed byte, size int) []byte {
 		v[i] = seed + byte(i*7) + byte(i>>9)
 	}
 	return v
+}
+
+// notesLog is a proxy.BlockNotes that records the last description given
+// for each block.
+type notesLog struct {
+	mu   sync.Mutex
+	meta map[string]*cache.BlockMeta // ns/key →
+}
+
+func (l *notesLog) Describe(ns string, key []byte, m *cache.BlockMeta) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.meta[ns+"/"+string(key)] = m.Clone()
+}
+
+func (l *notesLog) Forget(ns string, key []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.meta, ns+"/"+string(key))
+}
+
+func (l *notesLog) Description(ns string, key []byte) *cache.BlockMeta { return l.get(ns, key) }
+
+func (l *notesLog) get(ns string, key []byte) *cache.BlockMeta {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.meta[ns+"/"+string(key)]
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -37,14 +38,19 @@ func TestRebalanceOnJoin(t *testing.T) {
 		size   = 64 << 10
 		rate   = 1 << 20 // bytes/s: ~16 blocks move, ~0.5 s per old owner
 	)
-	o := nodeOpts{route: &proxy.RouteConfig{RebalanceRate: rate, RebalanceDelay: 200 * time.Millisecond, HotThreshold: proxy.Off}}
+	o := nodeOpts{route: &proxy.RouteConfig{RebalanceRate: rate, RebalanceDelay: 200 * time.Millisecond, HotThreshold: proxy.Off},
+		notes: true}
+	desc := func(i int) *cache.BlockMeta {
+		return &cache.BlockMeta{Tokens: []uint32{uint32(i), 1}, Parent: []byte(fmt.Sprintf("blk-%03d", max(i-1, 0))), BlockSize: 2}
+	}
 	nodes := newCluster(t, 2, o)
 	ctx := context.Background()
 	keys := make([][]byte, blocks)
 	for i := range keys {
 		keys[i] = []byte(fmt.Sprintf("blk-%03d", i))
 		// Synchronous pushes: each owner holds its blocks when Put returns.
-		if _, err := nodes[0].p.Put(proxy.WithSyncReplicas(ctx, 1), ns, keys[i], value(byte(i), size), cache.PutOptions{Depth: int32(i % 6)}); err != nil {
+		if _, err := nodes[0].p.Put(proxy.WithSyncReplicas(ctx, 1), ns, keys[i], value(byte(i), size),
+			cache.PutOptions{Depth: int32(i % 6), Meta: desc(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -123,6 +129,10 @@ func TestRebalanceOnJoin(t *testing.T) {
 		}
 		if low, ok := lowPriority(n2.tier, ns, k); !ok || low {
 			t.Fatalf("%s on the new owner: present %v, low priority %v", k, ok, low)
+		}
+		// With its description, for the new owner's KV events.
+		if got, want := n2.notes.get(ns, k), desc(indexOf(keys, k)); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s on the new owner described as %+v, want %+v", k, got, want)
 		}
 	}
 	// The previous owners keep what they moved as low-priority copies.

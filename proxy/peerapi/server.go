@@ -458,7 +458,7 @@ func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 			failed++
 			continue
 		}
-		_, err := h.p.PutLocal(ctx, req.Ns, it.Key, it.Value, cache.PutOptions{Depth: it.Depth})
+		_, err := h.p.PutLocal(ctx, req.Ns, it.Key, it.Value, cache.PutOptions{Depth: it.Depth, Meta: pushedMeta(it)})
 		out.Codes[i] = wirecode.Code(err)
 		if err != nil {
 			failed++
@@ -468,6 +468,22 @@ func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 	}
 	h.count(func(s *ServerStats) { s.Puts += ok; s.PutFails += failed })
 	return out, nil
+}
+
+// pushedMeta is a pushed block's description (nil: none sent). PutLocal
+// checks it as a put's.
+func pushedMeta(it *peer.PutItem) *cache.BlockMeta {
+	if it.TokenIds == nil && it.ParentKey == nil && it.BlockSize == nil {
+		return nil
+	}
+	m := &cache.BlockMeta{Parent: it.ParentKey, BlockSize: it.GetBlockSize()}
+	if len(it.TokenIds) > 0 {
+		m.Tokens = make([]uint32, len(it.TokenIds))
+		for i, tok := range it.TokenIds {
+			m.Tokens[i] = uint32(tok)
+		}
+	}
+	return m
 }
 
 // Delete removes blocks from this node's local tiers for a peer (its

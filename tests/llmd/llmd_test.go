@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,6 +49,22 @@ func freePort(t *testing.T) int {
 // gone), as pod POD_NAME=pod-a.
 func serve(t *testing.T, endpoint string) *client.Client {
 	t.Helper()
+	return newSidecar(t, endpoint, "--ssd-capacity", "0").start()
+}
+
+// sidecar is a `tidepool serve` process publishing KV events on endpoint
+// as pod POD_NAME=pod-a with a 64 MiB DRAM tier, args added; start may be
+// called again after stop, on the same directories (a restart).
+type sidecar struct {
+	t        *testing.T
+	bin, dir string
+	args     []string
+	cmd      *exec.Cmd
+	c        *client.Client
+}
+
+func newSidecar(t *testing.T, endpoint string, args ...string) *sidecar {
+	t.Helper()
 	bin := os.Getenv("TIDEPOOL_BIN")
 	if bin == "" {
 		bin = filepath.Join(t.TempDir(), "tidepool")
@@ -63,25 +80,32 @@ func serve(t *testing.T, endpoint string) *client.Client {
 	} else {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	sock := filepath.Join(dir, "tp.sock")
-	cmd := exec.Command(bin, "serve", "--socket", sock, "--data-dir", filepath.Join(dir, "data"),
-		"--arena-dir", filepath.Join(dir, "arenas"), "--dram-capacity", "64MiB", "--arena-size", "16MiB",
-		"--ssd-capacity", "0", "--metrics-addr", "", "--log-level", "warn", "--max-value-size", "8MiB",
-		"--kv-events-endpoint", endpoint, "--kv-events-model", model)
-	cmd.Env = append(os.Environ(), "POD_NAME="+pod)
-	log, _ := os.Create(filepath.Join(dir, "server.log"))
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	sc := &sidecar{t: t, bin: bin, dir: dir, args: append([]string{"--socket", filepath.Join(dir, "tp.sock"),
+		"--data-dir", filepath.Join(dir, "data"), "--arena-dir", filepath.Join(dir, "arenas"),
+		"--dram-capacity", "64MiB", "--arena-size", "16MiB", "--metrics-addr", "", "--log-level", "warn",
+		"--max-value-size", "8MiB", "--kv-events-endpoint", endpoint, "--kv-events-model", model}, args...)}
 	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
+		sc.stop()
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(dir, "server.log"))
 			t.Logf("server log:\n%s", b)
 		}
 	})
+	return sc
+}
+
+// start starts the process and returns a client once it answers Hello.
+func (sc *sidecar) start() *client.Client {
+	t := sc.t
+	t.Helper()
+	sock := filepath.Join(sc.dir, "tp.sock")
+	sc.cmd = exec.Command(sc.bin, append([]string{"serve"}, sc.args...)...)
+	sc.cmd.Env = append(os.Environ(), "POD_NAME="+pod)
+	log, _ := os.OpenFile(filepath.Join(sc.dir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	sc.cmd.Stdout, sc.cmd.Stderr = log, log
+	if err := sc.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if _, err := os.Stat(sock); err != nil {
@@ -94,7 +118,7 @@ func serve(t *testing.T, endpoint string) *client.Client {
 		c, err := client.New(sock)
 		if err == nil {
 			if _, err = c.Hello(context.Background()); err == nil {
-				t.Cleanup(func() { c.Close() })
+				sc.c = c
 				return c
 			}
 			c.Close()
@@ -103,6 +127,20 @@ func serve(t *testing.T, endpoint string) *client.Client {
 			t.Fatalf("serve not ready: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stop closes the client and stops the process as Kubernetes does
+// (SIGTERM: a clean stop, which spills DRAM into SSD), waiting for it.
+func (sc *sidecar) stop() {
+	if sc.c != nil {
+		sc.c.Close()
+		sc.c = nil
+	}
+	if sc.cmd != nil {
+		sc.cmd.Process.Signal(syscall.SIGTERM)
+		sc.cmd.Wait()
+		sc.cmd = nil
 	}
 }
 
@@ -161,13 +199,10 @@ func putPrompt(t *testing.T, c *client.Client, first int, tokens []uint32, size 
 	}
 }
 
-func TestIndexerScoresTidepoolPod(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	c := serve(t, endpoint)
-
-	// llm-d's indexer, wired as its kv-cache manager wires it.
+// indexer is llm-d's indexer, wired as its kv-cache manager wires it,
+// subscribed to endpoint as pod's: score is the pod's score for a prompt.
+func indexer(ctx context.Context, t *testing.T, endpoint string) (score func(tokens []uint32) float64) {
+	t.Helper()
 	tp, err := kvblock.NewChunkedTokenDatabase(&kvblock.TokenProcessorConfig{BlockSizeTokens: blockSize})
 	if err != nil {
 		t.Fatal(err)
@@ -176,50 +211,63 @@ func TestIndexerScoresTidepoolPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	indexer, err := kvcache.NewKVCacheIndexer(ctx, icfg, tp)
+	ix, err := kvcache.NewKVCacheIndexer(ctx, icfg, tp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go indexer.Run(ctx)
-	pool := kvevents.NewPool(&kvevents.Config{TopicFilter: "kv@", Concurrency: 2}, indexer.KVBlockIndex(), tp,
+	go ix.Run(ctx)
+	pool := kvevents.NewPool(&kvevents.Config{TopicFilter: "kv@", Concurrency: 2}, ix.KVBlockIndex(), tp,
 		engineadapter.NewVLLMAdapter())
 	pool.Start(ctx)
-	defer pool.Shutdown(ctx)
+	t.Cleanup(func() { pool.Shutdown(context.Background()) })
 	subs := kvevents.NewSubscriberManager(pool)
-	defer subs.Shutdown(ctx)
+	t.Cleanup(func() { subs.Shutdown(context.Background()) })
 	if err := subs.EnsureSubscriber(ctx, pod, endpoint, "kv@", true); err != nil {
 		t.Fatal(err)
 	}
-
-	score := func(tokens []uint32) float64 {
-		s, err := indexer.ScoreTokens(ctx, tokens, model, nil, nil)
+	return func(tokens []uint32) float64 {
+		s, err := ix.ScoreTokens(ctx, tokens, model, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s[pod]
 	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 60 s", what)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+}
 
-	// The subscriber joins late (a PUB delivers nothing before a SUB's
-	// subscription arrives): put probe prompts until the index sees one.
-	probe := 1000
-	waitFor("the indexer's subscriber to receive", func() bool {
+// waitFor polls cond for up to 60 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 60 s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// awaitSubscriber puts probe prompts (blocks from first) until the index
+// scores one: the subscriber joins late (a PUB delivers nothing before a
+// SUB's subscription arrives).
+func awaitSubscriber(t *testing.T, c *client.Client, score func([]uint32) float64, first int) {
+	t.Helper()
+	probe := first
+	waitFor(t, "the indexer's subscriber to receive", func() bool {
 		toks := prompt(probe, 1)
 		putPrompt(t, c, probe, toks, 4096)
 		probe++
 		time.Sleep(100 * time.Millisecond)
 		return score(toks) > 0
 	})
+}
 
+func TestIndexerScoresTidepoolPod(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	c := serve(t, endpoint)
+	score := indexer(ctx, t, endpoint)
+	awaitSubscriber(t, c, score, 1000)
 	// A 4-block prompt put the connector's way: the pod scores for it, for
 	// its prefixes, and not for a prompt it does not hold.
 	toks := prompt(0, 4)
@@ -227,7 +275,7 @@ func TestIndexerScoresTidepoolPod(t *testing.T) {
 		t.Fatal("scored before the put")
 	}
 	putPrompt(t, c, 0, toks, 1<<20)
-	waitFor("the prompt's score", func() bool { return score(toks) >= 4*0.8-1e-9 })
+	waitFor(t, "the prompt's score", func() bool { return score(toks) >= 4*0.8-1e-9 })
 	t.Logf("score of the 4-block prompt: %v (llm-d weighs cpu 0.8 per block)", score(toks))
 	if s := score(toks[:2*blockSize]); s < 2*0.8-1e-9 {
 		t.Fatalf("score of its 2-block prefix: %v", s)
@@ -240,6 +288,43 @@ func TestIndexerScoresTidepoolPod(t *testing.T) {
 	for i := range 20 {
 		putPrompt(t, c, 100+i*4, prompt(100+i*4, 4), 1<<20)
 	}
-	waitFor("the evicted prompt's score to drop", func() bool { return score(toks) < 4*0.8-1e-9 })
+	waitFor(t, "the evicted prompt's score to drop", func() bool { return score(toks) < 4*0.8-1e-9 })
 	t.Logf("score of the prompt after eviction: %v", score(toks))
+}
+
+// TestIndexerScoresAfterSidecarRestart: the blocks a sidecar's SSD tier
+// kept across a restart are indexed by a router that restarts with it.
+// The prompt's blocks are put the connector's way (with token ids) and
+// some are demoted to SSD by DRAM pressure, the rest spilled there by the
+// clean stop (SIGTERM); the sidecar restarts on the same data_dir, with
+// kv_events_subscribe_snapshot (llm-d's subscriber never asks the replay
+// socket), and a fresh llm-d indexer scores the pod for the prompt from
+// the snapshot, which carries the token ids the SSD tier kept.
+func TestIndexerScoresAfterSidecarRestart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sc := newSidecar(t, endpoint, "--ssd-capacity", "512MiB", "--kv-events-subscribe-snapshot", "true")
+	c := sc.start()
+	// 24 blocks of 4 MiB (6 prompts of 4) through 64 MiB of DRAM: the
+	// first prompts are demoted to SSD while serving.
+	for p := range 6 {
+		putPrompt(t, c, p*4, prompt(p*4, 4), 4<<20)
+	}
+	toks := prompt(0, 4)  // demoted
+	last := prompt(20, 4) // in DRAM at the stop: spilled
+	sc.stop()
+	sc.start()
+	score := indexer(ctx, t, endpoint)
+	waitFor(t, "the restarted pod's score for a prompt its SSD kept", func() bool {
+		return score(toks) > 0 && score(last) > 0
+	})
+	full, prefix := score(toks), score(toks[:2*blockSize])
+	t.Logf("after the restart: score %v for the 4-block prompt, %v for its 2-block prefix (medium STORAGE)", full, prefix)
+	if full < 2*prefix-1e-9 || prefix <= 0 {
+		t.Fatalf("scores %v (4 blocks) and %v (2 blocks): not one per block", full, prefix)
+	}
+	if s := score(prompt(50, 4)); s != 0 {
+		t.Fatalf("score of a prompt never put: %v", s)
+	}
 }

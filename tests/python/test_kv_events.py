@@ -428,20 +428,40 @@ class KVEventsTest(unittest.TestCase):
         self.assertGreater(self.srv.metric("tidepool_kv_events_replayed_total"), 0)
 
     def test_restart_with_ssd_publishes_snapshot(self):
-        self.put_chain(300, 3, "put")
+        """The startup snapshot after a restart that kept the SSD tier
+        describes every block as it was put: token ids, parent hash and
+        block size, whether the block reached SSD by demotion (DRAM
+        pressure) or by the stop spill; a block promoted back into DRAM
+        after the restart is stored in CPU with them too."""
+        # 20 blocks of 4 MiB through a 64 MiB DRAM budget: the oldest are
+        # demoted while serving, the rest spilled at the stop.
+        n, first = 20, 300
+        self.put_chain(first, n, "put")
+        deadline = time.monotonic() + DEADLINE_S
+        while self.srv.metric("tidepool_demotions_total") < 1:
+            self.assertLess(time.monotonic(), deadline, "nothing demoted")
+            time.sleep(0.1)
         self.c.close()
-        self.srv.stop()  # a clean stop spills DRAM into SSD
+        self.srv.stop()  # SIGTERM: a clean stop spills DRAM into SSD
         self.c = self.srv.start()
         s = Subscriber(self.pub, self.rep)
         self.subs.append(s)
         snap = s.replay(0)
         self.assertEqual(snap[0][1], 0)
         evs = [e for t, q, p in snap for e in decode(p)]
-        for i in range(300, 303):
+        for i in range(first, first + n):
             got = [e for e in evs if e["type"] == "BlockStored" and e["medium"] == "STORAGE"
                    and e["block_hashes"] == [hash_int(key_of(i))]]
             self.assertEqual(len(got), 1, "block %d not in the startup snapshot" % i)
-            self.assertEqual(got[0]["block_size"], 0)  # token ids are not kept on SSD
+            self.check_stored(got[0], i)
+            self.assertEqual(got[0]["parent_block_hash"], None if i == first else hash_int(key_of(i - 1)))
+        # Promotion back into DRAM, seen live.
+        for t, q, p in s.replay(0):
+            s.take_one(t, q, p)
+        self.assertEqual(self.c.get(NS, key_of(first))[:4], bytes([first % 256]) * 4)
+        s.drain(lambda ev: find(ev, "BlockStored", key_of(first), "CPU"))
+        ev = s.events()
+        self.check_stored(ev[find(ev, "BlockStored", key_of(first), "CPU")[0]][2], first)
 
     def test_bad_input(self):
         s = self.subscriber()

@@ -512,10 +512,13 @@ func (p *ReleaseResponse) String() string {
 var fieldIDToName_ReleaseResponse = map[int16]string{}
 
 type PutItem struct {
-	Key      []byte `thrift:"key,1" frugal:"1,default,binary" json:"key"`
-	Value    []byte `thrift:"value,2" frugal:"2,default,binary" json:"value"`
-	Depth    int32  `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
-	Checksum int32  `thrift:"checksum,4" frugal:"4,default,i32" json:"checksum"`
+	Key       []byte  `thrift:"key,1" frugal:"1,default,binary" json:"key"`
+	Value     []byte  `thrift:"value,2" frugal:"2,default,binary" json:"value"`
+	Depth     int32   `thrift:"depth,3" frugal:"3,default,i32" json:"depth"`
+	Checksum  int32   `thrift:"checksum,4" frugal:"4,default,i32" json:"checksum"`
+	TokenIds  []int32 `thrift:"token_ids,5,optional" frugal:"5,optional,list<i32>" json:"token_ids,omitempty"`
+	ParentKey []byte  `thrift:"parent_key,6,optional" frugal:"6,optional,binary" json:"parent_key,omitempty"`
+	BlockSize *int32  `thrift:"block_size,7,optional" frugal:"7,optional,i32" json:"block_size,omitempty"`
 }
 
 func NewPutItem() *PutItem {
@@ -540,6 +543,33 @@ func (p *PutItem) GetDepth() (v int32) {
 func (p *PutItem) GetChecksum() (v int32) {
 	return p.Checksum
 }
+
+var PutItem_TokenIds_DEFAULT []int32
+
+func (p *PutItem) GetTokenIds() (v []int32) {
+	if !p.IsSetTokenIds() {
+		return PutItem_TokenIds_DEFAULT
+	}
+	return p.TokenIds
+}
+
+var PutItem_ParentKey_DEFAULT []byte
+
+func (p *PutItem) GetParentKey() (v []byte) {
+	if !p.IsSetParentKey() {
+		return PutItem_ParentKey_DEFAULT
+	}
+	return p.ParentKey
+}
+
+var PutItem_BlockSize_DEFAULT int32
+
+func (p *PutItem) GetBlockSize() (v int32) {
+	if !p.IsSetBlockSize() {
+		return PutItem_BlockSize_DEFAULT
+	}
+	return *p.BlockSize
+}
 func (p *PutItem) SetKey(val []byte) {
 	p.Key = val
 }
@@ -551,6 +581,27 @@ func (p *PutItem) SetDepth(val int32) {
 }
 func (p *PutItem) SetChecksum(val int32) {
 	p.Checksum = val
+}
+func (p *PutItem) SetTokenIds(val []int32) {
+	p.TokenIds = val
+}
+func (p *PutItem) SetParentKey(val []byte) {
+	p.ParentKey = val
+}
+func (p *PutItem) SetBlockSize(val *int32) {
+	p.BlockSize = val
+}
+
+func (p *PutItem) IsSetTokenIds() bool {
+	return p.TokenIds != nil
+}
+
+func (p *PutItem) IsSetParentKey() bool {
+	return p.ParentKey != nil
+}
+
+func (p *PutItem) IsSetBlockSize() bool {
+	return p.BlockSize != nil
 }
 
 func (p *PutItem) String() string {
@@ -565,6 +616,9 @@ var fieldIDToName_PutItem = map[int16]string{
 	2: "value",
 	3: "depth",
 	4: "checksum",
+	5: "token_ids",
+	6: "parent_key",
+	7: "block_size",
 }
 
 type PutRequest struct {
