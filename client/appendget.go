@@ -13,13 +13,9 @@ import (
 // go from the socket straight into dst (rawget.go: AppendGet calls on
 // connections of its own, not through Kitex). On a miss or an error dst
 // comes back unchanged.
-func (c *Client) AppendGet(ctx context.Context, dst []byte, ns string, key []byte) (value []byte, found bool, err error) {
-	return c.AppendGetScope(ctx, dst, ns, key, ScopeDefault)
-}
-
-// AppendGetScope is AppendGet with an explicit scope.
-func (c *Client) AppendGetScope(ctx context.Context, dst []byte, ns string, key []byte, scope Scope) (value []byte, found bool, err error) {
-	res, err := c.rawGet(ctx, dst, &tp.GetRequest{Ns: ns, Key: key, Scope: scope})
+// The scope is as Get's.
+func (c *Client) AppendGet(ctx context.Context, dst []byte, ns string, key []byte, scope ...Scope) (value []byte, found bool, err error) {
+	res, err := c.rawGet(ctx, dst, &tp.GetRequest{Ns: ns, Key: key, Scope: scopeOf(scope)})
 	if err != nil {
 		return dst, false, err
 	}

@@ -55,7 +55,7 @@ func TestAppendGet(t *testing.T) {
 			t.Fatalf("%d bytes into a short buffer: found %v, err %v, %d bytes", n, found, err, len(got))
 		}
 
-		got, found, err = c.AppendGetScope(ctx, nil, "ns", key, client.ScopeLocal)
+		got, found, err = c.AppendGet(ctx, nil, "ns", key, client.ScopeLocal)
 		if err != nil || !found || !bytes.Equal(got, v) {
 			t.Fatalf("%d bytes into nil: found %v, err %v", n, found, err)
 		}

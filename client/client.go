@@ -330,10 +330,11 @@ func (c *Client) BatchPut(ctx context.Context, ns string, items []Item) ([]error
 	return out, nil
 }
 
-// Get returns one block's bytes; found is false on a miss.
-func (c *Client) Get(ctx context.Context, ns string, key []byte) (value []byte, found bool, err error) {
+// Get returns one block's bytes; found is false on a miss. A scope (at
+// most one; ScopeDefault without) says where it looks.
+func (c *Client) Get(ctx context.Context, ns string, key []byte, scope ...Scope) (value []byte, found bool, err error) {
 	var res tp.TidepoolGetResult
-	err = c.call(ctx, "Get", &tp.TidepoolGetArgs{Req: &tp.GetRequest{Ns: ns, Key: key}}, &res)
+	err = c.call(ctx, "Get", &tp.TidepoolGetArgs{Req: &tp.GetRequest{Ns: ns, Key: key, Scope: scopeOf(scope)}}, &res)
 	r := res.GetSuccess()
 	if err != nil {
 		return nil, false, err
@@ -348,10 +349,10 @@ type GetResult struct {
 	Tier  string
 }
 
-// BatchGet returns several blocks, in the order of keys.
-func (c *Client) BatchGet(ctx context.Context, ns string, keys [][]byte) ([]GetResult, error) {
+// BatchGet returns several blocks, in the order of keys (scope as Get's).
+func (c *Client) BatchGet(ctx context.Context, ns string, keys [][]byte, scope ...Scope) ([]GetResult, error) {
 	var res tp.TidepoolBatchGetResult
-	err := c.call(ctx, "BatchGet", &tp.TidepoolBatchGetArgs{Req: &tp.BatchGetRequest{Ns: ns, Keys: keys}}, &res)
+	err := c.call(ctx, "BatchGet", &tp.TidepoolBatchGetArgs{Req: &tp.BatchGetRequest{Ns: ns, Keys: keys, Scope: scopeOf(scope)}}, &res)
 	r := res.GetSuccess()
 	if err != nil {
 		return nil, err
@@ -383,10 +384,11 @@ func (c *Client) Exists(ctx context.Context, ns string, key []byte) (Presence, e
 	return Presence{Present: r.Present, Tier: r.Tier, NodeID: r.NodeId}, nil
 }
 
-// BatchExists reports presence for several keys, in order.
-func (c *Client) BatchExists(ctx context.Context, ns string, keys [][]byte) ([]Presence, error) {
+// BatchExists reports presence for several keys, in order (scope as
+// Get's).
+func (c *Client) BatchExists(ctx context.Context, ns string, keys [][]byte, scope ...Scope) ([]Presence, error) {
 	var res tp.TidepoolBatchExistsResult
-	err := c.call(ctx, "BatchExists", &tp.TidepoolBatchExistsArgs{Req: &tp.BatchExistsRequest{Ns: ns, Keys: keys}}, &res)
+	err := c.call(ctx, "BatchExists", &tp.TidepoolBatchExistsArgs{Req: &tp.BatchExistsRequest{Ns: ns, Keys: keys, Scope: scopeOf(scope)}}, &res)
 	r := res.GetSuccess()
 	if err != nil {
 		return nil, err
@@ -400,10 +402,11 @@ func (c *Client) BatchExists(ctx context.Context, ns string, keys [][]byte) ([]P
 	return out, nil
 }
 
-// Lookup returns how many leading keys of a chain are present.
-func (c *Client) Lookup(ctx context.Context, ns string, keys [][]byte) (int, error) {
+// Lookup returns how many leading keys of a chain are present (scope as
+// Get's).
+func (c *Client) Lookup(ctx context.Context, ns string, keys [][]byte, scope ...Scope) (int, error) {
 	var res tp.TidepoolLookupResult
-	err := c.call(ctx, "Lookup", &tp.TidepoolLookupArgs{Req: &tp.LookupRequest{Ns: ns, Keys: keys}}, &res)
+	err := c.call(ctx, "Lookup", &tp.TidepoolLookupArgs{Req: &tp.LookupRequest{Ns: ns, Keys: keys, Scope: scopeOf(scope)}}, &res)
 	r := res.GetSuccess()
 	if err != nil {
 		return 0, err
@@ -412,9 +415,11 @@ func (c *Client) Lookup(ctx context.Context, ns string, keys [][]byte) (int, err
 }
 
 // Delete removes one block; deleted is false when it was absent.
-func (c *Client) Delete(ctx context.Context, ns string, key []byte) (bool, error) {
+// ScopeCluster (the default on a clustered node) deletes it on every live
+// member, ScopeLocal in this sidecar's tiers only.
+func (c *Client) Delete(ctx context.Context, ns string, key []byte, scope ...Scope) (bool, error) {
 	var res tp.TidepoolDeleteResult
-	err := c.call(ctx, "Delete", &tp.TidepoolDeleteArgs{Req: &tp.DeleteRequest{Ns: ns, Key: key}}, &res)
+	err := c.call(ctx, "Delete", &tp.TidepoolDeleteArgs{Req: &tp.DeleteRequest{Ns: ns, Key: key, Scope: scopeOf(scope)}}, &res)
 	r := res.GetSuccess()
 	if err != nil {
 		return false, err
@@ -422,10 +427,11 @@ func (c *Client) Delete(ctx context.Context, ns string, key []byte) (bool, error
 	return r.Deleted, nil
 }
 
-// Clear removes every block of a namespace and returns how many.
-func (c *Client) Clear(ctx context.Context, ns string) (int64, error) {
+// Clear removes every block of a namespace and returns how many; scope as
+// Delete's.
+func (c *Client) Clear(ctx context.Context, ns string, scope ...Scope) (int64, error) {
 	var res tp.TidepoolClearResult
-	err := c.call(ctx, "Clear", &tp.TidepoolClearArgs{Req: &tp.ClearRequest{Ns: ns}}, &res)
+	err := c.call(ctx, "Clear", &tp.TidepoolClearArgs{Req: &tp.ClearRequest{Ns: ns, Scope: scopeOf(scope)}}, &res)
 	r := res.GetSuccess()
 	if err != nil {
 		return 0, err

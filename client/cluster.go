@@ -30,19 +30,3 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 	}
 	return out, nil
 }
-
-// BatchExistsScope is BatchExists with an explicit scope.
-func (c *Client) BatchExistsScope(ctx context.Context, ns string, keys [][]byte, scope Scope) ([]Presence, error) {
-	var res tp.TidepoolBatchExistsResult
-	if err := c.call(ctx, "BatchExists", &tp.TidepoolBatchExistsArgs{Req: &tp.BatchExistsRequest{Ns: ns, Keys: keys, Scope: scope}}, &res); err != nil {
-		return nil, err
-	}
-	r := res.GetSuccess()
-	out := make([]Presence, len(r.Results))
-	for i, e := range r.Results {
-		if e != nil {
-			out[i] = Presence{Present: e.Present, Tier: e.Tier, NodeID: e.NodeId}
-		}
-	}
-	return out, nil
-}

@@ -19,50 +19,20 @@ const (
 	ScopeCluster = tp.Scope_CLUSTER
 )
 
-// LookupScope is Lookup with an explicit scope.
-func (c *Client) LookupScope(ctx context.Context, ns string, keys [][]byte, scope Scope) (int, error) {
-	var res tp.TidepoolLookupResult
-	err := c.call(ctx, "Lookup", &tp.TidepoolLookupArgs{Req: &tp.LookupRequest{Ns: ns, Keys: keys, Scope: scope}}, &res)
-	r := res.GetSuccess()
-	if err != nil {
-		return 0, err
+// scopeOf is the scope of a call's optional scope argument: the last one
+// given, ScopeDefault without.
+func scopeOf(s []Scope) Scope {
+	if len(s) == 0 {
+		return ScopeDefault
 	}
-	return int(r.Matched), nil
+	return s[len(s)-1]
 }
 
-// GetScope is Get with an explicit scope.
-func (c *Client) GetScope(ctx context.Context, ns string, key []byte, scope Scope) (value []byte, found bool, err error) {
-	var res tp.TidepoolGetResult
-	err = c.call(ctx, "Get", &tp.TidepoolGetArgs{Req: &tp.GetRequest{Ns: ns, Key: key, Scope: scope}}, &res)
-	r := res.GetSuccess()
-	if err != nil {
-		return nil, false, err
-	}
-	return r.Value, r.Found, nil
-}
-
-// BatchGetScope is BatchGet with an explicit scope.
-func (c *Client) BatchGetScope(ctx context.Context, ns string, keys [][]byte, scope Scope) ([]GetResult, error) {
-	var res tp.TidepoolBatchGetResult
-	err := c.call(ctx, "BatchGet", &tp.TidepoolBatchGetArgs{Req: &tp.BatchGetRequest{Ns: ns, Keys: keys, Scope: scope}}, &res)
-	r := res.GetSuccess()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]GetResult, len(r.Results))
-	for i, g := range r.Results {
-		if g != nil {
-			out[i] = GetResult{Value: g.Value, Code: g.Code, Tier: g.Tier}
-		}
-	}
-	return out, nil
-}
-
-// PresentScope reports, per key, whether the block is present in scope
-// (BatchExists reduced to booleans).
-func (c *Client) PresentScope(ctx context.Context, ns string, keys [][]byte, scope Scope) ([]bool, error) {
+// Present reports, per key, whether the block is present (BatchExists
+// reduced to booleans; scope as Get's).
+func (c *Client) Present(ctx context.Context, ns string, keys [][]byte, scope ...Scope) ([]bool, error) {
 	var res tp.TidepoolBatchExistsResult
-	if err := c.call(ctx, "BatchExists", &tp.TidepoolBatchExistsArgs{Req: &tp.BatchExistsRequest{Ns: ns, Keys: keys, Scope: scope}}, &res); err != nil {
+	if err := c.call(ctx, "BatchExists", &tp.TidepoolBatchExistsArgs{Req: &tp.BatchExistsRequest{Ns: ns, Keys: keys, Scope: scopeOf(scope)}}, &res); err != nil {
 		return nil, err
 	}
 	r := res.GetSuccess()
@@ -87,30 +57,4 @@ func (c *Client) AliveMembers(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// DeleteScope is Delete with an explicit scope: ScopeCluster (the default
-// on a clustered node) deletes the block on every live member, ScopeLocal
-// in this sidecar's tiers only.
-func (c *Client) DeleteScope(ctx context.Context, ns string, key []byte, scope Scope) (bool, error) {
-	var res tp.TidepoolDeleteResult
-	err := c.call(ctx, "Delete", &tp.TidepoolDeleteArgs{Req: &tp.DeleteRequest{Ns: ns, Key: key, Scope: scope}}, &res)
-	r := res.GetSuccess()
-	if err != nil {
-		return false, err
-	}
-	return r.Deleted, nil
-}
-
-// ClearScope is Clear with an explicit scope: ScopeCluster (the default on
-// a clustered node) clears the namespace on every live member, ScopeLocal
-// in this sidecar's tiers only.
-func (c *Client) ClearScope(ctx context.Context, ns string, scope Scope) (int64, error) {
-	var res tp.TidepoolClearResult
-	err := c.call(ctx, "Clear", &tp.TidepoolClearArgs{Req: &tp.ClearRequest{Ns: ns, Scope: scope}}, &res)
-	r := res.GetSuccess()
-	if err != nil {
-		return 0, err
-	}
-	return r.Removed, nil
 }

@@ -172,16 +172,16 @@ func (e *benchEngine) Get(ctx context.Context, key []byte) (int, bool, error) {
 	if e.zc != nil {
 		return e.zc.GetInto(ctx, e.ns, key, *bp)
 	}
-	v, found, err := e.c.AppendGetScope(ctx, (*bp)[:0], e.ns, key, e.scope)
+	v, found, err := e.c.AppendGet(ctx, (*bp)[:0], e.ns, key, e.scope)
 	return len(v), found, err
 }
 
 func (e *benchEngine) Lookup(ctx context.Context, keys [][]byte) (int, error) {
-	return e.c.LookupScope(ctx, e.ns, keys, e.scope)
+	return e.c.Lookup(ctx, e.ns, keys, e.scope)
 }
 
 func (e *benchEngine) BatchGet(ctx context.Context, keys [][]byte) (int64, int, error) {
-	res, err := e.c.BatchGetScope(ctx, e.ns, keys, e.scope)
+	res, err := e.c.BatchGet(ctx, e.ns, keys, e.scope)
 	if err != nil {
 		return 0, 0, err
 	}

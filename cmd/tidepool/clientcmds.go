@@ -251,7 +251,7 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		if err != nil {
 			return exitUsage, err
 		}
-		value, found, err := c.GetScope(ctx, f.ns, keys[0], scope)
+		value, found, err := c.Get(ctx, f.ns, keys[0], scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -281,7 +281,7 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		if err != nil {
 			return exitUsage, err
 		}
-		res, err := c.BatchExistsScope(ctx, f.ns, keys, scope)
+		res, err := c.BatchExists(ctx, f.ns, keys, scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -318,7 +318,7 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		if err != nil {
 			return exitUsage, err
 		}
-		n, err := c.LookupScope(ctx, f.ns, keys, scope)
+		n, err := c.Lookup(ctx, f.ns, keys, scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -334,7 +334,7 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		if err != nil {
 			return exitUsage, err
 		}
-		ok, err := c.DeleteScope(ctx, f.ns, keys[0], scope)
+		ok, err := c.Delete(ctx, f.ns, keys[0], scope)
 		if err != nil {
 			return exitError, err
 		}
@@ -355,7 +355,7 @@ func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, er
 		if err != nil {
 			return exitUsage, err
 		}
-		n, err := c.ClearScope(ctx, f.ns, scope)
+		n, err := c.Clear(ctx, f.ns, scope)
 		if err != nil {
 			return exitError, err
 		}

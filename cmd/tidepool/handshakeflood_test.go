@@ -119,7 +119,7 @@ func TestHandshakeFloodMembersGetIn(t *testing.T) {
 		var lastErr error
 		for _, k := range keys {
 			for try := 0; try < 3; try++ {
-				v, found, err := cb.GetScope(ctx, ns, []byte(k), client.ScopeCluster)
+				v, found, err := cb.Get(ctx, ns, []byte(k), client.ScopeCluster)
 				if err == nil && found {
 					if !bytes.Equal(v, vals[k]) {
 						t.Fatalf("%s: wrong bytes for %s", round, k)

@@ -102,8 +102,8 @@ func leaveCycle(t *testing.T, bin string, a, b *clusterMember, ca *client.Client
 		for g := 0; g < 4; g++ {
 			run(func(i int) bool { // fetches from B, then drop the local copy
 				k := keys[(i*4+g)%nkeys]
-				got, found, err := ca.GetScope(ctx, "leave", k, client.ScopeCluster)
-				_, _ = ca.DeleteScope(ctx, "leave", k, client.ScopeLocal)
+				got, found, err := ca.Get(ctx, "leave", k, client.ScopeCluster)
+				_, _ = ca.Delete(ctx, "leave", k, client.ScopeLocal)
 				switch {
 				case err != nil || !found:
 					fails.Add(1)
@@ -120,12 +120,12 @@ func leaveCycle(t *testing.T, bin string, a, b *clusterMember, ca *client.Client
 			run(func(i int) bool { // pushes to B (the blocks B owns) and lookups on B
 				k := fmt.Appendf(nil, "a%d-%d-%d", cycle, g, i)
 				_, _ = ca.Put(ctx, "pushed", k, leaveVal(i%64), 0)
-				present, err := ca.PresentScope(ctx, "leave", keys, client.ScopeCluster)
+				present, err := ca.Present(ctx, "leave", keys, client.ScopeCluster)
 				return err == nil && present[0]
 			})
 		}
 		run(func(i int) bool { // cluster-wide deletes: a Delete call to B
-			_, err := ca.DeleteScope(ctx, "pushed", fmt.Appendf(nil, "a%d-0-%d", cycle, i), client.ScopeCluster)
+			_, err := ca.Delete(ctx, "pushed", fmt.Appendf(nil, "a%d-0-%d", cycle, i), client.ScopeCluster)
 			return err == nil
 		})
 		time.Sleep(300 * time.Millisecond) // traffic before the leave

@@ -102,7 +102,7 @@ func (n *sidecarNode) Lookup(ctx context.Context, keys [][]byte) (int, error) {
 	total := 0
 	for len(keys) > 0 {
 		k := keys[:min(len(keys), n.maxBatch)]
-		m, err := n.c.LookupScope(ctx, n.ns, k, n.scope)
+		m, err := n.c.Lookup(ctx, n.ns, k, n.scope)
 		if err != nil {
 			return total, err
 		}
@@ -125,11 +125,11 @@ func (n *sidecarNode) Fetch(ctx context.Context, keys [][]byte) (int64, int64, e
 		var local []bool
 		if n.scope == client.ScopeCluster {
 			var err error
-			if local, err = n.c.PresentScope(ctx, n.ns, k, client.ScopeLocal); err != nil {
+			if local, err = n.c.Present(ctx, n.ns, k, client.ScopeLocal); err != nil {
 				return b, remote, err
 			}
 		}
-		res, err := n.c.BatchGetScope(ctx, n.ns, k, n.scope)
+		res, err := n.c.BatchGet(ctx, n.ns, k, n.scope)
 		if err != nil {
 			return b, remote, err
 		}
