@@ -329,6 +329,9 @@ type Tier struct {
 	byID     map[uint64]*block
 	skipNow  int64                // time used by skip; set under pmu
 	skipFunc func(id uint64) bool // t.skip, made once
+	// tail is the block admitted last and refused the block the chain
+	// rule refused last (chain.go); guarded by pmu.
+	tail, refused chainMark
 
 	zmu     sync.Mutex
 	zombies map[*block]struct{} // unlinked blocks still pinned
