@@ -357,7 +357,10 @@ type PutItem struct {
 // (namespace, batch size) is returned as err; per-item outcomes are in
 // results, in order: nil, cache.ErrExists for a no-op put, or the item's
 // error. Items are stored in order, so a chain put head first keeps its head
-// when space runs out.
+// when space runs out: the store refuses a block rather than evict the one
+// stored just before it (the DRAM tier's chain rule), and an item one level
+// deeper than an item refused for room is refused too without being tried
+// (cache.ErrNoSpace), whatever other clients stored meanwhile.
 func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (results []error, err error) {
 	if err := p.checkBatch(len(items)); err != nil {
 		return nil, err
@@ -379,6 +382,10 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		}
 		if err := p.checkMeta(it.Opts.Meta); err != nil {
 			results[i] = err
+			continue
+		}
+		if i > 0 && errors.Is(results[i-1], cache.ErrNoSpace) && it.Opts.Depth == items[i-1].Opts.Depth+1 {
+			results[i] = fmt.Errorf("%w: the block of depth %d follows item %d of the batch, refused for room: the batch keeps its head", cache.ErrNoSpace, it.Opts.Depth, i-1)
 			continue
 		}
 		if r != nil && !r.owns(ns, it.Key) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -247,5 +248,57 @@ func TestConfigValidateReportsAll(t *testing.T) {
 	}
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
+	}
+}
+
+// refuseOnce refuses, once, the put of a block at depth refuse with
+// cache.ErrNoSpace and stores everything else: a store whose chain rule
+// forgot the refused chain because another client stored a block between
+// two items of the batch.
+type refuseOnce struct {
+	*mapStore
+	refuse int32
+	done   bool
+}
+
+func (s *refuseOnce) Put(ctx context.Context, ns string, key, value []byte, o cache.PutOptions) (bool, error) {
+	if !s.done && o.Depth == s.refuse {
+		s.done = true
+		return false, fmt.Errorf("%w: test", cache.ErrNoSpace)
+	}
+	return s.mapStore.Put(ctx, ns, key, value, o)
+}
+
+// TestBatchPutKeepsItsHead: once a BatchPut item is refused for room, the
+// items that continue its chain (one level deeper each) are refused too,
+// without reaching the store, so the batch never stores a block past a gap
+// in its chain; an item that starts another chain is stored.
+func TestBatchPutKeepsItsHead(t *testing.T) {
+	st := &refuseOnce{mapStore: newMapStore(), refuse: 3}
+	p, err := New(DefaultConfig(), Deps{Store: st}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var items []PutItem
+	for d := range 8 {
+		items = append(items, PutItem{Key: []byte{'c', byte(d)}, Value: []byte{byte(d)}, Opts: cache.PutOptions{Depth: int32(d)}})
+	}
+	items = append(items, PutItem{Key: []byte("other"), Value: []byte{1}}) // depth 0: another chain
+	res, err := p.BatchPut(context.Background(), "ns", items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if want := i < 3 || i == 8; (r == nil) != want || (!want && !errors.Is(r, cache.ErrNoSpace)) {
+			t.Errorf("item %d: %v", i, r)
+		}
+	}
+	if st.calls != 4 { // items 0..2 and the other chain reach the map; item 3 is refused before it
+		t.Errorf("store stored %d puts, want 4 (items past the refused one must not be tried)", st.calls)
+	}
+	for d := 3; d < 8; d++ {
+		if _, ok := st.Stat(context.Background(), "ns", items[d].Key); ok {
+			t.Errorf("block %d stored past the refused one", d)
+		}
 	}
 }
