@@ -70,19 +70,29 @@ func (t *Tier) admitLocked(b *block) {
 	t.refused = chainMark{}
 }
 
+// at reports whether a block at p is at m's place: a retry of the block
+// m marks (the put socket tries a reservation, then a whole put).
+func (m chainMark) at(p *chainPos) bool {
+	return m.ok && p != nil && m.pos == *p
+}
+
 // refusedChain reports whether a block at p continues a chain whose last
-// block the rule refused; it is then refused too (and becomes the mark).
+// block the rule refused, or is that block again; it is then refused too
+// (and becomes the mark).
 func (t *Tier) refusedChain(p *chainPos) error {
 	if p == nil {
 		return nil
 	}
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
-	if !t.refused.continues(p) {
-		return nil
+	switch {
+	case t.refused.at(p):
+		return fmt.Errorf("%w: the block of depth %d was refused for room just before: its chain keeps its head", cache.ErrNoSpace, p.depth)
+	case t.refused.continues(p):
+		t.refused.pos = *p
+		return errChainRefused(p)
 	}
-	t.refused.pos = *p
-	return errChainRefused(p)
+	return nil
 }
 
 // refuseTailLocked reports whether making room for a block at p would
