@@ -44,6 +44,7 @@ type chainMark struct {
 	id  uint64
 	pos chainPos
 	ok  bool
+	err error // refused: why, answered again to a retry
 }
 
 // continues reports whether a block at p is the next block of the chain
@@ -87,10 +88,10 @@ func (t *Tier) refusedChain(p *chainPos) error {
 	defer t.pmu.Unlock()
 	switch {
 	case t.refused.at(p):
-		return fmt.Errorf("%w: the block of depth %d was refused for room just before: its chain keeps its head", cache.ErrNoSpace, p.depth)
+		return t.refused.err
 	case t.refused.continues(p):
-		t.refused.pos = *p
-		return errChainRefused(p)
+		t.refused = chainMark{pos: *p, ok: true, err: errChainRefused(p)}
+		return t.refused.err
 	}
 	return nil
 }
@@ -103,6 +104,6 @@ func (t *Tier) refuseTailLocked(p *chainPos, victim uint64) error {
 	if p == nil || t.tail.id != victim || !t.tail.continues(p) {
 		return nil
 	}
-	t.refused = chainMark{pos: *p, ok: true}
-	return errChainTail(p)
+	t.refused = chainMark{pos: *p, ok: true, err: errChainTail(p)}
+	return t.refused.err
 }
