@@ -356,11 +356,12 @@ type PutItem struct {
 // BatchPut stores several blocks of one namespace. A request-level problem
 // (namespace, batch size) is returned as err; per-item outcomes are in
 // results, in order: nil, cache.ErrExists for a no-op put, or the item's
-// error. Items are stored in order, so a chain put head first keeps its head
-// when space runs out: the store refuses a block rather than evict the one
-// stored just before it (the DRAM tier's chain rule), and an item one level
-// deeper than an item refused for room is refused too without being tried
-// (cache.ErrNoSpace), whatever other clients stored meanwhile.
+// error. Items are stored in order, and an item one level deeper than the
+// item before it names that item as its parent (cache.PutOptions.Parent):
+// the DRAM tier's chain rule then refuses it (cache.ErrNoSpace) rather than
+// evict its parent for it, or when its parent is not held, so a chain put
+// head first keeps a contiguous head when space runs out, whatever other
+// clients store meanwhile.
 func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (results []error, err error) {
 	if err := p.checkBatch(len(items)); err != nil {
 		return nil, err
@@ -384,17 +385,16 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 			results[i] = err
 			continue
 		}
-		if i > 0 && errors.Is(results[i-1], cache.ErrNoSpace) && it.Opts.Depth == items[i-1].Opts.Depth+1 {
-			results[i] = fmt.Errorf("%w: the block of depth %d follows item %d of the batch, refused for room: the batch keeps its head", cache.ErrNoSpace, it.Opts.Depth, i-1)
-			continue
-		}
 		if r != nil && !r.owns(ns, it.Key) {
 			it.Opts.LowPriority = true
+		}
+		if i > 0 && it.Opts.Depth > 0 && it.Opts.Depth == items[i-1].Opts.Depth+1 {
+			it.Opts.Parent = items[i-1].Key
 		}
 		done := p.describe(ns, it.Key, it.Opts.Meta)
 		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
 		done(err)
-		it.Opts.Meta = nil
+		it.Opts.Meta, it.Opts.Parent = nil, nil
 		switch {
 		case err != nil:
 			results[i] = err

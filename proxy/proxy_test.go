@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -251,54 +250,46 @@ func TestConfigValidateReportsAll(t *testing.T) {
 	}
 }
 
-// refuseOnce refuses, once, the put of a block at depth refuse with
-// cache.ErrNoSpace and stores everything else: a store whose chain rule
-// forgot the refused chain because another client stored a block between
-// two items of the batch.
-type refuseOnce struct {
+// parentStore records the Parent each put named.
+type parentStore struct {
 	*mapStore
-	refuse int32
-	done   bool
+	parents map[string]string
 }
 
-func (s *refuseOnce) Put(ctx context.Context, ns string, key, value []byte, o cache.PutOptions) (bool, error) {
-	if !s.done && o.Depth == s.refuse {
-		s.done = true
-		return false, fmt.Errorf("%w: test", cache.ErrNoSpace)
-	}
+func (s *parentStore) Put(ctx context.Context, ns string, key, value []byte, o cache.PutOptions) (bool, error) {
+	s.parents[string(key)] = string(o.Parent)
 	return s.mapStore.Put(ctx, ns, key, value, o)
 }
 
-// TestBatchPutKeepsItsHead: once a BatchPut item is refused for room, the
-// items that continue its chain (one level deeper each) are refused too,
-// without reaching the store, so the batch never stores a block past a gap
-// in its chain; an item that starts another chain is stored.
-func TestBatchPutKeepsItsHead(t *testing.T) {
-	st := &refuseOnce{mapStore: newMapStore(), refuse: 3}
+// TestBatchPutNamesParents: a BatchPut item one level deeper than the item
+// before it names that item's key as its parent, so that the store's chain
+// rule knows the batch's chains exactly; an item that starts a chain, or
+// does not follow its predecessor's depth, names none.
+func TestBatchPutNamesParents(t *testing.T) {
+	st := &parentStore{mapStore: newMapStore(), parents: map[string]string{}}
 	p, err := New(DefaultConfig(), Deps{Store: st}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var items []PutItem
-	for d := range 8 {
-		items = append(items, PutItem{Key: []byte{'c', byte(d)}, Value: []byte{byte(d)}, Opts: cache.PutOptions{Depth: int32(d)}})
+	items := []PutItem{
+		{Key: []byte("a0"), Opts: cache.PutOptions{Depth: 0}},
+		{Key: []byte("a1"), Opts: cache.PutOptions{Depth: 1}},
+		{Key: []byte("a2"), Opts: cache.PutOptions{Depth: 2}},
+		{Key: []byte("b0"), Opts: cache.PutOptions{Depth: 0}},
+		{Key: []byte("c5"), Opts: cache.PutOptions{Depth: 5}},
+		{Key: []byte("c6"), Opts: cache.PutOptions{Depth: 6}},
+		{Key: []byte("d4"), Opts: cache.PutOptions{Depth: 4}},
 	}
-	items = append(items, PutItem{Key: []byte("other"), Value: []byte{1}}) // depth 0: another chain
-	res, err := p.BatchPut(context.Background(), "ns", items)
-	if err != nil {
+	for i := range items {
+		items[i].Value = []byte{byte(i)}
+	}
+	if _, err := p.BatchPut(context.Background(), "ns", items); err != nil {
 		t.Fatal(err)
 	}
-	for i, r := range res {
-		if want := i < 3 || i == 8; (r == nil) != want || (!want && !errors.Is(r, cache.ErrNoSpace)) {
-			t.Errorf("item %d: %v", i, r)
-		}
-	}
-	if st.calls != 4 { // items 0..2 and the other chain reach the map; item 3 is refused before it
-		t.Errorf("store stored %d puts, want 4 (items past the refused one must not be tried)", st.calls)
-	}
-	for d := 3; d < 8; d++ {
-		if _, ok := st.Stat(context.Background(), "ns", items[d].Key); ok {
-			t.Errorf("block %d stored past the refused one", d)
+	want := map[string]string{"a0": "", "a1": "a0", "a2": "a1", "b0": "", "c5": "", "c6": "c5", "d4": ""}
+	for k, w := range want {
+		if got := st.parents[k]; got != w {
+			t.Errorf("%s: parent %q, want %q", k, got, w)
 		}
 	}
 }

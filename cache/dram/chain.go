@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/evict"
 )
 
 // The chain rule: a put never pushes out its own chain.
@@ -20,22 +21,49 @@ import (
 // every deeper block of that chain, so that the chain keeps a contiguous
 // head and nothing else the policy ranks above it is evicted for it.
 //
-// The tier is not told a block's parent (keys are opaque hashes), so it
-// recognizes a chain as the policies do: a block continues the chain of
-// the block admitted just before it when it is in the same namespace and
-// class (LowPriority or not) and exactly one level deeper.
+// A put that names its parent (PutOptions.Parent: a BatchPut's previous
+// item) is refused when the parent is not in the tier (refused, evicted,
+// or never stored: the block would be an orphan) or is the victim that
+// would make room for it. Other puts (the put socket's, zero-copy
+// reservations, promotions) do not name one, so the tier recognizes a
+// chain as the policies do: a block continues the chain of the block
+// admitted just before it when it is in the same namespace and class
+// (LowPriority or not) and exactly one level deeper; once a block is
+// refused, the blocks that continue it are refused too until the tier
+// admits another block. That guess fails when another client's block is
+// admitted between two blocks of a chain: then the chain may still push
+// out its tail (the policy ranks the orphan lowest, as before).
+//
+// A refused block is still shown to the policy, as if admitted and
+// evicted at once: its count enters the history, so when the chain comes
+// again it comes with a count that can win it the room.  Without that a
+// chain's tail, refused as a first-timer, would be refused as a
+// first-timer every time.
 
-// chainPos is where a block being stored sits: namespace, depth and
-// class. A nil *chainPos (a slot reserved ahead, whose key and depth come
-// later; EvictTo) takes no part in the rule.
+// chainPos is where a block sits in the rule's eyes: namespace, depth
+// and class.
 type chainPos struct {
 	ns    uint32
 	depth int32
 	low   bool
 }
 
-func posOf(nss *nsState, depth int32, low bool) *chainPos {
-	return &chainPos{ns: nss.id, depth: depth, low: low}
+// chainBlock is a block being stored, as the rule sees it. A nil
+// *chainBlock (a slot reserved ahead, whose key and depth come later;
+// EvictTo) takes no part in the rule.
+type chainBlock struct {
+	pos    chainPos
+	key    []byte
+	parent []byte // PutOptions.Parent; nil: unknown
+	foot   int64
+}
+
+func blockAt(nss *nsState, key []byte, foot int64, opts cache.PutOptions) *chainBlock {
+	b := &chainBlock{pos: chainPos{ns: nss.id, depth: opts.Depth, low: opts.LowPriority}, key: key, foot: foot}
+	if opts.Depth > 0 && len(opts.Parent) > 0 {
+		b.parent = opts.Parent
+	}
+	return b
 }
 
 // chainMark is a block the rule remembers: the last one admitted (tail)
@@ -58,6 +86,10 @@ func errChainTail(p *chainPos) error {
 	return fmt.Errorf("%w: storing the block of depth %d would evict the block stored just before it, its chain's last block (depth %d): the chain is larger than the room, its head is kept", cache.ErrNoSpace, p.depth, p.depth-1)
 }
 
+func errParentMissing(p *chainPos) error {
+	return fmt.Errorf("%w: the block of depth %d follows a block (depth %d) that the dram tier does not hold: refused for room or evicted, it would be unreachable", cache.ErrNoSpace, p.depth, p.depth-1)
+}
+
 func errChainRefused(p *chainPos) error {
 	return fmt.Errorf("%w: the block of depth %d follows a block of its chain (depth %d) refused for room: the chain keeps its head", cache.ErrNoSpace, p.depth, p.depth-1)
 }
@@ -77,33 +109,70 @@ func (m chainMark) at(p *chainPos) bool {
 	return m.ok && p != nil && m.pos == *p
 }
 
-// refusedChain reports whether a block at p continues a chain whose last
-// block the rule refused, or is that block again; it is then refused too
-// (and becomes the mark).
-func (t *Tier) refusedChain(p *chainPos) error {
-	if p == nil {
+// refusedChain reports whether block b continues a chain whose last block
+// the rule refused, or is that block again; it is then refused too (and
+// becomes the mark).
+func (t *Tier) refusedChain(b *chainBlock) error {
+	if b == nil {
 		return nil
+	}
+	if b.parent != nil {
+		if t.holds(b.pos.ns, b.parent) {
+			return nil
+		}
+		t.pmu.Lock()
+		defer t.pmu.Unlock()
+		t.refuseLocked(b, errParentMissing(&b.pos))
+		return t.refused.err
 	}
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
 	switch {
-	case t.refused.at(p):
+	case t.refused.at(&b.pos):
 		return t.refused.err
-	case t.refused.continues(p):
-		t.refused = chainMark{pos: *p, ok: true, err: errChainRefused(p)}
+	case t.refused.continues(&b.pos):
+		t.refuseLocked(b, errChainRefused(&b.pos))
 		return t.refused.err
 	}
 	return nil
 }
 
-// refuseTailLocked reports whether making room for a block at p would
-// evict victim, the block admitted just before it one level up: then p is
-// refused and remembered, so that the rest of its chain is refused too.
-// Called under pmu.
-func (t *Tier) refuseTailLocked(p *chainPos, victim uint64) error {
-	if p == nil || t.tail.id != victim || !t.tail.continues(p) {
+// refuseTailLocked reports whether making room for block b would evict
+// victim, b's parent (named, or else guessed: the block admitted just
+// before it, one level up): then b is refused and remembered, so that the
+// rest of its chain is refused too. Called under pmu.
+func (t *Tier) refuseTailLocked(b *chainBlock, victim uint64) error {
+	switch {
+	case b == nil:
+		return nil
+	case b.parent != nil:
+		if v := t.byID[victim]; v == nil || v.ns.id != b.pos.ns || v.key != string(b.parent) {
+			return nil
+		}
+	case t.tail.id != victim || !t.tail.continues(&b.pos):
 		return nil
 	}
-	t.refused = chainMark{pos: *p, ok: true, err: errChainTail(p)}
+	t.refuseLocked(b, errChainTail(&b.pos))
 	return t.refused.err
+}
+
+// refuseLocked marks b refused for err and tells the policy it was seen,
+// as a block admitted and evicted at once (the history keeps its count,
+// and the clock moves as for the eviction it replaces): refused blocks
+// that come back come back with their count, as evicted ones do, instead
+// of being refused as first-timers forever. Called under pmu.
+func (t *Tier) refuseLocked(b *chainBlock, err error) {
+	t.refused = chainMark{pos: b.pos, ok: true, err: err}
+	id := t.policyID(b.pos.ns, string(b.key))
+	t.policy.Admit(evict.Entry{ID: id, Size: b.foot, Depth: b.pos.depth, LowPriority: b.pos.low})
+	t.policy.Remove(id)
+}
+
+// holds reports whether the tier's index has key in namespace nsID.
+func (t *Tier) holds(nsID uint32, key []byte) bool {
+	sh := t.shardFor(nsID, key)
+	sh.mu.Lock()
+	_, ok := sh.m[nsID][string(key)]
+	sh.mu.Unlock()
+	return ok
 }

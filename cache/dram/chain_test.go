@@ -165,3 +165,59 @@ func TestChainRuleScope(t *testing.T) {
 		})
 	}
 }
+
+// TestChainNamedParent: puts that name their parent (a BatchPut's items)
+// keep their chain's head even when another block is admitted between two
+// of them, which ends the tier's guess of the chain: a block whose parent
+// would be the victim, or is gone, is refused.
+func TestChainNamedParent(t *testing.T) {
+	const block = 128 << 10
+	cfg, _ := testConfig(t, 8*block)
+	cfg.Policy = evict.NewLRU
+	tr := newTier(t, cfg)
+	put := func(key string, depth int32, parent string) error {
+		opts := cache.PutOptions{Depth: depth}
+		if parent != "" {
+			opts.Parent = []byte(parent)
+		}
+		_, err := tr.Put(ctx, "ns", []byte(key), pattern(key, block), opts)
+		return err
+	}
+	errs := make([]error, 16)
+	for d := range 16 {
+		parent := ""
+		if d > 0 {
+			parent = fmt.Sprintf("c%d", d-1)
+		}
+		errs[d] = put(fmt.Sprintf("c%d", d), int32(d), parent)
+		if d >= 7 {
+			// Another client's block between two items: it takes the
+			// room of the chain's tail, or is refused nothing.
+			if err := put(fmt.Sprintf("x%d", d), 0, ""); err != nil {
+				t.Fatalf("other client's block: %v", err)
+			}
+		}
+	}
+	k := 0
+	for k < len(errs) && errs[k] == nil {
+		k++
+	}
+	for d := k; d < len(errs); d++ {
+		if !errors.Is(errs[d], cache.ErrNoSpace) {
+			t.Errorf("block %d after the head of %d: %v", d, k, errs[d])
+		}
+	}
+	keys := make([][]byte, 16)
+	for d := range keys {
+		keys[d] = fmt.Appendf(nil, "c%d", d)
+	}
+	n := tr.PresentPrefix(ctx, "ns", keys)
+	for d := n; d < 16; d++ {
+		if _, ok := tr.Stat(ctx, "ns", keys[d]); ok {
+			t.Errorf("block %d held past a missing block %d: an orphan (head %d, stored %d)", d, n, n, k)
+		}
+	}
+	if k == 16 {
+		t.Errorf("all 16 blocks stored into 8 slots")
+	}
+}

@@ -114,11 +114,11 @@ func (t *Tier) newReservation(nss *nsState, key string, sh *shard, size int64, o
 	}
 	ttl = min(ttl, max(t.cfg.MaxLease, t.cfg.ReserveTimeout))
 	foot := footprint(size)
-	var pos *chainPos
+	var nb *chainBlock
 	if sh != nil {
-		pos = posOf(nss, opts.Depth, opts.LowPriority)
+		nb = blockAt(nss, []byte(key), foot, opts)
 	}
-	off, err := t.makeRoom(size, foot, pos)
+	off, err := t.makeRoom(size, foot, nb)
 	if err != nil {
 		return nil, err
 	}

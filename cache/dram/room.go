@@ -20,13 +20,13 @@ func (t *Tier) reserve(foot int64) bool {
 }
 
 // makeRoom reserves foot bytes of budget and allocates a value of size
-// bytes for a block at pos, evicting as needed but never by the chain rule
+// bytes for block nb, evicting as needed but never by the chain rule
 // (chain.go); it returns the value's global offset.
-func (t *Tier) makeRoom(size, foot int64, pos *chainPos) (int64, error) {
+func (t *Tier) makeRoom(size, foot int64, nb *chainBlock) (int64, error) {
 	if foot > t.cfg.Capacity {
 		return 0, fmt.Errorf("%w: value of %d bytes exceeds the dram capacity %d", cache.ErrNoSpace, size, t.cfg.Capacity)
 	}
-	if err := t.refusedChain(pos); err != nil {
+	if err := t.refusedChain(nb); err != nil {
 		return 0, err
 	}
 	// Fast path: budget and arena room without evicting.
@@ -53,7 +53,7 @@ func (t *Tier) makeRoom(size, foot int64, pos *chainPos) (int64, error) {
 		if reserved = t.reserve(foot); reserved {
 			break
 		}
-		ok, err := t.makeProgress(now, pos)
+		ok, err := t.makeProgress(now, nb)
 		if err != nil {
 			return 0, err
 		}
@@ -65,7 +65,7 @@ func (t *Tier) makeRoom(size, foot int64, pos *chainPos) (int64, error) {
 		if off, ok := t.alloc.alloc(size); ok {
 			return off, nil
 		}
-		ok, err := t.makeProgress(now, pos)
+		ok, err := t.makeProgress(now, nb)
 		if err != nil || !ok {
 			t.used.Add(-foot)
 		}
@@ -151,13 +151,13 @@ func (t *Tier) skip(id uint64) bool {
 	return b == nil || b.held(t.skipNow)
 }
 
-// makeProgress evicts one victim for a block at pos or, when the policy
+// makeProgress evicts one victim for block nb or, when the policy
 // has none left but other evictions are still in OnEvict, waits until one
 // of them has freed its memory. It reports whether room may have been
 // made; false means nothing is left to evict, an error that the chain rule
 // refuses the block. Called with evictMu held and no other lock.
-func (t *Tier) makeProgress(now int64, pos *chainPos) (bool, error) {
-	ok, err := t.evictOne(now, pos)
+func (t *Tier) makeProgress(now int64, nb *chainBlock) (bool, error) {
+	ok, err := t.evictOne(now, nb)
 	if ok || err != nil {
 		return ok, err
 	}
@@ -183,13 +183,13 @@ func (t *Tier) awaitEvictions(busy func() bool) {
 	t.evictMu.Unlock()
 }
 
-// evictOne evicts the policy's next victim to make room for a block at
-// pos (nil: no block in particular) and reports whether there was one; an
-// error when the victim is the chain tail pos continues (chain.go), which
+// evictOne evicts the policy's next victim to make room for block nb
+// (nil: no block in particular) and reports whether there was one; an
+// error when the victim is the chain tail nb continues (chain.go), which
 // is then left in place. Called with evictMu held and no other lock; it
 // releases evictMu while OnEvict runs, so callers must not rely on state
 // they read under evictMu before the call.
-func (t *Tier) evictOne(now int64, pos *chainPos) (bool, error) {
+func (t *Tier) evictOne(now int64, nb *chainBlock) (bool, error) {
 	for {
 		t.pmu.Lock()
 		t.skipNow = now
@@ -198,7 +198,7 @@ func (t *Tier) evictOne(now int64, pos *chainPos) (bool, error) {
 			t.pmu.Unlock()
 			return false, nil
 		}
-		if err := t.refuseTailLocked(pos, id); err != nil {
+		if err := t.refuseTailLocked(nb, id); err != nil {
 			t.pmu.Unlock()
 			return false, err
 		}

@@ -90,7 +90,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	sh.mu.Unlock()
 
 	foot := footprint(size)
-	off, err := t.makeRoom(size, foot, posOf(nss, opts.Depth, opts.LowPriority))
+	off, err := t.makeRoom(size, foot, blockAt(nss, key, foot, opts))
 	if err != nil {
 		t.opDone(sh)
 		return false, err
