@@ -42,6 +42,14 @@
 // reused); Get turns that into cache.ErrLeaseExpired and never returns the
 // copy.
 //
+// # Chains (chain.go)
+//
+// A put never makes room by evicting its own chain parent: a chain larger
+// than the room keeps a contiguous head and its deeper blocks are refused
+// with cache.ErrNoSpace (the parent is PutOptions.Parent when the caller
+// names it, else the block admitted just before, one level up). Refused
+// blocks are shown to the policy as admitted and evicted at once.
+//
 // # Integrity (scrub.go)
 //
 // A block's CRC-32C is computed from the caller's bytes on Put and checked
