@@ -36,7 +36,7 @@ import (
 //
 // A refused block is still shown to the policy, as if admitted and
 // evicted at once: its count enters the history, so when the chain comes
-// again it comes with a count that can win it the room.  Without that a
+// again it comes with a count that can win it the room. Without that a
 // chain's tail, refused as a first-timer, would be refused as a
 // first-timer every time.
 
@@ -72,7 +72,10 @@ type chainMark struct {
 	id  uint64
 	pos chainPos
 	ok  bool
-	err error // refused: why, answered again to a retry
+	// key and err (refused only): the block, and why, answered again to
+	// a retry of it.
+	key string
+	err error
 }
 
 // continues reports whether a block at p is the next block of the chain
@@ -81,9 +84,10 @@ func (m chainMark) continues(p *chainPos) bool {
 	return m.ok && p != nil && m.pos.ns == p.ns && m.pos.low == p.low && m.pos.depth == p.depth-1
 }
 
-// errChainTail and errChainRefused are the rule's refusals.
+// errChainTail, errParentMissing and errChainRefused are the rule's
+// refusals.
 func errChainTail(p *chainPos) error {
-	return fmt.Errorf("%w: storing the block of depth %d would evict the block stored just before it, its chain's last block (depth %d): the chain is larger than the room, its head is kept", cache.ErrNoSpace, p.depth, p.depth-1)
+	return fmt.Errorf("%w: storing the block of depth %d would evict its chain parent, the chain's last block (depth %d): the chain is larger than the room, its head is kept", cache.ErrNoSpace, p.depth, p.depth-1)
 }
 
 func errParentMissing(p *chainPos) error {
@@ -103,10 +107,10 @@ func (t *Tier) admitLocked(b *block) {
 	t.refused = chainMark{}
 }
 
-// at reports whether a block at p is at m's place: a retry of the block
-// m marks (the put socket tries a reservation, then a whole put).
-func (m chainMark) at(p *chainPos) bool {
-	return m.ok && p != nil && m.pos == *p
+// again reports whether b is the block m marks, put again: the put and
+// buffer sockets try a reservation, then a whole put.
+func (m chainMark) again(b *chainBlock) bool {
+	return m.ok && m.pos == b.pos && m.key == string(b.key)
 }
 
 // refusedChain reports whether block b continues a chain whose last block
@@ -116,23 +120,18 @@ func (t *Tier) refusedChain(b *chainBlock) error {
 	if b == nil {
 		return nil
 	}
-	if b.parent != nil {
-		if t.holds(b.pos.ns, b.parent) {
-			return nil
-		}
-		t.pmu.Lock()
-		defer t.pmu.Unlock()
-		t.refuseLocked(b, errParentMissing(&b.pos))
-		return t.refused.err
-	}
+	missing := b.parent != nil && !t.holds(b.pos.ns, b.parent)
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
 	switch {
-	case t.refused.at(&b.pos):
+	case t.refused.again(b):
 		return t.refused.err
+	case b.parent != nil:
+		if missing {
+			return t.refuseLocked(b, errParentMissing(&b.pos))
+		}
 	case t.refused.continues(&b.pos):
-		t.refuseLocked(b, errChainRefused(&b.pos))
-		return t.refused.err
+		return t.refuseLocked(b, errChainRefused(&b.pos))
 	}
 	return nil
 }
@@ -152,20 +151,24 @@ func (t *Tier) refuseTailLocked(b *chainBlock, victim uint64) error {
 	case t.tail.id != victim || !t.tail.continues(&b.pos):
 		return nil
 	}
-	t.refuseLocked(b, errChainTail(&b.pos))
-	return t.refused.err
+	return t.refuseLocked(b, errChainTail(&b.pos))
 }
 
-// refuseLocked marks b refused for err and tells the policy it was seen,
-// as a block admitted and evicted at once (the history keeps its count,
-// and the clock moves as for the eviction it replaces): refused blocks
-// that come back come back with their count, as evicted ones do, instead
-// of being refused as first-timers forever. Called under pmu.
-func (t *Tier) refuseLocked(b *chainBlock, err error) {
-	t.refused = chainMark{pos: b.pos, ok: true, err: err}
-	id := t.policyID(b.pos.ns, string(b.key))
+// refuseLocked marks b refused for err, which it returns, and tells the
+// policy it was seen, as a block admitted and evicted at once (the
+// history keeps its count, and the clock moves as for the eviction it
+// replaces): refused blocks that come back come back with their count, as
+// evicted ones do, instead of being refused as first-timers forever. A
+// retry of the marked block is not shown again. Called under pmu.
+func (t *Tier) refuseLocked(b *chainBlock, err error) error {
+	if t.refused.again(b) {
+		return t.refused.err
+	}
+	t.refused = chainMark{pos: b.pos, ok: true, key: string(b.key), err: err}
+	id := t.policyID(b.pos.ns, t.refused.key)
 	t.policy.Admit(evict.Entry{ID: id, Size: b.foot, Depth: b.pos.depth, LowPriority: b.pos.low})
 	t.policy.Remove(id)
+	return err
 }
 
 // holds reports whether the tier's index has key in namespace nsID.

@@ -221,3 +221,48 @@ func TestChainNamedParent(t *testing.T) {
 		t.Errorf("all 16 blocks stored into 8 slots")
 	}
 }
+
+// countingPolicy counts Admit calls.
+type countingPolicy struct {
+	evict.Policy
+	admits int
+}
+
+func (p *countingPolicy) Admit(e evict.Entry) {
+	p.admits++
+	p.Policy.Admit(e)
+}
+
+// TestChainRefusedSeenOnce: every block of a chain is shown to the policy
+// once, stored or refused, even when a refused block is put again (the
+// put socket's reservation, then its whole put): a retry must not count
+// as a second use.
+func TestChainRefusedSeenOnce(t *testing.T) {
+	const block = 128 << 10
+	cfg, _ := testConfig(t, 8*block)
+	pol := &countingPolicy{Policy: evict.NewPrefix()}
+	cfg.Policy = func() evict.Policy { return pol }
+	for _, parent := range []bool{false, true} {
+		tr := newTier(t, cfg)
+		pol.admits = 0
+		errs := putChain(16, func(key string, depth int32) error {
+			opts := cache.PutOptions{Depth: depth}
+			if parent && depth > 0 {
+				opts.Parent = fmt.Appendf(nil, "c%d", depth-1)
+			}
+			r, err := tr.Reserve(ctx, "ns", []byte(key), block, opts, 0)
+			if err == nil {
+				copy(r.Bytes(), pattern(key, block))
+				_, err = r.Commit(ctx, 0, false)
+				return err
+			}
+			_, err = tr.Put(ctx, "ns", []byte(key), pattern(key, block), opts)
+			return err
+		})
+		checkHead(t, tr, errs, 8)
+		if pol.admits != 16 {
+			t.Errorf("parent named %v: the policy saw %d admissions of 16 blocks", parent, pol.admits)
+		}
+		pol.Policy = evict.NewPrefix()
+	}
+}
