@@ -1,13 +1,15 @@
 package dram
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/evict"
 )
 
-// The chain rule: a put never pushes out its own chain.
+// The chain rule: a put never pushes out its own chain, while evictions
+// lose blocks (no tier below takes them: Config.KeepsEvicted).
 //
 // Tiers store a chain's missing blocks in depth order (a BatchPut's items,
 // an engine's puts of one request, a chain promoted from SSD), and both
@@ -84,18 +86,22 @@ func (m chainMark) continues(p *chainPos) bool {
 	return m.ok && p != nil && m.pos.ns == p.ns && m.pos.low == p.low && m.pos.depth == p.depth-1
 }
 
+// ErrChainRule is wrapped, with cache.ErrNoSpace, by the chain rule's
+// refusals.
+var ErrChainRule = errors.New("dram: a put never evicts its own chain")
+
 // errChainTail, errParentMissing and errChainRefused are the rule's
 // refusals.
 func errChainTail(p *chainPos) error {
-	return fmt.Errorf("%w: storing the block of depth %d would evict its chain parent, the chain's last block (depth %d): the chain is larger than the room, its head is kept", cache.ErrNoSpace, p.depth, p.depth-1)
+	return fmt.Errorf("%w: %w: storing the block of depth %d would evict its chain parent, the chain's last block (depth %d): the chain is larger than the room, its head is kept", cache.ErrNoSpace, ErrChainRule, p.depth, p.depth-1)
 }
 
 func errParentMissing(p *chainPos) error {
-	return fmt.Errorf("%w: the block of depth %d follows a block (depth %d) that the dram tier does not hold: refused for room or evicted, it would be unreachable", cache.ErrNoSpace, p.depth, p.depth-1)
+	return fmt.Errorf("%w: %w: the block of depth %d follows a block (depth %d) that the dram tier does not hold: refused for room or evicted, it would be unreachable", cache.ErrNoSpace, ErrChainRule, p.depth, p.depth-1)
 }
 
 func errChainRefused(p *chainPos) error {
-	return fmt.Errorf("%w: the block of depth %d follows a block of its chain (depth %d) refused for room: the chain keeps its head", cache.ErrNoSpace, p.depth, p.depth-1)
+	return fmt.Errorf("%w: %w: the block of depth %d follows a block of its chain (depth %d) refused for room: the chain keeps its head", cache.ErrNoSpace, ErrChainRule, p.depth, p.depth-1)
 }
 
 // admitLocked hands b, just linked, to the policy and makes it the chain

@@ -266,3 +266,34 @@ func TestChainRefusedSeenOnce(t *testing.T) {
 		pol.Policy = evict.NewPrefix()
 	}
 }
+
+// TestChainRuleOffWhileEvictionsKeep: while KeepsEvicted reports that
+// OnEvict keeps what it is handed, evicting a chain's parent is a move, not
+// a loss, and the rule does not refuse; once it reports false, it does.
+func TestChainRuleOffWhileEvictionsKeep(t *testing.T) {
+	const block = 128 << 10
+	cfg, _ := testConfig(t, 8*block)
+	got := recordEvictions(&cfg)
+	keeps := true
+	cfg.KeepsEvicted = func() bool { return keeps }
+	tr := newTier(t, cfg)
+	put := func(key string, depth int32) error {
+		_, err := tr.Put(ctx, "ns", []byte(key), pattern(key, block), cache.PutOptions{Depth: depth})
+		return err
+	}
+	for d, err := range putChain(12, put) {
+		if err != nil {
+			t.Fatalf("block %d refused while evictions keep their blocks: %v", d, err)
+		}
+	}
+	if len(*got) != 4 {
+		t.Fatalf("evicted %v, want 4 blocks handed below", keysOf(*got))
+	}
+	keeps = false // another chain, of 12: it evicts the older one, then stops
+	for d := range 12 {
+		err := put(fmt.Sprintf("e%d", d), int32(d))
+		if (d < 8) != (err == nil) || (d >= 8 && !errors.Is(err, ErrChainRule)) {
+			t.Errorf("block e%d: %v", d, err)
+		}
+	}
+}

@@ -26,6 +26,9 @@ func (t *Tier) makeRoom(size, foot int64, nb *chainBlock) (int64, error) {
 	if foot > t.cfg.Capacity {
 		return 0, fmt.Errorf("%w: value of %d bytes exceeds the dram capacity %d", cache.ErrNoSpace, size, t.cfg.Capacity)
 	}
+	if nb != nil && t.cfg.KeepsEvicted != nil && t.cfg.KeepsEvicted() {
+		nb = nil // evictions move blocks below: the chain rule is off
+	}
 	if err := t.refusedChain(nb); err != nil {
 		return 0, err
 	}
