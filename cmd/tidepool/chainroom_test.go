@@ -11,8 +11,8 @@ import (
 )
 
 // TestServeChainLargerThanRoomKeepsHead is issue 34's "Also" against a
-// real `tidepool serve` (16 MiB DRAM, no SSD tier, the default prefix
-// policy): three chains read back three times fill three quarters of the
+// real `tidepool serve` (16 MiB DRAM, no SSD tier or one on a disk below
+// its free-space floor, the prefix policy): three chains read back three times fill three quarters of the
 // DRAM tier, then a fresh 16-block chain, twice the free room, is stored in
 // one BatchPut (and, in the second case, block by block through Put, which
 // takes the put socket for values this large). The chain must keep a
@@ -23,12 +23,17 @@ import (
 // blocks and kept blocks 0–6 and 15: each block pushed out the one stored
 // before it (lookup 7, block 15 an orphan).
 func TestServeChainLargerThanRoomKeepsHead(t *testing.T) {
+	noSSD := []string{"--ssd-capacity", "0"}
+	// An SSD tier on a disk below its free-space floor: it starts degraded
+	// and takes no writes, so a DRAM eviction loses its block.
+	fullSSD := []string{"--ssd-capacity", "256MiB", "--ssd-min-free", "1000TiB"}
 	for _, tc := range []struct {
 		name  string
 		batch bool
-	}{{"batch put", true}, {"put socket", false}} {
+		ssd   []string
+	}{{"batch put", true, noSSD}, {"put socket", false, noSSD}, {"batch put, full ssd", true, fullSSD}} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := startDaemon(t, "--ssd-capacity", "0", "--dram-capacity", "16MiB", "--eviction-policy", "prefix")
+			d := startDaemon(t, append([]string{"--dram-capacity", "16MiB", "--eviction-policy", "prefix"}, tc.ssd...)...)
 			c, err := client.New(d.socket)
 			if err != nil {
 				t.Fatal(err)
