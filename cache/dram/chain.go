@@ -110,7 +110,10 @@ func (t *Tier) admitLocked(b *block) {
 	t.policy.Admit(b.entry())
 	t.byID[b.id] = b
 	t.tail = chainMark{id: b.id, pos: chainPos{ns: b.ns.id, depth: b.depth, low: b.low}, ok: true}
-	t.refused = chainMark{}
+	if t.refused.ok {
+		t.refused = chainMark{}
+		t.refusing.Store(false)
+	}
 }
 
 // again reports whether b is the block m marks, put again: the put and
@@ -127,6 +130,9 @@ func (t *Tier) refusedChain(b *chainBlock) error {
 		return nil
 	}
 	missing := b.parent != nil && !t.holds(b.pos.ns, b.parent)
+	if !missing && !t.refusing.Load() {
+		return nil // the common case, without pmu
+	}
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
 	switch {
@@ -171,6 +177,7 @@ func (t *Tier) refuseLocked(b *chainBlock, err error) error {
 		return t.refused.err
 	}
 	t.refused = chainMark{pos: b.pos, ok: true, key: string(b.key), err: err}
+	t.refusing.Store(true)
 	id := t.policyID(b.pos.ns, t.refused.key)
 	t.policy.Admit(evict.Entry{ID: id, Size: b.foot, Depth: b.pos.depth, LowPriority: b.pos.low})
 	t.policy.Remove(id)

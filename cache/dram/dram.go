@@ -347,8 +347,10 @@ type Tier struct {
 	skipNow  int64                // time used by skip; set under pmu
 	skipFunc func(id uint64) bool // t.skip, made once
 	// tail is the block admitted last and refused the block the chain
-	// rule refused last (chain.go); guarded by pmu.
+	// rule refused last (chain.go); guarded by pmu. refusing is
+	// refused.ok, read without pmu.
 	tail, refused chainMark
+	refusing      atomic.Bool
 
 	zmu     sync.Mutex
 	zombies map[*block]struct{} // unlinked blocks still pinned
