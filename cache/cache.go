@@ -44,6 +44,13 @@ type PutOptions struct {
 	// the SSD tier keeps it in the block's record so that it survives a
 	// restart (docs/ssd.md). The DRAM tier ignores it.
 	Meta *BlockMeta
+	// Parent, when set, is the key of the block's chain parent in the
+	// same namespace (the block at Depth-1), stored just before it by the
+	// same caller: a BatchPut's previous item. The DRAM tier's chain rule
+	// then refuses the block (ErrNoSpace) when the parent is not held or
+	// would be evicted to make room for it, instead of guessing the chain
+	// from the order of puts. Nothing else uses it.
+	Parent []byte
 }
 
 // Info describes one stored block.

@@ -361,8 +361,12 @@ type PutItem struct {
 // BatchPut stores several blocks of one namespace. A request-level problem
 // (namespace, batch size) is returned as err; per-item outcomes are in
 // results, in order: nil, cache.ErrExists for a no-op put, or the item's
-// error. Items are stored in order, so a chain put head first keeps its head
-// when space runs out.
+// error. Items are stored in order, and an item one level deeper than the
+// item before it names that item as its parent (cache.PutOptions.Parent):
+// the DRAM tier's chain rule then refuses it (cache.ErrNoSpace) rather than
+// evict its parent for it, or when its parent is not held, so a chain put
+// head first keeps a contiguous head when space runs out, whatever other
+// clients store meanwhile.
 func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (results []error, err error) {
 	if err := p.checkBatch(len(items)); err != nil {
 		return nil, err
@@ -389,9 +393,13 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		if r != nil && !r.owns(ns, it.Key) {
 			it.Opts.LowPriority = true
 		}
+		if i > 0 && it.Opts.Depth > 0 && it.Opts.Depth == items[i-1].Opts.Depth+1 {
+			it.Opts.Parent = items[i-1].Key
+		}
 		done := p.describe(ns, it.Key, it.Opts.Meta)
 		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
 		done(err)
+		it.Opts.Parent = nil // this tier's chain hint; the owner names its own
 		switch {
 		case err != nil:
 			results[i] = err

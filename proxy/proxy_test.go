@@ -249,3 +249,47 @@ func TestConfigValidateReportsAll(t *testing.T) {
 		t.Fatalf("defaults invalid: %v", err)
 	}
 }
+
+// parentStore records the Parent each put named.
+type parentStore struct {
+	*mapStore
+	parents map[string]string
+}
+
+func (s *parentStore) Put(ctx context.Context, ns string, key, value []byte, o cache.PutOptions) (bool, error) {
+	s.parents[string(key)] = string(o.Parent)
+	return s.mapStore.Put(ctx, ns, key, value, o)
+}
+
+// TestBatchPutNamesParents: a BatchPut item one level deeper than the item
+// before it names that item's key as its parent, so that the store's chain
+// rule knows the batch's chains exactly; an item that starts a chain, or
+// does not follow its predecessor's depth, names none.
+func TestBatchPutNamesParents(t *testing.T) {
+	st := &parentStore{mapStore: newMapStore(), parents: map[string]string{}}
+	p, err := New(DefaultConfig(), Deps{Store: st}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := []PutItem{
+		{Key: []byte("a0"), Opts: cache.PutOptions{Depth: 0}},
+		{Key: []byte("a1"), Opts: cache.PutOptions{Depth: 1}},
+		{Key: []byte("a2"), Opts: cache.PutOptions{Depth: 2}},
+		{Key: []byte("b0"), Opts: cache.PutOptions{Depth: 0}},
+		{Key: []byte("c5"), Opts: cache.PutOptions{Depth: 5}},
+		{Key: []byte("c6"), Opts: cache.PutOptions{Depth: 6}},
+		{Key: []byte("d4"), Opts: cache.PutOptions{Depth: 4}},
+	}
+	for i := range items {
+		items[i].Value = []byte{byte(i)}
+	}
+	if _, err := p.BatchPut(context.Background(), "ns", items); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"a0": "", "a1": "a0", "a2": "a1", "b0": "", "c5": "", "c6": "c5", "d4": ""}
+	for k, w := range want {
+		if got := st.parents[k]; got != w {
+			t.Errorf("%s: parent %q, want %q", k, got, w)
+		}
+	}
+}

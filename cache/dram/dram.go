@@ -42,6 +42,16 @@
 // reused); Get turns that into cache.ErrLeaseExpired and never returns the
 // copy.
 //
+// # Chains (chain.go)
+//
+// While an eviction loses its block (no tier below takes it:
+// Config.KeepsEvicted), a put never makes room by evicting its own chain
+// parent: a chain larger than the room keeps a contiguous head and its
+// deeper blocks are refused with cache.ErrNoSpace (the parent is
+// PutOptions.Parent when the caller names it, else the block admitted
+// just before, one level up). Refused blocks are shown to the policy as
+// admitted and evicted at once.
+//
 // # Integrity (scrub.go)
 //
 // A block's CRC-32C is computed from the caller's bytes on Put and checked
@@ -188,6 +198,13 @@ type Config struct {
 	// until it returns. It must not Put into this tier. key and value are
 	// valid only during the call and must not be modified.
 	OnEvict func(ns string, key []byte, value []byte, info cache.Info)
+	// KeepsEvicted, if set, reports whether OnEvict keeps the blocks it is
+	// handed now (a tier below that takes writes). While it does, the
+	// chain rule (chain.go) is off: evicting a chain's parent moves it
+	// below instead of losing it, and a slot reservation, which has no
+	// tier to go to instead, is not refused. nil: an eviction loses the
+	// block, the rule is on.
+	KeepsEvicted func() bool
 	// Observer, if set, hears of every block linked into and unlinked from
 	// the index (tier name "dram"), with a shard lock held (see
 	// cache.Observer). nil: nobody is told.
@@ -329,6 +346,11 @@ type Tier struct {
 	byID     map[uint64]*block
 	skipNow  int64                // time used by skip; set under pmu
 	skipFunc func(id uint64) bool // t.skip, made once
+	// tail is the block admitted last and refused the block the chain
+	// rule refused last (chain.go); guarded by pmu. refusing is
+	// refused.ok, read without pmu.
+	tail, refused chainMark
+	refusing      atomic.Bool
 
 	zmu     sync.Mutex
 	zombies map[*block]struct{} // unlinked blocks still pinned

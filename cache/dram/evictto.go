@@ -15,7 +15,10 @@ func (t *Tier) EvictTo(target int64) int {
 	t.reapZombies(now)
 	t.flushTouches()
 	n := 0
-	for t.used.Load() > target && t.evictOne(now) {
+	for t.used.Load() > target {
+		if ok, _ := t.evictOne(now, nil); !ok {
+			break
+		}
 		n++
 	}
 	return n

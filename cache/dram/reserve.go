@@ -114,7 +114,11 @@ func (t *Tier) newReservation(nss *nsState, key string, sh *shard, size int64, o
 	}
 	ttl = min(ttl, max(t.cfg.MaxLease, t.cfg.ReserveTimeout))
 	foot := footprint(size)
-	off, err := t.makeRoom(size, foot)
+	var nb *chainBlock
+	if sh != nil {
+		nb = blockAt(nss, []byte(key), foot, opts)
+	}
+	off, err := t.makeRoom(size, foot, nb)
 	if err != nil {
 		return nil, err
 	}
@@ -325,8 +329,7 @@ func (t *Tier) publish(b *block, key string) (existed bool, err error) {
 	m[key] = b
 	t.pmu.Lock()
 	b.id = t.policyID(nss.id, key)
-	t.policy.Admit(b.entry())
-	t.byID[b.id] = b
+	t.admitLocked(b)
 	t.pmu.Unlock()
 	t.observeStored(b)
 	sh.mu.Unlock()

@@ -20,10 +20,17 @@ func (t *Tier) reserve(foot int64) bool {
 }
 
 // makeRoom reserves foot bytes of budget and allocates a value of size
-// bytes, evicting as needed; it returns the value's global offset.
-func (t *Tier) makeRoom(size, foot int64) (int64, error) {
+// bytes for block nb, evicting as needed but never by the chain rule
+// (chain.go); it returns the value's global offset.
+func (t *Tier) makeRoom(size, foot int64, nb *chainBlock) (int64, error) {
 	if foot > t.cfg.Capacity {
 		return 0, fmt.Errorf("%w: value of %d bytes exceeds the dram capacity %d", cache.ErrNoSpace, size, t.cfg.Capacity)
+	}
+	if nb != nil && t.cfg.KeepsEvicted != nil && t.cfg.KeepsEvicted() {
+		nb = nil // evictions move blocks below: the chain rule is off
+	}
+	if err := t.refusedChain(nb); err != nil {
+		return 0, err
 	}
 	// Fast path: budget and arena room without evicting.
 	reserved := t.reserve(foot)
@@ -49,7 +56,11 @@ func (t *Tier) makeRoom(size, foot int64) (int64, error) {
 		if reserved = t.reserve(foot); reserved {
 			break
 		}
-		if !t.makeProgress(now) {
+		ok, err := t.makeProgress(now, nb)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
 			return 0, fmt.Errorf("%w: %d bytes needed, nothing left to evict", cache.ErrNoSpace, foot)
 		}
 	}
@@ -57,8 +68,14 @@ func (t *Tier) makeRoom(size, foot int64) (int64, error) {
 		if off, ok := t.alloc.alloc(size); ok {
 			return off, nil
 		}
-		if !t.makeProgress(now) {
+		ok, err := t.makeProgress(now, nb)
+		if err != nil || !ok {
 			t.used.Add(-foot)
+		}
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
 			return 0, fmt.Errorf("%w: %d bytes needed, arena too fragmented by pinned blocks", cache.ErrNoSpace, foot)
 		}
 	}
@@ -137,19 +154,21 @@ func (t *Tier) skip(id uint64) bool {
 	return b == nil || b.held(t.skipNow)
 }
 
-// makeProgress evicts one victim or, when the policy has none left but
-// other evictions are still in OnEvict, waits until one of them has freed
-// its memory. It reports whether room may have been made; false means
-// nothing is left to evict. Called with evictMu held and no other lock.
-func (t *Tier) makeProgress(now int64) bool {
-	if t.evictOne(now) {
-		return true
+// makeProgress evicts one victim for block nb or, when the policy
+// has none left but other evictions are still in OnEvict, waits until one
+// of them has freed its memory. It reports whether room may have been
+// made; false means nothing is left to evict, an error that the chain rule
+// refuses the block. Called with evictMu held and no other lock.
+func (t *Tier) makeProgress(now int64, nb *chainBlock) (bool, error) {
+	ok, err := t.evictOne(now, nb)
+	if ok || err != nil {
+		return ok, err
 	}
 	if t.inEvict == 0 {
-		return false
+		return false, nil
 	}
 	t.evictDone.Wait()
-	return true
+	return true, nil
 }
 
 // awaitEvictions waits until no eviction that busy reports (evictMu held)
@@ -167,18 +186,24 @@ func (t *Tier) awaitEvictions(busy func() bool) {
 	t.evictMu.Unlock()
 }
 
-// evictOne evicts the policy's next victim and reports whether there was
-// one. Called with evictMu held and no other lock; it releases evictMu
-// while OnEvict runs, so callers must not rely on state they read under
-// evictMu before the call.
-func (t *Tier) evictOne(now int64) bool {
+// evictOne evicts the policy's next victim to make room for block nb
+// (nil: no block in particular) and reports whether there was one; an
+// error when the victim is the chain tail nb continues (chain.go), which
+// is then left in place. Called with evictMu held and no other lock; it
+// releases evictMu while OnEvict runs, so callers must not rely on state
+// they read under evictMu before the call.
+func (t *Tier) evictOne(now int64, nb *chainBlock) (bool, error) {
 	for {
 		t.pmu.Lock()
 		t.skipNow = now
 		id, ok := t.policy.Victim(t.skipFunc)
 		if !ok {
 			t.pmu.Unlock()
-			return false
+			return false, nil
+		}
+		if err := t.refuseTailLocked(nb, id); err != nil {
+			t.pmu.Unlock()
+			return false, err
 		}
 		b := t.byID[id]
 		t.policy.Remove(id)
@@ -199,7 +224,7 @@ func (t *Tier) evictOne(now int64) bool {
 				// Pinned since the policy looked: it is being read, so
 				// keep it as most recently used.
 				t.pmu.Lock()
-				t.policy.Admit(b.entry())
+				t.policy.Admit(b.entry()) // not a new block: the chain tail stays
 				t.byID[b.id] = b
 				t.pmu.Unlock()
 				sh.mu.Unlock()
@@ -244,6 +269,6 @@ func (t *Tier) evictOne(now int64) bool {
 		b.ns.blocks.Add(-1)
 		b.ns.bytes.Add(-b.size)
 		b.ns.evictions.Add(1)
-		return true
+		return true, nil
 	}
 }

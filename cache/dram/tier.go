@@ -90,7 +90,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	sh.mu.Unlock()
 
 	foot := footprint(size)
-	off, err := t.makeRoom(size, foot)
+	off, err := t.makeRoom(size, foot, blockAt(nss, key, foot, opts))
 	if err != nil {
 		t.opDone(sh)
 		return false, err
@@ -128,8 +128,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	m[b.key] = b
 	t.pmu.Lock()
 	b.id = t.policyID(nss.id, b.key)
-	t.policy.Admit(b.entry())
-	t.byID[b.id] = b
+	t.admitLocked(b)
 	t.pmu.Unlock()
 	t.observeStored(b)
 	sh.mu.Unlock()

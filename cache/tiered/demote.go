@@ -612,7 +612,10 @@ func (s *Store) prober() {
 }
 
 // watermarks evicts DRAM down to the low watermark whenever it is above
-// the high one.
+// the high one, while the SSD tier takes writes: evicting ahead only
+// serves demotion, and while the tier is degraded each eviction loses its
+// block, so DRAM keeps its blocks until a put needs the room (and then
+// the DRAM chain rule applies).
 func (s *Store) watermarks(ev evicter) {
 	defer s.bg.Done()
 	tk := time.NewTicker(s.cfg.WatermarkInterval)
@@ -624,6 +627,9 @@ func (s *Store) watermarks(ev evicter) {
 		case <-s.stop:
 			return
 		case <-tk.C:
+		}
+		if s.ssd.Degraded() {
+			continue
 		}
 		st := s.dram.Stats()
 		if len(st.Tiers) > 0 && st.Tiers[0].UsedBytes > high {

@@ -338,6 +338,11 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 	}
 	dcfg := cfg.DRAM
 	dcfg.OnEvict = s.onEvict
+	if s.ssd != nil {
+		// A DRAM eviction is a demotion while the SSD tier takes writes:
+		// the DRAM chain rule applies only while it does not.
+		dcfg.KeepsEvicted = func() bool { return !s.ssd.Degraded() }
+	}
 	if cfg.Observer != nil {
 		dcfg.Observer = cfg.Observer
 	}
@@ -425,9 +430,15 @@ func (s *Store) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	if err != nil {
 		if errors.Is(err, cache.ErrNoSpace) {
 			// DRAM is pinned full: the block can still be cached below.
+			dramErr := err
 			existed, err = s.ssd.Put(ctx, ns, key, value, opts)
 			if err == nil && !existed {
 				nsCounter(&s.nsSSDPuts, ns).Add(1)
+			}
+			if err != nil && errors.Is(dramErr, dram.ErrChainRule) {
+				// The SSD tier takes no writes (the only time DRAM applies
+				// the chain rule): the answer is the rule's NO_SPACE.
+				err = fmt.Errorf("%w (the ssd tier did not take it: %v)", dramErr, err)
 			}
 			return existed, err
 		}

@@ -52,7 +52,7 @@ type replayFlags struct {
 	tracePath, sockets, capacities, blockBytes, route, scope, policies, ns, plot, progress string
 	nodes, requests, blockTokens                                                           int
 	speed, loadSlack                                                                       float64
-	json, simulate, references, noFetch, withSim                                           bool
+	json, simulate, references, noFetch, withSim, checkChains                              bool
 	timeout                                                                                time.Duration
 }
 
@@ -146,9 +146,7 @@ func (n *sidecarNode) Fetch(ctx context.Context, keys [][]byte) (int64, int64, e
 	return b, remote, nil
 }
 
-func (n *sidecarNode) Store(ctx context.Context, keys [][]byte, firstDepth int, value []byte) (int64, int, error) {
-	var stored int64
-	failed := 0
+func (n *sidecarNode) Store(ctx context.Context, keys [][]byte, firstDepth int, value []byte, out []replay.PutOutcome) error {
 	items := make([]client.Item, 0, min(len(keys), n.maxBatch))
 	for len(keys) > 0 {
 		k := keys[:min(len(keys), n.maxBatch)]
@@ -158,21 +156,24 @@ func (n *sidecarNode) Store(ctx context.Context, keys [][]byte, firstDepth int, 
 		}
 		errs, err := n.c.BatchPut(ctx, n.ns, items)
 		if err != nil {
-			return stored, failed, err
+			return err
 		}
-		for _, e := range errs {
+		for i, e := range errs {
 			switch client.CodeOf(e) {
 			case client.CodeOK:
-				stored += int64(len(value))
+				out[i] = replay.PutStored
 			case client.CodeExists:
+				out[i] = replay.PutPresent
+			case client.CodeNoSpace:
+				out[i] = replay.PutRefused
 			default:
-				failed++
+				out[i] = replay.PutFailed
 			}
 		}
-		keys = keys[len(k):]
+		keys, out = keys[len(k):], out[len(k):]
 		firstDepth += len(k)
 	}
-	return stored, failed, nil
+	return nil
 }
 
 // blockKey chains trace ids with the canonical key: each hash id is one
@@ -425,6 +426,7 @@ func newReplayCmd(io *stdio) *cobra.Command {
 	fs.Float64Var(&f.loadSlack, "load-slack", 0.25, "prefix routing load band: a node this fraction above the mean request count gets no request, one this far below gets the next")
 	fs.Float64Var(&f.speed, "speed", 0, "honour timestamps, scaled: 1 real time, 10 ten times faster; 0 ignores them")
 	fs.BoolVar(&f.noFetch, "no-fetch", false, "do not read the hit prefix (engines do; reads also tell eviction what was used)")
+	fs.BoolVar(&f.checkChains, "check-chains", false, "after each request's puts, look its keys up again and count requests whose own puts pushed out part of their chain (chains_cut)")
 	fs.BoolVar(&f.simulate, "sim", false, "run the offline simulator (cache/evict/sim) instead of sidecars; results are labelled simulated")
 	fs.BoolVar(&f.withSim, "with-sim", false, "also run the simulator for every sidecar run (plotted dashed, labelled simulated)")
 	fs.BoolVar(&f.references, "references", false, "with --sim: add the offline optimum (Belady) and the unbounded cache")
@@ -737,6 +739,7 @@ func sidecarRun(ctx context.Context, f *replayFlags, run *replayRun, reqs []trac
 	}
 	cfg := replay.DefaultConfig()
 	cfg.Route, cfg.BlockBytes, cfg.Key, cfg.NoFetch, cfg.Speed = replay.Route(run.Route), int(run.BlockBytes), blockKey, f.noFetch, f.speed
+	cfg.CheckChains = f.checkChains
 	cfg.LoadSlack = f.loadSlack
 	if f.progress != "none" {
 		last := time.Now()
@@ -799,8 +802,8 @@ func writeReplayText(w io.Writer, r replayRun) {
 		fmt.Fprintf(w, "  per node        %s\n", strings.Join(parts, ", "))
 	}
 	if !r.Simulated {
-		fmt.Fprintf(w, "  bytes           %s read from cache, %s between nodes, %s stored; %d failed puts\n",
-			units.FormatBytes(r.BytesFetched), units.FormatBytes(r.BytesRemote), units.FormatBytes(r.BytesStored), r.FailedPuts)
+		fmt.Fprintf(w, "  bytes           %s read from cache, %s between nodes, %s stored; %d failed puts, %d refused for room, %d orphans\n",
+			units.FormatBytes(r.BytesFetched), units.FormatBytes(r.BytesRemote), units.FormatBytes(r.BytesStored), r.FailedPuts, r.RefusedPuts, r.OrphanPuts)
 		if len(r.BlocksAtEnd) > 0 {
 			fmt.Fprintf(w, "  blocks at end   %v (capacity %d per node)\n", r.BlocksAtEnd, r.CapacityBlocks)
 		}

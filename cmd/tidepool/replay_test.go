@@ -77,6 +77,17 @@ func unboundedHits(reqs []trace.Request) (hits, blocks int64) {
 // sequential: reads reach the policy in per-shard batches, and a block
 // still pinned by a read lease is skipped by eviction); within bounds for
 // the prefix policy.
+//
+// Every run also checks the chain rule from what the sidecar answers and
+// holds (--check-chains): no put fails; a put refused for room (NO_SPACE)
+// is followed only by refusals in its request (no block stored past a gap:
+// orphan_puts 0); and right after its puts each request still has every
+// block it read and every block it stored (chains_cut 0), i.e. a chain
+// larger than the room keeps a contiguous head instead of pushing itself
+// out. Refusals are expected only where the sidecar ranks a request's new
+// blocks below everything else it holds (the prefix policy at 320
+// blocks); the never-evicting and LRU runs, whose models know no refusal,
+// must have none.
 func TestReplayMatchesIndependentCount(t *testing.T) {
 	path, reqs := firstRequests(t, replayTraceRequests)
 	uniq := map[uint64]bool{}
@@ -99,22 +110,24 @@ func TestReplayMatchesIndependentCount(t *testing.T) {
 		exact, near bool
 		want        func() int64
 		lo, hi      float64
+		// refusals: puts refused for room are allowed.
+		refusals bool
 	}{
-		{"never evicts", "lru", len(uniq) + 100, true, false, func() int64 { return wantHits }, 0, 0},
+		{"never evicts", "lru", len(uniq) + 100, true, false, func() int64 { return wantHits }, 0, 0, false},
 		{"lru evicting", "lru", 320, false, true, func() int64 {
 			r, err := sim.Run(reqs, sim.Config{CapacityBlocks: 320, Nodes: 1}, evict.NewLRU)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return r.HitBlocks
-		}, 0, 0},
-		{"prefix evicting", "prefix", 320, false, false, nil, 0.005, float64(wantHits) / float64(wantBlocks)},
+		}, 0, 0, false},
+		{"prefix evicting", "prefix", 320, false, false, nil, 0.005, float64(wantHits) / float64(wantBlocks), true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			out := runTP(t, "replay", "--trace", path, "--requests", fmt.Sprint(replayTraceRequests),
 				"--nodes", "1", "--capacity-tokens", fmt.Sprint(tc.blocks*blockTokens), "--block-bytes", "4KiB",
-				"--policy", tc.policy, "--json", "--progress", "none")
+				"--policy", tc.policy, "--json", "--progress", "none", "--check-chains")
 			var got replayRun
 			if err := json.Unmarshal(out, &got); err != nil {
 				t.Fatalf("%v: %s", err, out)
@@ -128,6 +141,12 @@ func TestReplayMatchesIndependentCount(t *testing.T) {
 			}
 			if got.FailedPuts != 0 {
 				t.Fatalf("%d failed puts", got.FailedPuts)
+			}
+			if got.OrphanPuts != 0 || got.ChainsCut != 0 {
+				t.Fatalf("%d blocks stored past a refused one, %d requests whose puts pushed out their own chain", got.OrphanPuts, got.ChainsCut)
+			}
+			if got.RefusedPuts != 0 && !tc.refusals {
+				t.Fatalf("%d puts refused for room", got.RefusedPuts)
 			}
 			if tc.exact {
 				if want := tc.want(); got.HitBlocks != want {
@@ -143,8 +162,8 @@ func TestReplayMatchesIndependentCount(t *testing.T) {
 			} else if got.HitRate < tc.lo || got.HitRate > tc.hi {
 				t.Fatalf("hit rate %.4f outside [%.4f, %.4f]", got.HitRate, tc.lo, tc.hi)
 			}
-			t.Logf("%s: hit rate %.4f (%d of %d blocks), %d blocks at end, %.2fs",
-				tc.name, got.HitRate, got.HitBlocks, got.Blocks, got.BlocksAtEnd[0], got.Seconds)
+			t.Logf("%s: hit rate %.4f (%d of %d blocks), %d blocks at end, %d puts refused for room, %.2fs",
+				tc.name, got.HitRate, got.HitBlocks, got.Blocks, got.BlocksAtEnd[0], got.RefusedPuts, got.Seconds)
 		})
 	}
 }

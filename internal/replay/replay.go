@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tidepool-kv/tidepool/internal/trace"
@@ -36,10 +37,26 @@ type Node interface {
 	// those, the bytes that came from another node.
 	Fetch(ctx context.Context, keys [][]byte) (bytes, remote int64, err error)
 	// Store writes value under each key, keys[i] at chain depth
-	// firstDepth+i, in order. Keys already present are no-ops. It returns
-	// the bytes newly stored and the number of keys that failed.
-	Store(ctx context.Context, keys [][]byte, firstDepth int, value []byte) (stored int64, failed int, err error)
+	// firstDepth+i, in order, and sets out[i] (len(out) == len(keys)) to
+	// what became of keys[i]. Keys already present are no-ops.
+	Store(ctx context.Context, keys [][]byte, firstDepth int, value []byte, out []PutOutcome) error
 }
+
+// PutOutcome is what a Store did with one key.
+type PutOutcome uint8
+
+// The outcomes.
+const (
+	// PutStored: stored by this put.
+	PutStored PutOutcome = iota
+	// PutPresent: already present (a no-op).
+	PutPresent
+	// PutRefused: refused for room (NO_SPACE). A sidecar keeps the head of
+	// a chain larger than the room it may take and refuses its tail.
+	PutRefused
+	// PutFailed: any other error.
+	PutFailed
+)
 
 // Route is how a request picks its node.
 type Route string
@@ -80,6 +97,11 @@ type Config struct {
 	// fraction above the mean request count gets no request, one more than
 	// this fraction below it gets the next (0.25 = 25 %). Default 0.25.
 	LoadSlack float64
+	// CheckChains looks each request's keys up again after its puts and
+	// counts the requests whose chain lost a block it had just read or
+	// stored (Result.ChainsCut): a put that pushed out its own chain. It
+	// adds one Lookup per request. Default false.
+	CheckChains bool
 	// Progress, if set, is called after each request with the count done.
 	Progress func(done, total int)
 }
@@ -131,12 +153,48 @@ type Result struct {
 	HitRate   float64 `json:"hit_rate"`
 	// BytesFetched is what the hit prefixes read; BytesRemote the part of
 	// it that crossed between nodes; BytesStored what the puts added.
-	BytesFetched int64        `json:"bytes_fetched"`
-	BytesRemote  int64        `json:"bytes_between_nodes"`
-	BytesStored  int64        `json:"bytes_stored"`
-	FailedPuts   int64        `json:"failed_puts"`
-	Seconds      float64      `json:"seconds"`
-	Nodes        []NodeResult `json:"nodes"`
+	BytesFetched int64 `json:"bytes_fetched"`
+	BytesRemote  int64 `json:"bytes_between_nodes"`
+	BytesStored  int64 `json:"bytes_stored"`
+	// FailedPuts counts puts that failed, other than for room;
+	// RefusedPuts those refused for room (NO_SPACE: a chain larger than
+	// the room keeps its head); OrphanPuts the blocks stored after a block
+	// of the same request that was not (a gap no lookup passes).
+	FailedPuts  int64 `json:"failed_puts"`
+	RefusedPuts int64 `json:"refused_puts"`
+	OrphanPuts  int64 `json:"orphan_puts"`
+	// ChainsCut counts, with Config.CheckChains, the requests whose hit
+	// blocks and stored head were not all present right after their puts.
+	ChainsCut int64        `json:"chains_cut"`
+	Seconds   float64      `json:"seconds"`
+	Nodes     []NodeResult `json:"nodes"`
+}
+
+// tally adds one request's put outcomes to res and returns its head: how
+// many leading keys are stored or present.
+func tally(res *Result, outs []PutOutcome, blockBytes int64) (head int) {
+	head = -1
+	for j, o := range outs {
+		switch o {
+		case PutStored:
+			res.BytesStored += blockBytes
+			if head >= 0 {
+				res.OrphanPuts++
+			}
+		case PutPresent:
+		case PutRefused:
+			res.RefusedPuts++
+		default:
+			res.FailedPuts++
+		}
+		if o != PutStored && o != PutPresent && head < 0 {
+			head = j
+		}
+	}
+	if head < 0 {
+		head = len(outs)
+	}
+	return head
 }
 
 func rate(hit, all int64) float64 {
@@ -174,6 +232,7 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 		value[i] = byte(i*131 + 7)
 	}
 	var keys [][]byte
+	var outs []PutOutcome
 	matched := make([]int, len(nodes))
 	start := time.Now()
 	finish := func(err error) (Result, error) {
@@ -256,12 +315,20 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 			res.BytesRemote += remote
 		}
 		if hit < len(keys) {
-			stored, failed, err := nodes[at].Store(ctx, keys[hit:], hit, value)
-			if err != nil {
+			outs = slices.Grow(outs[:0], len(keys)-hit)[:len(keys)-hit]
+			if err := nodes[at].Store(ctx, keys[hit:], hit, value, outs); err != nil {
 				return finish(fmt.Errorf("replay: request %d: store on node %d: %w", i, at, err))
 			}
-			res.BytesStored += stored
-			res.FailedPuts += int64(failed)
+			head := tally(&res, outs, int64(len(value)))
+			if cfg.CheckChains {
+				m, err := nodes[at].Lookup(ctx, keys)
+				if err != nil {
+					return finish(fmt.Errorf("replay: request %d: lookup after the puts on node %d: %w", i, at, err))
+				}
+				if m < hit+head {
+					res.ChainsCut++
+				}
+			}
 		}
 		if cfg.Progress != nil {
 			cfg.Progress(i+1, len(reqs))

@@ -21,6 +21,8 @@ type fakeNode struct {
 	m        map[string]*list.Element
 	lookups  int
 	failKey  string
+	// refuseKey is answered PutRefused, as a sidecar refuses a block for room.
+	refuseKey string
 }
 
 func newFakeNode(capacity int) *fakeNode {
@@ -48,27 +50,30 @@ func (f *fakeNode) Fetch(_ context.Context, keys [][]byte) (int64, int64, error)
 	return int64(len(keys)) * 100, 0, nil
 }
 
-func (f *fakeNode) Store(_ context.Context, keys [][]byte, _ int, value []byte) (int64, int, error) {
-	var stored int64
-	failed := 0
-	for _, k := range keys {
+func (f *fakeNode) Store(_ context.Context, keys [][]byte, _ int, _ []byte, out []PutOutcome) error {
+	for i, k := range keys {
 		if string(k) == f.failKey {
-			failed++
+			out[i] = PutFailed
+			continue
+		}
+		if string(k) == f.refuseKey {
+			out[i] = PutRefused
 			continue
 		}
 		if e, ok := f.m[string(k)]; ok {
 			f.lru.MoveToFront(e)
+			out[i] = PutPresent
 			continue
 		}
 		f.m[string(k)] = f.lru.PushFront(string(k))
-		stored += int64(len(value))
+		out[i] = PutStored
 		for f.capacity > 0 && f.lru.Len() > f.capacity {
 			last := f.lru.Back()
 			delete(f.m, last.Value.(string))
 			f.lru.Remove(last)
 		}
 	}
-	return stored, failed, nil
+	return nil
 }
 
 // testKey chains ids the way protocol.BlockKey would, without hashing.
@@ -202,8 +207,8 @@ func TestValidateAndErrors(t *testing.T) {
 	n := newFakeNode(0)
 	n.failKey = string(testKey(testKey(nil, 1), 2))
 	r, err := Run(context.Background(), good, reqs, []Node{n})
-	if err != nil || r.FailedPuts != 2 || r.HitBlocks != 1 {
-		t.Fatalf("failed puts: %+v, %v", r, err)
+	if err != nil || r.FailedPuts != 2 || r.HitBlocks != 1 || r.OrphanPuts != 1 || r.RefusedPuts != 0 {
+		t.Fatalf("failed puts (block 3 stored past the failed block 2: an orphan): %+v, %v", r, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -226,5 +231,34 @@ func TestSpeedHonoursTimestamps(t *testing.T) {
 	cfg.Speed = 0
 	if r, _ = Run(context.Background(), cfg, reqs, []Node{newFakeNode(0)}); r.Seconds >= 0.1 {
 		t.Fatalf("replay ignoring timestamps took %.3fs", r.Seconds)
+	}
+}
+
+// TestPutOutcomes: refused puts are counted apart from failed ones, a block
+// stored past a gap counts as an orphan, and CheckChains counts a request
+// whose own puts pushed out part of its chain.
+func TestPutOutcomes(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Key = testKey
+	cfg.CheckChains = true
+	reqs := []trace.Request{{HashIDs: []uint64{1, 2, 3, 4}}}
+	k := testKey(nil, 1)
+	k = testKey(k, 2)
+
+	n := newFakeNode(0) // block 3 refused, 4 refused too: a head of 2
+	n.refuseKey = string(testKey(k, 3))
+	r, err := Run(context.Background(), cfg, reqs, []Node{n})
+	if err != nil || r.RefusedPuts != 1 || r.FailedPuts != 0 || r.OrphanPuts != 1 || r.ChainsCut != 0 {
+		t.Fatalf("refused block 3, block 4 stored past it: %+v, %v", r, err)
+	}
+
+	small := newFakeNode(3) // 4 blocks into 3: the LRU fake evicts block 1
+	r, err = Run(context.Background(), cfg, reqs, []Node{small})
+	if err != nil || r.ChainsCut != 1 || r.RefusedPuts != 0 || r.OrphanPuts != 0 {
+		t.Fatalf("a chain that pushed out its own head: %+v, %v", r, err)
+	}
+	cfg.CheckChains = false
+	if r, err = Run(context.Background(), cfg, reqs, []Node{newFakeNode(3)}); err != nil || r.ChainsCut != 0 {
+		t.Fatalf("chains counted without CheckChains: %+v, %v", r, err)
 	}
 }

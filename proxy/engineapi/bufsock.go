@@ -376,6 +376,9 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		items = make([]bufItem, len(puts))
 		for i, it := range puts {
 			opts := cache.PutOptions{Depth: it.depth, Durable: flags&bufDurable != 0}
+			if i > 0 && it.depth > 0 && it.depth == puts[i-1].depth+1 {
+				opts.Parent = puts[i-1].key // the chain rule, as BatchPut (proxy.BatchPut)
+			}
 			existed, err := s.put(ctx, bc, id, it.off, it.n, string(ns), it.key, opts, syncReplicas, it.sum)
 			items[i] = bufItem{code: wirecode.Code(err), value: b2u(existed && err == nil)}
 		}

@@ -551,3 +551,47 @@ func (c *bufConn) batch(op byte, body []byte) (bufAnswer, []bufAnswer) {
 	}
 	return a, items
 }
+
+// TestBufferSocketBatchKeepsChainHead: a BatchPutFromBuffer of a 16-block
+// chain into a DRAM tier that holds 8 stores blocks 0..7 and answers
+// NO_SPACE for 8..15 (each names the item before it as its parent, as
+// BatchPut's items do): the chain does not push out its own blocks, and
+// nothing past the head is held.
+func TestBufferSocketBatchKeepsChainHead(t *testing.T) {
+	ts := startServer(t, serverOpts{capacity: 1 << 20, maxValue: 1 << 20})
+	c, id, mem := registered(t, ts, 4<<20)
+	const n, size = 16, 128 << 10
+	put := binary.BigEndian.AppendUint64(nil, id)
+	put = append(put, 0)                        // flags
+	put = binary.BigEndian.AppendUint32(put, 0) // sync_replicas
+	put = append(put, 0, 2, 'n', 's')           // ns
+	put = binary.BigEndian.AppendUint16(put, n) // count
+	keys := make([][]byte, n)
+	for i := range n {
+		keys[i] = []byte{'c', byte('a' + i)}
+		copy(mem[i*size:], randBytes(int64(40+i), size))
+		put = binary.BigEndian.AppendUint64(put, uint64(i*size))
+		put = binary.BigEndian.AppendUint64(put, size)
+		put = binary.BigEndian.AppendUint32(put, uint32(i))
+		put = append(put, 0, 0, 0, 0, 0) // no checksum
+		put = append(put, 0, 2)
+		put = append(put, keys[i]...)
+	}
+	a, items := c.batch(6, put)
+	if a.code != tp.ErrorCode_OK || len(items) != n {
+		t.Fatalf("batch put: %+v, %d items", a, len(items))
+	}
+	for i, it := range items {
+		if want := map[bool]tp.ErrorCode{true: tp.ErrorCode_OK, false: tp.ErrorCode_NO_SPACE}[i < 8]; it.code != want {
+			t.Errorf("item %d: %v, want %v", i, it.code, want)
+		}
+	}
+	if got := ts.tier.PresentPrefix(context.Background(), "ns", keys); got != 8 {
+		t.Errorf("present prefix %d, want 8", got)
+	}
+	for i := 8; i < n; i++ {
+		if _, ok := ts.tier.Stat(context.Background(), "ns", keys[i]); ok {
+			t.Errorf("block %d held past the head", i)
+		}
+	}
+}
