@@ -126,7 +126,7 @@ MC_THREADS=${MC_THREADS:-$CONC}
 # Mooncake's settings for sustained TCP traffic (docs: troubleshooting.md,
 # transfer-engine/index.md, mooncake-store-deployment-guide.md), for every
 # Mooncake process this script starts (master, real clients, drivers).
-export MC_TCP_ENABLE_CONNECTION_POOL=1 MC_TCP_LANES_PER_PEER=$MC_LANES MC_STORE_MEMCPY=1
+export MC_TCP_ENABLE_CONNECTION_POOL=${MC_POOL:-1} MC_TCP_LANES_PER_PEER=$MC_LANES MC_STORE_MEMCPY=1
 
 log() { echo "bench-vs-mooncake: $*" >&2; }
 
@@ -437,7 +437,7 @@ fi
 # ---- the report ---------------------------------------------------------------
 # MC_STORE_MEMCPY as Mooncake's processes took it (their transfer_task log).
 memcpy_note=$(cat "$WORK/memcpy-probe.log" 2>/dev/null |
-	grep -o 'memcpy_enabled=[0-9a-z]*' | sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}')
+	grep -o 'memcpy_enabled=[0-9a-z]*' | sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}' || true)
 if [[ -n ${KEEP_RESULTS:-} ]]; then cp "$RESULTS" "$KEEP_RESULTS"; fi
 "$PY" - "$RESULTS" "$JSON" "$MOONCAKE_VERSION" "$("$TP" version 2>/dev/null | head -n 1 || true)" "$ROUNDS" "$DURATION" \
 	"$CC_NOTE; both on $CC_NOW" "MC_TCP_ENABLE_CONNECTION_POOL=1, MC_TCP_LANES_PER_PEER=$MC_LANES, MC_STORE_MEMCPY=1 (log: ${memcpy_note:-not seen}), real clients --threads $MC_THREADS" <<'EOF'
