@@ -334,7 +334,8 @@ tw_sampler() {
 	local max=0 n
 	while :; do
 		n=$(ss -Htan state time-wait "$2" | wc -l)
-		((n > max)) && max=$n && echo "$max" >"$1"
+		# Written aside and renamed: the sampler is killed at any moment.
+		((n > max)) && max=$n && echo "$max" >"$1.tmp" && mv "$1.tmp" "$1"
 		sleep 0.1
 	done
 }
@@ -364,7 +365,7 @@ run_driver() { # SYSTEM ROUND LABEL WORKLOAD CONC ARGS... (SYSTEM: tidepool, sta
 		--duration "$DURATION" "${nodes[@]}" "$@" 2>>"$WORK/driver-$name.log" | tail -n 1); then
 		[[ -z $twpid ]] || { kill "$twpid"; wait "$twpid" 2>/dev/null || true; }
 		"$PY" -c 'import json, sys; d = json.loads(sys.argv[1]); d.update(round=int(sys.argv[2]), label=sys.argv[3], mode=sys.argv[4], system=("tidepool" if sys.argv[4] == "tidepool" else "mooncake"))
-if sys.argv[5]: d["time_wait_max"] = int(open(sys.argv[5]).read())
+if sys.argv[5]: d["time_wait_max"] = int(open(sys.argv[5]).read().strip() or 0)
 print(json.dumps(d))' \
 			"$out" "$round" "$label" "$sys" "$tw" >>"$RESULTS"
 		log "round $round $sys $label: $(jq -r '"\(.value) \(.unit) (\(.ok) ok, \(.fail) failed\(if .owned_keys then ", \(.exhausted) of them not on owned keys" else "" end)\(if .passes then "; passes \(.pass_values | map(tostring) | join(", "))" else "" end)\(if .time_wait_max != null then "; TIME_WAIT max \(.time_wait_max)" else "" end))"' <<<"$(tail -n 1 "$RESULTS")" 2>/dev/null || echo "$out")"
