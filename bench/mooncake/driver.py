@@ -6,12 +6,15 @@ and prints the table; the same driver and the same loop drive both systems,
 so the client-side overhead compares fairly. It prints one JSON object:
 {"value": ..., "unit": ..., "better": "higher"|"lower", ...}.
 
-Both systems are used the way an engine uses them, through a sidecar
-process: tidepool's Python client (clients/python/tidepool) over the
-sidecar's Unix socket, and Mooncake's "dummy" client
-(MooncakeDistributedStore.setup_dummy) over its IPC to a `mooncake_client`
-process (the "real client", which owns the segment and the transfer
-engine). Per workload:
+Both systems are used the way an engine uses them: tidepool's Python
+client (clients/python/tidepool) over the sidecar's Unix socket; Mooncake
+either through a sidecar process too (--mc-mode dummy, "standalone": the
+dummy client, MooncakeDistributedStore.setup_dummy, over its RPC and shared
+memory to a `mooncake_client` process, the "real client", which owns the
+segment and the transfer engine) or embedded (--mc-mode embedded: setup()
+in this process, which then owns the segment and the transfer engine; N
+callers are N threads sharing that one store, and a remote get's values
+sit in a second such process, RemoteWriter). Per workload:
 
   put-zc / get-zc      tidepool put_from / get_into (reserve + write into the
                        shared arena + commit; acquire + copy out + release);
