@@ -118,7 +118,12 @@ HOST_CC=${HOST_CC:-cubic}
 # eviction_high_watermark_ratio" (its own advice, taken here).
 MC_MASTER_FLAGS=${MC_MASTER_FLAGS:---eviction_high_watermark_ratio 0.8 --eviction_ratio 0.2}
 TW_SAMPLE=${TW_SAMPLE:-1}
+# The shared traces sit beside the main checkout (a worktree's ROOT is
+# elsewhere: then beside the repository's common git directory's checkout).
 TRACE=${TRACE:-$ROOT/../shared/traces/conversation_trace.jsonl}
+if [[ ! -e $TRACE ]] && common=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null); then
+	[[ -e ${common%/.git}/../shared/traces/conversation_trace.jsonl ]] && TRACE=${common%/.git}/../shared/traces/conversation_trace.jsonl
+fi
 if [[ $QUICK == 1 ]]; then
 	ROUNDS=1 DURATION=1 CONC=4 REPLAY_REQUESTS=300 NODE_CAPACITY=256 REMOTE_PASSES=2
 fi
