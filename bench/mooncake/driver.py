@@ -6,12 +6,15 @@ and prints the table; the same driver and the same loop drive both systems,
 so the client-side overhead compares fairly. It prints one JSON object:
 {"value": ..., "unit": ..., "better": "higher"|"lower", ...}.
 
-Both systems are used the way an engine uses them, through a sidecar
-process: tidepool's Python client (clients/python/tidepool) over the
-sidecar's Unix socket, and Mooncake's "dummy" client
-(MooncakeDistributedStore.setup_dummy) over its IPC to a `mooncake_client`
-process (the "real client", which owns the segment and the transfer
-engine). Per workload:
+Both systems are used the way an engine uses them: tidepool's Python
+client (clients/python/tidepool) over the sidecar's Unix socket; Mooncake
+either through a sidecar process too (--mc-mode dummy, "standalone": the
+dummy client, MooncakeDistributedStore.setup_dummy, over its RPC and shared
+memory to a `mooncake_client` process, the "real client", which owns the
+segment and the transfer engine) or embedded (--mc-mode embedded: setup()
+in this process, which then owns the segment and the transfer engine; N
+callers are N threads sharing that one store, and a remote get's values
+sit in a second such process, RemoteWriter). Per workload:
 
   put-zc / get-zc      tidepool put_from / get_into (reserve + write into the
                        shared arena + commit; acquire + copy out + release);
@@ -62,6 +65,7 @@ import json
 import mmap
 import multiprocessing as mp
 import os
+import queue
 import sys
 import threading
 import time
@@ -173,8 +177,15 @@ class Tidepool:
         self.c.close()
 
 
+# Mooncake's ErrorCode::OBJECT_ALREADY_EXISTS (mooncake-store/include/types.h):
+# a put of a key the store already holds; counted as a success, as tidepool's
+# EXISTS is.
+MC_OBJECT_ALREADY_EXISTS = -705
+
+
 class Mooncake:
-    """Mooncake Store through a dummy client attached to a real client."""
+    """Mooncake Store through a dummy client attached to a real client
+    (--mc-mode dummy: the standalone store, the sidecar shape)."""
 
     def __init__(self, node, args):
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
@@ -186,7 +197,7 @@ class Mooncake:
             raise RuntimeError("mooncake setup_dummy(%s) = %d" % (node, rc))
         self.cfg = ReplicateConfig()
         self.cfg.replica_num = 1
-        if args.mc_segment:
+        if args.mc_segment and args.placement == "own":
             # Write into this node's own segment, as tidepool stores a put
             # on the node it came through.
             self.cfg.preferred_segment = args.mc_segment
@@ -213,13 +224,13 @@ class Mooncake:
         return want
 
     def put_zc(self, key, name, size):
-        return self.s.put_from(key, self.ptrs[name], size, self.cfg) == 0
+        return self.s.put_from(key, self.ptrs[name], size, self.cfg) in (0, MC_OBJECT_ALREADY_EXISTS)
 
     def get_zc(self, key, name, size):
         return self.s.get_into(key, self.ptrs[name], size) == size
 
     def put(self, key, value):
-        return self.s.put(key, value, self.cfg) == 0
+        return self.s.put(key, value, self.cfg) in (0, MC_OBJECT_ALREADY_EXISTS)
 
     def get(self, key, size):
         return len(self.s.get(key)) == size
@@ -227,7 +238,7 @@ class Mooncake:
     def batch_put_zc(self, keys, name, size):
         base = self.ptrs[name]
         rs = self.s.batch_put_from(keys, [base + i * size for i in range(len(keys))], [size] * len(keys), self.cfg)
-        return sum(1 for r in rs if r == 0)
+        return sum(1 for r in rs if r in (0, MC_OBJECT_ALREADY_EXISTS))
 
     def batch_get_zc(self, keys, name, size):
         base = self.ptrs[name]
@@ -249,6 +260,94 @@ class Mooncake:
         self.s.close()
 
 
+# One embedded store per process (--mc-mode embedded), shared by the
+# threads of a run as an engine's workers share it.
+_EMBEDDED = None
+_EMBEDDED_LOCK = threading.RLock()  # warm_segment re-enters through MooncakeEmbedded
+
+
+def embedded_store(args, segment_bytes):
+    """This process's Mooncake Store, set up on first use the way vLLM's
+    Mooncake store connector sets it up by default: setup() in the engine
+    process, which mounts its own segment (global_segment_size) and runs the
+    transfer engine in-process. Before it is used, the whole segment is
+    written once and emptied (warm): the segment is allocated without
+    pre-faulting, and tidepool's arenas are reserved and faulted in before
+    its timing starts."""
+    global _EMBEDDED
+    with _EMBEDDED_LOCK:
+        if _EMBEDDED is None:
+            from mooncake.store import MooncakeDistributedStore
+
+            s = MooncakeDistributedStore()
+            rc = s.setup("127.0.0.1", args.mc_metadata, segment_bytes, args.mc_local_buffer_mib * MIB,
+                         "tcp", "", args.mc_master)
+            if rc != 0:
+                raise RuntimeError("mooncake setup(master %s) = %d" % (args.mc_master, rc))
+            _EMBEDDED = s
+            w = MooncakeEmbedded(args)
+            warm_segment(w, segment_bytes)
+            w.close()
+        return _EMBEDDED
+
+
+def warm_segment(c, segment_bytes):
+    """Writes 1 MiB values into c's own segment until it is full (or a put
+    fails), then removes them all: every page of the segment faulted in
+    before the first timed round. Returns the MiB written."""
+    c.buffer("warm-fill", MIB, fill=True)
+    keys = []
+    for i in range(max(segment_bytes // MIB, 1)):
+        k = "warm-fill-%d-%d" % (os.getpid(), i)
+        if not c.put_zc(k, "warm-fill", MIB):
+            break
+        keys.append(k)
+    # Its own keys only: another process's values may be in the store.
+    for k in keys:
+        c.s.remove(k)
+    return len(keys)
+
+
+class MooncakeEmbedded(Mooncake):
+    """Mooncake Store embedded in this process (--mc-mode embedded, setup()).
+    Every adapter of a process shares its one store; buffers are page-aligned
+    mappings registered with it (register_buffer), as an engine registers
+    its KV cache memory."""
+
+    def __init__(self, args, segment_bytes=None):
+        from mooncake.store import ReplicateConfig
+
+        self.s = embedded_store(args, segment_bytes or args.mc_segment_mib * MIB)
+        self.cfg = ReplicateConfig()
+        self.cfg.replica_num = 1
+        if args.placement == "own":
+            self.cfg.preferred_segment = self.s.get_hostname()
+        self.ptrs, self.maps = {}, {}
+
+    def buffer(self, name, size, fill=False):
+        m = mmap.mmap(-1, max(size, 1))
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        rc = self.s.register_buffer(ptr, max(size, 1))
+        if rc != 0:
+            raise RuntimeError("mooncake register_buffer = %d" % rc)
+        if fill:
+            m[:size] = os.urandom(size)
+        self.ptrs[name], self.maps[name] = ptr, m
+        return ptr
+
+    def close(self):
+        # The store is the process's; this adapter's buffers are its own.
+        # Unregistered before its mapping goes: the transfer engine refuses
+        # a registration that overlaps one it still has.
+        for name, ptr in self.ptrs.items():
+            self.s.unregister_buffer(ptr)
+        self.ptrs = {}
+
+
+def embedded(args):
+    return args.system == "mooncake" and args.mc_mode == "embedded"
+
+
 def connect(args, node, segment=None):
     """A client of one node, warmed up: one miss read before any timing
     (tidepool's client maps the arena files on its first zero-copy call, or
@@ -257,6 +356,8 @@ def connect(args, node, segment=None):
     for tidepool's zero-copy puts prepare_writes()."""
     if args.system == "tidepool":
         c = Tidepool(node, args)
+    elif embedded(args):
+        c = MooncakeEmbedded(args)
     else:
         args.mc_segment = segment
         c = Mooncake(node, args)
@@ -380,10 +481,22 @@ def w_lookup(args, wid, ready, q, keys=None):
     c.buffer("b", n * args.size, fill=True)
     ks = ["%s-l%d" % (args.prefix, i) for i in range(n)]
     if wid == 0:
+        # --lookup-via other: the keys are written through node 2 and looked
+        # up through node 1 (tidepool: node 1 holds only those it owns;
+        # Mooncake: they sit in node 2's segment).
+        w = connect(args, args.node2, args.seg2) if args.lookup_via == "other" else c
+        if w is not c:
+            w.buffer("b", n * args.size, fill=True)
         for j in range(0, n, 64):
-            c.batch_put_zc(ks[j:j + 64], "b", args.size)
+            w.batch_put_zc(ks[j:j + 64], "b", args.size)
+        if w is not c:
+            w.close()
+        deadline = time.time() + 10  # tidepool pushes to owners (milliseconds)
+        while c.prefix(ks) < n and time.time() < deadline:
+            time.sleep(0.05)
     ready.wait()
     ok = fail = 0
+    matched = n
     lat = []
     t0 = time.perf_counter()
     end = t0 + args.duration
@@ -393,18 +506,21 @@ def w_lookup(args, wid, ready, q, keys=None):
             break
         m = c.prefix(ks)
         lat.append(time.perf_counter() - s)
+        matched = min(matched, m)
         if m == n:
             ok += 1
         else:
             fail += 1
     t1 = time.perf_counter()
     c.close()
-    q.put({"ok": ok, "fail": fail, "bytes": 0, "t0": t0, "t1": t1, "lat": lat})
+    q.put({"ok": ok, "fail": fail, "bytes": 0, "t0": t0, "t1": t1, "lat": lat, "matched": matched})
 
 
 def prepare_remote(args):
     """Writes fresh values through node 1 and returns the keys node 2 must
     fetch from elsewhere (for tidepool: node 2 neither owns nor holds them)."""
+    if embedded(args):
+        return _REMOTE_WRITER.write(args.prefix, args.keys)
     size = args.size
     w = connect(args, args.node1, args.seg1)
     w.buffer("b", size, fill=True)
@@ -474,16 +590,38 @@ WORKERS = {"put-zc": w_put_get, "get-zc": w_put_get, "put": w_put_get, "get": w_
            "remote-get": w_remote, "batch-put": w_batch, "batch-get": w_batch, "lookup": w_lookup}
 
 
+def warm(args):
+    """--workload warm: fills node 1's segment (a real client's) once and
+    empties it, untimed (see warm_segment); the script runs it for each real
+    client before the first round."""
+    c = connect(args, args.node1, args.seg1)
+    n = warm_segment(c, args.mc_segment_mib * MIB)
+    c.close()
+    return {"system": args.system, "workload": "warm", "mib_written": n}
+
+
 def _clear(args):
     c = connect(args, args.node1, args.seg1)
     c.clear()
     c.close()
 
 
+class _Threads:
+    """measure_once's context for the embedded mode: threads of this
+    process in place of forked processes."""
+    Barrier = threading.Barrier
+    Queue = queue.Queue
+
+    def Process(self, target, args):
+        return threading.Thread(target=target, args=args)
+
+
 def _in_child(ctx, fn, args):
     """Runs fn(args) in a forked process and returns its result: the parent
     never opens a client itself (Mooncake's dummy client does not survive a
-    fork of a process that has one)."""
+    fork of a process that has one). Embedded mode: in this process."""
+    if isinstance(ctx, _Threads):
+        return fn(args)
     q = ctx.Queue()
 
     def body():
@@ -509,7 +647,71 @@ def _worker(fn, args, wid, ready, q, keys):
         q.put({"error": "worker %d: %s: %s" % (wid, type(e).__name__, e)})
 
 
+class RemoteWriter:
+    """Embedded remote-get: node 1 is a second process with its own embedded
+    store (its segment holds the values, NODE_CAPACITY); this process's
+    store is node 2 and reads them from that segment over Mooncake's TCP
+    transport. Forked before this process sets up its own store."""
+
+    def __init__(self, args):
+        ctx = mp.get_context("fork")
+        self.conn, theirs = ctx.Pipe()
+        self.p = ctx.Process(target=self._serve, args=(args, theirs))
+        self.p.start()
+        kind, val = self.conn.recv()
+        if kind != "ok":
+            raise RuntimeError("remote writer: %s" % val)
+
+    @staticmethod
+    def _serve(args, conn):
+        try:
+            w = MooncakeEmbedded(args, args.mc_segment_mib * MIB)
+            w.buffer("b", args.size, fill=True)
+            conn.send(("ok", None))
+            while True:
+                cmd = conn.recv()
+                if cmd is None:
+                    break
+                prefix, n = cmd
+                w.s.remove_all(True)
+                keys = ["%s-r%d" % (prefix, i) for i in range(n)]
+                bad = sum(1 for k in keys if not w.put_zc(k, "b", args.size))
+                conn.send(("ok", keys) if not bad else ("error", "%d of %d puts failed" % (bad, n)))
+            w.s.remove_all(True)
+            w.s.close()
+        except BaseException as e:
+            conn.send(("error", "%s: %s" % (type(e).__name__, e)))
+
+    def write(self, prefix, n):
+        self.conn.send((prefix, n))
+        kind, val = self.conn.recv()
+        if kind != "ok":
+            raise RuntimeError("remote writer: %s" % val)
+        return val
+
+    def close(self):
+        self.conn.send(None)
+        self.p.join(60)
+
+
+_REMOTE_WRITER = None
+
+
 def measure(args):
+    global _REMOTE_WRITER
+    if embedded(args) and args.workload == "remote-get":
+        _REMOTE_WRITER = RemoteWriter(args)
+        try:
+            # This process reads; its own segment only needs the minimum.
+            args.mc_segment_mib, seg = 16, args.mc_segment_mib
+            return _measure(args)
+        finally:
+            args.mc_segment_mib = seg
+            _REMOTE_WRITER.close()
+    return _measure(args)
+
+
+def _measure(args):
     if args.workload != "remote-get" or args.passes <= 1:
         return measure_once(args)
     # remote-get reads each fresh key once, so one pass is as long as the
@@ -535,11 +737,16 @@ def measure(args):
 def measure_once(args, keep_lat=False):
     ctx = mp.get_context("fork")
     keys = None
-    if args.workload in ("put-zc", "put", "batch-put", "remote-get"):
+    if embedded(args):
+        # One process, one store, args.conc threads sharing it (the
+        # Python calls of Mooncake's store release the GIL).
+        ctx = _Threads()
+    if args.workload in ("put-zc", "put", "batch-put") or (args.workload == "remote-get" and not embedded(args)):
         _in_child(ctx, _clear, args)  # fresh capacity for every put run
     if args.workload == "remote-get":
         keys = _in_child(ctx, prepare_remote, args)
-    elif args.system == "tidepool" and _OWNED and args.node2 and args.workload in ("put-zc", "put", "batch-put"):
+    elif args.system == "tidepool" and _OWNED and args.placement == "own" and args.node2 and \
+            args.workload in ("put-zc", "put", "batch-put"):
         keys = _in_child(ctx, owned_keys, args)
     ready = ctx.Barrier(args.conc + 1)
     q = ctx.Queue()
@@ -568,7 +775,8 @@ def measure_once(args, keep_lat=False):
     if keys is not None and args.workload != "remote-get":
         out.update(owned_keys=len(keys), exhausted=sum(r.get("exhausted", 0) for r in rs))
     if args.workload == "lookup":
-        out.update(value=round(p50, 1), unit="us p50", better="lower")
+        # The shortest prefix answered (a failed lookup answered less than all).
+        out.update(value=round(p50, 1), unit="us p50", better="lower", matched_min=min(r["matched"] for r in rs))
     else:
         out.update(value=round(sum(r["bytes"] for r in rs) / (t1 - t0) / MIB, 1), unit="MiB/s", better="higher")
     if args.workload in ("put-zc", "put", "batch-put"):
@@ -603,7 +811,7 @@ def replay(args):
                 reqs.append(json.loads(line)["hash_ids"])
             if args.requests and len(reqs) >= args.requests:
                 break
-    blocks = hits = failed = 0
+    blocks = hits = looked = failed = 0
     t0 = time.time()
     for i, ids in enumerate(reqs):
         keys, parent = [], None
@@ -613,23 +821,26 @@ def replay(args):
         n = nodes[i % len(nodes)]
         hit = n.prefix(keys)
         blocks += len(keys)
-        hits += hit
+        looked += hit
+        # A hit is a block read back whole (a block evicted between the
+        # lookup and the read is no hit), as for tidepool's figure.
         for j in range(0, hit, 256):
-            n.batch_get_zc(keys[j:min(hit, j + 256)], "b", size)
+            hits += n.batch_get_zc(keys[j:min(hit, j + 256)], "b", size)
         for j in range(hit, len(keys), 256):
             part = keys[j:j + 256]
             failed += len(part) - n.batch_put_zc(part, "b", size)
     for n in nodes:
         n.close()
     return {"system": "mooncake", "workload": "replay", "requests": len(reqs), "blocks": blocks,
-            "hit_blocks": hits, "failed_puts": failed, "seconds": round(time.time() - t0, 2),
+            "hit_blocks": hits, "looked_up_hits": looked, "failed_puts": failed, "seconds": round(time.time() - t0, 2),
             "value": round(hits / blocks, 4) if blocks else 0.0, "unit": "hit rate", "better": "higher"}
 
 
 def main():
+    global _VERIFY_ARG
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--system", choices=("tidepool", "mooncake"), required=True)
-    ap.add_argument("--workload", choices=sorted(WORKERS) + ["replay"], required=True)
+    ap.add_argument("--workload", choices=sorted(WORKERS) + ["replay", "warm"], required=True)
     ap.add_argument("--node1", required=True, help="tidepool: socket; mooncake: real client host:port")
     ap.add_argument("--node2", default="")
     ap.add_argument("--seg1", default="", help="mooncake: node 1's segment name")
@@ -646,10 +857,34 @@ def main():
     ap.add_argument("--trace", default="")
     ap.add_argument("--requests", type=int, default=0)
     ap.add_argument("--mc-pool-mib", type=int, default=8)
-    ap.add_argument("--mc-local-buffer-mib", type=int, default=8)
+    ap.add_argument("--mc-local-buffer-mib", type=int, default=64,
+                    help="mooncake: local buffer of the dummy client or the embedded store")
+    ap.add_argument("--mc-mode", choices=("dummy", "embedded"), default="dummy",
+                    help="mooncake: dummy client of a real client (setup_dummy), or the store in this process (setup)")
+    ap.add_argument("--mc-master", default="", help="mooncake embedded: the master's host:port")
+    ap.add_argument("--mc-metadata", default="", help="mooncake embedded: the metadata server's URL")
+    ap.add_argument("--mc-segment-mib", type=int, default=1024,
+                    help="mooncake: the segment to warm (warm), or the embedded store's segment")
+    ap.add_argument("--placement", choices=("own", "default"), default="own",
+                    help="own: puts stay on the node they came through (tidepool: keys it owns; Mooncake: "
+                         "preferred_segment); default: each system's own placement")
+    ap.add_argument("--lookup-via", choices=("same", "other"), default="same",
+                    help="lookup: keys written through the node looked up (same) or through node 2 (other)")
+    ap.add_argument("--integrity", action="store_true",
+                    help="tidepool: verify=True on zero-copy calls; Mooncake: MOONCAKE_STORE_CHECKSUM=1")
     args = ap.parse_args()
     args.mc_segment = None
-    out = replay(args) if args.workload == "replay" else measure(args)
+    if args.integrity:
+        _VERIFY_ARG = True
+        os.environ["MOONCAKE_STORE_CHECKSUM"] = "1"  # before any store is created
+    if args.workload == "replay":
+        out = replay(args)
+    elif args.workload == "warm":
+        out = warm(args)
+    else:
+        out = measure(args)
+    if _EMBEDDED is not None:
+        _EMBEDDED.close()
     print(json.dumps(out), flush=True)
 
 
