@@ -57,7 +57,10 @@ if [[ ! -x "$py" ]]; then
 	echo "install-sglang: creating $VENV with $($PYTHON --version)"
 	"$PYTHON" -m venv "$VENV"
 fi
-pip=("$py" -m pip --disable-pip-version-check)
+# --no-compile: pip would byte-compile all ~16,000 .py files it installs
+# (torch, transformers, sglang, ...); the tests import about 4,000 of them,
+# which Python compiles (and caches) at their first import.
+pip=("$py" -m pip --disable-pip-version-check --no-compile)
 
 echo "install-sglang: torch==$TORCH_VERSION and ${#DEPS[@]} packages SGLang's storage code imports"
 "${pip[@]}" install -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "${DEPS[@]}"
