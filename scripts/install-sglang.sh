@@ -57,14 +57,17 @@ if [[ ! -x "$py" ]]; then
 	echo "install-sglang: creating $VENV with $($PYTHON --version)"
 	"$PYTHON" -m venv "$VENV"
 fi
-pip=("$py" -m pip --disable-pip-version-check)
+# --no-compile: pip would byte-compile all ~16,000 .py files it installs
+# (torch, transformers, sglang, ...); the tests import about 4,000 of them,
+# which Python compiles (and caches) at their first import.
+install=("$py" -m pip --disable-pip-version-check install --no-compile)
 
 echo "install-sglang: torch==$TORCH_VERSION and ${#DEPS[@]} packages SGLang's storage code imports"
-"${pip[@]}" install -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "${DEPS[@]}"
+"${install[@]}" -c "$CONSTRAINTS" "torch==$TORCH_VERSION" "${DEPS[@]}"
 echo "install-sglang: sglang==$SGLANG_VERSION (no deps)"
-"${pip[@]}" install --no-deps "sglang==$SGLANG_VERSION"
+"${install[@]}" --no-deps "sglang==$SGLANG_VERSION"
 echo "install-sglang: clients/python[sglang] (editable)"
-"${pip[@]}" install -c "$CONSTRAINTS" -e "./clients/python[sglang]"
+"${install[@]}" -c "$CONSTRAINTS" -e "./clients/python[sglang]"
 
 "$py" -c "$check; print('install-sglang: sglang', sglang.__version__, 'torch', torch.__version__)" 2>&1 | grep -v 'dependency conflicts' || true
 "$py" -c "$check"

@@ -98,6 +98,8 @@ class Sidecar:
                 self.proc.wait()
         if self.proc and self.proc.stdout:
             self.proc.stdout.close()
+        if self.proc:
+            self.log.close()
 
 
 def cluster_pair(tmp, start):

@@ -198,22 +198,36 @@ class InProcess(unittest.TestCase):
         self.assertTrue(set(plain).isdisjoint(salted) and set(plain).isdisjoint(lora) and set(salted).isdisjoint(lora))
 
     def test_sidecar_absent_then_back(self):
+        """No sidecar: misses, nothing saved or loaded. The first call after
+        the sidecar is up succeeds, and again after it was killed and
+        restarted: the pause after a failure (retry_s, an hour here) waits
+        out the socket that failed, not a new one."""
         sock = os.path.join(self.tmp, "late", "tp.sock")  # where Sidecar(tmp, "late") listens
         pool = host_pool("page_first")
-        b = make_backend(pool, self.extra(socket=sock))
+        b = make_backend(pool, self.extra(socket=sock, retry_s=3600))
         idx = pool.alloc(2 * PAGE)
         want = fill(pool, idx, seed=9)
         self.assertEqual(b.batch_exists(["a", "b"]), 0)
         self.assertEqual(b.batch_set_v1(["a", "b"], idx), [False, False])
         self.assertEqual(b.batch_get_v1(["a", "b"], idx), [False, False])
         self.assertTrue(torch.equal(pages(pool, idx)[0], want[0]), "a miss wrote into the pool")
-        late = Sidecar(self.tmp, "late").start()
+        late = [Sidecar(self.tmp, "late").start()]
         try:
-            ok = poll(lambda: b.batch_set_v1(["a", "b"], idx) == [True, True] or None, 30, "reconnect")
-            self.assertTrue(ok)
+            self.assertEqual(b.batch_set_v1(["a", "b"], idx), [True, True], "the sidecar is up")
             self.assertEqual(b.batch_exists(["a", "b"]), 2)
+            late[0].kill()  # its socket file stays, refusing
+            self.assertEqual(b.batch_exists(["a", "b"]), 0)
+            self.assertEqual(b.batch_set_v1(["a", "b"], idx), [False, False])
+            late.append(Sidecar(self.tmp, "late").start())
+            self.assertEqual(b.batch_set_v1(["a", "b"], idx), [True, True], "the sidecar is back")
+            fill(pool, idx, seed=10)
+            self.assertEqual(b.batch_get_v1(["a", "b"], idx), [True, True])
+            got = pages(pool, idx)
+            self.assertTrue(all(torch.equal(g, w) for g, w in zip(got, want)), "loaded bytes differ")
         finally:
-            late.stop()
+            b.close()
+            for s in late:
+                s.stop()
 
 
 class EngineProcesses(unittest.TestCase):
@@ -337,9 +351,11 @@ class EngineProcesses(unittest.TestCase):
 
     def test_4_sidecar_down_and_killed_mid_batch(self):
         """No sidecar: misses, saves fail, the controller's threads keep
-        serving. Killed after Acquire, mid-load: that load reports nothing
-        loaded. Back: the same engine saves and loads again at once (the
-        backup thread's connection to the killed sidecar is remade)."""
+        serving. Up: the next save succeeds. Killed after Acquire, mid-load:
+        that load reports nothing loaded. Back: the same engine saves and
+        loads again at once (the backup thread's connection to the killed
+        sidecar is remade). retry_s is an hour: every success here is the
+        first call after the sidecar is ready, none waits out a pause."""
         sock = os.path.join(self.tmp, "restart", "tp.sock")
         go = os.path.join(self.tmp, "restart-go")
         barrier = os.path.join(self.tmp, "kill-barrier")
@@ -354,7 +370,7 @@ class EngineProcesses(unittest.TestCase):
                  {"op": "save", "tokens": P, "seed": 5},       # 7: back (a stale connection is remade)
                  {"op": "save", "tokens": Q, "seed": 6},       # 8
                  {"op": "load", "tokens": Q, "seed": 6}]       # 9
-        p = self.engine(sock, steps, wait=False)
+        p = self.engine(sock, steps, wait=False, extra={"retry_s": 3600})
         try:
             poll(lambda: p.poll() is not None or os.path.exists(p.out) and len(json.load(open(p.out))["steps"]) >= 2,
                  ENGINE_TIMEOUT_S, "the engine's first steps")

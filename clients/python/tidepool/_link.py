@@ -3,6 +3,7 @@ the engine integrations (tidepool.vllm, tidepool.sglang): the sidecar is a
 cache, never a dependency, so a connection failure is logged once per
 outage and answered as "no sidecar" until a reconnect succeeds."""
 
+import os
 import threading
 import time
 from typing import Optional
@@ -46,10 +47,25 @@ class Once:
             self._seen.discard(cause)
 
 
+def _socket_id(path):
+    """The identity of the socket file at path, None when there is none. A
+    sidecar that (re)starts binds a new one (serve removes a stale socket
+    first): inode numbers may be reused, their creation times are not."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
 class Link:
     """A lazily (re)connected Client. get() returns a Client or None while
-    the sidecar is unreachable; reconnects at most every retry_s. Not
-    thread-safe: each thread has its own Link."""
+    the sidecar is unreachable. After a failure the same socket is tried
+    again only after retry_s (a hung sidecar costs one timeout per retry_s,
+    not one per call), but a new socket at the path (a sidecar that came
+    up or restarted since) is tried at once: the first call after the
+    sidecar is ready connects. Not thread-safe: each thread has its own
+    Link."""
 
     def __init__(self, socket_path, timeout_s, retry_s, name, logger, once, client_name):
         self.path = socket_path
@@ -61,21 +77,25 @@ class Link:
         self._once = once
         self._client_name = client_name
         self._next_try = 0.0
+        self._failed_id = None  # the socket (_socket_id) whose failure _next_try waits out
+        self._conn_id = None  # the socket of client
         self._down = False
 
     def get(self):
         if self.client is not None:
             return self.client
         now = time.monotonic()
-        if now < self._next_try:
+        sid = _socket_id(self.path)
+        if now < self._next_try and sid == self._failed_id:
             return None
-        self._next_try = now + self.retry_s
         try:
             c = Client(self.path, timeout=self.timeout_s, client_name=self._client_name)
             c._map()  # Hello, and map the arenas now: a load never needs the socket to read bytes
         except Exception as e:  # noqa: BLE001 - any failure means "no sidecar"
+            self._failed_id, self._next_try = sid, time.monotonic() + self.retry_s
             self._mark_down(e)
             return None
+        self._conn_id = sid
         if self._down:
             self._logger.info("tidepool: sidecar at %s is back (%s side)", self.path, self.name)
             self._once.forget("down:" + self.name)
@@ -91,13 +111,15 @@ class Link:
 
     def failed(self, err, retry_now=False):
         """The connection broke (transport error, timeout): drop it. With
-        retry_now the next get() connects at once (a sidecar that restarted
-        answers a new connection), else after retry_s."""
+        retry_now the next get() connects at once (the sidecar may have
+        closed an idle connection), else after retry_s unless a new socket
+        is at the path by then."""
         c, self.client = self.client, None
         if c is not None:
             try:
                 c.close()
             except Exception:  # noqa: BLE001
                 pass
+        self._failed_id = self._conn_id
         self._next_try = 0.0 if retry_now else time.monotonic() + self.retry_s
         self._mark_down(err)
