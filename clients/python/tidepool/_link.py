@@ -35,12 +35,12 @@ class Once:
         self._seen = set()
         self._lock = threading.Lock()
 
-    def warn(self, cause, msg, *args):
+    def warn(self, cause, msg, *args, level="warning"):
         with self._lock:
             if cause in self._seen:
                 return
             self._seen.add(cause)
-        self._logger.warning("tidepool: " + msg, *args)
+        getattr(self._logger, level)("tidepool: " + msg, *args)
 
     def forget(self, cause):
         with self._lock:
@@ -64,8 +64,9 @@ class Link:
     again only after retry_s (a hung sidecar costs one timeout per retry_s,
     not one per call), but a new socket at the path (a sidecar that came
     up or restarted since) is tried at once: the first call after the
-    sidecar is ready connects. Not thread-safe: each thread has its own
-    Link."""
+    sidecar is ready connects. An engine that starts before its sidecar
+    logs one info line ("not up yet"), not a warning. Not thread-safe: each
+    thread has its own Link."""
 
     def __init__(self, socket_path, timeout_s, retry_s, name, logger, once, client_name):
         self.path = socket_path
@@ -80,6 +81,8 @@ class Link:
         self._failed_id = None  # the socket (_socket_id) whose failure _next_try waits out
         self._conn_id = None  # the socket of client
         self._down = False
+        self._ever = False  # connected once: a failure is an outage, not "not up yet"
+        self.on_close = None  # called before the client is closed (views of its arenas must go first)
 
     def get(self):
         if self.client is not None:
@@ -100,26 +103,39 @@ class Link:
             self._logger.info("tidepool: sidecar at %s is back (%s side)", self.path, self.name)
             self._once.forget("down:" + self.name)
         self._down = False
+        self._ever = True
         self.client = c
         return c
 
     def _mark_down(self, err):
         self._down = True
-        self._once.warn("down:" + self.name,
-                        "sidecar at %s unavailable (%s side): %s; serving by recomputation "
-                        "and retrying every %.1fs", self.path, self.name, repr(err), self.retry_s)
+        if self._ever:
+            self._once.warn("down:" + self.name,
+                            "sidecar at %s unavailable (%s side): %s; serving by recomputation "
+                            "and retrying every %.1fs", self.path, self.name, repr(err), self.retry_s)
+        else:  # not up yet: the engine started first, nothing is wrong
+            self._once.warn("down:" + self.name,
+                            "sidecar at %s unavailable (not up yet? %s side); serving by recomputation "
+                            "until it is", self.path, self.name, level="info")
+
+    def close(self):
+        """Closes the client (after on_close), if connected."""
+        c, self.client = self.client, None
+        if c is None:
+            return
+        if self.on_close is not None:
+            self.on_close()
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001
+            pass
 
     def failed(self, err, retry_now=False):
         """The connection broke (transport error, timeout): drop it. With
         retry_now the next get() connects at once (the sidecar may have
         closed an idle connection), else after retry_s unless a new socket
         is at the path by then."""
-        c, self.client = self.client, None
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001
-                pass
+        self.close()
         self._failed_id = self._conn_id
         self._next_try = 0.0 if retry_now else time.monotonic() + self.retry_s
         self._mark_down(err)

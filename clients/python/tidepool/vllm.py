@@ -55,7 +55,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from . import checksum as _crc
-from .client import OK, BlockMeta, Client, Error, ErrorCode, RELEASE_MARGIN_MS, Scope
+from ._link import Link, Once
+from .client import OK, BlockMeta, Error, ErrorCode, RELEASE_MARGIN_MS, Scope
 
 logger = init_logger("vllm.kv_connector.tidepool")
 # Loads view the read-only arena mapping as a tensor that is only read.
@@ -99,101 +100,31 @@ def stats():
         return dict(_STATS)
 
 
-class _Once:
-    """Logs each cause once (per outage for connection causes)."""
-
-    def __init__(self):
-        self._seen = set()
-        self._lock = threading.Lock()
-
-    def warn(self, cause, msg, *args, level="warning"):
-        with self._lock:
-            if cause in self._seen:
-                return
-            self._seen.add(cause)
-        getattr(logger, level)("tidepool: " + msg, *args)
-
-    def forget(self, cause):
-        with self._lock:
-            self._seen.discard(cause)
+_once = Once(logger)
 
 
-_once = _Once()
-
-
-class _Link:
-    """A lazily (re)connected Client. get() returns a Client or None while
-    the sidecar is unreachable; reconnects at most every retry_s. An engine
-    started before its sidecar logs one line and connects when it is up.
-    Not thread-safe: each thread has its own _Link."""
+class _Link(Link):
+    """The shared Link (tidepool._link), with what the connector needs of
+    the sidecar it connects to: the most blocks one call may carry
+    (max_batch) and DRAM_SHARE of its DRAM tier in bytes (budget)."""
 
     def __init__(self, socket_path, timeout_s, retry_s, name):
-        self.path = socket_path
-        self.timeout_s = timeout_s
-        self.retry_s = retry_s
-        self.name = name
-        self.client: Optional[Client] = None
+        super().__init__(socket_path, timeout_s, retry_s, name, logger, _once, "tidepool-vllm/" + name)
         self.max_batch = 256
         self.budget = 1 << 62  # bytes one call may move (DRAM_SHARE)
-        self._next_try = 0.0
-        self._down = False
-        self._ever = False
-        self.on_close = None  # called before the client is closed (views of its arenas must go first)
 
     def get(self):
-        if self.client is not None:
-            return self.client
-        now = time.monotonic()
-        if now < self._next_try:
-            return None
-        self._next_try = now + self.retry_s
-        try:
-            c = Client(self.path, timeout=self.timeout_s, client_name="tidepool-vllm/" + self.name)
-            # Hello, and map the arenas now: a load never needs the socket to read bytes.
-            h = c.server_info()
-        except Exception as e:  # noqa: BLE001 - any failure means "no sidecar"
-            self._mark_down(e)
-            return None
+        fresh = self.client is None
+        c = super().get()
+        if c is None or not fresh:
+            return c
+        h = c.server_info()  # the Hello the client mapped its arenas from: no second call
         if h.limits is not None and h.limits.max_batch > 0:
             self.max_batch = h.limits.max_batch
         dram = [t.capacity_bytes for t in (h.tiers or ()) if t.name == "dram" and t.capacity_bytes > 0]
         if dram:
             self.budget = max(dram[0] // DRAM_SHARE, 1)
-        if self._down:
-            logger.info("tidepool: connected to the sidecar at %s (%s side)", self.path, self.name)
-            _once.forget("down:" + self.name)
-        self._down = False
-        self._ever = True
-        self.client = c
         return c
-
-    def _mark_down(self, err):
-        self._down = True
-        if self._ever:
-            _once.warn("down:" + self.name,
-                       "sidecar at %s unavailable (%s side): %s; serving by recomputation "
-                       "and retrying every %.1fs", self.path, self.name, repr(err), self.retry_s)
-        else:  # not up yet: the engine started first, nothing is wrong
-            _once.warn("down:" + self.name,
-                       "sidecar at %s unavailable (not up yet? %s side); serving by recomputation "
-                       "until it is, trying every %.1fs", self.path, self.name, self.retry_s, level="info")
-
-    def failed(self, err):
-        """The connection broke (transport error, timeout): drop it."""
-        self.close()
-        self._next_try = time.monotonic() + self.retry_s
-        self._mark_down(err)
-
-    def close(self):
-        c, self.client = self.client, None
-        if c is None:
-            return
-        if self.on_close is not None:
-            self.on_close()
-        try:
-            c.close()
-        except Exception:  # noqa: BLE001
-            pass
 
     def chunk(self, block_bytes):
         """Blocks per call: max_batch, and DRAM_SHARE of the DRAM tier."""
