@@ -345,13 +345,15 @@ func (r *router) landNamed(ctx context.Context, node, ns string, key []byte, low
 // reserveFetched reserves the local slot of fetched block b: exactly
 // b.Length bytes; cache.ErrExists when the block is stored here now. A
 // block whose description (b.Meta) a put could not carry is refused
-// first: nothing is reserved, moved or described.
+// first (ErrInvalidArgument): nothing is reserved, moved or described.
 func (r *router) reserveFetched(ctx context.Context, node, ns string, key []byte, b RemoteBlock, low bool) (cache.Reservation, error) {
 	if b.Length < 0 {
 		return nil, fmt.Errorf("%w: %s: block of %d bytes", cache.ErrUnavailable, node, b.Length)
 	}
 	if err := r.checkMeta(b.Meta); err != nil {
-		return nil, fmt.Errorf("%w: %s described a block badly: %w", cache.ErrUnavailable, node, err)
+		// Bad data from a node that answers, as a wrong checksum is: a
+		// miss, not a reason to stop asking it (the breaker).
+		return nil, fmt.Errorf("proxy: %s described a fetched block badly: %w", node, err)
 	}
 	slot, err := r.zcs.Reserve(ctx, ns, key, b.Length, cache.PutOptions{Depth: b.Depth, LowPriority: low}, r.cfg.ReserveTTL)
 	if errors.Is(err, cache.ErrExists) {

@@ -236,6 +236,9 @@ func (h *handler) fetchBlock(ctx context.Context, req []byte) rdma.FetchAnswer {
 		return rdma.FetchAnswer{Meta: encodeFetchMeta(fetchMeta{code: wirecode.Code(err), msg: err.Error()})}
 	}
 	r, err := decodeFetchRequest(req)
+	if err == nil && h.undescribed.Load() && len(req) > 0 && req[0] != fetchVersion {
+		err = fmt.Errorf("%w: version %d", errFetchRequest, req[0])
+	}
 	if err != nil {
 		h.count(func(s *ServerStats) { s.Refused++ })
 		return fail(fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err))

@@ -294,6 +294,10 @@ type handler struct {
 	addr     string
 	// fetch: named reads are served on the transport (fetch.go).
 	fetch atomic.Bool
+	// undescribed (tests only: export_test.go) makes the handler answer
+	// as a node that predates descriptions: no description in Acquire
+	// answers, no fetch_describe, named reads of version 2 refused.
+	undescribed atomic.Bool
 
 	mu    sync.Mutex
 	stats ServerStats
@@ -396,7 +400,7 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 		it.LeaseId = r.LeaseID
 		it.Checksum = int32(r.Info.Checksum)
 		it.Depth = r.Info.Depth
-		if req.GetDescribe() {
+		if req.GetDescribe() && !h.undescribed.Load() {
 			if m := h.p.Description(req.Ns, req.Keys[i]); m != nil {
 				it.TokenIds, it.ParentKey, it.BlockSize = wireTokens(m.Tokens), m.Parent, &m.BlockSize
 			}
@@ -410,7 +414,9 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 	if h.fetch.Load() {
 		yes := true
 		out.Fetch = &yes
-		out.FetchDescribe = &yes
+		if !h.undescribed.Load() {
+			out.FetchDescribe = &yes
+		}
 	}
 	return out, nil
 }
