@@ -112,14 +112,7 @@ func TestFetchCarriesDescription(t *testing.T) {
 					t.Errorf("fetched block %d stored here with description %+v, want %+v", i, seen, desc(uint32(10*i)))
 				}
 			}
-			st := owner.srv.Stats()
-			wantAcq, wantNamed := int64(1), int64(n-1)
-			if tc.noNamed {
-				wantAcq, wantNamed = n, 0
-			}
-			if st.Acquired != wantAcq || st.Fetched != wantNamed {
-				t.Fatalf("owner pinned %d blocks by Acquire and sent %d by named reads, want %d and %d", st.Acquired, st.Fetched, wantAcq, wantNamed)
-			}
+			checkFetchPaths(t, owner, n, tc.noNamed)
 
 			// The owner's description is bad (as from a faulty peer): the
 			// block is refused here.
