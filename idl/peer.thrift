@@ -57,6 +57,11 @@ struct AcquireRequest {
     // before this call pins anything (a Release riding along, to save a
     // round trip per fetch). Unknown or expired ids are ignored.
     5: optional list<i64> release,
+    // The asking node wants each block's description (AcquireItem
+    // token_ids, parent_key, block_size), for its KV events: a block it
+    // fetches is then described there too. Peers that predate it ignore
+    // it and send none.
+    6: optional bool describe,
 }
 
 struct AcquireItem {
@@ -67,6 +72,11 @@ struct AcquireItem {
     4: i64 lease_id,
     5: i32 checksum,
     6: i32 depth,
+    // With AcquireRequest.describe, the block's description where this
+    // node knows one (as PutItem's). Absent: none known.
+    7: optional list<i32> token_ids,
+    8: optional binary parent_key,
+    9: optional i32 block_size,
 }
 
 struct AcquireResponse {
@@ -75,6 +85,10 @@ struct AcquireResponse {
     // TCP transport's OpFetch, docs/transfer.md): the asking node may then
     // fetch from it in one exchange instead of Acquire and a read.
     2: optional bool fetch,
+    // Set with fetch by a node that describes blocks in named reads when
+    // asked (request version 2, proxy/peerapi/fetch.go): only then does
+    // the asking node send such requests, which older nodes refuse.
+    3: optional bool fetch_describe,
 }
 
 struct ReleaseRequest {

@@ -88,6 +88,10 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
 	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
+	if r.notes != nil {
+		// KV events on: the local copy's events describe the block too.
+		ctx = WithDescriptions(ctx)
+	}
 	perNode(groups, keys, func(g fetchGroup, idx []int, batch [][]byte) {
 		r.fetchFrom(ctx, parent, g, ns, keys, idx, batch, errs)
 	})
@@ -307,7 +311,7 @@ func (r *router) land(ctx context.Context, node, ns string, key []byte, b Remote
 			return 0, err
 		}
 	}
-	return b.Length, commitFetched(ctx, slot, b)
+	return b.Length, r.commitFetched(ctx, ns, key, slot, b)
 }
 
 // landNamed is land with a named read: node pins, sends and unpins the
@@ -335,14 +339,21 @@ func (r *router) landNamed(ctx context.Context, node, ns string, key []byte, low
 	if slot == nil {
 		return 0, fmt.Errorf("%w: %s: a named read landed nothing", cache.ErrUnavailable, node)
 	}
-	return b.Length, commitFetched(ctx, slot, b)
+	return b.Length, r.commitFetched(ctx, ns, key, slot, b)
 }
 
 // reserveFetched reserves the local slot of fetched block b: exactly
-// b.Length bytes; cache.ErrExists when the block is stored here now.
+// b.Length bytes; cache.ErrExists when the block is stored here now. A
+// block whose description (b.Meta) a put could not carry is refused
+// first (ErrInvalidArgument): nothing is reserved, moved or described.
 func (r *router) reserveFetched(ctx context.Context, node, ns string, key []byte, b RemoteBlock, low bool) (cache.Reservation, error) {
 	if b.Length < 0 {
 		return nil, fmt.Errorf("%w: %s: block of %d bytes", cache.ErrUnavailable, node, b.Length)
+	}
+	if err := r.checkMeta(b.Meta); err != nil {
+		// Bad data from a node that answers, as a wrong checksum is: a
+		// miss, not a reason to stop asking it (the breaker).
+		return nil, fmt.Errorf("proxy: %s described a fetched block badly: %w", node, err)
 	}
 	slot, err := r.zcs.Reserve(ctx, ns, key, b.Length, cache.PutOptions{Depth: b.Depth, LowPriority: low}, r.cfg.ReserveTTL)
 	if errors.Is(err, cache.ErrExists) {
@@ -359,14 +370,17 @@ func (r *router) reserveFetched(ctx context.Context, node, ns string, key []byte
 }
 
 // commitFetched commits a slot whose bytes were checked as they landed (an
-// empty one is checked here).
-func commitFetched(ctx context.Context, slot cache.Reservation, b RemoteBlock) error {
+// empty one is checked here), with the block's description handed to the
+// notes first (as a put's), so that the local copy's events carry it.
+func (r *router) commitFetched(ctx context.Context, ns string, key []byte, slot cache.Reservation, b RemoteBlock) error {
+	done := r.describe(ns, key, b.Meta)
 	var err error
 	if b.Length == 0 {
 		_, err = slot.Commit(ctx, b.Checksum, true)
 	} else {
 		_, err = slot.CommitChecked(ctx, b.Checksum) // checked as it landed
 	}
+	done(err)
 	if err != nil {
 		return fmt.Errorf("proxy: commit fetched block: %w", err)
 	}

@@ -272,6 +272,16 @@ func (p *Proxy) describe(ns string, key []byte, m *cache.BlockMeta) func(error) 
 	}
 }
 
+// Description is the description the KV-event publisher knows of a block
+// (nil: none, or no publisher), for a peer that fetches the block
+// (proxy/peerapi): its copy there is then described too.
+func (p *Proxy) Description(ns string, key []byte) *cache.BlockMeta {
+	if p.notes == nil {
+		return nil
+	}
+	return p.notes.Description(ns, key)
+}
+
 func (p *Proxy) checkValue(value []byte) error {
 	if int64(len(value)) > p.cfg.MaxValueBytes {
 		return fmt.Errorf("%w: value is %d bytes, limit %d", cache.ErrTooLarge, len(value), p.cfg.MaxValueBytes)

@@ -114,6 +114,29 @@ type RemoteBlock struct {
 	Addr   string
 	Region rdma.RegionDesc
 	Offset uint64
+	// Meta is the block's description as the node knows it (token ids,
+	// parent key, block size), when the call asked for it
+	// (WithDescriptions) and the node knows one; nil otherwise. Not yet
+	// checked: the proxy checks it as a put's before landing the block.
+	Meta *cache.BlockMeta
+}
+
+type describeKey struct{}
+
+// WithDescriptions asks, for the Peers.Acquire and Peers.Fetch calls
+// made with ctx, for each block's description (RemoteBlock.Meta): the
+// router asks when it has a KV-event publisher (Deps.Notes), so that a
+// fetched block's local copy is described in its events too. A node that
+// predates descriptions sends none.
+func WithDescriptions(ctx context.Context) context.Context {
+	return context.WithValue(ctx, describeKey{}, true)
+}
+
+// WantsDescriptions reports whether ctx asks for descriptions
+// (WithDescriptions).
+func WantsDescriptions(ctx context.Context) bool {
+	yes, _ := ctx.Value(describeKey{}).(bool)
+	return yes
 }
 
 type answerKey struct{}
@@ -346,12 +369,16 @@ type router struct {
 	c     Cluster
 	peers Peers
 	store Store
-	notes BlockNotes // nil: the rebalancer's pushes carry no description
+	notes BlockNotes // nil: the rebalancer's pushes and fetches carry no description
 	cfg   RouteConfig
-	lg    *zap.Logger
-	hot   *hotTracker // nil: hot replication off
-	rebal *rebalancer // nil: rebalancer off
-	brk   *breaker    // nodes that failed recently
+	// checkMeta and describe are the proxy's: a fetched block's
+	// description is checked and handed to the notes as a put's.
+	checkMeta func(*cache.BlockMeta) error
+	describe  func(ns string, key []byte, m *cache.BlockMeta) func(error)
+	lg        *zap.Logger
+	hot       *hotTracker // nil: hot replication off
+	rebal     *rebalancer // nil: rebalancer off
+	brk       *breaker    // nodes that failed recently
 
 	queue   chan pushJob
 	stop    chan struct{}
@@ -383,6 +410,7 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 	}
 	cfg = cfg.withDefaults()
 	r := &router{c: c, store: p.store, zcs: p.zcs, notes: p.notes, cfg: cfg, lg: p.lg.Named("route"),
+		checkMeta: p.checkMeta, describe: p.describe,
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
 	r.peers = counted{peers, &r.stats}

@@ -5,7 +5,9 @@
 # KV events: its ZMQ subscriber, vLLM adapter, index and scorer score the
 # pod for a prompt whose blocks were put the vLLM connector's way, and stop
 # once the blocks are evicted; after a restart of the sidecar that kept its
-# SSD tier, a fresh indexer scores it for the blocks kept (docs/events.md).
+# SSD tier, a fresh indexer scores it for the blocks kept; in a cluster of
+# two sidecars, a pod that read another's prompt scores for it (its copy's
+# events carry the token ids fetched with the blocks) (docs/events.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bin

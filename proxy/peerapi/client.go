@@ -129,7 +129,8 @@ type Client struct {
 	// Release call does after releaseDelay.
 	pending map[string]*pendingRelease
 	// fetchable: the nodes whose last Acquire answer said they serve
-	// named reads (fetch.go).
+	// named reads (fetch.go), and whether they describe blocks in them
+	// (request version 2).
 	fetchable map[string]bool
 }
 
@@ -342,11 +343,7 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 		if m := it.Opts.Meta; m != nil {
 			// The description travels so that the owner's KV events
 			// describe the block (its tokens are for routers).
-			req.Items[i].TokenIds = make([]int32, len(m.Tokens))
-			for j, tok := range m.Tokens {
-				req.Items[i].TokenIds[j] = int32(tok)
-			}
-			req.Items[i].ParentKey, req.Items[i].BlockSize = m.Parent, &m.BlockSize
+			req.Items[i].TokenIds, req.Items[i].ParentKey, req.Items[i].BlockSize = wireTokens(m.Tokens), m.Parent, &m.BlockSize
 		}
 	}
 	res, err := kc.Put(ctx, req)
@@ -417,7 +414,12 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 		actx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	res, err := kc.Acquire(actx, &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride})
+	req := &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride}
+	if proxy.WantsDescriptions(ctx) {
+		yes := true
+		req.Describe = &yes
+	}
+	res, err := kc.Acquire(actx, req)
 	if err != nil {
 		c.release(node, kc, ride) // may not have reached the owner
 		return nil, callErr(node, err)
@@ -434,7 +436,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 		return nil, fmt.Errorf("%w: acquire of %d keys answered %d", ErrProtocol, len(keys), len(res.Items))
 	}
 	if res.GetFetch() {
-		c.canFetch(node)
+		c.canFetch(node, res.GetFetchDescribe())
 	} else {
 		c.noFetch(node)
 	}
@@ -462,6 +464,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 				Addr:   addr,
 				Region: rdma.RegionDesc{ID: rdma.RegionID(s.RegionId), Len: uint64(s.RegionLen), Key: uint32(s.RegionKey), Addr: uint64(s.RegionAddr)},
 				Offset: uint64(s.Offset),
+				Meta:   wireMeta(it.TokenIds, it.ParentKey, it.BlockSize),
 			}
 		}
 	}

@@ -37,3 +37,8 @@ func RegisterTestArenas(tr rdma.Transport, tier interface {
 	}
 	return out, deregister, nil
 }
+
+// AnswerUndescribed makes s answer as a node that predates block
+// descriptions (no description in Acquire answers, no fetch_describe,
+// named reads of version 2 refused), or as itself again.
+func AnswerUndescribed(s *Server, on bool) { s.h.undescribed.Store(on) }

@@ -16,25 +16,39 @@ package peerapi
 // Request (rdma.MaxFetchRequest bytes at most; integers big-endian,
 // str16 = u16 length + bytes):
 //
-//	u8    version (1)
+//	u8    version (1, or 2: flags follow the key)
 //	u16   peer protocol version (cluster.ProtocolVersion)
 //	str16 cluster label
 //	str16 token
 //	str16 namespace
 //	str16 key
+//	u8    flags (version 2 only): bit 0 describe (send the block's
+//	      description); other bits zero
 //
 // Answer metadata:
 //
 //	u8    version (1)
 //	u16   code (tidepool.ErrorCode; 0 OK)
 //	u8    flags: bit 0 refused (the credentials do not match: as
-//	      PeerError.refused); other bits zero
+//	      PeerError.refused); bit 1 described (the description follows
+//	      the message; only in answers to a request with describe set);
+//	      other bits zero
 //	u32   checksum (CRC-32C of the block; OK only)
 //	i32   depth (OK only)
 //	str16 message (not OK only; at most maxMetaMsg bytes)
+//	      (described only:)
+//	i32   block size
+//	u16   token count n, then n × u32 token ids
+//	str16 parent key
 //
 // An OK answer carries the block's bytes (their count is the block's
 // length); any other carries none. Nothing may follow either encoding.
+//
+// Versions: a node that predates descriptions refuses a version 2
+// request and an answer with bit 1 set, so a node sends version 2 only
+// to a node whose Acquire answer set fetch_describe, and only when it
+// wants descriptions (proxy.WithDescriptions: its KV events are on); a
+// node answers with a description only a request that asked for one.
 
 import (
 	"bytes"
@@ -59,9 +73,12 @@ import (
 )
 
 const (
-	fetchVersion = 1
-	maxMetaMsg   = 512
-	metaRefused  = 1 << 0
+	fetchVersion  = 1
+	fetchDescribe = 2 // request version with flags
+	maxMetaMsg    = 512
+	metaRefused   = 1 << 0
+	metaDescribed = 1 << 1
+	reqDescribe   = 1 << 0
 )
 
 // fetchRequest is a decoded named-read request.
@@ -70,11 +87,18 @@ type fetchRequest struct {
 	label, token string
 	ns           string
 	key          []byte
+	describe     bool // send the block's description
 }
 
-func encodeFetchRequest(a *peer.Auth, ns string, key []byte) ([]byte, error) {
-	b := make([]byte, 0, 11+len(a.ClusterLabel)+len(a.Token)+len(ns)+len(key))
-	b = append(b, fetchVersion)
+// encodeFetchRequest encodes a request; describe makes it version 2,
+// which only nodes that said so (fetch_describe) understand.
+func encodeFetchRequest(a *peer.Auth, ns string, key []byte, describe bool) ([]byte, error) {
+	b := make([]byte, 0, 12+len(a.ClusterLabel)+len(a.Token)+len(ns)+len(key))
+	v := byte(fetchVersion)
+	if describe {
+		v = fetchDescribe
+	}
+	b = append(b, v)
 	b = binary.BigEndian.AppendUint16(b, uint16(a.ProtocolVersion))
 	for _, s := range [][]byte{[]byte(a.ClusterLabel), []byte(a.Token), []byte(ns), key} {
 		if len(s) > 0xffff {
@@ -82,6 +106,9 @@ func encodeFetchRequest(a *peer.Auth, ns string, key []byte) ([]byte, error) {
 		}
 		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
 		b = append(b, s...)
+	}
+	if describe {
+		b = append(b, reqDescribe)
 	}
 	if len(b) > rdma.MaxFetchRequest {
 		return nil, fmt.Errorf("%w: named-read request of %d bytes (max %d)", rdma.ErrTooLarge, len(b), rdma.MaxFetchRequest)
@@ -94,12 +121,20 @@ var errFetchRequest = errors.New("peerapi: malformed named-read request")
 
 func decodeFetchRequest(b []byte) (fetchRequest, error) {
 	d := wire.Reader{B: b}
-	if v := d.U8(); v != fetchVersion {
+	v := d.U8()
+	if v != fetchVersion && v != fetchDescribe {
 		return fetchRequest{}, fmt.Errorf("%w: version %d", errFetchRequest, v)
 	}
 	r := fetchRequest{protocol: d.U16()}
 	r.label, r.token, r.ns = string(d.Str16()), string(d.Str16()), string(d.Str16())
 	r.key = bytes.Clone(d.Str16()) // req is the transport's buffer, reused for the next request
+	if v == fetchDescribe {
+		flags := d.U8()
+		if flags&^reqDescribe != 0 {
+			return fetchRequest{}, fmt.Errorf("%w: flags %#x", errFetchRequest, flags)
+		}
+		r.describe = flags&reqDescribe != 0
+	}
 	if !d.Done() {
 		return fetchRequest{}, fmt.Errorf("%w: %d bytes", errFetchRequest, len(b))
 	}
@@ -113,15 +148,25 @@ type fetchMeta struct {
 	checksum uint32
 	depth    int32
 	msg      string
+	desc     *cache.BlockMeta // described (flag bit 1); nil: none
 }
 
+// encodeFetchMeta encodes an answer's metadata. A description that does
+// not fit in rdma.MaxFetchMeta (or in its u16 counts) is left out: the
+// block is then answered undescribed.
 func encodeFetchMeta(m fetchMeta) []byte {
+	if d := m.desc; d != nil && (len(d.Tokens) > 0xffff || len(d.Parent) > 0xffff) {
+		m.desc = nil
+	}
 	b := make([]byte, 0, 14+len(m.msg))
 	b = append(b, fetchVersion)
 	b = binary.BigEndian.AppendUint16(b, uint16(m.code))
 	var flags byte
 	if m.refused {
 		flags |= metaRefused
+	}
+	if m.desc != nil {
+		flags |= metaDescribed
 	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint32(b, m.checksum)
@@ -131,7 +176,21 @@ func encodeFetchMeta(m fetchMeta) []byte {
 		msg = msg[:maxMetaMsg]
 	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
-	return append(b, msg...)
+	b = append(b, msg...)
+	if d := m.desc; d != nil {
+		b = binary.BigEndian.AppendUint32(b, uint32(d.BlockSize))
+		b = binary.BigEndian.AppendUint16(b, uint16(len(d.Tokens)))
+		for _, tok := range d.Tokens {
+			b = binary.BigEndian.AppendUint32(b, tok)
+		}
+		b = binary.BigEndian.AppendUint16(b, uint16(len(d.Parent)))
+		b = append(b, d.Parent...)
+		if len(b) > rdma.MaxFetchMeta {
+			m.desc = nil
+			return encodeFetchMeta(m)
+		}
+	}
+	return b
 }
 
 func decodeFetchMeta(b []byte) (fetchMeta, error) {
@@ -144,7 +203,21 @@ func decodeFetchMeta(b []byte) (fetchMeta, error) {
 	m.refused = flags&metaRefused != 0
 	m.checksum, m.depth = d.U32(), int32(d.U32())
 	msg := d.Str16()
-	if !d.Done() || len(msg) > maxMetaMsg || flags&^metaRefused != 0 {
+	if flags&metaDescribed != 0 {
+		desc := &cache.BlockMeta{BlockSize: int32(d.U32())}
+		n := int(d.U16())
+		if raw := d.Take(4 * n); raw != nil && n > 0 { // present before anything is allocated
+			desc.Tokens = make([]uint32, n)
+			for i := range desc.Tokens {
+				desc.Tokens[i] = binary.BigEndian.Uint32(raw[4*i:])
+			}
+		}
+		if parent := d.Str16(); len(parent) > 0 {
+			desc.Parent = bytes.Clone(parent)
+		}
+		m.desc = desc
+	}
+	if !d.Done() || len(msg) > maxMetaMsg || flags&^(metaRefused|metaDescribed) != 0 {
 		return fetchMeta{}, fmt.Errorf("%w: named-read answer of %d bytes", ErrProtocol, len(b))
 	}
 	m.msg = string(msg)
@@ -163,6 +236,9 @@ func (h *handler) fetchBlock(ctx context.Context, req []byte) rdma.FetchAnswer {
 		return rdma.FetchAnswer{Meta: encodeFetchMeta(fetchMeta{code: wirecode.Code(err), msg: err.Error()})}
 	}
 	r, err := decodeFetchRequest(req)
+	if err == nil && h.undescribed.Load() && len(req) > 0 && req[0] != fetchVersion {
+		err = fmt.Errorf("%w: version %d", errFetchRequest, req[0])
+	}
 	if err != nil {
 		h.count(func(s *ServerStats) { s.Refused++ })
 		return fail(fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err))
@@ -191,8 +267,12 @@ func (h *handler) fetchBlock(ctx context.Context, req []byte) rdma.FetchAnswer {
 		return fail(fmt.Errorf("%w: arena %d is not registered for transfers", cache.ErrUnavailable, a.Slot.Arena))
 	}
 	h.count(func(s *ServerStats) { s.Fetched++ })
+	m := fetchMeta{code: tp.ErrorCode_OK, checksum: a.Info.Checksum, depth: a.Info.Depth}
+	if r.describe {
+		m.desc = h.p.Description(r.ns, r.key)
+	}
 	return rdma.FetchAnswer{
-		Meta:   encodeFetchMeta(fetchMeta{code: tp.ErrorCode_OK, checksum: a.Info.Checksum, depth: a.Info.Depth}),
+		Meta:   encodeFetchMeta(m),
 		Region: h.cfg.Regions[a.Slot.Arena].ID, Offset: uint64(a.Slot.Offset), Len: uint64(a.Slot.Length),
 		Sum: a.Info.Checksum, Done: unpin,
 	}
@@ -246,16 +326,17 @@ type landing struct {
 // fetch is Fetch and FetchTo.
 func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landing) error {
 	c.mu.Lock()
-	ok := c.fetchable[node]
+	describes, ok := c.fetchable[node]
 	c.mu.Unlock()
 	if !ok {
 		return proxy.ErrNoFetch
 	}
+	describe := describes && l.slot != nil && proxy.WantsDescriptions(ctx)
 	_, addr, ok := c.cfg.Resolve(node)
 	if !ok || addr == "" {
 		return fmt.Errorf("%w: %q", ErrUnknownNode, node)
 	}
-	req, err := encodeFetchRequest(c.auth, ns, key)
+	req, err := encodeFetchRequest(c.auth, ns, key, describe)
 	if err != nil {
 		return fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err)
 	}
@@ -298,7 +379,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landi
 			return proxy.RemoteBlock{}, fmt.Errorf("%w: named-read answer: bytes with code %s, checksum %08x against %08x", ErrProtocol, m.code, m.checksum, sum)
 		}
 		landed = true
-		return proxy.RemoteBlock{Length: int64(n), Checksum: m.checksum, Depth: m.depth}, nil
+		return proxy.RemoteBlock{Length: int64(n), Checksum: m.checksum, Depth: m.depth, Meta: m.desc}, nil
 	}
 	var raw []byte
 	if l.mem != nil {
@@ -352,6 +433,12 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landi
 	if m.refused {
 		return fmt.Errorf("%w (peer %s)", ErrRefused, node)
 	}
+	if m.code == tp.ErrorCode_INVALID_ARGUMENT && describe {
+		// node refused a version 2 request: it restarted on a version
+		// that predates descriptions. Acquire until it says otherwise.
+		c.noFetch(node)
+		return proxy.ErrNoFetch
+	}
 	if m.code != tp.ErrorCode_OK {
 		return codeErr(node, m.code, m.msg)
 	}
@@ -361,7 +448,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landi
 		if m.checksum != 0 {
 			return fmt.Errorf("%w: empty block with checksum %08x", ErrProtocol, m.checksum)
 		}
-		b := proxy.RemoteBlock{Checksum: m.checksum, Depth: m.depth}
+		b := proxy.RemoteBlock{Checksum: m.checksum, Depth: m.depth, Meta: m.desc}
 		if l.mem != nil {
 			_, err = l.mem(b)
 		} else {
@@ -380,11 +467,12 @@ func (c *Client) noFetch(node string) {
 	c.mu.Unlock()
 }
 
-// canFetch notes that node serves named reads.
-func (c *Client) canFetch(node string) {
+// canFetch notes that node serves named reads, and whether it describes
+// blocks in them.
+func (c *Client) canFetch(node string, describes bool) {
 	c.mu.Lock()
 	if !c.closed {
-		c.fetchable[node] = true
+		c.fetchable[node] = describes
 	}
 	c.mu.Unlock()
 }

@@ -78,7 +78,12 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 			n.cred.Key = n.cred.Key.Encrypting()
 		}
 	}
-	n.tier, err = dram.New(dram.Config{Dir: t.TempDir(), Capacity: o.capacity, ArenaSize: 16 << 20, MaxValueSize: 4 << 20, LazyFault: !o.prefault}, nil)
+	dcfg := dram.Config{Dir: t.TempDir(), Capacity: o.capacity, ArenaSize: 16 << 20, MaxValueSize: 4 << 20, LazyFault: !o.prefault}
+	if o.notes {
+		n.notes = &notesLog{meta: map[string]*cache.BlockMeta{}, stored: map[string]*cache.BlockMeta{}}
+		dcfg.Observer = n.notes
+	}
+	n.tier, err = dram.New(dcfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +91,6 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	pcfg.NodeID = name
 	deps := proxy.Deps{Store: n.tier, ZeroCopy: n.tier, Scan: n.tier}
 	if o.notes {
-		n.notes = &notesLog{meta: map[string]*cache.BlockMeta{}}
 		deps.Notes = n.notes
 	}
 	if n.p, err = proxy.New(pcfg, deps, nil); err != nil {
@@ -245,10 +249,31 @@ func value(seed byte, size int) []byte {
 }
 
 // notesLog is a proxy.BlockNotes that records the last description given
-// for each block.
+// for each block and, as the DRAM tier's cache.Observer, the description
+// it held when the tier stored the block (what a KV-event publisher's
+// BlockStored would carry).
 type notesLog struct {
-	mu   sync.Mutex
-	meta map[string]*cache.BlockMeta // ns/key →
+	mu     sync.Mutex
+	meta   map[string]*cache.BlockMeta // ns/key →
+	stored map[string]*cache.BlockMeta // ns/key → the description at Stored (nil: none)
+}
+
+func (l *notesLog) Stored(ns string, key []byte, tier string, _ *cache.BlockMeta) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stored[ns+"/"+string(key)] = l.meta[ns+"/"+string(key)].Clone()
+}
+
+func (l *notesLog) Removed(ns string, key []byte, tier string) {}
+func (l *notesLog) Cleared(ns string, tier string)             {}
+
+// storedWith reports whether the tier stored the block, and the
+// description it was stored with.
+func (l *notesLog) storedWith(ns string, key []byte) (*cache.BlockMeta, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m, ok := l.stored[ns+"/"+string(key)]
+	return m, ok
 }
 
 func (l *notesLog) Describe(ns string, key []byte, m *cache.BlockMeta) {

@@ -50,14 +50,7 @@ func TestNamedReads(t *testing.T) {
 			if _, _, err := a.p.Get(ctx, ns, miss, proxy.ScopeCluster); err == nil {
 				t.Fatal("a block nobody holds was found")
 			}
-			st := owner.srv.Stats()
-			wantAcq, wantNamed := int64(1), int64(n-1)
-			if tc.noNamed {
-				wantAcq, wantNamed = n, 0
-			}
-			if st.Acquired != wantAcq || st.Fetched != wantNamed {
-				t.Fatalf("owner pinned %d blocks by Acquire and sent %d by named reads, want %d and %d", st.Acquired, st.Fetched, wantAcq, wantNamed)
-			}
+			checkFetchPaths(t, owner, n, tc.noNamed)
 			waitFor(t, 5*time.Second, "owner's pins given back", func() bool { return owner.p.ZeroCopyStats().LiveLeases == 0 })
 		})
 	}
@@ -97,5 +90,20 @@ func TestNamedReadsStoppedMidway(t *testing.T) {
 		if s.Failures != 0 {
 			t.Fatalf("peer stats %+v: a fallback counted as a failure", s)
 		}
+	}
+}
+
+// checkFetchPaths checks how owner served n fetches of one node: the
+// first by Acquire and the rest by named reads, or all by Acquire where it
+// serves no named reads.
+func checkFetchPaths(t *testing.T, owner *node, n int64, noNamed bool) {
+	t.Helper()
+	st := owner.srv.Stats()
+	wantAcq, wantNamed := int64(1), n-1
+	if noNamed {
+		wantAcq, wantNamed = n, 0
+	}
+	if st.Acquired != wantAcq || st.Fetched != wantNamed {
+		t.Fatalf("owner pinned %d blocks by Acquire and sent %d by named reads, want %d and %d", st.Acquired, st.Fetched, wantAcq, wantNamed)
 	}
 }

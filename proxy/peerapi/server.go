@@ -294,6 +294,10 @@ type handler struct {
 	addr     string
 	// fetch: named reads are served on the transport (fetch.go).
 	fetch atomic.Bool
+	// undescribed (tests only: export_test.go) makes the handler answer
+	// as a node that predates descriptions: no description in Acquire
+	// answers, no fetch_describe, named reads of version 2 refused.
+	undescribed atomic.Bool
 
 	mu    sync.Mutex
 	stats ServerStats
@@ -396,6 +400,11 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 		it.LeaseId = r.LeaseID
 		it.Checksum = int32(r.Info.Checksum)
 		it.Depth = r.Info.Depth
+		if req.GetDescribe() && !h.undescribed.Load() {
+			if m := h.p.Description(req.Ns, req.Keys[i]); m != nil {
+				it.TokenIds, it.ParentKey, it.BlockSize = wireTokens(m.Tokens), m.Parent, &m.BlockSize
+			}
+		}
 		got++
 	}
 	if len(orphans) > 0 {
@@ -405,6 +414,9 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 	if h.fetch.Load() {
 		yes := true
 		out.Fetch = &yes
+		if !h.undescribed.Load() {
+			out.FetchDescribe = &yes
+		}
 	}
 	return out, nil
 }
@@ -473,17 +485,37 @@ func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 // pushedMeta is a pushed block's description (nil: none sent). PutLocal
 // checks it as a put's.
 func pushedMeta(it *peer.PutItem) *cache.BlockMeta {
-	if it.TokenIds == nil && it.ParentKey == nil && it.BlockSize == nil {
+	return wireMeta(it.TokenIds, it.ParentKey, it.BlockSize)
+}
+
+// wireMeta is a description as the peer API carries it (PutItem's,
+// AcquireItem's fields); nil when none of its fields was sent. Not
+// checked: the proxy checks it as a put's.
+func wireMeta(tokens []int32, parent []byte, blockSize *int32) *cache.BlockMeta {
+	if tokens == nil && parent == nil && blockSize == nil {
 		return nil
 	}
-	m := &cache.BlockMeta{Parent: it.ParentKey, BlockSize: it.GetBlockSize()}
-	if len(it.TokenIds) > 0 {
-		m.Tokens = make([]uint32, len(it.TokenIds))
-		for i, tok := range it.TokenIds {
+	m := &cache.BlockMeta{Parent: parent}
+	if blockSize != nil {
+		m.BlockSize = *blockSize
+	}
+	if len(tokens) > 0 {
+		m.Tokens = make([]uint32, len(tokens))
+		for i, tok := range tokens {
 			m.Tokens[i] = uint32(tok)
 		}
 	}
 	return m
+}
+
+// wireTokens is token ids as the peer API carries them (i32: Thrift has
+// no unsigned integers; the bits are kept).
+func wireTokens(tokens []uint32) []int32 {
+	out := make([]int32, len(tokens))
+	for i, tok := range tokens {
+		out[i] = int32(tok)
+	}
+	return out
 }
 
 // Delete removes blocks from this node's local tiers for a peer (its

@@ -25,6 +25,7 @@ import (
 	"github.com/llm-d/llm-d-kv-cache/pkg/kvevents/engineadapter"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/cluster"
 )
 
 const (
@@ -58,6 +59,7 @@ func serve(t *testing.T, endpoint string) *client.Client {
 type sidecar struct {
 	t        *testing.T
 	bin, dir string
+	pod      string // POD_NAME (pod unless set before start)
 	args     []string
 	cmd      *exec.Cmd
 	c        *client.Client
@@ -80,7 +82,7 @@ func newSidecar(t *testing.T, endpoint string, args ...string) *sidecar {
 	} else {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	sc := &sidecar{t: t, bin: bin, dir: dir, args: append([]string{"--socket", filepath.Join(dir, "tp.sock"),
+	sc := &sidecar{t: t, bin: bin, dir: dir, pod: pod, args: append([]string{"--socket", filepath.Join(dir, "tp.sock"),
 		"--data-dir", filepath.Join(dir, "data"), "--arena-dir", filepath.Join(dir, "arenas"),
 		"--dram-capacity", "64MiB", "--arena-size", "16MiB", "--metrics-addr", "", "--log-level", "warn",
 		"--max-value-size", "8MiB", "--kv-events-endpoint", endpoint, "--kv-events-model", model}, args...)}
@@ -100,7 +102,7 @@ func (sc *sidecar) start() *client.Client {
 	t.Helper()
 	sock := filepath.Join(sc.dir, "tp.sock")
 	sc.cmd = exec.Command(sc.bin, append([]string{"serve"}, sc.args...)...)
-	sc.cmd.Env = append(os.Environ(), "POD_NAME="+pod)
+	sc.cmd.Env = append(os.Environ(), "POD_NAME="+sc.pod)
 	log, _ := os.OpenFile(filepath.Join(sc.dir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	sc.cmd.Stdout, sc.cmd.Stderr = log, log
 	if err := sc.cmd.Start(); err != nil {
@@ -203,6 +205,14 @@ func putPrompt(t *testing.T, c *client.Client, first int, tokens []uint32, size 
 // subscribed to endpoint as pod's: score is the pod's score for a prompt.
 func indexer(ctx context.Context, t *testing.T, endpoint string) (score func(tokens []uint32) float64) {
 	t.Helper()
+	scores := indexerOf(ctx, t, map[string]string{pod: endpoint})
+	return func(tokens []uint32) float64 { return scores(tokens)[pod] }
+}
+
+// indexerOf is indexer subscribed to several pods (pod name → endpoint):
+// scores gives every pod's score for a prompt.
+func indexerOf(ctx context.Context, t *testing.T, pods map[string]string) (scores func(tokens []uint32) map[string]float64) {
+	t.Helper()
 	tp, err := kvblock.NewChunkedTokenDatabase(&kvblock.TokenProcessorConfig{BlockSizeTokens: blockSize})
 	if err != nil {
 		t.Fatal(err)
@@ -222,15 +232,17 @@ func indexer(ctx context.Context, t *testing.T, endpoint string) (score func(tok
 	t.Cleanup(func() { pool.Shutdown(context.Background()) })
 	subs := kvevents.NewSubscriberManager(pool)
 	t.Cleanup(func() { subs.Shutdown(context.Background()) })
-	if err := subs.EnsureSubscriber(ctx, pod, endpoint, "kv@", true); err != nil {
-		t.Fatal(err)
+	for name, endpoint := range pods {
+		if err := subs.EnsureSubscriber(ctx, name, endpoint, "kv@", true); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return func(tokens []uint32) float64 {
+	return func(tokens []uint32) map[string]float64 {
 		s, err := ix.ScoreTokens(ctx, tokens, model, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return s[pod]
+		return s
 	}
 }
 
@@ -326,5 +338,94 @@ func TestIndexerScoresAfterSidecarRestart(t *testing.T) {
 	}
 	if s := score(prompt(50, 4)); s != 0 {
 		t.Fatalf("score of a prompt never put: %v", s)
+	}
+}
+
+// TestIndexerScoresPodThatFetched: two clustered sidecars, pod-a and
+// pod-b. A prompt's blocks are put on pod-a (the connector's way, with
+// token ids), which owns every one of them, so nothing is pushed to
+// pod-b: an llm-d indexer subscribed to pod-b does not score it. The
+// blocks are then read through pod-b, which fetches them from pod-a and
+// keeps a copy; that copy's BlockStored carries the token ids pod-a was
+// told (the description travels with the fetch), so the indexer now
+// scores pod-b for the prompt. Without it pod-b's events have no token
+// ids and the indexer drops them: pod-b scores 0 (checked against the
+// binary before the change). The indexer hears pod-b only: llm-d keeps
+// one engine-hash → request-key mapping for all pods, so an indexer that
+// also heard pod-a's events for these blocks (while it keeps them) would
+// index pod-b's token-less events through pod-a's mapping.
+func TestIndexerScoresPodThatFetched(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const podA, podB = "pod-a", "pod-b"
+	endA := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	endB := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	member := func(endpoint, name, join string) (sc *sidecar, gossip string) {
+		gossip = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		args := []string{"--ssd-capacity", "0", "--gossip-addr", gossip,
+			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+			"--transfer-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+			"--cluster-label", "llmd-test", "--insecure-cluster", "true"}
+		if join != "" {
+			args = append(args, "--join", join)
+		}
+		sc = newSidecar(t, endpoint, args...)
+		sc.pod = name // node_name defaults to $POD_NAME
+		return sc, gossip
+	}
+	scA, gossipA := member(endA, podA, "")
+	a := scA.start()
+	scB, _ := member(endB, podB, gossipA)
+	b := scB.start()
+	waitFor(t, "pod-b to see both members alive", func() bool {
+		ms, err := b.Members(ctx)
+		alive := 0
+		for _, m := range ms {
+			if m.State == "alive" {
+				alive++
+			}
+		}
+		return err == nil && alive == 2
+	})
+
+	// A prompt whose 4 blocks pod-a owns (serve's placement: the ring over
+	// the members' names, cluster.DefaultRingConfig, owner key ns NUL key).
+	ring, err := cluster.NewRing([]string{podA, podB}, cluster.DefaultRingConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownedByA := func(first int) bool {
+		for i := range 4 {
+			if ring.Owners([]byte(ns+"\x00"+string(key(first+i))), 1)[0] != podA {
+				return false
+			}
+		}
+		return true
+	}
+	first := 3000
+	for !ownedByA(first) {
+		first++
+	}
+
+	scores := indexerOf(ctx, t, map[string]string{podB: endB})
+	awaitSubscriber(t, b, func(toks []uint32) float64 { return scores(toks)[podB] }, 1000)
+	toks := prompt(first, 4)
+	putPrompt(t, a, first, toks, 1<<20)
+	if s := scores(toks)[podB]; s != 0 {
+		t.Fatalf("pod-b scored %v before it read the prompt (its blocks are pod-a's only)", s)
+	}
+	for i := range 4 {
+		if v, found, err := b.GetScope(ctx, ns, key(first+i), client.ScopeLocal); err != nil || found {
+			t.Fatalf("block %d on pod-b before the read: %d bytes, %v, %v", i, len(v), found, err)
+		}
+		v, found, err := b.GetScope(ctx, ns, key(first+i), client.ScopeCluster)
+		if err != nil || !found || len(v) != 1<<20 {
+			t.Fatalf("read of block %d through pod-b: %d bytes, %v, %v", i, len(v), found, err)
+		}
+	}
+	waitFor(t, "pod-b's score for the prompt it fetched", func() bool { return scores(toks)[podB] >= 4*0.8-1e-9 })
+	t.Logf("after the read through pod-b: pod-b scores %v for the 4-block prompt (cpu 0.8 per block)", scores(toks)[podB])
+	if p := scores(toks[:2*blockSize])[podB]; p < 2*0.8-1e-9 {
+		t.Fatalf("pod-b's score for the prompt's 2-block prefix: %v", p)
 	}
 }

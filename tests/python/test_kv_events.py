@@ -18,7 +18,10 @@ test starts its own servers on scratch directories and loopback ports):
     replay from sequence 0 gives the full state;
   - bad input: a token list not matching the block size, a huge token
     list, garbage on the replay socket: a clear error or a dropped request,
-    and nothing else changes.
+    and nothing else changes;
+  - two clustered sidecars: blocks put on one with token ids and read
+    through the other (which fetches them from their owner) are published
+    by the reader with the same token ids, parent hash and block size.
 
 Where the vLLM package is importable (the engines venv), every payload is
 also re-encoded with vLLM's own KVEventBatch classes (msgspec) and must be
@@ -51,7 +54,7 @@ except ImportError:  # the engines venv has msgspec's msgpack instead
     def unpack(b):
         return msgspec.msgpack.decode(b)
 
-from tidepool import BlockMeta, Client, ErrorCode, Error, OK
+from tidepool import BlockMeta, Client, ErrorCode, Error, OK, Scope
 
 BIN = os.environ.get("TIDEPOOL_BIN", "bin/tidepool")
 NS = "evt/model-a"
@@ -90,13 +93,14 @@ def tokens_of(i):
 
 
 class Server:
-    def __init__(self, tmp, pub, rep):
+    def __init__(self, tmp, pub, rep, pod=POD, extra=()):
         self.tmp, self.pub, self.rep = tmp, pub, rep
+        self.pod, self.extra = pod, list(extra)
         self.sock = os.path.join(tmp, "tp.sock")
         self.proc = None
 
     def start(self):
-        env = dict(os.environ, POD_NAME=POD)
+        env = dict(os.environ, POD_NAME=self.pod)
         if getattr(self, "log", None):
             self.log.close()
         self.log = open(os.path.join(self.tmp, "server.log"), "ab")
@@ -107,7 +111,7 @@ class Server:
              "--arena-size", "16MiB", "--ssd-capacity", "1GiB", "--scrub-rate", "0",
              "--max-value-size", "8MiB", "--metrics-addr", "127.0.0.1:%d" % self.metrics,
              "--log-level", "warn", "--kv-events-endpoint", "tcp://127.0.0.1:%d" % self.pub,
-             "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % self.rep],
+             "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % self.rep] + self.extra,
             env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -508,6 +512,92 @@ class KVEventsTest(unittest.TestCase):
             self.assertFalse(find(s.events(), "BlockStored", key_of(i)))
         self.assertTrue(s.replay(0))
         self.assertTrue(s.gapless())
+
+
+class ClusterFetchTest(unittest.TestCase):
+    """Two clustered sidecars (pod-a, pod-b): a block put on pod-a with its
+    description and owned by pod-a reaches pod-b only by a fetch (a read
+    through pod-b); pod-b's BlockStored for its copy carries the token ids,
+    parent hash and block size the put on pod-a carried."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tp-kvev-cl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.srvs, self.clients, self.subs = [], [], []
+        gossip = None
+        for pod in ("pod-a", "pod-b"):
+            d = os.path.join(self.tmp, pod)
+            os.mkdir(d)
+            g = "127.0.0.1:%d" % free_port()
+            extra = ["--gossip-addr", g, "--peer-addr", "127.0.0.1:%d" % free_port(),
+                     "--transfer-addr", "127.0.0.1:%d" % free_port(), "--cluster-label", "kvev-test",
+                     "--insecure-cluster", "true", "--ssd-capacity", "0"]
+            if gossip:
+                extra += ["--join", gossip]
+            gossip = gossip or g
+            srv = Server(d, free_port(), free_port(), pod=pod, extra=extra)
+            self.srvs.append(srv)
+            self.clients.append(srv.start())
+
+    def tearDown(self):
+        for s in self.subs:
+            s.close()
+        for c in self.clients:
+            c.close()
+        for srv in self.srvs:
+            srv.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def alive(self, srv):
+        out = subprocess.run([BIN, "members", "--json", "--socket", srv.sock, "--timeout", "5s"],
+                             capture_output=True, timeout=30)
+        if out.returncode != 0:
+            return set()
+        return {m["name"] for m in json.loads(out.stdout) if m["state"] == "alive"}
+
+    def test_fetched_block_published_with_description(self):
+        a, b = self.clients
+        deadline = time.monotonic() + 60
+        while not all(self.alive(srv) == {"pod-a", "pod-b"} for srv in self.srvs):
+            self.assertLess(time.monotonic(), deadline, "the two sidecars never saw each other")
+            time.sleep(0.2)
+        # pod-b's subscriber, live (warm-up puts on pod-b until one is seen).
+        srv_b = self.srvs[1]
+        s = Subscriber(srv_b.pub, srv_b.rep)
+        self.subs.append(s)
+        while True:
+            warm = b"warm-up-key-" + os.urandom(8)
+            b.put("warm/up", warm, b"x")
+            m = s.recv(0.5)
+            if m is not None:
+                s.take(*m)
+                break
+            self.assertLess(time.monotonic(), deadline, "no live batch")
+        # Blocks put on pod-a until three are pod-a's own: pod-b finds them
+        # in the cluster (at pod-a) but holds none (a block pod-b owns is
+        # pushed there, and once pod-b sees it in the cluster it has it).
+        mine, i = [], 700
+        while len(mine) < 3:
+            self.assertLess(i, 800, "no three blocks owned by pod-a in 100")
+            meta = BlockMeta(tokens_of(i), key_of(i - 1), BS)
+            self.assertFalse(a.put(NS, key_of(i), bytes([i % 256]) * 65536, meta=meta))
+            while not b.exists(NS, key_of(i), Scope.CLUSTER).present:
+                self.assertLess(time.monotonic(), deadline + 60, "pod-b never found block %d" % i)
+                time.sleep(0.05)
+            if not b.exists(NS, key_of(i), Scope.LOCAL).present:
+                mine.append(i)
+            i += 1
+        for i in mine:
+            self.assertFalse(find(s.events(), "BlockStored", key_of(i)))
+            self.assertEqual(b.get(NS, key_of(i), Scope.CLUSTER), bytes([i % 256]) * 65536)
+        s.drain(lambda ev: all(find(ev, "BlockStored", key_of(i), "CPU") for i in mine))
+        ev = s.events()
+        for i in mine:
+            seq, topic, e = ev[find(ev, "BlockStored", key_of(i), "CPU")[0]]
+            self.assertEqual(topic, "kv@pod-b@%s" % NS)
+            self.check_stored(e, i)
+            self.assertEqual(e["parent_block_hash"], hash_int(key_of(i - 1)))
+
+    check_stored = KVEventsTest.check_stored
 
 
 if __name__ == "__main__":

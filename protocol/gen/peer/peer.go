@@ -233,11 +233,12 @@ var fieldIDToName_LookupResponse = map[int16]string{
 }
 
 type AcquireRequest struct {
-	Auth    *Auth    `thrift:"auth,1" frugal:"1,default,Auth" json:"auth"`
-	Ns      string   `thrift:"ns,2" frugal:"2,default,string" json:"ns"`
-	Keys    [][]byte `thrift:"keys,3" frugal:"3,default,list<binary>" json:"keys"`
-	LeaseMs int32    `thrift:"lease_ms,4" frugal:"4,default,i32" json:"lease_ms"`
-	Release []int64  `thrift:"release,5,optional" frugal:"5,optional,list<i64>" json:"release,omitempty"`
+	Auth     *Auth    `thrift:"auth,1" frugal:"1,default,Auth" json:"auth"`
+	Ns       string   `thrift:"ns,2" frugal:"2,default,string" json:"ns"`
+	Keys     [][]byte `thrift:"keys,3" frugal:"3,default,list<binary>" json:"keys"`
+	LeaseMs  int32    `thrift:"lease_ms,4" frugal:"4,default,i32" json:"lease_ms"`
+	Release  []int64  `thrift:"release,5,optional" frugal:"5,optional,list<i64>" json:"release,omitempty"`
+	Describe *bool    `thrift:"describe,6,optional" frugal:"6,optional,bool" json:"describe,omitempty"`
 }
 
 func NewAcquireRequest() *AcquireRequest {
@@ -276,6 +277,15 @@ func (p *AcquireRequest) GetRelease() (v []int64) {
 	}
 	return p.Release
 }
+
+var AcquireRequest_Describe_DEFAULT bool
+
+func (p *AcquireRequest) GetDescribe() (v bool) {
+	if !p.IsSetDescribe() {
+		return AcquireRequest_Describe_DEFAULT
+	}
+	return *p.Describe
+}
 func (p *AcquireRequest) SetAuth(val *Auth) {
 	p.Auth = val
 }
@@ -291,6 +301,9 @@ func (p *AcquireRequest) SetLeaseMs(val int32) {
 func (p *AcquireRequest) SetRelease(val []int64) {
 	p.Release = val
 }
+func (p *AcquireRequest) SetDescribe(val *bool) {
+	p.Describe = val
+}
 
 func (p *AcquireRequest) IsSetAuth() bool {
 	return p.Auth != nil
@@ -298,6 +311,10 @@ func (p *AcquireRequest) IsSetAuth() bool {
 
 func (p *AcquireRequest) IsSetRelease() bool {
 	return p.Release != nil
+}
+
+func (p *AcquireRequest) IsSetDescribe() bool {
+	return p.Describe != nil
 }
 
 func (p *AcquireRequest) String() string {
@@ -313,15 +330,19 @@ var fieldIDToName_AcquireRequest = map[int16]string{
 	3: "keys",
 	4: "lease_ms",
 	5: "release",
+	6: "describe",
 }
 
 type AcquireItem struct {
-	Code     tidepool.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
-	Message  string             `thrift:"message,2" frugal:"2,default,string" json:"message"`
-	Slot     *RemoteSlot        `thrift:"slot,3" frugal:"3,default,RemoteSlot" json:"slot"`
-	LeaseId  int64              `thrift:"lease_id,4" frugal:"4,default,i64" json:"lease_id"`
-	Checksum int32              `thrift:"checksum,5" frugal:"5,default,i32" json:"checksum"`
-	Depth    int32              `thrift:"depth,6" frugal:"6,default,i32" json:"depth"`
+	Code      tidepool.ErrorCode `thrift:"code,1" frugal:"1,default,ErrorCode" json:"code"`
+	Message   string             `thrift:"message,2" frugal:"2,default,string" json:"message"`
+	Slot      *RemoteSlot        `thrift:"slot,3" frugal:"3,default,RemoteSlot" json:"slot"`
+	LeaseId   int64              `thrift:"lease_id,4" frugal:"4,default,i64" json:"lease_id"`
+	Checksum  int32              `thrift:"checksum,5" frugal:"5,default,i32" json:"checksum"`
+	Depth     int32              `thrift:"depth,6" frugal:"6,default,i32" json:"depth"`
+	TokenIds  []int32            `thrift:"token_ids,7,optional" frugal:"7,optional,list<i32>" json:"token_ids,omitempty"`
+	ParentKey []byte             `thrift:"parent_key,8,optional" frugal:"8,optional,binary" json:"parent_key,omitempty"`
+	BlockSize *int32             `thrift:"block_size,9,optional" frugal:"9,optional,i32" json:"block_size,omitempty"`
 }
 
 func NewAcquireItem() *AcquireItem {
@@ -359,6 +380,33 @@ func (p *AcquireItem) GetChecksum() (v int32) {
 func (p *AcquireItem) GetDepth() (v int32) {
 	return p.Depth
 }
+
+var AcquireItem_TokenIds_DEFAULT []int32
+
+func (p *AcquireItem) GetTokenIds() (v []int32) {
+	if !p.IsSetTokenIds() {
+		return AcquireItem_TokenIds_DEFAULT
+	}
+	return p.TokenIds
+}
+
+var AcquireItem_ParentKey_DEFAULT []byte
+
+func (p *AcquireItem) GetParentKey() (v []byte) {
+	if !p.IsSetParentKey() {
+		return AcquireItem_ParentKey_DEFAULT
+	}
+	return p.ParentKey
+}
+
+var AcquireItem_BlockSize_DEFAULT int32
+
+func (p *AcquireItem) GetBlockSize() (v int32) {
+	if !p.IsSetBlockSize() {
+		return AcquireItem_BlockSize_DEFAULT
+	}
+	return *p.BlockSize
+}
 func (p *AcquireItem) SetCode(val tidepool.ErrorCode) {
 	p.Code = val
 }
@@ -377,9 +425,30 @@ func (p *AcquireItem) SetChecksum(val int32) {
 func (p *AcquireItem) SetDepth(val int32) {
 	p.Depth = val
 }
+func (p *AcquireItem) SetTokenIds(val []int32) {
+	p.TokenIds = val
+}
+func (p *AcquireItem) SetParentKey(val []byte) {
+	p.ParentKey = val
+}
+func (p *AcquireItem) SetBlockSize(val *int32) {
+	p.BlockSize = val
+}
 
 func (p *AcquireItem) IsSetSlot() bool {
 	return p.Slot != nil
+}
+
+func (p *AcquireItem) IsSetTokenIds() bool {
+	return p.TokenIds != nil
+}
+
+func (p *AcquireItem) IsSetParentKey() bool {
+	return p.ParentKey != nil
+}
+
+func (p *AcquireItem) IsSetBlockSize() bool {
+	return p.BlockSize != nil
 }
 
 func (p *AcquireItem) String() string {
@@ -396,11 +465,15 @@ var fieldIDToName_AcquireItem = map[int16]string{
 	4: "lease_id",
 	5: "checksum",
 	6: "depth",
+	7: "token_ids",
+	8: "parent_key",
+	9: "block_size",
 }
 
 type AcquireResponse struct {
-	Items []*AcquireItem `thrift:"items,1" frugal:"1,default,list<AcquireItem>" json:"items"`
-	Fetch *bool          `thrift:"fetch,2,optional" frugal:"2,optional,bool" json:"fetch,omitempty"`
+	Items         []*AcquireItem `thrift:"items,1" frugal:"1,default,list<AcquireItem>" json:"items"`
+	Fetch         *bool          `thrift:"fetch,2,optional" frugal:"2,optional,bool" json:"fetch,omitempty"`
+	FetchDescribe *bool          `thrift:"fetch_describe,3,optional" frugal:"3,optional,bool" json:"fetch_describe,omitempty"`
 }
 
 func NewAcquireResponse() *AcquireResponse {
@@ -422,15 +495,31 @@ func (p *AcquireResponse) GetFetch() (v bool) {
 	}
 	return *p.Fetch
 }
+
+var AcquireResponse_FetchDescribe_DEFAULT bool
+
+func (p *AcquireResponse) GetFetchDescribe() (v bool) {
+	if !p.IsSetFetchDescribe() {
+		return AcquireResponse_FetchDescribe_DEFAULT
+	}
+	return *p.FetchDescribe
+}
 func (p *AcquireResponse) SetItems(val []*AcquireItem) {
 	p.Items = val
 }
 func (p *AcquireResponse) SetFetch(val *bool) {
 	p.Fetch = val
 }
+func (p *AcquireResponse) SetFetchDescribe(val *bool) {
+	p.FetchDescribe = val
+}
 
 func (p *AcquireResponse) IsSetFetch() bool {
 	return p.Fetch != nil
+}
+
+func (p *AcquireResponse) IsSetFetchDescribe() bool {
+	return p.FetchDescribe != nil
 }
 
 func (p *AcquireResponse) String() string {
@@ -443,6 +532,7 @@ func (p *AcquireResponse) String() string {
 var fieldIDToName_AcquireResponse = map[int16]string{
 	1: "items",
 	2: "fetch",
+	3: "fetch_describe",
 }
 
 type ReleaseRequest struct {
