@@ -415,10 +415,10 @@ func TestIndexerScoresPodThatFetched(t *testing.T) {
 		t.Fatalf("pod-b scored %v before it read the prompt (its blocks are pod-a's only)", s)
 	}
 	for i := range 4 {
-		if v, found, err := b.GetScope(ctx, ns, key(first+i), client.ScopeLocal); err != nil || found {
+		if v, found, err := b.Get(ctx, ns, key(first+i), client.ScopeLocal); err != nil || found {
 			t.Fatalf("block %d on pod-b before the read: %d bytes, %v, %v", i, len(v), found, err)
 		}
-		v, found, err := b.GetScope(ctx, ns, key(first+i), client.ScopeCluster)
+		v, found, err := b.Get(ctx, ns, key(first+i), client.ScopeCluster)
 		if err != nil || !found || len(v) != 1<<20 {
 			t.Fatalf("read of block %d through pod-b: %d bytes, %v, %v", i, len(v), found, err)
 		}
