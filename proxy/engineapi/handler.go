@@ -86,7 +86,7 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 func (h *handler) Put(ctx context.Context, req *tp.PutRequest) (*tp.PutResponse, error) {
 	ctx = proxy.WithSyncReplicas(ctx, int(req.SyncReplicas))
 	existed, err := h.p.Put(ctx, req.Ns, req.Key, req.Value, cache.PutOptions{Depth: req.Depth, Durable: req.Durable,
-		Meta: blockMeta(req.TokenIds, req.ParentKey, req.BlockSize)})
+		Meta: wirecode.Meta(req.TokenIds, req.ParentKey, req.BlockSize)})
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -100,7 +100,7 @@ func (h *handler) BatchPut(ctx context.Context, req *tp.BatchPutRequest) (*tp.Ba
 			return nil, toThrift(errors.Join(proxy.ErrInvalidArgument, errors.New("nil item")))
 		}
 		items[i] = proxy.PutItem{Key: it.Key, Value: it.Value, Opts: cache.PutOptions{Depth: it.Depth, Durable: req.Durable,
-			Meta: blockMeta(it.TokenIds, it.ParentKey, it.BlockSize)}}
+			Meta: wirecode.Meta(it.TokenIds, it.ParentKey, it.BlockSize)}}
 	}
 	res, err := h.p.BatchPut(proxy.WithSyncReplicas(ctx, int(req.SyncReplicas)), req.Ns, items)
 	if err != nil {
@@ -228,25 +228,4 @@ func (h *handler) Members(ctx context.Context, req *tp.MembersRequest) (*tp.Memb
 		out.Members[i] = &tp.Member{Name: m.Name, State: m.State, GossipAddr: m.GossipAddr, PeerAddr: m.PeerAddr, Zone: m.Zone, IsSelf: m.Self}
 	}
 	return out, nil
-}
-
-// blockMeta converts a put's optional block description (token ids,
-// parent key, block size) for the proxy, which checks it; nil when the
-// request has none. The tokens are copied (the proxy's publisher keeps
-// them); the request's slices are not kept.
-func blockMeta(tokens []int32, parent []byte, size *int32) *cache.BlockMeta {
-	if tokens == nil && parent == nil && size == nil {
-		return nil
-	}
-	m := &cache.BlockMeta{Parent: parent}
-	if size != nil {
-		m.BlockSize = *size
-	}
-	if len(tokens) > 0 {
-		m.Tokens = make([]uint32, len(tokens))
-		for i, t := range tokens {
-			m.Tokens[i] = uint32(t)
-		}
-	}
-	return m
 }

@@ -65,7 +65,7 @@ func (h *handler) Commit(ctx context.Context, req *tp.CommitRequest) (*tp.Commit
 			return nil, toThrift(errNilItem)
 		}
 		items[i] = proxy.CommitItem{Token: it.Token, Checksum: uint32(it.Checksum), HasChecksum: it.HasChecksum,
-			Key: it.Key, Depth: it.Depth, NextSize: it.NextSize, Meta: blockMeta(it.TokenIds, it.ParentKey, it.BlockSize)}
+			Key: it.Key, Depth: it.Depth, NextSize: it.NextSize, Meta: wirecode.Meta(it.TokenIds, it.ParentKey, it.BlockSize)}
 	}
 	res, next, err := h.p.CommitNext(ctx, items)
 	if err != nil {

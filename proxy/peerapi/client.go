@@ -19,6 +19,7 @@ import (
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy"
+	"github.com/tidepool-kv/tidepool/proxy/wirecode"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
@@ -343,7 +344,7 @@ func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutIte
 		if m := it.Opts.Meta; m != nil {
 			// The description travels so that the owner's KV events
 			// describe the block (its tokens are for routers).
-			req.Items[i].TokenIds, req.Items[i].ParentKey, req.Items[i].BlockSize = wireTokens(m.Tokens), m.Parent, &m.BlockSize
+			req.Items[i].TokenIds, req.Items[i].ParentKey, req.Items[i].BlockSize = wirecode.Tokens(m.Tokens), m.Parent, &m.BlockSize
 		}
 	}
 	res, err := kc.Put(ctx, req)
@@ -464,7 +465,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 				Addr:   addr,
 				Region: rdma.RegionDesc{ID: rdma.RegionID(s.RegionId), Len: uint64(s.RegionLen), Key: uint32(s.RegionKey), Addr: uint64(s.RegionAddr)},
 				Offset: uint64(s.Offset),
-				Meta:   wireMeta(it.TokenIds, it.ParentKey, it.BlockSize),
+				Meta:   wirecode.Meta(it.TokenIds, it.ParentKey, it.BlockSize),
 			}
 		}
 	}

@@ -402,7 +402,7 @@ func (h *handler) Acquire(ctx context.Context, req *peer.AcquireRequest) (*peer.
 		it.Depth = r.Info.Depth
 		if req.GetDescribe() && !h.undescribed.Load() {
 			if m := h.p.Description(req.Ns, req.Keys[i]); m != nil {
-				it.TokenIds, it.ParentKey, it.BlockSize = wireTokens(m.Tokens), m.Parent, &m.BlockSize
+				it.TokenIds, it.ParentKey, it.BlockSize = wirecode.Tokens(m.Tokens), m.Parent, &m.BlockSize
 			}
 		}
 		got++
@@ -470,7 +470,7 @@ func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 			failed++
 			continue
 		}
-		_, err := h.p.PutLocal(ctx, req.Ns, it.Key, it.Value, cache.PutOptions{Depth: it.Depth, Meta: pushedMeta(it)})
+		_, err := h.p.PutLocal(ctx, req.Ns, it.Key, it.Value, cache.PutOptions{Depth: it.Depth, Meta: wirecode.Meta(it.TokenIds, it.ParentKey, it.BlockSize)})
 		out.Codes[i] = wirecode.Code(err)
 		if err != nil {
 			failed++
@@ -480,42 +480,6 @@ func (h *handler) Put(ctx context.Context, req *peer.PutRequest) (*peer.PutRespo
 	}
 	h.count(func(s *ServerStats) { s.Puts += ok; s.PutFails += failed })
 	return out, nil
-}
-
-// pushedMeta is a pushed block's description (nil: none sent). PutLocal
-// checks it as a put's.
-func pushedMeta(it *peer.PutItem) *cache.BlockMeta {
-	return wireMeta(it.TokenIds, it.ParentKey, it.BlockSize)
-}
-
-// wireMeta is a description as the peer API carries it (PutItem's,
-// AcquireItem's fields); nil when none of its fields was sent. Not
-// checked: the proxy checks it as a put's.
-func wireMeta(tokens []int32, parent []byte, blockSize *int32) *cache.BlockMeta {
-	if tokens == nil && parent == nil && blockSize == nil {
-		return nil
-	}
-	m := &cache.BlockMeta{Parent: parent}
-	if blockSize != nil {
-		m.BlockSize = *blockSize
-	}
-	if len(tokens) > 0 {
-		m.Tokens = make([]uint32, len(tokens))
-		for i, tok := range tokens {
-			m.Tokens[i] = uint32(tok)
-		}
-	}
-	return m
-}
-
-// wireTokens is token ids as the peer API carries them (i32: Thrift has
-// no unsigned integers; the bits are kept).
-func wireTokens(tokens []uint32) []int32 {
-	out := make([]int32, len(tokens))
-	for i, tok := range tokens {
-		out[i] = int32(tok)
-	}
-	return out
 }
 
 // Delete removes blocks from this node's local tiers for a peer (its

@@ -4,6 +4,9 @@
 // only place where domain errors (cache, proxy, rdma sentinels) become codes
 // and codes become domain errors again.
 //
+// It also converts a block's description (cache.BlockMeta) to and from the
+// optional fields both edges carry it in (meta.go).
+//
 // Code is used where an error leaves a process (a handler's answer); Err is
 // used where a code enters one (a peer's answer), so that callers on the far
 // side test a peer's answer with errors.Is against the same sentinels they
