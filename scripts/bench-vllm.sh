@@ -13,6 +13,9 @@
 #   BENCH_LAYERS=8 BENCH_HIDDEN=512     the model (Llama-style, 4 KV heads of 64, float32)
 #   BENCH_BEFORE=main                   add main's connector as a row
 #   BENCH_PROFILE=/tmp/prof             cProfile of the tidepool engines' hits (.T, .B)
+#   BENCH_RT=1                          run everything (sidecars, engines, the yardstick) at
+#                                       real-time priority (chrt -f 10, root): a shared machine's
+#                                       other work then waits, and every row the same
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -36,19 +39,21 @@ if [[ -n "${BENCH_BEFORE:-}" ]]; then
 	mv "$tmp/before/clients/python/tidepool" "$tmp/before/tidepool_before"
 	export BENCH_BEFORE_PKG=$tmp/before
 fi
-echo "bench-vllm: $(date -u +%FT%TZ) load: $(uptime | sed 's/.*load average: //')"
+rt=()
+[[ -n "${BENCH_RT:-}" ]] && rt=(chrt -f 10)
+echo "bench-vllm: $(date -u +%FT%TZ) load: $(uptime | sed 's/.*load average: //')${rt:+ (real-time priority)}"
 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
-	"$VENV/bin/python" tests/engines/bench_vllm.py "$tmp" "$PWD/bin/tidepool" "$rounds" "$prefix" "$bs" \
+	"${rt[@]}" "$VENV/bin/python" tests/engines/bench_vllm.py "$tmp" "$PWD/bin/tidepool" "$rounds" "$prefix" "$bs" \
 	</dev/null 2>"$tmp/bench.log" || { tail -n 40 "$tmp/bench.log" "$tmp"/engine-*.log; exit 1; }
 # The yardstick: zero-copy GETs of the same block size (docs/bench.md).
 layers=${BENCH_LAYERS:-8}
 size=$((bs * layers * 4 * 64 * 2 * 4 + 64))
-bin/tidepool serve --socket "$tmp/y.sock" --data-dir "$tmp/ydata" --arena-dir "$shm/yarenas" \
+"${rt[@]}" bin/tidepool serve --socket "$tmp/y.sock" --data-dir "$tmp/ydata" --arena-dir "$shm/yarenas" \
 	--dram-capacity 2GiB --max-value-size 64MiB --metrics-addr 127.0.0.1:0 --ssd-capacity 0 \
 	--log-level warn </dev/null >"$tmp/y.out" 2>"$tmp/y.log" &
 ypid=$!
 for _ in $(seq 600); do [[ -S "$tmp/y.sock" ]] && break; sleep 0.1; done
-bin/tidepool bench --socket "$tmp/y.sock" --op get --zero-copy --size "$size" --keys 200 --concurrency 1 \
+"${rt[@]}" bin/tidepool bench --socket "$tmp/y.sock" --op get --zero-copy --size "$size" --keys 200 --concurrency 1 \
 	--duration 5s --progress none 2>&1 | tail -4 || true
 kill "$ypid"; wait "$ypid" 2>/dev/null || true
 echo "bench-vllm: done $(date -u +%FT%TZ) load: $(uptime | sed 's/.*load average: //')"

@@ -288,7 +288,8 @@ def run(procs, engines):
         for name, v in got.items():
             st = v.get("stats", {})
             row = {"round": i, "row": name, "ttft_s": v["ttft_s"], "cached_tokens": v["cached"]}
-            for k in ("loaded_blocks", "load_seconds", "loaded_bytes", "rpc_acquire"):
+            for k in ("loaded_blocks", "load_seconds", "loaded_bytes", "rpc_acquire", "load_layerwise_steps",
+                      "load_wait_seconds"):
                 if k in st:
                     row[k] = st[k]
             if "remote_hits" in v:
@@ -324,6 +325,8 @@ def run(procs, engines):
         print("LOAD " + json.dumps({"note": "engine T's cumulative counters after its last hit",
                                     "loaded_MB": st[-1]["loaded_bytes"] / 1e6,
                                     "load_s": st[-1]["load_seconds"],
+                                    "layerwise_steps": st[-1].get("load_layerwise_steps", 0),
+                                    "forward_waited_s": st[-1].get("load_wait_seconds", 0),
                                     "MBps": st[-1]["loaded_bytes"] / st[-1]["load_seconds"] / 1e6}), flush=True)
 
 

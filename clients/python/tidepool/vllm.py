@@ -33,6 +33,7 @@ connector reconnects when the sidecar is back.
 
 import atexit
 import collections
+import ctypes
 import hashlib
 import json
 import os
@@ -72,6 +73,13 @@ DEFAULT_SOCKET = "/run/tidepool/tidepool.sock"
 # (saves: committed blocks demote to SSD as the next call reserves; loads:
 # blocks promoted from SSD for one call are released before the next).
 DRAM_SHARE = 4
+# A step's loads copy layer by layer only while they pin at most this many
+# chunks' worth (DRAM_SHARE each) of the sidecar's DRAM: half of it.
+LAYERWISE_DRAM_SHARE = DRAM_SHARE // 2
+# Threads that copy a step's loads layer by layer. One: on this project's
+# 2-core test machine two threads copied 33.6 MB in 64 KiB pieces at 6.1
+# GB/s against one thread's 9.0 (docs/PERFORMANCE.md §13).
+COPIER_THREADS = 1
 # Leases a load left to ride on the next Acquire are released on their own
 # once they are this old, so that an engine that goes idle does not keep
 # them pinned until their deadline.
@@ -364,7 +372,7 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name):
-        return  # whole blocks are loaded in start_load_kv
+        self._worker.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         return  # whole blocks are saved after the forward (wait_for_save)
@@ -625,10 +633,11 @@ class _Part:
     (FlashAttention's (2, num_blocks, ...)). rows is a (num_blocks, n)
     view of the tensor, one row per block, n elements of its dtype."""
 
-    def __init__(self, rows, offset):
+    def __init__(self, rows, offset, layer):
         self.rows = rows
         self.nbytes = rows.shape[1] * rows.element_size()
         self.offset = offset  # byte offset in the tidepool block (after the header)
+        self.layer = layer  # the KV tensor's name: vLLM's layer name
         self._as = {}
 
     def view(self, dtype):
@@ -699,6 +708,105 @@ class _GPUConn:
         return self._w._header
 
 
+_memmove = ctypes.memmove  # a foreign call: releases the GIL while it copies
+
+
+@dataclass
+class _Group:
+    """A chunk's blocks in one arena, headers checked: arena tensor a (the
+    mapping viewed as dtype, esize bytes each), the blocks' byte offsets
+    (and as element offsets, offs), the KV blocks they go to, and their
+    indexes in the chunk."""
+    a: Any
+    esize: int
+    dtype: Any
+    offsets: list
+    offs: Any
+    bids: list
+    js: list
+
+
+class _Chunk:
+    """One Acquire of a load: its leases and what to copy."""
+
+    def __init__(self, c, tr, chunk, leases, deadline):
+        self.c, self.tr, self.chunk = c, tr, chunk
+        self.leases, self.deadline = leases, deadline
+        self.held = [l.lease_id for l in leases if l.code == OK]
+        self.groups: list = []
+        self.loaded: set = set()  # indexes in chunk copied
+
+
+class _LoadStep:
+    """One forward step's loads on the copier threads. Each of n threads
+    copies its share of every layer's blocks, layer by layer in vLLM's
+    order; a layer is done when every thread has done it."""
+
+    def __init__(self, plans, order, parts, t0, n):
+        self.plans = plans  # [(transfer, [_Chunk])]
+        self.order = order
+        self.pos = {name: k for k, name in enumerate(order)}
+        by_layer = collections.defaultdict(list)
+        for p in parts:
+            by_layer[p.layer].append((p.rows.data_ptr(), p.rows.stride(0) * p.rows.element_size(),
+                                      p.nbytes, HEADER_BYTES + p.offset))
+        self.layers = [by_layer.get(name, []) for name in order]
+        # (source block address, KV block id) of every block to copy
+        self.moves = [(g.a.data_ptr() + off, bid) for _, chunks in plans for ch in chunks
+                      for g in ch.groups for off, bid in zip(g.offsets, g.bids)]
+        self.n = n
+        self.plan_seconds = time.perf_counter() - t0
+        self.copy_seconds = 0.0
+        self.error = None
+        self._t0 = time.perf_counter()
+        self._left = [n] * len(order)  # threads yet to finish each layer
+        self._done = 0  # layers done; len(order) + 1 once every thread let go
+        self._out = n  # threads still working
+        self._cv = threading.Condition()
+
+    def run(self, t):
+        """Thread t's share: blocks t, t + n, t + 2n, ... of every layer.
+        One memmove per block and part: no torch call (no intra-op thread
+        pool to share with the forward), and the GIL is released while
+        the bytes move."""
+        mine = self.moves[t::self.n]
+        try:
+            for k, parts in enumerate(self.layers):
+                if self.error is None:
+                    for dst0, stride, nbytes, off in parts:
+                        for src, bid in mine:
+                            _memmove(dst0 + bid * stride, src + off, nbytes)
+                self._layer_done(k)
+        except BaseException as e:  # noqa: BLE001 - reported by _finish_load
+            self.error = e
+            for k in range(len(self.order)):
+                self._layer_done(k, failed=True)
+        finally:
+            with self._cv:
+                self._out -= 1
+                if self._out == 0:
+                    self.copy_seconds = time.perf_counter() - self._t0
+                    self._done = len(self.order) + 1
+                self._cv.notify_all()
+
+    def _layer_done(self, k, failed=False):
+        with self._cv:
+            if failed:
+                self._left[k] = 0
+            else:
+                self._left[k] -= 1
+            while self._done < len(self.order) and self._left[self._done] <= 0:
+                self._done += 1
+            self._cv.notify_all()
+
+    def wait(self, layer):
+        """Until layer's copies are done (None: until every thread let go)."""
+        k = len(self.order) + 1 if layer is None else self.pos.get(layer, -1) + 1
+        with self._cv:
+            while self._done < k:
+                self._cv.wait()
+
+
 class Worker:
     """The worker's half: loads (before the forward, synchronously: one
     Acquire per chunk, one gather per layer out of the arena mapping and one
@@ -722,6 +830,12 @@ class Worker:
         self._to_release: list = []  # lease ids that ride on the next Acquire
         self._release_by = 0.0  # monotonic time by which they are released anyway
         self._load_errors: set = set()
+        self._layer_order = None  # vLLM's layer order, once it showed it waits for each layer
+        self._learning: Optional[list] = []  # the layers vLLM waited for this step, in order
+        self._step = None  # the _LoadStep on the copier thread
+        self._copiers: list = []  # (thread, queue) of the copier threads
+        self._warmed = None  # the client whose arenas _warm filled the page tables of
+        self._warm_stop = threading.Event()
         self._save_q: "queue.Queue" = queue.Queue()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -753,7 +867,7 @@ class Worker:
                 self._parts = []
                 return
             for p in ps:
-                parts.append(_Part(p, off))
+                parts.append(_Part(p, off, name))
                 off += parts[-1].nbytes
             sig.append([name, list(t.shape), 0 if len(ps) == 1 else 1, str(t.dtype), list(t.stride())])
         self._parts = parts
@@ -764,6 +878,8 @@ class Worker:
         self._elem = _elem_for(HEADER_BYTES, *[p.nbytes for p in parts])
         logger.info("tidepool: %d KV tensors, %d bytes per block (+%d header)", len(kv_caches),
                     self._block_bytes, HEADER_BYTES)
+        if self._do_load and self._link.get() is not None:
+            self._warm()  # the sidecar is up: its arenas mapped before the first load
         # --- GPU hook (tidepool.cuda, docs/gpu.md): only a KV cache on CUDA.
         layers = _gpu_layers(kv_caches, self._num_blocks)
         if layers:
@@ -777,32 +893,129 @@ class Worker:
         return HEADER_BYTES + self._block_bytes
 
     # -- load: arena -> paged KV, before the forward --------------------------------
+    #
+    # A load is planned on the main thread: one Acquire per chunk, the slots
+    # and headers checked. The bytes are then copied either at once (one
+    # gather per part out of the arena mapping) or, once this engine has
+    # shown that vLLM calls wait_for_layer_load before every layer's
+    # attention, layer by layer on the copier thread while the forward
+    # runs: layer l's attention waits only for layer l's copies. Either way
+    # the leases are settled on the main thread at the end of the step
+    # (_finish_load), before vLLM asks for the blocks that failed.
+
     def start_load_kv(self, meta):
+        self._finish_load()
+        self._warm()
         if not meta.loads or not self._do_load:
             return
+        if not self._parts:
+            for tr in meta.loads:
+                self._fail_load(tr, set())
+            return
+        layerwise = self._layer_order is not None and self._gpu is None
+        if layerwise:
+            # All of a step's Acquires come before its copies, so its leases
+            # are held together: a load of more than half the sidecar's DRAM
+            # (a prefix that streams through DRAM from SSD) is copied chunk
+            # by chunk here, each chunk's leases released by the next Acquire.
+            n = sum(1 for tr in meta.loads for k in tr.keys if k is not None)
+            layerwise = self._link.get() is not None and \
+                n * self.block_bytes <= LAYERWISE_DRAM_SHARE * self._link.budget
+        t0 = time.perf_counter()
+        plans = []  # (tr, [_Chunk])
         for tr in meta.loads:
-            t0 = time.perf_counter()
-            ok = self._load(tr) if self._parts else set()
-            _count("load_seconds", time.perf_counter() - t0)
-            _count("loaded_bytes", len(ok) * self.block_bytes)
-            bad = [b for i, b in enumerate(tr.block_ids) if i not in ok]
-            if bad:
-                self._load_errors.update(bad)
-                _count("load_errors", len(bad))
-            _count("loaded_blocks", len(ok))
+            if self._gpu is not None:  # GPU hook (tidepool.cuda)
+                self._account(tr, self._gpu.load(self._gpu_conn, tr), time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                continue
+            chunks = self._plan(tr, populate=not layerwise)
+            if not layerwise:
+                for ch in chunks:
+                    self._copy_now(ch)
+                self._account(tr, self._settle_all(chunks), time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                continue
+            plans.append((tr, chunks))
+        if plans:
+            if not self._copiers:
+                for t in range(COPIER_THREADS):
+                    q = queue.Queue()
+                    th = threading.Thread(target=self._copy_loop, args=(q,), name="tidepool-load-%d" % t,
+                                          daemon=True)
+                    th.start()
+                    self._copiers.append((th, q))
+            step = _LoadStep(plans, self._layer_order, self._parts, t0, len(self._copiers))
+            self._step = step
+            _count("load_layerwise_steps")
+            for t, (_, q) in enumerate(self._copiers):
+                q.put((step, t))
 
-    def _load(self, tr):
-        """Loads what it can of one transfer; returns the indexes loaded."""
-        if self._gpu is not None:  # GPU hook (tidepool.cuda)
-            return self._gpu.load(self._gpu_conn, tr)
+    def wait_for_layer_load(self, layer_name):
+        if self._learning is not None and layer_name not in self._learning:
+            self._learning.append(layer_name)
+        step = self._step
+        if step is not None:
+            t0 = time.perf_counter()
+            step.wait(layer_name)
+            _count("load_wait_seconds", time.perf_counter() - t0)
+
+    def _end_step(self):
+        """The end of a forward step: the load finished, and what vLLM's
+        wait_for_layer_load calls showed learnt."""
+        self._finish_load()
+        if self._learning is not None:
+            names = {p.layer for p in self._parts}
+            if names and names <= set(self._learning):
+                # vLLM waited for every layer that has KV bytes: loads from
+                # now on copy layer by layer, in the order vLLM runs them.
+                self._layer_order = [n for n in self._learning if n in names]
+                self._learning = None
+                logger.info("tidepool: loads copy layer by layer beside the forward (%d layers)",
+                            len(self._layer_order))
+            else:
+                self._learning = []
+
+    def _finish_load(self):
+        """Waits for the copier's step, if one is in flight, and settles it."""
+        step, self._step = self._step, None
+        if step is None:
+            return
+        step.wait(None)
+        t_copy = step.plan_seconds + step.copy_seconds
+        for tr, chunks in step.plans:
+            if step.error is None:
+                for ch in chunks:
+                    for g in ch.groups:
+                        ch.loaded.update(g.js)
+            self._account(tr, self._settle_all(chunks), t_copy)
+            t_copy = 0.0
+        if step.error is not None:
+            _once.warn("load:%s" % type(step.error).__name__, "load failed: %r; recomputing", step.error)
+
+    def _account(self, tr, ok, seconds):
+        _count("load_seconds", seconds)
+        _count("loaded_bytes", len(ok) * self.block_bytes)
+        _count("loaded_blocks", len(ok))
+        self._fail_load(tr, ok)
+
+    def _fail_load(self, tr, ok):
+        bad = [b for i, b in enumerate(tr.block_ids) if i not in ok]
+        if bad:
+            self._load_errors.update(bad)
+            _count("load_errors", len(bad))
+
+    def _plan(self, tr, populate):
+        """The Acquires of one transfer, chunk by chunk, with their copies
+        planned (no bytes moved yet). A chunk that fails ends the plan: the
+        rest of the transfer is recomputed."""
         c = self._link.get()
         if c is None:
-            return set()
+            return []
         idx = [i for i, k in enumerate(tr.keys) if k is not None]
-        done = set()
+        out = []
         for chunk in _chunks(idx, self._link.chunk(self.block_bytes)):
             try:
-                done |= self._load_chunk(c, tr, chunk)
+                out.append(self._plan_chunk(c, tr, chunk, populate))
             except Exception as e:  # noqa: BLE001
                 if _is_server_error(e):
                     _once.warn("acquire:%s" % e.code, "Acquire refused (%s); recomputing", e)
@@ -811,56 +1024,97 @@ class Worker:
                 else:
                     _once.warn("load:%s" % type(e).__name__, "load failed: %r; recomputing", e)
                 break
-        return done
+        return out
 
     def _forget_client(self):
         """The worker's client is about to close: its arena views and the
         leases it holds go with it (the sidecar ends them)."""
+        self._warm_stop.set()
+        self._warmed = None
         self._arena_tensors.clear()
         self._to_release = []
+
+    def _warm(self):
+        """Once per client: fills this process's page tables for all of the
+        sidecar's arenas, on a thread (MADV_POPULATE_READ, 64 MiB at a
+        time). A load then copies without a page fault per 64 KiB of
+        blocks it has not read before (half of a 2,048-token load's time
+        on this project's test machine, docs/PERFORMANCE.md §13); the cost
+        is the page tables, about 2 MiB per GiB of arena in each worker."""
+        c = self._link.client
+        if c is None or c is self._warmed:
+            return
+        try:
+            sizes = [len(v) for v in c.arena_views()]
+        except Exception:  # noqa: BLE001 - the next load says what is wrong
+            return
+        self._warmed = c
+        self._warm_stop = stop = threading.Event()
+
+        def run():
+            step = 64 << 20
+            try:
+                for i, n in enumerate(sizes):
+                    for off in range(0, n, step):
+                        if stop.is_set():
+                            return
+                        c.populate_reads(i, [off], min(step, n - off))
+            except Exception:  # noqa: BLE001 - best effort: loads fault the pages in instead
+                return
+        threading.Thread(target=run, name="tidepool-warm", daemon=True).start()
 
     def _take_releases(self):
         ids, self._to_release = self._to_release, []
         return ids or None
 
-    def _load_chunk(self, c, tr, chunk):
-        """One Acquire (with the last call's leases to release), the copies,
-        the leases kept for the next call. Returns the indexes loaded."""
+    def _plan_chunk(self, c, tr, chunk, populate):
+        """One Acquire (with the last call's leases to release) and the
+        checks of what it granted: sizes, slots, headers, block ids.
+        populate: fill the page tables of the blocks' arena pages now (for
+        a copy made here; the copier thread takes its page faults beside
+        the forward instead)."""
         keys = [tr.keys[i] for i in chunk]
         _count("rpc_acquire")
         leases, deadline = c.acquire(self._ns, keys, lease_ms=self._s.lease_ms, release=self._take_releases())
-        held = [l.lease_id for l in leases if l.code == OK]
+        ch = _Chunk(c, tr, chunk, leases, deadline)
         want = self.block_bytes
         views = c.arena_views()
+        nblocks = self._parts[0].rows.shape[0]
         good = []  # (index in chunk, lease)
-        for j, l in enumerate(leases):
-            if l.code != OK:
-                if l.code != ErrorCode.NOT_FOUND:
-                    _once.warn("acq-item:%s" % l.code, "block refused (%s); recomputing",
-                               ErrorCode._VALUES_TO_NAMES.get(l.code, l.code))
-                continue
-            if l.slot.length != want:
-                _once.warn("size", "block of %d bytes where this layout needs %d (another model "
-                           "under a colliding key?); recomputing", l.slot.length, want)
-                continue
-            if not 0 <= l.slot.arena < len(views) or l.slot.offset < 0 \
-                    or l.slot.offset + want > len(views[l.slot.arena]):
-                _once.warn("slot", "slot %r outside the arenas; recomputing", l.slot)
-                continue
-            good.append((j, l))
-        if self._s.verify_reads:
-            good = [(j, l) for j, l in good if self._verified(c, l)]
-        loaded = set()
         try:
+            for j, l in enumerate(leases):
+                if l.code != OK:
+                    if l.code != ErrorCode.NOT_FOUND:
+                        _once.warn("acq-item:%s" % l.code, "block refused (%s); recomputing",
+                                   ErrorCode._VALUES_TO_NAMES.get(l.code, l.code))
+                    continue
+                if l.slot.length != want:
+                    _once.warn("size", "block of %d bytes where this layout needs %d (another model "
+                               "under a colliding key?); recomputing", l.slot.length, want)
+                    continue
+                if not 0 <= l.slot.arena < len(views) or l.slot.offset < 0 \
+                        or l.slot.offset + want > len(views[l.slot.arena]):
+                    _once.warn("slot", "slot %r outside the arenas; recomputing", l.slot)
+                    continue
+                if not 0 <= tr.block_ids[chunk[j]] < nblocks:
+                    _once.warn("bid", "KV block %d outside the cache's %d; recomputing",
+                               tr.block_ids[chunk[j]], nblocks)
+                    continue
+                good.append((j, l))
+            if self._s.verify_reads:
+                good = [(j, l) for j, l in good if self._verified(c, l)]
             by_arena = collections.defaultdict(list)
             for j, l in good:
                 by_arena[l.slot.arena].append((j, l))
             for arena, items in by_arena.items():
-                loaded |= self._copy_in(c, arena, [l.slot.offset for _, l in items],
-                                        [tr.block_ids[chunk[j]] for j, _ in items], [j for j, _ in items])
-        finally:
-            self._settle(c, held, deadline, leases, loaded)
-        return {chunk[j] for j in loaded}
+                g = self._checked(c, arena, [l.slot.offset for _, l in items],
+                                  [tr.block_ids[chunk[j]] for j, _ in items], [j for j, _ in items], populate)
+                if g is not None:
+                    ch.groups.append(g)
+        except BaseException:
+            self._settle(c, ch.held, deadline, leases, set())
+            raise
+        return ch
 
     def _verified(self, c, lease):
         try:
@@ -880,17 +1134,15 @@ class Worker:
             t = self._arena_tensors[key] = torch.frombuffer(v, dtype=dtype, count=len(v) // esize)
         return t
 
-    def _copy_in(self, c, arena, offsets, bids, js):
-        """Copies the blocks at offsets (one arena) into KV blocks bids:
-        a header check of all, then per part one gather out of the mapping
-        and one scatter into the KV tensor. Returns the js whose block was
-        copied."""
+    def _checked(self, c, arena, offsets, bids, js, populate):
+        """The blocks at offsets (one arena) whose header is this layout's,
+        as a _Group to copy into KV blocks bids; None when none is."""
         esize, dtype = _elem_for(self._elem[0], *offsets)
         a = self._arena(c, arena, dtype, esize)
-        c.populate_reads(arena, offsets, self.block_bytes)
+        if populate:
+            c.populate_reads(arena, offsets, self.block_bytes)
         offs = torch.tensor(offsets, dtype=torch.int64) // esize
         rows = a.numel()
-
         # Row r of a.as_strided((rows - at - n + 1, n), (1, 1), at) is the
         # n elements at r + at: the rows overlap, and index_select picks one
         # per block (its offset).
@@ -899,33 +1151,63 @@ class Worker:
         ok = (hdr == self._header_t.view(dtype)).all(dim=1)
         if not bool(ok.all()):
             _once.warn("header", "block with another layout's header; recomputing")
-            keep = ok.nonzero().flatten()
-            offs = offs.index_select(0, keep)
-            keep = keep.tolist()
+            keep = ok.nonzero().flatten().tolist()
+            offsets = [offsets[i] for i in keep]
             bids, js = [bids[i] for i in keep], [js[i] for i in keep]
             if not js:
-                return set()
-        dst = torch.tensor(bids, dtype=torch.int64)
-        # KV blocks that make one run (in any order, as a fresh engine's
-        # free list hands them out): each part's gather lands straight in
-        # the run's rows, with no scatter after it.
-        lo = min(bids)
-        run = max(bids) - lo == len(bids) - 1 and len(set(bids)) == len(bids)
-        if run:
-            order = torch.empty(len(bids), dtype=torch.int64)
-            order[dst - lo] = torch.arange(len(bids))
-            offs_run = offs.index_select(0, order)
-        for p in self._parts:
-            rows_p = p.view(dtype)
-            at = (HEADER_BYTES + p.offset) // esize
-            n = p.nbytes // esize
-            src = a.as_strided((rows - at - n + 1, n), (1, 1), at)
-            if run and rows_p.device.type == "cpu" and rows_p.is_contiguous():
-                torch.index_select(src, 0, offs_run, out=rows_p[lo:lo + len(bids)])
-            else:
-                g = src.index_select(0, offs)
-                rows_p.index_copy_(0, dst.to(rows_p.device), g.to(rows_p.device))
-        return set(js)
+                return None
+            offs = torch.tensor(offsets, dtype=torch.int64) // esize
+        return _Group(a, esize, dtype, offsets, offs, bids, js)
+
+    def _copy_now(self, ch):
+        """All of a chunk's copies, here and now: per part one gather out of
+        the mapping and one scatter into the KV tensor."""
+        for g in ch.groups:
+            a, dtype, offs, bids = g.a, g.dtype, g.offs, g.bids
+            rows = a.numel()
+            dst = torch.tensor(bids, dtype=torch.int64)
+            # KV blocks that make one run (in any order, as a fresh engine's
+            # free list hands them out): each part's gather lands straight in
+            # the run's rows, with no scatter after it.
+            lo = min(bids)
+            run = max(bids) - lo == len(bids) - 1 and len(set(bids)) == len(bids)
+            if run:
+                order = torch.empty(len(bids), dtype=torch.int64)
+                order[dst - lo] = torch.arange(len(bids))
+                offs_run = offs.index_select(0, order)
+            for p in self._parts:
+                rows_p = p.view(dtype)
+                at = (HEADER_BYTES + p.offset) // g.esize
+                n = p.nbytes // g.esize
+                src = a.as_strided((rows - at - n + 1, n), (1, 1), at)
+                if run and rows_p.device.type == "cpu" and rows_p.is_contiguous():
+                    torch.index_select(src, 0, offs_run, out=rows_p[lo:lo + len(bids)])
+                else:
+                    g2 = src.index_select(0, offs)
+                    rows_p.index_copy_(0, dst.to(rows_p.device), g2.to(rows_p.device))
+            ch.loaded.update(g.js)
+
+    @staticmethod
+    def _copy_loop(q):
+        """A copier thread: its share of each step it is handed."""
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            step, t = job
+            step.run(t)
+
+    def _settle_all(self, chunks):
+        """Settles each chunk's leases; returns the transfer's indexes loaded."""
+        ok = set()
+        for ch in chunks:
+            try:
+                self._settle(ch.c, ch.held, ch.deadline, ch.leases, ch.loaded)
+            except Exception as e:  # noqa: BLE001
+                _once.warn("settle:%s" % type(e).__name__, "load failed: %r; recomputing", e)
+                ch.loaded.clear()
+            ok |= {ch.chunk[j] for j in ch.loaded}
+        return ok
 
     def _settle(self, c, held, deadline, leases, loaded):
         """The chunk's leases: copied well before their deadline, they ride
@@ -972,11 +1254,13 @@ class Worker:
                 self._link.failed(e)
 
     def get_block_ids_with_load_errors(self):
+        self._end_step()
         errs, self._load_errors = self._load_errors, set()
         return errs
 
     # -- save: paged KV -> arena, on a thread ----------------------------------------
     def wait_for_save(self, meta):
+        self._finish_load()
         if self._to_release and time.monotonic() > self._release_by:
             self._flush_releases()  # idle since the last load: unpin its blocks
         if not meta.saves:
@@ -1129,6 +1413,7 @@ class Worker:
     def drain(self, timeout_s=60.0):
         """Waits (at most timeout_s) for the saves queued so far; True when
         none is left."""
+        self._finish_load()
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while self._outstanding and time.monotonic() < deadline:
@@ -1168,6 +1453,11 @@ class Worker:
                 logger.info("tidepool: waited %.1fs for the last saves", time.monotonic() - t0)
             self._save_q.put(None)
             self._saver.join(timeout=5)
+        self._finish_load()
+        for _, q in self._copiers:
+            q.put(None)
+        for th, _ in self._copiers:
+            th.join(timeout=5)
         self._flush_releases()
         if self._gpu is not None:  # GPU hook (tidepool.cuda)
             self._gpu.close()
