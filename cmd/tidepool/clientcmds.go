@@ -43,13 +43,6 @@ func scopeOf(s string) (client.Scope, error) {
 	return 0, fmt.Errorf("%w: --scope %q: local or cluster", errUsage, s)
 }
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
 // clientSpec describes one client command.
 type clientSpec struct {
 	name, args, short, long string
@@ -117,7 +110,7 @@ func newClientCmd(sp clientSpec, io *stdio) *cobra.Command {
 	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		f.nsSet = os.Getenv("TIDEPOOL_NS") != "" || cmd.Flags().Changed("ns")
-		return exitWith(cmdClient(name, f, args, io.in, io.out, io.err))
+		return exitWith(cmdClient(name, f, args, io.In, io.Out, io.Err))
 	}
 	return cmd
 }

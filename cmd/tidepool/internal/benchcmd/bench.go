@@ -1,4 +1,4 @@
-package main
+package benchcmd
 
 import (
 	"context"
@@ -19,6 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/chart"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/cli"
 	"github.com/tidepool-kv/tidepool/internal/bench"
 	"github.com/tidepool-kv/tidepool/internal/units"
 )
@@ -213,22 +215,12 @@ func parseInts(s string) ([]int, error) {
 	return out, nil
 }
 
-// isTerminal reports whether w is a terminal.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
-
 // progressPrinter returns a bench progress callback writing to w: a bar
 // redrawn in place on a terminal, a plain line per period otherwise.
 func progressPrinter(w io.Writer, mode, label string) (func(bench.Progress), func()) {
 	if mode == "auto" {
 		mode = "plain"
-		if isTerminal(w) {
+		if cli.IsTerminal(w) {
 			mode = "bar"
 		}
 	}
@@ -248,23 +240,23 @@ func progressPrinter(w io.Writer, mode, label string) (func(bench.Progress), fun
 	}
 }
 
-func newBenchCmd(io *stdio) *cobra.Command {
+func NewCommand(io *cli.Stdio, defaultSocket string) *cobra.Command {
 	var f benchFlags
 	cmd := &cobra.Command{
 		Use:               "bench [flags]",
 		Short:             "load generator",
 		Long:              benchLong,
-		GroupID:           groupTools,
-		Args:              noArgs,
+		GroupID:           cli.GroupTools,
+		Args:              cli.NoArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(*cobra.Command, []string) error {
-			return exitWith(cmdBench(&f, io.out, io.err))
+			return cli.ExitWith(cmdBench(&f, io.Out, io.Err))
 		},
 	}
 	fs := cmd.Flags()
 	fs.SortFlags = false
-	fs.StringVar(&f.socket, "socket", envOr("TIDEPOOL_SOCKET", defaultSocket()), "sidecar socket (env TIDEPOOL_SOCKET)")
-	fs.StringVar(&f.ns, "ns", envOr("TIDEPOOL_NS", "bench"), "namespace (env TIDEPOOL_NS)")
+	fs.StringVar(&f.socket, "socket", cli.EnvOr("TIDEPOOL_SOCKET", defaultSocket), "sidecar socket (env TIDEPOOL_SOCKET)")
+	fs.StringVar(&f.ns, "ns", cli.EnvOr("TIDEPOOL_NS", "bench"), "namespace (env TIDEPOOL_NS)")
 	fs.StringVar(&f.op, "op", "get", "operation: put, get, mixed, lookup, batch-get; raw limits: memcpy, socket-copy")
 	fs.StringVar(&f.size, "size", "4KiB", "value size (4096, 64KiB, 1MiB)")
 	fs.IntVar(&f.keys, "keys", 1000, "keys that reads draw from (prefilled before the run)")
@@ -284,10 +276,10 @@ func newBenchCmd(io *stdio) *cobra.Command {
 	fs.StringVar(&f.plot, "plot", "", "write latency percentiles against concurrency to this PNG")
 	fs.StringVar(&f.progress, "progress", "auto", "progress on stderr: auto (bar on a terminal, else lines), bar, plain, none")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
-	completeWords(cmd, "op", "put", "get", "mixed", "lookup", "batch-get", rawMemcpy, rawSocketCopy)
-	completeWords(cmd, "scope", "local", "cluster", "default")
-	completeWords(cmd, "write-mode", "default", "keyed", "pwrite", "mmap", "mapped")
-	completeWords(cmd, "progress", "auto", "bar", "plain", "none")
+	cli.CompleteWords(cmd, "op", "put", "get", "mixed", "lookup", "batch-get", rawMemcpy, rawSocketCopy)
+	cli.CompleteWords(cmd, "scope", "local", "cluster", "default")
+	cli.CompleteWords(cmd, "write-mode", "default", "keyed", "pwrite", "mmap", "mapped")
+	cli.CompleteWords(cmd, "progress", "auto", "bar", "plain", "none")
 	return cmd
 }
 
@@ -296,7 +288,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 	f := *fp
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "tidepool bench: "+format+"\n", a...)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	size, err := units.ParseBytes(f.size)
 	if err != nil || size < 1 || size > 1<<30 {
@@ -387,7 +379,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 		zc, ok := any(c).(zeroCopier)
 		if !ok {
 			fmt.Fprintln(stderr, "tidepool bench: --zero-copy: this build's client has no zero-copy calls (PutFrom/GetInto)")
-			return exitError
+			return cli.ExitError
 		}
 		eng.zc, mode = zc, "zero-copy"
 		if f.verifyReads {
@@ -407,7 +399,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 	cancel()
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool bench: cannot reach the sidecar at %s: %v\n", f.socket, err)
-		return exitError
+		return cli.ExitError
 	}
 	if hello.Limits != nil && size > hello.Limits.MaxValueBytes {
 		return usageErr("--size %s exceeds the sidecar's max_value_size %s", f.size, units.FormatBytes(hello.Limits.MaxValueBytes))
@@ -429,7 +421,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 		start := time.Now()
 		if err := bench.Prefill(ctx, pre, int(size), f.keys, min(16, maxConc+1)); err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		if f.progress != "none" {
 			fmt.Fprintf(stderr, "prefilled %d keys of %s in %.2fs\n", f.keys, bench.FormatSize(size), time.Since(start).Seconds())
@@ -482,18 +474,18 @@ func finishBench(f *benchFlags, reps []bench.Report, failed bool, stdout, stderr
 		}
 	}
 	if f.plot != "" {
-		if err := plotLatency(f.plot, reps); err != nil {
+		if err := chart.Latency(f.plot, reps); err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		if !f.json {
 			fmt.Fprintf(stdout, "plot written to %s\n", f.plot)
 		}
 	}
 	if failed {
-		return exitError
+		return cli.ExitError
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // Raw limits: operations that move the same bytes without the sidecar, so
@@ -611,7 +603,7 @@ func runRaw(f *benchFlags, base bench.Config, concs []int, stdout, stderr io.Wri
 		eng, err := newRawEngine(f.op, base.Size, conc)
 		if err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		cfg := base
 		cfg.Op, cfg.Concurrency = bench.OpGet, conc
@@ -624,7 +616,7 @@ func runRaw(f *benchFlags, base bench.Config, concs []int, stdout, stderr io.Wri
 		reps = append(reps, rep)
 		if err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		if !f.json {
 			rep.WriteText(stdout)

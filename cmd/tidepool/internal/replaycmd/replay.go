@@ -1,4 +1,4 @@
-package main
+package replaycmd
 
 import (
 	"bufio"
@@ -21,8 +21,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/chart"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/cli"
 	"github.com/tidepool-kv/tidepool/internal/replay"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 	"github.com/tidepool-kv/tidepool/internal/units"
@@ -54,6 +57,7 @@ type replayFlags struct {
 	speed, loadSlack                                                                       float64
 	json, simulate, references, noFetch, withSim, checkChains                              bool
 	timeout                                                                                time.Duration
+	policyTable                                                                            map[string]evict.Factory // the eviction policies --policy may name
 }
 
 // replayRun is one replay of a sweep; the JSON names are the stable
@@ -395,17 +399,17 @@ func splitList(s string) []string {
 	return out
 }
 
-func newReplayCmd(io *stdio) *cobra.Command {
-	var f replayFlags
+func NewCommand(io *cli.Stdio, policies map[string]evict.Factory) *cobra.Command {
+	f := replayFlags{policyTable: policies}
 	cmd := &cobra.Command{
 		Use:               "replay [flags]",
 		Short:             "replay a request trace",
 		Long:              replayLong,
-		GroupID:           groupTools,
-		Args:              noArgs,
+		GroupID:           cli.GroupTools,
+		Args:              cli.NoArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(*cobra.Command, []string) error {
-			return exitWith(cmdReplay(&f, io.out, io.err))
+			return cli.ExitWith(cmdReplay(&f, io.Out, io.Err))
 		},
 	}
 	fs := cmd.Flags()
@@ -434,11 +438,11 @@ func newReplayCmd(io *stdio) *cobra.Command {
 	fs.StringVar(&f.plot, "plot", "", "write hit rate against capacity (one line per policy) to this PNG")
 	fs.StringVar(&f.progress, "progress", "auto", "progress on stderr: auto, plain, none")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
-	completeWords(cmd, "route", string(replay.RouteRoundRobin), string(replay.RoutePrefix))
-	completeWords(cmd, "scope", "local", "cluster")
-	completeWords(cmd, "policy", "prefix", "lru")
-	completeWords(cmd, "policies", "prefix", "lru")
-	completeWords(cmd, "progress", "auto", "plain", "none")
+	cli.CompleteWords(cmd, "route", string(replay.RouteRoundRobin), string(replay.RoutePrefix))
+	cli.CompleteWords(cmd, "scope", "local", "cluster")
+	cli.CompleteWords(cmd, "policy", "prefix", "lru")
+	cli.CompleteWords(cmd, "policies", "prefix", "lru")
+	cli.CompleteWords(cmd, "progress", "auto", "plain", "none")
 	return cmd
 }
 
@@ -447,7 +451,7 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 	f := *fp
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "tidepool replay: "+format+"\n", a...)
-		return exitUsage
+		return cli.ExitUsage
 	}
 	var caps []int64
 	for _, c := range splitList(f.capacities) {
@@ -459,7 +463,7 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 	}
 	pols := splitList(f.policies)
 	for _, p := range pols {
-		if _, ok := policies[p]; !ok {
+		if _, ok := f.policyTable[p]; !ok {
 			return usageErr("unknown policy %q (prefix or lru)", p)
 		}
 	}
@@ -528,7 +532,7 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 	tf.Close()
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool replay: %v\n", err)
-		return exitError
+		return cli.ExitError
 	}
 	if f.requests > 0 && f.requests < len(reqs) {
 		reqs = reqs[:f.requests]
@@ -540,7 +544,7 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 		exe, _ := os.Executable()
 		if !serveSupportsCluster(exe) {
 			fmt.Fprintln(stderr, "tidepool replay: --scope cluster needs a clustered build: this binary's `serve --help` lists no --join flag")
-			return exitError
+			return cli.ExitError
 		}
 	}
 
@@ -560,13 +564,13 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 			label := fmt.Sprintf("%s %s", pol, formatCount(capTok))
 			var err error
 			if f.simulate {
-				run.Result, err = simulateRun(reqs, nodes, run.CapacityBlocks, f.scope, pol)
+				run.Result, err = simulateRun(reqs, nodes, run.CapacityBlocks, f.scope, f.policyTable[pol])
 			} else {
 				err = sidecarRun(ctx, &f, &run, reqs, sockets, nodes, label, stderr)
 			}
 			if err != nil {
 				fmt.Fprintf(stderr, "tidepool replay: %s: %v\n", label, err)
-				return exitError
+				return cli.ExitError
 			}
 			runs = append(runs, run)
 			if !f.json {
@@ -575,9 +579,9 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 			if f.withSim {
 				srun := run
 				srun.Simulated, srun.BlocksAtEnd = true, nil
-				if srun.Result, err = simulateRun(reqs, nodes, run.CapacityBlocks, f.scope, pol); err != nil {
+				if srun.Result, err = simulateRun(reqs, nodes, run.CapacityBlocks, f.scope, f.policyTable[pol]); err != nil {
 					fmt.Fprintf(stderr, "tidepool replay: %s simulated: %v\n", label, err)
-					return exitError
+					return cli.ExitError
 				}
 				runs = append(runs, srun)
 				if !f.json {
@@ -593,12 +597,12 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 			b, err := sim.Belady(reqs, cfg)
 			if err != nil {
 				fmt.Fprintf(stderr, "tidepool replay: belady: %v\n", err)
-				return exitError
+				return cli.ExitError
 			}
 			u, err := sim.Unbounded(reqs, cfg)
 			if err != nil {
 				fmt.Fprintf(stderr, "tidepool replay: unbounded: %v\n", err)
-				return exitError
+				return cli.ExitError
 			}
 			for _, ref := range []struct {
 				name string
@@ -624,7 +628,7 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 		}
 	}
 	if f.plot != "" {
-		var pts []hitPoint
+		var pts []chart.HitPoint
 		dashed := map[string]bool{}
 		for _, r := range runs {
 			name := r.Policy
@@ -638,7 +642,7 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 			if f.references && (name == refBelady || name == refUnbounded) {
 				dashed[name] = true
 			}
-			pts = append(pts, hitPoint{Policy: name, CapacityTokens: r.CapacityTokens, CapacityBlocks: r.CapacityBlocks, HitRate: r.HitRate, Simulated: r.Simulated})
+			pts = append(pts, chart.HitPoint{Policy: name, CapacityTokens: r.CapacityTokens, CapacityBlocks: r.CapacityBlocks, HitRate: r.HitRate, Simulated: r.Simulated})
 		}
 		how := "real sidecars"
 		if f.simulate {
@@ -647,15 +651,15 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 			how = "real sidecars vs simulator"
 		}
 		title := fmt.Sprintf("Prefix hit rate, %s (%d requests), %d node(s), %s scope, %s", filepath.Base(tracePath), len(reqs), nodes, f.scope, how)
-		if err := plotHitRate(f.plot, title, pts, dashed); err != nil {
+		if err := chart.HitRate(f.plot, title, pts, dashed); err != nil {
 			fmt.Fprintf(stderr, "tidepool replay: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		if !f.json {
 			fmt.Fprintf(stdout, "plot written to %s\n", f.plot)
 		}
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // Names of the reference lines of --references.
@@ -677,9 +681,9 @@ func fromSim(r sim.Result, nodes int) replay.Result {
 	return replay.Result{Requests: r.Requests, Blocks: r.Blocks, HitBlocks: r.HitBlocks, HitRate: r.HitRate(), Nodes: make([]replay.NodeResult, 0, nodes)}
 }
 
-func simulateRun(reqs []trace.Request, nodes int, blocks int64, scope, pol string) (replay.Result, error) {
+func simulateRun(reqs []trace.Request, nodes int, blocks int64, scope string, pol evict.Factory) (replay.Result, error) {
 	start := time.Now()
-	r, err := sim.Run(reqs, sim.Config{CapacityBlocks: int(blocks), Nodes: nodes, Scope: simScope(scope)}, policies[pol])
+	r, err := sim.Run(reqs, sim.Config{CapacityBlocks: int(blocks), Nodes: nodes, Scope: simScope(scope)}, pol)
 	res := fromSim(r, nodes)
 	res.Seconds = time.Since(start).Seconds()
 	return res, err
@@ -743,7 +747,7 @@ func sidecarRun(ctx context.Context, f *replayFlags, run *replayRun, reqs []trac
 	cfg.LoadSlack = f.loadSlack
 	if f.progress != "none" {
 		last := time.Now()
-		plain := f.progress == "plain" || !isTerminal(stderr)
+		plain := f.progress == "plain" || !cli.IsTerminal(stderr)
 		cfg.Progress = func(done, total int) {
 			if time.Since(last) < time.Second && done < total {
 				return
