@@ -11,8 +11,6 @@ import (
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
-// ---- control protocol ----
-
 // Control messages: [type u8][len u16 BE][payload]. Requests go from the
 // initiator to the owner; every request has one answer, msgOK (with a
 // payload for msgConnect) or msgErr (code u8, text).

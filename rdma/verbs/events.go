@@ -10,8 +10,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// ---- asynchronous events ----
-
 // devHealth is what asynchronous events said about a device.
 type devHealth struct {
 	usable atomic.Bool // port active and no fatal event

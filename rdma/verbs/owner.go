@@ -14,8 +14,6 @@ import (
 	"github.com/tidepool-kv/tidepool/rdma"
 )
 
-// ---- owner side ----
-
 func (t *Transport) acceptLoop() {
 	defer t.acceptW.Done()
 	var wg sync.WaitGroup

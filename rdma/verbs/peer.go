@@ -16,8 +16,6 @@ import (
 	"github.com/tidepool-kv/tidepool/rdma/internal/counters"
 )
 
-// ---- initiator side ----
-
 // Connect implements rdma.Transport: it dials the control endpoint,
 // authenticates, and exchanges hellos. Queue pairs come on demand.
 func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error) {

@@ -53,7 +53,8 @@ func Probe(cfg Config) ([]DeviceInfo, error) {
 	return out, nil
 }
 
-// Transport is the verbs transport.
+// Transport is the verbs transport. Its lock order is in the package doc
+// (verbs.go, "Locks").
 type Transport struct {
 	cfg   Config
 	lg    *zap.Logger
