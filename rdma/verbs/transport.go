@@ -252,7 +252,9 @@ func (t *Transport) Close() error {
 		p.shutdown()
 	}
 	t.acceptW.Wait()
-	t.life.Lock() // every transfer has returned
+	// Taking life for writing waits until every transfer has returned.
+	t.life.Lock()
+	//lint:ignore SA2001 the empty section is the wait
 	t.life.Unlock()
 	t.stopPol.Store(true)
 	var one [8]byte
