@@ -97,13 +97,7 @@ func (t *Transport) onEvent(i int, ev asyncEvent) {
 		}
 	case "qp_fatal", "qp_req_err", "qp_access_err", "path_mig_err":
 		if v, ok := t.iqps.Load(qpKey{i, ev.qpn}); ok {
-			q := v.(*iqp)
-			q.p.mu.Lock()
-			if _, live := q.p.all[q]; live {
-				q.broken.Store(true)
-				_ = q.q.toError()
-			}
-			q.p.mu.Unlock()
+			v.(*iqp).fail()
 		}
 		lg.Warn("RDMA queue pair failed: rebuilt on next use", zap.Uint32("qpn", ev.qpn))
 	case "cq_err", "device_fatal":
@@ -111,18 +105,23 @@ func (t *Transport) onEvent(i int, ev asyncEvent) {
 		h.usable.Store(false)
 		t.iqps.Range(func(k, v any) bool {
 			if k.(qpKey).dev == i {
-				q := v.(*iqp)
-				q.p.mu.Lock()
-				if _, live := q.p.all[q]; live {
-					q.broken.Store(true)
-					_ = q.q.toError()
-				}
-				q.p.mu.Unlock()
+				v.(*iqp).fail()
 			}
 			return true
 		})
 		lg.Error("RDMA device failed: unusable until restart")
 	default:
 		lg.Debug("RDMA asynchronous event")
+	}
+}
+
+// fail marks q broken and moves it to the error state, unless its handle
+// already dropped it: put and get then destroy it instead of reusing it.
+func (q *iqp) fail() {
+	q.p.mu.Lock()
+	defer q.p.mu.Unlock()
+	if _, live := q.p.all[q]; live {
+		q.broken.Store(true)
+		_ = q.q.toError()
 	}
 }
