@@ -159,7 +159,14 @@ func Start(t *testing.T, bin string, prefix []string, extra ...string) *Daemon {
 // the exit code.
 func (d *Daemon) Run(t *testing.T, bin string, stdin []byte, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{args[0], "--socket", d.Socket}, args[1:]...)...)
+	return Exec(t, bin, stdin, append([]string{args[0], "--socket", d.Socket}, args[1:]...)...)
+}
+
+// Exec runs the binary bin with stdin and returns stdout, stderr and the
+// exit code.
+func Exec(t *testing.T, bin string, stdin []byte, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Stdin = bytes.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
