@@ -79,7 +79,7 @@ func buildVersion() string {
 }
 
 // The command plumbing shared with the tools (cmd/tidepool/internal/cli),
-// by the names this package has always used.
+// by short names.
 const (
 	exitOK       = cli.ExitOK
 	exitError    = cli.ExitError

@@ -85,6 +85,8 @@ func CompleteWords(cmd *cobra.Command, flag string, words ...string) {
 	cmd.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp))
 }
 
+// EnvOr returns the environment variable k, or def when it is unset or
+// empty.
 func EnvOr(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
