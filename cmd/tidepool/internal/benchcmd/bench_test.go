@@ -15,7 +15,7 @@ import (
 // binPath is the tidepool binary built once for the process tests.
 var binPath string
 
-func TestMain(m *testing.M) { clitest.Main(m, &binPath) }
+func TestMain(m *testing.M) { clitest.MainUnlessShort(m, &binPath) }
 
 func TestBenchCLI(t *testing.T) {
 	d := clitest.Start(t, binPath, nil)

@@ -6,6 +6,7 @@ package clitest
 import (
 	"bufio"
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -50,6 +51,16 @@ func Main(m *testing.M, bin *string, tags ...string) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// MainUnlessShort is Main, except that with -short it builds nothing and
+// leaves *bin empty: Start and Exec then skip their test.
+func MainUnlessShort(m *testing.M, bin *string, tags ...string) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	Main(m, bin, tags...)
 }
 
 // Daemon is a real `tidepool serve` process.
@@ -166,6 +177,9 @@ func (d *Daemon) Run(t *testing.T, bin string, stdin []byte, args ...string) (st
 // exit code.
 func Exec(t *testing.T, bin string, stdin []byte, args ...string) (string, string, int) {
 	t.Helper()
+	if bin == "" {
+		t.Skip("runs the tidepool binary, which -short does not build")
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdin = bytes.NewReader(stdin)
 	var out, errb bytes.Buffer

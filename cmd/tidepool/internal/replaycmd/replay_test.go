@@ -1,7 +1,6 @@
 package replaycmd
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -19,7 +18,7 @@ import (
 // binPath is the tidepool binary built once for the process tests.
 var binPath string
 
-func TestMain(m *testing.M) { clitest.Main(m, &binPath) }
+func TestMain(m *testing.M) { clitest.MainUnlessShort(m, &binPath) }
 
 // replayTraceRequests is how many trace requests the replay tests use.
 const replayTraceRequests = 300
@@ -48,13 +47,11 @@ func firstRequests(t *testing.T, n int) (string, []trace.Request) {
 // exit.
 func runTP(t *testing.T, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(binPath, args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("tidepool %v: %v\nstdout:\n%s\nstderr:\n%s", args, err, out.String(), errb.String())
+	out, errs, code := clitest.Exec(t, binPath, nil, args...)
+	if code != 0 {
+		t.Fatalf("tidepool %v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errs)
 	}
-	return out.Bytes()
+	return []byte(out)
 }
 
 // unboundedHits is an independent computation of the prefix hit count of a
