@@ -193,6 +193,7 @@ type clientCmd struct {
 	stdout io.Writer
 	stderr io.Writer
 	args   []string
+	scope  client.Scope // --scope, parsed
 }
 
 func (cc clientCmd) printJSON(v any) {
@@ -211,6 +212,11 @@ func showKey(k []byte, hexKeys bool) string {
 
 // run runs the client command cmd on its parsed keys.
 func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, error) {
+	scope, err := scopeOf(cc.f.scope) // "" (default) for the commands without --scope
+	if err != nil {
+		return exitUsage, err
+	}
+	cc.scope = scope
 	switch cmd {
 	case "put":
 		return cc.cmdPut(ctx, keys)
@@ -265,11 +271,7 @@ func (cc clientCmd) cmdPut(ctx context.Context, keys [][]byte) (int, error) {
 // cmdGet prints a block's bytes, or writes them to --out.
 func (cc clientCmd) cmdGet(ctx context.Context, keys [][]byte) (int, error) {
 	c, f := cc.c, cc.f
-	scope, err := scopeOf(f.scope)
-	if err != nil {
-		return exitUsage, err
-	}
-	value, found, err := c.Get(ctx, f.ns, keys[0], scope)
+	value, found, err := c.Get(ctx, f.ns, keys[0], cc.scope)
 	if err != nil {
 		return exitError, err
 	}
@@ -298,11 +300,7 @@ func (cc clientCmd) cmdGet(ctx context.Context, keys [][]byte) (int, error) {
 // cmdExists reports, per key, whether the block is present and where.
 func (cc clientCmd) cmdExists(ctx context.Context, keys [][]byte) (int, error) {
 	c, f := cc.c, cc.f
-	scope, err := scopeOf(f.scope)
-	if err != nil {
-		return exitUsage, err
-	}
-	res, err := c.BatchExists(ctx, f.ns, keys, scope)
+	res, err := c.BatchExists(ctx, f.ns, keys, cc.scope)
 	if err != nil {
 		return exitError, err
 	}
@@ -338,11 +336,7 @@ func (cc clientCmd) cmdExists(ctx context.Context, keys [][]byte) (int, error) {
 // cmdLookup reports the length of the longest present prefix of keys.
 func (cc clientCmd) cmdLookup(ctx context.Context, keys [][]byte) (int, error) {
 	c, f := cc.c, cc.f
-	scope, err := scopeOf(f.scope)
-	if err != nil {
-		return exitUsage, err
-	}
-	n, err := c.Lookup(ctx, f.ns, keys, scope)
+	n, err := c.Lookup(ctx, f.ns, keys, cc.scope)
 	if err != nil {
 		return exitError, err
 	}
@@ -357,11 +351,7 @@ func (cc clientCmd) cmdLookup(ctx context.Context, keys [][]byte) (int, error) {
 // cmdDelete removes a block.
 func (cc clientCmd) cmdDelete(ctx context.Context, keys [][]byte) (int, error) {
 	c, f := cc.c, cc.f
-	scope, err := scopeOf(f.scope)
-	if err != nil {
-		return exitUsage, err
-	}
-	ok, err := c.Delete(ctx, f.ns, keys[0], scope)
+	ok, err := c.Delete(ctx, f.ns, keys[0], cc.scope)
 	if err != nil {
 		return exitError, err
 	}
@@ -381,11 +371,7 @@ func (cc clientCmd) cmdDelete(ctx context.Context, keys [][]byte) (int, error) {
 // cmdClear removes every block of the namespace.
 func (cc clientCmd) cmdClear(ctx context.Context) (int, error) {
 	c, f := cc.c, cc.f
-	scope, err := scopeOf(f.scope)
-	if err != nil {
-		return exitUsage, err
-	}
-	n, err := c.Clear(ctx, f.ns, scope)
+	n, err := c.Clear(ctx, f.ns, cc.scope)
 	if err != nil {
 		return exitError, err
 	}
