@@ -58,6 +58,12 @@ var rules = []rule{
 	// The client library: the wire, the checksum of its zero-copy puts and
 	// the protection key that guards their writable mapping.
 	{pkg: "client", ours: []string{"protocol", "client", "internal/crc32c", "internal/pkey", "internal/memfd"}, thirdParty: []string{"github.com/cloudwego/"}},
+	// The binary's tools (bench, replay, their plots) and the command
+	// plumbing they share: they reach a sidecar as an engine does, through
+	// the client library and the binary's own serve, never through the
+	// core; the one core package they run is the eviction simulator
+	// (replay --sim).
+	{pkg: "cmd/tidepool/internal", ours: []string{"cmd/tidepool/internal/", "client", "protocol", "internal/", "cache/evict"}, thirdParty: []string{"github.com/spf13/cobra", "golang.org/x/sys", "gonum.org/v1/plot"}},
 	{pkg: "cmd", ours: []string{""}, thirdParty: []string{""}},
 	// Research code (experiments build only with -tags research).
 	{pkg: "research", ours: []string{"cache", "internal/"}, thirdParty: nil},

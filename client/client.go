@@ -164,7 +164,7 @@ func (c Config) Validate() error {
 // Client calls one sidecar. Safe for concurrent use.
 type Client struct {
 	kc  kclient.Client
-	zc  zeroCopy // the mapped arenas (zerocopy.go)
+	zc  zeroCopy // the zero-copy state and mapped arenas (zerocopy.go, arena.go)
 	raw rawPool  // AppendGet's connections (rawget.go)
 	// puts is Put's connections to the put socket (rawput.go).
 	puts putSocket

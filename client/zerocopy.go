@@ -7,22 +7,40 @@ package client
 // mapping that only the writing thread can write, for the copy
 // (WriteKeyed, where the machine has memory protection keys), or with
 // pwrite on the arena file, so no block byte crosses the socket.
+//
+// Files: zerocopy.go has the calls (Reserve, Commit, Acquire, Release,
+// PutFrom, GetInto, the slot reads and writes) and the zeroCopy state of a
+// Client; arena.go maps the arena files and remaps them after a sidecar
+// restart; writemode.go writes a slot (WriteMode: keyed, pwrite, mmap
+// windows, mapped); spares.go keeps unbound reservations for later puts;
+// releaser.go releases GetInto's leases in the background; coalesce.go
+// batches the control calls of concurrent callers.
+//
+// Locks. Lock order (a lock may only be taken while holding locks listed
+// before it):
+//
+//	zeroCopy.mu → zeroCopy.rw → arenaMap.vmu
+//
+// zeroCopy.mu serializes mapping and remapping (mapArenas: it calls Hello
+// and takes zeroCopy.rw while holding it); zeroCopy.rw guards the arena
+// list and closed, and is held for reading for the whole of a slot's copy
+// (withArenas), so that no remap or Close unmaps an arena under it; a
+// WriteMmap write takes its arena's vmu inside it, to order its mprotect
+// calls. Leaves, never held while another lock is taken: zeroCopy.spareMu
+// (spares.go), releaser.mu (releaser.go) and each combiner's mu
+// (coalesce.go); no lock is held across a call to the sidecar but
+// zeroCopy.mu.
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/tidepool-kv/tidepool/internal/crc32c"
-	"github.com/tidepool-kv/tidepool/internal/pkey"
 
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 )
@@ -233,246 +251,6 @@ func (c *Client) Renew(ctx context.Context, ids []int64, lease time.Duration) ([
 	return statusErrors(r.Results), fromMs(r.DeadlineUnixMs), nil
 }
 
-// WriteMode says how PutFrom writes a reserved slot.
-type WriteMode int
-
-const (
-	// WritePwrite copies with pwrite(2) on the arena file, after
-	// checksumming the source (what WriteKeyed falls back to without
-	// protection keys: it writes nothing outside the slot and needs no
-	// writable mapping).
-	WritePwrite WriteMode = iota
-	// WriteMmap makes the slot's pages writable for a copy with the
-	// checksum fused in, and read-only again after: the client keeps one
-	// MAP_SHARED mapping of each arena, read-only except for the pages of
-	// the slots being written (mprotect windows), so a stray write of the
-	// process outside them faults instead of changing a block. (Until
-	// issue 17 it mapped and unmapped the slot's pages per put, which was
-	// slow.)
-	WriteMmap
-	// WriteMapped keeps a read-write MAP_SHARED mapping of each whole arena
-	// and copies into the slot with the checksum fused in (the fastest).
-	// The process then has every arena mapped writable, so a stray write
-	// of its own can damage other blocks: the trust is that of the
-	// read-write descriptor the other modes hold, with less margin.
-	WriteMapped
-	// WriteKeyed keeps a read-write MAP_SHARED mapping of each arena
-	// whose pages carry a memory protection key (x86 PKU) that denies
-	// every thread access to them, and copies into a slot with the
-	// checksum fused in on a thread that allows itself access for the
-	// copy alone (internal/pkey): as fast as WriteMapped, and a stray
-	// write of the process to an arena faults, as with the read-only
-	// mappings. The default. Where the CPU or kernel has no protection
-	// keys, or none is free, PutFrom writes with pwrite instead.
-	WriteKeyed
-)
-
-// writeKey is the process's protection key for WriteKeyed, allocated on
-// first use; every client shares it (a process has 15).
-var writeKey struct {
-	once sync.Once
-	k    pkey.Key
-	err  error
-}
-
-// keyForWrites returns the process's key (a variable: tests take the
-// keys away).
-var keyForWrites = func() (pkey.Key, error) {
-	writeKey.once.Do(func() { writeKey.k, writeKey.err = pkey.Alloc() })
-	return writeKey.k, writeKey.err
-}
-
-// arenaMap is one arena file mapped read-only, plus a descriptor opened
-// read-write for writing reserved slots.
-type arenaMap struct {
-	path string
-	size int64
-	ino  uint64
-	mem  []byte // PROT_READ, MAP_SHARED
-	rw   *os.File
-
-	wonce sync.Once
-	wmem  []byte // PROT_READ|PROT_WRITE, MAP_SHARED (WriteMapped), made on first use
-	werr  error
-
-	konce   sync.Once
-	kmem    []byte // PROT_READ|PROT_WRITE, MAP_SHARED, tagged with writeKey (WriteKeyed), made on first use
-	kerr    error
-	kfilled []atomic.Bool // per fillChunk of kmem: its page table filled (fill)
-	knofill atomic.Bool   // the kernel cannot (before Linux 5.14): writes fault page by page
-
-	// WriteMmap: a MAP_SHARED mapping of the whole arena, PROT_READ but for
-	// the pages of slots being written, made on first use.
-	vonce sync.Once
-	vmem  []byte
-	verr  error
-	vmu   sync.Mutex      // orders the mprotect calls of concurrent writers
-	vrefs map[int64]int32 // guarded by vmu: writers of each page a slot shares with a neighbour
-}
-
-// window returns the mapping of WriteMmap.
-func (a *arenaMap) window() ([]byte, error) {
-	a.vonce.Do(func() {
-		a.vmem, a.verr = syscall.Mmap(int(a.rw.Fd()), 0, int(a.size), syscall.PROT_READ, syscall.MAP_SHARED)
-		if a.verr != nil {
-			a.verr = fmt.Errorf("tidepool: zero-copy: mmap %s: %w", a.path, a.verr)
-		}
-		a.vrefs = map[int64]int32{}
-	})
-	return a.vmem, a.verr
-}
-
-// writeWindow copies buf to offset off of the arena through a window made
-// writable for the copy, and returns its CRC-32C.
-func (a *arenaMap) writeWindow(off int64, buf []byte) (uint32, error) {
-	mem, err := a.window()
-	if err != nil || len(buf) == 0 {
-		return 0, err
-	}
-	w, err := a.openWindow(off, int64(len(buf)))
-	if err != nil {
-		return 0, err
-	}
-	crc := crc32c.Copy(mem[off:off+int64(len(buf))], buf)
-	return crc, a.closeWindow(w)
-}
-
-// A slotWindow is the pages [p0, p1) of a slot made writable, and those of
-// them it shares with a neighbour.
-type slotWindow struct {
-	p0, p1 int64
-	shared []int64
-}
-
-// openWindow makes the pages of the n > 0 bytes at off writable. Pages
-// inside the slot belong to it alone; its first and last page may hold a
-// neighbour's bytes too (small values share pages) and be in another
-// writer's window, so those two are counted, and made read-only by the
-// last writer to close its window.
-func (a *arenaMap) openWindow(off, n int64) (slotWindow, error) {
-	pg := int64(os.Getpagesize())
-	w := slotWindow{p0: off / pg, p1: (off + n + pg - 1) / pg}
-	if off%pg != 0 {
-		w.shared = append(w.shared, w.p0)
-	}
-	if (off+n)%pg != 0 && (len(w.shared) == 0 || w.shared[0] != w.p1-1) {
-		w.shared = append(w.shared, w.p1-1)
-	}
-	a.vmu.Lock()
-	defer a.vmu.Unlock()
-	for _, p := range w.shared {
-		a.vrefs[p]++
-	}
-	if err := syscall.Mprotect(a.vmem[w.p0*pg:min(w.p1*pg, int64(len(a.vmem)))], syscall.PROT_READ|syscall.PROT_WRITE); err != nil {
-		a.releaseShared(w)
-		return w, fmt.Errorf("tidepool: zero-copy: mprotect slot writable: %w", err)
-	}
-	return w, nil
-}
-
-// closeWindow makes the pages of w read-only again, but for shared pages
-// still in another window.
-func (a *arenaMap) closeWindow(w slotWindow) error {
-	pg := int64(os.Getpagesize())
-	a.vmu.Lock()
-	defer a.vmu.Unlock()
-	q0, q1 := w.p0, w.p1
-	for _, p := range a.releaseShared(w) {
-		if p == w.p0 {
-			q0 = w.p0 + 1
-		}
-		if p == w.p1-1 {
-			q1 = w.p1 - 1
-		}
-	}
-	if q0 >= q1 {
-		return nil
-	}
-	if err := syscall.Mprotect(a.vmem[q0*pg:min(q1*pg, int64(len(a.vmem)))], syscall.PROT_READ); err != nil {
-		return fmt.Errorf("tidepool: zero-copy: mprotect slot read-only: %w", err)
-	}
-	return nil
-}
-
-// releaseShared uncounts the shared pages of w and returns those still in
-// another window. Called with vmu held.
-func (a *arenaMap) releaseShared(w slotWindow) (held []int64) {
-	for _, p := range w.shared {
-		if a.vrefs[p]--; a.vrefs[p] > 0 {
-			held = append(held, p)
-		} else {
-			delete(a.vrefs, p)
-		}
-	}
-	return held
-}
-
-// writable returns the read-write mapping of the whole arena.
-func (a *arenaMap) writable() ([]byte, error) {
-	a.wonce.Do(func() {
-		a.wmem, a.werr = syscall.Mmap(int(a.rw.Fd()), 0, int(a.size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-		if a.werr != nil {
-			a.werr = fmt.Errorf("tidepool: zero-copy: mmap %s writable: %w", a.path, a.werr)
-		}
-	})
-	return a.wmem, a.werr
-}
-
-// keyed returns the mapping of WriteKeyed and its key.
-func (a *arenaMap) keyed() ([]byte, pkey.Key, error) {
-	k, err := keyForWrites()
-	if err != nil {
-		return nil, 0, err
-	}
-	a.konce.Do(func() {
-		mem, err := syscall.Mmap(int(a.rw.Fd()), 0, int(a.size), syscall.PROT_NONE, syscall.MAP_SHARED)
-		if err == nil {
-			// Tagged before it is writable: no moment without the key.
-			if err = k.Protect(mem, syscall.PROT_READ|syscall.PROT_WRITE); err != nil {
-				syscall.Munmap(mem)
-			}
-		}
-		if err != nil {
-			a.kerr = fmt.Errorf("tidepool: zero-copy: mmap %s keyed: %w", a.path, err)
-			return
-		}
-		a.kmem = mem
-		a.kfilled = make([]atomic.Bool, (a.size+fillChunk-1)/fillChunk)
-	})
-	return a.kmem, k, a.kerr
-}
-
-// fillChunk is the stretch of a keyed mapping whose page table fill fills
-// at once, at the first write into it.
-const fillChunk = 2 << 20
-
-// madvPopulateWrite is MADV_POPULATE_WRITE (Linux ≥ 5.14): fault the range
-// in, writable, now.
-const madvPopulateWrite = 23
-
-// fill faults in the fillChunks of the keyed mapping that [off, off+n)
-// touches and no write touched before, one madvise each: a write fault per
-// 4 KiB page costs about twice as much as the kernel filling the page table
-// in one call (the first pass of a process through the arenas). It runs
-// inside the key's Write: the kernel checks the caller's access rights as
-// it faults the pages in. Two writers may fill one chunk at once; harmless.
-func (a *arenaMap) fill(off, n int64) {
-	if n <= 0 || a.knofill.Load() {
-		return
-	}
-	for i := off / fillChunk; i <= (off+n-1)/fillChunk; i++ {
-		if a.kfilled[i].Load() {
-			continue
-		}
-		start := i * fillChunk
-		if err := syscall.Madvise(a.kmem[start:min(start+fillChunk, a.size)], madvPopulateWrite); err != nil {
-			a.knofill.Store(true) // EINVAL before 5.14
-			return
-		}
-		a.kfilled[i].Store(true)
-	}
-}
-
 // zeroCopy is a client's view of the arenas, made on first use.
 //
 // Locks: mu serializes (re)mapping; rw guards the lifetime
@@ -505,69 +283,6 @@ type zeroCopy struct {
 type committed struct {
 	err  error
 	next Reservation // Token 0: none
-}
-
-// spareKey groups unbound reservations: a put uses one of its namespace
-// and exact size.
-type spareKey struct {
-	ns   string
-	size int64
-}
-
-// spareMargin: a spare reservation with less time than this left before
-// its deadline is not used (the write and the Commit must land before it).
-const spareMargin = 5 * time.Second
-
-// takeSpare returns an unbound reservation of ns for size bytes, if the
-// client holds one with time left.
-func (z *zeroCopy) takeSpare(ns string, size int64) (Reservation, bool) {
-	z.spareMu.Lock()
-	defer z.spareMu.Unlock()
-	k := spareKey{ns, size}
-	list := z.spares[k]
-	for len(list) > 0 {
-		r := list[len(list)-1]
-		list = list[:len(list)-1]
-		z.nspares--
-		if time.Until(r.Deadline) > spareMargin {
-			z.spares[k] = list
-			return r, true
-		}
-		// Too close to its deadline: dropped (the server reclaims it).
-	}
-	delete(z.spares, k)
-	return Reservation{}, false
-}
-
-// keepSpare keeps an unbound reservation for a later put; it reports false
-// (the caller aborts it) when the client holds enough.
-func (z *zeroCopy) keepSpare(ns string, size int64, r Reservation) bool {
-	z.spareMu.Lock()
-	defer z.spareMu.Unlock()
-	if z.nspares >= z.maxSpares {
-		return false
-	}
-	if z.spares == nil {
-		z.spares = map[spareKey][]Reservation{}
-	}
-	k := spareKey{ns, size}
-	z.spares[k] = append(z.spares[k], r)
-	z.nspares++
-	return true
-}
-
-// dropSpares forgets every spare reservation and returns their tokens.
-func (z *zeroCopy) dropSpares() []int64 {
-	z.spareMu.Lock()
-	defer z.spareMu.Unlock()
-	var tokens []int64
-	for _, list := range z.spares {
-		for _, r := range list {
-			tokens = append(tokens, r.Token)
-		}
-	}
-	z.spares, z.nspares = nil, 0
-	return tokens
 }
 
 // acquired is one key's answer of a coalesced Acquire.
@@ -695,13 +410,6 @@ func (c *Client) abortQuietly(tokens []int64) {
 	c.Abort(ctx, tokens)
 }
 
-// SetWriteMode chooses how PutFrom writes slots (benchmarks compare them).
-// The default is WriteKeyed, which writes with pwrite where the machine
-// has no protection keys.
-func (c *Client) SetWriteMode(m WriteMode) {
-	c.zc.mode.Store(int32(m))
-}
-
 // SetVerifyReads says whether GetInto checks each copy against the block's
 // CRC-32C (default false). The bytes were checked where they entered the
 // sidecar (Put, Commit, a transfer from a peer, an SSD read), the arenas
@@ -719,243 +427,6 @@ func (c *Client) SetVerifyReads(v bool) { c.zc.verify.Store(v) }
 // GetInto's copy ends for the release to be left to the background.
 const leaseMargin = 100 * time.Millisecond
 
-// releaseBatch is the most lease ids in one background Release (under the
-// server's default max_batch).
-const releaseBatch = 256
-
-// releaser releases the leases of GetInto in the background, batching the
-// ids queued while a Release is in flight into the next one: one round trip
-// per GetInto instead of two. Close releases what is queued.
-type releaser struct {
-	mu      sync.Mutex
-	ids     []int64
-	kick    chan struct{} // buffered 1: ids are queued
-	done    chan struct{} // closed by stop
-	exited  chan struct{} // closed when the goroutine ends
-	started bool
-	stopped bool
-
-	calls, items atomic.Int64 // Releases made, ids sent in them
-}
-
-// add queues id, starting the goroutine on first use. After stop the
-// release is synchronous.
-func (r *releaser) add(c *Client, id int64) {
-	r.mu.Lock()
-	if r.stopped {
-		r.mu.Unlock()
-		c.Release(context.Background(), []int64{id})
-		return
-	}
-	if !r.started {
-		r.started = true
-		r.kick = make(chan struct{}, 1)
-		r.done = make(chan struct{})
-		r.exited = make(chan struct{})
-		go r.loop(c)
-	}
-	r.ids = append(r.ids, id)
-	r.mu.Unlock()
-	select {
-	case r.kick <- struct{}{}:
-	default:
-	}
-}
-
-func (r *releaser) loop(c *Client) {
-	defer close(r.exited)
-	for {
-		select {
-		case <-r.kick:
-		case <-r.done:
-			r.flush(c)
-			return
-		}
-		r.flush(c)
-	}
-}
-
-// flush releases every queued id. Failures need no handling: an id that
-// could not be released expires at its deadline.
-func (r *releaser) flush(c *Client) {
-	for {
-		r.mu.Lock()
-		n := min(len(r.ids), releaseBatch)
-		batch := append([]int64(nil), r.ids[:n]...)
-		r.ids = r.ids[n:]
-		r.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		r.calls.Add(1)
-		r.items.Add(int64(len(batch)))
-		c.Release(ctx, batch)
-		cancel()
-	}
-}
-
-// stop releases what is queued and ends the goroutine. Safe to call twice.
-func (r *releaser) stop() {
-	r.mu.Lock()
-	started, stopped := r.started, r.stopped
-	r.stopped = true
-	r.mu.Unlock()
-	if started && !stopped {
-		close(r.done)
-		<-r.exited
-	}
-}
-
-// errNoArenas reports a server that offers no arenas or that this host
-// cannot map (the client does not share the sidecar's volume).
-func errNoArenas(format string, args ...any) error {
-	return &Error{Code: CodeUnavailable, Message: "zero-copy: " + fmt.Sprintf(format, args...)}
-}
-
-// mapArenas maps the arenas listed by Hello unless they are mapped
-// already; with remap it replaces the current mappings (the server
-// restarted and made new files).
-func (c *Client) mapArenas(ctx context.Context, remap bool) error {
-	z := &c.zc
-	if !remap {
-		// The common case, without z.mu (every GetInto and PutFrom asks).
-		z.rw.RLock()
-		mapped := z.arenas != nil && !z.closed
-		z.rw.RUnlock()
-		if mapped {
-			return nil
-		}
-	}
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	z.rw.RLock()
-	have, closed := z.arenas != nil, z.closed
-	z.rw.RUnlock()
-	if closed {
-		return errNoArenas("client closed")
-	}
-	if have && !remap {
-		return nil
-	}
-	h, err := c.Hello(ctx)
-	if err != nil {
-		return err
-	}
-	if len(h.Arenas) == 0 {
-		return errNoArenas("the server offers no shared arenas")
-	}
-	if h.LayoutVersion != ArenaLayoutVersion {
-		return errNoArenas("arena layout version %d, this client knows %d", h.LayoutVersion, ArenaLayoutVersion)
-	}
-	if h.Limits != nil && h.Limits.MaxBatch > 0 {
-		z.maxBatch.Store(h.Limits.MaxBatch)
-	}
-	z.commitNext.Store(slices.Contains(h.Features, FeatureCommitNext))
-	if remap {
-		c.abortQuietly(z.dropSpares()) // reserved in the arenas being replaced
-	}
-	var out []*arenaMap
-	fail := func(err error) error {
-		for _, a := range out {
-			a.close()
-		}
-		return err
-	}
-	for i, ai := range h.Arenas {
-		if ai == nil || int(ai.Id) != i || ai.Size <= 0 {
-			return fail(errNoArenas("malformed arena list"))
-		}
-		a, err := openArena(ai.Path, ai.Size)
-		if err != nil {
-			return fail(errNoArenas("%v (is the arena directory shared with this container?)", err))
-		}
-		out = append(out, a)
-	}
-	z.rw.Lock()
-	defer z.rw.Unlock()
-	if z.closed {
-		return fail(errNoArenas("client closed"))
-	}
-	for _, a := range z.arenas {
-		a.close()
-	}
-	z.arenas = out
-	return nil
-}
-
-// withArenas maps the arenas if needed and runs fn while they stay mapped.
-func (c *Client) withArenas(ctx context.Context, fn func([]*arenaMap) error) error {
-	if err := c.mapArenas(ctx, false); err != nil {
-		return err
-	}
-	z := &c.zc
-	z.rw.RLock()
-	defer z.rw.RUnlock()
-	if z.closed || z.arenas == nil {
-		return errNoArenas("client closed")
-	}
-	return fn(z.arenas)
-}
-
-func openArena(path string, size int64) (*arenaMap, error) {
-	rw, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, err
-	}
-	st, err := rw.Stat()
-	if err != nil {
-		rw.Close()
-		return nil, err
-	}
-	if st.Size() < size {
-		rw.Close()
-		return nil, fmt.Errorf("arena %s is %d bytes, Hello says %d", path, st.Size(), size)
-	}
-	var ino uint64
-	if s, ok := st.Sys().(*syscall.Stat_t); ok {
-		ino = s.Ino
-	}
-	mem, err := syscall.Mmap(int(rw.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		rw.Close()
-		return nil, fmt.Errorf("mmap %s: %w", path, err)
-	}
-	return &arenaMap{path: path, size: size, ino: ino, mem: mem, rw: rw}, nil
-}
-
-// stale reports whether the file at a.path is no longer the mapped one.
-func (a *arenaMap) stale() bool {
-	var st syscall.Stat_t
-	if err := syscall.Stat(a.path, &st); err != nil {
-		return true
-	}
-	return st.Ino != a.ino
-}
-
-func (a *arenaMap) close() {
-	if a.vmem != nil {
-		_ = syscall.Munmap(a.vmem)
-		a.vmem = nil
-	}
-	if a.wmem != nil {
-		_ = syscall.Munmap(a.wmem)
-		a.wmem = nil
-	}
-	if a.kmem != nil {
-		_ = syscall.Munmap(a.kmem)
-		a.kmem = nil
-	}
-	if a.mem != nil {
-		_ = syscall.Munmap(a.mem)
-		a.mem = nil
-	}
-	if a.rw != nil {
-		a.rw.Close()
-		a.rw = nil
-	}
-}
-
 // close unmaps the arenas; called by Client.Close.
 func (z *zeroCopy) close() {
 	z.rel.stop()
@@ -966,14 +437,6 @@ func (z *zeroCopy) close() {
 		a.close()
 	}
 	z.arenas = nil
-}
-
-// view returns the read-only bytes of s.
-func view(arenas []*arenaMap, s Slot) ([]byte, error) {
-	if s.Arena < 0 || int(s.Arena) >= len(arenas) || s.Offset < 0 || s.Length < 0 || s.Offset+s.Length > arenas[s.Arena].size {
-		return nil, &Error{Code: CodeInternal, Message: fmt.Sprintf("zero-copy: slot %+v outside the arenas", s)}
-	}
-	return arenas[s.Arena].mem[s.Offset : s.Offset+s.Length : s.Offset+s.Length], nil
 }
 
 // ReadSlot copies the bytes of a slot (of a lease the caller holds) into
@@ -1035,54 +498,6 @@ func (c *Client) WriteSlot(ctx context.Context, s Slot, src []byte) (crc uint32,
 	})
 	return crc, err
 }
-
-// writeSlot writes buf into a reserved slot and returns its CRC-32C.
-func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, error) {
-	if _, err := view(arenas, s); err != nil {
-		return 0, err
-	}
-	a := arenas[s.Arena]
-	switch WriteMode(c.zc.mode.Load()) {
-	case WriteMapped:
-		mem, err := a.writable()
-		if err != nil {
-			return 0, err
-		}
-		return crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf), nil
-	case WriteMmap:
-		return a.writeWindow(s.Offset, buf)
-	case WriteKeyed:
-		if mem, k, err := a.keyed(); err == nil {
-			var crc uint32
-			k.Write(func() {
-				a.fill(s.Offset, s.Length)
-				crc = crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf)
-			})
-			return crc, nil
-		} else if !errors.Is(err, pkey.ErrUnsupported) {
-			return 0, err
-		}
-		// No protection keys: pwrite.
-	}
-	// A piece at a time: pwrite copies it (reading buf from memory), then
-	// the checksum reads it again from cache. Checksumming the whole of buf
-	// first read it twice from memory (a 1 MiB CRC-32C from memory runs at
-	// a third of its speed from cache).
-	var crc uint32
-	for off := int64(0); off < int64(len(buf)); off += pwriteChunk {
-		p := buf[off:min(off+pwriteChunk, int64(len(buf)))]
-		if _, err := a.rw.WriteAt(p, s.Offset+off); err != nil {
-			return 0, fmt.Errorf("tidepool: zero-copy: write slot: %w", err)
-		}
-		crc = crc32c.Update(crc, p)
-	}
-	return crc, nil
-}
-
-// pwriteChunk is the piece writeSlot writes with one pwrite before it
-// checksums it: small enough to stay in the L2 cache, large enough that
-// the syscalls cost little (8 per MiB).
-const pwriteChunk = 128 << 10
 
 // PutFrom stores buf under key without sending it over the socket: Reserve,
 // copy into the slot in the shared arena, Commit with the CRC-32C computed
@@ -1173,22 +588,6 @@ func (c *Client) putFromOnce(ctx context.Context, ns string, key, buf []byte, de
 		return true, false, nil
 	}
 	return false, spare && CodeOf(res.err) == CodeLeaseExpired, res.err
-}
-
-// remapIfStale remaps the arenas when a file was replaced (server restart)
-// and reports whether it did.
-func (c *Client) remapIfStale(ctx context.Context) bool {
-	z := &c.zc
-	z.rw.RLock()
-	stale := false
-	for _, a := range z.arenas {
-		if a.stale() {
-			stale = true
-			break
-		}
-	}
-	z.rw.RUnlock()
-	return stale && c.mapArenas(ctx, true) == nil
 }
 
 // GetInto copies the block of key into buf without it crossing the socket:

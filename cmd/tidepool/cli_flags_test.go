@@ -38,7 +38,7 @@ func commandPaths() [][]string {
 			walk(sub, p)
 		}
 	}
-	root := newRootCmd(&stdio{in: strings.NewReader(""), out: &bytes.Buffer{}, err: &bytes.Buffer{}})
+	root := newRootCmd(&stdio{In: strings.NewReader(""), Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
 	root.InitDefaultHelpCmd()
 	root.InitDefaultCompletionCmd()
 	walk(root, nil)
@@ -228,7 +228,7 @@ func TestCLICompletion(t *testing.T) {
 // embedded default, the setting's kind and its variable, and no other flag
 // but --config and --help.
 func TestCLIServeFlagsFromConfigTable(t *testing.T) {
-	cmd := newServeCmd(&stdio{in: strings.NewReader(""), out: &bytes.Buffer{}, err: &bytes.Buffer{}})
+	cmd := newServeCmd(&stdio{In: strings.NewReader(""), Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
 	fs := cmd.Flags()
 	def := DefaultConfig()
 	keys := map[string]bool{"config": true, "help": true}

@@ -1,23 +1,19 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
 	"math/rand"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/clitest"
 	"github.com/tidepool-kv/tidepool/rdma/verbs"
 )
 
@@ -28,57 +24,21 @@ func TestMain(m *testing.M) {
 	if helperProcess() {
 		return
 	}
-	dir, err := os.MkdirTemp("", "tpbin")
-	if err != nil {
-		panic(err)
+	var tags []string
+	if verbs.Built {
+		tags = append(tags, "verbs")
 	}
-	binPath = filepath.Join(dir, "tidepool")
-	if bin := os.Getenv("TIDEPOOL_BIN"); bin != "" {
-		// Prebuilt (the Soft-RoCE guest of scripts/test-rdma.sh has no Go
-		// toolchain).
-		binPath = bin
-	} else {
-		args := []string{"build", "-o", binPath}
-		if verbs.Built {
-			args = append(args, "-tags", "verbs")
-		}
-		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "building tidepool: %v\n%s", err, out)
-			os.Exit(1)
-		}
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	clitest.Main(m, &binPath, tags...)
 }
 
-// daemon is a real `tidepool serve` process.
+// daemon is a real `tidepool serve` process (clitest.Daemon).
 type daemon struct {
 	cmd     *exec.Cmd
 	socket  string
 	metrics string // host:port
-	stderr  *syncBuffer
+	stderr  *clitest.SyncBuffer
 	exited  chan error
 	lines   chan string // standard output after the first line
-}
-
-// syncBuffer is a bytes.Buffer safe to read while the process writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startDaemon(t *testing.T, extra ...string) *daemon {
@@ -97,89 +57,14 @@ func startDaemonWith(t *testing.T, prefix []string, extra ...string) *daemon {
 // startDaemonBin is startDaemonWith running the binary bin.
 func startDaemonBin(t *testing.T, bin string, prefix []string, extra ...string) *daemon {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("a real tidepool serve process: not in -short")
-	}
-	sockDir, err := os.MkdirTemp("", "tpcli")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	d := &daemon{socket: filepath.Join(sockDir, "tp.sock"), stderr: &syncBuffer{}, exited: make(chan error, 1), lines: make(chan string, 16)}
-	for i := range len(extra) - 1 {
-		if extra[i] == "--socket" {
-			d.socket = extra[i+1] // the last one wins, as in flag parsing
-		}
-	}
-	args := append([]string{"serve",
-		"--socket", filepath.Join(sockDir, "tp.sock"),
-		"--data-dir", t.TempDir(),
-		"--arena-dir", t.TempDir(),
-		"--dram-capacity", "64MiB",
-		"--max-value-size", "8MiB",
-		"--metrics-addr", "127.0.0.1:0",
-		"--log-level", "info",
-	}, extra...)
-	argv := append(append(append([]string{}, prefix...), bin), args...)
-	d.cmd = exec.Command(argv[0], argv[1:]...)
-	d.cmd.Stderr = d.stderr
-	stdout, err := d.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.exited <- d.cmd.Wait() }()
-	t.Cleanup(func() {
-		d.cmd.Process.Kill()
-		err := <-d.exited
-		d.exited <- err
-		if t.Failed() {
-			t.Logf("server stderr:\n%s", d.stderr.String())
-		}
-	})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			select {
-			case d.lines <- sc.Text():
-			default:
-			}
-		}
-	}()
-	select {
-	case line := <-d.lines:
-		if !strings.Contains(line, "serving on socket "+d.socket) {
-			t.Fatalf("unexpected first line %q", line)
-		}
-		if m := regexp.MustCompile(`http://([0-9.:]+)/metrics`).FindStringSubmatch(line); m != nil {
-			d.metrics = m[1]
-		}
-	case err := <-d.exited:
-		d.exited <- err // for the cleanup
-		t.Fatalf("serve exited early: %v\n%s", err, d.stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("serve did not report ready\n%s", d.stderr.String())
-	}
-	return d
+	d := clitest.Start(t, bin, prefix, extra...)
+	return &daemon{cmd: d.Cmd, socket: d.Socket, metrics: d.Metrics, stderr: d.Stderr, exited: d.Exited, lines: d.Lines}
 }
 
 // tp runs a client command against d and returns stdout, stderr, exit code.
 func (d *daemon) tp(t *testing.T, stdin []byte, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(binPath, append([]string{args[0], "--socket", d.socket}, args[1:]...)...)
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return (&clitest.Daemon{Socket: d.socket}).Run(t, binPath, stdin, args...)
 }
 
 func TestCLIEndToEnd(t *testing.T) {

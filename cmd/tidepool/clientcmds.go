@@ -43,13 +43,6 @@ func scopeOf(s string) (client.Scope, error) {
 	return 0, fmt.Errorf("%w: --scope %q: local or cluster", errUsage, s)
 }
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
-
 // clientSpec describes one client command.
 type clientSpec struct {
 	name, args, short, long string
@@ -117,7 +110,7 @@ func newClientCmd(sp clientSpec, io *stdio) *cobra.Command {
 	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		f.nsSet = os.Getenv("TIDEPOOL_NS") != "" || cmd.Flags().Changed("ns")
-		return exitWith(cmdClient(name, f, args, io.in, io.out, io.err))
+		return exitWith(cmdClient(name, f, args, io.In, io.Out, io.Err))
 	}
 	return cmd
 }
@@ -200,6 +193,7 @@ type clientCmd struct {
 	stdout io.Writer
 	stderr io.Writer
 	args   []string
+	scope  client.Scope // --scope, parsed
 }
 
 func (cc clientCmd) printJSON(v any) {
@@ -216,198 +210,224 @@ func showKey(k []byte, hexKeys bool) string {
 	return string(k)
 }
 
+// run runs the client command cmd on its parsed keys.
 func (cc clientCmd) run(ctx context.Context, cmd string, keys [][]byte) (int, error) {
-	c, f := cc.c, cc.f
+	scope, err := scopeOf(cc.f.scope) // "" (default) for the commands without --scope
+	if err != nil {
+		return exitUsage, err
+	}
+	cc.scope = scope
 	switch cmd {
 	case "put":
-		var r io.Reader = cc.stdin
-		if len(cc.args) == 2 && cc.args[1] != "-" {
-			fh, err := os.Open(cc.args[1])
-			if err != nil {
-				return exitError, err
-			}
-			defer fh.Close()
-			r = fh
-		}
-		value, err := io.ReadAll(r)
-		if err != nil {
-			return exitError, fmt.Errorf("reading value: %w", err)
-		}
-		existed, err := c.PutWith(ctx, f.ns, keys[0], value, client.PutOptions{Depth: int32(f.depth), Durable: f.durable})
-		if err != nil {
-			return exitError, err
-		}
-		if f.json {
-			cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "bytes": len(value), "existed": existed})
-		} else if existed {
-			fmt.Fprintf(cc.stdout, "exists %s (unchanged)\n", showKey(keys[0], f.hexKeys))
-		} else {
-			fmt.Fprintf(cc.stdout, "stored %s (%d bytes)\n", showKey(keys[0], f.hexKeys), len(value))
-		}
-		return exitOK, nil
-
+		return cc.cmdPut(ctx, keys)
 	case "get":
-		scope, err := scopeOf(f.scope)
-		if err != nil {
-			return exitUsage, err
-		}
-		value, found, err := c.Get(ctx, f.ns, keys[0], scope)
-		if err != nil {
-			return exitError, err
-		}
-		if !found {
-			if f.json {
-				cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "found": false})
-			}
-			fmt.Fprintf(cc.stderr, "tidepool get: %s: not found\n", showKey(keys[0], f.hexKeys))
-			return exitNotFound, nil
-		}
-		if f.out != "" {
-			if err := os.WriteFile(f.out, value, 0o644); err != nil {
-				return exitError, err
-			}
-		}
-		switch {
-		case f.json:
-			// Values are bytes: JSON carries them as base64.
-			cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "found": true, "bytes": len(value), "value": value})
-		case f.out == "":
-			cc.stdout.Write(value)
-		}
-		return exitOK, nil
-
+		return cc.cmdGet(ctx, keys)
 	case "exists":
-		scope, err := scopeOf(f.scope)
-		if err != nil {
-			return exitUsage, err
-		}
-		res, err := c.BatchExists(ctx, f.ns, keys, scope)
-		if err != nil {
-			return exitError, err
-		}
-		all := true
-		type row struct {
-			Key     string `json:"key"`
-			Present bool   `json:"present"`
-			Tier    string `json:"tier,omitempty"`
-			Node    string `json:"node,omitempty"` // the node holding the block
-		}
-		rows := make([]row, len(keys))
-		for i, r := range res {
-			rows[i] = row{showKey(keys[i], f.hexKeys), r.Present, r.Tier, r.NodeID}
-			all = all && r.Present
-		}
-		if f.json {
-			cc.printJSON(rows)
-		} else {
-			for _, r := range rows {
-				if r.Present {
-					fmt.Fprintf(cc.stdout, "%s\tpresent\t%s\t%s\n", r.Key, r.Tier, r.Node)
-				} else {
-					fmt.Fprintf(cc.stdout, "%s\tabsent\n", r.Key)
-				}
-			}
-		}
-		if !all {
-			return exitNotFound, nil
-		}
-		return exitOK, nil
-
+		return cc.cmdExists(ctx, keys)
 	case "lookup":
-		scope, err := scopeOf(f.scope)
-		if err != nil {
-			return exitUsage, err
-		}
-		n, err := c.Lookup(ctx, f.ns, keys, scope)
-		if err != nil {
-			return exitError, err
-		}
-		if f.json {
-			cc.printJSON(map[string]any{"matched": n, "keys": len(keys)})
-		} else {
-			fmt.Fprintf(cc.stdout, "%d of %d leading keys present\n", n, len(keys))
-		}
-		return exitOK, nil
-
+		return cc.cmdLookup(ctx, keys)
 	case "delete":
-		scope, err := scopeOf(f.scope)
-		if err != nil {
-			return exitUsage, err
-		}
-		ok, err := c.Delete(ctx, f.ns, keys[0], scope)
-		if err != nil {
-			return exitError, err
-		}
-		if f.json {
-			cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "deleted": ok})
-		} else if ok {
-			fmt.Fprintf(cc.stdout, "deleted %s\n", showKey(keys[0], f.hexKeys))
-		} else {
-			fmt.Fprintf(cc.stdout, "%s: not found\n", showKey(keys[0], f.hexKeys))
-		}
-		if !ok {
-			return exitNotFound, nil
-		}
-		return exitOK, nil
-
+		return cc.cmdDelete(ctx, keys)
 	case "clear":
-		scope, err := scopeOf(f.scope)
-		if err != nil {
-			return exitUsage, err
-		}
-		n, err := c.Clear(ctx, f.ns, scope)
-		if err != nil {
-			return exitError, err
-		}
-		if f.json {
-			cc.printJSON(map[string]any{"ns": f.ns, "removed": n})
-		} else {
-			fmt.Fprintf(cc.stdout, "removed %d blocks from %s\n", n, f.ns)
-		}
-		return exitOK, nil
-
+		return cc.cmdClear(ctx)
 	case "members":
-		ms, err := c.Members(ctx)
-		if err != nil {
-			return exitError, err
-		}
-		if f.json {
-			cc.printJSON(ms)
-			return exitOK, nil
-		}
-		fmt.Fprintf(cc.stdout, "%-24s %-8s %-22s %-22s %s\n", "NAME", "STATE", "GOSSIP", "PEER API", "ZONE")
-		for _, m := range ms {
-			name := m.Name
-			if m.Self {
-				name += " (self)"
-			}
-			fmt.Fprintf(cc.stdout, "%-24s %-8s %-22s %-22s %s\n", name, m.State, m.GossipAddr, m.PeerAddr, m.Zone)
-		}
-		return exitOK, nil
-
+		return cc.cmdMembers(ctx)
 	case "stat":
-		ns := ""
-		if f.nsSet {
-			ns = f.ns
-		}
-		st, err := c.Stats(ctx, ns)
-		if err != nil {
-			return exitError, err
-		}
-		if f.json {
-			cc.printJSON(st)
-			return exitOK, nil
-		}
-		fmt.Fprintf(cc.stdout, "node %s, up %s\n", st.NodeId, (time.Duration(st.UptimeMs) * time.Millisecond).String())
-		fmt.Fprintf(cc.stdout, "%-6s %12s %12s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "BLOCKS", "HITS", "MISSES", "EVICTED")
-		for _, t := range st.Tiers {
-			fmt.Fprintf(cc.stdout, "%-6s %12d %12d %10d %10d %10d %10d\n", t.Name, t.CapacityBytes, t.UsedBytes, t.Blocks, t.Hits, t.Misses, t.Evictions)
-		}
-		fmt.Fprintf(cc.stdout, "%-24s %10s %12s %10s %10s %10s\n", "NAMESPACE", "BLOCKS", "BYTES", "HITS", "MISSES", "PUTS")
-		for _, n := range st.Namespaces {
-			fmt.Fprintf(cc.stdout, "%-24s %10d %12d %10d %10d %10d\n", n.Ns, n.Blocks, n.Bytes, n.Hits, n.Misses, n.Puts)
-		}
-		return exitOK, nil
+		return cc.cmdStat(ctx)
 	}
 	return exitUsage, fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
+// cmdPut stores a block, its value read from a file or standard input.
+func (cc clientCmd) cmdPut(ctx context.Context, keys [][]byte) (int, error) {
+	c, f := cc.c, cc.f
+	var r io.Reader = cc.stdin
+	if len(cc.args) == 2 && cc.args[1] != "-" {
+		fh, err := os.Open(cc.args[1])
+		if err != nil {
+			return exitError, err
+		}
+		defer fh.Close()
+		r = fh
+	}
+	value, err := io.ReadAll(r)
+	if err != nil {
+		return exitError, fmt.Errorf("reading value: %w", err)
+	}
+	existed, err := c.PutWith(ctx, f.ns, keys[0], value, client.PutOptions{Depth: int32(f.depth), Durable: f.durable})
+	if err != nil {
+		return exitError, err
+	}
+	if f.json {
+		cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "bytes": len(value), "existed": existed})
+	} else if existed {
+		fmt.Fprintf(cc.stdout, "exists %s (unchanged)\n", showKey(keys[0], f.hexKeys))
+	} else {
+		fmt.Fprintf(cc.stdout, "stored %s (%d bytes)\n", showKey(keys[0], f.hexKeys), len(value))
+	}
+	return exitOK, nil
+}
+
+// cmdGet prints a block's bytes, or writes them to --out.
+func (cc clientCmd) cmdGet(ctx context.Context, keys [][]byte) (int, error) {
+	c, f := cc.c, cc.f
+	value, found, err := c.Get(ctx, f.ns, keys[0], cc.scope)
+	if err != nil {
+		return exitError, err
+	}
+	if !found {
+		if f.json {
+			cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "found": false})
+		}
+		fmt.Fprintf(cc.stderr, "tidepool get: %s: not found\n", showKey(keys[0], f.hexKeys))
+		return exitNotFound, nil
+	}
+	if f.out != "" {
+		if err := os.WriteFile(f.out, value, 0o644); err != nil {
+			return exitError, err
+		}
+	}
+	switch {
+	case f.json:
+		// Values are bytes: JSON carries them as base64.
+		cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "found": true, "bytes": len(value), "value": value})
+	case f.out == "":
+		cc.stdout.Write(value)
+	}
+	return exitOK, nil
+}
+
+// cmdExists reports, per key, whether the block is present and where.
+func (cc clientCmd) cmdExists(ctx context.Context, keys [][]byte) (int, error) {
+	c, f := cc.c, cc.f
+	res, err := c.BatchExists(ctx, f.ns, keys, cc.scope)
+	if err != nil {
+		return exitError, err
+	}
+	all := true
+	type row struct {
+		Key     string `json:"key"`
+		Present bool   `json:"present"`
+		Tier    string `json:"tier,omitempty"`
+		Node    string `json:"node,omitempty"` // the node holding the block
+	}
+	rows := make([]row, len(keys))
+	for i, r := range res {
+		rows[i] = row{showKey(keys[i], f.hexKeys), r.Present, r.Tier, r.NodeID}
+		all = all && r.Present
+	}
+	if f.json {
+		cc.printJSON(rows)
+	} else {
+		for _, r := range rows {
+			if r.Present {
+				fmt.Fprintf(cc.stdout, "%s\tpresent\t%s\t%s\n", r.Key, r.Tier, r.Node)
+			} else {
+				fmt.Fprintf(cc.stdout, "%s\tabsent\n", r.Key)
+			}
+		}
+	}
+	if !all {
+		return exitNotFound, nil
+	}
+	return exitOK, nil
+}
+
+// cmdLookup reports the length of the longest present prefix of keys.
+func (cc clientCmd) cmdLookup(ctx context.Context, keys [][]byte) (int, error) {
+	c, f := cc.c, cc.f
+	n, err := c.Lookup(ctx, f.ns, keys, cc.scope)
+	if err != nil {
+		return exitError, err
+	}
+	if f.json {
+		cc.printJSON(map[string]any{"matched": n, "keys": len(keys)})
+	} else {
+		fmt.Fprintf(cc.stdout, "%d of %d leading keys present\n", n, len(keys))
+	}
+	return exitOK, nil
+}
+
+// cmdDelete removes a block.
+func (cc clientCmd) cmdDelete(ctx context.Context, keys [][]byte) (int, error) {
+	c, f := cc.c, cc.f
+	ok, err := c.Delete(ctx, f.ns, keys[0], cc.scope)
+	if err != nil {
+		return exitError, err
+	}
+	if f.json {
+		cc.printJSON(map[string]any{"key": showKey(keys[0], f.hexKeys), "deleted": ok})
+	} else if ok {
+		fmt.Fprintf(cc.stdout, "deleted %s\n", showKey(keys[0], f.hexKeys))
+	} else {
+		fmt.Fprintf(cc.stdout, "%s: not found\n", showKey(keys[0], f.hexKeys))
+	}
+	if !ok {
+		return exitNotFound, nil
+	}
+	return exitOK, nil
+}
+
+// cmdClear removes every block of the namespace.
+func (cc clientCmd) cmdClear(ctx context.Context) (int, error) {
+	c, f := cc.c, cc.f
+	n, err := c.Clear(ctx, f.ns, cc.scope)
+	if err != nil {
+		return exitError, err
+	}
+	if f.json {
+		cc.printJSON(map[string]any{"ns": f.ns, "removed": n})
+	} else {
+		fmt.Fprintf(cc.stdout, "removed %d blocks from %s\n", n, f.ns)
+	}
+	return exitOK, nil
+}
+
+// cmdMembers lists the cluster view.
+func (cc clientCmd) cmdMembers(ctx context.Context) (int, error) {
+	c, f := cc.c, cc.f
+	ms, err := c.Members(ctx)
+	if err != nil {
+		return exitError, err
+	}
+	if f.json {
+		cc.printJSON(ms)
+		return exitOK, nil
+	}
+	fmt.Fprintf(cc.stdout, "%-24s %-8s %-22s %-22s %s\n", "NAME", "STATE", "GOSSIP", "PEER API", "ZONE")
+	for _, m := range ms {
+		name := m.Name
+		if m.Self {
+			name += " (self)"
+		}
+		fmt.Fprintf(cc.stdout, "%-24s %-8s %-22s %-22s %s\n", name, m.State, m.GossipAddr, m.PeerAddr, m.Zone)
+	}
+	return exitOK, nil
+}
+
+// cmdStat prints the tiers and namespaces.
+func (cc clientCmd) cmdStat(ctx context.Context) (int, error) {
+	c, f := cc.c, cc.f
+	ns := ""
+	if f.nsSet {
+		ns = f.ns
+	}
+	st, err := c.Stats(ctx, ns)
+	if err != nil {
+		return exitError, err
+	}
+	if f.json {
+		cc.printJSON(st)
+		return exitOK, nil
+	}
+	fmt.Fprintf(cc.stdout, "node %s, up %s\n", st.NodeId, (time.Duration(st.UptimeMs) * time.Millisecond).String())
+	fmt.Fprintf(cc.stdout, "%-6s %12s %12s %10s %10s %10s %10s\n", "TIER", "CAPACITY", "USED", "BLOCKS", "HITS", "MISSES", "EVICTED")
+	for _, t := range st.Tiers {
+		fmt.Fprintf(cc.stdout, "%-6s %12d %12d %10d %10d %10d %10d\n", t.Name, t.CapacityBytes, t.UsedBytes, t.Blocks, t.Hits, t.Misses, t.Evictions)
+	}
+	fmt.Fprintf(cc.stdout, "%-24s %10s %12s %10s %10s %10s\n", "NAMESPACE", "BLOCKS", "BYTES", "HITS", "MISSES", "PUTS")
+	for _, n := range st.Namespaces {
+		fmt.Fprintf(cc.stdout, "%-24s %10d %12d %10d %10d %10d\n", n.Ns, n.Blocks, n.Bytes, n.Hits, n.Misses, n.Puts)
+	}
+	return exitOK, nil
 }

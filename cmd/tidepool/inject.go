@@ -147,7 +147,7 @@ func newInjectCmd(io *stdio) *cobra.Command {
 		if err := finish(); err != nil {
 			return usageError("%v", err)
 		}
-		return exitWith(cmdInject(&cfg, out, args, io.in, io.out, io.err))
+		return exitWith(cmdInject(&cfg, out, args, io.In, io.Out, io.Err))
 	}
 	return cmd
 }
@@ -267,7 +267,7 @@ func newWebhookCmd(io *stdio) *cobra.Command {
 		if err := finish(); err != nil {
 			return usageError("%v", err)
 		}
-		return exitWith(cmdWebhook(cfg, f, io.err))
+		return exitWith(cmdWebhook(cfg, f, io.Err))
 	}
 	return cmd
 }

@@ -11,24 +11,15 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/clitest"
 )
 
-// runTP runs the tidepool binary with stdin and returns stdout, stderr
+// runTool runs the tidepool binary with stdin and returns stdout, stderr
 // and the exit code.
 func runTool(t *testing.T, stdin []byte, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(binPath, args...)
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return clitest.Exec(t, binPath, stdin, args...)
 }
 
 // injectedSidecar runs `tidepool inject` on a test input and returns the

@@ -28,9 +28,12 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
-	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/benchcmd"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/cli"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/replaycmd"
 )
 
 // version is set at build time by `make build` (-ldflags
@@ -75,13 +78,27 @@ func buildVersion() string {
 	return fallbackVersion + "+" + rev[:min(12, len(rev))] + dirty
 }
 
-// Exit codes of every command, listed in the root help (exitCodesHelp)
-// and in docs/cli.md.
+// The command plumbing shared with the tools (cmd/tidepool/internal/cli),
+// by short names.
 const (
-	exitOK       = 0
-	exitError    = 1 // the command failed (the sidecar answered an error, a file could not be read, ...)
-	exitUsage    = 2 // bad command line or configuration: unknown command or flag, bad value, missing argument
-	exitNotFound = 3 // get/exists/delete of an absent key
+	exitOK       = cli.ExitOK
+	exitError    = cli.ExitError
+	exitUsage    = cli.ExitUsage
+	exitNotFound = cli.ExitNotFound
+
+	groupSidecar = cli.GroupSidecar
+	groupClient  = cli.GroupClient
+	groupTools   = cli.GroupTools
+)
+
+type stdio = cli.Stdio
+
+var (
+	exitWith      = cli.ExitWith
+	usageError    = cli.UsageError
+	noArgs        = cli.NoArgs
+	completeWords = cli.CompleteWords
+	envOr         = cli.EnvOr
 )
 
 const exitCodesHelp = `Exit status:
@@ -101,37 +118,6 @@ and --json. Run 'tidepool <command> --help' for a command's flags.
 
 ` + exitCodesHelp
 
-// exitStatus ends a command with an exit code. A nil err means the command
-// already said why on stderr; run prints err otherwise.
-type exitStatus struct {
-	code int
-	err  error
-}
-
-func (e *exitStatus) Error() string {
-	if e.err == nil {
-		return fmt.Sprintf("exit status %d", e.code)
-	}
-	return e.err.Error()
-}
-
-func (e *exitStatus) Unwrap() error { return e.err }
-
-// exitWith turns the exit code of a command body (which printed its own
-// messages) into RunE's result.
-func exitWith(code int) error {
-	if code == exitOK {
-		return nil
-	}
-	return &exitStatus{code: code}
-}
-
-// stdio is where a command reads and writes.
-type stdio struct {
-	in       io.Reader
-	out, err io.Writer
-}
-
 func init() {
 	cobra.EnableCommandSorting = false // the help lists commands in the order they are added
 }
@@ -141,7 +127,7 @@ func main() {
 }
 
 // run executes one command line and returns its exit status: exitOK, or
-// the code of an *exitStatus, or exitUsage for what cobra and pflag reject
+// the code of a *cli.ExitStatus, or exitUsage for what cobra and pflag reject
 // before a command runs (unknown command or flag, a flag value of the
 // wrong type). Help (--help, -h, 'tidepool help CMD') goes to stdout and
 // exits 0.
@@ -149,37 +135,25 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if args == nil {
 		args = []string{} // cobra reads os.Args when given nil
 	}
-	root := newRootCmd(&stdio{in: stdin, out: stdout, err: stderr})
+	root := newRootCmd(&stdio{In: stdin, Out: stdout, Err: stderr})
 	root.SetArgs(args)
 	cmd, err := root.ExecuteC()
 	if err == nil {
 		return exitOK
 	}
-	if ee, ok := errors.AsType[*exitStatus](err); ok {
-		if ee.err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), ee.err)
+	if ee, ok := errors.AsType[*cli.ExitStatus](err); ok {
+		if ee.Err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", cmd.CommandPath(), ee.Err)
 		}
-		if ee.code == exitUsage && ee.err != nil {
+		if ee.Code == exitUsage && ee.Err != nil {
 			fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		}
-		return ee.code
+		return ee.Code
 	}
 	// Not a command's own error: the command line was refused.
 	fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd.CommandPath(), err, cmd.CommandPath())
 	return exitUsage
 }
-
-// usageError is a bad command line found by a command itself.
-func usageError(format string, a ...any) error {
-	return &exitStatus{code: exitUsage, err: fmt.Errorf(format, a...)}
-}
-
-// Command groups of the root help.
-const (
-	groupSidecar = "sidecar"
-	groupClient  = "client"
-	groupTools   = "tools"
-)
 
 // newRootCmd builds the command tree; each call is independent (tests run
 // several in one process).
@@ -194,16 +168,16 @@ func newRootCmd(io *stdio) *cobra.Command {
 		Args:          noArgs, // "tidepool frobnicate" is an unknown command
 		// No command: the usage, as a usage error.
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprint(io.err, cmd.UsageString())
-			return &exitStatus{code: exitUsage}
+			fmt.Fprint(io.Err, cmd.UsageString())
+			return &cli.ExitStatus{Code: exitUsage}
 		},
 	}
-	root.SetIn(io.in)
-	root.SetOut(io.out)
-	root.SetErr(io.err)
+	root.SetIn(io.In)
+	root.SetOut(io.Out)
+	root.SetErr(io.Err)
 	root.SetVersionTemplate("tidepool {{.Version}} (" + goVersion + ")\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return &exitStatus{code: exitUsage, err: err}
+		return &cli.ExitStatus{Code: exitUsage, Err: err}
 	})
 	root.AddGroup(
 		&cobra.Group{ID: groupSidecar, Title: "Sidecar:"},
@@ -212,14 +186,14 @@ func newRootCmd(io *stdio) *cobra.Command {
 	)
 	root.AddCommand(newServeCmd(io))
 	root.AddCommand(clientCommands(io)...)
-	root.AddCommand(newPrefetchCmd(io), newBenchCmd(io), newReplayCmd(io), newInjectCmd(io), newWebhookCmd(io))
+	root.AddCommand(newPrefetchCmd(io), benchcmd.NewCommand(io, defaultSocket()), replaycmd.NewCommand(io, policies), newInjectCmd(io), newWebhookCmd(io))
 	root.AddCommand(&cobra.Command{
 		Use:               "version",
 		Short:             "print the version",
 		Args:              noArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(*cobra.Command, []string) error {
-			fmt.Fprintf(io.out, "tidepool %s (%s)\n", buildVersion(), goVersion)
+			fmt.Fprintf(io.Out, "tidepool %s (%s)\n", buildVersion(), goVersion)
 			return nil
 		},
 	})
@@ -259,27 +233,7 @@ func newServeCmd(io *stdio) *cobra.Command {
 		}
 	}
 	cmd.RunE = func(*cobra.Command, []string) error {
-		return exitWith(cmdServe(fs, vals, *configPath, io.out, io.err))
+		return exitWith(cmdServe(fs, vals, *configPath, io.Out, io.Err))
 	}
 	return cmd
-}
-
-// noArgs refuses any argument, as a usage error.
-func noArgs(cmd *cobra.Command, args []string) error {
-	if len(args) == 0 {
-		return nil
-	}
-	if !cmd.HasParent() {
-		msg := fmt.Sprintf("unknown command %q", args[0])
-		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-			msg += "; did you mean " + strings.Join(s, " or ") + "?"
-		}
-		return usageError("%s", msg)
-	}
-	return usageError("unexpected argument %q", args[0])
-}
-
-// completeWords completes a flag's value from a fixed list.
-func completeWords(cmd *cobra.Command, flag string, words ...string) {
-	cmd.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp))
 }

@@ -30,7 +30,7 @@ background; keys already in DRAM or absent are skipped.`,
 		GroupID:           groupClient,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(_ *cobra.Command, args []string) error {
-			return exitWith(cmdPrefetch(f, args, io.out, io.err))
+			return exitWith(cmdPrefetch(f, args, io.Out, io.Err))
 		},
 	}
 	fs := cmd.Flags()

@@ -16,10 +16,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/cache/gpu"
+	"github.com/tidepool-kv/tidepool/cache/tiered"
 	"github.com/tidepool-kv/tidepool/internal/fdlimit"
 	"github.com/tidepool-kv/tidepool/internal/units"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
+	"github.com/tidepool-kv/tidepool/proxy/kvevents"
 )
 
 // cmdServe runs `tidepool serve` with its parsed flags (newServeCmd):
@@ -169,11 +173,6 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	}
 	defer g.Close()
 
-	pcfg := proxy.DefaultConfig()
-	pcfg.NodeID = cfg.NodeID
-	pcfg.Limits = cfg.limits()
-	pcfg.Namespaces = cfg.Namespaces
-	pcfg.MaxNamespaces = cfg.MaxNamespaces
 	deps := storeDeps(store)
 	if g.Available() {
 		deps.GPU = g
@@ -187,27 +186,16 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		}
 		defer events.Close()
 	}
-	p, err := proxy.New(pcfg, deps, lg.Named("proxy"))
+	p, err := proxy.New(proxyConfig(cfg), deps, lg.Named("proxy"))
 	if err != nil {
 		return err
 	}
 
-	m := newMetrics(store.Stats, lg.Named("metrics"))
-	m.reg.MustRegister(newMovementCollector(store))
-	m.notes = func() []string { return storeNotes(store) }
-	m.reg.MustRegister(newZeroCopyCollector(p))
-	m.reg.MustRegister(newScrubCollector(scrub))
-	m.reg.MustRegister(newGPUCollector(g))
-	if events != nil {
-		m.reg.MustRegister(newKVEventsCollector(events))
+	m, err := startMetrics(cfg, store, p, scrub, g, events, lg)
+	if err != nil {
+		return err
 	}
-	if cfg.MetricsAddr != "" {
-		if err := m.listen(cfg.MetricsAddr); err != nil {
-			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
-		}
-		defer m.close()
-		warnExposedMetrics(lg, cfg.MetricsAddr, m.ln.Addr(), inPod(os.Getenv))
-	}
+	defer m.close()
 
 	var cn *clusterNode
 	if cfg.clustered() {
@@ -227,38 +215,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 		}()
 	}
 
-	ln, err := engineapi.Listen(cfg.Socket, cfg.SocketMode, gid)
-	if err != nil {
-		return err
-	}
-	scfg := engineapi.DefaultConfig()
-	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
-	scfg.DrainTimeout = cfg.DrainTimeout
-	scfg.MaxConnections = cfg.EngineMaxConns
-	scfg.IdleTimeout = cfg.EngineIdle
-	scfg.Observer = m.observer()
-	scfg.Build = buildVersion()
-	scfg.MaxBuffersPerConn = cfg.BufMaxPerConn
-	scfg.MaxBuffers = cfg.BufMax
-	scfg.PutReserveAhead = max(cfg.DRAMCapacity/16, 1<<20)
-	scfg.FDGuard = fdGuard
-	if cfg.PutSocket {
-		if scfg.PutListener, err = engineapi.Listen(cfg.Socket+engineapi.PutSocketSuffix, cfg.SocketMode, gid); err != nil {
-			ln.Close()
-			return fmt.Errorf("put socket: %w", err)
-		}
-	}
-	if cfg.BufferSocket {
-		if scfg.BufferListener, err = engineapi.Listen(cfg.Socket+engineapi.BufferSocketSuffix, cfg.SocketMode, gid); err != nil {
-			ln.Close()
-			if scfg.PutListener != nil {
-				scfg.PutListener.Close()
-			}
-			return fmt.Errorf("buffer socket: %w", err)
-		}
-	}
-	// The server owns ln from here, also when NewServer fails.
-	srv, err := engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
+	srv, err := newEngineServer(cfg, gid, p, m, fdGuard, lg)
 	if err != nil {
 		return err
 	}
@@ -268,19 +225,7 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	}
 	<-srv.Ready()
 	m.ready.Store(true)
-
-	metricsURL := "disabled"
-	if m.ln != nil {
-		metricsURL = "http://" + m.ln.Addr().String() + "/metrics"
-	}
-	lg.Info("tidepool serving",
-		zap.String("socket", cfg.Socket),
-		zap.String("arena_dir", cfg.ArenaDir),
-		zap.String("dram_capacity", units.FormatBytes(cfg.DRAMCapacity)),
-		zap.String("metrics", metricsURL),
-		zap.String("node_name", cfg.NodeID))
-	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", buildVersion(), cfg.Socket, metricsURL)
-	reportRecovery(store, lg, stdout)
+	announce(cfg, m, store, lg, stdout)
 
 	select {
 	case <-ctx.Done():
@@ -306,4 +251,90 @@ func serve(ctx context.Context, cfg Config, lg *zap.Logger, stdout io.Writer) (e
 	}
 	lg.Info("tidepool stopped")
 	return err
+}
+
+// proxyConfig is the proxy's part of the settings.
+func proxyConfig(cfg Config) proxy.Config {
+	pcfg := proxy.DefaultConfig()
+	pcfg.NodeID = cfg.NodeID
+	pcfg.Limits = cfg.limits()
+	pcfg.Namespaces = cfg.Namespaces
+	pcfg.MaxNamespaces = cfg.MaxNamespaces
+	return pcfg
+}
+
+// startMetrics registers the collectors of the components built so far
+// and, unless metrics_addr is empty, serves them; close stops it.
+func startMetrics(cfg Config, store *tiered.Store, p *proxy.Proxy, scrub *dram.Scrubber, g *gpu.GPU, events *kvevents.Publisher, lg *zap.Logger) (*metrics, error) {
+	m := newMetrics(store.Stats, lg.Named("metrics"))
+	m.reg.MustRegister(newMovementCollector(store))
+	m.notes = func() []string { return storeNotes(store) }
+	m.reg.MustRegister(newZeroCopyCollector(p))
+	m.reg.MustRegister(newScrubCollector(scrub))
+	m.reg.MustRegister(newGPUCollector(g))
+	if events != nil {
+		m.reg.MustRegister(newKVEventsCollector(events))
+	}
+	if cfg.MetricsAddr != "" {
+		if err := m.listen(cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
+		}
+		warnExposedMetrics(lg, cfg.MetricsAddr, m.ln.Addr(), inPod(os.Getenv))
+	}
+	return m, nil
+}
+
+// newEngineServer opens the engine API's sockets (the engine socket, and
+// the put and buffer sockets where enabled) and builds its server, which
+// owns them from then on, also when it fails.
+func newEngineServer(cfg Config, gid int, p *proxy.Proxy, m *metrics, fdGuard *fdlimit.Guard, lg *zap.Logger) (*engineapi.Server, error) {
+	ln, err := engineapi.Listen(cfg.Socket, cfg.SocketMode, gid)
+	if err != nil {
+		return nil, err
+	}
+	scfg := engineapi.DefaultConfig()
+	scfg.MaxRequestBytes = int(cfg.MaxRequestSize)
+	scfg.DrainTimeout = cfg.DrainTimeout
+	scfg.MaxConnections = cfg.EngineMaxConns
+	scfg.IdleTimeout = cfg.EngineIdle
+	scfg.Observer = m.observer()
+	scfg.Build = buildVersion()
+	scfg.MaxBuffersPerConn = cfg.BufMaxPerConn
+	scfg.MaxBuffers = cfg.BufMax
+	scfg.PutReserveAhead = max(cfg.DRAMCapacity/16, 1<<20)
+	scfg.FDGuard = fdGuard
+	if cfg.PutSocket {
+		if scfg.PutListener, err = engineapi.Listen(cfg.Socket+engineapi.PutSocketSuffix, cfg.SocketMode, gid); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("put socket: %w", err)
+		}
+	}
+	if cfg.BufferSocket {
+		if scfg.BufferListener, err = engineapi.Listen(cfg.Socket+engineapi.BufferSocketSuffix, cfg.SocketMode, gid); err != nil {
+			ln.Close()
+			if scfg.PutListener != nil {
+				scfg.PutListener.Close()
+			}
+			return nil, fmt.Errorf("buffer socket: %w", err)
+		}
+	}
+	return engineapi.NewServer(scfg, p, ln, lg.Named("engineapi"))
+}
+
+// announce logs and prints that the sidecar serves (the first line of
+// standard output, which scripts and tests wait for), then what the SSD
+// tier recovered.
+func announce(cfg Config, m *metrics, store *tiered.Store, lg *zap.Logger, stdout io.Writer) {
+	metricsURL := "disabled"
+	if m.ln != nil {
+		metricsURL = "http://" + m.ln.Addr().String() + "/metrics"
+	}
+	lg.Info("tidepool serving",
+		zap.String("socket", cfg.Socket),
+		zap.String("arena_dir", cfg.ArenaDir),
+		zap.String("dram_capacity", units.FormatBytes(cfg.DRAMCapacity)),
+		zap.String("metrics", metricsURL),
+		zap.String("node_name", cfg.NodeID))
+	fmt.Fprintf(stdout, "tidepool %s serving on socket %s (metrics %s)\n", buildVersion(), cfg.Socket, metricsURL)
+	reportRecovery(store, lg, stdout)
 }

@@ -10,7 +10,7 @@ const castagnoliRev = 0x82f63b78
 
 // crcCombine returns the CRC-32C of a||b from crc(a), crc(b) and len(b).
 //
-//lint:ignore U1000 used by the verbs build (transport.go)
+//lint:ignore U1000 used by the verbs build (transfer.go)
 func crcCombine(crcA, crcB uint32, lenB uint64) uint32 {
 	if lenB == 0 {
 		return crcA

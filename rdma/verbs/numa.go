@@ -7,7 +7,7 @@ import "sort"
 // single-node machines), then the others; config order within each group.
 // node < 0 keeps config order.
 //
-//lint:ignore U1000 used by the verbs build (transport.go)
+//lint:ignore U1000 used by the verbs build (transport.go, regions.go)
 func preferNUMA(nodes []int, node int) []int {
 	order := make([]int, len(nodes))
 	for i := range order {

@@ -40,6 +40,42 @@
 //   - Serve stats: the owner's CPU does not see one-sided transfers; each
 //     initiator reports what it moved over the control connection, batched
 //     every StatsInterval.
+//
+// # Files
+//
+// The binding is ibv.go (cgo). The transport, by concern: transport.go
+// (Transport: New, Close, stats), regions.go (Register, RegisterAs,
+// Deregister: one memory region per device), control.go (the control
+// messages' codec), owner.go (the owner side of a control connection:
+// accept, serve, resolve, check), peer.go (the initiator side: Connect,
+// the control call, region resolution, stats reports), pool.go (a
+// handle's queue pairs: get, connect, put, drop), transfer.go (Read and
+// Write: slicing across devices, posting work requests, checksums),
+// completion.go (each device's completion-queue poller), events.go
+// (asynchronous events, device health), numa.go and numa_verbs.go (device
+// order by NUMA node).
+//
+// # Locks
+//
+// Lock order (a lock may only be taken while holding locks listed before it):
+//
+//	Transport.life → peer.life → peer.ctlMu → peer.mu
+//
+// A transfer holds Transport.life and its handle's peer.life for reading
+// from start to end; Transport.Close and peer.shutdown break every QP,
+// then take them for writing to wait until no transfer touches a QP or a
+// registered buffer. peer.ctlMu serializes the control connection and is
+// held for a whole request and its answer (peer.call), during which call
+// and markLost take peer.mu, which guards the handle's state: closed,
+// lost, its QP pools and the set of its QPs.
+//
+// Leaves, never held while another lock is taken: Transport.mu (per-peer
+// counters, open handles, inbound control connections), Transport.mrMu
+// (registered regions), peer.rmu (resolved remote regions), devHealth.mu
+// (event counts), device.mu (port state) and region.Table's locks. The
+// event loop (onEvent) finds a QP in Transport.iqps and takes its peer.mu
+// alone; the completion poller finds a transfer's channel in
+// Transport.waiters (both sync.Maps) without a lock.
 package verbs
 
 import (

@@ -1,4 +1,5 @@
-package main
+// Package chart draws the PNG plots of tidepool bench and replay.
+package chart
 
 import (
 	"fmt"
@@ -127,9 +128,9 @@ func savePlotY(path, title, xlabel, ylabel string, logX, logY bool, yMax float64
 	return p.Save(9*vg.Inch, 5.5*vg.Inch, path)
 }
 
-// plotLatency draws latency percentiles against concurrency, one line per
+// Latency draws latency percentiles against concurrency, one line per
 // percentile, from a concurrency sweep of one operation.
-func plotLatency(path string, reps []bench.Report) error {
+func Latency(path string, reps []bench.Report) error {
 	if len(reps) == 0 {
 		return fmt.Errorf("plot: no runs")
 	}
@@ -162,8 +163,8 @@ func plotLatency(path string, reps []bench.Report) error {
 	return savePlot(path, title, "concurrent callers", "latency (log scale)", logX, true, ss)
 }
 
-// hitPoint is one replay result for the hit-rate plot.
-type hitPoint struct {
+// HitPoint is one replay result for the hit-rate plot.
+type HitPoint struct {
 	Policy         string  `json:"policy"`
 	CapacityTokens int64   `json:"capacity_tokens"`
 	CapacityBlocks int64   `json:"capacity_blocks"`
@@ -171,14 +172,14 @@ type hitPoint struct {
 	Simulated      bool    `json:"simulated"`
 }
 
-// plotHitRate draws hit rate against per-node capacity, one line per
+// HitRate draws hit rate against per-node capacity, one line per
 // policy (dashed for references such as the offline optimum).
-func plotHitRate(path, title string, pts []hitPoint, dashed map[string]bool) error {
+func HitRate(path, title string, pts []HitPoint, dashed map[string]bool) error {
 	if len(pts) == 0 {
 		return fmt.Errorf("plot: no points")
 	}
 	var order []string
-	by := map[string][]hitPoint{}
+	by := map[string][]HitPoint{}
 	for _, p := range pts {
 		if _, ok := by[p.Policy]; !ok {
 			order = append(order, p.Policy)

@@ -1,4 +1,4 @@
-package main
+package benchcmd
 
 import (
 	"context"
@@ -19,6 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/chart"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/cli"
 	"github.com/tidepool-kv/tidepool/internal/bench"
 	"github.com/tidepool-kv/tidepool/internal/units"
 )
@@ -213,22 +215,12 @@ func parseInts(s string) ([]int, error) {
 	return out, nil
 }
 
-// isTerminal reports whether w is a terminal.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
-}
-
 // progressPrinter returns a bench progress callback writing to w: a bar
 // redrawn in place on a terminal, a plain line per period otherwise.
 func progressPrinter(w io.Writer, mode, label string) (func(bench.Progress), func()) {
 	if mode == "auto" {
 		mode = "plain"
-		if isTerminal(w) {
+		if cli.IsTerminal(w) {
 			mode = "bar"
 		}
 	}
@@ -248,23 +240,23 @@ func progressPrinter(w io.Writer, mode, label string) (func(bench.Progress), fun
 	}
 }
 
-func newBenchCmd(io *stdio) *cobra.Command {
+func NewCommand(io *cli.Stdio, defaultSocket string) *cobra.Command {
 	var f benchFlags
 	cmd := &cobra.Command{
 		Use:               "bench [flags]",
 		Short:             "load generator",
 		Long:              benchLong,
-		GroupID:           groupTools,
-		Args:              noArgs,
+		GroupID:           cli.GroupTools,
+		Args:              cli.NoArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(*cobra.Command, []string) error {
-			return exitWith(cmdBench(&f, io.out, io.err))
+			return cli.ExitWith(cmdBench(&f, io.Out, io.Err))
 		},
 	}
 	fs := cmd.Flags()
 	fs.SortFlags = false
-	fs.StringVar(&f.socket, "socket", envOr("TIDEPOOL_SOCKET", defaultSocket()), "sidecar socket (env TIDEPOOL_SOCKET)")
-	fs.StringVar(&f.ns, "ns", envOr("TIDEPOOL_NS", "bench"), "namespace (env TIDEPOOL_NS)")
+	fs.StringVar(&f.socket, "socket", cli.EnvOr("TIDEPOOL_SOCKET", defaultSocket), "sidecar socket (env TIDEPOOL_SOCKET)")
+	fs.StringVar(&f.ns, "ns", cli.EnvOr("TIDEPOOL_NS", "bench"), "namespace (env TIDEPOOL_NS)")
 	fs.StringVar(&f.op, "op", "get", "operation: put, get, mixed, lookup, batch-get; raw limits: memcpy, socket-copy")
 	fs.StringVar(&f.size, "size", "4KiB", "value size (4096, 64KiB, 1MiB)")
 	fs.IntVar(&f.keys, "keys", 1000, "keys that reads draw from (prefilled before the run)")
@@ -284,10 +276,10 @@ func newBenchCmd(io *stdio) *cobra.Command {
 	fs.StringVar(&f.plot, "plot", "", "write latency percentiles against concurrency to this PNG")
 	fs.StringVar(&f.progress, "progress", "auto", "progress on stderr: auto (bar on a terminal, else lines), bar, plain, none")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
-	completeWords(cmd, "op", "put", "get", "mixed", "lookup", "batch-get", rawMemcpy, rawSocketCopy)
-	completeWords(cmd, "scope", "local", "cluster", "default")
-	completeWords(cmd, "write-mode", "default", "keyed", "pwrite", "mmap", "mapped")
-	completeWords(cmd, "progress", "auto", "bar", "plain", "none")
+	cli.CompleteWords(cmd, "op", "put", "get", "mixed", "lookup", "batch-get", rawMemcpy, rawSocketCopy)
+	cli.CompleteWords(cmd, "scope", "local", "cluster", "default")
+	cli.CompleteWords(cmd, "write-mode", "default", "keyed", "pwrite", "mmap", "mapped")
+	cli.CompleteWords(cmd, "progress", "auto", "bar", "plain", "none")
 	return cmd
 }
 
@@ -296,108 +288,35 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 	f := *fp
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "tidepool bench: "+format+"\n", a...)
-		return exitUsage
+		return cli.ExitUsage
 	}
-	size, err := units.ParseBytes(f.size)
-	if err != nil || size < 1 || size > 1<<30 {
-		return usageErr("bad --size %q", f.size)
-	}
-	concs, err := parseInts(f.conc)
+	pl, err := planBench(&f)
 	if err != nil {
-		return usageErr("--concurrency: %v", err)
-	}
-	scope := client.ScopeLocal
-	switch f.scope {
-	case "":
-		if f.remote != "" {
-			scope = client.ScopeCluster
-		}
-	case "local":
-	case "cluster":
-		scope = client.ScopeCluster
-	case "default":
-		scope = client.ScopeDefault
-	default:
-		return usageErr("--scope must be local, cluster or default, not %q", f.scope)
-	}
-	if f.progress != "auto" && f.progress != "bar" && f.progress != "plain" && f.progress != "none" {
-		return usageErr("--progress must be auto, bar, plain or none")
+		return usageErr("%v", err)
 	}
 	if f.op == rawMemcpy || f.op == rawSocketCopy {
 		base := bench.DefaultConfig()
-		base.Size, base.Keys, base.Duration, base.Ops = int(size), 1, f.duration, f.ops
+		base.Size, base.Keys, base.Duration, base.Ops = int(pl.size), 1, f.duration, f.ops
 		if f.ops > 0 {
 			base.Duration = 0
 		}
-		return runRaw(&f, base, concs, stdout, stderr)
+		return runRaw(&f, base, pl.concs, stdout, stderr)
 	}
-	base := bench.DefaultConfig()
-	base.Op, base.Size, base.Keys, base.Duration, base.Ops = bench.Op(f.op), int(size), f.keys, f.duration, f.ops
-	base.ReadRatio, base.Batch = f.ratio, f.batch
-	if f.ops > 0 {
-		base.Duration = 0
-	}
-	for _, c := range concs {
-		cfg := base
-		cfg.Concurrency = c
-		if err := cfg.Validate(); err != nil {
-			return usageErr("%v", err)
-		}
-	}
-	if f.zeroCopy && (base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
-		return usageErr("--zero-copy applies to put, get and mixed")
-	}
-	if f.registered && (f.zeroCopy || base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
-		return usageErr("--registered applies to put, get and mixed, without --zero-copy")
-	}
-	if f.verifyReads && !f.zeroCopy {
-		return usageErr("--verify-reads applies to --zero-copy reads (inline reads are verified by the sidecar's verify_reads)")
-	}
-	writeMode, ok := benchWriteModes[f.writeMode]
-	if !ok && f.writeMode != "default" {
-		return usageErr("--write-mode must be default, keyed, pwrite, mmap or mapped, not %q", f.writeMode)
-	}
-	if f.writeMode != "default" && !f.zeroCopy {
-		return usageErr("--write-mode applies to --zero-copy puts")
-	}
-	if f.zeroCopy && f.remote != "" {
-		return usageErr("--zero-copy reads local arenas; it cannot be combined with --remote")
+	if err := pl.checkSidecarRun(&f); err != nil {
+		return usageErr("%v", err)
 	}
 
-	maxConc := 0
-	for _, c := range concs {
-		maxConc = max(maxConc, c)
-	}
-	ccfg := client.DefaultConfig(f.socket)
-	ccfg.Timeout, ccfg.MaxIdleConns = f.timeout, maxConc+4
-	ccfg.MaxResponseBytes = max(ccfg.MaxResponseBytes, int(size)*f.batch+(1<<20))
-	c, err := client.NewWithConfig(ccfg)
+	c, err := client.NewWithConfig(pl.clientConfig(&f))
 	if err != nil {
 		return usageErr("%v", err)
 	}
 	defer c.Close()
-	eng := &benchEngine{c: c, ns: f.ns, scope: scope, size: int(size)}
-	mode := "inline"
-	if f.registered {
-		eng.reg = &registered{c: c, size: max(int(size), 1), free: make(chan *regBuf, maxConc)}
-		defer eng.reg.close()
-		mode = "registered buffers"
+	eng, mode, code := newBenchEngine(&f, pl, c, stderr)
+	if code != cli.ExitOK {
+		return code
 	}
-	if f.zeroCopy {
-		zc, ok := any(c).(zeroCopier)
-		if !ok {
-			fmt.Fprintln(stderr, "tidepool bench: --zero-copy: this build's client has no zero-copy calls (PutFrom/GetInto)")
-			return exitError
-		}
-		eng.zc, mode = zc, "zero-copy"
-		if f.verifyReads {
-			c.SetVerifyReads(true)
-			mode = "zero-copy, verified reads"
-		}
-		if f.writeMode != "default" {
-			c.SetWriteMode(writeMode)
-			mode += ", " + f.writeMode + " puts"
-		}
+	if eng.reg != nil {
+		defer eng.reg.close()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -407,47 +326,183 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 	cancel()
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool bench: cannot reach the sidecar at %s: %v\n", f.socket, err)
-		return exitError
+		return cli.ExitError
 	}
-	if hello.Limits != nil && size > hello.Limits.MaxValueBytes {
+	if hello.Limits != nil && pl.size > hello.Limits.MaxValueBytes {
 		return usageErr("--size %s exceeds the sidecar's max_value_size %s", f.size, units.FormatBytes(hello.Limits.MaxValueBytes))
 	}
-	if hello.Limits != nil && f.batch > int(hello.Limits.MaxBatch) && (base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
+	if hello.Limits != nil && f.batch > int(hello.Limits.MaxBatch) && (pl.base.Op == bench.OpLookup || pl.base.Op == bench.OpBatchGet) {
 		return usageErr("--batch %d exceeds the sidecar's max_batch %d", f.batch, hello.Limits.MaxBatch)
 	}
 
-	if base.Op != bench.OpPut && !f.noPrefill {
-		var pre bench.Engine = eng
-		if f.remote != "" {
-			rc, err := client.NewWithConfig(client.Config{Socket: f.remote, Timeout: f.timeout, MaxIdleConns: 16})
-			if err != nil {
-				return usageErr("--remote: %v", err)
-			}
-			defer rc.Close()
-			pre = &benchEngine{c: rc, ns: f.ns, scope: client.ScopeLocal, size: int(size)}
-		}
-		start := time.Now()
-		if err := bench.Prefill(ctx, pre, int(size), f.keys, min(16, maxConc+1)); err != nil {
-			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
-		}
-		if f.progress != "none" {
-			fmt.Fprintf(stderr, "prefilled %d keys of %s in %.2fs\n", f.keys, bench.FormatSize(size), time.Since(start).Seconds())
+	if pl.base.Op != bench.OpPut && !f.noPrefill {
+		if code := prefill(ctx, &f, pl, eng, stderr); code != cli.ExitOK {
+			return code
 		}
 	}
+	reps, failed := sweep(ctx, &f, pl, eng, mode, stdout, stderr)
+	return finishBench(&f, reps, failed, stdout, stderr)
+}
 
-	var reps []bench.Report
-	failed := false
-	for _, conc := range concs {
+// benchPlan is what the flags ask for, parsed and checked.
+type benchPlan struct {
+	size      int64
+	concs     []int
+	maxConc   int
+	scope     client.Scope
+	base      bench.Config // of every run but its concurrency
+	writeMode client.WriteMode
+}
+
+// planBench parses and checks the flags every run needs.
+func planBench(f *benchFlags) (benchPlan, error) {
+	var pl benchPlan
+	size, err := units.ParseBytes(f.size)
+	if err != nil || size < 1 || size > 1<<30 {
+		return pl, fmt.Errorf("bad --size %q", f.size)
+	}
+	pl.size = size
+	if pl.concs, err = parseInts(f.conc); err != nil {
+		return pl, fmt.Errorf("--concurrency: %v", err)
+	}
+	for _, c := range pl.concs {
+		pl.maxConc = max(pl.maxConc, c)
+	}
+	pl.scope = client.ScopeLocal
+	switch f.scope {
+	case "":
+		if f.remote != "" {
+			pl.scope = client.ScopeCluster
+		}
+	case "local":
+	case "cluster":
+		pl.scope = client.ScopeCluster
+	case "default":
+		pl.scope = client.ScopeDefault
+	default:
+		return pl, fmt.Errorf("--scope must be local, cluster or default, not %q", f.scope)
+	}
+	if f.progress != "auto" && f.progress != "bar" && f.progress != "plain" && f.progress != "none" {
+		return pl, errors.New("--progress must be auto, bar, plain or none")
+	}
+	return pl, nil
+}
+
+// checkSidecarRun checks the flags of a run against a sidecar (not a raw
+// limit) and fills in the runs' configuration.
+func (pl *benchPlan) checkSidecarRun(f *benchFlags) error {
+	base := bench.DefaultConfig()
+	base.Op, base.Size, base.Keys, base.Duration, base.Ops = bench.Op(f.op), int(pl.size), f.keys, f.duration, f.ops
+	base.ReadRatio, base.Batch = f.ratio, f.batch
+	if f.ops > 0 {
+		base.Duration = 0
+	}
+	for _, c := range pl.concs {
 		cfg := base
+		cfg.Concurrency = c
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+	}
+	pl.base = base
+	if f.zeroCopy && (base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
+		return errors.New("--zero-copy applies to put, get and mixed")
+	}
+	if f.registered && (f.zeroCopy || base.Op == bench.OpLookup || base.Op == bench.OpBatchGet) {
+		return errors.New("--registered applies to put, get and mixed, without --zero-copy")
+	}
+	if f.verifyReads && !f.zeroCopy {
+		return errors.New("--verify-reads applies to --zero-copy reads (inline reads are verified by the sidecar's verify_reads)")
+	}
+	writeMode, ok := benchWriteModes[f.writeMode]
+	if !ok && f.writeMode != "default" {
+		return fmt.Errorf("--write-mode must be default, keyed, pwrite, mmap or mapped, not %q", f.writeMode)
+	}
+	pl.writeMode = writeMode
+	if f.writeMode != "default" && !f.zeroCopy {
+		return errors.New("--write-mode applies to --zero-copy puts")
+	}
+	if f.zeroCopy && f.remote != "" {
+		return errors.New("--zero-copy reads local arenas; it cannot be combined with --remote")
+	}
+	return nil
+}
+
+// clientConfig is the client of a run: a connection per caller, replies
+// large enough for a batch.
+func (pl *benchPlan) clientConfig(f *benchFlags) client.Config {
+	ccfg := client.DefaultConfig(f.socket)
+	ccfg.Timeout, ccfg.MaxIdleConns = f.timeout, pl.maxConc+4
+	ccfg.MaxResponseBytes = max(ccfg.MaxResponseBytes, int(pl.size)*f.batch+(1<<20))
+	return ccfg
+}
+
+// newBenchEngine adapts c to the path the flags name (inline, registered
+// buffers or zero-copy) and returns the mode's name for the report; the
+// caller closes eng.reg.
+func newBenchEngine(f *benchFlags, pl benchPlan, c *client.Client, stderr io.Writer) (eng *benchEngine, mode string, code int) {
+	eng = &benchEngine{c: c, ns: f.ns, scope: pl.scope, size: int(pl.size)}
+	mode = "inline"
+	if f.registered {
+		eng.reg = &registered{c: c, size: max(int(pl.size), 1), free: make(chan *regBuf, pl.maxConc)}
+		mode = "registered buffers"
+	}
+	if f.zeroCopy {
+		zc, ok := any(c).(zeroCopier)
+		if !ok {
+			fmt.Fprintln(stderr, "tidepool bench: --zero-copy: this build's client has no zero-copy calls (PutFrom/GetInto)")
+			return nil, "", cli.ExitError
+		}
+		eng.zc, mode = zc, "zero-copy"
+		if f.verifyReads {
+			c.SetVerifyReads(true)
+			mode = "zero-copy, verified reads"
+		}
+		if f.writeMode != "default" {
+			c.SetWriteMode(pl.writeMode)
+			mode += ", " + f.writeMode + " puts"
+		}
+	}
+	return eng, mode, cli.ExitOK
+}
+
+// prefill stores the keys that reads draw from, through --remote when
+// given.
+func prefill(ctx context.Context, f *benchFlags, pl benchPlan, eng *benchEngine, stderr io.Writer) int {
+	var pre bench.Engine = eng
+	if f.remote != "" {
+		rc, err := client.NewWithConfig(client.Config{Socket: f.remote, Timeout: f.timeout, MaxIdleConns: 16})
+		if err != nil {
+			fmt.Fprintf(stderr, "tidepool bench: --remote: %v\n", err)
+			return cli.ExitUsage
+		}
+		defer rc.Close()
+		pre = &benchEngine{c: rc, ns: f.ns, scope: client.ScopeLocal, size: int(pl.size)}
+	}
+	start := time.Now()
+	if err := bench.Prefill(ctx, pre, int(pl.size), f.keys, min(16, pl.maxConc+1)); err != nil {
+		fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
+		return cli.ExitError
+	}
+	if f.progress != "none" {
+		fmt.Fprintf(stderr, "prefilled %d keys of %s in %.2fs\n", f.keys, bench.FormatSize(pl.size), time.Since(start).Seconds())
+	}
+	return cli.ExitOK
+}
+
+// sweep runs one benchmark per concurrency, printing each report as text
+// unless --json; it stops at the first run that fails.
+func sweep(ctx context.Context, f *benchFlags, pl benchPlan, eng *benchEngine, mode string, stdout, stderr io.Writer) (reps []bench.Report, failed bool) {
+	for _, conc := range pl.concs {
+		cfg := pl.base
 		cfg.Concurrency = conc
-		label := fmt.Sprintf("%s %s c=%d", cfg.Op, bench.FormatSize(size), conc)
+		label := fmt.Sprintf("%s %s c=%d", cfg.Op, bench.FormatSize(pl.size), conc)
 		var done func()
 		cfg.Progress, done = progressPrinter(stderr, f.progress, label)
 		rep, err := bench.Run(ctx, cfg, eng)
 		done()
 		rep.Mode = mode
-		if scope == client.ScopeCluster {
+		if pl.scope == client.ScopeCluster {
 			rep.Scope = "cluster"
 			if f.remote != "" {
 				rep.Scope = "remote"
@@ -456,8 +511,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 		reps = append(reps, rep)
 		if err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			failed = true
-			break
+			return reps, true
 		}
 		if rep.Errors > 0 {
 			failed = true
@@ -466,7 +520,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 			rep.WriteText(stdout)
 		}
 	}
-	return finishBench(&f, reps, failed, stdout, stderr)
+	return reps, failed
 }
 
 // finishBench prints the JSON and the plot of a sweep.
@@ -482,18 +536,18 @@ func finishBench(f *benchFlags, reps []bench.Report, failed bool, stdout, stderr
 		}
 	}
 	if f.plot != "" {
-		if err := plotLatency(f.plot, reps); err != nil {
+		if err := chart.Latency(f.plot, reps); err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		if !f.json {
 			fmt.Fprintf(stdout, "plot written to %s\n", f.plot)
 		}
 	}
 	if failed {
-		return exitError
+		return cli.ExitError
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // Raw limits: operations that move the same bytes without the sidecar, so
@@ -611,7 +665,7 @@ func runRaw(f *benchFlags, base bench.Config, concs []int, stdout, stderr io.Wri
 		eng, err := newRawEngine(f.op, base.Size, conc)
 		if err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		cfg := base
 		cfg.Op, cfg.Concurrency = bench.OpGet, conc
@@ -624,7 +678,7 @@ func runRaw(f *benchFlags, base bench.Config, concs []int, stdout, stderr io.Wri
 		reps = append(reps, rep)
 		if err != nil {
 			fmt.Fprintf(stderr, "tidepool bench: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		if !f.json {
 			rep.WriteText(stdout)

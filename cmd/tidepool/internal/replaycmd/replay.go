@@ -1,4 +1,4 @@
-package main
+package replaycmd
 
 import (
 	"bufio"
@@ -21,8 +21,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/cache/evict/sim"
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/chart"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/cli"
 	"github.com/tidepool-kv/tidepool/internal/replay"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 	"github.com/tidepool-kv/tidepool/internal/units"
@@ -54,6 +57,7 @@ type replayFlags struct {
 	speed, loadSlack                                                                       float64
 	json, simulate, references, noFetch, withSim, checkChains                              bool
 	timeout                                                                                time.Duration
+	policyTable                                                                            map[string]evict.Factory // the eviction policies --policy may name
 }
 
 // replayRun is one replay of a sweep; the JSON names are the stable
@@ -395,17 +399,17 @@ func splitList(s string) []string {
 	return out
 }
 
-func newReplayCmd(io *stdio) *cobra.Command {
-	var f replayFlags
+func NewCommand(io *cli.Stdio, policies map[string]evict.Factory) *cobra.Command {
+	f := replayFlags{policyTable: policies}
 	cmd := &cobra.Command{
 		Use:               "replay [flags]",
 		Short:             "replay a request trace",
 		Long:              replayLong,
-		GroupID:           groupTools,
-		Args:              noArgs,
+		GroupID:           cli.GroupTools,
+		Args:              cli.NoArgs,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(*cobra.Command, []string) error {
-			return exitWith(cmdReplay(&f, io.out, io.err))
+			return cli.ExitWith(cmdReplay(&f, io.Out, io.Err))
 		},
 	}
 	fs := cmd.Flags()
@@ -434,11 +438,11 @@ func newReplayCmd(io *stdio) *cobra.Command {
 	fs.StringVar(&f.plot, "plot", "", "write hit rate against capacity (one line per policy) to this PNG")
 	fs.StringVar(&f.progress, "progress", "auto", "progress on stderr: auto, plain, none")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
-	completeWords(cmd, "route", string(replay.RouteRoundRobin), string(replay.RoutePrefix))
-	completeWords(cmd, "scope", "local", "cluster")
-	completeWords(cmd, "policy", "prefix", "lru")
-	completeWords(cmd, "policies", "prefix", "lru")
-	completeWords(cmd, "progress", "auto", "plain", "none")
+	cli.CompleteWords(cmd, "route", string(replay.RouteRoundRobin), string(replay.RoutePrefix))
+	cli.CompleteWords(cmd, "scope", "local", "cluster")
+	cli.CompleteWords(cmd, "policy", "prefix", "lru")
+	cli.CompleteWords(cmd, "policies", "prefix", "lru")
+	cli.CompleteWords(cmd, "progress", "auto", "plain", "none")
 	return cmd
 }
 
@@ -447,73 +451,12 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 	f := *fp
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "tidepool replay: "+format+"\n", a...)
-		return exitUsage
+		return cli.ExitUsage
 	}
-	var caps []int64
-	for _, c := range splitList(f.capacities) {
-		v, err := units.ParseCount(c)
-		if err != nil || v < 1 {
-			return usageErr("bad capacity %q (examples: 500k, 3M)", c)
-		}
-		caps = append(caps, v)
+	pl, err := planReplay(&f)
+	if err != nil {
+		return usageErr("%v", err)
 	}
-	pols := splitList(f.policies)
-	for _, p := range pols {
-		if _, ok := policies[p]; !ok {
-			return usageErr("unknown policy %q (prefix or lru)", p)
-		}
-	}
-	if len(caps) == 0 || len(pols) == 0 {
-		return usageErr("need at least one capacity and one policy")
-	}
-	if f.blockTokens < 1 {
-		return usageErr("--block-tokens must be positive")
-	}
-	bb, err := units.ParseBytes(f.blockBytes)
-	if err != nil || bb < 1 {
-		return usageErr("bad --block-bytes %q", f.blockBytes)
-	}
-	route := replay.Route(f.route)
-	if route == "rr" {
-		route = replay.RouteRoundRobin
-	}
-	if route != replay.RouteRoundRobin && route != replay.RoutePrefix {
-		return usageErr("--route must be round-robin or prefix")
-	}
-	if f.scope != "local" && f.scope != "cluster" {
-		return usageErr("--scope must be local or cluster")
-	}
-	if f.references && !f.simulate {
-		return usageErr("--references needs --sim")
-	}
-	if f.withSim && f.simulate {
-		return usageErr("--with-sim compares sidecars with the simulator; drop --sim")
-	}
-	if f.withSim && f.sockets != "" {
-		return usageErr("--with-sim needs the sidecars replay starts itself (their policy and capacity are known)")
-	}
-	var sockets []string
-	if f.sockets != "" {
-		sockets = splitList(f.sockets)
-		if len(caps) > 1 || len(pols) > 1 {
-			return usageErr("a capacity or policy sweep starts its own sidecars; not with --sockets")
-		}
-	} else if f.nodes < 1 {
-		return usageErr("--nodes must be at least 1")
-	}
-	if f.simulate {
-		if route != replay.RouteRoundRobin {
-			return usageErr("--sim routes round-robin only")
-		}
-		if len(sockets) > 0 {
-			return usageErr("--sim runs no sidecars; drop --sockets")
-		}
-	}
-	nodes := f.nodes
-	if len(sockets) > 0 {
-		nodes = len(sockets)
-	}
-
 	tracePath := f.tracePath
 	if tracePath == "" {
 		if tracePath, err = sim.FindTrace(sim.ConversationTrace); err != nil {
@@ -528,89 +471,69 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 	tf.Close()
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool replay: %v\n", err)
-		return exitError
+		return cli.ExitError
 	}
 	if f.requests > 0 && f.requests < len(reqs) {
 		reqs = reqs[:f.requests]
 	}
+	pl.trace = filepath.Base(tracePath)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if f.scope == "cluster" && !f.simulate && len(sockets) == 0 && nodes > 1 {
+	if f.scope == "cluster" && !f.simulate && len(pl.sockets) == 0 && pl.nodes > 1 {
 		exe, _ := os.Executable()
 		if !serveSupportsCluster(exe) {
 			fmt.Fprintln(stderr, "tidepool replay: --scope cluster needs a clustered build: this binary's `serve --help` lists no --join flag")
-			return exitError
+			return cli.ExitError
 		}
 	}
 
 	var runs []replayRun
-	for _, pol := range pols {
-		for _, capTok := range caps {
+	emit := func(run replayRun) {
+		runs = append(runs, run)
+		if !f.json {
+			writeReplayText(stdout, run)
+		}
+	}
+	for _, pol := range pl.pols {
+		for _, capTok := range pl.caps {
 			run := replayRun{
-				Policy: pol, CapacityTokens: capTok, CapacityBlocks: capTok / int64(f.blockTokens), BlockBytes: bb,
-				Route: string(route), Scope: f.scope, Simulated: f.simulate, Trace: filepath.Base(tracePath),
+				Policy: pol, CapacityTokens: capTok, CapacityBlocks: capTok / int64(f.blockTokens), BlockBytes: pl.blockBytes,
+				Route: string(pl.route), Scope: f.scope, Simulated: f.simulate, Trace: pl.trace,
 			}
-			if len(sockets) > 0 {
+			if len(pl.sockets) > 0 {
 				run.Policy, run.CapacityTokens, run.CapacityBlocks = "", 0, 0 // the sidecars' own settings
 			}
-			if run.CapacityBlocks < 1 && len(sockets) == 0 {
+			if run.CapacityBlocks < 1 && len(pl.sockets) == 0 {
 				return usageErr("capacity %d tokens is less than one block of %d tokens", capTok, f.blockTokens)
 			}
 			label := fmt.Sprintf("%s %s", pol, formatCount(capTok))
 			var err error
 			if f.simulate {
-				run.Result, err = simulateRun(reqs, nodes, run.CapacityBlocks, f.scope, pol)
+				run.Result, err = simulateRun(reqs, pl.nodes, run.CapacityBlocks, f.scope, f.policyTable[pol])
 			} else {
-				err = sidecarRun(ctx, &f, &run, reqs, sockets, nodes, label, stderr)
+				err = sidecarRun(ctx, &f, &run, reqs, pl.sockets, pl.nodes, label, stderr)
 			}
 			if err != nil {
 				fmt.Fprintf(stderr, "tidepool replay: %s: %v\n", label, err)
-				return exitError
+				return cli.ExitError
 			}
-			runs = append(runs, run)
-			if !f.json {
-				writeReplayText(stdout, run)
-			}
+			emit(run)
 			if f.withSim {
 				srun := run
 				srun.Simulated, srun.BlocksAtEnd = true, nil
-				if srun.Result, err = simulateRun(reqs, nodes, run.CapacityBlocks, f.scope, pol); err != nil {
+				if srun.Result, err = simulateRun(reqs, pl.nodes, run.CapacityBlocks, f.scope, f.policyTable[pol]); err != nil {
 					fmt.Fprintf(stderr, "tidepool replay: %s simulated: %v\n", label, err)
-					return exitError
+					return cli.ExitError
 				}
-				runs = append(runs, srun)
-				if !f.json {
-					writeReplayText(stdout, srun)
-				}
+				emit(srun)
 			}
 		}
 	}
 	if f.references {
-		for _, capTok := range caps {
-			blocks := capTok / int64(f.blockTokens)
-			cfg := sim.Config{CapacityBlocks: int(blocks), Nodes: nodes, Scope: simScope(f.scope)}
-			b, err := sim.Belady(reqs, cfg)
-			if err != nil {
-				fmt.Fprintf(stderr, "tidepool replay: belady: %v\n", err)
-				return exitError
-			}
-			u, err := sim.Unbounded(reqs, cfg)
-			if err != nil {
-				fmt.Fprintf(stderr, "tidepool replay: unbounded: %v\n", err)
-				return exitError
-			}
-			for _, ref := range []struct {
-				name string
-				r    sim.Result
-			}{{refBelady, b}, {refUnbounded, u}} {
-				run := replayRun{Policy: ref.name, CapacityTokens: capTok, CapacityBlocks: blocks, BlockBytes: bb,
-					Route: string(route), Scope: f.scope, Simulated: true, Trace: filepath.Base(tracePath), Result: fromSim(ref.r, nodes)}
-				runs = append(runs, run)
-				if !f.json {
-					writeReplayText(stdout, run)
-				}
-			}
+		if err := referenceRuns(&f, pl, reqs, emit); err != nil {
+			fmt.Fprintf(stderr, "tidepool replay: %v\n", err)
+			return cli.ExitError
 		}
 	}
 	if f.json {
@@ -624,38 +547,150 @@ func cmdReplay(fp *replayFlags, stdout, stderr io.Writer) int {
 		}
 	}
 	if f.plot != "" {
-		var pts []hitPoint
-		dashed := map[string]bool{}
-		for _, r := range runs {
-			name := r.Policy
-			switch {
-			case f.withSim && r.Simulated:
-				name += " (simulated)"
-				dashed[name] = true
-			case f.withSim:
-				name += " (sidecars)"
-			}
-			if f.references && (name == refBelady || name == refUnbounded) {
-				dashed[name] = true
-			}
-			pts = append(pts, hitPoint{Policy: name, CapacityTokens: r.CapacityTokens, CapacityBlocks: r.CapacityBlocks, HitRate: r.HitRate, Simulated: r.Simulated})
-		}
-		how := "real sidecars"
-		if f.simulate {
-			how = "simulated"
-		} else if f.withSim {
-			how = "real sidecars vs simulator"
-		}
-		title := fmt.Sprintf("Prefix hit rate, %s (%d requests), %d node(s), %s scope, %s", filepath.Base(tracePath), len(reqs), nodes, f.scope, how)
-		if err := plotHitRate(f.plot, title, pts, dashed); err != nil {
+		if err := plotRuns(&f, pl, len(reqs), runs); err != nil {
 			fmt.Fprintf(stderr, "tidepool replay: %v\n", err)
-			return exitError
+			return cli.ExitError
 		}
 		if !f.json {
 			fmt.Fprintf(stdout, "plot written to %s\n", f.plot)
 		}
 	}
-	return exitOK
+	return cli.ExitOK
+}
+
+// replayPlan is what the flags ask for, parsed and checked.
+type replayPlan struct {
+	caps       []int64  // per-node capacities, in tokens
+	pols       []string // eviction policies
+	blockBytes int64
+	route      replay.Route
+	sockets    []string // running sidecars (--sockets); empty: replay starts its own
+	nodes      int      // sidecars replayed against
+	trace      string   // the trace file's name, for the reports
+}
+
+// planReplay parses and checks the flags.
+func planReplay(f *replayFlags) (replayPlan, error) {
+	var pl replayPlan
+	for _, c := range splitList(f.capacities) {
+		v, err := units.ParseCount(c)
+		if err != nil || v < 1 {
+			return pl, fmt.Errorf("bad capacity %q (examples: 500k, 3M)", c)
+		}
+		pl.caps = append(pl.caps, v)
+	}
+	pl.pols = splitList(f.policies)
+	for _, p := range pl.pols {
+		if _, ok := f.policyTable[p]; !ok {
+			return pl, fmt.Errorf("unknown policy %q (prefix or lru)", p)
+		}
+	}
+	if len(pl.caps) == 0 || len(pl.pols) == 0 {
+		return pl, errors.New("need at least one capacity and one policy")
+	}
+	if f.blockTokens < 1 {
+		return pl, errors.New("--block-tokens must be positive")
+	}
+	bb, err := units.ParseBytes(f.blockBytes)
+	if err != nil || bb < 1 {
+		return pl, fmt.Errorf("bad --block-bytes %q", f.blockBytes)
+	}
+	pl.blockBytes = bb
+	pl.route = replay.Route(f.route)
+	if pl.route == "rr" {
+		pl.route = replay.RouteRoundRobin
+	}
+	if pl.route != replay.RouteRoundRobin && pl.route != replay.RoutePrefix {
+		return pl, errors.New("--route must be round-robin or prefix")
+	}
+	if f.scope != "local" && f.scope != "cluster" {
+		return pl, errors.New("--scope must be local or cluster")
+	}
+	if f.references && !f.simulate {
+		return pl, errors.New("--references needs --sim")
+	}
+	if f.withSim && f.simulate {
+		return pl, errors.New("--with-sim compares sidecars with the simulator; drop --sim")
+	}
+	if f.withSim && f.sockets != "" {
+		return pl, errors.New("--with-sim needs the sidecars replay starts itself (their policy and capacity are known)")
+	}
+	if f.sockets != "" {
+		pl.sockets = splitList(f.sockets)
+		if len(pl.caps) > 1 || len(pl.pols) > 1 {
+			return pl, errors.New("a capacity or policy sweep starts its own sidecars; not with --sockets")
+		}
+	} else if f.nodes < 1 {
+		return pl, errors.New("--nodes must be at least 1")
+	}
+	if f.simulate {
+		if pl.route != replay.RouteRoundRobin {
+			return pl, errors.New("--sim routes round-robin only")
+		}
+		if len(pl.sockets) > 0 {
+			return pl, errors.New("--sim runs no sidecars; drop --sockets")
+		}
+	}
+	pl.nodes = f.nodes
+	if len(pl.sockets) > 0 {
+		pl.nodes = len(pl.sockets)
+	}
+	return pl, nil
+}
+
+// referenceRuns simulates the reference lines of --references (the
+// offline optimum and the unbounded cache) at every capacity and hands
+// each run to emit.
+func referenceRuns(f *replayFlags, pl replayPlan, reqs []trace.Request, emit func(replayRun)) error {
+	for _, capTok := range pl.caps {
+		blocks := capTok / int64(f.blockTokens)
+		cfg := sim.Config{CapacityBlocks: int(blocks), Nodes: pl.nodes, Scope: simScope(f.scope)}
+		b, err := sim.Belady(reqs, cfg)
+		if err != nil {
+			return fmt.Errorf("belady: %w", err)
+		}
+		u, err := sim.Unbounded(reqs, cfg)
+		if err != nil {
+			return fmt.Errorf("unbounded: %w", err)
+		}
+		for _, ref := range []struct {
+			name string
+			r    sim.Result
+		}{{refBelady, b}, {refUnbounded, u}} {
+			emit(replayRun{Policy: ref.name, CapacityTokens: capTok, CapacityBlocks: blocks, BlockBytes: pl.blockBytes,
+				Route: string(pl.route), Scope: f.scope, Simulated: true, Trace: pl.trace, Result: fromSim(ref.r, pl.nodes)})
+		}
+	}
+	return nil
+}
+
+// plotRuns writes the hit-rate plot of --plot: one line per policy,
+// dashed for simulated runs beside sidecar ones and for the references.
+func plotRuns(f *replayFlags, pl replayPlan, requests int, runs []replayRun) error {
+	var pts []chart.HitPoint
+	dashed := map[string]bool{}
+	for _, r := range runs {
+		name := r.Policy
+		switch {
+		case f.withSim && r.Simulated:
+			name += " (simulated)"
+			dashed[name] = true
+		case f.withSim:
+			name += " (sidecars)"
+		}
+		if f.references && (name == refBelady || name == refUnbounded) {
+			dashed[name] = true
+		}
+		pts = append(pts, chart.HitPoint{Policy: name, CapacityTokens: r.CapacityTokens, CapacityBlocks: r.CapacityBlocks, HitRate: r.HitRate, Simulated: r.Simulated})
+	}
+	how := "real sidecars"
+	if f.simulate {
+		how = "simulated"
+	} else if f.withSim {
+		how = "real sidecars vs simulator"
+	}
+	title := fmt.Sprintf("Prefix hit rate, %s (%d requests), %d node(s), %s scope, %s", pl.trace, requests, pl.nodes, f.scope, how)
+	return chart.HitRate(f.plot, title, pts, dashed)
 }
 
 // Names of the reference lines of --references.
@@ -677,9 +712,9 @@ func fromSim(r sim.Result, nodes int) replay.Result {
 	return replay.Result{Requests: r.Requests, Blocks: r.Blocks, HitBlocks: r.HitBlocks, HitRate: r.HitRate(), Nodes: make([]replay.NodeResult, 0, nodes)}
 }
 
-func simulateRun(reqs []trace.Request, nodes int, blocks int64, scope, pol string) (replay.Result, error) {
+func simulateRun(reqs []trace.Request, nodes int, blocks int64, scope string, pol evict.Factory) (replay.Result, error) {
 	start := time.Now()
-	r, err := sim.Run(reqs, sim.Config{CapacityBlocks: int(blocks), Nodes: nodes, Scope: simScope(scope)}, policies[pol])
+	r, err := sim.Run(reqs, sim.Config{CapacityBlocks: int(blocks), Nodes: nodes, Scope: simScope(scope)}, pol)
 	res := fromSim(r, nodes)
 	res.Seconds = time.Since(start).Seconds()
 	return res, err
@@ -743,7 +778,7 @@ func sidecarRun(ctx context.Context, f *replayFlags, run *replayRun, reqs []trac
 	cfg.LoadSlack = f.loadSlack
 	if f.progress != "none" {
 		last := time.Now()
-		plain := f.progress == "plain" || !isTerminal(stderr)
+		plain := f.progress == "plain" || !cli.IsTerminal(stderr)
 		cfg.Progress = func(done, total int) {
 			if time.Since(last) < time.Second && done < total {
 				return

@@ -1,7 +1,6 @@
-package main
+package replaycmd
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,8 +10,15 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache/evict"
 	"github.com/tidepool-kv/tidepool/cache/evict/sim"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/cli"
+	"github.com/tidepool-kv/tidepool/cmd/tidepool/internal/clitest"
 	"github.com/tidepool-kv/tidepool/internal/trace"
 )
+
+// binPath is the tidepool binary built once for the process tests.
+var binPath string
+
+func TestMain(m *testing.M) { clitest.MainUnlessShort(m, &binPath) }
 
 // replayTraceRequests is how many trace requests the replay tests use.
 const replayTraceRequests = 300
@@ -41,13 +47,11 @@ func firstRequests(t *testing.T, n int) (string, []trace.Request) {
 // exit.
 func runTP(t *testing.T, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(binPath, args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("tidepool %v: %v\nstdout:\n%s\nstderr:\n%s", args, err, out.String(), errb.String())
+	out, errs, code := clitest.Exec(t, binPath, nil, args...)
+	if code != 0 {
+		t.Fatalf("tidepool %v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errs)
 	}
-	return out.Bytes()
+	return []byte(out)
 }
 
 // unboundedHits is an independent computation of the prefix hit count of a
@@ -173,9 +177,9 @@ func TestReplayMatchesIndependentCount(t *testing.T) {
 // unbounded cache split over two nodes can never beat one.
 func TestReplayAgainstSockets(t *testing.T) {
 	path, reqs := firstRequests(t, replayTraceRequests)
-	a, b := startDaemon(t, "--eviction-policy", "lru"), startDaemon(t, "--eviction-policy", "lru")
+	a, b := clitest.Start(t, binPath, nil, "--eviction-policy", "lru"), clitest.Start(t, binPath, nil, "--eviction-policy", "lru")
 	out := runTP(t, "replay", "--trace", path, "--requests", fmt.Sprint(replayTraceRequests),
-		"--sockets", a.socket+","+b.socket, "--route", "prefix", "--block-bytes", "1KiB", "--json", "--progress", "none")
+		"--sockets", a.Socket+","+b.Socket, "--route", "prefix", "--block-bytes", "1KiB", "--json", "--progress", "none")
 	var got replayRun
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatalf("%v: %s", err, out)
@@ -210,7 +214,7 @@ func TestReplaySweepPlotAndErrors(t *testing.T) {
 			t.Fatalf("run %+v", r)
 		}
 	}
-	checkPNG(t, png)
+	clitest.CheckPNG(t, png)
 
 	for _, args := range [][]string{
 		{"replay", "--policy", "fifo"},
@@ -220,21 +224,9 @@ func TestReplaySweepPlotAndErrors(t *testing.T) {
 		{"replay", "--capacity-tokens", "lots"},
 	} {
 		cmd := exec.Command(binPath, args...)
-		if out, err := cmd.CombinedOutput(); err == nil || cmd.ProcessState.ExitCode() != exitUsage {
+		if out, err := cmd.CombinedOutput(); err == nil || cmd.ProcessState.ExitCode() != cli.ExitUsage {
 			t.Errorf("%v: exit %v, want usage error\n%s", args, err, out)
 		}
-	}
-}
-
-// checkPNG fails unless path is a non-trivial PNG file.
-func checkPNG(t *testing.T, path string) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) < 5000 || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
-		t.Fatalf("%s: %d bytes, not a plot PNG", path, len(b))
 	}
 }
 
