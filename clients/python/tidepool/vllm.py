@@ -981,6 +981,8 @@ class Worker:
         if step is None:
             return
         step.wait(None)
+        _count("load_plan_seconds", step.plan_seconds)
+        _count("load_copy_seconds", step.copy_seconds)
         t_copy = step.plan_seconds + step.copy_seconds
         for tr, chunks in step.plans:
             if step.error is None:
