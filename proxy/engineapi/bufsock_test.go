@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
@@ -238,7 +239,7 @@ func TestBufferSocketGet(t *testing.T) {
 		t.Fatalf("%d mappings, want %d", got, before+3)
 	}
 	c2.conn.Close()
-	waitFor(t, func() bool { return mappings(t) == before })
+	poll.Until(t, 10*time.Second, "the buffers unmapped", func() bool { return mappings(t) == before })
 }
 
 func TestBufferSocketRegisterRefusals(t *testing.T) {
@@ -369,17 +370,6 @@ func TestBufferSocketClose(t *testing.T) {
 	}
 	if _, err := os.Stat(ts.socket + engineapi.BufferSocketSuffix); !os.IsNotExist(err) {
 		t.Fatalf("buffer socket file after Close: %v", err)
-	}
-}
-
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -595,3 +585,4 @@ func TestBufferSocketBatchKeepsChainHead(t *testing.T) {
 		}
 	}
 }
+
