@@ -357,7 +357,8 @@ func (t *Transport) Close() error {
 		p.shutdown()
 	}
 	t.acceptW.Wait()
-	t.life.Lock() // every transfer has returned
+	//lint:ignore SA2001 a barrier: Lock returns once every transfer (a holder of life's read lock) has returned
+	t.life.Lock()
 	t.life.Unlock()
 	t.stopPol.Store(true)
 	var one [8]byte
