@@ -17,6 +17,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/internal/poll"
+	"github.com/tidepool-kv/tidepool/internal/testvec"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
@@ -59,6 +60,12 @@ func (c *bufConn) call(op, version byte, body []byte, fds ...int) bufAnswer {
 	if _, _, err := c.conn.WriteMsgUnix(b, oob, nil); err != nil {
 		c.t.Fatal(err)
 	}
+	return c.answer()
+}
+
+// answer reads one answer's head and message.
+func (c *bufConn) answer() bufAnswer {
+	c.t.Helper()
 	head := make([]byte, 16)
 	if _, err := io.ReadFull(c.conn, head); err != nil {
 		c.t.Fatalf("answer: %v", err)
@@ -586,3 +593,40 @@ func TestBufferSocketBatchKeepsChainHead(t *testing.T) {
 	}
 }
 
+// TestBufVectorsServer sends every request of protocol/testdata/bufsock.txt
+// to a real server: a malformed one is answered with its code and the
+// connection closed; a well-formed one (naming a buffer this connection
+// never registered) is answered without closing it.
+func TestBufVectorsServer(t *testing.T) {
+	ts := startServer(t, serverOpts{})
+	for _, v := range testvec.Load(t, "bufsock.txt") {
+		if v.Kind != "req" && v.Kind != "bad" {
+			continue
+		}
+		c := dialBuf(t, ts)
+		if _, err := c.conn.Write(v.Bytes); err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		a := c.answer()
+		if v.Kind == "req" {
+			if strings.Contains(a.msg, "malformed") || strings.Contains(a.msg, "version") {
+				t.Errorf("%s: refused as malformed: %+v", v.Name, a)
+			}
+			// The connection is kept: a second call is answered.
+			if b := c.register(1 << 16); b.code != tp.ErrorCode_INVALID_ARGUMENT {
+				t.Errorf("%s: REGISTER without a descriptor after it answered %+v", v.Name, b)
+			}
+			c.conn.Close()
+			continue
+		}
+		if want := v.Fields["code"]; a.code.String() != want {
+			t.Errorf("%s: answered %+v, want %s", v.Name, a, want)
+		}
+		var one [1]byte
+		// Closed with the body unread, the close is a reset.
+		if n, err := c.conn.Read(one[:]); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s: after the answer read %d bytes, %v; want the connection closed", v.Name, n, err)
+		}
+		c.conn.Close()
+	}
+}
