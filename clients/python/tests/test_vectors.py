@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Offline tests: the buffer socket's protocol (tidepool.bufsock) against
-protocol/testdata/bufsock.txt, the vectors the Go server and the Go client
-are tested with: every request encoded byte for byte, every answer read as
-its fields say, every answer that must be refused refused."""
+"""Offline tests against the wire vectors the Go server and the Go client
+are tested with: the buffer socket's protocol (tidepool.bufsock) against
+protocol/testdata/bufsock.txt (every request encoded byte for byte, every
+answer read as its fields say, every answer that must be refused refused),
+and the put socket's calls and replies (protocol/testdata/putsock.txt)
+read by Apache Thrift's decoder with the generated bindings."""
 
 import os
 import socket
@@ -14,8 +16,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
+from thrift.protocol import TBinaryProtocol  # noqa: E402
+from thrift.Thrift import TMessageType  # noqa: E402
+from thrift.transport import TTransport  # noqa: E402
+
 from tidepool import ErrorCode  # noqa: E402
 from tidepool import bufsock  # noqa: E402
+from tidepool.gen import Tidepool  # noqa: E402
 
 
 def load(name):
@@ -29,7 +36,7 @@ def load(name):
                 continue
             kind, vname, rest = w[0], w[1], w[2:]
             op = None
-            if kind in ("ans", "badans"):
+            if len(rest[0]) <= 3:  # an op (a frame is longer)
                 op, rest = int(rest[0]), rest[1:]
             fields, items = {}, []
             for kv in rest[1:]:
@@ -177,6 +184,55 @@ class BufferSocketVectorsTest(unittest.TestCase):
             bufsock.batch_get_body(7, 0, "ns", [(0, 1, b"k")] * 0x10000)
         with self.assertRaises(ValueError):
             bufsock.batch_get_body(7, 0, "ns", [(0, 1, b"k" * 60000)] * 20)
+
+
+def thrift_message(frame, cls):
+    """(name, type, seq, the decoded struct, bytes left over)."""
+    buf = TTransport.TMemoryBuffer(frame)
+    p = TBinaryProtocol.TBinaryProtocol(buf)
+    name, typ, seq = p.readMessageBegin()
+    v = cls()
+    v.read(p)
+    p.readMessageEnd()
+    return name, typ, seq, v, buf.read(len(frame))
+
+
+class PutSocketVectorsTest(unittest.TestCase):
+    """Whatever order its fields come in (the Go client's value-last, or id
+    order), a Put call of putsock.txt is the IDL's Put call to Apache
+    Thrift's own decoder, and each reply its Put result."""
+    vectors = load("putsock.txt")
+
+    def test_calls(self):
+        n = 0
+        for kind, name, _, frame, f, _ in self.vectors:
+            if kind != "req":
+                continue
+            n += 1
+            mname, typ, seq, args, rest = thrift_message(frame, Tidepool.Put_args)
+            self.assertEqual((mname, typ, seq, rest), ("Put", TMessageType.CALL, 1, b""), name)
+            r = args.req
+            self.assertEqual((r.ns.encode(), r.key, r.value), (hexfield(f["ns"]), hexfield(f["key"]), hexfield(f["value"])),
+                             name)
+            self.assertEqual((r.depth, int(r.durable), r.sync_replicas), (int(f["depth"]), int(f["durable"]), int(f["sync"])),
+                             name)
+        self.assertGreater(n, 2)
+
+    def test_replies(self):
+        n = 0
+        for kind, name, _, frame, f, _ in self.vectors:
+            if kind != "ans":
+                continue
+            n += 1
+            mname, typ, seq, res, rest = thrift_message(frame, Tidepool.Put_result)
+            self.assertEqual((mname, typ, seq, rest), ("Put", TMessageType.REPLY, 1, b""), name)
+            if "code" in f:
+                self.assertEqual((res.err.code, res.err.message.encode()), (getattr(ErrorCode, f["code"]), hexfield(f["msg"])),
+                                 name)
+                self.assertIsNone(res.success, name)
+            else:
+                self.assertEqual(res.success.existed, f["existed"] == "1", name)
+        self.assertGreater(n, 2)
 
 
 if __name__ == "__main__":
