@@ -3,11 +3,13 @@
 are tested with: the buffer socket's protocol (tidepool.bufsock) against
 protocol/testdata/bufsock.txt (every request encoded byte for byte, every
 answer read as its fields say, every answer that must be refused refused),
-and the put socket's calls and replies (protocol/testdata/putsock.txt)
-read by Apache Thrift's decoder with the generated bindings."""
+the put socket's calls and replies (protocol/testdata/putsock.txt) read by
+Apache Thrift's decoder with the generated bindings, and the Get replies
+that Client.get reads by hand (protocol/testdata/getreply.txt)."""
 
 import os
 import socket
+import struct
 import sys
 import threading
 import unittest
@@ -18,10 +20,12 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
 from thrift.protocol import TBinaryProtocol  # noqa: E402
 from thrift.Thrift import TMessageType  # noqa: E402
-from thrift.transport import TTransport  # noqa: E402
+from thrift.transport import TSocket, TTransport  # noqa: E402
 
+import tidepool  # noqa: E402
 from tidepool import ErrorCode  # noqa: E402
 from tidepool import bufsock  # noqa: E402
+from tidepool.transport import FramedSocketTransport  # noqa: E402
 from tidepool.gen import Tidepool  # noqa: E402
 
 
@@ -233,6 +237,64 @@ class PutSocketVectorsTest(unittest.TestCase):
             else:
                 self.assertEqual(res.success.existed, f["existed"] == "1", name)
         self.assertGreater(n, 2)
+
+
+class GetReplyVectorsTest(unittest.TestCase):
+    """Client.get on the framed transport reads each reply of getreply.txt
+    as its fields say: a plain hit through its own head and tail readers,
+    anything else through the generated decoder; a reply cut short is an
+    error."""
+    vectors = load("getreply.txt")
+
+    def get(self, frame, hang_up):
+        """Client.get against a peer that reads the request and answers
+        frame (framed), then (hang_up) closes: its result or exception."""
+        a, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        a.settimeout(10)
+        peer.settimeout(10)
+        sock = TSocket.TSocket()
+        sock.handle = a
+        c = tidepool.Client.__new__(tidepool.Client)
+        c._transport = FramedSocketTransport(sock)
+        c._c = Tidepool.Client(TBinaryProtocol.TBinaryProtocol(c._transport))
+
+        def serve():
+            n = struct.unpack(">I", recv_exactly(peer, 4))[0]
+            recv_exactly(peer, n)
+            peer.sendall(struct.pack(">I", len(frame) if not hang_up else 1 << 20) + frame)
+            if hang_up:
+                peer.shutdown(socket.SHUT_RDWR)
+        th = threading.Thread(target=serve)
+        th.start()
+        try:
+            try:
+                return c.get("ns", b"k")
+            except Exception as e:  # what the vector expects is checked by the caller
+                return e
+        finally:
+            th.join()
+            a.close()
+            peer.close()
+
+    def test_replies(self):
+        n = 0
+        for kind, name, _, frame, f, _ in self.vectors:
+            if kind == "badans":
+                n += 1
+                got = self.get(frame, True)
+                self.assertIsInstance(got, Exception, name)
+                self.assertNotIsInstance(got, tidepool.Error, name)
+                continue
+            n += 1
+            got = self.get(frame, False)
+            if "code" in f:
+                self.assertIsInstance(got, tidepool.Error, name)
+                self.assertEqual((got.code, str(got.message).encode()), (getattr(ErrorCode, f["code"]), hexfield(f["msg"])), name)
+            elif f["found"] == "1":
+                self.assertEqual(got, hexfield(f["value"]), name)
+            else:
+                self.assertIsNone(got, name)
+        self.assertGreater(n, 6)
 
 
 if __name__ == "__main__":
