@@ -357,8 +357,7 @@ func (t *Transport) Close() error {
 		p.shutdown()
 	}
 	t.acceptW.Wait()
-	//lint:ignore SA2001 a barrier: Lock returns once every transfer (a holder of life's read lock) has returned
-	t.life.Lock()
+	t.life.Lock() // every transfer has returned
 	t.life.Unlock()
 	t.stopPol.Store(true)
 	var one [8]byte
