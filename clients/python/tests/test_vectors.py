@@ -108,33 +108,45 @@ def recv_exactly(s, n):
     return out
 
 
+def against_peer(peer, read, answer, hang_up, call):
+    """call() while a thread plays the sidecar on peer: reads the request
+    (read(peer) returns it), writes answer and, with hang_up, closes its
+    end. Returns (call's result or the exception it raised, the request);
+    peer is closed after."""
+    got = []
+
+    def serve():
+        got.append(read(peer))
+        peer.sendall(answer)
+        if hang_up:
+            peer.shutdown(socket.SHUT_RDWR)
+    th = threading.Thread(target=serve)
+    th.start()
+    try:
+        try:
+            res = call()
+        except Exception as e:  # the caller checks what it expects
+            res = e
+    finally:
+        th.join()
+        peer.close()
+    return res, got[0]
+
+
 class BufferSocketVectorsTest(unittest.TestCase):
     vectors = load("bufsock.txt")
 
     def call(self, op, body, answer, hang_up):
         """Conn.call(op, body) against a peer that reads the request,
         writes answer and (hang_up) closes: (result or exception, request
-        as the peer read it)."""
+        as the peer read it, the connection)."""
         c, peer = pair()
-        got = []
-
-        def serve():
-            got.append(recv_exactly(peer, 8 + len(body)))
-            peer.sendall(answer)
-            if hang_up:
-                peer.shutdown(socket.SHUT_RDWR)
-        th = threading.Thread(target=serve)
-        th.start()
         try:
-            try:
-                res = c.call(op, body)
-            except bufsock.Closed as e:
-                res = e
+            res, sent = against_peer(peer, lambda p: recv_exactly(p, 8 + len(body)), answer, hang_up,
+                                     lambda: c.call(op, body))
         finally:
-            th.join()
             c.close()
-            peer.close()
-        return res, got[0], c
+        return res, sent, c
 
     def test_requests(self):
         n = 0
@@ -248,7 +260,7 @@ class GetReplyVectorsTest(unittest.TestCase):
 
     def get(self, frame, hang_up):
         """Client.get against a peer that reads the request and answers
-        frame (framed), then (hang_up) closes: its result or exception."""
+        frame (framed; cut short when hang_up): its result or exception."""
         a, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         a.settimeout(10)
         peer.settimeout(10)
@@ -258,23 +270,13 @@ class GetReplyVectorsTest(unittest.TestCase):
         c._transport = FramedSocketTransport(sock)
         c._c = Tidepool.Client(TBinaryProtocol.TBinaryProtocol(c._transport))
 
-        def serve():
-            n = struct.unpack(">I", recv_exactly(peer, 4))[0]
-            recv_exactly(peer, n)
-            peer.sendall(struct.pack(">I", len(frame) if not hang_up else 1 << 20) + frame)
-            if hang_up:
-                peer.shutdown(socket.SHUT_RDWR)
-        th = threading.Thread(target=serve)
-        th.start()
+        def read(p):
+            return recv_exactly(p, struct.unpack(">I", recv_exactly(p, 4))[0])
+        size = len(frame) if not hang_up else 1 << 20
         try:
-            try:
-                return c.get("ns", b"k")
-            except Exception as e:  # what the vector expects is checked by the caller
-                return e
+            return against_peer(peer, read, struct.pack(">I", size) + frame, hang_up, lambda: c.get("ns", b"k"))[0]
         finally:
-            th.join()
             a.close()
-            peer.close()
 
     def test_replies(self):
         n = 0
