@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -40,6 +41,17 @@ func vectorBuffer(t *testing.T) (*Buffer, net.Conn) {
 		}
 	})
 	return b, conns[1]
+}
+
+// vectorRawConn is a raw connection (AppendGet's and the put socket's)
+// on one end of a socket pair; the other end, returned, plays the sidecar.
+func vectorRawConn(t *testing.T) (*rawConn, net.Conn) {
+	t.Helper()
+	b, peer := vectorBuffer(t)
+	c := &rawConn{conn: b.conn, r: bufio.NewReaderSize(b.conn, rawReadBuffer)}
+	b.conn = nil // c's now
+	t.Cleanup(func() { c.conn.Close() })
+	return c, peer
 }
 
 // sidecar reads a request of n bytes from conn into *got, writes answer

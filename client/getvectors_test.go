@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -25,10 +24,7 @@ func TestGetReplyVectors(t *testing.T) {
 			continue
 		}
 		n++
-		b, peer := vectorBuffer(t) // a socket pair
-		c := &rawConn{conn: b.conn, r: bufio.NewReaderSize(b.conn, rawReadBuffer)}
-		b.conn = nil // owned by c now
-		t.Cleanup(func() { c.conn.Close() })
+		c, peer := vectorRawConn(t)
 		req := &tp.GetRequest{Ns: "ns", Key: []byte("k")}
 		want := appendCall(nil, "Get", 1, &tp.TidepoolGetArgs{Req: req})
 		done := make(chan error, 1)

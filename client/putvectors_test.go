@@ -1,7 +1,6 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -28,10 +27,7 @@ func TestPutSocketVectors(t *testing.T) {
 	pool := &rawPool{timeout: 10 * time.Second}
 	put := func(req *tp.PutRequest, want int, answer []byte) (sent []byte, existed bool, err error) {
 		t.Helper()
-		b, peer := vectorBuffer(t) // a socket pair
-		c := &rawConn{conn: b.conn, r: bufio.NewReaderSize(b.conn, rawReadBuffer)}
-		b.conn = nil // owned by c now
-		t.Cleanup(func() { c.conn.Close() })
+		c, peer := vectorRawConn(t)
 		done := make(chan error, 1)
 		go func() {
 			// Read the request's want bytes (all of it, for a vector to
