@@ -477,6 +477,7 @@ func TestPutSocketClose(t *testing.T) {
 // which the tier may give the memory to another block), nothing is
 // stored, and a block stored in the freed memory afterwards is intact.
 func TestPutSocketSlowValue(t *testing.T) {
+	t.Parallel() // its own server; most of it is waiting past a slot's deadline
 	ts := startServer(t, serverOpts{capacity: 64 << 20, reserveTimeout: 2 * time.Second})
 	base := used(ts)
 	c := dialPut(t, ts)
