@@ -22,6 +22,9 @@ NORACE := cache/ssd cmd/tidepool
 # staticcheck v0.8.x (2026.1) is the first release that supports Go 1.26.
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := bin/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+# ruff (Python lint, ruff.toml) from PyPI into a venv of its own.
+RUFF_VERSION := 0.17.5
+RUFF := bin/tools/ruff-$(RUFF_VERSION)/bin/ruff
 
 # Deferred (=) so that only targets that use them run `go list`.
 MODULE = $(shell $(GO) list -m)
@@ -41,10 +44,15 @@ deps: sysdeps
 sysdeps:
 	scripts/install-deps.sh
 
-tools: $(STATICCHECK)
+tools: $(STATICCHECK) $(RUFF)
 
 $(STATICCHECK):
 	GOBIN="$(CURDIR)/$(@D)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+$(RUFF):
+	rm -rf bin/tools/ruff-$(RUFF_VERSION)
+	python3 -m venv bin/tools/ruff-$(RUFF_VERSION)
+	bin/tools/ruff-$(RUFF_VERSION)/bin/pip install -q --disable-pip-version-check ruff==$(RUFF_VERSION)
 
 # The version `tidepool version` and Hello report: `git describe` of the
 # checkout; without git, the binary falls back to its build information.
@@ -152,11 +160,13 @@ test-python:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./proxy/... ./client/...
 
-# The inner loop (about two minutes on 2 cores): formatting, vet, and the
-# unit tests; `-short` leaves out every test that starts a real `tidepool
-# serve`, a memberlist cluster or a long simulation. `make test` runs all.
-check:
+# The inner loop (about two minutes on 2 cores): formatting, vet, the
+# Python lint, and the unit tests; `-short` leaves out every test that
+# starts a real `tidepool serve`, a memberlist cluster or a long
+# simulation. `make test` runs all.
+check: $(RUFF)
 	@$(MAKE) --no-print-directory fmt-check
+	$(RUFF) check
 	$(GO) vet ./...
 	$(GO) test -short -count=1 ./...
 
@@ -168,15 +178,22 @@ fmt-check:
 	fi
 	echo "gofmt: ok"
 
-# staticcheck's default checks over the whole tree (generated code included),
-# and vet of the research code, which builds only with its tag
-# (research/issue5: experiments on cache/evict and its simulator).
-lint: $(STATICCHECK)
+# staticcheck's default checks over the whole tree (generated code
+# included) in both builds, without and with the verbs tag (rdma/verbs; it
+# needs libibverbs-dev), merged so that code used by one build only is not
+# reported unused; vet of the verbs build and of the research code, which
+# builds only with its tag (research/issue5: experiments on cache/evict and
+# its simulator); ruff over the Python client and tests (ruff.toml).
+lint: $(STATICCHECK) $(RUFF)
 	@rc=0
-	echo "== staticcheck $(STATICCHECK_VERSION)"
-	$(STATICCHECK) ./... || rc=1
+	echo "== staticcheck $(STATICCHECK_VERSION), default and verbs builds"
+	printf 'default:\nverbs: -tags=verbs\n' | $(STATICCHECK) -matrix ./... || rc=1
+	echo "== go vet -tags verbs"
+	$(GO) vet -tags verbs ./... || rc=1
 	echo "== go vet -tags research"
 	$(GO) vet -tags research ./... || rc=1
+	echo "== ruff $(RUFF_VERSION)"
+	$(RUFF) check || rc=1
 	exit $$rc
 
 # go.mod and go.sum are exactly what `go mod tidy` writes (prints the diff).

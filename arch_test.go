@@ -33,6 +33,11 @@ var rules = []rule{
 	{pkg: "protocol/thriftstream", ours: nil, thirdParty: []string{"github.com/cloudwego/"}},
 	{pkg: "protocol/frame", ours: []string{"internal/crc32c"}, thirdParty: nil},
 	{pkg: "protocol", ours: nil, thirdParty: nil},
+	// Test helpers, imported by _test.go files only (so any package's tests
+	// may use them): the poll-until helper and the reader of the shared
+	// wire vectors (protocol/testdata); the standard library alone.
+	{pkg: "internal/poll", ours: nil, thirdParty: nil},
+	{pkg: "internal/testvec", ours: nil, thirdParty: nil},
 	// internal/ holds leaves only: no arrow back up into another room.
 	{pkg: "internal", ours: []string{"internal/"}, thirdParty: []string{"go.uber.org/zap", "golang.org/x/sys"}},
 	{pkg: "cache/ssd", ours: []string{"cache", "internal/"}, thirdParty: []string{"github.com/linxGnu/grocksdb", "go.uber.org/zap", "golang.org/x/sys", "golang.org/x/sync"}},

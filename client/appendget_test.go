@@ -22,6 +22,7 @@ import (
 	"github.com/cloudwego/gopkg/protocol/thrift"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
@@ -273,7 +274,7 @@ func TestAppendGetConnections(t *testing.T) {
 	}
 
 	// The sidecar closes the idle connections; the next gets still work.
-	client.WaitFor(t, "the sidecar to close the idle connections", func() bool {
+	poll.Until(t, 10*time.Second, "the sidecar to close the idle connections", func() bool {
 		closed, idle := client.RawIdleClosed(c)
 		return closed == idle
 	})

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
@@ -249,11 +250,11 @@ func TestCoalesceAbandonAcquire(t *testing.T) {
 	defer cancelQueued()
 	buf := make([]byte, len(val))
 	leaveInFlight := goGetInto(ctxInFlight, c, "ns", "k", make([]byte, len(val)))
-	client.WaitFor(t, "1 queued", func() bool { return queued(c, 0) == 1 })
+	poll.Until(t, 10*time.Second, "1 queued", func() bool { return queued(c, 0) == 1 })
 	stay := goGetInto(ctx, c, "ns", "k", buf)
-	client.WaitFor(t, "2 queued", func() bool { return queued(c, 0) == 2 })
+	poll.Until(t, 10*time.Second, "2 queued", func() bool { return queued(c, 0) == 2 })
 	leaveQueued := goGetInto(ctxQueued, c, "ns", "k", make([]byte, len(val)))
-	client.WaitFor(t, "3 queued", func() bool { return queued(c, 0) == 3 })
+	poll.Until(t, 10*time.Second, "3 queued", func() bool { return queued(c, 0) == 3 })
 	cancelQueued()
 	if r := <-leaveQueued; !errors.Is(r.err, context.Canceled) || r.found {
 		t.Fatalf("left while queued: %+v", r)
@@ -278,7 +279,7 @@ func TestCoalesceAbandonAcquire(t *testing.T) {
 	if st.Calls != 2 || st.Items != 3 || st.Dropped != 2 {
 		t.Errorf("client stats %+v, want 2 calls of 3 items, 2 dropped", st)
 	}
-	client.WaitFor(t, "every lease released", func() bool {
+	poll.Until(t, 10*time.Second, "every lease released", func() bool {
 		zs := p.ZeroCopyStats()
 		return zs.LiveLeases == 0 && zs.Released-before.Released == 3
 	})
@@ -304,11 +305,11 @@ func TestCoalesceAbandonReserve(t *testing.T) {
 	ctxQueued, cancelQueued := context.WithCancel(ctx)
 	defer cancelQueued()
 	leaveInFlight := goPutFrom(ctxInFlight, c, "leave-in-flight", vals["leave-in-flight"])
-	client.WaitFor(t, "1 queued", func() bool { return queued(c, 1) == 1 })
+	poll.Until(t, 10*time.Second, "1 queued", func() bool { return queued(c, 1) == 1 })
 	stay := goPutFrom(ctx, c, "stay", vals["stay"])
-	client.WaitFor(t, "2 queued", func() bool { return queued(c, 1) == 2 })
+	poll.Until(t, 10*time.Second, "2 queued", func() bool { return queued(c, 1) == 2 })
 	leaveQueued := goPutFrom(ctxQueued, c, "leave-queued", vals["leave-queued"])
-	client.WaitFor(t, "3 queued", func() bool { return queued(c, 1) == 3 })
+	poll.Until(t, 10*time.Second, "3 queued", func() bool { return queued(c, 1) == 3 })
 	cancelQueued()
 	if r := <-leaveQueued; !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("left while queued: %+v", r)
@@ -328,7 +329,7 @@ func TestCoalesceAbandonReserve(t *testing.T) {
 	}
 	// A reservation leaves the table before its abort is counted: wait
 	// for the counts, not only the table.
-	client.WaitFor(t, "every reservation committed or aborted", func() bool {
+	poll.Until(t, 10*time.Second, "every reservation committed or aborted", func() bool {
 		zs := p.ZeroCopyStats()
 		return zs.LiveReservations == 0 && zs.Committed+zs.Aborted+zs.ReservationsReclaimed == zs.Reserved
 	})
@@ -360,7 +361,7 @@ func TestCoalesceAbandonCommit(t *testing.T) {
 	ctxQueued, cancelQueued := context.WithCancel(ctx)
 	defer cancelQueued()
 	leave := goPutFrom(ctxQueued, c, "leave", sized(-1, 5000))
-	client.WaitFor(t, "1 queued", func() bool { return queued(c, 2) == 1 })
+	poll.Until(t, 10*time.Second, "1 queued", func() bool { return queued(c, 2) == 1 })
 	cancelQueued()
 	if r := <-leave; !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("left while queued: %+v", r)
@@ -374,7 +375,7 @@ func TestCoalesceAbandonCommit(t *testing.T) {
 			t.Fatalf("lead %d: %+v", i, r)
 		}
 	}
-	client.WaitFor(t, "the reservation aborted", func() bool {
+	poll.Until(t, 10*time.Second, "the reservation aborted", func() bool {
 		zs := p.ZeroCopyStats()
 		return zs.LiveReservations == 0 && zs.Aborted == 1
 	})
@@ -398,7 +399,7 @@ func TestCoalesceSharedError(t *testing.T) {
 	var waiters []chan callResult
 	for i := 0; i < 4; i++ {
 		waiters = append(waiters, goGetInto(ctx, c, bad, fmt.Sprint("k", i), make([]byte, 10)))
-		client.WaitFor(t, "queued", func() bool { return queued(c, 0) == i+1 })
+		poll.Until(t, 10*time.Second, "queued", func() bool { return queued(c, 0) == i+1 })
 	}
 	g.pass <- struct{}{}
 	<-g.entered

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tidepool-kv/tidepool/internal/poll"
 )
 
 // fakeCalls is a hand-written stand-in for the server behind a combiner:
@@ -59,18 +61,6 @@ func echo(reqs []int) fakeAnswer {
 type result struct {
 	res int
 	err error
-}
-
-// waitFor polls cond until it holds or a deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // TestCombiner: a call in flight makes later items queue; they go out
@@ -131,7 +121,7 @@ func TestCombiner(t *testing.T) {
 					r, err := cb.do(ctx, k, i)
 					results[i] <- result{r, err}
 				}()
-				waitFor(t, "queued items", func() bool { return cb.queued() == i })
+				poll.Until(t, 10*time.Second, "queued items", func() bool { return cb.queued() == i })
 			}
 			f.answers <- echo([]int{0})
 			if r := <-lead; r.err != nil || r.res != 0 {
@@ -181,7 +171,7 @@ func TestCombinerAbandon(t *testing.T) {
 			r, err := cb.do(ctx, k, i)
 			results[i] <- result{r, err}
 		}()
-		waitFor(t, "queued items", func() bool { return cb.queued() == i })
+		poll.Until(t, 10*time.Second, "queued items", func() bool { return cb.queued() == i })
 	}
 	// 2 leaves while queued: never sent.
 	ctxs[2]()
@@ -204,7 +194,7 @@ func TestCombinerAbandon(t *testing.T) {
 			t.Errorf("item %d: %+v", i, r)
 		}
 	}
-	waitFor(t, "the combiner to go idle", func() bool {
+	poll.Until(t, 10*time.Second, "the combiner to go idle", func() bool {
 		cb.mu.Lock()
 		defer cb.mu.Unlock()
 		return len(cb.groups) == 0
@@ -268,7 +258,7 @@ func TestCombinerWidth(t *testing.T) {
 		r, err := cb.do(context.Background(), k, 3)
 		done <- result{r, err}
 	}()
-	waitFor(t, "the third item queued", func() bool { return cb.queued() == 1 })
+	poll.Until(t, 10*time.Second, "the third item queued", func() bool { return cb.queued() == 1 })
 	f.answers <- echo([]int{1})
 	if got := <-f.entered; !slices.Equal(got, []int{3}) {
 		t.Fatalf("batch %v", got)

@@ -17,10 +17,6 @@ func Queued(c *Client) (acquire, reserve, commit int) {
 	return c.zc.acquires.queued(), c.zc.reserves.queued(), c.zc.commits.queued()
 }
 
-// WaitFor polls cond until it holds or a deadline passes (the package's
-// test helper, for the external tests).
-var WaitFor = waitFor
-
 // WriteWindows returns the WriteMmap mappings of c's arenas (nil for an
 // arena not written that way yet) and how many shared pages are still
 // counted as open.

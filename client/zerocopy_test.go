@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 )
 
 // TestZeroCopyRestart: after the sidecar restarts (new arena files), the
@@ -187,7 +188,7 @@ func TestPutFromReservesAhead(t *testing.T) {
 				}
 			}
 			c.Close()
-			client.WaitFor(t, "no reservation left", func() bool { return p.ZeroCopyStats().LiveReservations == 0 })
+			poll.Until(t, 10*time.Second, "no reservation left", func() bool { return p.ZeroCopyStats().LiveReservations == 0 })
 		})
 	}
 }

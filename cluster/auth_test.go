@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 )
 
 // TestMembershipNeedsClusterSecret: with Config.Auth, a node holding the
@@ -42,14 +43,14 @@ func TestMembershipNeedsClusterSecret(t *testing.T) {
 		}
 	}
 	c := startNode(t, "c", func(c *Config) { c.SecretKey = gossip; c.Auth = secret }, a.Addr())
-	waitFor(t, 5*time.Second, "c in a's view", func() bool { return liveCount(a) == 2 && liveCount(c) == 2 })
+	poll.Until(t, 5*time.Second, "c in a's view", func() bool { return liveCount(a) == 2 && liveCount(c) == 2 })
 	// Metadata updates stay signed.
 	m := c.LocalMeta()
 	m.Zone = "z1"
 	if err := c.UpdateMeta(t.Context(), m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "c's update in a's view", func() bool {
+	poll.Until(t, 5*time.Second, "c's update in a's view", func() bool {
 		mm, ok := a.Member("c")
 		return ok && mm.Meta.Zone == "z1"
 	})

@@ -12,20 +12,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > d {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval, not a wait for the condition
-	}
-	return time.Since(start)
-}
+	"github.com/tidepool-kv/tidepool/internal/poll"
+)
 
 func startNode(t testing.TB, name string, mod func(*Config), join ...string) *Cluster {
 	t.Helper()
@@ -160,7 +149,7 @@ func TestFiveNodes(t *testing.T) {
 		}
 		nodes = append(nodes, startNode(t, fmt.Sprintf("n%d", i), mod, join))
 	}
-	took := waitFor(t, 10*time.Second, "5 live members everywhere", func() bool {
+	took := poll.Until(t, 10*time.Second, "5 live members everywhere", func() bool {
 		for _, n := range nodes {
 			if liveCount(n) != 5 {
 				return false
@@ -187,7 +176,7 @@ func TestFiveNodes(t *testing.T) {
 		t.Fatalf("UpdateMeta: %v", err)
 	}
 	cancelU()
-	waitFor(t, 10*time.Second, "n1's tier usage at n0", func() bool {
+	poll.Until(t, 10*time.Second, "n1's tier usage at n0", func() bool {
 		for _, mm := range seed.Members() {
 			if mm.Name == "n1" && len(mm.Meta.Tiers) == 1 && mm.Meta.Tiers[0].Used == 12345 && mm.Meta.NodeID == "n1" {
 				return true
@@ -203,7 +192,7 @@ func TestFiveNodes(t *testing.T) {
 	if err := nodes[4].Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	waitFor(t, 10*time.Second, "n4 left everywhere", func() bool {
+	poll.Until(t, 10*time.Second, "n4 left everywhere", func() bool {
 		for _, n := range nodes[:4] {
 			if stateOf(n, "n4") != StateLeft {
 				return false
@@ -217,7 +206,7 @@ func TestFiveNodes(t *testing.T) {
 	if err := nodes[3].Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	waitFor(t, 15*time.Second, "n3 failed everywhere", func() bool {
+	poll.Until(t, 15*time.Second, "n3 failed everywhere", func() bool {
 		for _, n := range nodes[:3] {
 			if stateOf(n, "n3") != StateFailed {
 				return false
@@ -275,7 +264,7 @@ func TestLabelMismatchRefused(t *testing.T) {
 	}
 	// Same label joins.
 	c := startNode(t, "c", func(c *Config) { c.Label = "prod" }, a.Addr())
-	waitFor(t, 5*time.Second, "c in a's view", func() bool { return liveCount(a) == 2 && liveCount(c) == 2 })
+	poll.Until(t, 5*time.Second, "c in a's view", func() bool { return liveCount(a) == 2 && liveCount(c) == 2 })
 }
 
 func TestProtocolMismatchRefused(t *testing.T) {
@@ -299,7 +288,7 @@ func TestEncryptedGossip(t *testing.T) {
 	key := []byte("0123456789abcdef")
 	a := startNode(t, "a", func(c *Config) { c.SecretKey = key })
 	b := startNode(t, "b", func(c *Config) { c.SecretKey = key }, a.Addr())
-	waitFor(t, 5*time.Second, "a and b together", func() bool { return liveCount(a) == 2 && liveCount(b) == 2 })
+	poll.Until(t, 5*time.Second, "a and b together", func() bool { return liveCount(a) == 2 && liveCount(b) == 2 })
 	_, err := tryStart(t, "plain", func(c *Config) { c.JoinRetryInterval = 50 * time.Millisecond }, a.Addr())
 	if !errors.Is(err, ErrJoin) {
 		t.Fatalf("unencrypted join to an encrypted cluster: %v, want ErrJoin", err)
@@ -319,7 +308,7 @@ func measure(t testing.TB, n int) (converge, detect time.Duration) {
 	}
 	joined := time.Since(start)
 	// Converged: every node sees n live members; measured from the first join.
-	settle := waitFor(t, 60*time.Second, fmt.Sprintf("%d live members everywhere", n), func() bool {
+	settle := poll.Until(t, 60*time.Second, fmt.Sprintf("%d live members everywhere", n), func() bool {
 		for _, c := range nodes {
 			if liveCount(c) != n {
 				return false
@@ -333,7 +322,7 @@ func measure(t testing.TB, n int) (converge, detect time.Duration) {
 	name := victim.cfg.NodeName
 	killed := time.Now()
 	_ = victim.Close()
-	waitFor(t, 60*time.Second, name+" failed everywhere", func() bool {
+	poll.Until(t, 60*time.Second, name+" failed everywhere", func() bool {
 		for _, c := range nodes {
 			if c != victim && stateOf(c, name) != StateFailed {
 				return false
@@ -406,7 +395,7 @@ func TestResyncAfterDroppedHandoff(t *testing.T) {
 	a := startNode(t, "a", nil)
 	startNode(t, "b", nil, a.Addr())
 	startNode(t, "c", nil, a.Addr())
-	waitFor(t, 10*time.Second, "3 live members at a", func() bool { return liveCount(a) == 3 })
+	poll.Until(t, 10*time.Second, "3 live members at a", func() bool { return liveCount(a) == 3 })
 	a.mu.Lock()
 	delete(a.members, "b")
 	a.members["ghost"] = &Member{Name: "ghost", State: StateAlive, Meta: Meta{NodeID: "ghost"}}
@@ -414,7 +403,7 @@ func TestResyncAfterDroppedHandoff(t *testing.T) {
 	a.handoffDrops.Add(1)
 	a.resync.Store(true)
 	a.kick <- struct{}{}
-	waitFor(t, 10*time.Second, "resynced table at a", func() bool {
+	poll.Until(t, 10*time.Second, "resynced table at a", func() bool {
 		return stateOf(a, "b") == StateAlive && stateOf(a, "ghost") == StateFailed
 	})
 	if s := a.Stats(); s.HandoffDrops != 1 || s.Live != 3 {
@@ -453,12 +442,12 @@ func TestBackgroundJoin(t *testing.T) {
 	if took := time.Since(start); took > 900*time.Millisecond {
 		t.Fatalf("Start took %v; want one round, not the retry loop", took)
 	}
-	waitFor(t, 5*time.Second, "two failed join rounds", func() bool { return a.Stats().JoinFailures >= 2 })
+	poll.Until(t, 5*time.Second, "two failed join rounds", func() bool { return a.Stats().JoinFailures >= 2 })
 	if a.hasPeer() {
 		t.Fatalf("a has a peer before the name resolves: %v", a.Members())
 	}
 	answer.Store(&[]string{"127.0.0.1"})
-	waitFor(t, 10*time.Second, "a joined b in the background", func() bool {
+	poll.Until(t, 10*time.Second, "a joined b in the background", func() bool {
 		return stateOf(a, "b") == StateAlive && stateOf(b, "a") == StateAlive
 	})
 
@@ -472,7 +461,7 @@ func TestBackgroundJoin(t *testing.T) {
 	}
 	// solo's own port differs from a's: it joins a. Now one whose name
 	// resolves to itself alone.
-	waitFor(t, 5*time.Second, "solo joined a", func() bool { return stateOf(solo, "a") == StateAlive })
+	poll.Until(t, 5*time.Second, "solo joined a", func() bool { return stateOf(solo, "a") == StateAlive })
 	cfg := DefaultLocalConfig("self")
 	cfg.BindPort = freeUDPTCPPort(t)
 	cfg.BackgroundJoin = true
@@ -485,7 +474,7 @@ func TestBackgroundJoin(t *testing.T) {
 	if err := self.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "a failed round on a self-only name", func() bool { return self.Stats().JoinFailures >= 1 })
+	poll.Until(t, 5*time.Second, "a failed round on a self-only name", func() bool { return self.Stats().JoinFailures >= 1 })
 	if self.hasPeer() {
 		t.Fatalf("self joined someone: %v", self.Members())
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 )
 
 // ringState is a membership shared by the fake clusters of one test: the
@@ -111,19 +112,6 @@ func lowPriority(tier *dram.Tier, ns string, key []byte) (low, ok bool) {
 	return low, ok
 }
 
-func waitRoute(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
-}
-
 // TestRebalanceMovesOwnedBlocksToNewOwner: a node that held every block
 // alone pushes to a joining node the blocks it now owns, shallowest first,
 // no faster than the rate; it skips blocks the new owner has, never moves
@@ -174,7 +162,7 @@ func TestRebalanceMovesOwnedBlocksToNewOwner(t *testing.T) {
 	start := time.Now()
 	a.MembershipChanged()
 	b.MembershipChanged() // b holds nothing: its pass plans nothing
-	waitRoute(t, 20*time.Second, "a's pass to finish", func() bool {
+	poll.Until(t, 20*time.Second, "a's pass to finish", func() bool {
 		st := a.RouteStats().Rebalance
 		return st.Passes == 1 && !st.Running
 	})
@@ -224,7 +212,7 @@ func TestRebalanceMovesOwnedBlocksToNewOwner(t *testing.T) {
 	s.set([]string{"a", "b"})
 	s.set([]string{"a", "b"})
 	a.MembershipChanged()
-	waitRoute(t, 10*time.Second, "a's second pass", func() bool {
+	poll.Until(t, 10*time.Second, "a's second pass", func() bool {
 		st := a.RouteStats().Rebalance
 		return st.Passes == 2 && !st.Running
 	})
@@ -249,9 +237,9 @@ func TestRebalanceCancel(t *testing.T) {
 	}
 	s.set([]string{"a", "b"})
 	a.MembershipChanged()
-	waitRoute(t, 10*time.Second, "a pass to move a block", func() bool { return a.RouteStats().Rebalance.MovedBlocks >= 1 })
+	poll.Until(t, 10*time.Second, "a pass to move a block", func() bool { return a.RouteStats().Rebalance.MovedBlocks >= 1 })
 	a.MembershipChanged()
-	waitRoute(t, 10*time.Second, "the pass to be cancelled and another to start", func() bool {
+	poll.Until(t, 10*time.Second, "the pass to be cancelled and another to start", func() bool {
 		st := a.RouteStats().Rebalance
 		return st.Cancelled == 1 && st.Passes == 2
 	})

@@ -8,6 +8,7 @@
 #   thrift-compiler  `thrift --gen py` for the Python interop test
 #   python3-thrift   Apache Thrift runtime for /usr/bin/python3
 #   python3-zmq, python3-msgpack  the KV-event subscriber test (test_kv_events.py)
+#   python3-venv     the venv `make tools` installs ruff into (Python lint)
 #   fio              SSD baseline benchmarks
 #   redis-server     comparison benchmarks
 #   iproute2         network-namespace tests (`ip netns`)
@@ -27,6 +28,7 @@ packages=(
 	python3-thrift
 	python3-zmq
 	python3-msgpack
+	python3-venv
 	fio
 	redis-server
 	iproute2

@@ -56,6 +56,7 @@ clients/python/gen.sh --check
 echo "test-python-client: offline tests"
 "$PYTHON" clients/python/tests/test_keys.py </dev/null
 "$PYTHON" clients/python/tests/test_transport.py </dev/null
+"$PYTHON" clients/python/tests/test_vectors.py </dev/null
 
 echo "test-python-client: building bin/tidepool"
 mkdir -p bin

@@ -17,6 +17,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cache/ssd"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 )
 
 const mib = 1 << 20
@@ -79,18 +80,6 @@ func waitIdle(t testing.TB, s *Store) {
 	}
 }
 
-// poll waits for cond with a deadline.
-func poll(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestConfigValidate(t *testing.T) {
 	base := testConfig(t, 8*mib, t.TempDir())
 	tests := []struct {
@@ -137,7 +126,7 @@ func TestSpillReadBack(t *testing.T) {
 	// the demotion queue: the last one can still be on its way.
 	var m Movement
 	var ds cache.TierStats
-	poll(t, "demotions to match evictions", func() bool {
+	poll.Until(t, 20*time.Second, "demotions to match evictions", func() bool {
 		m, ds = s.Movement(), s.dram.Stats().Tiers[0]
 		return m.Demotions == ds.Evictions
 	})
@@ -251,7 +240,7 @@ func TestDroppedDemotions(t *testing.T) {
 	waitIdle(t, s)
 	// The watermark evictor may still be finishing an eviction (the DRAM
 	// tier hands a block to OnEvict before it counts the eviction).
-	poll(t, "every eviction demoted or dropped", func() bool {
+	poll.Until(t, 20*time.Second, "every eviction demoted or dropped", func() bool {
 		m, evicted = s.Movement(), s.dram.Stats().Tiers[0].Evictions
 		return m.Demotions+m.DemotionsDropped == evicted
 	})
@@ -275,7 +264,7 @@ func TestQueueServesAndDeleteCancels(t *testing.T) {
 		}
 	}
 	// Block 0 is with the writer (blocked); the next are queued.
-	poll(t, "writer to take an item", func() bool { return s.Movement().QueueBlocks >= 2 })
+	poll.Until(t, 20*time.Second, "writer to take an item", func() bool { return s.Movement().QueueBlocks >= 2 })
 	var inQueue []int
 	for i := range 8 {
 		if info, ok := s.Stat(ctx, "ns", key(i)); ok && info.Tier == ssd.TierName {
@@ -306,7 +295,7 @@ func TestQueueServesAndDeleteCancels(t *testing.T) {
 	// The watermark loop may be demoting a block while Clear runs: that
 	// block is already unlinked (Clear does not see it) and its memory is
 	// freed when the demotion's callback returns.
-	poll(t, "clear to settle", func() bool {
+	poll.Until(t, 20*time.Second, "clear to settle", func() bool {
 		st := s.Stats()
 		return st.Tiers[0].Blocks == 0 && st.Tiers[1].Blocks == 0
 	})
@@ -436,7 +425,7 @@ func TestPrefetch(t *testing.T) {
 	if n := s.Prefetch(ctx, "ns", keys); n != 4 {
 		t.Fatalf("queued %d, want 4", n)
 	}
-	poll(t, "prefetch", func() bool { return s.Movement().Promotions == 4 })
+	poll.Until(t, 20*time.Second, "prefetch", func() bool { return s.Movement().Promotions == 4 })
 	for i := range 4 {
 		if info, ok := s.dram.Stat(ctx, "ns", key(i)); !ok || info.Tier != dram.TierName {
 			t.Fatalf("block %d not in dram after prefetch", i)
@@ -508,7 +497,7 @@ func TestDiskBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	limit := cfg.SSD.Capacity*3/2 + int64(cfg.SSD.BlobFileSize)
-	poll(t, "disk bytes under budget", func() bool { return s.Movement().SSD.DiskBytes <= limit })
+	poll.Until(t, 20*time.Second, "disk bytes under budget", func() bool { return s.Movement().SSD.DiskBytes <= limit })
 	if st := s.Stats().Tiers[1]; st.Evictions == 0 {
 		t.Fatalf("ssd never evicted: %+v", st)
 	}
@@ -548,7 +537,7 @@ func TestWatermarkLoop(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("watermark loop did not evict")
 	}
-	poll(t, "counter", func() bool { return s.Movement().WatermarkEvictions > 0 })
+	poll.Until(t, 20*time.Second, "counter", func() bool { return s.Movement().WatermarkEvictions > 0 })
 }
 
 // TestPresentPrefix: the present prefix counts blocks in DRAM and, past
@@ -695,7 +684,7 @@ func TestDamagedBlockNotMovedDown(t *testing.T) {
 		}
 	}
 	waitIdle(t, s)
-	poll(t, "the demotion of block 0 to be refused", func() bool { return s.Movement().DemotionErrors == 1 })
+	poll.Until(t, 20*time.Second, "the demotion of block 0 to be refused", func() bool { return s.Movement().DemotionErrors == 1 })
 	if _, ok := s.ssd.Stat(ctx, "ns", key(0)); ok {
 		t.Fatal("damaged block 0 was demoted to SSD")
 	}
@@ -772,7 +761,7 @@ func TestQueueReadKeepsItsBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	poll(t, "writer to take an item", func() bool { return s.Movement().QueueBlocks >= 2 })
+	poll.Until(t, 20*time.Second, "writer to take an item", func() bool { return s.Movement().QueueBlocks >= 2 })
 	read := -1
 	for i := range 8 {
 		if info, ok := s.Stat(ctx, "ns", key(i)); ok && info.Tier == ssd.TierName {
@@ -833,7 +822,7 @@ func TestFreeBuffersTrimmedWhenIdle(t *testing.T) {
 	if s.Movement().Demotions == 0 {
 		t.Fatal("nothing demoted")
 	}
-	poll(t, "kept buffers to be dropped", func() bool {
+	poll.Until(t, 20*time.Second, "kept buffers to be dropped", func() bool {
 		s.qmu.Lock()
 		defer s.qmu.Unlock()
 		return len(s.free) == 0 && s.freeBytes == 0 && s.freeTrim == nil

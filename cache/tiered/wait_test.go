@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 )
 
 // TestDemotionWaitKeepsEveryBlock: with DemotionWait, evictions that find a
@@ -35,7 +36,7 @@ func TestDemotionWaitKeepsEveryBlock(t *testing.T) {
 	wg.Wait()
 	waitIdle(t, s)
 	var m Movement
-	poll(t, "every eviction demoted", func() bool {
+	poll.Until(t, 20*time.Second, "every eviction demoted", func() bool {
 		m = s.Movement()
 		return m.Demotions == s.dram.Stats().Tiers[0].Evictions
 	})
@@ -111,7 +112,7 @@ func waitingEviction(t *testing.T, s *Store) (i int, victim []byte, done chan er
 		done <- nil
 	}()
 	var waiting string
-	poll(t, "an eviction waiting for room", func() bool {
+	poll.Until(t, 20*time.Second, "an eviction waiting for room", func() bool {
 		s.qmu.Lock()
 		defer s.qmu.Unlock()
 		for it := range s.evicting {
@@ -144,7 +145,7 @@ func TestDeleteCancelsWaitingEviction(t *testing.T) {
 	}
 	// The put that was waiting goes on; later evictions wait again, so
 	// let the writer run for the rest.
-	poll(t, "the cancelled eviction given up", func() bool {
+	poll.Until(t, 20*time.Second, "the cancelled eviction given up", func() bool {
 		s.qmu.Lock()
 		defer s.qmu.Unlock()
 		for it := range s.evicting {
@@ -194,7 +195,7 @@ func fullQueueWithColdBlock(t *testing.T) (s *Store, cold []byte, release func()
 		// Let the writer take the first queued block (it stays on it), so
 		// that the next eviction finds the queue's place free.
 		var filled bool
-		poll(t, "the writer on its block", func() bool {
+		poll.Until(t, 20*time.Second, "the writer on its block", func() bool {
 			s.qmu.Lock()
 			defer s.qmu.Unlock()
 			filled = len(s.pending) == 2 && len(s.queue) == 1
@@ -236,7 +237,7 @@ func TestReadsDoNotWaitForRoom(t *testing.T) {
 	if _, _, err := s.Get(ctx, "ns", cold, nil); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "the block promoted", func() bool {
+	poll.Until(t, 20*time.Second, "the block promoted", func() bool {
 		_, ok := s.dram.Stat(ctx, "ns", cold)
 		return ok
 	})

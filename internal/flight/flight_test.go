@@ -7,18 +7,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+	"github.com/tidepool-kv/tidepool/internal/poll"
+)
 
 // TestDoOnce: concurrent callers of one key run fn once and all get its
 // result; another key is a flight of its own; a later call runs fn again.
@@ -42,7 +33,7 @@ func TestDoOnce(t *testing.T) {
 			}
 		}()
 	}
-	waitUntil(t, "every caller joined", func() bool { return g.Joined("k") == n })
+	poll.Until(t, 5*time.Second, "every caller joined", func() bool { return g.Joined("k") == n })
 	if v, err, sh := g.Do(context.Background(), "other", func() (int, error) { return 7, nil }); v != 7 || err != nil || sh {
 		t.Fatalf("other key: %v %v %v", v, err, sh)
 	}
@@ -134,12 +125,12 @@ func TestPanic(t *testing.T) {
 		defer func() { _ = recover() }()
 		g.Do(context.Background(), "k", func() (int, error) { <-gate; panic("boom") })
 	}()
-	waitUntil(t, "the leader started", func() bool { return g.Joined("k") == 1 })
+	poll.Until(t, 5*time.Second, "the leader started", func() bool { return g.Joined("k") == 1 })
 	go func() {
 		_, err, _ := g.Do(context.Background(), "k", func() (int, error) { return 0, nil })
 		done <- err
 	}()
-	waitUntil(t, "the waiter joined", func() bool { return g.Joined("k") == 2 })
+	poll.Until(t, 5*time.Second, "the waiter joined", func() bool { return g.Joined("k") == 2 })
 	close(gate)
 	if err := <-done; !errors.Is(err, ErrPanicked) {
 		t.Fatalf("waiter of a panicked leader: %v", err)

@@ -2,6 +2,7 @@ package frame
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"io"
 	"testing"
@@ -159,4 +160,25 @@ func FuzzDecodeHeader(f *testing.F) {
 			t.Fatalf("errors differ: %v vs %v", werr, serr)
 		}
 	})
+}
+
+// TestGolden: a header as it crosses the wire, its bytes made from the
+// layout above with Python's struct and an independent CRC-32C
+// (clients/python/tidepool/checksum.py): decoded to its fields and
+// written back byte for byte, so that a change that breaks older peers
+// fails here.
+func TestGolden(t *testing.T) {
+	t.Parallel()
+	const golden = "5450584601030100000000000000002a0000000000000007deadbeef000000020000000000001000a93c5f934428d612"
+	b, err := hex.DecodeString(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := Decode(b); err != nil || h != sample() {
+		t.Fatalf("decoded %+v, %v; want %+v", h, err, sample())
+	}
+	var buf [HeaderSize]byte
+	if got := Encode(buf[:], sample()); !bytes.Equal(got, b) {
+		t.Fatalf("encoded %x, want %x", got, b)
+	}
 }

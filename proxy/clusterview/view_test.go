@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/internal/clock"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 )
 
 func startNode(t *testing.T, name string, join ...string) *cluster.Cluster {
@@ -28,19 +29,6 @@ func startNode(t *testing.T, name string, join ...string) *cluster.Cluster {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -85,7 +73,7 @@ func TestViewFollowsMembership(t *testing.T) {
 	if err := v.Start(context.Background()); err == nil {
 		t.Fatal("second Start succeeded")
 	}
-	waitFor(t, "two members", func() bool { return v.Stats().Members == 2 })
+	poll.Until(t, 10*time.Second, "two members", func() bool { return v.Stats().Members == 2 })
 	// The view may have first seen n1 alone: let the grace period of that
 	// change pass, so that the check below starts from a settled view.
 	clk.Advance(2 * time.Minute)
@@ -103,7 +91,7 @@ func TestViewFollowsMembership(t *testing.T) {
 		before[k] = o[0]
 	}
 	c := startNode(t, "n3", a.Addr())
-	waitFor(t, "three members", func() bool { return v.Stats().Members == 3 })
+	poll.Until(t, 10*time.Second, "three members", func() bool { return v.Stats().Members == 3 })
 	moved := 0
 	for k, old := range before {
 		o := v.Owners(ns, []byte(k))
@@ -159,7 +147,7 @@ func TestViewFollowsMembership(t *testing.T) {
 	// A failed node leaves the ring; its keys' previous owner is listed
 	// second during the grace period.
 	c.Close()
-	waitFor(t, "the failure seen", func() bool { return v.Stats().Members == 2 })
+	poll.Until(t, 10*time.Second, "the failure seen", func() bool { return v.Stats().Members == 2 })
 	for _, m := range v.Members() {
 		if m.Name == "n3" && m.State != "failed" {
 			t.Fatalf("n3 state %q", m.State)
@@ -195,7 +183,7 @@ func TestReplicas(t *testing.T) {
 	if err := v.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "three members", func() bool { return v.Stats().Members == 3 })
+	poll.Until(t, 10*time.Second, "three members", func() bool { return v.Stats().Members == 3 })
 	for i := 0; i < 100; i++ {
 		o := v.Owners("ns", []byte(fmt.Sprint(i)))
 		if len(o) < 2 || o[0] == o[1] {
@@ -222,7 +210,7 @@ func TestJoinRing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	waitFor(t, "three members and the join ring", func() bool { return v.Stats().Members == 3 && v.Stats().JoinRing == 2 })
+	poll.Until(t, 10*time.Second, "three members and the join ring", func() bool { return v.Stats().Members == 3 && v.Stats().JoinRing == 2 })
 	before, err := cluster.NewRing([]string{"n1", "n2"}, cluster.DefaultRingConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -258,7 +246,7 @@ func TestJoinRing(t *testing.T) {
 
 	// n1 fails: it is no longer listed as a previous owner.
 	a.Close()
-	waitFor(t, "n1 seen failed", func() bool { return v.Stats().Members == 2 })
+	poll.Until(t, 10*time.Second, "n1 seen failed", func() bool { return v.Stats().Members == 2 })
 	for _, k := range fromN1 {
 		if o := v.Owners(ns, k); slices.Contains(o, "n1") {
 			t.Fatalf("%s: owners %v list the failed n1", k, o)

@@ -269,93 +269,131 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 		}
 		ans = bufAnswer(code, msg, sum, value, items)
 	}()
-	malformed := func() bool {
-		code, msg = tp.ErrorCode_INVALID_ARGUMENT, "buffer socket: malformed "+method+" request"
-		return false
+	req, derr := decodeBufRequest(op, body)
+	method = req.method
+	if derr != nil {
+		code, msg = tp.ErrorCode_INVALID_ARGUMENT, derr.Error()
+		return nil, false
 	}
-	d := wire.Reader{B: body}
 	switch op {
 	case bufOpRegister:
-		method = "RegisterBuffer"
-		size := d.U64()
-		if !d.Done() {
-			return nil, malformed()
-		}
-		value, err = s.register(bc, size)
+		value, err = s.register(bc, req.size)
 	case bufOpUnregister:
-		method = "UnregisterBuffer"
-		id := d.U64()
-		if !d.Done() {
-			return nil, malformed()
-		}
-		if _, held := bc.bufs[id]; !held {
-			err = fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, id)
+		if _, held := bc.bufs[req.id]; !held {
+			err = fmt.Errorf("%w: no buffer %d on this connection", proxy.ErrInvalidArgument, req.id)
 		} else {
-			s.drop(bc, id)
+			s.drop(bc, req.id)
 		}
 	case bufOpGet:
-		method = "GetIntoBuffer"
-		id, off, n, sc := d.U64(), d.U64(), d.U64(), d.U8()
-		ns, key := d.Str16(), d.Str16()
-		if !d.Done() {
-			return nil, malformed()
-		}
 		var got int64
-		if got, sum, err = s.get(ctx, bc, id, off, n, tp.Scope(sc), string(ns), key); err == nil {
+		if got, sum, err = s.get(ctx, bc, req.id, req.off, req.n, req.scope, string(req.ns), req.key); err == nil {
 			value = uint64(got)
 		}
 	case bufOpPut:
-		method = "PutFromBuffer"
-		id, off, n := d.U64(), d.U64(), d.U64()
-		opts, syncReplicas, check := putOpts(&d)
-		ns, key := d.Str16(), d.Str16()
-		if !d.Done() {
-			return nil, malformed()
-		}
 		var existed bool
-		existed, err = s.put(ctx, bc, id, off, n, string(ns), key, opts, syncReplicas, check)
+		existed, err = s.put(ctx, bc, req.id, req.off, req.n, string(req.ns), req.key, req.opts, req.syncReplicas, req.sum)
 		value = b2u(existed)
 	case bufOpBatchGet:
-		method = "BatchGetIntoBuffer"
-		id, sc, ns, count := d.U64(), d.U8(), d.Str16(), d.U16()
-		type get struct {
-			off, n uint64
-			key    []byte
-		}
-		gets := make([]get, 0, min(int(count), len(d.B)/18))
-		for range count {
-			gets = append(gets, get{d.U64(), d.U64(), d.Str16()})
-		}
-		if !d.Done() {
-			return nil, malformed()
-		}
-		if err = s.checkBatch(len(gets)); err != nil {
+		if err = s.checkBatch(len(req.items)); err != nil {
 			break
 		}
-		items = make([]bufItem, len(gets))
-		for i, g := range gets {
-			got, crc, err := s.get(ctx, bc, id, g.off, g.n, tp.Scope(sc), string(ns), g.key)
+		items = make([]bufItem, len(req.items))
+		for i, g := range req.items {
+			got, crc, err := s.get(ctx, bc, req.id, g.off, g.n, req.scope, string(req.ns), g.key)
 			items[i] = bufItem{code: wirecode.Code(err), sum: crc, value: uint64(got)}
 			if err != nil {
 				items[i].sum, items[i].value = 0, 0
 			}
 		}
 	case bufOpBatchPut:
-		method = "BatchPutFromBuffer"
-		id, flags, syncReplicas := d.U64(), d.U8(), int32(d.U32())
-		ns, count := d.Str16(), d.U16()
-		if flags&^bufDurable != 0 {
-			return nil, malformed()
+		if err = s.checkBatch(len(req.items)); err != nil {
+			break
 		}
-		type put struct {
-			off, n uint64
-			depth  int32
-			sum    *uint32
-			key    []byte
+		items = make([]bufItem, len(req.items))
+		for i, it := range req.items {
+			opts := cache.PutOptions{Depth: it.depth, Durable: req.opts.Durable}
+			if i > 0 && it.depth > 0 && it.depth == req.items[i-1].depth+1 {
+				opts.Parent = req.items[i-1].key // the chain rule, as BatchPut (proxy.BatchPut)
+			}
+			existed, err := s.put(ctx, bc, req.id, it.off, it.n, string(req.ns), it.key, opts, req.syncReplicas, it.sum)
+			items[i] = bufItem{code: wirecode.Code(err), value: b2u(existed && err == nil)}
 		}
-		puts := make([]put, 0, min(int(count), len(d.B)/27))
+	}
+	if err != nil {
+		code, msg = wirecode.Code(err), err.Error()
+		sum, value, items = 0, 0, nil
+	}
+	return nil, true
+}
+
+// bufRequest is a request's body, decoded: the fields its op has.
+type bufRequest struct {
+	method       string // the op's name in metrics ("unknown" for none)
+	size         uint64 // REGISTER
+	id           uint64 // the buffer: every op but REGISTER
+	off, n       uint64 // GET, PUT: the span of the buffer
+	scope        tp.Scope
+	ns, key      []byte // key: GET, PUT
+	opts         cache.PutOptions
+	syncReplicas int32
+	sum          *uint32      // PUT: the checksum sent, if any
+	items        []bufReqItem // BATCH_GET, BATCH_PUT
+}
+
+// bufReqItem is one item of a batch (depth and sum: BATCH_PUT only).
+type bufReqItem struct {
+	off, n uint64
+	depth  int32
+	sum    *uint32
+	key    []byte
+}
+
+// decodeBufRequest decodes the body of a request of op. The error (an
+// unknown op, a body that does not parse) is the answer's message; the
+// connection then closes. The slices share body's memory; a batch's item
+// slice grows by the items actually present, never by the count claimed.
+func decodeBufRequest(op byte, body []byte) (bufRequest, error) {
+	req := bufRequest{method: "unknown"}
+	d := wire.Reader{B: body}
+	switch op {
+	case bufOpRegister:
+		req.method = "RegisterBuffer"
+		req.size = d.U64()
+	case bufOpUnregister:
+		req.method = "UnregisterBuffer"
+		req.id = d.U64()
+	case bufOpGet:
+		req.method = "GetIntoBuffer"
+		req.id, req.off, req.n, req.scope = d.U64(), d.U64(), d.U64(), tp.Scope(d.U8())
+		req.ns, req.key = d.Str16(), d.Str16()
+	case bufOpPut:
+		req.method = "PutFromBuffer"
+		req.id, req.off, req.n = d.U64(), d.U64(), d.U64()
+		req.opts, req.syncReplicas, req.sum = putOpts(&d)
+		req.ns, req.key = d.Str16(), d.Str16()
+	case bufOpBatchGet:
+		req.method = "BatchGetIntoBuffer"
+		req.id, req.scope, req.ns = d.U64(), tp.Scope(d.U8()), d.Str16()
+		count := d.U16()
+		req.items = make([]bufReqItem, 0, min(int(count), len(d.B)/18))
 		for range count {
-			it := put{off: d.U64(), n: d.U64(), depth: int32(d.U32())}
+			req.items = append(req.items, bufReqItem{off: d.U64(), n: d.U64(), key: d.Str16()})
+			if d.Bad {
+				break
+			}
+		}
+	case bufOpBatchPut:
+		req.method = "BatchPutFromBuffer"
+		id, flags, syncReplicas := d.U64(), d.U8(), int32(d.U32())
+		req.id, req.syncReplicas, req.opts.Durable = id, syncReplicas, flags&bufDurable != 0
+		req.ns = d.Str16()
+		count := d.U16()
+		if flags&^bufDurable != 0 {
+			d.Bad = true
+		}
+		req.items = make([]bufReqItem, 0, min(int(count), len(d.B)/27))
+		for range count {
+			it := bufReqItem{off: d.U64(), n: d.U64(), depth: int32(d.U32())}
 			has, crc := d.U8(), d.U32()
 			switch has {
 			case 0:
@@ -365,32 +403,18 @@ func (s *bufServer) call(ctx context.Context, bc *bufConn, op byte, body []byte)
 				d.Bad = true
 			}
 			it.key = d.Str16()
-			puts = append(puts, it)
-		}
-		if !d.Done() {
-			return nil, malformed()
-		}
-		if err = s.checkBatch(len(puts)); err != nil {
-			break
-		}
-		items = make([]bufItem, len(puts))
-		for i, it := range puts {
-			opts := cache.PutOptions{Depth: it.depth, Durable: flags&bufDurable != 0}
-			if i > 0 && it.depth > 0 && it.depth == puts[i-1].depth+1 {
-				opts.Parent = puts[i-1].key // the chain rule, as BatchPut (proxy.BatchPut)
+			req.items = append(req.items, it)
+			if d.Bad {
+				break
 			}
-			existed, err := s.put(ctx, bc, id, it.off, it.n, string(ns), it.key, opts, syncReplicas, it.sum)
-			items[i] = bufItem{code: wirecode.Code(err), value: b2u(existed && err == nil)}
 		}
 	default:
-		code, msg = tp.ErrorCode_INVALID_ARGUMENT, fmt.Sprintf("buffer socket: unknown op %d", op)
-		return nil, false
+		return req, fmt.Errorf("buffer socket: unknown op %d", op)
 	}
-	if err != nil {
-		code, msg = wirecode.Code(err), err.Error()
-		sum, value, items = 0, 0, nil
+	if !d.Done() {
+		return req, fmt.Errorf("buffer socket: malformed %s request", req.method)
 	}
-	return nil, true
+	return req, nil
 }
 
 // checkBatch refuses a batch over max_batch, as the engine socket does.

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/poll"
+	"github.com/tidepool-kv/tidepool/internal/testvec"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy/engineapi"
 )
@@ -58,6 +60,12 @@ func (c *bufConn) call(op, version byte, body []byte, fds ...int) bufAnswer {
 	if _, _, err := c.conn.WriteMsgUnix(b, oob, nil); err != nil {
 		c.t.Fatal(err)
 	}
+	return c.answer()
+}
+
+// answer reads one answer's head and message.
+func (c *bufConn) answer() bufAnswer {
+	c.t.Helper()
 	head := make([]byte, 16)
 	if _, err := io.ReadFull(c.conn, head); err != nil {
 		c.t.Fatalf("answer: %v", err)
@@ -238,7 +246,7 @@ func TestBufferSocketGet(t *testing.T) {
 		t.Fatalf("%d mappings, want %d", got, before+3)
 	}
 	c2.conn.Close()
-	waitFor(t, func() bool { return mappings(t) == before })
+	poll.Until(t, 10*time.Second, "the buffers unmapped", func() bool { return mappings(t) == before })
 }
 
 func TestBufferSocketRegisterRefusals(t *testing.T) {
@@ -369,17 +377,6 @@ func TestBufferSocketClose(t *testing.T) {
 	}
 	if _, err := os.Stat(ts.socket + engineapi.BufferSocketSuffix); !os.IsNotExist(err) {
 		t.Fatalf("buffer socket file after Close: %v", err)
-	}
-}
-
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -593,5 +590,43 @@ func TestBufferSocketBatchKeepsChainHead(t *testing.T) {
 		if _, ok := ts.tier.Stat(context.Background(), "ns", keys[i]); ok {
 			t.Errorf("block %d held past the head", i)
 		}
+	}
+}
+
+// TestBufVectorsServer sends every request of protocol/testdata/bufsock.txt
+// to a real server: a malformed one is answered with its code and the
+// connection closed; a well-formed one (naming a buffer this connection
+// never registered) is answered without closing it.
+func TestBufVectorsServer(t *testing.T) {
+	ts := startServer(t, serverOpts{})
+	for _, v := range testvec.Load(t, "bufsock.txt") {
+		if v.Kind != "req" && v.Kind != "bad" {
+			continue
+		}
+		c := dialBuf(t, ts)
+		if _, err := c.conn.Write(v.Bytes); err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		a := c.answer()
+		if v.Kind == "req" {
+			if strings.Contains(a.msg, "malformed") || strings.Contains(a.msg, "version") {
+				t.Errorf("%s: refused as malformed: %+v", v.Name, a)
+			}
+			// The connection is kept: a second call is answered.
+			if b := c.register(1 << 16); b.code != tp.ErrorCode_INVALID_ARGUMENT {
+				t.Errorf("%s: REGISTER without a descriptor after it answered %+v", v.Name, b)
+			}
+			c.conn.Close()
+			continue
+		}
+		if want := v.Fields["code"]; a.code.String() != want {
+			t.Errorf("%s: answered %+v, want %s", v.Name, a, want)
+		}
+		var one [1]byte
+		// Closed with the body unread, the close is a reset.
+		if n, err := c.conn.Read(one[:]); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s: after the answer read %d bytes, %v; want the connection closed", v.Name, n, err)
+		}
+		c.conn.Close()
 	}
 }

@@ -18,6 +18,7 @@ import (
 // built its server: Kitex's Stop is then a no-op, and Run used to serve
 // forever, so Close hung), or once the server runs.
 func TestCloseRightAfterStart(t *testing.T) {
+	t.Parallel() // its own store and socket
 	dcfg := dram.DefaultConfig()
 	dcfg.Dir = t.TempDir()
 	dcfg.Capacity, dcfg.ArenaSize = 8<<20, 8<<20

@@ -19,6 +19,7 @@ import (
 	"github.com/cloudwego/gopkg/protocol/thrift"
 
 	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/internal/testvec"
 	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/protocol/thriftstream"
 	"github.com/tidepool-kv/tidepool/proxy"
@@ -476,6 +477,7 @@ func TestPutSocketClose(t *testing.T) {
 // which the tier may give the memory to another block), nothing is
 // stored, and a block stored in the freed memory afterwards is intact.
 func TestPutSocketSlowValue(t *testing.T) {
+	t.Parallel() // its own server; most of it is waiting past a slot's deadline
 	ts := startServer(t, serverOpts{capacity: 64 << 20, reserveTimeout: 2 * time.Second})
 	base := used(ts)
 	c := dialPut(t, ts)
@@ -512,4 +514,89 @@ func i32ptr(v int32) *int32 { return &v }
 func withSeq(seq int32, msg []byte) []byte {
 	binary.BigEndian.PutUint32(msg[11:], uint32(seq))
 	return msg
+}
+
+// TestPutSocketVectors: a real server against protocol/testdata/putsock.txt.
+// Each Put call stores its fields' value and is answered with the "stored"
+// reply byte for byte, then with "existed" when sent again; each refused
+// call is answered as its line says, and the connection closed or kept.
+func TestPutSocketVectors(t *testing.T) {
+	ts := startServer(t, serverOpts{capacity: 64 << 20, maxValue: 4 << 20})
+	vecs := testvec.Load(t, "putsock.txt")
+	replies := map[string][]byte{}
+	for _, v := range vecs {
+		if v.Kind == "ans" {
+			replies[v.Name] = v.Bytes
+		}
+	}
+	readReply := func(c *putConn, n int) []byte {
+		t.Helper()
+		b := make([]byte, n)
+		if _, err := io.ReadFull(c.d.R, b); err != nil {
+			t.Fatalf("reading a reply: %v", err)
+		}
+		return b
+	}
+	n := 0
+	for _, v := range vecs {
+		switch v.Kind {
+		case "req":
+			n++
+			c := dialPut(t, ts)
+			ns, key, value := string(testvec.Hex(t, v, v.Fields["ns"])), testvec.Hex(t, v, v.Fields["key"]), testvec.Hex(t, v, v.Fields["value"])
+			for _, want := range []string{"stored", "existed"} {
+				if _, err := c.conn.Write(v.Bytes); err != nil {
+					t.Fatal(err)
+				}
+				if got := readReply(c, len(replies[want])); !bytes.Equal(got, replies[want]) {
+					t.Errorf("%s: replied %x, want %s %x", v.Name, got, want, replies[want])
+				}
+			}
+			checkStored(t, ts, ns, key, value)
+			c.conn.Close()
+		case "bad":
+			n++
+			c := dialPut(t, ts)
+			if _, err := c.conn.Write(v.Bytes); err != nil {
+				t.Fatal(err)
+			}
+			closing := v.Fields["close"] == "1"
+			if closing {
+				c.conn.(*net.UnixConn).CloseWrite() // the rest never comes
+			}
+			seq := int32(1)
+			if s, ok := v.Fields["seq"]; ok {
+				seq = int32(testvec.Int(t, v, s))
+			}
+			switch want := v.Fields["result"]; want {
+			case "none":
+			case "UNKNOWN_METHOD", "PROTOCOL_ERROR":
+				if res, ex := c.reply(seq); ex == nil || ex.TypeID() != exceptionType(want) {
+					t.Errorf("%s: replied %+v, %v; want the exception %s", v.Name, res, ex, want)
+				}
+			default:
+				if res, ex := c.reply(seq); ex != nil || res.Err == nil || res.Err.Code.String() != want {
+					t.Errorf("%s: replied %+v, %v; want %s", v.Name, res, ex, want)
+				}
+			}
+			if closing {
+				if !c.closed() {
+					t.Errorf("%s: the connection was kept", v.Name)
+				}
+			} else if res := c.call(2, withSeq(2, slices.Clone(vecs[0].Bytes))); res.Err != nil {
+				t.Errorf("%s: a put after it on the same connection: %+v", v.Name, res)
+			}
+			c.conn.Close()
+		}
+	}
+	if n < 6 {
+		t.Fatalf("%d vectors", n)
+	}
+}
+
+func exceptionType(name string) int32 {
+	if name == "UNKNOWN_METHOD" {
+		return thrift.UNKNOWN_METHOD
+	}
+	return thrift.PROTOCOL_ERROR
 }

@@ -175,6 +175,7 @@ func TestZeroCopyReservationDeadline(t *testing.T) {
 // dies without releasing them pins nothing once the leases expire, and
 // another client's blocks are unaffected.
 func TestZeroCopyDyingClient(t *testing.T) {
+	t.Parallel() // its own server; most of it is waiting for a lease to expire
 	ts := startServer(t, serverOpts{capacity: 4 << 20, maxValue: 4 << 20})
 	ctx := context.Background()
 	mine := randBytes(3, 1<<20)

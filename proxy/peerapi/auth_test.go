@@ -12,6 +12,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/internal/fdtest"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
 )
@@ -83,7 +84,7 @@ func testClusterWithSecret(t *testing.T, encrypt bool) {
 	if n, _ := io.Copy(io.Discard, c); n != 0 {
 		t.Fatalf("the server answered a stranger with %d bytes", n)
 	}
-	waitFor(t, 5*time.Second, "the refusals to be counted", func() bool {
+	poll.Until(t, 5*time.Second, "the refusals to be counted", func() bool {
 		return a.srv.ListenerStats().AuthFailures >= fails+2
 	})
 	if got := a.srv.Stats().Refused; got != refused {
@@ -154,7 +155,7 @@ func TestPeerAPISurvivesEMFILE(t *testing.T) {
 		release()
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "an accept error", func() bool { return a.srv.ListenerStats().AcceptErrors >= 1 })
+	poll.Until(t, 10*time.Second, "an accept error", func() bool { return a.srv.ListenerStats().AcceptErrors >= 1 })
 	release()
 	c.Close()
 	// A fresh client: its call needs a new connection.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer"
 	"github.com/tidepool-kv/tidepool/protocol/gen/peer/tidepoolpeer"
 	"github.com/tidepool-kv/tidepool/proxy"
@@ -35,7 +36,7 @@ func TestCluster(t *testing.T) {
 		if _, err := a.p.Put(ctx, ns, k, v, cache.PutOptions{Depth: 3}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, "the push to reach the owner", func() bool {
+		poll.Until(t, 5*time.Second, "the push to reach the owner", func() bool {
 			_, ok, _ := b.p.Exists(ctx, ns, k, proxy.ScopeLocal)
 			return ok
 		})
@@ -58,7 +59,7 @@ func TestCluster(t *testing.T) {
 		if got, _, err := c.p.Get(ctx, ns, k, proxy.ScopeLocal); err != nil || !bytes.Equal(got, v) {
 			t.Fatalf("local read of the fetched copy: %v", err)
 		}
-		waitFor(t, 5*time.Second, "the owner's pin released", func() bool {
+		poll.Until(t, 5*time.Second, "the owner's pin released", func() bool {
 			return b.p.ZeroCopyStats().LiveLeases == 0
 		})
 		// A single-node read on the producer finds its low-priority copy.
@@ -353,7 +354,7 @@ func TestCluster(t *testing.T) {
 				}
 			}
 		}()
-		waitFor(t, 10*time.Second, "a few remote reads", func() bool {
+		poll.Until(t, 10*time.Second, "a few remote reads", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return ok >= 3
@@ -361,7 +362,7 @@ func TestCluster(t *testing.T) {
 		// Break the owner's transfers while reads are in flight, then its
 		// API, then everything.
 		b.tr.Close()
-		waitFor(t, 10*time.Second, "reads failing", func() bool {
+		poll.Until(t, 10*time.Second, "reads failing", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return failed >= 2

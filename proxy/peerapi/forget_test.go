@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
@@ -91,7 +92,7 @@ func TestForgetUnderCalls(t *testing.T) {
 		a.cli.Forget(peerAddr)
 		time.Sleep(time.Millisecond)
 	})
-	waitFor(t, 20*time.Second, "fetches and refusals", func() bool { return fetched.Load() > 50 && refused.Load() > 5 })
+	poll.Until(t, 20*time.Second, "fetches and refusals", func() bool { return fetched.Load() > 50 && refused.Load() > 5 })
 	// Close while the calls go on: they fail as closed, none panics.
 	if err := a.cli.Close(); err != nil {
 		t.Logf("close: %v", err)
@@ -104,7 +105,7 @@ func TestForgetUnderCalls(t *testing.T) {
 	t.Logf("%d fetches, %d calls refused or missed", fetched.Load(), refused.Load())
 	// The owner's pins end released or expire with their lease; none
 	// outlives it.
-	waitFor(t, 15*time.Second, "owner's leases released or expired", func() bool {
+	poll.Until(t, 15*time.Second, "owner's leases released or expired", func() bool {
 		return owner.p.ZeroCopyStats().LiveLeases == 0
 	})
 }

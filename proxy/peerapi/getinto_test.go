@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
@@ -109,7 +110,7 @@ func TestGetIntoRemote(t *testing.T) {
 					t.Fatal("hot read: wrong bytes")
 				}
 			}
-			waitFor(t, 5*time.Second, "owner's pins given back", func() bool { return owner.p.ZeroCopyStats().LiveLeases == 0 })
+			poll.Until(t, 5*time.Second, "owner's pins given back", func() bool { return owner.p.ZeroCopyStats().LiveLeases == 0 })
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tidepool-kv/tidepool/cache/dram"
 	"github.com/tidepool-kv/tidepool/cluster"
 	"github.com/tidepool-kv/tidepool/internal/peerauth"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 	"github.com/tidepool-kv/tidepool/proxy/clusterview"
 	"github.com/tidepool-kv/tidepool/proxy/peerapi"
@@ -185,7 +186,7 @@ func newCluster(t testing.TB, size int, o nodeOpts) []*node {
 	for i := 1; i < size; i++ {
 		nodes = append(nodes, newNode(t, fmt.Sprintf("n%d", i), o, nodes[0].c.Addr()))
 	}
-	waitFor(t, 10*time.Second, "views converge", func() bool {
+	poll.Until(t, 10*time.Second, "views converge", func() bool {
 		for _, n := range nodes {
 			if n.view.Stats().Members != size {
 				return false
@@ -194,20 +195,6 @@ func newCluster(t testing.TB, size int, o nodeOpts) []*node {
 		return true
 	})
 	return nodes
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
 }
 
 // keyOwnedBy returns a key (with the prefix) whose first owner is owner,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
@@ -51,7 +52,7 @@ func TestNamedReads(t *testing.T) {
 				t.Fatal("a block nobody holds was found")
 			}
 			checkFetchPaths(t, owner, n, tc.noNamed)
-			waitFor(t, 5*time.Second, "owner's pins given back", func() bool { return owner.p.ZeroCopyStats().LiveLeases == 0 })
+			poll.Until(t, 5*time.Second, "owner's pins given back", func() bool { return owner.p.ZeroCopyStats().LiveLeases == 0 })
 		})
 	}
 }

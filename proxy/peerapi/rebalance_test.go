@@ -10,6 +10,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/cache"
 	"github.com/tidepool-kv/tidepool/cache/dram"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
@@ -62,7 +63,7 @@ func TestRebalanceOnJoin(t *testing.T) {
 	start := time.Now()
 	n2 := newNode(t, "n2", o, nodes[0].c.Addr())
 	all := append(nodes, n2)
-	waitFor(t, 10*time.Second, "views converge on three nodes", func() bool {
+	poll.Until(t, 10*time.Second, "views converge on three nodes", func() bool {
 		for _, n := range all {
 			if n.view.Stats().Members != 3 {
 				return false
@@ -82,7 +83,7 @@ func TestRebalanceOnJoin(t *testing.T) {
 	// Done: the new owner holds its blocks and the previous owners' passes
 	// have ended (a push is counted after the owner answered).
 	var movedBlocks, skipped int64
-	waitFor(t, 30*time.Second, "the new owner to hold its blocks and the passes to end", func() bool {
+	poll.Until(t, 30*time.Second, "the new owner to hold its blocks and the passes to end", func() bool {
 		for _, k := range moved {
 			if _, ok, _ := n2.p.Exists(ctx, ns, k, proxy.ScopeLocal); !ok {
 				return false

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/proxy"
 )
 
@@ -33,7 +34,7 @@ func TestReleasesRideAlong(t *testing.T) {
 	}
 	// Back to back: all but the last fetch's pin rode on a later Acquire,
 	// or on a timed Release if the fetches were slow; none is lost.
-	waitFor(t, 10*time.Second, "owner's leases released", func() bool {
+	poll.Until(t, 10*time.Second, "owner's leases released", func() bool {
 		st := owner.srv.Stats()
 		return st.Acquired == n && st.Released == n && owner.p.ZeroCopyStats().LiveLeases == 0
 	})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidepool-kv/tidepool/internal/poll"
 	"github.com/tidepool-kv/tidepool/protocol/frame"
 	"github.com/tidepool-kv/tidepool/rdma"
 )
@@ -67,18 +68,6 @@ func (x *rig) read(t *testing.T, n int) {
 	}
 	if !bytes.Equal(x.dst[:n], x.src[:n]) {
 		t.Fatalf("read of %d bytes: wrong bytes", n)
-	}
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 	}
 }
 
@@ -221,7 +210,7 @@ func TestPortEvents(t *testing.T) {
 			ip("link", "set", link, "up")
 		}
 	}()
-	waitFor(t, "port_err on the second device", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "port_err on the second device", func() bool {
 		h := x.a.Health()[1]
 		return h.Events["port_err"] >= 1 && !h.Usable
 	})
@@ -233,7 +222,7 @@ func TestPortEvents(t *testing.T) {
 	}
 	ip("link", "set", link, "up")
 	up = true
-	waitFor(t, "port_active on the second device", 30*time.Second, func() bool {
+	poll.Until(t, 30*time.Second, "port_active on the second device", func() bool {
 		h := x.a.Health()[1]
 		return h.Events["port_active"] >= 1 && h.Usable
 	})

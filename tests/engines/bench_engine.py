@@ -26,7 +26,7 @@ def connector_stats(kv):
         return {}
     import importlib
     m = importlib.import_module(kv["kv_connector_module_path"])
-    f = getattr(m, "stats", None) or getattr(m, "test_stats")
+    f = getattr(m, "stats", None) or m.test_stats
     return {k: v for k, v in f().items() if not isinstance(v, list)}
 
 

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -318,7 +317,7 @@ class EngineTests(unittest.TestCase):
         # block under a colliding key) is a load error for that block:
         # vLLM recomputes from it, output unchanged, no engine error.
         s = self.sidecar("badblock")
-        a = self.run_engine(self.model, [P], kv=kv_config(s.socket))
+        self.run_engine(self.model, [P], kv=kv_config(s.socket))
         keys = vllm_hashes_of(P, BLOCK)
         c = tidepool.Client(s.socket)
         try:
@@ -410,7 +409,7 @@ class EngineTests(unittest.TestCase):
             self.assertEqual([("/tp0/" in n, "/tp1/" in n) for n in nss], [(True, False), (False, True)], nss)
             keys = vllm_hashes_of(P + SUFFIX, BLOCK)
             for ns in nss:
-                poll(lambda: c.lookup(ns, keys) == len(keys), 60, "the saves of " + ns)
+                poll(lambda ns=ns: c.lookup(ns, keys) == len(keys), 60, "the saves of " + ns)
             self.assertTrue(c.delete(nss[1], keys[5]))
         finally:
             c.close()

@@ -249,7 +249,7 @@ class Subscriber:
 
 def find(events, typ, key=None, medium=None):
     out = []
-    for i, (seq, topic, e) in enumerate(events):
+    for i, (_seq, _topic, e) in enumerate(events):
         if e["type"] != typ:
             continue
         if key is not None and hash_int(key) not in e.get("block_hashes", []):
@@ -381,7 +381,7 @@ class KVEventsTest(unittest.TestCase):
         # Every change in order: per key, stored and removed alternate per
         # medium, starting with stored.
         state = {}
-        for seq, t, e in ev[:j]:
+        for _seq, t, e in ev[:j]:
             if t != topic:
                 continue
             for h in e.get("block_hashes", []):
@@ -469,7 +469,6 @@ class KVEventsTest(unittest.TestCase):
 
     def test_bad_input(self):
         s = self.subscriber()
-        before = self.c.stats(NS) if hasattr(self.c, "stats") else None
         # Token ids not matching the block size.
         with self.assertRaises(Error) as cm:
             self.c.put(NS, key_of(400), b"v", meta=BlockMeta([1, 2, 3], None, BS))

@@ -30,6 +30,8 @@ PKG_ROOT = os.path.dirname(HERE)
 sys.path.insert(0, PKG_ROOT)
 
 import tidepool  # noqa: E402
+from thrift.transport import TTransport  # noqa: E402
+
 from tidepool import ErrorCode  # noqa: E402
 
 KiB = 1024
@@ -149,7 +151,7 @@ class ClientTest(unittest.TestCase):
         _check_get_tail(b"\x0b\x00\x03\x00\x00\x00\x04dram\x00\x00")  # tier, two ends
         _check_get_tail(b"\x00\x00")
         for bad in (b"", b"\x00", b"\x0b\x00\x03\x00\x00\x00\x09dram\x00\x00", b"\x00\x00\x00", b"\x63\x00\x01"):
-            with self.assertRaises(Exception, msg=repr(bad)):
+            with self.assertRaises(TTransport.TTransportException, msg=repr(bad)):
                 _check_get_tail(bad)
 
     def test_lazy_release(self):
@@ -607,7 +609,7 @@ class BufferSocketTest(unittest.TestCase):
             return acquire(req)
         self.c._c.Acquire = counted
         for name in ("Reserve", "Commit"):
-            def counted_put(req, fn=getattr(self.c._c, name)):
+            def counted_put(req, fn=getattr(self.c._c, name)):  # noqa: B008 (bound per name, on purpose)
                 self.arena_puts += 1
                 return fn(req)
             setattr(self.c._c, name, counted_put)

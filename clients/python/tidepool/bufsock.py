@@ -43,6 +43,9 @@ DURABLE = 1 << 0
 CHECKSUM = 1 << 1
 # A string's and a batch's count field are u16.
 _MAX_U16 = 0xFFFF
+# The longest message the server writes in an answer; a longer one means
+# the stream is out of step (the Go client refuses it too).
+MAX_MESSAGE = 1024
 
 _REQ = struct.Struct(">BBHI")
 _ANS = struct.Struct(">HHIQ")
@@ -197,6 +200,8 @@ class Conn:
             sent = socket.send_fds(self.sock, [msg], list(fds)) if fds else 0
             self.sock.sendall(memoryview(msg)[sent:])
             code, mlen, checksum, value = _ANS.unpack(self._recv(_ANS.size))
+            if mlen > MAX_MESSAGE:
+                raise Closed("an answer with a message of %d bytes" % mlen)
             message = self._recv(mlen).decode("utf-8", "replace")
             items = None
             if op in (BATCH_GET, BATCH_PUT) and code == 0:  # OK

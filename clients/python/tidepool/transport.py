@@ -63,9 +63,9 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
             try:
                 k = h.recv_into(view[got:], n - got)
             except (socket.timeout, TimeoutError, BlockingIOError) as e:
-                raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e)
+                raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e) from e
             except OSError as e:
-                raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
+                raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e) from e
             if k == 0:
                 raise TTransportException(TTransportException.END_OF_FILE, "TSocket read 0 bytes")
             got += k
@@ -96,9 +96,9 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
         try:
             first = self._handle().recv(n, self._waitall) if n else b""
         except (socket.timeout, TimeoutError, BlockingIOError) as e:
-            raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e)
+            raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e) from e
         except OSError as e:
-            raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
+            raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e) from e
         if len(first) == n:
             return first
         if not first:
@@ -136,9 +136,9 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
             # what has arrived so far otherwise, or when the timeout expires.
             first = self._handle().recv(sz, self._waitall)
         except (socket.timeout, TimeoutError, BlockingIOError) as e:
-            raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e)
+            raise TTransportException(TTransportException.TIMED_OUT, "read timeout", inner=e) from e
         except OSError as e:
-            raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
+            raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e) from e
         if not first:
             raise TTransportException(TTransportException.END_OF_FILE, "TSocket read 0 bytes")
         if len(first) == sz:
@@ -180,9 +180,9 @@ class FramedSocketTransport(TTransport.TTransportBase, TTransport.CReadableTrans
                 try:
                     sent = h.sendmsg(parts)
                 except (socket.timeout, TimeoutError, BlockingIOError) as e:
-                    raise TTransportException(TTransportException.TIMED_OUT, "write timeout", inner=e)
+                    raise TTransportException(TTransportException.TIMED_OUT, "write timeout", inner=e) from e
                 except OSError as e:
-                    raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e)
+                    raise TTransportException(TTransportException.UNKNOWN, "unexpected exception", inner=e) from e
                 while parts and sent >= len(parts[0]):
                     sent -= len(parts[0])
                     parts.pop(0)
