@@ -78,7 +78,7 @@ DRAM_SHARE = 4
 LAYERWISE_DRAM_SHARE = DRAM_SHARE // 2
 # Threads that copy a step's loads layer by layer. One: on this project's
 # 2-core test machine two threads copied 33.6 MB in 64 KiB pieces at 6.1
-# GB/s against one thread's 9.0 (docs/PERFORMANCE.md §13).
+# GB/s against one thread's 9.0 (docs/PERFORMANCE.md, "vLLM loads layer by layer").
 COPIER_THREADS = 1
 # Leases a load left to ride on the next Acquire are released on their own
 # once they are this old, so that an engine that goes idle does not keep
@@ -928,14 +928,18 @@ class Worker:
                 self._account(tr, self._gpu.load(self._gpu_conn, tr), time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 continue
-            chunks = self._plan(tr, populate=not layerwise)
             if not layerwise:
-                for ch in chunks:
+                # Chunk by chunk: each chunk copied and settled before the
+                # next Acquire, which releases its leases (a prefix larger
+                # than DRAM streams through it).
+                ok = set()
+                for ch in self._plan(tr, populate=True):
                     self._copy_now(ch)
-                self._account(tr, self._settle_all(chunks), time.perf_counter() - t0)
+                    ok |= self._settle_all([ch])
+                self._account(tr, ok, time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 continue
-            plans.append((tr, chunks))
+            plans.append((tr, list(self._plan(tr, populate=False))))
         if plans:
             if not self._copiers:
                 for t in range(COPIER_THREADS):
@@ -1007,17 +1011,17 @@ class Worker:
             _count("load_errors", len(bad))
 
     def _plan(self, tr, populate):
-        """The Acquires of one transfer, chunk by chunk, with their copies
-        planned (no bytes moved yet). A chunk that fails ends the plan: the
-        rest of the transfer is recomputed."""
+        """Yields the chunks of one transfer, each Acquired with its copies
+        planned (no bytes moved yet), the next Acquired only when the
+        caller asks for it. A chunk that fails ends the plan: the rest of
+        the transfer is recomputed."""
         c = self._link.get()
         if c is None:
-            return []
+            return
         idx = [i for i, k in enumerate(tr.keys) if k is not None]
-        out = []
         for chunk in _chunks(idx, self._link.chunk(self.block_bytes)):
             try:
-                out.append(self._plan_chunk(c, tr, chunk, populate))
+                ch = self._plan_chunk(c, tr, chunk, populate)
             except Exception as e:  # noqa: BLE001
                 if _is_server_error(e):
                     _once.warn("acquire:%s" % e.code, "Acquire refused (%s); recomputing", e)
@@ -1025,8 +1029,8 @@ class Worker:
                     self._link.failed(e)
                 else:
                     _once.warn("load:%s" % type(e).__name__, "load failed: %r; recomputing", e)
-                break
-        return out
+                return
+            yield ch
 
     def _forget_client(self):
         """The worker's client is about to close: its arena views and the
@@ -1041,7 +1045,7 @@ class Worker:
         sidecar's arenas, on a thread (MADV_POPULATE_READ, 64 MiB at a
         time). A load then copies without a page fault per 64 KiB of
         blocks it has not read before (half of a 2,048-token load's time
-        on this project's test machine, docs/PERFORMANCE.md §13); the cost
+        on this project's test machine, docs/PERFORMANCE.md, "vLLM loads layer by layer"); the cost
         is the page tables, about 2 MiB per GiB of arena in each worker."""
         c = self._link.client
         if c is None or c is self._warmed:
