@@ -83,7 +83,9 @@ type Peers interface {
 	// network: the ids may ride on the next Acquire to node.
 	Release(node string, leases []int64)
 	// Push stores blocks on node. Per item: nil (stored or present) or the
-	// error.
+	// error. err is a call that failed (the node did not answer, refused,
+	// ...); the answers then cover every item (those not stored carry an
+	// error), or are nil when nothing reached the node.
 	Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error)
 	// Delete removes keys from node's local tiers. Per key: whether it was
 	// there.
@@ -379,6 +381,7 @@ type router struct {
 	hot       *hotTracker // nil: hot replication off
 	rebal     *rebalancer // nil: rebalancer off
 	brk       *breaker    // nodes that failed recently
+	pushWarn  *failureLog // pushes that failed, logged per node now and then
 
 	queue   chan pushJob
 	stop    chan struct{}
@@ -413,6 +416,7 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 		checkMeta: p.checkMeta, describe: p.describe,
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
+	r.pushWarn = newFailureLog(r.lg, "pushes to a node failed (tidepool_push_failures_total)", pushWarnEvery, cfg.Clock)
 	r.peers = counted{peers, &r.stats}
 	for i := 0; i < cfg.PushWorkers; i++ {
 		r.workers.Add(1)
@@ -723,6 +727,12 @@ func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []P
 	}
 	res, err := r.peers.Push(ctx, node, ns, items)
 	r.brk.done(node, probe, outcomeOf(parent, err))
+	failed := pushFailed(res, err, len(items))
+	r.pushes.Add(int64(len(items) - failed))
+	r.pushFailures.Add(int64(failed))
+	if failed == 0 {
+		return nil
+	}
 	if err == nil {
 		for _, e := range res {
 			if e != nil {
@@ -731,13 +741,8 @@ func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []P
 			}
 		}
 	}
-	if err != nil {
-		r.pushFailures.Add(int64(len(items)))
-		r.lg.Debug("push failed", zap.String("node", node), zap.Error(err))
-		return err
-	}
-	r.pushes.Add(int64(len(items)))
-	return nil
+	r.pushWarn.failed(node, failed, err)
+	return err
 }
 
 func (r *router) pushWorker() {

@@ -271,6 +271,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccl.Resolve = n.view.Addrs
 	ccl.Transport = n.xt
 	ccl.Regions = n.regions
+	ccl.MaxMessageBytes = int(cfg.MaxRequestSize) // what the peers' servers accept (scfg above)
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {
 		return nil, err
 	}

@@ -74,7 +74,8 @@ type ServerConfig struct {
 	// (registered with the transport: cmd/tidepool's registerArenas). Required.
 	Regions []rdma.RegionDesc
 	// MaxRequestBytes bounds one framed request (a Put carries block bytes
-	// inline). Default 256 MiB.
+	// inline); the peers' ClientConfig.MaxMessageBytes must not exceed it.
+	// Default DefaultMaxMessageBytes.
 	MaxRequestBytes int
 	// DrainTimeout bounds how long Close waits for in-flight calls.
 	// Default 10 s.
@@ -101,7 +102,7 @@ type ServerConfig struct {
 
 // DefaultServerConfig returns the defaults documented on ServerConfig.
 func DefaultServerConfig() ServerConfig {
-	return ServerConfig{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxLease: 30 * time.Second,
+	return ServerConfig{MaxRequestBytes: DefaultMaxMessageBytes, DrainTimeout: 10 * time.Second, MaxLease: 30 * time.Second,
 		MaxConns: 1024, IdleTimeout: 5 * time.Minute, HandshakeTimeout: 5 * time.Second}
 }
 
@@ -217,7 +218,8 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 		HandshakeTimeout: cfg.HandshakeTimeout, IdleTimeout: cfg.IdleTimeout,
 	}, lg)
 	s.svr = tidepoolpeer.NewServer(h,
-		server.WithListener(s.ln),
+		// Requests are read whole frames at a time (frame.go).
+		server.WithListener(frameListener{s.ln}),
 		server.WithTransServerFactory(gonet.NewTransServerFactory()),
 		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
 		server.WithCodec(safecodec.New(cfg.MaxRequestBytes)),
