@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tidepool-kv/tidepool/client"
+	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/proxy/clusterview"
+)
+
+// TestServeLargePushReachesOwner is issue 35's push defect against two real
+// `tidepool serve` processes, with plain and with encrypted peer
+// connections: one inline BatchPut on node-1 of 24 blocks of 4 MiB, 20 of
+// them owned by node-2 (80 MiB for one owner, more than a peer API message
+// held before), ends with every one of those 20 readable from node-2's own
+// tiers, node-1 counting 20 pushes, no failure and no owner marked down.
+// Before the fix the push went as one 80 MiB call, over the peer client's
+// 64 MiB frame limit, and failed whole (and an encrypted connection failed
+// any block over about 1.6 MiB: the owner's reader gave up on it).
+func TestServeLargePushReachesOwner(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process cluster test skipped in -short mode")
+	}
+	for _, encrypt := range []bool{false, true} {
+		t.Run(fmt.Sprintf("encrypt=%v", encrypt), func(t *testing.T) {
+			extra := []string{"--dram-capacity", "128MiB", "--max-value-size", "8MiB", "--log-level", "warn"}
+			if encrypt {
+				extra = append(extra, "--peer-encrypt", "true")
+			}
+			m1 := clusterArgs(t, "node-1", "")
+			m1.d = startDaemon(t, append(m1.args, extra...)...)
+			m2 := clusterArgs(t, "node-2", m1.gossip)
+			m2.d = startDaemon(t, append(m2.args, extra...)...)
+			waitView(t, m1.d, "node-1", "node-2")
+			waitView(t, m2.d, "node-1", "node-2")
+
+			// Placement is a pure function of the members: the ring of
+			// clusterview, over the ring key ns "\x00" key.
+			ring, err := cluster.NewRing([]string{"node-1", "node-2"}, clusterview.DefaultConfig().Ring)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const ns = "big"
+			ownedBy := func(prefix, owner string, n int) [][]byte {
+				var keys [][]byte
+				for i := 0; len(keys) < n; i++ {
+					k := []byte(fmt.Sprintf("%s-%d", prefix, i))
+					if ring.Owner(append([]byte(ns+"\x00"), k...)) == owner {
+						keys = append(keys, k)
+					}
+				}
+				return keys
+			}
+			c1, err := client.New(m1.d.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c1.Close()
+			c2, err := client.New(m2.d.socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			ctx := context.Background()
+
+			// node-1's view places keys on node-2 once a small block put
+			// there reaches node-2.
+			deadline := time.Now().Add(30 * time.Second)
+			for i := 0; ; i++ {
+				probe := ownedBy(fmt.Sprint("probe", i), "node-2", 1)[0]
+				if errs, err := c1.BatchPut(ctx, ns, []client.Item{{Key: probe, Value: []byte("probe")}}); err != nil || errs[0] != nil {
+					t.Fatal(err, errs)
+				}
+				waitUntil := time.Now().Add(2 * time.Second)
+				found := false
+				for !found && time.Now().Before(waitUntil) {
+					_, found, _ = c2.Get(ctx, ns, probe, client.ScopeLocal)
+					time.Sleep(20 * time.Millisecond)
+				}
+				if found {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no small block put on node-1 reached node-2")
+				}
+			}
+			pushed := metric(t, m1.d, "tidepool_pushes_total")
+
+			theirs := ownedBy("blk", "node-2", 20)
+			keys := append(ownedBy("own", "node-1", 4), theirs...)
+			items := make([]client.Item, len(keys))
+			for i, k := range keys {
+				v := make([]byte, 4<<20)
+				for j := 0; j < len(v); j += 4096 {
+					v[j] = byte(i)
+				}
+				copy(v, k)
+				items[i] = client.Item{Key: k, Value: v}
+			}
+			errs, err := c1.BatchPut(ctx, ns, items)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, e := range errs {
+				if e != nil {
+					t.Fatalf("put %d: %v", i, e)
+				}
+			}
+			end := time.Now().Add(30 * time.Second)
+			for metric(t, m1.d, "tidepool_pushes_total")+metric(t, m1.d, "tidepool_push_failures_total") < pushed+float64(len(theirs)) {
+				if time.Now().After(end) {
+					t.Fatalf("pushes %v, failures %v: the pushes never ended", metric(t, m1.d, "tidepool_pushes_total")-pushed,
+						metric(t, m1.d, "tidepool_push_failures_total"))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if got, fails, down := metric(t, m1.d, "tidepool_pushes_total")-pushed, metric(t, m1.d, "tidepool_push_failures_total"),
+				metric(t, m1.d, "tidepool_remote_peer_down_total"); got != float64(len(theirs)) || fails != 0 || down != 0 {
+				t.Fatalf("node-1: %v pushes, %v failures, owner marked down %v times; want %d, 0, 0", got, fails, down, len(theirs))
+			}
+			for i, k := range theirs {
+				v, found, err := c2.Get(ctx, ns, k, client.ScopeLocal)
+				if err != nil || !found || !bytes.Equal(v, items[4+i].Value) {
+					t.Fatalf("block %q on node-2: found %v, %v (equal %v)", k, found, err, bytes.Equal(v, items[4+i].Value))
+				}
+			}
+		})
+	}
+}
