@@ -186,7 +186,7 @@ func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte
 
 // fetchAcquired is fetchBlocks by Acquire, Pull and Release.
 func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]byte, keep bool, pc *peerCounters) ([]error, error) {
-	blocks, err := r.peers.Acquire(ctx, node, ns, keys)
+	blocks, err := r.fetcher.Acquire(ctx, node, ns, keys)
 	if err == nil && len(blocks) != len(keys) {
 		err = fmt.Errorf("%w: %s answered %d blocks for %d keys", cache.ErrUnavailable, node, len(blocks), len(keys))
 		var leases []int64
@@ -195,7 +195,7 @@ func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]by
 				leases = append(leases, b.Lease)
 			}
 		}
-		r.peers.Release(node, leases)
+		r.fetcher.Release(node, leases)
 	}
 	if err != nil {
 		pc.failures.Add(1)
@@ -219,7 +219,7 @@ func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]by
 		pinned = append(pinned, i)
 	}
 	r.each(len(blocks), pinned, landOne)
-	r.peers.Release(node, leases)
+	r.fetcher.Release(node, leases)
 	return errs, nil
 }
 
@@ -306,7 +306,7 @@ func (r *router) land(ctx context.Context, node, ns string, key []byte, b Remote
 		return 0, err
 	}
 	if b.Length > 0 {
-		if err := r.peers.Pull(ctx, node, b, slot); err != nil {
+		if err := r.fetcher.Pull(ctx, node, b, slot); err != nil {
 			_ = slot.Abort()
 			return 0, err
 		}
@@ -321,7 +321,7 @@ func (r *router) landNamed(ctx context.Context, node, ns string, key []byte, low
 		slot cache.Reservation
 		b    RemoteBlock
 	)
-	err := r.peers.Fetch(ctx, node, ns, key, func(got RemoteBlock) (cache.Reservation, error) {
+	err := r.fetcher.Fetch(ctx, node, ns, key, func(got RemoteBlock) (cache.Reservation, error) {
 		b = got
 		s, err := r.reserveFetched(ctx, node, ns, key, got, low)
 		slot = s

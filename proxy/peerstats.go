@@ -103,8 +103,8 @@ func (s *peerStats) snapshot() []PeerStats {
 	return out
 }
 
-// counted is the router's Peers: every call on another node goes through
-// it and is counted per node. The fetch calls (Acquire, Pull, Release) are
+// counted is what the router calls other nodes through (each of its
+// Remote interfaces): every call goes through it and is counted per node. The fetch calls (Acquire, Pull, Release) are
 // counted by fetchBlocks, which knows what became of each block.
 type counted struct {
 	Peers

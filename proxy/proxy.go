@@ -572,7 +572,7 @@ func (p *Proxy) Delete(ctx context.Context, ns string, key []byte, scope Scope) 
 	if r := p.clusterRouter(scope); r != nil {
 		var any atomic.Bool // fn runs on one goroutine per member
 		err = r.everywhere(ctx, func(ctx context.Context, node string) error {
-			res, err := r.peers.Delete(ctx, node, ns, [][]byte{key})
+			res, err := r.deleter.Delete(ctx, node, ns, [][]byte{key})
 			if err == nil && len(res) == 1 && res[0] {
 				any.Store(true)
 			}
@@ -602,7 +602,7 @@ func (p *Proxy) Clear(ctx context.Context, ns string, scope Scope) (int64, error
 	if r := p.clusterRouter(scope); r != nil {
 		var total atomic.Int64
 		err = r.everywhere(ctx, func(ctx context.Context, node string) error {
-			m, err := r.peers.Clear(ctx, node, ns)
+			m, err := r.deleter.Clear(ctx, node, ns)
 			total.Add(m)
 			return err
 		})

@@ -43,14 +43,16 @@ type Cluster interface {
 	Members() []MemberInfo
 }
 
-// Peers makes calls on other sidecars: the peer API's requests, and the
-// one-sided read of a pinned block's bytes over the transfer layer.
-// Implemented by proxy/peerapi. The proxy drives a fetch itself
-// (fetch.go): Acquire, then per block Reserve a local slot, Pull, Commit,
-// and Release.
-type Peers interface {
-	// Lookup reports, per key, whether node holds the block locally.
-	Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
+// The calls this node makes on other sidecars, one interface per user:
+// fetches (fetch.go, buffers.go) read blocks, lookups (remote.go,
+// rebalance.go) ask who holds them, pushes (remote.go, rebalance.go) store
+// them on their owners, cluster-wide deletes (proxy.go) remove them.
+// proxy/peerapi implements all four (Peers); the proxy drives a fetch
+// itself: Acquire, then per block Reserve a local slot, Pull, Commit, and
+// Release.
+
+// RemoteFetcher reads blocks other nodes hold.
+type RemoteFetcher interface {
 	// Acquire asks node to pin the blocks of keys for this node to read.
 	// Per key: where the block lies, or why it is not served
 	// (RemoteBlock.Err: cache.ErrNotFound, ...). The lease of every block
@@ -82,17 +84,41 @@ type Peers interface {
 	// Release gives back leases node granted. It does not wait for the
 	// network: the ids may ride on the next Acquire to node.
 	Release(node string, leases []int64)
+}
+
+// RemoteLookup asks other nodes which blocks they hold.
+type RemoteLookup interface {
+	// Lookup reports, per key, whether node holds the block locally.
+	Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
+}
+
+// RemotePusher stores blocks on other nodes.
+type RemotePusher interface {
 	// Push stores blocks on node. Per item: nil (stored or present) or the
 	// error. err is a call that failed (the node did not answer, refused,
 	// ...); the answers then cover every item (those not stored carry an
 	// error), or are nil when nothing reached the node.
 	Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error)
+}
+
+// RemoteDeleter removes blocks from other nodes (cluster-wide Delete and
+// Clear).
+type RemoteDeleter interface {
 	// Delete removes keys from node's local tiers. Per key: whether it was
 	// there.
 	Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
 	// Clear removes every block of ns from node's local tiers and returns
 	// how many there were.
 	Clear(ctx context.Context, node, ns string) (int64, error)
+}
+
+// Peers is every call on other sidecars: what AttachCluster takes.
+// Implemented by proxy/peerapi.
+type Peers interface {
+	RemoteFetcher
+	RemoteLookup
+	RemotePusher
+	RemoteDeleter
 }
 
 // ErrNoFetch is Peers.Fetch's answer when the node is not known to serve
@@ -368,11 +394,15 @@ type pushJob struct {
 
 // router is a proxy's routing state.
 type router struct {
-	c     Cluster
-	peers Peers
-	store Store
-	notes BlockNotes // nil: the rebalancer's pushes and fetches carry no description
-	cfg   RouteConfig
+	c Cluster
+	// The calls on other nodes, each through its counters (peerstats.go).
+	fetcher RemoteFetcher
+	lookup  RemoteLookup
+	pusher  RemotePusher
+	deleter RemoteDeleter
+	store   Store
+	notes   BlockNotes // nil: the rebalancer's pushes and fetches carry no description
+	cfg     RouteConfig
 	// checkMeta and describe are the proxy's: a fetched block's
 	// description is checked and handed to the notes as a put's.
 	checkMeta func(*cache.BlockMeta) error
@@ -417,7 +447,8 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
 	r.pushWarn = newFailureLog(r.lg, "pushes to a node failed (tidepool_push_failures_total)", pushWarnEvery, cfg.Clock)
-	r.peers = counted{peers, &r.stats}
+	cp := counted{peers, &r.stats}
+	r.fetcher, r.lookup, r.pusher, r.deleter = cp, cp, cp, cp
 	for i := 0; i < cfg.PushWorkers; i++ {
 		r.workers.Add(1)
 		go r.pushWorker()
@@ -587,7 +618,7 @@ func (r *router) lookupRemote(ctx context.Context, ns string, keys [][]byte, pre
 				return // failed recently: the key's next owner, if any, is asked next round
 			}
 			r.remoteLookups.Add(int64(len(idx)))
-			res, err := r.peers.Lookup(ctx, node, ns, batch)
+			res, err := r.lookup.Lookup(ctx, node, ns, batch)
 			r.brk.done(node, probe, outcomeOf(parent, err))
 			if err != nil {
 				r.lg.Debug("remote lookup failed", zap.String("node", node), zap.Error(err))
@@ -725,7 +756,7 @@ func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []P
 		r.pushFailures.Add(int64(len(items)))
 		return fmt.Errorf("%w: %s", ErrPeerDown, node)
 	}
-	res, err := r.peers.Push(ctx, node, ns, items)
+	res, err := r.pusher.Push(ctx, node, ns, items)
 	r.brk.done(node, probe, outcomeOf(parent, err))
 	failed := pushFailed(res, err, len(items))
 	r.pushes.Add(int64(len(items) - failed))
