@@ -87,11 +87,6 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
-	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
-	if r.notes != nil {
-		// KV events on: the local copy's events describe the block too.
-		ctx = WithDescriptions(ctx)
-	}
 	perNode(groups, keys, func(g fetchGroup, idx []int, batch [][]byte) {
 		r.fetchFrom(ctx, parent, g, ns, keys, idx, batch, errs)
 	})
@@ -186,7 +181,7 @@ func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte
 
 // fetchAcquired is fetchBlocks by Acquire, Pull and Release.
 func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]byte, keep bool, pc *peerCounters) ([]error, error) {
-	blocks, err := r.fetcher.Acquire(ctx, node, ns, keys)
+	blocks, err := r.fetcher.Acquire(ctx, node, ns, keys, r.fopts)
 	if err == nil && len(blocks) != len(keys) {
 		err = fmt.Errorf("%w: %s answered %d blocks for %d keys", cache.ErrUnavailable, node, len(blocks), len(keys))
 		var leases []int64
@@ -321,7 +316,7 @@ func (r *router) landNamed(ctx context.Context, node, ns string, key []byte, low
 		slot cache.Reservation
 		b    RemoteBlock
 	)
-	err := r.fetcher.Fetch(ctx, node, ns, key, func(got RemoteBlock) (cache.Reservation, error) {
+	err := r.fetcher.Fetch(ctx, node, ns, key, r.fopts, func(got RemoteBlock) (cache.Reservation, error) {
 		b = got
 		s, err := r.reserveFetched(ctx, node, ns, key, got, low)
 		slot = s

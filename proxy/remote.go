@@ -57,8 +57,8 @@ type RemoteFetcher interface {
 	// Per key: where the block lies, or why it is not served
 	// (RemoteBlock.Err: cache.ErrNotFound, ...). The lease of every block
 	// without Err MUST be given back with Release. The node's answer is
-	// bounded by AnswerTimeout(ctx) when set.
-	Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]RemoteBlock, error)
+	// bounded by opts.AnswerTimeout when set.
+	Acquire(ctx context.Context, node, ns string, keys [][]byte, opts FetchOptions) ([]RemoteBlock, error)
 	// Pull reads b's bytes from node into the reserved local slot into,
 	// checking them against b.Checksum as they land: an error wrapping
 	// cache.ErrChecksum when they do not match, cache.ErrUnavailable when
@@ -74,13 +74,13 @@ type RemoteFetcher interface {
 	// landed too. Fetch neither commits nor aborts the slot. Errors:
 	// ErrNoFetch, with nothing sent, when node is not known to serve named
 	// reads (use Acquire and Pull); cache.ErrNotFound; the others of Pull.
-	Fetch(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) (cache.Reservation, error)) error
+	Fetch(ctx context.Context, node, ns string, key []byte, opts FetchOptions, land func(RemoteBlock) (cache.Reservation, error)) error
 	// FetchTo is Fetch with the bytes landing in memory land returns
 	// (exactly the block's Length bytes, which the caller keeps valid
 	// until FetchTo returns) rather than in a reserved slot. ErrNoFetch,
 	// with nothing sent, also where node's bytes cannot land in plain
 	// memory (an RDMA connection to it).
-	FetchTo(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) ([]byte, error)) error
+	FetchTo(ctx context.Context, node, ns string, key []byte, opts FetchOptions, land func(RemoteBlock) ([]byte, error)) error
 	// Release gives back leases node granted. It does not wait for the
 	// network: the ids may ride on the next Acquire to node.
 	Release(node string, leases []int64)
@@ -144,46 +144,25 @@ type RemoteBlock struct {
 	Offset uint64
 	// Meta is the block's description as the node knows it (token ids,
 	// parent key, block size), when the call asked for it
-	// (WithDescriptions) and the node knows one; nil otherwise. Not yet
+	// (FetchOptions.Describe) and the node knows one; nil otherwise. Not yet
 	// checked: the proxy checks it as a put's before landing the block.
 	Meta *cache.BlockMeta
 }
 
-type describeKey struct{}
-
-// WithDescriptions asks, for the Peers.Acquire and Peers.Fetch calls
-// made with ctx, for each block's description (RemoteBlock.Meta): the
-// router asks when it has a KV-event publisher (Deps.Notes), so that a
-// fetched block's local copy is described in its events too. A node that
-// predates descriptions sends none.
-func WithDescriptions(ctx context.Context) context.Context {
-	return context.WithValue(ctx, describeKey{}, true)
-}
-
-// WantsDescriptions reports whether ctx asks for descriptions
-// (WithDescriptions).
-func WantsDescriptions(ctx context.Context) bool {
-	yes, _ := ctx.Value(describeKey{}).(bool)
-	return yes
-}
-
-type answerKey struct{}
-
-// WithAnswerTimeout bounds, for a Peers call made with ctx, how long the
-// node may take to answer the request (the Acquire of a Fetch: whether it
-// holds the blocks and where); the transfer of the bytes that follows is
-// bounded by ctx alone. The router sets it to RouteConfig.RemoteTimeout.
-func WithAnswerTimeout(ctx context.Context, d time.Duration) context.Context {
-	if d <= 0 {
-		return ctx
-	}
-	return context.WithValue(ctx, answerKey{}, d)
-}
-
-// AnswerTimeout returns the bound set by WithAnswerTimeout.
-func AnswerTimeout(ctx context.Context) (time.Duration, bool) {
-	d, ok := ctx.Value(answerKey{}).(time.Duration)
-	return d, ok
+// FetchOptions are what the router asks of each fetch call on a node
+// (RemoteFetcher's Acquire, Fetch and FetchTo).
+type FetchOptions struct {
+	// AnswerTimeout bounds how long the node may take to answer the
+	// request (the Acquire, or the metadata of a named read: whether it
+	// holds the blocks and where); the transfer of the bytes that follows
+	// is bounded by ctx alone. 0: ctx alone. The router sets
+	// RouteConfig.RemoteTimeout.
+	AnswerTimeout time.Duration
+	// Describe asks for each block's description (RemoteBlock.Meta): the
+	// router asks when it has a KV-event publisher (Deps.Notes), so that a
+	// fetched block's local copy is described in its events too. A node
+	// that predates descriptions sends none; FetchTo never asks.
+	Describe bool
 }
 
 // RouteConfig tunes routing. A zero field takes its default
@@ -403,6 +382,7 @@ type router struct {
 	store   Store
 	notes   BlockNotes // nil: the rebalancer's pushes and fetches carry no description
 	cfg     RouteConfig
+	fopts   FetchOptions // every fetch call's: RemoteTimeout, descriptions with notes
 	// checkMeta and describe are the proxy's: a fetched block's
 	// description is checked and handed to the notes as a put's.
 	checkMeta func(*cache.BlockMeta) error
@@ -447,6 +427,7 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
 	r.pushWarn = newFailureLog(r.lg, "pushes to a node failed (tidepool_push_failures_total)", pushWarnEvery, cfg.Clock)
+	r.fopts = FetchOptions{AnswerTimeout: cfg.RemoteTimeout, Describe: p.notes != nil}
 	cp := counted{peers, &r.stats}
 	r.fetcher, r.lookup, r.pusher, r.deleter = cp, cp, cp, cp
 	for i := 0; i < cfg.PushWorkers; i++ {

@@ -485,10 +485,9 @@ func (c *Client) Clear(ctx context.Context, node, ns string) (int64, error) {
 // Acquire asks node to pin the blocks of keys for this node to read: per
 // key, where the block lies (its transfer endpoint, registered region and
 // offset) or why it is not served. Leases this client is done with ride
-// along (Release). The answer is bounded by proxy.AnswerTimeout(ctx) when
-// set. An answer this side cannot use (a slot outside its region) is that
+// along (Release). The answer is bounded by opts.AnswerTimeout when set. An answer this side cannot use (a slot outside its region) is that
 // key's error, and its pin is given back here.
-func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]proxy.RemoteBlock, error) {
+func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte, opts proxy.FetchOptions) ([]proxy.RemoteBlock, error) {
 	kc, resolvedXfer, err := c.api(node)
 	if err != nil {
 		return nil, err
@@ -496,7 +495,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 	lease := max(c.cfg.Lease.Milliseconds(), 1)
 	ride := c.takeReleases(node)
 	actx := ctx
-	if d, ok := proxy.AnswerTimeout(ctx); ok {
+	if d := opts.AnswerTimeout; d > 0 {
 		// The owner must answer within d (a hung or partitioned owner costs
 		// d, not the whole fetch); the pulls that follow use ctx.
 		var cancel context.CancelFunc
@@ -504,7 +503,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 		defer cancel()
 	}
 	req := &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride}
-	if proxy.WantsDescriptions(ctx) {
+	if opts.Describe {
 		yes := true
 		req.Describe = &yes
 	}

@@ -223,7 +223,7 @@ func TestCluster(t *testing.T) {
 			if !errors.Is(err, peerapi.ErrRefused) || !errors.Is(err, cache.ErrUnavailable) {
 				t.Fatalf("%+v: lookup: %v, want ErrRefused", cred, err)
 			}
-			res, err := cli.Acquire(ctx, a.name, ns, chain[:1]) // a fetch's first call
+			res, err := cli.Acquire(ctx, a.name, ns, chain[:1], proxy.FetchOptions{}) // a fetch's first call
 			if !errors.Is(err, peerapi.ErrRefused) || res != nil {
 				t.Fatalf("%+v: fetch: %v %v, want ErrRefused", cred, res, err)
 			}

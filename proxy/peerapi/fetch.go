@@ -47,7 +47,7 @@ package peerapi
 // Versions: a node that predates descriptions refuses a version 2
 // request and an answer with bit 1 set, so a node sends version 2 only
 // to a node whose Acquire answer set fetch_describe, and only when it
-// wants descriptions (proxy.WithDescriptions: its KV events are on); a
+// wants descriptions (proxy.FetchOptions.Describe: its KV events are on); a
 // node answers with a description only a request that asked for one.
 
 import (
@@ -293,8 +293,8 @@ func serveFetch(t rdma.Transport, h rdma.FetchHandler) bool {
 // Fetch implements proxy.Peers: a named read where node said it serves
 // them (in an Acquire answer), else proxy.ErrNoFetch without sending
 // anything.
-func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land func(proxy.RemoteBlock) (cache.Reservation, error)) error {
-	return c.fetch(ctx, node, ns, key, landing{slot: func(b proxy.RemoteBlock) (rdma.RegionID, uint64, error) {
+func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, opts proxy.FetchOptions, land func(proxy.RemoteBlock) (cache.Reservation, error)) error {
+	return c.fetch(ctx, node, ns, key, opts, landing{slot: func(b proxy.RemoteBlock) (rdma.RegionID, uint64, error) {
 		slot, err := land(b)
 		if err != nil {
 			return 0, 0, err
@@ -312,8 +312,8 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land fu
 // returns), never registered with the transport. proxy.ErrNoFetch, with
 // nothing sent, where a named read cannot land in plain memory (node does
 // not serve them, or an RDMA connection to it).
-func (c *Client) FetchTo(ctx context.Context, node, ns string, key []byte, land func(proxy.RemoteBlock) ([]byte, error)) error {
-	return c.fetch(ctx, node, ns, key, landing{mem: land})
+func (c *Client) FetchTo(ctx context.Context, node, ns string, key []byte, opts proxy.FetchOptions, land func(proxy.RemoteBlock) ([]byte, error)) error {
+	return c.fetch(ctx, node, ns, key, opts, landing{mem: land})
 }
 
 // landing says where a named read's bytes go: a reserved slot's region
@@ -324,14 +324,14 @@ type landing struct {
 }
 
 // fetch is Fetch and FetchTo.
-func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landing) error {
+func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, opts proxy.FetchOptions, l landing) error {
 	c.mu.Lock()
 	describes, ok := c.fetchable[node]
 	c.mu.Unlock()
 	if !ok {
 		return proxy.ErrNoFetch
 	}
-	describe := describes && l.slot != nil && proxy.WantsDescriptions(ctx)
+	describe := describes && l.slot != nil && opts.Describe
 	_, addr, ok := c.cfg.Resolve(node)
 	if !ok || addr == "" {
 		return fmt.Errorf("%w: %q", ErrUnknownNode, node)
@@ -354,7 +354,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landi
 		landErr  error
 		answered atomic.Bool
 	)
-	if d, ok := proxy.AnswerTimeout(ctx); ok {
+	if d := opts.AnswerTimeout; d > 0 {
 		// node must answer (the metadata) within d, as an Acquire must; the
 		// bytes then move within ctx.
 		actx, cancel := context.WithCancelCause(ctx)
