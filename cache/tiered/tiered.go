@@ -100,7 +100,7 @@ type Config struct {
 	DemotionWait time.Duration
 	// HighWatermark and LowWatermark are fractions of the DRAM capacity:
 	// above High, the background loop evicts (demotes) down to Low. Used
-	// only when the DRAM tier offers EvictTo. Defaults 0.95 and 0.85; a
+	// only with an SSD tier. Defaults 0.95 and 0.85; a
 	// negative HighWatermark turns the loop off (LowWatermark is then
 	// ignored).
 	HighWatermark, LowWatermark float64
