@@ -222,7 +222,9 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	scfg.MaxConns = cfg.PeerMaxConns
 	scfg.MaxHandshakes, scfg.MaxHandshakesPerSource = cfg.PeerHandshakes, cfg.PeerHandshakesPerSource
 	scfg.IdleTimeout = cfg.PeerIdleTime
-	scfg.NoNamedReads = !cfg.PeerNamedReads
+	if cfg.PeerNamedReads {
+		scfg.Fetch = n.xt
+	}
 	if n.psrv, err = peerapi.NewServer(scfg, p, pln, lg.Named("peerapi")); err != nil {
 		pln.Close()
 		return nil, err

@@ -278,16 +278,6 @@ func (h *handler) fetchBlock(ctx context.Context, req []byte) rdma.FetchAnswer {
 	}
 }
 
-// serveFetch starts (h non-nil) or stops serving named reads on the
-// transport, where it can; it reports whether they are served.
-func serveFetch(t rdma.Transport, h rdma.FetchHandler) bool {
-	fs, ok := t.(rdma.FetchServer)
-	if ok {
-		fs.HandleFetch(h)
-	}
-	return ok
-}
-
 // ---- asking side ----
 
 // Fetch implements proxy.Peers: a named read where node said it serves

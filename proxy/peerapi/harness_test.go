@@ -130,8 +130,11 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err := n.view.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	n.srv, err = peerapi.NewServer(peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions,
-		NoNamedReads: o.noNamed, MaxRequestBytes: o.maxMessage}, n.p, ln, nil)
+	scfg := peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions, MaxRequestBytes: o.maxMessage}
+	if !o.noNamed {
+		scfg.Fetch = n.tr
+	}
+	n.srv, err = peerapi.NewServer(scfg, n.p, ln, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

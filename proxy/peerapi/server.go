@@ -95,9 +95,11 @@ type ServerConfig struct {
 	// connections still authenticating, in all and per source address,
 	// apart from MaxConns (peerauth.ListenerConfig). Defaults 64 and 16.
 	MaxHandshakes, MaxHandshakesPerSource int
-	// NoNamedReads: do not serve named reads (fetch.go) even where the
-	// transport can; peers then fetch by Acquire and a one-sided read.
-	NoNamedReads bool
+	// Fetch serves named reads (fetch.go) on the transfer port: the
+	// transport's named-read server, normally Transport itself (rdma/tcp,
+	// rdma/auto). nil: no named reads; peers then fetch by Acquire and a
+	// one-sided read.
+	Fetch rdma.FetchServer
 }
 
 // DefaultServerConfig returns the defaults documented on ServerConfig.
@@ -236,8 +238,9 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 // Start serves in the background. Ready is closed once the server runs.
 func (s *Server) Start(ctx context.Context) error {
 	s.startOnce.Do(func() {
-		if !s.cfg.NoNamedReads {
-			s.h.fetch.Store(serveFetch(s.cfg.Transport, s.h.fetchBlock))
+		if s.cfg.Fetch != nil {
+			s.cfg.Fetch.HandleFetch(s.h.fetchBlock)
+			s.h.fetch.Store(true)
 		}
 		go func() {
 			defer close(s.done)
@@ -264,7 +267,7 @@ func (s *Server) Close() error {
 		started := true
 		s.startOnce.Do(func() { started = false; close(s.ready); close(s.done) })
 		if s.h.fetch.Swap(false) {
-			serveFetch(s.cfg.Transport, nil)
+			s.cfg.Fetch.HandleFetch(nil)
 		}
 		close(s.exit)
 		if started {
