@@ -272,6 +272,7 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccl.Credentials = creds
 	ccl.Resolve = n.view.Addrs
 	ccl.Transport = n.xt
+	ccl.Fetch = n.xt // named reads to peers that serve them
 	ccl.Regions = n.regions
 	ccl.MaxMessageBytes = int(cfg.MaxRequestSize) // what the peers' servers accept (scfg above)
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {

@@ -35,6 +35,11 @@ type ClientConfig struct {
 	// transport: cmd/tidepool's registerArenas). Required.
 	Transport rdma.Transport
 	Regions   []rdma.RegionDesc
+	// Fetch makes named reads (fetch.go): the transport whose connections
+	// the client then uses for every transfer, Pull included; normally
+	// Transport itself (rdma/tcp, rdma/auto). nil: no named reads, every
+	// fetch goes by Acquire and Pull.
+	Fetch rdma.FetchConnector
 	// Timeout bounds one RPC when the caller's context has no earlier
 	// deadline. Default 5 s.
 	Timeout time.Duration
@@ -146,8 +151,8 @@ type Client struct {
 
 	mu     sync.Mutex
 	closed bool
-	apis   map[string]*apiConn  // by peer API address
-	xfers  map[string]rdma.Peer // by transfer address
+	apis   map[string]*apiConn // by peer API address
+	xfers  map[string]xferConn // by transfer address
 
 	// releases counts lease releases being sent from a timer; calls
 	// counts every call in flight through any connection of this client,
@@ -194,7 +199,7 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	}
 	return &Client{
 		cfg: cfg, lg: lg, auth: cfg.Credentials.auth(),
-		apis: map[string]*apiConn{}, xfers: map[string]rdma.Peer{},
+		apis: map[string]*apiConn{}, xfers: map[string]xferConn{},
 		pending: map[string]*pendingRelease{}, fetchable: map[string]bool{},
 	}, nil
 }
@@ -220,7 +225,7 @@ func (c *Client) Close() error {
 	c.releases.Wait()
 	c.mu.Lock()
 	apis, xfers := c.apis, c.xfers
-	c.apis, c.xfers = map[string]*apiConn{}, map[string]rdma.Peer{}
+	c.apis, c.xfers = map[string]*apiConn{}, map[string]xferConn{}
 	c.mu.Unlock()
 	var errs []error
 	for _, kc := range apis {
@@ -229,8 +234,8 @@ func (c *Client) Close() error {
 		}
 	}
 	c.calls.Wait() // the last call on each connection closes it
-	for _, p := range xfers {
-		errs = append(errs, p.Close())
+	for _, x := range xfers {
+		errs = append(errs, x.p.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -297,40 +302,60 @@ func (c *Client) api(node string) (*apiConn, string, error) {
 	return a, xfer, nil
 }
 
-// xfer returns the transfer handle for addr, connecting once.
-func (c *Client) xfer(ctx context.Context, addr string) (rdma.Peer, error) {
+// xferConn is one transfer connection: p for one-sided reads, and the
+// same connection as f when it was made through ClientConfig.Fetch (named
+// reads); f is nil otherwise.
+type xferConn struct {
+	p rdma.Peer
+	f rdma.FetchPeer
+}
+
+// connect makes a transfer connection to addr: through Fetch when set,
+// else through Transport.
+func (c *Client) connect(ctx context.Context, addr string) (xferConn, error) {
+	if c.cfg.Fetch != nil {
+		f, err := c.cfg.Fetch.ConnectFetch(ctx, addr)
+		return xferConn{p: f, f: f}, err
+	}
+	p, err := c.cfg.Transport.Connect(ctx, addr)
+	return xferConn{p: p}, err
+}
+
+// xfer returns the transfer connection to addr, connecting once.
+func (c *Client) xfer(ctx context.Context, addr string) (xferConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, ErrClosed
+		return xferConn{}, ErrClosed
 	}
-	if p, ok := c.xfers[addr]; ok {
+	if x, ok := c.xfers[addr]; ok {
 		c.mu.Unlock()
-		return p, nil
+		return x, nil
 	}
 	c.mu.Unlock()
-	p, err := c.cfg.Transport.Connect(ctx, addr)
+	x, err := c.connect(ctx, addr)
 	if err != nil {
-		return nil, err
+		return xferConn{}, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		p.Close()
-		return nil, ErrClosed
+		x.p.Close()
+		return xferConn{}, ErrClosed
 	}
 	if old, ok := c.xfers[addr]; ok {
-		p.Close() // another caller connected first
+		x.p.Close() // another caller connected first
 		return old, nil
 	}
-	c.xfers[addr] = p
-	return p, nil
+	c.xfers[addr] = x
+	return x, nil
 }
 
-// dropXfer forgets a broken transfer handle so the next call reconnects.
+// dropXfer forgets a broken transfer connection so the next call
+// reconnects.
 func (c *Client) dropXfer(addr string, p rdma.Peer) {
 	c.mu.Lock()
-	if c.xfers[addr] == p {
+	if c.xfers[addr].p == p {
 		delete(c.xfers, addr)
 	} else {
 		p = nil
@@ -523,7 +548,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte, op
 		c.release(node, kc, ids)
 		return nil, fmt.Errorf("%w: acquire of %d keys answered %d", ErrProtocol, len(keys), len(res.Items))
 	}
-	if res.GetFetch() {
+	if res.GetFetch() && c.cfg.Fetch != nil {
 		c.canFetch(node, res.GetFetchDescribe())
 	} else {
 		c.noFetch(node)
@@ -568,10 +593,11 @@ func (c *Client) Pull(ctx context.Context, node string, b proxy.RemoteBlock, int
 	if arena < 0 || arena >= len(c.cfg.Regions) || n != b.Length {
 		return fmt.Errorf("%w: local arena %d is not registered", cache.ErrUnavailable, arena)
 	}
-	p, err := c.xfer(ctx, b.Addr)
+	x, err := c.xfer(ctx, b.Addr)
 	if err != nil {
 		return fmt.Errorf("peerapi: connect transfer %s: %w: %w", b.Addr, cache.ErrUnavailable, err)
 	}
+	p := x.p
 	op := rdma.Op{
 		Local: c.cfg.Regions[arena].ID, LocalOff: uint64(off),
 		Remote: b.Region, RemoteOff: b.Offset, Len: uint64(n),

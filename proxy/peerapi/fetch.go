@@ -330,14 +330,13 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, opts pr
 	if err != nil {
 		return fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err)
 	}
-	p, err := c.xfer(ctx, addr)
+	x, err := c.xfer(ctx, addr)
 	if err != nil {
 		return fmt.Errorf("peerapi: connect transfer %s: %w: %w", addr, cache.ErrUnavailable, err)
 	}
-	f, isFetcher := p.(rdma.Fetcher)
-	mf, isMem := p.(rdma.MemFetcher)
-	if (l.mem == nil && !isFetcher) || (l.mem != nil && !isMem) {
-		return proxy.ErrNoFetch
+	p, f := x.p, x.f
+	if f == nil {
+		return proxy.ErrNoFetch // no ClientConfig.Fetch (fetchable is then never set)
 	}
 	var (
 		landed   bool
@@ -373,7 +372,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, opts pr
 	}
 	var raw []byte
 	if l.mem != nil {
-		raw, err = mf.FetchMem(ctx, req, func(meta []byte, n uint64, sum uint32) ([]byte, error) {
+		raw, err = f.FetchMem(ctx, req, func(meta []byte, n uint64, sum uint32) ([]byte, error) {
 			b, err := block(meta, n, sum)
 			if err != nil {
 				return nil, err

@@ -143,7 +143,7 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	<-n.srv.Ready()
 	n.cli, err = peerapi.NewClient(peerapi.ClientConfig{
-		Credentials: n.cred, Resolve: n.view.Addrs, Transport: n.tr, Regions: n.regions,
+		Credentials: n.cred, Resolve: n.view.Addrs, Transport: n.tr, Fetch: n.tr, Regions: n.regions,
 		MaxMessageBytes: o.maxMessage,
 	}, nil)
 	if err != nil {
