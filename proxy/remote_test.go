@@ -260,7 +260,7 @@ func TestRoutePutPushesAndGetFetches(t *testing.T) {
 	for i := range keys {
 		keys[i] = []byte{byte(i), 'k'}
 		// Synchronous pushes, so the owners hold the blocks when Put returns.
-		if _, err := ps["a"].Put(WithSyncReplicas(ctx, 1), "ns", keys[i], []byte{byte(i)}, cache.PutOptions{Depth: int32(i)}); err != nil {
+		if _, err := ps["a"].Put(ctx, "ns", keys[i], []byte{byte(i)}, cache.PutOptions{Depth: int32(i), SyncReplicas: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}

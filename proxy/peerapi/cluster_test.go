@@ -81,9 +81,9 @@ func TestCluster(t *testing.T) {
 	}
 	items := make([]proxy.PutItem, 9)
 	for i := range items {
-		items[i] = proxy.PutItem{Key: chain[i], Value: vals[i], Opts: cache.PutOptions{Depth: int32(i)}}
+		items[i] = proxy.PutItem{Key: chain[i], Value: vals[i], Opts: cache.PutOptions{Depth: int32(i), SyncReplicas: 1}}
 	}
-	res, err := a.p.BatchPut(proxy.WithSyncReplicas(ctx, 1), ns, items)
+	res, err := a.p.BatchPut(ctx, ns, items)
 	if err != nil {
 		t.Fatal(err)
 	}
