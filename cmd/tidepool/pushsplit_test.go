@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -129,5 +133,90 @@ func TestServeLargePushReachesOwner(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestServeSyncReplicasPut: a Put on node-1's put socket with
+// sync_replicas 1 of a block node-2 owns (the request's field, now a put
+// option rather than a context value) answers once node-2 stores it: the
+// block is on node-2 when the answer comes. With node-2 stopped (SIGSTOP)
+// the same put is answered UNAVAILABLE (the owner did not store it), where
+// a put with sync_replicas 0 is answered at once.
+func TestServeSyncReplicasPut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process cluster test skipped in -short mode")
+	}
+	extra := []string{"--rebalance-rate", "0", "--log-level", "warn"}
+	m1 := clusterArgs(t, "node-1", "")
+	m1.d = startDaemon(t, append(m1.args, extra...)...)
+	m2 := clusterArgs(t, "node-2", m1.gossip)
+	m2.d = startDaemon(t, append(m2.args, extra...)...)
+	waitView(t, m1.d, "node-1", "node-2")
+	waitView(t, m2.d, "node-1", "node-2")
+	ring, err := cluster.NewRing([]string{"node-1", "node-2"}, clusterview.DefaultConfig().Ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "sync"
+	theirs := func(prefix string) []byte {
+		for i := 0; ; i++ {
+			if k := []byte(fmt.Sprintf("%s-%d", prefix, i)); ring.Owner(append([]byte(ns+"\x00"), k...)) == "node-2" {
+				return k
+			}
+		}
+	}
+	c2, err := client.New(m2.d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	ctx := context.Background()
+	// put sends one Put on node-1's put socket and reports whether it was
+	// answered with an error (the result's field 1).
+	put := func(key []byte, sync int32) (failed bool) {
+		t.Helper()
+		pc, err := net.Dial("unix", m1.d.socket+".put")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		val := bytes.Repeat([]byte{7}, 4096)
+		req := putClaim(ns, string(key), uint32(len(val)))
+		binary.BigEndian.PutUint32(req[len(req)-4-3-4:], uint32(sync)) // sync_replicas, before the value's field header
+		req = append(append(req, val...), 0, 0)                        // the request's and the arguments' stops
+		if _, err := pc.Write(req); err != nil {
+			t.Fatal(err)
+		}
+		pc.SetReadDeadline(time.Now().Add(30 * time.Second))
+		head := make([]byte, 4+4+3+4)
+		if _, err := io.ReadFull(pc, head); err != nil {
+			t.Fatalf("reading the answer: %v", err)
+		}
+		field := make([]byte, 3)
+		if _, err := io.ReadFull(pc, field); err != nil {
+			t.Fatalf("reading the answer: %v", err)
+		}
+		return field[0] == 12 && field[2] == 1
+	}
+
+	// Up: stored on node-2 by the time the answer came.
+	k := theirs("up")
+	if put(k, 1) {
+		t.Fatal("a synchronous put with node-2 up failed")
+	}
+	if _, found, err := c2.Get(ctx, ns, k, client.ScopeLocal); err != nil || !found {
+		t.Fatalf("node-2 does not hold the block when the synchronous put answered: found %v, %v", found, err)
+	}
+
+	// Stopped: the synchronous put fails, the background one does not.
+	if err := m2.d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer m2.d.cmd.Process.Signal(syscall.SIGCONT)
+	if put(theirs("async"), 0) {
+		t.Fatal("a background put failed with node-2 stopped")
+	}
+	if !put(theirs("stopped"), 1) {
+		t.Fatal("a synchronous put succeeded with node-2 stopped")
 	}
 }
