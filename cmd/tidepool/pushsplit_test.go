@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/client"
 	"github.com/tidepool-kv/tidepool/cluster"
+	tp "github.com/tidepool-kv/tidepool/protocol/gen/tidepool"
 	"github.com/tidepool-kv/tidepool/proxy/clusterview"
 )
 
@@ -171,9 +172,9 @@ func TestServeSyncReplicasPut(t *testing.T) {
 	}
 	defer c2.Close()
 	ctx := context.Background()
-	// put sends one Put on node-1's put socket and reports whether it was
-	// answered with an error (the result's field 1).
-	put := func(key []byte, sync int32) (failed bool) {
+	// put sends one Put on node-1's put socket and returns the error code
+	// it was answered with (the result's field 1), 0 for success.
+	put := func(key []byte, sync int32) (code int32) {
 		t.Helper()
 		pc, err := net.Dial("unix", m1.d.socket+".put")
 		if err != nil {
@@ -196,13 +197,20 @@ func TestServeSyncReplicasPut(t *testing.T) {
 		if _, err := io.ReadFull(pc, field); err != nil {
 			t.Fatalf("reading the answer: %v", err)
 		}
-		return field[0] == 12 && field[2] == 1
+		if field[0] != 12 || field[2] != 1 {
+			return 0
+		}
+		errCode := make([]byte, 3+4) // TidepoolError's field 1, the code
+		if _, err := io.ReadFull(pc, errCode); err != nil {
+			t.Fatalf("reading the error: %v", err)
+		}
+		return int32(binary.BigEndian.Uint32(errCode[3:]))
 	}
 
 	// Up: stored on node-2 by the time the answer came.
 	k := theirs("up")
-	if put(k, 1) {
-		t.Fatal("a synchronous put with node-2 up failed")
+	if code := put(k, 1); code != 0 {
+		t.Fatalf("a synchronous put with node-2 up failed: code %d", code)
 	}
 	if _, found, err := c2.Get(ctx, ns, k, client.ScopeLocal); err != nil || !found {
 		t.Fatalf("node-2 does not hold the block when the synchronous put answered: found %v, %v", found, err)
@@ -213,10 +221,10 @@ func TestServeSyncReplicasPut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m2.d.cmd.Process.Signal(syscall.SIGCONT)
-	if put(theirs("async"), 0) {
-		t.Fatal("a background put failed with node-2 stopped")
+	if code := put(theirs("async"), 0); code != 0 {
+		t.Fatalf("a background put failed with node-2 stopped: code %d", code)
 	}
-	if !put(theirs("stopped"), 1) {
-		t.Fatal("a synchronous put succeeded with node-2 stopped")
+	if code := put(theirs("stopped"), 1); code != int32(tp.ErrorCode_UNAVAILABLE) {
+		t.Fatalf("a synchronous put with node-2 stopped: code %d, want UNAVAILABLE", code)
 	}
 }
