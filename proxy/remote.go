@@ -171,8 +171,8 @@ type FetchOptions struct {
 // value (Off).
 type RouteConfig struct {
 	// FetchTimeout bounds one remote fetch (the owner's answer and the
-	// transfer of the bytes), a push, and a cluster-wide Delete or Clear.
-	// Default 5 s.
+	// transfer of the bytes), a push per 16 MiB it carries (pushTimeout),
+	// and a cluster-wide Delete or Clear. Default 5 s.
 	FetchTimeout time.Duration
 	// RemoteTimeout bounds the remote part of a read, far below the time a
 	// prefill takes: all the owners asked by one Lookup, Exists or
@@ -709,7 +709,11 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 		return nil
 	}
 	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
+	longest := time.Duration(0)
+	for _, its := range byNode {
+		longest = max(longest, r.pushTimeout(its))
+	}
+	ctx, cancel := context.WithTimeout(ctx, longest)
 	defer cancel()
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -757,12 +761,27 @@ func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []P
 	return err
 }
 
+// pushBytesPerTimeout is how many bytes of a push FetchTimeout bounds: a
+// push travels in calls of about this size (peerapi.ClientConfig's
+// PushCallBytes), and a large one must not time out for being large.
+const pushBytesPerTimeout = 16 << 20
+
+// pushTimeout bounds a push of items to one node: FetchTimeout per
+// pushBytesPerTimeout bytes it carries, started or not.
+func (r *router) pushTimeout(items []PutItem) time.Duration {
+	var n int64
+	for _, it := range items {
+		n += int64(len(it.Value))
+	}
+	return r.cfg.FetchTimeout * time.Duration(1+n/pushBytesPerTimeout)
+}
+
 func (r *router) pushWorker() {
 	defer r.workers.Done()
 	for {
 		select {
 		case job := <-r.queue:
-			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), r.pushTimeout(job.items))
 			r.pushNow(ctx, context.Background(), job.node, job.ns, job.items)
 			cancel()
 		case <-r.stop:
@@ -770,7 +789,7 @@ func (r *router) pushWorker() {
 			for {
 				select {
 				case job := <-r.queue:
-					ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
+					ctx, cancel := context.WithTimeout(context.Background(), r.pushTimeout(job.items))
 					r.pushNow(ctx, context.Background(), job.node, job.ns, job.items)
 					cancel()
 				default:

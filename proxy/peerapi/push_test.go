@@ -26,7 +26,7 @@ func TestPushLargerThanMessageBound(t *testing.T) {
 	for _, encrypt := range []bool{false, true} {
 		t.Run(fmt.Sprintf("encrypt=%v", encrypt), func(t *testing.T) {
 			nodes := newCluster(t, 2, nodeOpts{secret: "push-secret-0123456789", encrypt: encrypt,
-				maxMessage: 8 << 20, capacity: 128 << 20})
+				maxMessage: 8 << 20, capacity: 128 << 20, fetchTimeout: 20 * time.Second}) // not a test of speed
 			a, b := nodes[0], nodes[1]
 			ctx := context.Background()
 			const ns, n, size = "push", 12, 3 << 20
