@@ -36,30 +36,9 @@ func TestServeLargePushReachesOwner(t *testing.T) {
 			if encrypt {
 				extra = append(extra, "--peer-encrypt", "true")
 			}
-			m1 := clusterArgs(t, "node-1", "")
-			m1.d = startDaemon(t, append(m1.args, extra...)...)
-			m2 := clusterArgs(t, "node-2", m1.gossip)
-			m2.d = startDaemon(t, append(m2.args, extra...)...)
-			waitView(t, m1.d, "node-1", "node-2")
-			waitView(t, m2.d, "node-1", "node-2")
-
-			// Placement is a pure function of the members: the ring of
-			// clusterview, over the ring key ns "\x00" key.
-			ring, err := cluster.NewRing([]string{"node-1", "node-2"}, clusterview.DefaultConfig().Ring)
-			if err != nil {
-				t.Fatal(err)
-			}
 			const ns = "big"
-			ownedBy := func(prefix, owner string, n int) [][]byte {
-				var keys [][]byte
-				for i := 0; len(keys) < n; i++ {
-					k := []byte(fmt.Sprintf("%s-%d", prefix, i))
-					if ring.Owner(append([]byte(ns+"\x00"), k...)) == owner {
-						keys = append(keys, k)
-					}
-				}
-				return keys
-			}
+			m1, m2 := startPair(t, extra...)
+			ownedBy := func(prefix, owner string, n int) [][]byte { return ownedKeys(t, ns, prefix, owner, n) }
 			c1, err := client.New(m1.d.socket)
 			if err != nil {
 				t.Fatal(err)
@@ -148,24 +127,9 @@ func TestServeSyncReplicasPut(t *testing.T) {
 		t.Skip("multi-process cluster test skipped in -short mode")
 	}
 	extra := []string{"--rebalance-rate", "0", "--log-level", "warn"}
-	m1 := clusterArgs(t, "node-1", "")
-	m1.d = startDaemon(t, append(m1.args, extra...)...)
-	m2 := clusterArgs(t, "node-2", m1.gossip)
-	m2.d = startDaemon(t, append(m2.args, extra...)...)
-	waitView(t, m1.d, "node-1", "node-2")
-	waitView(t, m2.d, "node-1", "node-2")
-	ring, err := cluster.NewRing([]string{"node-1", "node-2"}, clusterview.DefaultConfig().Ring)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m1, m2 := startPair(t, extra...)
 	const ns = "sync"
-	theirs := func(prefix string) []byte {
-		for i := 0; ; i++ {
-			if k := []byte(fmt.Sprintf("%s-%d", prefix, i)); ring.Owner(append([]byte(ns+"\x00"), k...)) == "node-2" {
-				return k
-			}
-		}
-	}
+	theirs := func(prefix string) []byte { return ownedKeys(t, ns, prefix, "node-2", 1)[0] }
 	c2, err := client.New(m2.d.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -227,4 +191,36 @@ func TestServeSyncReplicasPut(t *testing.T) {
 	if code := put(theirs("stopped"), 1); code != int32(tp.ErrorCode_UNAVAILABLE) {
 		t.Fatalf("a synchronous put with node-2 stopped: code %d, want UNAVAILABLE", code)
 	}
+}
+
+// startPair starts node-1 and node-2, clustered, with extra flags, and
+// waits until each sees both alive.
+func startPair(t *testing.T, extra ...string) (m1, m2 *clusterMember) {
+	t.Helper()
+	m1 = clusterArgs(t, "node-1", "")
+	m1.d = startDaemon(t, append(m1.args, extra...)...)
+	m2 = clusterArgs(t, "node-2", m1.gossip)
+	m2.d = startDaemon(t, append(m2.args, extra...)...)
+	waitView(t, m1.d, "node-1", "node-2")
+	waitView(t, m2.d, "node-1", "node-2")
+	return m1, m2
+}
+
+// ownedKeys returns n keys "prefix-i" of ns whose owner is owner in the
+// cluster of node-1 and node-2. Placement is a pure function of the
+// members: clusterview's ring, over the ring key ns "\x00" key.
+func ownedKeys(t *testing.T, ns, prefix, owner string, n int) [][]byte {
+	t.Helper()
+	ring, err := cluster.NewRing([]string{"node-1", "node-2"}, clusterview.DefaultConfig().Ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys [][]byte
+	for i := 0; len(keys) < n; i++ {
+		k := []byte(fmt.Sprintf("%s-%d", prefix, i))
+		if ring.Owner(append([]byte(ns+"\x00"), k...)) == owner {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
