@@ -77,10 +77,14 @@ func TestPushLargerThanMessageBound(t *testing.T) {
 					}
 				}
 			}
-			waitFor(t, 20*time.Second, "the pushes end", func() bool {
-				rs := a.p.RouteStats()
-				return rs.Pushes+rs.PushFailures >= n
-			})
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if rs := a.p.RouteStats(); rs.Pushes+rs.PushFailures >= n {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the pushes never ended")
+				}
+			}
 			if rs := a.p.RouteStats(); rs.Pushes != n || rs.PushFailures != 0 || rs.PeerDownOpens != 0 {
 				t.Fatalf("pushes %d, failures %d, owner marked down %d times; want %d, 0, 0", rs.Pushes, rs.PushFailures, rs.PeerDownOpens, n)
 			}
