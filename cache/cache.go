@@ -32,6 +32,11 @@ type PutOptions struct {
 	// Durable asks for the block to be written through to persistent
 	// storage before the put returns (tiers without persistence ignore it).
 	Durable bool
+	// SyncReplicas asks the proxy of a clustered node to wait until that
+	// many of the block's owners (other than this node) stored it before
+	// the put returns; 0 (or negative): it is pushed in the background.
+	// The tiers ignore it.
+	SyncReplicas int
 	// Checksum, when HasChecksum, is the CRC-32C the value is known by:
 	// the block's checksum in the tier it is copied from (demotion, spill
 	// at stop). The SSD tier, which checksums the value anyway, refuses it

@@ -113,10 +113,9 @@ type hangPeers struct {
 	answer atomic.Int64 // the last AnswerTimeout seen on a fetch
 }
 
-func (h *hangPeers) wait(ctx context.Context, fetch bool) error {
+func (h *hangPeers) wait(ctx context.Context, fetch bool, d time.Duration) error {
 	h.calls.Add(1)
 	if fetch {
-		d, _ := AnswerTimeout(ctx)
 		h.answer.Store(int64(d))
 		if d > 0 {
 			var cancel context.CancelFunc
@@ -131,15 +130,15 @@ func (h *hangPeers) wait(ctx context.Context, fetch bool) error {
 	return ctx.Err()
 }
 
-func (h *hangPeers) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]RemoteBlock, error) {
-	if err := h.wait(ctx, true); err != nil {
+func (h *hangPeers) Acquire(ctx context.Context, node, ns string, keys [][]byte, opts FetchOptions) ([]RemoteBlock, error) {
+	if err := h.wait(ctx, true, opts.AnswerTimeout); err != nil {
 		return nil, err
 	}
-	return h.fakePeers.Acquire(ctx, node, ns, keys)
+	return h.fakePeers.Acquire(ctx, node, ns, keys, opts)
 }
 
 func (h *hangPeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
-	if err := h.wait(ctx, false); err != nil {
+	if err := h.wait(ctx, false, 0); err != nil {
 		return nil, err
 	}
 	return h.fakePeers.Lookup(ctx, node, ns, keys)

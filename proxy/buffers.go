@@ -137,7 +137,6 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
-	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
 	err := error(cache.ErrNotFound)
 	for _, node := range owners {
 		ok, probe := r.brk.allow(node)
@@ -147,7 +146,7 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 		}
 		var b RemoteBlock
 		start := time.Now()
-		err = r.peers.FetchTo(ctx, node, ns, key, func(got RemoteBlock) ([]byte, error) {
+		err = r.fetcher.FetchTo(ctx, node, ns, key, FetchOptions{AnswerTimeout: r.fopts.AnswerTimeout}, func(got RemoteBlock) ([]byte, error) {
 			if got.Length < 0 || got.Length > int64(len(dst)) {
 				return nil, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, got.Length, len(dst))
 			}

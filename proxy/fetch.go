@@ -87,11 +87,6 @@ func (r *router) fetch(ctx context.Context, ns string, keys [][]byte) []error {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
-	ctx = WithAnswerTimeout(ctx, r.cfg.RemoteTimeout)
-	if r.notes != nil {
-		// KV events on: the local copy's events describe the block too.
-		ctx = WithDescriptions(ctx)
-	}
 	perNode(groups, keys, func(g fetchGroup, idx []int, batch [][]byte) {
 		r.fetchFrom(ctx, parent, g, ns, keys, idx, batch, errs)
 	})
@@ -186,7 +181,7 @@ func (r *router) fetchBlocks(ctx context.Context, node, ns string, keys [][]byte
 
 // fetchAcquired is fetchBlocks by Acquire, Pull and Release.
 func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]byte, keep bool, pc *peerCounters) ([]error, error) {
-	blocks, err := r.peers.Acquire(ctx, node, ns, keys)
+	blocks, err := r.fetcher.Acquire(ctx, node, ns, keys, r.fopts)
 	if err == nil && len(blocks) != len(keys) {
 		err = fmt.Errorf("%w: %s answered %d blocks for %d keys", cache.ErrUnavailable, node, len(blocks), len(keys))
 		var leases []int64
@@ -195,7 +190,7 @@ func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]by
 				leases = append(leases, b.Lease)
 			}
 		}
-		r.peers.Release(node, leases)
+		r.fetcher.Release(node, leases)
 	}
 	if err != nil {
 		pc.failures.Add(1)
@@ -219,7 +214,7 @@ func (r *router) fetchAcquired(ctx context.Context, node, ns string, keys [][]by
 		pinned = append(pinned, i)
 	}
 	r.each(len(blocks), pinned, landOne)
-	r.peers.Release(node, leases)
+	r.fetcher.Release(node, leases)
 	return errs, nil
 }
 
@@ -306,7 +301,7 @@ func (r *router) land(ctx context.Context, node, ns string, key []byte, b Remote
 		return 0, err
 	}
 	if b.Length > 0 {
-		if err := r.peers.Pull(ctx, node, b, slot); err != nil {
+		if err := r.fetcher.Pull(ctx, node, b, slot); err != nil {
 			_ = slot.Abort()
 			return 0, err
 		}
@@ -321,7 +316,7 @@ func (r *router) landNamed(ctx context.Context, node, ns string, key []byte, low
 		slot cache.Reservation
 		b    RemoteBlock
 	)
-	err := r.peers.Fetch(ctx, node, ns, key, func(got RemoteBlock) (cache.Reservation, error) {
+	err := r.fetcher.Fetch(ctx, node, ns, key, r.fopts, func(got RemoteBlock) (cache.Reservation, error) {
 		b = got
 		s, err := r.reserveFetched(ctx, node, ns, key, got, low)
 		slot = s

@@ -103,8 +103,8 @@ func (s *peerStats) snapshot() []PeerStats {
 	return out
 }
 
-// counted is the router's Peers: every call on another node goes through
-// it and is counted per node. The fetch calls (Acquire, Pull, Release) are
+// counted is what the router calls other nodes through (each of its
+// Remote interfaces): every call goes through it and is counted per node. The fetch calls (Acquire, Pull, Release) are
 // counted by fetchBlocks, which knows what became of each block.
 type counted struct {
 	Peers
@@ -124,18 +124,28 @@ func (c counted) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]
 func (c counted) Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error) {
 	pc := c.s.of(node)
 	res, err := c.Peers.Push(ctx, node, ns, items)
-	if err != nil {
-		pc.pushFails.Add(int64(len(items)))
-		return res, err
+	failed := pushFailed(res, err, len(items))
+	pc.pushFails.Add(int64(failed))
+	pc.pushes.Add(int64(len(items) - failed))
+	return res, err
+}
+
+// pushFailed counts the items of a Peers.Push answer that the node did not
+// store: every item when there is no per-item answer.
+func pushFailed(res []error, err error, items int) int {
+	if res == nil {
+		if err != nil {
+			return items
+		}
+		return 0
 	}
+	n := 0
 	for _, e := range res {
 		if e != nil && !errors.Is(e, cache.ErrExists) {
-			pc.pushFails.Add(1)
-		} else {
-			pc.pushes.Add(1)
+			n++
 		}
 	}
-	return res, err
+	return n
 }
 
 func (c counted) Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {

@@ -320,7 +320,7 @@ func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cach
 	if err != nil || r == nil {
 		return existed, err
 	}
-	return existed, r.push(ctx, ns, []PutItem{{Key: key, Value: value, Opts: opts}}, syncReplicas(ctx), false)
+	return existed, r.push(ctx, ns, []PutItem{{Key: key, Value: value, Opts: opts}}, opts.SyncReplicas, false)
 }
 
 // PutLocal stores one block in this node's tiers only, as an owned block:
@@ -343,22 +343,6 @@ func (p *Proxy) PutLocal(ctx context.Context, ns string, key, value []byte, opts
 	existed, err = p.store.Put(ctx, ns, key, value, opts)
 	done(err)
 	return existed, err
-}
-
-type syncKey struct{}
-
-// WithSyncReplicas asks the Put or BatchPut made with ctx to wait until
-// that many owners stored each block (0: push in the background).
-func WithSyncReplicas(ctx context.Context, n int) context.Context {
-	if n <= 0 {
-		return ctx
-	}
-	return context.WithValue(ctx, syncKey{}, n)
-}
-
-func syncReplicas(ctx context.Context) int {
-	n, _ := ctx.Value(syncKey{}).(int)
-	return n
 }
 
 // PutItem is one block of a BatchPut.
@@ -387,6 +371,7 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 	results = make([]error, len(items))
 	r := p.router()
 	var stored []PutItem
+	syncN := 0 // the most owners any item asks to wait for (cache.PutOptions.SyncReplicas)
 	for i, it := range items {
 		if err := p.checkKey(it.Key); err != nil {
 			results[i] = err
@@ -418,10 +403,11 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		}
 		if err == nil && r != nil {
 			stored = append(stored, it)
+			syncN = max(syncN, it.Opts.SyncReplicas)
 		}
 	}
 	if r != nil && len(stored) > 0 {
-		if err := r.push(ctx, ns, stored, syncReplicas(ctx), false); err != nil {
+		if err := r.push(ctx, ns, stored, syncN, false); err != nil {
 			return results, err
 		}
 	}
@@ -572,7 +558,7 @@ func (p *Proxy) Delete(ctx context.Context, ns string, key []byte, scope Scope) 
 	if r := p.clusterRouter(scope); r != nil {
 		var any atomic.Bool // fn runs on one goroutine per member
 		err = r.everywhere(ctx, func(ctx context.Context, node string) error {
-			res, err := r.peers.Delete(ctx, node, ns, [][]byte{key})
+			res, err := r.deleter.Delete(ctx, node, ns, [][]byte{key})
 			if err == nil && len(res) == 1 && res[0] {
 				any.Store(true)
 			}
@@ -602,7 +588,7 @@ func (p *Proxy) Clear(ctx context.Context, ns string, scope Scope) (int64, error
 	if r := p.clusterRouter(scope); r != nil {
 		var total atomic.Int64
 		err = r.everywhere(ctx, func(ctx context.Context, node string) error {
-			m, err := r.peers.Clear(ctx, node, ns)
+			m, err := r.deleter.Clear(ctx, node, ns)
 			total.Add(m)
 			return err
 		})

@@ -101,7 +101,7 @@ func (pp *PendingPut) Commit(ctx context.Context, crc uint32) (existed bool, err
 	if err != nil || existed || value == nil {
 		return existed, err
 	}
-	return false, pp.rt.push(ctx, pp.ns, []PutItem{{Key: pp.key, Value: value, Opts: pp.opts}}, syncReplicas(ctx), true)
+	return false, pp.rt.push(ctx, pp.ns, []PutItem{{Key: pp.key, Value: value, Opts: pp.opts}}, pp.opts.SyncReplicas, true)
 }
 
 // Describe sets the block's description (token ids, parent key, block

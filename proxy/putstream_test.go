@@ -75,8 +75,8 @@ func TestReservePut(t *testing.T) {
 func TestReservePutPushesToOwners(t *testing.T) {
 	a, b, key := twoNodes(t)
 	val := value("pushed in place", 100<<10)
-	ctx := WithSyncReplicas(bg, 1)
-	pp, _, err := a.p.ReservePut(ctx, "ns", key, int64(len(val)), cache.PutOptions{})
+	ctx := bg
+	pp, _, err := a.p.ReservePut(ctx, "ns", key, int64(len(val)), cache.PutOptions{SyncReplicas: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

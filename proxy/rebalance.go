@@ -279,7 +279,7 @@ func (b *rebalancer) lookup(ctx context.Context, batch []move) []map[string]bool
 			keys[j] = batch[i].key
 		}
 		lctx, cancel := context.WithTimeout(ctx, b.r.cfg.FetchTimeout)
-		res, err := b.r.peers.Lookup(lctx, g.node, g.ns, keys)
+		res, err := b.r.lookup.Lookup(lctx, g.node, g.ns, keys)
 		cancel()
 		if err != nil || len(res) != len(keys) {
 			b.r.lg.Debug("rebalance lookup failed", zap.String("node", g.node), zap.Error(err))

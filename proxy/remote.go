@@ -43,20 +43,22 @@ type Cluster interface {
 	Members() []MemberInfo
 }
 
-// Peers makes calls on other sidecars: the peer API's requests, and the
-// one-sided read of a pinned block's bytes over the transfer layer.
-// Implemented by proxy/peerapi. The proxy drives a fetch itself
-// (fetch.go): Acquire, then per block Reserve a local slot, Pull, Commit,
-// and Release.
-type Peers interface {
-	// Lookup reports, per key, whether node holds the block locally.
-	Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
+// The calls this node makes on other sidecars, one interface per user:
+// fetches (fetch.go, buffers.go) read blocks, lookups (remote.go,
+// rebalance.go) ask who holds them, pushes (remote.go, rebalance.go) store
+// them on their owners, cluster-wide deletes (proxy.go) remove them.
+// proxy/peerapi implements all four (Peers); the proxy drives a fetch
+// itself: Acquire, then per block Reserve a local slot, Pull, Commit, and
+// Release.
+
+// RemoteFetcher reads blocks other nodes hold.
+type RemoteFetcher interface {
 	// Acquire asks node to pin the blocks of keys for this node to read.
 	// Per key: where the block lies, or why it is not served
 	// (RemoteBlock.Err: cache.ErrNotFound, ...). The lease of every block
 	// without Err MUST be given back with Release. The node's answer is
-	// bounded by AnswerTimeout(ctx) when set.
-	Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]RemoteBlock, error)
+	// bounded by opts.AnswerTimeout when set.
+	Acquire(ctx context.Context, node, ns string, keys [][]byte, opts FetchOptions) ([]RemoteBlock, error)
 	// Pull reads b's bytes from node into the reserved local slot into,
 	// checking them against b.Checksum as they land: an error wrapping
 	// cache.ErrChecksum when they do not match, cache.ErrUnavailable when
@@ -72,25 +74,51 @@ type Peers interface {
 	// landed too. Fetch neither commits nor aborts the slot. Errors:
 	// ErrNoFetch, with nothing sent, when node is not known to serve named
 	// reads (use Acquire and Pull); cache.ErrNotFound; the others of Pull.
-	Fetch(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) (cache.Reservation, error)) error
+	Fetch(ctx context.Context, node, ns string, key []byte, opts FetchOptions, land func(RemoteBlock) (cache.Reservation, error)) error
 	// FetchTo is Fetch with the bytes landing in memory land returns
 	// (exactly the block's Length bytes, which the caller keeps valid
 	// until FetchTo returns) rather than in a reserved slot. ErrNoFetch,
 	// with nothing sent, also where node's bytes cannot land in plain
 	// memory (an RDMA connection to it).
-	FetchTo(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) ([]byte, error)) error
+	FetchTo(ctx context.Context, node, ns string, key []byte, opts FetchOptions, land func(RemoteBlock) ([]byte, error)) error
 	// Release gives back leases node granted. It does not wait for the
 	// network: the ids may ride on the next Acquire to node.
 	Release(node string, leases []int64)
+}
+
+// RemoteLookup asks other nodes which blocks they hold.
+type RemoteLookup interface {
+	// Lookup reports, per key, whether node holds the block locally.
+	Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
+}
+
+// RemotePusher stores blocks on other nodes.
+type RemotePusher interface {
 	// Push stores blocks on node. Per item: nil (stored or present) or the
-	// error.
+	// error. err is a call that failed (the node did not answer, refused,
+	// ...); the answers then cover every item (those not stored carry an
+	// error), or are nil when nothing reached the node.
 	Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error)
+}
+
+// RemoteDeleter removes blocks from other nodes (cluster-wide Delete and
+// Clear).
+type RemoteDeleter interface {
 	// Delete removes keys from node's local tiers. Per key: whether it was
 	// there.
 	Delete(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error)
 	// Clear removes every block of ns from node's local tiers and returns
 	// how many there were.
 	Clear(ctx context.Context, node, ns string) (int64, error)
+}
+
+// Peers is every call on other sidecars: what AttachCluster takes.
+// Implemented by proxy/peerapi.
+type Peers interface {
+	RemoteFetcher
+	RemoteLookup
+	RemotePusher
+	RemoteDeleter
 }
 
 // ErrNoFetch is Peers.Fetch's answer when the node is not known to serve
@@ -116,46 +144,25 @@ type RemoteBlock struct {
 	Offset uint64
 	// Meta is the block's description as the node knows it (token ids,
 	// parent key, block size), when the call asked for it
-	// (WithDescriptions) and the node knows one; nil otherwise. Not yet
+	// (FetchOptions.Describe) and the node knows one; nil otherwise. Not yet
 	// checked: the proxy checks it as a put's before landing the block.
 	Meta *cache.BlockMeta
 }
 
-type describeKey struct{}
-
-// WithDescriptions asks, for the Peers.Acquire and Peers.Fetch calls
-// made with ctx, for each block's description (RemoteBlock.Meta): the
-// router asks when it has a KV-event publisher (Deps.Notes), so that a
-// fetched block's local copy is described in its events too. A node that
-// predates descriptions sends none.
-func WithDescriptions(ctx context.Context) context.Context {
-	return context.WithValue(ctx, describeKey{}, true)
-}
-
-// WantsDescriptions reports whether ctx asks for descriptions
-// (WithDescriptions).
-func WantsDescriptions(ctx context.Context) bool {
-	yes, _ := ctx.Value(describeKey{}).(bool)
-	return yes
-}
-
-type answerKey struct{}
-
-// WithAnswerTimeout bounds, for a Peers call made with ctx, how long the
-// node may take to answer the request (the Acquire of a Fetch: whether it
-// holds the blocks and where); the transfer of the bytes that follows is
-// bounded by ctx alone. The router sets it to RouteConfig.RemoteTimeout.
-func WithAnswerTimeout(ctx context.Context, d time.Duration) context.Context {
-	if d <= 0 {
-		return ctx
-	}
-	return context.WithValue(ctx, answerKey{}, d)
-}
-
-// AnswerTimeout returns the bound set by WithAnswerTimeout.
-func AnswerTimeout(ctx context.Context) (time.Duration, bool) {
-	d, ok := ctx.Value(answerKey{}).(time.Duration)
-	return d, ok
+// FetchOptions are what the router asks of each fetch call on a node
+// (RemoteFetcher's Acquire, Fetch and FetchTo).
+type FetchOptions struct {
+	// AnswerTimeout bounds how long the node may take to answer the
+	// request (the Acquire, or the metadata of a named read: whether it
+	// holds the blocks and where); the transfer of the bytes that follows
+	// is bounded by ctx alone. 0: ctx alone. The router sets
+	// RouteConfig.RemoteTimeout.
+	AnswerTimeout time.Duration
+	// Describe asks for each block's description (RemoteBlock.Meta): the
+	// router asks when it has a KV-event publisher (Deps.Notes), so that a
+	// fetched block's local copy is described in its events too. A node
+	// that predates descriptions sends none; FetchTo never asks.
+	Describe bool
 }
 
 // RouteConfig tunes routing. A zero field takes its default
@@ -164,8 +171,8 @@ func AnswerTimeout(ctx context.Context) (time.Duration, bool) {
 // value (Off).
 type RouteConfig struct {
 	// FetchTimeout bounds one remote fetch (the owner's answer and the
-	// transfer of the bytes), a push, and a cluster-wide Delete or Clear.
-	// Default 5 s.
+	// transfer of the bytes), a push per 16 MiB it carries (pushTimeout),
+	// and a cluster-wide Delete or Clear. Default 5 s.
 	FetchTimeout time.Duration
 	// RemoteTimeout bounds the remote part of a read, far below the time a
 	// prefill takes: all the owners asked by one Lookup, Exists or
@@ -366,11 +373,16 @@ type pushJob struct {
 
 // router is a proxy's routing state.
 type router struct {
-	c     Cluster
-	peers Peers
-	store Store
-	notes BlockNotes // nil: the rebalancer's pushes and fetches carry no description
-	cfg   RouteConfig
+	c Cluster
+	// The calls on other nodes, each through its counters (peerstats.go).
+	fetcher RemoteFetcher
+	lookup  RemoteLookup
+	pusher  RemotePusher
+	deleter RemoteDeleter
+	store   Store
+	notes   BlockNotes // nil: the rebalancer's pushes and fetches carry no description
+	cfg     RouteConfig
+	fopts   FetchOptions // every fetch call's: RemoteTimeout, descriptions with notes
 	// checkMeta and describe are the proxy's: a fetched block's
 	// description is checked and handed to the notes as a put's.
 	checkMeta func(*cache.BlockMeta) error
@@ -379,6 +391,7 @@ type router struct {
 	hot       *hotTracker // nil: hot replication off
 	rebal     *rebalancer // nil: rebalancer off
 	brk       *breaker    // nodes that failed recently
+	pushWarn  *failureLog // pushes that failed, logged per node now and then
 
 	queue   chan pushJob
 	stop    chan struct{}
@@ -413,7 +426,10 @@ func (p *Proxy) AttachCluster(c Cluster, peers Peers, cfg RouteConfig) error {
 		checkMeta: p.checkMeta, describe: p.describe,
 		queue: make(chan pushJob, cfg.PushQueue), stop: make(chan struct{}), flights: flight.New[string, struct{}](nil),
 		brk: newBreaker(cfg.PeerDownFor, cfg.Clock)}
-	r.peers = counted{peers, &r.stats}
+	r.pushWarn = newFailureLog(r.lg, "pushes to a node failed (tidepool_push_failures_total)", pushWarnEvery, cfg.Clock)
+	r.fopts = FetchOptions{AnswerTimeout: cfg.RemoteTimeout, Describe: p.notes != nil}
+	cp := counted{peers, &r.stats}
+	r.fetcher, r.lookup, r.pusher, r.deleter = cp, cp, cp, cp
 	for i := 0; i < cfg.PushWorkers; i++ {
 		r.workers.Add(1)
 		go r.pushWorker()
@@ -583,7 +599,7 @@ func (r *router) lookupRemote(ctx context.Context, ns string, keys [][]byte, pre
 				return // failed recently: the key's next owner, if any, is asked next round
 			}
 			r.remoteLookups.Add(int64(len(idx)))
-			res, err := r.peers.Lookup(ctx, node, ns, batch)
+			res, err := r.lookup.Lookup(ctx, node, ns, batch)
 			r.brk.done(node, probe, outcomeOf(parent, err))
 			if err != nil {
 				r.lg.Debug("remote lookup failed", zap.String("node", node), zap.Error(err))
@@ -693,7 +709,11 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 		return nil
 	}
 	parent := ctx
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
+	longest := time.Duration(0)
+	for _, its := range byNode {
+		longest = max(longest, r.pushTimeout(its))
+	}
+	ctx, cancel := context.WithTimeout(ctx, longest)
 	defer cancel()
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -721,8 +741,14 @@ func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []P
 		r.pushFailures.Add(int64(len(items)))
 		return fmt.Errorf("%w: %s", ErrPeerDown, node)
 	}
-	res, err := r.peers.Push(ctx, node, ns, items)
+	res, err := r.pusher.Push(ctx, node, ns, items)
 	r.brk.done(node, probe, outcomeOf(parent, err))
+	failed := pushFailed(res, err, len(items))
+	r.pushes.Add(int64(len(items) - failed))
+	r.pushFailures.Add(int64(failed))
+	if failed == 0 {
+		return nil
+	}
 	if err == nil {
 		for _, e := range res {
 			if e != nil {
@@ -731,13 +757,23 @@ func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []P
 			}
 		}
 	}
-	if err != nil {
-		r.pushFailures.Add(int64(len(items)))
-		r.lg.Debug("push failed", zap.String("node", node), zap.Error(err))
-		return err
+	r.pushWarn.failed(node, failed, err)
+	return err
+}
+
+// pushBytesPerTimeout is how many bytes of a push FetchTimeout bounds: a
+// push travels in calls of about this size (peerapi.ClientConfig's
+// PushCallBytes), and a large one must not time out for being large.
+const pushBytesPerTimeout = 16 << 20
+
+// pushTimeout bounds a push of items to one node: FetchTimeout per
+// pushBytesPerTimeout bytes it carries, started or not.
+func (r *router) pushTimeout(items []PutItem) time.Duration {
+	var n int64
+	for _, it := range items {
+		n += int64(len(it.Value))
 	}
-	r.pushes.Add(int64(len(items)))
-	return nil
+	return r.cfg.FetchTimeout * time.Duration(1+n/pushBytesPerTimeout)
 }
 
 func (r *router) pushWorker() {
@@ -745,7 +781,7 @@ func (r *router) pushWorker() {
 	for {
 		select {
 		case job := <-r.queue:
-			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), r.pushTimeout(job.items))
 			r.pushNow(ctx, context.Background(), job.node, job.ns, job.items)
 			cancel()
 		case <-r.stop:
@@ -753,7 +789,7 @@ func (r *router) pushWorker() {
 			for {
 				select {
 				case job := <-r.queue:
-					ctx, cancel := context.WithTimeout(context.Background(), r.cfg.FetchTimeout)
+					ctx, cancel := context.WithTimeout(context.Background(), r.pushTimeout(job.items))
 					r.pushNow(ctx, context.Background(), job.node, job.ns, job.items)
 					cancel()
 				default:

@@ -65,7 +65,7 @@ func (f *fakePeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) 
 
 // Acquire reads the blocks from the node's proxy and holds their bytes
 // under a lease until Release (the owner's pin).
-func (f *fakePeers) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]RemoteBlock, error) {
+func (f *fakePeers) Acquire(ctx context.Context, node, ns string, keys [][]byte, _ FetchOptions) ([]RemoteBlock, error) {
 	f.fetches.Add(int64(len(keys)))
 	if f.gate != nil {
 		<-f.gate
@@ -113,7 +113,7 @@ func (f *fakePeers) namedRead(ctx context.Context, node, ns string, key []byte) 
 }
 
 // FetchTo is Fetch into plain memory.
-func (f *fakePeers) FetchTo(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) ([]byte, error)) error {
+func (f *fakePeers) FetchTo(ctx context.Context, node, ns string, key []byte, _ FetchOptions, land func(RemoteBlock) ([]byte, error)) error {
 	v, info, err := f.namedRead(ctx, node, ns, key)
 	if err != nil {
 		return err
@@ -147,7 +147,7 @@ func (f *fakePeers) deliver(into cache.Reservation, v []byte, sum uint32, what s
 
 // Fetch is a named read when named is set: the owner's bytes go straight
 // into the slot land reserves, checked as the transfer layer checks them.
-func (f *fakePeers) Fetch(ctx context.Context, node, ns string, key []byte, land func(RemoteBlock) (cache.Reservation, error)) error {
+func (f *fakePeers) Fetch(ctx context.Context, node, ns string, key []byte, _ FetchOptions, land func(RemoteBlock) (cache.Reservation, error)) error {
 	v, info, err := f.namedRead(ctx, node, ns, key)
 	if err != nil {
 		return err
@@ -260,7 +260,7 @@ func TestRoutePutPushesAndGetFetches(t *testing.T) {
 	for i := range keys {
 		keys[i] = []byte{byte(i), 'k'}
 		// Synchronous pushes, so the owners hold the blocks when Put returns.
-		if _, err := ps["a"].Put(WithSyncReplicas(ctx, 1), "ns", keys[i], []byte{byte(i)}, cache.PutOptions{Depth: int32(i)}); err != nil {
+		if _, err := ps["a"].Put(ctx, "ns", keys[i], []byte{byte(i)}, cache.PutOptions{Depth: int32(i), SyncReplicas: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}

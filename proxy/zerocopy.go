@@ -476,10 +476,11 @@ func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) (
 			s.committed.Add(1)
 		}
 	}
-	// Like any put: committed blocks go to their owners (in the background
-	// unless the call asks for synchronous replicas).
+	// Like any put: committed blocks go to their owners, in the background
+	// (a reservation carries no SyncReplicas: the wire's Reserve and Commit
+	// have no sync_replicas).
 	for ns, its := range pushes {
-		if err := rt.push(ctx, ns, its, syncReplicas(ctx), true); err != nil {
+		if err := rt.push(ctx, ns, its, 0, true); err != nil {
 			p.lg.Debug("push of committed blocks failed", zap.String("ns", ns), zap.Error(err))
 		}
 	}

@@ -417,7 +417,7 @@ func TestZeroCopyConcurrent(t *testing.T) {
 }
 
 // TestZeroCopyCommitPushesToOwners: a committed block goes to its owners
-// like any put (here synchronously, with WithSyncReplicas).
+// like any put (in the background).
 func TestZeroCopyCommitPushesToOwners(t *testing.T) {
 	a, b, key := twoNodes(t)
 	val := value("pushed", 100<<10)
@@ -426,9 +426,15 @@ func TestZeroCopyCommitPushesToOwners(t *testing.T) {
 		t.Fatal(err, rs)
 	}
 	a.writeSlot(t, rs[0].Slot, val)
-	cs, err := a.p.Commit(WithSyncReplicas(bg, 1), []CommitItem{{Token: rs[0].Token, Checksum: cache.Checksum(val), HasChecksum: true}})
+	cs, err := a.p.Commit(bg, []CommitItem{{Token: rs[0].Token, Checksum: cache.Checksum(val), HasChecksum: true}})
 	if err != nil || cs[0] != nil {
 		t.Fatal(err, cs)
+	}
+	for deadline := time.Now().Add(10 * time.Second); a.p.RouteStats().Pushes+a.p.RouteStats().PushFailures == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the commit was never pushed")
+		}
+		time.Sleep(time.Millisecond)
 	}
 	got, _, err := b.p.Get(bg, "ns", key, ScopeLocal)
 	if err != nil || !bytes.Equal(got, val) {

@@ -281,3 +281,20 @@ type FetchServer interface {
 	// them (requests are then refused with ErrUnsupported).
 	HandleFetch(h FetchHandler)
 }
+
+// FetchPeer is a connection that makes named reads as well as one-sided
+// transfers.
+type FetchPeer interface {
+	Peer
+	Fetcher
+	MemFetcher
+}
+
+// FetchConnector is implemented by a Transport whose connections make
+// named reads (tcp, auto): ConnectFetch is Connect with the named reads in
+// the type it returns, so that its users take them as a dependency
+// instead of discovering them on a Peer by a type assertion. A connection
+// may still answer a named read with ErrUnsupported (auto's over RDMA).
+type FetchConnector interface {
+	ConnectFetch(ctx context.Context, addr string) (FetchPeer, error)
+}

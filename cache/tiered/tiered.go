@@ -33,10 +33,10 @@
 //     demoted like any other.
 //   - Prefetch queues keys present in SSD (and absent from DRAM) to be
 //     promoted by background workers; a full prefetch queue drops keys.
-//   - Watermarks: when the DRAM tier offers EvictTo (see evicter), a
-//     background loop evicts down to LowWatermark whenever DRAM use exceeds
-//     HighWatermark, so that puts rarely evict inline. Without it the loop
-//     is not started and demotion happens at eviction time only.
+//   - Watermarks: with an SSD tier and HighWatermark set, a background
+//     loop evicts down to LowWatermark whenever DRAM use exceeds
+//     HighWatermark, so that puts rarely evict inline. Without them the
+//     loop is not started and demotion happens at eviction time only.
 //   - Close stops the background work, drains the demotion queue, then
 //     (StopSpillTimeout > 0) copies every DRAM block the SSD lacks into SSD,
 //     closes SSD (which flushes its memtables) and finally DRAM. After a
@@ -100,7 +100,7 @@ type Config struct {
 	DemotionWait time.Duration
 	// HighWatermark and LowWatermark are fractions of the DRAM capacity:
 	// above High, the background loop evicts (demotes) down to Low. Used
-	// only when the DRAM tier offers EvictTo. Defaults 0.95 and 0.85; a
+	// only with an SSD tier. Defaults 0.95 and 0.85; a
 	// negative HighWatermark turns the loop off (LowWatermark is then
 	// ignored).
 	HighWatermark, LowWatermark float64
@@ -215,14 +215,6 @@ func (c Config) Validate() error {
 		bad("DrainTimeout %v is negative", c.DrainTimeout)
 	}
 	return errors.Join(errs...)
-}
-
-// evicter is what the watermark loop needs from the DRAM tier: evict
-// policy victims (calling OnEvict for each) until the used bytes are at
-// most target, returning how many were evicted. The loop runs only when
-// *dram.Tier implements it.
-type evicter interface {
-	EvictTo(target int64) int
 }
 
 // Store is the tiered block store. Safe for concurrent use.
@@ -364,13 +356,23 @@ func New(cfg Config, lg *zap.Logger) (*Store, error) {
 		}
 		s.bg.Add(1)
 		go s.prober()
-		if ev, ok := any(s.dram).(evicter); ok && cfg.HighWatermark > 0 {
+		if cfg.HighWatermark > 0 {
 			s.bg.Add(1)
-			go s.watermarks(ev)
+			go s.watermarks(s.dram)
 		}
 	}
 	return s, nil
 }
+
+// evicter is what the watermark loop needs from the DRAM tier
+// (*dram.Tier; a test gives it a fake): evict policy victims (calling
+// OnEvict for each) until the used bytes are at most target, returning how
+// many were evicted.
+type evicter interface {
+	EvictTo(target int64) int
+}
+
+var _ evicter = (*dram.Tier)(nil)
 
 // DRAM returns the DRAM tier (for its arenas and zero-copy calls).
 func (s *Store) DRAM() *dram.Tier { return s.dram }
@@ -676,8 +678,7 @@ func (s *Store) Movement() Movement {
 		WatermarkEvictions: s.watermarkEvictions.Load(),
 	}
 	if s.ssd != nil {
-		_, m.Watermarks = any(s.dram).(evicter)
-		m.Watermarks = m.Watermarks && s.cfg.HighWatermark > 0
+		m.Watermarks = s.cfg.HighWatermark > 0
 		h := s.ssd.Health()
 		m.SSD = &h
 	}

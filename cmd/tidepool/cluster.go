@@ -222,7 +222,9 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	scfg.MaxConns = cfg.PeerMaxConns
 	scfg.MaxHandshakes, scfg.MaxHandshakesPerSource = cfg.PeerHandshakes, cfg.PeerHandshakesPerSource
 	scfg.IdleTimeout = cfg.PeerIdleTime
-	scfg.NoNamedReads = !cfg.PeerNamedReads
+	if cfg.PeerNamedReads {
+		scfg.Fetch = n.xt
+	}
 	if n.psrv, err = peerapi.NewServer(scfg, p, pln, lg.Named("peerapi")); err != nil {
 		pln.Close()
 		return nil, err
@@ -270,7 +272,9 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccl.Credentials = creds
 	ccl.Resolve = n.view.Addrs
 	ccl.Transport = n.xt
+	ccl.Fetch = n.xt // named reads to peers that serve them
 	ccl.Regions = n.regions
+	ccl.MaxMessageBytes = int(cfg.MaxRequestSize) // what the peers' servers accept (scfg above)
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {
 		return nil, err
 	}

@@ -9,11 +9,14 @@ import (
 )
 
 // This file is where the settings of `tidepool serve` become component
-// configs. The two speak different conventions, on purpose:
+// configs. The two speak different conventions, on purpose (docs/config.md,
+// "What zero means", is the one place both are written, with their
+// exceptions):
 //
 //   - a user setting keeps the meaning docs/config.md gives it: for
 //     rebalance_rate, rebalance_max_bytes, hot_threshold, ssd_min_free,
-//     stop_spill_timeout and scrub_rate, 0 means "off" (or "no bound");
+//     ssd_value_log_min, stop_spill_timeout and scrub_rate, 0 means "off"
+//     (or "no bound");
 //   - a component Config reads a zero field as "the default" (applied once,
 //     in its withDefaults) and spells "off" as a negative value.
 //

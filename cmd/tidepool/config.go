@@ -377,7 +377,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:         20 * time.Second,
 		PeerMaxConns:            pc.MaxConns,
 		PeerIdleTime:            pc.IdleTimeout,
-		PeerNamedReads:          !pc.NoNamedReads,
+		PeerNamedReads:          true,
 		PeerHandshakes:          lc.MaxHandshakes,
 		PeerHandshakesPerSource: lc.MaxHandshakesPerSource,
 		Transport:               auto.ModeAuto,

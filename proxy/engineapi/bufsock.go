@@ -465,7 +465,8 @@ func (s *bufServer) put(ctx context.Context, bc *bufConn, id, off, n uint64, ns 
 	if err != nil {
 		return false, err
 	}
-	return s.p.PutFrom(proxy.WithSyncReplicas(ctx, int(syncReplicas)), ns, key, src, opts, sum)
+	opts.SyncReplicas = int(syncReplicas)
+	return s.p.PutFrom(ctx, ns, key, src, opts, sum)
 }
 
 // register maps the descriptor that came with the request as a buffer of

@@ -84,9 +84,8 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 }
 
 func (h *handler) Put(ctx context.Context, req *tp.PutRequest) (*tp.PutResponse, error) {
-	ctx = proxy.WithSyncReplicas(ctx, int(req.SyncReplicas))
 	existed, err := h.p.Put(ctx, req.Ns, req.Key, req.Value, cache.PutOptions{Depth: req.Depth, Durable: req.Durable,
-		Meta: wirecode.Meta(req.TokenIds, req.ParentKey, req.BlockSize)})
+		SyncReplicas: int(req.SyncReplicas), Meta: wirecode.Meta(req.TokenIds, req.ParentKey, req.BlockSize)})
 	if err != nil {
 		return nil, toThrift(err)
 	}
@@ -100,9 +99,9 @@ func (h *handler) BatchPut(ctx context.Context, req *tp.BatchPutRequest) (*tp.Ba
 			return nil, toThrift(errors.Join(proxy.ErrInvalidArgument, errors.New("nil item")))
 		}
 		items[i] = proxy.PutItem{Key: it.Key, Value: it.Value, Opts: cache.PutOptions{Depth: it.Depth, Durable: req.Durable,
-			Meta: wirecode.Meta(it.TokenIds, it.ParentKey, it.BlockSize)}}
+			SyncReplicas: int(req.SyncReplicas), Meta: wirecode.Meta(it.TokenIds, it.ParentKey, it.BlockSize)}}
 	}
-	res, err := h.p.BatchPut(proxy.WithSyncReplicas(ctx, int(req.SyncReplicas)), req.Ns, items)
+	res, err := h.p.BatchPut(ctx, req.Ns, items)
 	if err != nil {
 		return nil, toThrift(err)
 	}

@@ -290,7 +290,6 @@ type putRequest struct {
 	// seen marks the fields read so far, by id.
 	seen uint8
 	opts cache.PutOptions
-	sync int32
 
 	// The value: written in place (pending, with its checksum), read whole
 	// (value), or neither (dropped: a present key, or an error).
@@ -330,7 +329,7 @@ func (q *putRequest) field(d *thriftstream.Decoder, t thrift.TType, id int16) er
 		return err
 	case id == 6 && t == thrift.I32:
 		v, err := d.I32()
-		q.sync, q.seen = v, q.seen|1<<6
+		q.opts.SyncReplicas, q.seen = int(v), q.seen|1<<6
 		return err
 	case id == 7 && t == thrift.LIST:
 		return q.tokens(d)
@@ -494,10 +493,8 @@ func (q *putRequest) fill(d *thriftstream.Decoder, dst []byte) error {
 	return nil
 }
 
-// ctx is the call's context (sync_replicas as asked).
-func (q *putRequest) ctx() context.Context {
-	return proxy.WithSyncReplicas(context.Background(), int(q.sync))
-}
+// ctx is the call's context.
+func (q *putRequest) ctx() context.Context { return context.Background() }
 
 // abort drops a value written in place for a request that did not end.
 func (q *putRequest) abort() {

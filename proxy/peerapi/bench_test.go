@@ -243,7 +243,7 @@ func benchRemoteConc(b *testing.B, mode remoteMode, o nodeOpts, conc int) {
 // fetchAlone brings one block from node into a's store with the peer
 // client's calls only: what the proxy's fetch does, without the routing.
 func fetchAlone(ctx context.Context, a *node, node, ns string, key []byte) error {
-	blocks, err := a.cli.Acquire(ctx, node, ns, [][]byte{key})
+	blocks, err := a.cli.Acquire(ctx, node, ns, [][]byte{key}, proxy.FetchOptions{})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/cloudwego/kitex/pkg/remote/codec"
 	"github.com/cloudwego/kitex/pkg/remote/trans/gonet"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
+	"github.com/cloudwego/kitex/transport"
 	"go.uber.org/zap"
 
 	"github.com/tidepool-kv/tidepool/cache"
@@ -34,6 +35,11 @@ type ClientConfig struct {
 	// transport: cmd/tidepool's registerArenas). Required.
 	Transport rdma.Transport
 	Regions   []rdma.RegionDesc
+	// Fetch makes named reads (fetch.go): the transport whose connections
+	// the client then uses for every transfer, Pull included; normally
+	// Transport itself (rdma/tcp, rdma/auto). nil: no named reads, every
+	// fetch goes by Acquire and Pull.
+	Fetch rdma.FetchConnector
 	// Timeout bounds one RPC when the caller's context has no earlier
 	// deadline. Default 5 s.
 	Timeout time.Duration
@@ -42,8 +48,20 @@ type ClientConfig struct {
 	// Lease is how long the owner keeps a fetched block pinned for the
 	// transfer (released as soon as it is done). Default 10 s.
 	Lease time.Duration
-	// MaxResponseBytes bounds one framed response. Default 64 MiB.
-	MaxResponseBytes int
+	// MaxMessageBytes bounds one framed message, either way: a request
+	// this client encodes (a Push's Put call carries block bytes) and an
+	// answer it decodes. It must not exceed the peers'
+	// ServerConfig.MaxRequestBytes, or they refuse the largest calls;
+	// cmd/tidepool sets both from max_request_size. Default
+	// DefaultMaxMessageBytes, as the server's.
+	MaxMessageBytes int
+	// PushCallBytes bounds the encoded size of one Put call of a Push: the
+	// blocks travel in calls of at most this many bytes, one after the
+	// other, so that neither side holds more of a push in memory at once.
+	// A block whose call alone is larger goes alone (up to
+	// MaxMessageBytes). Default 16 MiB, or MaxMessageBytes when that is
+	// smaller.
+	PushCallBytes int
 	// MaxIdleConns is the idle API connections kept per peer. Default 16.
 	MaxIdleConns int
 }
@@ -52,9 +70,19 @@ type ClientConfig struct {
 func DefaultClientConfig() ClientConfig {
 	return ClientConfig{
 		Timeout: 5 * time.Second, ConnectTimeout: time.Second, Lease: 10 * time.Second,
-		MaxResponseBytes: 64 << 20, MaxIdleConns: 16,
+		MaxMessageBytes: DefaultMaxMessageBytes, PushCallBytes: defaultPushCallBytes, MaxIdleConns: 16,
 	}
 }
+
+// DefaultMaxMessageBytes is the default bound of one peer API message: a
+// server's MaxRequestBytes and a client's MaxMessageBytes (the one place
+// both defaults are written, so that a client never sends what a server
+// with the same defaults refuses).
+const DefaultMaxMessageBytes = 256 << 20
+
+// defaultPushCallBytes is PushCallBytes' default: four 4 MiB blocks per
+// call, a small share of the message bound and of a node's memory.
+const defaultPushCallBytes = 16 << 20
 
 func (c ClientConfig) withDefaults() ClientConfig {
 	d := DefaultClientConfig()
@@ -67,8 +95,11 @@ func (c ClientConfig) withDefaults() ClientConfig {
 	if c.Lease == 0 {
 		c.Lease = d.Lease
 	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = d.MaxResponseBytes
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = d.MaxMessageBytes
+	}
+	if c.PushCallBytes == 0 {
+		c.PushCallBytes = min(d.PushCallBytes, c.MaxMessageBytes)
 	}
 	if c.MaxIdleConns == 0 {
 		c.MaxIdleConns = d.MaxIdleConns
@@ -98,8 +129,11 @@ func (c ClientConfig) Validate() error {
 			bad("%s %v is negative", d.name, d.v)
 		}
 	}
-	if c.MaxResponseBytes < 0 {
-		bad("MaxResponseBytes %d is negative", c.MaxResponseBytes)
+	if c.MaxMessageBytes < 0 {
+		bad("MaxMessageBytes %d is negative", c.MaxMessageBytes)
+	}
+	if c.PushCallBytes < 0 || c.PushCallBytes > c.MaxMessageBytes {
+		bad("PushCallBytes %d outside [1, MaxMessageBytes %d]", c.PushCallBytes, c.MaxMessageBytes)
 	}
 	if c.MaxIdleConns < 0 {
 		bad("MaxIdleConns %d is negative", c.MaxIdleConns)
@@ -117,8 +151,8 @@ type Client struct {
 
 	mu     sync.Mutex
 	closed bool
-	apis   map[string]*apiConn  // by peer API address
-	xfers  map[string]rdma.Peer // by transfer address
+	apis   map[string]*apiConn // by peer API address
+	xfers  map[string]xferConn // by transfer address
 
 	// releases counts lease releases being sent from a timer; calls
 	// counts every call in flight through any connection of this client,
@@ -165,7 +199,7 @@ func NewClient(cfg ClientConfig, lg *zap.Logger) (*Client, error) {
 	}
 	return &Client{
 		cfg: cfg, lg: lg, auth: cfg.Credentials.auth(),
-		apis: map[string]*apiConn{}, xfers: map[string]rdma.Peer{},
+		apis: map[string]*apiConn{}, xfers: map[string]xferConn{},
 		pending: map[string]*pendingRelease{}, fetchable: map[string]bool{},
 	}, nil
 }
@@ -191,7 +225,7 @@ func (c *Client) Close() error {
 	c.releases.Wait()
 	c.mu.Lock()
 	apis, xfers := c.apis, c.xfers
-	c.apis, c.xfers = map[string]*apiConn{}, map[string]rdma.Peer{}
+	c.apis, c.xfers = map[string]*apiConn{}, map[string]xferConn{}
 	c.mu.Unlock()
 	var errs []error
 	for _, kc := range apis {
@@ -200,8 +234,8 @@ func (c *Client) Close() error {
 		}
 	}
 	c.calls.Wait() // the last call on each connection closes it
-	for _, p := range xfers {
-		errs = append(errs, p.Close())
+	for _, x := range xfers {
+		errs = append(errs, x.p.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -251,7 +285,11 @@ func (c *Client) api(node string) (*apiConn, string, error) {
 			MaxIdleGlobal:     c.cfg.MaxIdleConns * 64,
 			MaxIdleTimeout:    time.Minute,
 		}),
-		kclient.WithCodec(codec.NewDefaultCodecWithSizeLimit(c.cfg.MaxResponseBytes)),
+		// Framed (Kitex's default, said here because the server's reader
+		// relies on it: frame.go); the codec's limit bounds what is
+		// encoded as well as what is decoded.
+		kclient.WithTransportProtocol(transport.Framed),
+		kclient.WithCodec(codec.NewDefaultCodecWithSizeLimit(c.cfg.MaxMessageBytes)),
 		kclient.WithClientBasicInfo(&rpcinfo.EndpointBasicInfo{ServiceName: "tidepool-peer-client"}),
 		kclient.WithTransHandlerFactory(gonet.NewCliTransHandlerFactory()),
 		kclient.WithDialer(authDialer{key: c.cfg.Key}),
@@ -264,40 +302,60 @@ func (c *Client) api(node string) (*apiConn, string, error) {
 	return a, xfer, nil
 }
 
-// xfer returns the transfer handle for addr, connecting once.
-func (c *Client) xfer(ctx context.Context, addr string) (rdma.Peer, error) {
+// xferConn is one transfer connection: p for one-sided reads, and the
+// same connection as f when it was made through ClientConfig.Fetch (named
+// reads); f is nil otherwise.
+type xferConn struct {
+	p rdma.Peer
+	f rdma.FetchPeer
+}
+
+// connect makes a transfer connection to addr: through Fetch when set,
+// else through Transport.
+func (c *Client) connect(ctx context.Context, addr string) (xferConn, error) {
+	if c.cfg.Fetch != nil {
+		f, err := c.cfg.Fetch.ConnectFetch(ctx, addr)
+		return xferConn{p: f, f: f}, err
+	}
+	p, err := c.cfg.Transport.Connect(ctx, addr)
+	return xferConn{p: p}, err
+}
+
+// xfer returns the transfer connection to addr, connecting once.
+func (c *Client) xfer(ctx context.Context, addr string) (xferConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, ErrClosed
+		return xferConn{}, ErrClosed
 	}
-	if p, ok := c.xfers[addr]; ok {
+	if x, ok := c.xfers[addr]; ok {
 		c.mu.Unlock()
-		return p, nil
+		return x, nil
 	}
 	c.mu.Unlock()
-	p, err := c.cfg.Transport.Connect(ctx, addr)
+	x, err := c.connect(ctx, addr)
 	if err != nil {
-		return nil, err
+		return xferConn{}, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		p.Close()
-		return nil, ErrClosed
+		x.p.Close()
+		return xferConn{}, ErrClosed
 	}
 	if old, ok := c.xfers[addr]; ok {
-		p.Close() // another caller connected first
+		x.p.Close() // another caller connected first
 		return old, nil
 	}
-	c.xfers[addr] = p
-	return p, nil
+	c.xfers[addr] = x
+	return x, nil
 }
 
-// dropXfer forgets a broken transfer handle so the next call reconnects.
+// dropXfer forgets a broken transfer connection so the next call
+// reconnects.
 func (c *Client) dropXfer(addr string, p rdma.Peer) {
 	c.mu.Lock()
-	if c.xfers[addr] == p {
+	if c.xfers[addr].p == p {
 		delete(c.xfers, addr)
 	} else {
 		p = nil
@@ -324,43 +382,98 @@ func (c *Client) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]
 	return res.Present, nil
 }
 
-// Push stores blocks on node, each with its CRC-32C. Per item: nil (stored
-// or already present) or the error.
+// Push stores blocks on node, each with its CRC-32C, in Put calls of at
+// most PushCallBytes encoded bytes each (pushCalls), made one after the
+// other. Per item: nil (stored or already present) or the error. A block
+// whose call alone would exceed MaxMessageBytes is not sent: its error
+// wraps cache.ErrTooLarge. A call that fails (node unreachable, refused,
+// out of time) ends the push: err is its error, which is also the error
+// of its items and of every item not yet sent; the items of earlier calls
+// keep their answers.
 func (c *Client) Push(ctx context.Context, node, ns string, items []proxy.PutItem) ([]error, error) {
 	kc, _, err := c.api(node)
 	if err != nil {
 		return nil, err
 	}
-	req := &peer.PutRequest{Auth: c.auth, Ns: ns, Items: make([]*peer.PutItem, len(items))}
+	wire := make([]*peer.PutItem, len(items))
+	sizes := make([]int, len(items))
 	for i, it := range items {
-		// The checksum the block is known by when the caller has it (a
-		// block read from this node's store): the receiver then refuses
-		// bytes damaged here since they were checked.
-		sum := it.Opts.Checksum
-		if !it.Opts.HasChecksum {
-			sum = cache.Checksum(it.Value)
-		}
-		req.Items[i] = &peer.PutItem{Key: it.Key, Value: it.Value, Depth: it.Opts.Depth, Checksum: int32(sum)}
-		if m := it.Opts.Meta; m != nil {
-			// The description travels so that the owner's KV events
-			// describe the block (its tokens are for routers).
-			req.Items[i].TokenIds, req.Items[i].ParentKey, req.Items[i].BlockSize = wirecode.Tokens(m.Tokens), m.Parent, &m.BlockSize
-		}
+		wire[i] = putItem(it)
+		sizes[i] = wire[i].BLength()
 	}
-	res, err := kc.Put(ctx, req)
-	if err != nil {
-		return nil, callErr(node, err)
-	}
-	if len(res.Codes) != len(items) {
-		return nil, fmt.Errorf("%w: put of %d items answered %d", ErrProtocol, len(items), len(res.Codes))
-	}
+	req := &peer.PutRequest{Auth: c.auth, Ns: ns, Items: []*peer.PutItem{}}
+	base := req.BLength() + callOverhead
 	out := make([]error, len(items))
-	for i, code := range res.Codes {
-		if e := codeErr(node, code, ""); e != nil && !errors.Is(e, cache.ErrExists) {
-			out[i] = e
+	for _, call := range pushCalls(sizes, base, c.cfg.PushCallBytes) {
+		lo, hi := call[0], call[1]
+		if hi-lo == 1 && base+sizes[lo] > c.cfg.MaxMessageBytes {
+			out[lo] = fmt.Errorf("%w: a push of %d bytes exceeds the peer message bound %d (max_request_size)",
+				cache.ErrTooLarge, base+sizes[lo], c.cfg.MaxMessageBytes)
+			continue
+		}
+		req.Items = wire[lo:hi]
+		res, err := kc.Put(ctx, req)
+		if err == nil && len(res.Codes) != hi-lo {
+			err = fmt.Errorf("%w: put of %d items answered %d", ErrProtocol, hi-lo, len(res.Codes))
+		} else if err != nil {
+			err = callErr(node, err)
+		}
+		if err != nil {
+			for i := lo; i < len(items); i++ {
+				out[i] = err
+			}
+			return out, err
+		}
+		for j, code := range res.Codes {
+			if e := codeErr(node, code, ""); e != nil && !errors.Is(e, cache.ErrExists) {
+				out[lo+j] = e
+			}
 		}
 	}
 	return out, nil
+}
+
+// callOverhead bounds what a call adds to its request's encoded size: the
+// frame length, the message header (version, method name, sequence id) and
+// the arguments struct around the request.
+const callOverhead = 64
+
+// pushCalls cuts items, of the encoded sizes given, into the calls of a
+// push: consecutive runs [lo, hi) whose request, base bytes plus their
+// sizes, stays within budget; an item too large for that goes in a call
+// of its own.
+func pushCalls(sizes []int, base, budget int) [][2]int {
+	var calls [][2]int
+	lo, n := 0, base
+	for i, sz := range sizes {
+		if i > lo && n+sz > budget {
+			calls = append(calls, [2]int{lo, i})
+			lo, n = i, base
+		}
+		n += sz
+	}
+	if lo < len(sizes) {
+		calls = append(calls, [2]int{lo, len(sizes)})
+	}
+	return calls
+}
+
+// putItem is the wire form of a pushed block.
+func putItem(it proxy.PutItem) *peer.PutItem {
+	// The checksum the block is known by when the caller has it (a block
+	// read from this node's store): the receiver then refuses bytes
+	// damaged here since they were checked.
+	sum := it.Opts.Checksum
+	if !it.Opts.HasChecksum {
+		sum = cache.Checksum(it.Value)
+	}
+	w := &peer.PutItem{Key: it.Key, Value: it.Value, Depth: it.Opts.Depth, Checksum: int32(sum)}
+	if m := it.Opts.Meta; m != nil {
+		// The description travels so that the owner's KV events describe
+		// the block (its tokens are for routers).
+		w.TokenIds, w.ParentKey, w.BlockSize = wirecode.Tokens(m.Tokens), m.Parent, &m.BlockSize
+	}
+	return w
 }
 
 // Delete removes keys from node's local tiers. Per key: whether it was
@@ -397,10 +510,9 @@ func (c *Client) Clear(ctx context.Context, node, ns string) (int64, error) {
 // Acquire asks node to pin the blocks of keys for this node to read: per
 // key, where the block lies (its transfer endpoint, registered region and
 // offset) or why it is not served. Leases this client is done with ride
-// along (Release). The answer is bounded by proxy.AnswerTimeout(ctx) when
-// set. An answer this side cannot use (a slot outside its region) is that
+// along (Release). The answer is bounded by opts.AnswerTimeout when set. An answer this side cannot use (a slot outside its region) is that
 // key's error, and its pin is given back here.
-func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([]proxy.RemoteBlock, error) {
+func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte, opts proxy.FetchOptions) ([]proxy.RemoteBlock, error) {
 	kc, resolvedXfer, err := c.api(node)
 	if err != nil {
 		return nil, err
@@ -408,7 +520,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 	lease := max(c.cfg.Lease.Milliseconds(), 1)
 	ride := c.takeReleases(node)
 	actx := ctx
-	if d, ok := proxy.AnswerTimeout(ctx); ok {
+	if d := opts.AnswerTimeout; d > 0 {
 		// The owner must answer within d (a hung or partitioned owner costs
 		// d, not the whole fetch); the pulls that follow use ctx.
 		var cancel context.CancelFunc
@@ -416,7 +528,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 		defer cancel()
 	}
 	req := &peer.AcquireRequest{Auth: c.auth, Ns: ns, Keys: keys, LeaseMs: int32(min(lease, 1<<31-1)), Release: ride}
-	if proxy.WantsDescriptions(ctx) {
+	if opts.Describe {
 		yes := true
 		req.Describe = &yes
 	}
@@ -436,7 +548,7 @@ func (c *Client) Acquire(ctx context.Context, node, ns string, keys [][]byte) ([
 		c.release(node, kc, ids)
 		return nil, fmt.Errorf("%w: acquire of %d keys answered %d", ErrProtocol, len(keys), len(res.Items))
 	}
-	if res.GetFetch() {
+	if res.GetFetch() && c.cfg.Fetch != nil {
 		c.canFetch(node, res.GetFetchDescribe())
 	} else {
 		c.noFetch(node)
@@ -481,10 +593,11 @@ func (c *Client) Pull(ctx context.Context, node string, b proxy.RemoteBlock, int
 	if arena < 0 || arena >= len(c.cfg.Regions) || n != b.Length {
 		return fmt.Errorf("%w: local arena %d is not registered", cache.ErrUnavailable, arena)
 	}
-	p, err := c.xfer(ctx, b.Addr)
+	x, err := c.xfer(ctx, b.Addr)
 	if err != nil {
 		return fmt.Errorf("peerapi: connect transfer %s: %w: %w", b.Addr, cache.ErrUnavailable, err)
 	}
+	p := x.p
 	op := rdma.Op{
 		Local: c.cfg.Regions[arena].ID, LocalOff: uint64(off),
 		Remote: b.Region, RemoteOff: b.Offset, Len: uint64(n),

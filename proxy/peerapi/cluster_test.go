@@ -82,9 +82,9 @@ func TestCluster(t *testing.T) {
 	}
 	items := make([]proxy.PutItem, 9)
 	for i := range items {
-		items[i] = proxy.PutItem{Key: chain[i], Value: vals[i], Opts: cache.PutOptions{Depth: int32(i)}}
+		items[i] = proxy.PutItem{Key: chain[i], Value: vals[i], Opts: cache.PutOptions{Depth: int32(i), SyncReplicas: 1}}
 	}
-	res, err := a.p.BatchPut(proxy.WithSyncReplicas(ctx, 1), ns, items)
+	res, err := a.p.BatchPut(ctx, ns, items)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestCluster(t *testing.T) {
 			if !errors.Is(err, peerapi.ErrRefused) || !errors.Is(err, cache.ErrUnavailable) {
 				t.Fatalf("%+v: lookup: %v, want ErrRefused", cred, err)
 			}
-			res, err := cli.Acquire(ctx, a.name, ns, chain[:1]) // a fetch's first call
+			res, err := cli.Acquire(ctx, a.name, ns, chain[:1], proxy.FetchOptions{}) // a fetch's first call
 			if !errors.Is(err, peerapi.ErrRefused) || res != nil {
 				t.Fatalf("%+v: fetch: %v %v, want ErrRefused", cred, res, err)
 			}

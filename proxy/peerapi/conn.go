@@ -217,7 +217,8 @@ type clientConn struct {
 var _ remote.IsActive = (*clientConn)(nil)
 
 func newClientConn(nc, raw net.Conn) *clientConn {
-	return &clientConn{Conn: nc, raw: raw, r: bufiox.NewDefaultReader(nc), w: bufiox.NewDefaultWriter(nc)}
+	// Answers are read whole frames at a time (frame.go).
+	return &clientConn{Conn: nc, raw: raw, r: bufiox.NewDefaultReader(&frameReader{r: nc}), w: bufiox.NewDefaultWriter(nc)}
 }
 
 // IsActive reports whether the connection is still open at both ends:

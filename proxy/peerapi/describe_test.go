@@ -22,18 +22,18 @@ import (
 func TestPushCarriesDescription(t *testing.T) {
 	nodes := newCluster(t, 2, nodeOpts{notes: true})
 	a, b := nodes[0], nodes[1]
-	ctx := proxy.WithSyncReplicas(context.Background(), 1)
+	ctx := context.Background()
 	const ns = "desc"
 	desc := func(i uint32) *cache.BlockMeta {
 		return &cache.BlockMeta{Tokens: []uint32{i, i + 1, i + 2, 1 << 31}, Parent: []byte{byte(i), 'p'}, BlockSize: 4}
 	}
 
 	k1 := keyOwnedBy(t, nodes, ns, "put", "n1")
-	if _, err := a.p.Put(ctx, ns, k1, value(1, 4096), cache.PutOptions{Meta: desc(10)}); err != nil {
+	if _, err := a.p.Put(ctx, ns, k1, value(1, 4096), cache.PutOptions{Meta: desc(10), SyncReplicas: 1}); err != nil {
 		t.Fatal(err)
 	}
 	k2 := keyOwnedBy(t, nodes, ns, "batch", "n1")
-	res, err := a.p.BatchPut(ctx, ns, []proxy.PutItem{{Key: k2, Value: value(2, 4096), Opts: cache.PutOptions{Meta: desc(20)}}})
+	res, err := a.p.BatchPut(ctx, ns, []proxy.PutItem{{Key: k2, Value: value(2, 4096), Opts: cache.PutOptions{Meta: desc(20), SyncReplicas: 1}}})
 	if err != nil || res[0] != nil {
 		t.Fatalf("BatchPut: %v %v", res, err)
 	}

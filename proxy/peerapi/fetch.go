@@ -47,7 +47,7 @@ package peerapi
 // Versions: a node that predates descriptions refuses a version 2
 // request and an answer with bit 1 set, so a node sends version 2 only
 // to a node whose Acquire answer set fetch_describe, and only when it
-// wants descriptions (proxy.WithDescriptions: its KV events are on); a
+// wants descriptions (proxy.FetchOptions.Describe: its KV events are on); a
 // node answers with a description only a request that asked for one.
 
 import (
@@ -278,23 +278,13 @@ func (h *handler) fetchBlock(ctx context.Context, req []byte) rdma.FetchAnswer {
 	}
 }
 
-// serveFetch starts (h non-nil) or stops serving named reads on the
-// transport, where it can; it reports whether they are served.
-func serveFetch(t rdma.Transport, h rdma.FetchHandler) bool {
-	fs, ok := t.(rdma.FetchServer)
-	if ok {
-		fs.HandleFetch(h)
-	}
-	return ok
-}
-
 // ---- asking side ----
 
 // Fetch implements proxy.Peers: a named read where node said it serves
 // them (in an Acquire answer), else proxy.ErrNoFetch without sending
 // anything.
-func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land func(proxy.RemoteBlock) (cache.Reservation, error)) error {
-	return c.fetch(ctx, node, ns, key, landing{slot: func(b proxy.RemoteBlock) (rdma.RegionID, uint64, error) {
+func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, opts proxy.FetchOptions, land func(proxy.RemoteBlock) (cache.Reservation, error)) error {
+	return c.fetch(ctx, node, ns, key, opts, landing{slot: func(b proxy.RemoteBlock) (rdma.RegionID, uint64, error) {
 		slot, err := land(b)
 		if err != nil {
 			return 0, 0, err
@@ -312,8 +302,8 @@ func (c *Client) Fetch(ctx context.Context, node, ns string, key []byte, land fu
 // returns), never registered with the transport. proxy.ErrNoFetch, with
 // nothing sent, where a named read cannot land in plain memory (node does
 // not serve them, or an RDMA connection to it).
-func (c *Client) FetchTo(ctx context.Context, node, ns string, key []byte, land func(proxy.RemoteBlock) ([]byte, error)) error {
-	return c.fetch(ctx, node, ns, key, landing{mem: land})
+func (c *Client) FetchTo(ctx context.Context, node, ns string, key []byte, opts proxy.FetchOptions, land func(proxy.RemoteBlock) ([]byte, error)) error {
+	return c.fetch(ctx, node, ns, key, opts, landing{mem: land})
 }
 
 // landing says where a named read's bytes go: a reserved slot's region
@@ -324,14 +314,14 @@ type landing struct {
 }
 
 // fetch is Fetch and FetchTo.
-func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landing) error {
+func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, opts proxy.FetchOptions, l landing) error {
 	c.mu.Lock()
 	describes, ok := c.fetchable[node]
 	c.mu.Unlock()
 	if !ok {
 		return proxy.ErrNoFetch
 	}
-	describe := describes && l.slot != nil && proxy.WantsDescriptions(ctx)
+	describe := describes && l.slot != nil && opts.Describe
 	_, addr, ok := c.cfg.Resolve(node)
 	if !ok || addr == "" {
 		return fmt.Errorf("%w: %q", ErrUnknownNode, node)
@@ -340,21 +330,20 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landi
 	if err != nil {
 		return fmt.Errorf("%w: %w", proxy.ErrInvalidArgument, err)
 	}
-	p, err := c.xfer(ctx, addr)
+	x, err := c.xfer(ctx, addr)
 	if err != nil {
 		return fmt.Errorf("peerapi: connect transfer %s: %w: %w", addr, cache.ErrUnavailable, err)
 	}
-	f, isFetcher := p.(rdma.Fetcher)
-	mf, isMem := p.(rdma.MemFetcher)
-	if (l.mem == nil && !isFetcher) || (l.mem != nil && !isMem) {
-		return proxy.ErrNoFetch
+	p, f := x.p, x.f
+	if f == nil {
+		return proxy.ErrNoFetch // no ClientConfig.Fetch (fetchable is then never set)
 	}
 	var (
 		landed   bool
 		landErr  error
 		answered atomic.Bool
 	)
-	if d, ok := proxy.AnswerTimeout(ctx); ok {
+	if d := opts.AnswerTimeout; d > 0 {
 		// node must answer (the metadata) within d, as an Acquire must; the
 		// bytes then move within ctx.
 		actx, cancel := context.WithCancelCause(ctx)
@@ -383,7 +372,7 @@ func (c *Client) fetch(ctx context.Context, node, ns string, key []byte, l landi
 	}
 	var raw []byte
 	if l.mem != nil {
-		raw, err = mf.FetchMem(ctx, req, func(meta []byte, n uint64, sum uint32) ([]byte, error) {
+		raw, err = f.FetchMem(ctx, req, func(meta []byte, n uint64, sum uint32) ([]byte, error) {
 			b, err := block(meta, n, sum)
 			if err != nil {
 				return nil, err

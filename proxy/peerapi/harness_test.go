@@ -58,6 +58,9 @@ type nodeOpts struct {
 	// notes, when set, is given a notes of its own per node (n.notes):
 	// the block descriptions the node's proxy hands to its KV events.
 	notes bool
+	// maxMessage, when set, bounds one peer API message both ways (the
+	// server's MaxRequestBytes, the client's MaxMessageBytes).
+	maxMessage int
 }
 
 func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
@@ -128,8 +131,11 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err := n.view.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	n.srv, err = peerapi.NewServer(peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions,
-		NoNamedReads: o.noNamed}, n.p, ln, nil)
+	scfg := peerapi.ServerConfig{Credentials: n.cred, Transport: n.tr, Regions: n.regions, MaxRequestBytes: o.maxMessage}
+	if !o.noNamed {
+		scfg.Fetch = n.tr
+	}
+	n.srv, err = peerapi.NewServer(scfg, n.p, ln, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +144,8 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	}
 	<-n.srv.Ready()
 	n.cli, err = peerapi.NewClient(peerapi.ClientConfig{
-		Credentials: n.cred, Resolve: n.view.Addrs, Transport: n.tr, Regions: n.regions,
+		Credentials: n.cred, Resolve: n.view.Addrs, Transport: n.tr, Fetch: n.tr, Regions: n.regions,
+		MaxMessageBytes: o.maxMessage,
 	}, nil)
 	if err != nil {
 		t.Fatal(err)

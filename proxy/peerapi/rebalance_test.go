@@ -50,8 +50,8 @@ func TestRebalanceOnJoin(t *testing.T) {
 	for i := range keys {
 		keys[i] = []byte(fmt.Sprintf("blk-%03d", i))
 		// Synchronous pushes: each owner holds its blocks when Put returns.
-		if _, err := nodes[0].p.Put(proxy.WithSyncReplicas(ctx, 1), ns, keys[i], value(byte(i), size),
-			cache.PutOptions{Depth: int32(i % 6), Meta: desc(i)}); err != nil {
+		if _, err := nodes[0].p.Put(ctx, ns, keys[i], value(byte(i), size),
+			cache.PutOptions{Depth: int32(i % 6), Meta: desc(i), SyncReplicas: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -74,7 +74,8 @@ type ServerConfig struct {
 	// (registered with the transport: cmd/tidepool's registerArenas). Required.
 	Regions []rdma.RegionDesc
 	// MaxRequestBytes bounds one framed request (a Put carries block bytes
-	// inline). Default 256 MiB.
+	// inline); the peers' ClientConfig.MaxMessageBytes must not exceed it.
+	// Default DefaultMaxMessageBytes.
 	MaxRequestBytes int
 	// DrainTimeout bounds how long Close waits for in-flight calls.
 	// Default 10 s.
@@ -94,14 +95,16 @@ type ServerConfig struct {
 	// connections still authenticating, in all and per source address,
 	// apart from MaxConns (peerauth.ListenerConfig). Defaults 64 and 16.
 	MaxHandshakes, MaxHandshakesPerSource int
-	// NoNamedReads: do not serve named reads (fetch.go) even where the
-	// transport can; peers then fetch by Acquire and a one-sided read.
-	NoNamedReads bool
+	// Fetch serves named reads (fetch.go) on the transfer port: the
+	// transport's named-read server, normally Transport itself (rdma/tcp,
+	// rdma/auto). nil: no named reads; peers then fetch by Acquire and a
+	// one-sided read.
+	Fetch rdma.FetchServer
 }
 
 // DefaultServerConfig returns the defaults documented on ServerConfig.
 func DefaultServerConfig() ServerConfig {
-	return ServerConfig{MaxRequestBytes: 256 << 20, DrainTimeout: 10 * time.Second, MaxLease: 30 * time.Second,
+	return ServerConfig{MaxRequestBytes: DefaultMaxMessageBytes, DrainTimeout: 10 * time.Second, MaxLease: 30 * time.Second,
 		MaxConns: 1024, IdleTimeout: 5 * time.Minute, HandshakeTimeout: 5 * time.Second}
 }
 
@@ -217,7 +220,8 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 		HandshakeTimeout: cfg.HandshakeTimeout, IdleTimeout: cfg.IdleTimeout,
 	}, lg)
 	s.svr = tidepoolpeer.NewServer(h,
-		server.WithListener(s.ln),
+		// Requests are read whole frames at a time (frame.go).
+		server.WithListener(frameListener{s.ln}),
 		server.WithTransServerFactory(gonet.NewTransServerFactory()),
 		server.WithTransHandlerFactory(gonet.NewSvrTransHandlerFactory()),
 		server.WithCodec(safecodec.New(cfg.MaxRequestBytes)),
@@ -234,8 +238,9 @@ func NewServer(cfg ServerConfig, p *proxy.Proxy, ln net.Listener, lg *zap.Logger
 // Start serves in the background. Ready is closed once the server runs.
 func (s *Server) Start(ctx context.Context) error {
 	s.startOnce.Do(func() {
-		if !s.cfg.NoNamedReads {
-			s.h.fetch.Store(serveFetch(s.cfg.Transport, s.h.fetchBlock))
+		if s.cfg.Fetch != nil {
+			s.cfg.Fetch.HandleFetch(s.h.fetchBlock)
+			s.h.fetch.Store(true)
 		}
 		go func() {
 			defer close(s.done)
@@ -262,7 +267,7 @@ func (s *Server) Close() error {
 		started := true
 		s.startOnce.Do(func() { started = false; close(s.ready); close(s.done) })
 		if s.h.fetch.Swap(false) {
-			serveFetch(s.cfg.Transport, nil)
+			s.cfg.Fetch.HandleFetch(nil)
 		}
 		close(s.exit)
 		if started {

@@ -324,10 +324,22 @@ func (t *Transport) Close() error {
 // Connect implements rdma.Transport: a tcp handle always, and a verbs
 // handle when both sides have RDMA.
 func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error) {
+	p, err := t.ConnectFetch(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+var _ rdma.FetchConnector = (*Transport)(nil)
+
+// ConnectFetch implements rdma.FetchConnector: Connect, whose handles make
+// named reads over TCP (Fetch, FetchMem).
+func (t *Transport) ConnectFetch(ctx context.Context, addr string) (rdma.FetchPeer, error) {
 	if t.closed.Load() {
 		return nil, rdma.ErrClosed
 	}
-	tp, err := t.tcp.Connect(ctx, addr)
+	tp, err := t.tcp.ConnectFetch(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -348,7 +360,7 @@ func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error)
 type peer struct {
 	t    *Transport
 	addr string
-	tp   rdma.Peer
+	tp   rdma.FetchPeer // the TCP connection: transfers without RDMA, and named reads
 	c    *counters.Peer
 
 	mu        sync.Mutex
@@ -478,12 +490,8 @@ func (p *peer) Fetch(ctx context.Context, req []byte, land rdma.Lander) ([]byte,
 	if vp := p.verbs(ctx); vp != nil {
 		return nil, fmt.Errorf("%w: %s has an RDMA connection: read it one-sided", rdma.ErrUnsupported, p.addr)
 	}
-	f, ok := p.tp.(rdma.Fetcher)
-	if !ok {
-		return nil, fmt.Errorf("%w: named reads over %T", rdma.ErrUnsupported, p.tp)
-	}
 	return p.fetchCounted(func(n *uint64) ([]byte, error) {
-		return f.Fetch(ctx, req, func(meta []byte, size uint64, sum uint32) (rdma.RegionID, uint64, error) {
+		return p.tp.Fetch(ctx, req, func(meta []byte, size uint64, sum uint32) (rdma.RegionID, uint64, error) {
 			*n = size
 			return land(meta, size, sum)
 		})
@@ -495,12 +503,8 @@ func (p *peer) FetchMem(ctx context.Context, req []byte, land rdma.MemLander) ([
 	if vp := p.verbs(ctx); vp != nil {
 		return nil, fmt.Errorf("%w: %s has an RDMA connection: read it one-sided", rdma.ErrUnsupported, p.addr)
 	}
-	f, ok := p.tp.(rdma.MemFetcher)
-	if !ok {
-		return nil, fmt.Errorf("%w: named reads into memory over %T", rdma.ErrUnsupported, p.tp)
-	}
 	return p.fetchCounted(func(n *uint64) ([]byte, error) {
-		return f.FetchMem(ctx, req, func(meta []byte, size uint64, sum uint32) ([]byte, error) {
+		return p.tp.FetchMem(ctx, req, func(meta []byte, size uint64, sum uint32) ([]byte, error) {
 			*n = size
 			return land(meta, size, sum)
 		})

@@ -372,6 +372,18 @@ func (t *Transport) Close() error {
 // Connect implements rdma.Transport: it dials one connection (hello
 // included) to check that the peer is there and speaks our frame version.
 func (t *Transport) Connect(ctx context.Context, addr string) (rdma.Peer, error) {
+	p, err := t.ConnectFetch(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+var _ rdma.FetchConnector = (*Transport)(nil)
+
+// ConnectFetch implements rdma.FetchConnector: Connect, whose connections
+// make named reads (fetch.go).
+func (t *Transport) ConnectFetch(ctx context.Context, addr string) (rdma.FetchPeer, error) {
 	if t.closed.Load() {
 		return nil, rdma.ErrClosed
 	}
