@@ -134,6 +134,24 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 	if r.owns(ns, key) || r.hot.noteDirect(ns+"\x00"+string(key)) {
 		return 0, cache.Info{}, errThroughStore
 	}
+	n, info, err := r.fetchDirect(ctx, ns, key, owners, func(got RemoteBlock) ([]byte, error) {
+		if got.Length < 0 || got.Length > int64(len(dst)) {
+			return nil, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, got.Length, len(dst))
+		}
+		return dst[:got.Length], nil
+	})
+	if errors.Is(err, ErrNoFetch) {
+		return 0, cache.Info{}, errThroughStore
+	}
+	return n, info, err
+}
+
+// fetchDirect reads the block of (ns, key) from owners, in order, into
+// the memory land returns for it (Peers.FetchTo), checked against its
+// CRC-32C as it lands; nothing is kept here. ErrNoFetch when an owner
+// cannot land it in plain memory (nothing was landed then); a land error
+// wrapping cache.ErrTooLarge ends the read.
+func (r *router) fetchDirect(ctx context.Context, ns string, key []byte, owners []string, land func(RemoteBlock) ([]byte, error)) (int64, cache.Info, error) {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
@@ -148,15 +166,15 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 		var b RemoteBlock
 		start := time.Now()
 		err = r.peers.FetchTo(ctx, node, ns, key, func(got RemoteBlock) ([]byte, error) {
-			if got.Length < 0 || got.Length > int64(len(dst)) {
-				return nil, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, got.Length, len(dst))
+			dst, err := land(got)
+			if err == nil {
+				b = got
 			}
-			b = got
-			return dst[:got.Length], nil
+			return dst, err
 		})
 		if errors.Is(err, ErrNoFetch) {
 			r.brk.done(node, probe, callGaveUp) // nothing was sent
-			return 0, cache.Info{}, errThroughStore
+			return 0, cache.Info{}, err
 		}
 		o := outcomeOf(parent, err)
 		if errors.Is(err, cache.ErrTooLarge) {
