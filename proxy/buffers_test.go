@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
-	"github.com/tidepool-kv/tidepool/cache/dram"
 )
 
 // TestGetIntoFetchesToMemory: a block another node holds lands in the
@@ -143,21 +142,9 @@ func (c *bothOwn) Owners(ns string, key []byte) []string { return c.nodes }
 func roomlessPair(t *testing.T, cluster func(self string) Cluster) (map[string]*Proxy, *noRoom) {
 	t.Helper()
 	names := []string{"a", "b"}
-	ps := map[string]*Proxy{"b": newRouteProxy(t)}
-	dcfg := dram.DefaultConfig()
-	dcfg.Dir = t.TempDir()
-	dcfg.Capacity, dcfg.ArenaSize, dcfg.MaxValueSize, dcfg.LazyFault = 16<<20, 4<<20, 1<<20, true
-	tier, err := dram.New(dcfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tier.Close() })
+	tier := newRouteTier(t)
 	full := &noRoom{ZeroCopyStore: tier}
-	cfg := DefaultConfig()
-	cfg.MaxValueBytes, cfg.MaxBatch = 1024, 64
-	if ps["a"], err = New(cfg, Deps{Store: tier, ZeroCopy: full}, nil); err != nil {
-		t.Fatal(err)
-	}
+	ps := map[string]*Proxy{"a": newRouteProxyOn(t, tier, full), "b": newRouteProxy(t)}
 	for _, n := range names {
 		fp := &fakePeers{self: n, nodes: ps}
 		fp.named.Store(true)
