@@ -19,7 +19,10 @@ package proxy
 // the key (a new owner filling from the previous one), or the key is read
 // often enough to be a hot replica (hot.go) — or when the owner cannot
 // land it in plain memory (an RDMA connection, an older node), the read
-// goes through the store as GetPinned does, and is copied out.
+// goes through the store as GetPinned does, and is copied out; and when
+// this node has no room to keep it after all (the fetch refused for room,
+// or the copy pushed out before the read reached it), the block is read
+// straight into the caller's memory as above.
 
 import (
 	"context"
@@ -81,13 +84,41 @@ func (p *Proxy) GetInto(ctx context.Context, ns string, key, dst []byte, scope S
 		return n, info, err
 	}
 	n, info, err = r.fetchTo(ctx, ns, key, dst)
-	if errors.Is(err, errThroughStore) {
-		if ferr := r.fetch(ctx, ns, [][]byte{key})[0]; ferr != nil {
-			return 0, cache.Info{}, ferr
+	if !errors.Is(err, errThroughStore) {
+		return n, info, err
+	}
+	ferr := r.fetch(ctx, ns, [][]byte{key})[0]
+	if ferr == nil {
+		n, info, err = p.copyLocal(ctx, ns, key, dst) // fetched into the DRAM arenas
+		if !errors.Is(err, cache.ErrNotFound) {
+			return n, info, err
 		}
-		return p.copyLocal(ctx, ns, key, dst) // fetched into the DRAM arenas
+	}
+	if !throughOwner(ferr) {
+		return 0, cache.Info{}, ferr
+	}
+	// Kept nowhere here (no room): straight into dst after all.
+	n, info, err = r.fetchDirect(ctx, ns, key, r.remoteOwners(ns, key), landIn(dst))
+	if err == nil {
+		r.readThroughs.Add(1)
+	} else if errors.Is(err, ErrNoFetch) {
+		err = ferr
+		if err == nil {
+			err = cache.ErrNotFound
+		}
 	}
 	return n, info, err
+}
+
+// landIn lands a block fetched directly in dst; a block longer than dst
+// is cache.ErrTooLarge.
+func landIn(dst []byte) func(RemoteBlock) ([]byte, error) {
+	return func(got RemoteBlock) ([]byte, error) {
+		if got.Length < 0 || got.Length > int64(len(dst)) {
+			return nil, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, got.Length, len(dst))
+		}
+		return dst[:got.Length], nil
+	}
 }
 
 // copyLocal copies the block of (ns, key) from this node's tiers into dst:
@@ -134,6 +165,19 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 	if r.owns(ns, key) || r.hot.noteDirect(ns+"\x00"+string(key)) {
 		return 0, cache.Info{}, errThroughStore
 	}
+	n, info, err := r.fetchDirect(ctx, ns, key, owners, landIn(dst))
+	if errors.Is(err, ErrNoFetch) {
+		return 0, cache.Info{}, errThroughStore
+	}
+	return n, info, err
+}
+
+// fetchDirect reads the block of (ns, key) from owners, in order, into
+// the memory land returns for it (Peers.FetchTo), checked against its
+// CRC-32C as it lands; nothing is kept here. ErrNoFetch when an owner
+// cannot land it in plain memory (nothing was landed then); a land error
+// wrapping cache.ErrTooLarge ends the read.
+func (r *router) fetchDirect(ctx context.Context, ns string, key []byte, owners []string, land func(RemoteBlock) ([]byte, error)) (int64, cache.Info, error) {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.FetchTimeout)
 	defer cancel()
@@ -147,15 +191,15 @@ func (r *router) fetchTo(ctx context.Context, ns string, key, dst []byte) (int64
 		var b RemoteBlock
 		start := time.Now()
 		err = r.fetcher.FetchTo(ctx, node, ns, key, FetchOptions{AnswerTimeout: r.fopts.AnswerTimeout}, func(got RemoteBlock) ([]byte, error) {
-			if got.Length < 0 || got.Length > int64(len(dst)) {
-				return nil, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, got.Length, len(dst))
+			dst, err := land(got)
+			if err == nil {
+				b = got
 			}
-			b = got
-			return dst[:got.Length], nil
+			return dst, err
 		})
 		if errors.Is(err, ErrNoFetch) {
 			r.brk.done(node, probe, callGaveUp) // nothing was sent
-			return 0, cache.Info{}, errThroughStore
+			return 0, cache.Info{}, err
 		}
 		o := outcomeOf(parent, err)
 		if errors.Is(err, cache.ErrTooLarge) {

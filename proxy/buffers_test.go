@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tidepool-kv/tidepool/cache"
 )
@@ -111,5 +113,117 @@ func TestGetIntoFromStore(t *testing.T) {
 	}
 	if _, _, err := p.GetInto(ctx, "ns", []byte("absent"), dst, ScopeLocal); !errors.Is(err, cache.ErrNotFound) {
 		t.Fatalf("miss: %v", err)
+	}
+}
+
+// noRoom is a store whose reservations are refused for room while full is
+// set, as a DRAM tier full of blocks ranked above a fetched copy refuses
+// the copy's slot.
+type noRoom struct {
+	ZeroCopyStore
+	full atomic.Bool
+}
+
+func (s *noRoom) Reserve(ctx context.Context, ns string, key []byte, size int64, opts cache.PutOptions, ttl time.Duration) (cache.Reservation, error) {
+	if s.full.Load() {
+		return nil, fmt.Errorf("test: %w", cache.ErrNoSpace)
+	}
+	return s.ZeroCopyStore.Reserve(ctx, ns, key, size, opts, ttl)
+}
+
+// bothOwn is a two-node cluster where both nodes own every key (R = 2).
+type bothOwn struct{ fakeCluster }
+
+func (c *bothOwn) Replicas() int                         { return 2 }
+func (c *bothOwn) Owners(ns string, key []byte) []string { return c.nodes }
+
+// roomlessPair is nodes a and b routed by cluster(self); a's reservations
+// are refused for room while the returned noRoom is full.
+func roomlessPair(t *testing.T, cluster func(self string) Cluster) (map[string]*Proxy, *noRoom) {
+	t.Helper()
+	names := []string{"a", "b"}
+	tier := newRouteTier(t)
+	full := &noRoom{ZeroCopyStore: tier}
+	ps := map[string]*Proxy{"a": newRouteProxyOn(t, tier, full), "b": newRouteProxy(t)}
+	for _, n := range names {
+		fp := &fakePeers{self: n, nodes: ps}
+		fp.named.Store(true)
+		if err := ps[n].AttachCluster(cluster(n), fp, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ps[n].DetachCluster(0) })
+	}
+	return ps, full
+}
+
+// TestReadWithoutRoomForACopy: a cluster-scope read of a block its owner
+// holds returns the block even when this node has no room to keep a copy
+// (the fetch's slot refused for room): Get and BatchGet of a block b
+// owns, and GetInto through the store (a block this node owns too, which
+// it would keep) read it from the owner without one, and count it. A block
+// no node holds is still a miss; with room again a read keeps its copy.
+func TestReadWithoutRoomForACopy(t *testing.T) {
+	ctx := context.Background()
+	names := []string{"a", "b"}
+	val := func(k []byte) []byte { return bytes.Repeat(k, 50) }
+	put := func(p *Proxy, keys ...[]byte) {
+		for _, k := range keys {
+			if _, err := p.PutLocal(ctx, "ns", k, val(k), cache.PutOptions{Depth: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	notKept := func(p *Proxy, keys ...[]byte) {
+		for _, k := range keys {
+			if _, ok, _ := p.Exists(ctx, "ns", k, ScopeLocal); ok {
+				t.Fatalf("block %s kept with no room for it", k)
+			}
+		}
+	}
+
+	ps, full := roomlessPair(t, func(self string) Cluster { return &fakeCluster{self: self, nodes: names} })
+	fc := &fakeCluster{nodes: names}
+	var keys [][]byte // keys b owns
+	for i := 0; len(keys) < 4; i++ {
+		if k := []byte(fmt.Sprint("k", i)); fc.Owners("ns", k)[0] == "b" {
+			keys = append(keys, k)
+		}
+	}
+	put(ps["b"], keys...)
+	full.full.Store(true)
+	if v, _, err := ps["a"].Get(ctx, "ns", keys[0], ScopeCluster); err != nil || !bytes.Equal(v, val(keys[0])) {
+		t.Fatalf("Get with no room for a copy: %q, %v", v, err)
+	}
+	res, err := ps["a"].BatchGet(ctx, "ns", [][]byte{keys[1], []byte("nobody"), keys[2]}, ScopeCluster)
+	if err != nil || len(res) != 3 || res[0].Err != nil || !bytes.Equal(res[0].Value, val(keys[1])) ||
+		!errors.Is(res[1].Err, cache.ErrNotFound) || res[2].Err != nil || !bytes.Equal(res[2].Value, val(keys[2])) {
+		t.Fatalf("BatchGet with no room for a copy: %+v, %v", res, err)
+	}
+	notKept(ps["a"], keys[:3]...)
+	if got := ps["a"].RouteStats().ReadsThrough; got != 3 {
+		t.Fatalf("ReadsThrough = %d, want 3", got)
+	}
+	full.full.Store(false)
+	if v, _, err := ps["a"].Get(ctx, "ns", keys[3], ScopeCluster); err != nil || !bytes.Equal(v, val(keys[3])) {
+		t.Fatalf("Get: %q, %v", v, err)
+	}
+	if _, ok, _ := ps["a"].Exists(ctx, "ns", keys[3], ScopeLocal); !ok || ps["a"].RouteStats().ReadsThrough != 3 {
+		t.Fatal("a read with room did not keep its copy")
+	}
+
+	ps, full = roomlessPair(t, func(self string) Cluster { return &bothOwn{fakeCluster{self: self, nodes: names}} })
+	k := []byte("owned by both")
+	put(ps["b"], k)
+	full.full.Store(true)
+	dst := make([]byte, 1024)
+	if n, info, err := ps["a"].GetInto(ctx, "ns", k, dst, ScopeCluster); err != nil || !bytes.Equal(dst[:n], val(k)) || info.Checksum != cache.Checksum(val(k)) {
+		t.Fatalf("GetInto of a block a owns, with no room for it: %d bytes, %v", n, err)
+	}
+	if _, _, err := ps["a"].GetInto(ctx, "ns", []byte("nobody"), dst, ScopeCluster); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("GetInto of a block nobody holds: %v", err)
+	}
+	notKept(ps["a"], k)
+	if got := ps["a"].RouteStats().ReadsThrough; got != 1 {
+		t.Fatalf("ReadsThrough = %d, want 1", got)
 	}
 }

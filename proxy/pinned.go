@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/tidepool-kv/tidepool/cache"
@@ -62,11 +63,51 @@ func (p *Proxy) GetPinned(ctx context.Context, ns string, key []byte, scope Scop
 	}
 	v, info, err := p.local(ctx, ns, key, pins)
 	if r := p.clusterRouter(scope); r != nil && errors.Is(err, cache.ErrNotFound) {
-		if ferr := r.fetch(ctx, ns, [][]byte{key})[0]; ferr == nil {
-			return p.local(ctx, ns, key, pins) // fetched into the DRAM arenas
+		ferr := r.fetch(ctx, ns, [][]byte{key})[0]
+		if ferr == nil {
+			v, info, lerr := p.local(ctx, ns, key, pins) // fetched into the DRAM arenas
+			if !errors.Is(lerr, cache.ErrNotFound) {
+				return v, info, lerr
+			}
+		}
+		if throughOwner(ferr) {
+			if v, info, terr := p.readThrough(ctx, r, ns, key); terr == nil {
+				return v, info, nil
+			}
 		}
 	}
 	return v, info, err
+}
+
+// throughOwner reports whether a read that fetch answered ferr should
+// read the block from its owner without keeping it here: the block could
+// not be kept (no room for a copy: cache.ErrNoSpace), or was kept
+// (ferr nil) but pushed out again before the read reached it (the caller
+// saw it missing). The owner holds it; that this node has no room for a
+// copy must not turn a hit into a miss.
+func throughOwner(ferr error) bool {
+	return ferr == nil || errors.Is(ferr, cache.ErrNoSpace)
+}
+
+// readThrough reads the block of (ns, key) from its owners into memory of
+// its own (at most MaxValueBytes, whatever the owner claims), checked
+// against its CRC-32C as it lands, and keeps no copy here: the read of a
+// block this node has no room for (throughOwner). An error when no owner
+// gave it or none can land it in plain memory (ErrNoFetch).
+func (p *Proxy) readThrough(ctx context.Context, r *router, ns string, key []byte) ([]byte, cache.Info, error) {
+	var buf []byte
+	n, info, err := r.fetchDirect(ctx, ns, key, r.remoteOwners(ns, key), func(b RemoteBlock) ([]byte, error) {
+		if b.Length < 0 || b.Length > p.cfg.MaxValueBytes {
+			return nil, fmt.Errorf("%w: block of %d bytes, limit %d", cache.ErrTooLarge, b.Length, p.cfg.MaxValueBytes)
+		}
+		buf = make([]byte, b.Length)
+		return buf, nil
+	})
+	if err != nil {
+		return nil, cache.Info{}, err
+	}
+	r.readThroughs.Add(1)
+	return buf[:n], info, nil
 }
 
 // local reads (ns, key) from this node's tiers: pinned in place into pins
@@ -119,12 +160,21 @@ func (p *Proxy) BatchGetPinned(ctx context.Context, ns string, keys [][]byte, sc
 		}
 	}
 	if r := p.clusterRouter(scope); r != nil && len(missed) > 0 {
+		var through []int // indexes into keys
 		for j, ferr := range r.fetch(ctx, ns, missed) {
+			i := missedIdx[j]
 			if ferr == nil {
-				i := missedIdx[j]
 				out[i].Value, out[i].Info, out[i].Err = p.local(ctx, ns, keys[i], pins)
 			}
+			if throughOwner(ferr) && errors.Is(out[i].Err, cache.ErrNotFound) {
+				through = append(through, i)
+			}
 		}
+		r.each(len(through), through, func(i int) {
+			if v, info, err := p.readThrough(ctx, r, ns, keys[i]); err == nil {
+				out[i] = GetResult{Value: v, Info: info}
+			}
+		})
 	}
 	return out, nil
 }

@@ -349,6 +349,7 @@ type RouteStats struct {
 	RemoteLookups   int64 // keys asked of other nodes by Lookup/Exists
 	RemoteFetches   int64 // keys fetched from other nodes
 	RemoteHits      int64 // fetched keys found
+	ReadsThrough    int64 // reads served from the owner without a copy here (no room for one)
 	FetchFailures   int64 // fetches that failed (node down, transfer error, checksum)
 	Pushes          int64 // blocks pushed to owners
 	PushFailures    int64 // pushes that failed
@@ -404,6 +405,7 @@ type router struct {
 	remoteLookups, remoteFetches, remoteHits, fetchFailures atomic.Int64
 	pushes, pushFailures, pushesDropped, coalesced          atomic.Int64
 	remoteDeletes, remoteDeleteErrs                         atomic.Int64
+	readThroughs                                            atomic.Int64 // pinned.go, readThrough
 }
 
 // AttachCluster makes the proxy route across the cluster. Call it once,
@@ -482,6 +484,7 @@ func (p *Proxy) RouteStats() RouteStats {
 	}
 	return RouteStats{
 		RemoteLookups: r.remoteLookups.Load(), RemoteFetches: r.remoteFetches.Load(), RemoteHits: r.remoteHits.Load(),
+		ReadsThrough:  r.readThroughs.Load(),
 		FetchFailures: r.fetchFailures.Load(), Pushes: r.pushes.Load(), PushFailures: r.pushFailures.Load(),
 		PushesDropped: r.pushesDropped.Load(), PushQueueDepth: int64(len(r.queue)), CoalescedMisses: r.coalesced.Load(),
 		FastFails: r.brk.fastFails.Load(), PeerDownOpens: r.brk.opens.Load(), PeersDown: len(r.brk.down()),

@@ -208,6 +208,13 @@ func (f *fakePeers) Clear(ctx context.Context, node, ns string) (int64, error) {
 // arenas) with room for batches of 64.
 func newRouteProxy(t *testing.T) *Proxy {
 	t.Helper()
+	tier := newRouteTier(t)
+	return newRouteProxyOn(t, tier, tier)
+}
+
+// newRouteTier is the DRAM tier of newRouteProxy (16 MiB).
+func newRouteTier(t *testing.T) *dram.Tier {
+	t.Helper()
 	dcfg := dram.DefaultConfig()
 	dcfg.Dir = t.TempDir()
 	dcfg.Capacity, dcfg.ArenaSize, dcfg.MaxValueSize, dcfg.LazyFault = 16<<20, 4<<20, 1<<20, true
@@ -216,10 +223,16 @@ func newRouteProxy(t *testing.T) *Proxy {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { tier.Close() })
+	return tier
+}
+
+// newRouteProxyOn is newRouteProxy over store and zc.
+func newRouteProxyOn(t *testing.T, store Store, zc ZeroCopyStore) *Proxy {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.MaxValueBytes = 1024
 	cfg.MaxBatch = 64
-	p, err := New(cfg, Deps{Store: tier, ZeroCopy: tier}, nil)
+	p, err := New(cfg, Deps{Store: store, ZeroCopy: zc}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -403,17 +403,19 @@ if [[ -z $ONLY || "trace replay" =~ $ONLY ]]; then
 	req_args=()
 	((REPLAY_REQUESTS > 0)) && req_args=(--requests "$REPLAY_REQUESTS")
 	# Both policies: lru is Mooncake's own (the same policy), prefix is
-	# tidepool's. A hit is a block read back whole (bytes_fetched / 4 KiB).
+	# tidepool's. A hit is a block read back whole (read_blocks); the hits a
+	# lookup counted that did not read back are in unread_blocks, by code.
 	if out=$("$TP" replay --trace "$TRACE" --nodes 2 --scope cluster --route round-robin --policy lru,prefix \
 		--capacity-tokens "$REPLAY_CAPACITY" --block-bytes 4KiB --json --progress none "${req_args[@]}" 2>"$WORK/replay-tp.log"); then
 		"$PY" -c '
 import json, sys
 d = json.loads(sys.argv[1])
 for r in d["runs"] if "runs" in d else [d]:
-    hits = r["bytes_fetched"] // 4096
+    hits = r["read_blocks"]
     print(json.dumps({"system": "tidepool", "mode": "tidepool", "workload": "replay", "round": 1,
                       "label": "%s, tidepool policy %s" % (sys.argv[2], r.get("policy", "?")),
                       "value": round(hits / r["blocks"], 4) if r["blocks"] else 0.0, "looked_up_hit_rate": round(r["hit_rate"], 4),
+                      "unread_blocks": r.get("unread_blocks", {}),
                       "unit": "hit rate", "better": "higher", "failed_puts": r.get("failed_puts", 0), "seconds": r.get("seconds")}))' \
 			"$out" "$replay_label" >>"$RESULTS"
 		log "tidepool replay: $(tail -n 2 "$RESULTS")"

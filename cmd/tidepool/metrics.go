@@ -188,6 +188,7 @@ type routeCollector struct {
 	cn *clusterNode
 
 	members, lookups, fetches, remoteHits, fetchFails, pushes, pushFails, pushDrops, queue, coalesced *prometheus.Desc
+	readsThrough                                                                                      *prometheus.Desc
 	fastFails, downOpens, peersDown, remoteDeletes, remoteDeleteErrs                                  *prometheus.Desc
 	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                   *prometheus.Desc
 
@@ -205,6 +206,7 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 		fetches:          d("tidepool_remote_fetches_total", "Keys fetched from other nodes after a local miss.", nil, nil),
 		remoteHits:       d("tidepool_remote_hits_total", "Remote fetches that found their block.", nil, nil),
 		fetchFails:       d("tidepool_remote_fetch_failures_total", "Remote fetches that failed (node down, transfer error, checksum).", nil, nil),
+		readsThrough:     d("tidepool_remote_reads_uncached_total", "Reads of remote blocks served from the owner without a copy here: no room for one.", nil, nil),
 		pushes:           d("tidepool_pushes_total", "Blocks pushed to their owners.", nil, nil),
 		pushFails:        d("tidepool_push_failures_total", "Pushes to owners that failed.", nil, nil),
 		pushDrops:        d("tidepool_pushes_dropped_total", "Pushes dropped because the push queue was full.", nil, nil),
@@ -245,7 +247,7 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 }
 
 func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.members, c.lookups, c.fetches, c.remoteHits, c.fetchFails, c.pushes, c.pushFails, c.pushDrops, c.queue, c.coalesced,
+	for _, d := range []*prometheus.Desc{c.members, c.lookups, c.fetches, c.remoteHits, c.fetchFails, c.pushes, c.pushFails, c.pushDrops, c.queue, c.coalesced, c.readsThrough,
 		c.fastFails, c.downOpens, c.peersDown, c.remoteDeletes, c.remoteDeleteErrs,
 		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut,
 		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted,
@@ -274,6 +276,7 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.fetches, ctr, float64(rs.RemoteFetches))
 	ch <- m(c.remoteHits, ctr, float64(rs.RemoteHits))
 	ch <- m(c.fetchFails, ctr, float64(rs.FetchFailures))
+	ch <- m(c.readsThrough, ctr, float64(rs.ReadsThrough))
 	ch <- m(c.pushes, ctr, float64(rs.Pushes))
 	ch <- m(c.pushFails, ctr, float64(rs.PushFailures))
 	ch <- m(c.pushDrops, ctr, float64(rs.PushesDropped))

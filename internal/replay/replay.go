@@ -33,13 +33,24 @@ var ErrInvalidConfig = errors.New("replay: invalid config")
 type Node interface {
 	// Lookup returns how many leading keys are present.
 	Lookup(ctx context.Context, keys [][]byte) (int, error)
-	// Fetch reads the blocks of keys; it returns the bytes read and, of
-	// those, the bytes that came from another node.
-	Fetch(ctx context.Context, keys [][]byte) (bytes, remote int64, err error)
+	// Fetch reads the blocks of keys and says what it read (Fetched). A
+	// block that does not read back is counted there by why, not
+	// returned as err: err is for a call that failed as a whole.
+	Fetch(ctx context.Context, keys [][]byte) (Fetched, error)
 	// Store writes value under each key, keys[i] at chain depth
 	// firstDepth+i, in order, and sets out[i] (len(out) == len(keys)) to
 	// what became of keys[i]. Keys already present are no-ops.
 	Store(ctx context.Context, keys [][]byte, firstDepth int, value []byte, out []PutOutcome) error
+}
+
+// Fetched is what a Fetch read.
+type Fetched struct {
+	// Blocks counts the blocks read back whole; Bytes their bytes;
+	// Remote the part of Bytes that came from another node.
+	Blocks, Bytes, Remote int64
+	// Unread counts the blocks that did not read back, by the sidecar's
+	// error code (NOT_FOUND, UNAVAILABLE, ...).
+	Unread map[string]int64
 }
 
 // PutOutcome is what a Store did with one key.
@@ -151,6 +162,13 @@ type Result struct {
 	Blocks    int64   `json:"blocks"`
 	HitBlocks int64   `json:"hit_blocks"`
 	HitRate   float64 `json:"hit_rate"`
+	// ReadBlocks counts the hit blocks read back whole (without
+	// Config.NoFetch): a hit a Lookup counted but a read did not return
+	// is in UnreadBlocks instead, by the sidecar's error code;
+	// ReadHitRate is ReadBlocks over all blocks.
+	ReadBlocks   int64            `json:"read_blocks"`
+	ReadHitRate  float64          `json:"read_hit_rate"`
+	UnreadBlocks map[string]int64 `json:"unread_blocks,omitempty"`
 	// BytesFetched is what the hit prefixes read; BytesRemote the part of
 	// it that crossed between nodes; BytesStored what the puts added.
 	BytesFetched int64 `json:"bytes_fetched"`
@@ -238,6 +256,7 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 	finish := func(err error) (Result, error) {
 		res.Seconds = time.Since(start).Seconds()
 		res.HitRate = rate(res.HitBlocks, res.Blocks)
+		res.ReadHitRate = rate(res.ReadBlocks, res.Blocks)
 		for i := range res.Nodes {
 			res.Nodes[i].HitRate = rate(res.Nodes[i].HitBlocks, res.Nodes[i].Blocks)
 		}
@@ -307,12 +326,19 @@ func Run(ctx context.Context, cfg Config, reqs []trace.Request, nodes []Node) (R
 		res.Blocks += int64(len(keys))
 		res.HitBlocks += int64(hit)
 		if hit > 0 && !cfg.NoFetch {
-			b, remote, err := nodes[at].Fetch(ctx, keys[:hit])
+			f, err := nodes[at].Fetch(ctx, keys[:hit])
 			if err != nil {
 				return finish(fmt.Errorf("replay: request %d: fetch on node %d: %w", i, at, err))
 			}
-			res.BytesFetched += b
-			res.BytesRemote += remote
+			res.ReadBlocks += f.Blocks
+			res.BytesFetched += f.Bytes
+			res.BytesRemote += f.Remote
+			for code, n := range f.Unread {
+				if res.UnreadBlocks == nil {
+					res.UnreadBlocks = map[string]int64{}
+				}
+				res.UnreadBlocks[code] += n
+			}
 		}
 		if hit < len(keys) {
 			outs = slices.Grow(outs[:0], len(keys)-hit)[:len(keys)-hit]

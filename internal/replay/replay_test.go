@@ -23,6 +23,8 @@ type fakeNode struct {
 	failKey  string
 	// refuseKey is answered PutRefused, as a sidecar refuses a block for room.
 	refuseKey string
+	// unreadKey, when present, does not read back (UNAVAILABLE).
+	unreadKey string
 }
 
 func newFakeNode(capacity int) *fakeNode {
@@ -39,15 +41,28 @@ func (f *fakeNode) Lookup(_ context.Context, keys [][]byte) (int, error) {
 	return len(keys), nil
 }
 
-func (f *fakeNode) Fetch(_ context.Context, keys [][]byte) (int64, int64, error) {
+func (f *fakeNode) Fetch(_ context.Context, keys [][]byte) (Fetched, error) {
+	var got Fetched
+	unread := func(code string) {
+		if got.Unread == nil {
+			got.Unread = map[string]int64{}
+		}
+		got.Unread[code]++
+	}
 	for _, k := range keys {
 		e, ok := f.m[string(k)]
-		if !ok {
-			return 0, 0, errors.New("fetch of an absent block")
+		switch {
+		case !ok:
+			unread("NOT_FOUND")
+		case string(k) == f.unreadKey:
+			unread("UNAVAILABLE")
+		default:
+			f.lru.MoveToFront(e)
+			got.Blocks++
+			got.Bytes += 100
 		}
-		f.lru.MoveToFront(e)
 	}
-	return int64(len(keys)) * 100, 0, nil
+	return got, nil
 }
 
 func (f *fakeNode) Store(_ context.Context, keys [][]byte, _ int, _ []byte, out []PutOutcome) error {
@@ -130,6 +145,9 @@ func TestMatchesSimulator(t *testing.T) {
 			if got.Requests != want.Requests || got.Blocks != want.Blocks || got.HitBlocks != want.HitBlocks {
 				t.Fatalf("replay %d/%d hits over %d requests, simulator %d/%d over %d",
 					got.HitBlocks, got.Blocks, got.Requests, want.HitBlocks, want.Blocks, want.Requests)
+			}
+			if got.ReadBlocks != got.HitBlocks || got.UnreadBlocks != nil || got.ReadHitRate != got.HitRate {
+				t.Fatalf("read back %d of %d hit blocks (unread %v)", got.ReadBlocks, got.HitBlocks, got.UnreadBlocks)
 			}
 			if got.HitRate != want.HitRate() {
 				t.Fatalf("hit rate %v, want %v", got.HitRate, want.HitRate())
@@ -260,5 +278,26 @@ func TestPutOutcomes(t *testing.T) {
 	cfg.CheckChains = false
 	if r, err = Run(context.Background(), cfg, reqs, []Node{newFakeNode(3)}); err != nil || r.ChainsCut != 0 {
 		t.Fatalf("chains counted without CheckChains: %+v, %v", r, err)
+	}
+}
+
+// TestUnreadHits: a hit the lookup counted but the read did not return is
+// counted apart, by code, and left out of the read-back hit rate.
+func TestUnreadHits(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Key = testKey
+	reqs := []trace.Request{{HashIDs: []uint64{1, 2, 3}}, {HashIDs: []uint64{1, 2, 3, 4}}}
+	n := newFakeNode(0)
+	n.unreadKey = string(testKey(testKey(nil, 1), 2))
+	r, err := Run(context.Background(), cfg, reqs, []Node{n})
+	if err != nil || r.HitBlocks != 3 || r.ReadBlocks != 2 || r.BytesFetched != 200 || len(r.UnreadBlocks) != 1 || r.UnreadBlocks["UNAVAILABLE"] != 1 {
+		t.Fatalf("block 2 looked up but not read back: %+v, %v", r, err)
+	}
+	if r.HitRate != 3.0/7 || r.ReadHitRate != 2.0/7 {
+		t.Fatalf("hit rate %v, read-back hit rate %v; want 3/7, 2/7", r.HitRate, r.ReadHitRate)
+	}
+	cfg.NoFetch = true
+	if r, err = Run(context.Background(), cfg, reqs, []Node{n}); err != nil || r.ReadBlocks != 0 || r.UnreadBlocks != nil {
+		t.Fatalf("NoFetch reads nothing: %+v, %v", r, err)
 	}
 }

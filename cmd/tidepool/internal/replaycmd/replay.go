@@ -10,11 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -121,33 +123,46 @@ func (n *sidecarNode) Lookup(ctx context.Context, keys [][]byte) (int, error) {
 
 // Fetch reads the hit prefix. In cluster scope it first asks which of
 // those blocks the node holds itself: the others are fetched from their
-// owners by the read, and their bytes count as moved between nodes.
-func (n *sidecarNode) Fetch(ctx context.Context, keys [][]byte) (int64, int64, error) {
-	var b, remote int64
+// owners by the read, and their bytes count as moved between nodes. A
+// block that does not come back OK is counted by its code.
+func (n *sidecarNode) Fetch(ctx context.Context, keys [][]byte) (replay.Fetched, error) {
+	var f replay.Fetched
 	for len(keys) > 0 {
 		k := keys[:min(len(keys), n.maxBatch)]
 		var local []bool
 		if n.scope == client.ScopeCluster {
 			var err error
 			if local, err = n.c.Present(ctx, n.ns, k, client.ScopeLocal); err != nil {
-				return b, remote, err
+				return f, err
 			}
 		}
 		res, err := n.c.BatchGet(ctx, n.ns, k, n.scope)
 		if err != nil {
-			return b, remote, err
+			return f, err
 		}
 		for i, r := range res {
-			if r.Code == client.CodeOK {
-				b += int64(len(r.Value))
-				if local != nil && i < len(local) && !local[i] {
-					remote += int64(len(r.Value))
+			if r.Code != client.CodeOK {
+				if f.Unread == nil {
+					f.Unread = map[string]int64{}
 				}
+				f.Unread[r.Code.String()]++
+				continue
 			}
+			f.Blocks++
+			f.Bytes += int64(len(r.Value))
+			if local != nil && i < len(local) && !local[i] {
+				f.Remote += int64(len(r.Value))
+			}
+		}
+		if len(res) < len(k) {
+			if f.Unread == nil {
+				f.Unread = map[string]int64{}
+			}
+			f.Unread["no answer"] += int64(len(k) - len(res))
 		}
 		keys = keys[len(k):]
 	}
-	return b, remote, nil
+	return f, nil
 }
 
 func (n *sidecarNode) Store(ctx context.Context, keys [][]byte, firstDepth int, value []byte, out []replay.PutOutcome) error {
@@ -829,6 +844,18 @@ func writeReplayText(w io.Writer, r replayRun) {
 	}
 	fmt.Fprintf(w, "%s; route %s, scope %s, %s\n", head, r.Route, r.Scope, how)
 	fmt.Fprintf(w, "  prefix hit rate %.4f (%d of %d blocks)\n", r.HitRate, r.HitBlocks, r.Blocks)
+	if !r.Simulated && (r.ReadBlocks > 0 || len(r.UnreadBlocks) > 0) {
+		fmt.Fprintf(w, "  read back       %.4f (%d of %d blocks)", r.ReadHitRate, r.ReadBlocks, r.Blocks)
+		if len(r.UnreadBlocks) > 0 {
+			codes := slices.Sorted(maps.Keys(r.UnreadBlocks))
+			var parts []string
+			for _, c := range codes {
+				parts = append(parts, fmt.Sprintf("%d %s", r.UnreadBlocks[c], c))
+			}
+			fmt.Fprintf(w, "; hits not read back: %s", strings.Join(parts, ", "))
+		}
+		fmt.Fprintln(w)
+	}
 	if len(r.Nodes) > 1 {
 		var parts []string
 		for i, n := range r.Nodes {

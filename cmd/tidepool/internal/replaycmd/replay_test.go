@@ -237,3 +237,35 @@ func TestFootprintMatchesDRAMClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayClusterReadsBackEveryHit replays against two real clustered
+// sidecars whose DRAM fills (320 blocks each, far less than the trace
+// sample): every block a cluster-scope Lookup counts as a hit must read
+// back whole through a cluster-scope BatchGet, including blocks only the
+// other node holds while this node has no room to keep a copy of them.
+func TestReplayClusterReadsBackEveryHit(t *testing.T) {
+	path, _ := firstRequests(t, replayTraceRequests)
+	const blocks = 320
+	for _, policy := range []string{"lru", "prefix"} {
+		t.Run(policy, func(t *testing.T) {
+			out := runTP(t, "replay", "--trace", path, "--requests", fmt.Sprint(replayTraceRequests),
+				"--nodes", "2", "--scope", "cluster", "--capacity-tokens", fmt.Sprint(blocks*trace.BlockTokens),
+				"--block-bytes", "4KiB", "--policy", policy, "--json", "--progress", "none")
+			var got replayRun
+			if err := json.Unmarshal(out, &got); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			if len(got.BlocksAtEnd) != 2 || got.BlocksAtEnd[0] < blocks*9/10 || got.BlocksAtEnd[1] < blocks*9/10 {
+				t.Fatalf("sidecars hold %v blocks at the end: not full (capacity %d each)", got.BlocksAtEnd, blocks)
+			}
+			if got.HitBlocks == 0 || got.BytesRemote == 0 {
+				t.Fatalf("no hits (%d) or none from the other node (%d bytes): nothing tested", got.HitBlocks, got.BytesRemote)
+			}
+			if got.ReadBlocks != got.HitBlocks || len(got.UnreadBlocks) != 0 || got.BytesFetched != got.ReadBlocks*4096 {
+				t.Fatalf("lookups counted %d hit blocks, reads returned %d (%d bytes); not read back: %v",
+					got.HitBlocks, got.ReadBlocks, got.BytesFetched, got.UnreadBlocks)
+			}
+			t.Logf("%s: %d hit blocks read back, %d bytes from the other node", policy, got.ReadBlocks, got.BytesRemote)
+		})
+	}
+}
