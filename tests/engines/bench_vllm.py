@@ -240,7 +240,10 @@ def run(procs, engines):
         if k not in engines:
             raise SystemExit("engine %s did not start: %s" % (k, unavailable.get(k)))
     deadline = time.monotonic() + 60
-    while counter(m2, "tidepool_cluster_members") < 2 and time.monotonic() < deadline:
+    # Both nodes see both (a node that has not yet seen the other owns
+    # every key, and pushes nothing).
+    while min(counter(m1, "tidepool_cluster_members"), counter(m2, "tidepool_cluster_members")) < 2 \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
 
     rows = {}
