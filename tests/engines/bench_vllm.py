@@ -54,7 +54,7 @@ def serve(bin_, tmp, name, extra):
     p = subprocess.Popen([bin_, "serve", "--socket", sock, "--data-dir", os.path.join(d, "data"),
                           "--arena-dir", os.path.join(os.environ.get("BENCH_SHM", d), name + "-arenas"),
                           "--metrics-addr", "127.0.0.1:0",
-                          "--log-level", "warn", "--node-name", name] + extra,
+                          "--log-level", os.environ.get("BENCH_LOG_LEVEL", "warn"), "--node-name", name] + extra,
                          stdout=subprocess.PIPE, stderr=open(os.path.join(d, "serve.log"), "wb"),
                          stdin=subprocess.DEVNULL)
     line = p.stdout.readline().decode()
