@@ -165,7 +165,7 @@ func (c Config) Validate() error {
 type Client struct {
 	kc  kclient.Client
 	zc  zeroCopy // the zero-copy state and mapped arenas (zerocopy.go, arena.go)
-	raw rawPool  // AppendGet's connections (rawget.go)
+	raw rawPool  // the connections of Get and AppendGet (rawget.go)
 	// puts is Put's connections to the put socket (rawput.go).
 	puts putSocket
 
@@ -330,16 +330,16 @@ func (c *Client) BatchPut(ctx context.Context, ns string, items []Item) ([]error
 	return out, nil
 }
 
-// Get returns one block's bytes; found is false on a miss. A scope (at
-// most one; ScopeDefault without) says where it looks.
+// Get returns one block's bytes, in a new slice; found is false on a
+// miss. A scope (at most one; ScopeDefault without) says where it looks.
+// It is AppendGet into no buffer: the value is read from the socket
+// straight into the slice it returns.
 func (c *Client) Get(ctx context.Context, ns string, key []byte, scope ...Scope) (value []byte, found bool, err error) {
-	var res tp.TidepoolGetResult
-	err = c.call(ctx, "Get", &tp.TidepoolGetArgs{Req: &tp.GetRequest{Ns: ns, Key: key, Scope: scopeOf(scope)}}, &res)
-	r := res.GetSuccess()
-	if err != nil {
-		return nil, false, err
+	value, found, err = c.AppendGet(ctx, nil, ns, key, scope...)
+	if found && value == nil {
+		value = []byte{} // found empty: not the nil of a miss
 	}
-	return r.Value, r.Found, nil
+	return value, found, err
 }
 
 // GetResult is one block of a BatchGet.
