@@ -10,9 +10,9 @@ import (
 // extended slice, as strconv.AppendInt does: a caller that passes a
 // buffer with room for the block (dst[:0] of a buffer it reuses) reads
 // blocks through the socket without an allocation per call. The bytes
-// go from the socket straight into dst (rawget.go: AppendGet calls on
-// connections of its own, not through Kitex). On a miss or an error dst
-// comes back unchanged.
+// go from the socket straight into dst (rawget.go: Get and AppendGet
+// call on connections of their own, not through Kitex). On a miss or an
+// error dst comes back unchanged.
 // The scope is as Get's.
 func (c *Client) AppendGet(ctx context.Context, dst []byte, ns string, key []byte, scope ...Scope) (value []byte, found bool, err error) {
 	res, err := c.rawGet(ctx, dst, &tp.GetRequest{Ns: ns, Key: key, Scope: scopeOf(scope)})

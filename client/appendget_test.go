@@ -73,6 +73,52 @@ func TestAppendGet(t *testing.T) {
 	}
 }
 
+// TestGetOwnsItsValue: Get (AppendGet into a pooled buffer) returns a
+// slice of the value's own, which later Gets do not overwrite; an empty
+// block is found and not nil, a miss is nil; a bad request and a closed
+// client are errors.
+func TestGetOwnsItsValue(t *testing.T) {
+	c := startSidecar(t, 64<<20)
+	ctx := context.Background()
+	vals := map[string][]byte{"empty": {}}
+	for _, n := range []int{1, 70_000, 1 << 20, 3 << 20} {
+		vals[fmt.Sprint("k", n)] = sized(int64(n), n)
+	}
+	for k, v := range vals {
+		if _, err := c.Put(ctx, "ns", []byte(k), v, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string][]byte{}
+	for range 2 { // the second round reuses the pooled buffers
+		for k := range vals {
+			v, found, err := c.Get(ctx, "ns", []byte(k), client.ScopeLocal)
+			if err != nil || !found || v == nil {
+				t.Fatalf("Get %s: found %v, err %v, nil %v", k, found, err, v == nil)
+			}
+			if len(v) != cap(v) {
+				t.Fatalf("Get %s: %d bytes in a slice of %d", k, len(v), cap(v))
+			}
+			got[k] = v
+		}
+	}
+	for k, v := range vals {
+		if !bytes.Equal(got[k], v) {
+			t.Fatalf("Get %s: %d bytes, not the block's %d after later Gets", k, len(got[k]), len(v))
+		}
+	}
+	if v, found, err := c.Get(ctx, "ns", []byte("absent")); err != nil || found || v != nil {
+		t.Fatalf("miss: %v, found %v, err %v", v, found, err)
+	}
+	if _, _, err := c.Get(ctx, strings.Repeat("n", 1000), []byte("k")); client.CodeOf(err) != client.CodeInvalidArgument {
+		t.Fatalf("bad namespace: %v", err)
+	}
+	c.Close()
+	if _, _, err := c.Get(ctx, "ns", []byte("k1")); client.CodeOf(err) != client.CodeUnavailable {
+		t.Fatalf("closed client: %v", err)
+	}
+}
+
 // getReply is a Get reply message (header and result) as the sidecar's
 // generated encoder writes it, for call seq.
 func getReply(seq int32, r *tp.TidepoolGetResult) []byte {

@@ -28,14 +28,6 @@ type arenaMap struct {
 	kerr    error
 	kfilled []atomic.Bool // per fillChunk of kmem: its page table filled (fill)
 	knofill atomic.Bool   // the kernel cannot (before Linux 5.14): writes fault page by page
-
-	// WriteMmap: a MAP_SHARED mapping of the whole arena, PROT_READ but for
-	// the pages of slots being written, made on first use.
-	vonce sync.Once
-	vmem  []byte
-	verr  error
-	vmu   sync.Mutex      // orders the mprotect calls of concurrent writers
-	vrefs map[int64]int32 // guarded by vmu: writers of each page a slot shares with a neighbour
 }
 
 // errNoArenas reports a server that offers no arenas or that this host
@@ -165,10 +157,6 @@ func (a *arenaMap) stale() bool {
 }
 
 func (a *arenaMap) close() {
-	if a.vmem != nil {
-		_ = syscall.Munmap(a.vmem)
-		a.vmem = nil
-	}
 	if a.wmem != nil {
 		_ = syscall.Munmap(a.wmem)
 		a.wmem = nil

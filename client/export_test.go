@@ -17,39 +17,6 @@ func Queued(c *Client) (acquire, reserve, commit int) {
 	return c.zc.acquires.queued(), c.zc.reserves.queued(), c.zc.commits.queued()
 }
 
-// WriteWindows returns the WriteMmap mappings of c's arenas (nil for an
-// arena not written that way yet) and how many shared pages are still
-// counted as open.
-func WriteWindows(c *Client) (mems [][]byte, open int) {
-	z := &c.zc
-	z.rw.RLock()
-	defer z.rw.RUnlock()
-	for _, a := range z.arenas {
-		a.vmu.Lock()
-		mems = append(mems, a.vmem)
-		open += len(a.vrefs)
-		a.vmu.Unlock()
-	}
-	return mems, open
-}
-
-// OpenWindow and CloseWindow open and close a WriteMmap window of n bytes
-// at off of arena 0 of c, mapped already (for tests of shared pages).
-func OpenWindow(c *Client, off, n int64) (close func() error, mem []byte, err error) {
-	z := &c.zc
-	z.rw.RLock()
-	defer z.rw.RUnlock()
-	a := z.arenas[0]
-	if mem, err = a.window(); err != nil {
-		return nil, nil, err
-	}
-	w, err := a.openWindow(off, n)
-	if err != nil {
-		return nil, nil, err
-	}
-	return func() error { return a.closeWindow(w) }, mem, nil
-}
-
 // DecodeAppendGet decodes a Get reply message (header and
 // TidepoolGetResult) from stream as AppendGet does, appending the value to
 // dst; maxValue is MaxResponseBytes.

@@ -3,8 +3,12 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
 	"testing"
 
 	"github.com/tidepool-kv/tidepool/client"
@@ -102,3 +106,69 @@ func TestWriteKeyedWithoutKeys(t *testing.T) {
 	}
 	checkGetInto(t, c, vals)
 }
+
+// slotValues returns writers × perWriter values of sizes that share pages
+// (small ones, packed in slabs) and of large ones, keyed "k<writer>-<i>".
+func slotValues(writers, perWriter int) map[string][]byte {
+	sizes := []int{1, 700, 5000, 4096, 12 << 10, 64<<10 + 3, 1 << 20}
+	vals := map[string][]byte{}
+	for g := range writers {
+		for i := range perWriter {
+			vals[fmt.Sprintf("k%d-%d", g, i)] = sized(int64(g*100+i), sizes[(g+i)%len(sizes)])
+		}
+	}
+	return vals
+}
+
+// putConcurrently stores vals with PutFrom from writers goroutines, each
+// the values of its own writer number, and returns the first error.
+func putConcurrently(ctx context.Context, c *client.Client, writers int, vals map[string][]byte) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for g := range writers {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				k := fmt.Sprintf("k%d-%d", g, i)
+				v, ok := vals[k]
+				if !ok {
+					return
+				}
+				if _, err := c.PutFrom(ctx, "ns", []byte(k), v, 0); err != nil {
+					errs <- fmt.Errorf("PutFrom %s: %w", k, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// checkGetInto reads every value of vals back with GetInto.
+func checkGetInto(t *testing.T, c *client.Client, vals map[string][]byte) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for k, v := range vals {
+		n, found, err := c.GetInto(context.Background(), "ns", []byte(k), buf)
+		if err != nil || !found || !bytes.Equal(buf[:n], v) {
+			t.Fatalf("GetInto %s: %d %v %v (bytes equal: %v)", k, n, found, err, bytes.Equal(buf[:n], v))
+		}
+	}
+}
+
+// writeFaults writes one byte of mem (its own value back) and reports
+// whether the write faulted.
+func writeFaults(mem []byte, off int) (faulted bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			faulted = true
+		}
+	}()
+	store(&mem[off], mem[off])
+	return false
+}
+
+//go:noinline
+func store(p *byte, v byte) { *p = v }

@@ -18,7 +18,7 @@ import (
 	"github.com/tidepool-kv/tidepool/protocol/thriftstream"
 )
 
-// AppendGet's calls do not go through Kitex. Kitex reads a whole reply
+// Get and AppendGet do not go through Kitex. Kitex reads a whole reply
 // into netpoll's buffers before it decodes it, so a block crossed the
 // socket into those buffers and was then copied into dst: a profile of 16
 // callers of 1 MiB gets put that second copy at 14 % of all CPU. AppendGet
@@ -28,7 +28,7 @@ import (
 // straight into dst, one copy in all, as a Redis client reads a bulk
 // string.
 
-// rawConn is one connection of AppendGet's pool.
+// rawConn is one connection of the pool of Get and AppendGet.
 type rawConn struct {
 	conn net.Conn
 	r    *bufio.Reader
@@ -42,7 +42,8 @@ type rawConn struct {
 // destination at least this large).
 const rawReadBuffer = 16 << 10
 
-// rawPool keeps AppendGet's idle connections.
+// rawPool keeps idle connections (those of Get and AppendGet, or of the
+// put socket).
 type rawPool struct {
 	socket      string
 	dialTimeout time.Duration
@@ -61,7 +62,7 @@ func (p *rawPool) get(ctx context.Context, fresh bool) (c *rawConn, pooled bool,
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, false, &Error{Code: CodeUnavailable, Message: "client closed"}
+		return nil, false, errClientClosed
 	}
 	if n := len(p.idle); n > 0 && !fresh {
 		c = p.idle[n-1]

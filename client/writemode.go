@@ -3,7 +3,6 @@ package client
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,14 +20,6 @@ const (
 	// protection keys: it writes nothing outside the slot and needs no
 	// writable mapping).
 	WritePwrite WriteMode = iota
-	// WriteMmap makes the slot's pages writable for a copy with the
-	// checksum fused in, and read-only again after: the client keeps one
-	// MAP_SHARED mapping of each arena, read-only except for the pages of
-	// the slots being written (mprotect windows), so a stray write of the
-	// process outside them faults instead of changing a block. (Until
-	// issue 17 it mapped and unmapped the slot's pages per put, which was
-	// slow.)
-	WriteMmap
 	// WriteMapped keeps a read-write MAP_SHARED mapping of each whole arena
 	// and copies into the slot with the checksum fused in (the fastest).
 	// The process then has every arena mapped writable, so a stray write
@@ -59,103 +50,6 @@ var writeKey struct {
 var keyForWrites = func() (pkey.Key, error) {
 	writeKey.once.Do(func() { writeKey.k, writeKey.err = pkey.Alloc() })
 	return writeKey.k, writeKey.err
-}
-
-// window returns the mapping of WriteMmap.
-func (a *arenaMap) window() ([]byte, error) {
-	a.vonce.Do(func() {
-		a.vmem, a.verr = syscall.Mmap(int(a.rw.Fd()), 0, int(a.size), syscall.PROT_READ, syscall.MAP_SHARED)
-		if a.verr != nil {
-			a.verr = fmt.Errorf("tidepool: zero-copy: mmap %s: %w", a.path, a.verr)
-		}
-		a.vrefs = map[int64]int32{}
-	})
-	return a.vmem, a.verr
-}
-
-// writeWindow copies buf to offset off of the arena through a window made
-// writable for the copy, and returns its CRC-32C.
-func (a *arenaMap) writeWindow(off int64, buf []byte) (uint32, error) {
-	mem, err := a.window()
-	if err != nil || len(buf) == 0 {
-		return 0, err
-	}
-	w, err := a.openWindow(off, int64(len(buf)))
-	if err != nil {
-		return 0, err
-	}
-	crc := crc32c.Copy(mem[off:off+int64(len(buf))], buf)
-	return crc, a.closeWindow(w)
-}
-
-// A slotWindow is the pages [p0, p1) of a slot made writable, and those of
-// them it shares with a neighbour.
-type slotWindow struct {
-	p0, p1 int64
-	shared []int64
-}
-
-// openWindow makes the pages of the n > 0 bytes at off writable. Pages
-// inside the slot belong to it alone; its first and last page may hold a
-// neighbour's bytes too (small values share pages) and be in another
-// writer's window, so those two are counted, and made read-only by the
-// last writer to close its window.
-func (a *arenaMap) openWindow(off, n int64) (slotWindow, error) {
-	pg := int64(os.Getpagesize())
-	w := slotWindow{p0: off / pg, p1: (off + n + pg - 1) / pg}
-	if off%pg != 0 {
-		w.shared = append(w.shared, w.p0)
-	}
-	if (off+n)%pg != 0 && (len(w.shared) == 0 || w.shared[0] != w.p1-1) {
-		w.shared = append(w.shared, w.p1-1)
-	}
-	a.vmu.Lock()
-	defer a.vmu.Unlock()
-	for _, p := range w.shared {
-		a.vrefs[p]++
-	}
-	if err := syscall.Mprotect(a.vmem[w.p0*pg:min(w.p1*pg, int64(len(a.vmem)))], syscall.PROT_READ|syscall.PROT_WRITE); err != nil {
-		a.releaseShared(w)
-		return w, fmt.Errorf("tidepool: zero-copy: mprotect slot writable: %w", err)
-	}
-	return w, nil
-}
-
-// closeWindow makes the pages of w read-only again, but for shared pages
-// still in another window.
-func (a *arenaMap) closeWindow(w slotWindow) error {
-	pg := int64(os.Getpagesize())
-	a.vmu.Lock()
-	defer a.vmu.Unlock()
-	q0, q1 := w.p0, w.p1
-	for _, p := range a.releaseShared(w) {
-		if p == w.p0 {
-			q0 = w.p0 + 1
-		}
-		if p == w.p1-1 {
-			q1 = w.p1 - 1
-		}
-	}
-	if q0 >= q1 {
-		return nil
-	}
-	if err := syscall.Mprotect(a.vmem[q0*pg:min(q1*pg, int64(len(a.vmem)))], syscall.PROT_READ); err != nil {
-		return fmt.Errorf("tidepool: zero-copy: mprotect slot read-only: %w", err)
-	}
-	return nil
-}
-
-// releaseShared uncounts the shared pages of w and returns those still in
-// another window. Called with vmu held.
-func (a *arenaMap) releaseShared(w slotWindow) (held []int64) {
-	for _, p := range w.shared {
-		if a.vrefs[p]--; a.vrefs[p] > 0 {
-			held = append(held, p)
-		} else {
-			delete(a.vrefs, p)
-		}
-	}
-	return held
 }
 
 // writable returns the read-write mapping of the whole arena.
@@ -244,8 +138,6 @@ func (c *Client) writeSlot(arenas []*arenaMap, s Slot, buf []byte) (uint32, erro
 			return 0, err
 		}
 		return crc32c.Copy(mem[s.Offset:s.Offset+s.Length], buf), nil
-	case WriteMmap:
-		return a.writeWindow(s.Offset, buf)
 	case WriteKeyed:
 		if mem, k, err := a.keyed(); err == nil {
 			var crc uint32

@@ -11,22 +11,21 @@ package client
 // Files: zerocopy.go has the calls (Reserve, Commit, Acquire, Release,
 // PutFrom, GetInto, the slot reads and writes) and the zeroCopy state of a
 // Client; arena.go maps the arena files and remaps them after a sidecar
-// restart; writemode.go writes a slot (WriteMode: keyed, pwrite, mmap
-// windows, mapped); spares.go keeps unbound reservations for later puts;
+// restart; writemode.go writes a slot (WriteMode: keyed, pwrite,
+// mapped); spares.go keeps unbound reservations for later puts;
 // releaser.go releases GetInto's leases in the background; coalesce.go
 // batches the control calls of concurrent callers.
 //
 // Locks. Lock order (a lock may only be taken while holding locks listed
 // before it):
 //
-//	zeroCopy.mu → zeroCopy.rw → arenaMap.vmu
+//	zeroCopy.mu → zeroCopy.rw
 //
 // zeroCopy.mu serializes mapping and remapping (mapArenas: it calls Hello
 // and takes zeroCopy.rw while holding it); zeroCopy.rw guards the arena
 // list and closed, and is held for reading for the whole of a slot's copy
-// (withArenas), so that no remap or Close unmaps an arena under it; a
-// WriteMmap write takes its arena's vmu inside it, to order its mprotect
-// calls. Leaves, never held while another lock is taken: zeroCopy.spareMu
+// (withArenas), so that no remap or Close unmaps an arena under it.
+// Leaves, never held while another lock is taken: zeroCopy.spareMu
 // (spares.go), releaser.mu (releaser.go) and each combiner's mu
 // (coalesce.go); no lock is held across a call to the sidecar but
 // zeroCopy.mu.

@@ -415,7 +415,7 @@ func benchZeroCopy(b *testing.B) {
 	for _, mode := range []struct {
 		name string
 		m    client.WriteMode
-	}{{"pwrite", client.WritePwrite}, {"mmap", client.WriteMmap}, {"mapped", client.WriteMapped}, {"keyed", client.WriteKeyed}} {
+	}{{"pwrite", client.WritePwrite}, {"mapped", client.WriteMapped}, {"keyed", client.WriteKeyed}} {
 		b.Run("PutFrom-"+mode.name, func(b *testing.B) {
 			c := startSidecar(b, benchCapacity) // evicts as it goes
 			c.SetWriteMode(mode.m)

@@ -240,11 +240,11 @@ func TestZeroCopyHelperProcess(t *testing.T) {
 }
 
 // TestZeroCopyGoHelpers: PutFrom and GetInto keep the semantics of Put and
-// Get, in both write modes.
+// Get, in every write mode.
 func TestZeroCopyGoHelpers(t *testing.T) {
 	ts := startServer(t, serverOpts{capacity: 16 << 20, maxValue: 4 << 20})
 	ctx := context.Background()
-	for _, mode := range []client.WriteMode{client.WritePwrite, client.WriteMmap, client.WriteMapped} {
+	for _, mode := range []client.WriteMode{client.WritePwrite, client.WriteMapped, client.WriteKeyed} {
 		t.Run(fmt.Sprint("mode", mode), func(t *testing.T) {
 			ts.c.SetWriteMode(mode)
 			ns := fmt.Sprint("ns", mode)

@@ -59,7 +59,6 @@ type benchFlags struct {
 // benchWriteModes are the values of --write-mode.
 var benchWriteModes = map[string]client.WriteMode{
 	"pwrite": client.WritePwrite,
-	"mmap":   client.WriteMmap,
 	"mapped": client.WriteMapped,
 	"keyed":  client.WriteKeyed,
 }
@@ -268,7 +267,7 @@ func NewCommand(io *cli.Stdio, defaultSocket string) *cobra.Command {
 	fs.BoolVar(&f.zeroCopy, "zero-copy", false, "move values through the shared arenas instead of the socket (put, get, mixed)")
 	fs.BoolVar(&f.registered, "registered", false, "put from and get into memory registered with the sidecar through its buffer socket (put, get, mixed; with --remote too)")
 	fs.BoolVar(&f.verifyReads, "verify-reads", false, "with --zero-copy: check every GetInto copy against its CRC-32C in the client (SetVerifyReads(true))")
-	fs.StringVar(&f.writeMode, "write-mode", "default", "with --zero-copy: how puts copy into their slot: default (the client's: keyed where the machine has memory protection keys, else pwrite), keyed (a mapping only the copying thread can write, for the copy), pwrite, mmap (a mapping writable only while the slot is written) or mapped (a writable mapping of every arena)")
+	fs.StringVar(&f.writeMode, "write-mode", "default", "with --zero-copy: how puts copy into their slot: default (the client's: keyed where the machine has memory protection keys, else pwrite), keyed (a mapping only the copying thread can write, for the copy), pwrite or mapped (a writable mapping of every arena)")
 	fs.StringVar(&f.remote, "remote", "", "socket of another node: prefill there, read here with cluster scope")
 	fs.StringVar(&f.scope, "scope", "", "read scope: local, cluster or default (default: local, cluster with --remote)")
 	fs.BoolVar(&f.noPrefill, "no-prefill", false, "skip storing the key set before read runs")
@@ -278,7 +277,7 @@ func NewCommand(io *cli.Stdio, defaultSocket string) *cobra.Command {
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "per-call timeout")
 	cli.CompleteWords(cmd, "op", "put", "get", "mixed", "lookup", "batch-get", rawMemcpy, rawSocketCopy)
 	cli.CompleteWords(cmd, "scope", "local", "cluster", "default")
-	cli.CompleteWords(cmd, "write-mode", "default", "keyed", "pwrite", "mmap", "mapped")
+	cli.CompleteWords(cmd, "write-mode", "default", "keyed", "pwrite", "mapped")
 	cli.CompleteWords(cmd, "progress", "auto", "bar", "plain", "none")
 	return cmd
 }
@@ -416,7 +415,7 @@ func (pl *benchPlan) checkSidecarRun(f *benchFlags) error {
 	}
 	writeMode, ok := benchWriteModes[f.writeMode]
 	if !ok && f.writeMode != "default" {
-		return fmt.Errorf("--write-mode must be default, keyed, pwrite, mmap or mapped, not %q", f.writeMode)
+		return fmt.Errorf("--write-mode must be default, keyed, pwrite or mapped, not %q", f.writeMode)
 	}
 	pl.writeMode = writeMode
 	if f.writeMode != "default" && !f.zeroCopy {
