@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +40,23 @@ type options struct {
 	pause     time.Duration
 	jsonOut   bool
 	childArgs []string // timing overrides passed on to children
+	ringSizes []int    // ring scenario: member counts
+	ringParts []int    // ring scenario: partition counts
+	ringRoll  bool     // ring scenario: rolling restarts too
+	nodeBytes int64    // ring scenario: DRAM bytes a node holds (rebalance traffic)
+}
+
+// ints parses "100,1000" (-ring-sizes, -ring-partitions).
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		var v int
+		if _, err := fmt.Sscan(strings.TrimSpace(f), &v); err != nil || v <= 0 {
+			return nil, fmt.Errorf("%q is not a list of positive integers", s)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 func main() {
@@ -56,6 +74,10 @@ func main() {
 	flag.DurationVar(&o.pause, "pause", 300*time.Millisecond, "how long each SIGSTOP lasts (starve scenario)")
 	flag.StringVar(&scen, "scenario", "converge,detect,gossip", "comma-separated: converge, detect, gossip, starve, ring, churn")
 	flag.BoolVar(&o.jsonOut, "json", false, "one JSON object per figure instead of text")
+	flag.Float64Var(&joinRate, "join-rate", 0, "start at most this many members a second (0: as fast as -parallel allows)")
+	var compress string
+	flag.StringVar(&compress, "compress", "", "on or off: override the profile's gossip compression (cluster.Config.Compression)")
+	flag.BoolVar(&progress, "v", false, "report progress on stderr while waiting for views to converge")
 	flag.BoolVar(&child, "child", false, "internal: host members for a parent process")
 	flag.StringVar(&join, "join", "", "internal: a member to join (child)")
 	var pi, pt, gi, pp time.Duration
@@ -67,16 +89,42 @@ func main() {
 	flag.IntVar(&sm, "suspicion-mult", 0, "override the profile's SuspicionMult")
 	flag.IntVar(&smax, "suspicion-max-mult", 0, "override the profile's SuspicionMaxTimeoutMult")
 	flag.IntVar(&gn, "gossip-nodes", 0, "override the profile's GossipNodes")
+	var ringSizes, ringParts string
+	var nodeGiB int64
+	flag.StringVar(&ringSizes, "ring-sizes", "100,1000,5000", "ring scenario: member counts")
+	flag.StringVar(&ringParts, "ring-partitions", "8192,65536", "ring scenario: partition counts")
+	flag.BoolVar(&o.ringRoll, "ring-roll", true, "ring scenario: also roll 10% of the members one at a time (a rebuild each)")
+	flag.Int64Var(&nodeGiB, "node-gib", 64, "ring scenario: GiB of DRAM blocks a node holds, for the rebalance traffic a join causes")
+	var cpuprofile string
+	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file")
 	flag.Parse()
+	if cpuprofile != "" {
+		pf, err := os.Create(cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var childArgs []string
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "probe-interval", "probe-timeout", "gossip-interval", "push-pull-interval", "suspicion-mult", "suspicion-max-mult", "gossip-nodes":
+		case "compress", "join-rate", "probe-interval", "probe-timeout", "gossip-interval", "push-pull-interval", "suspicion-mult", "suspicion-max-mult", "gossip-nodes":
 			childArgs = append(childArgs, "-"+f.Name, f.Value.String())
 		}
 	})
 	o.childArgs = childArgs
+	switch compress {
+	case "", "on", "off":
+	default:
+		fatal(fmt.Errorf("-compress %q: want on or off", compress))
+	}
 	overrides = func(c *cluster.Config) {
+		if compress != "" {
+			c.Compression = compress == "on"
+		}
 		for _, d := range []struct {
 			p *time.Duration
 			v time.Duration
@@ -93,6 +141,14 @@ func main() {
 				*d.p = d.v
 			}
 		}
+	}
+	o.nodeBytes = nodeGiB << 30
+	var err error
+	if o.ringSizes, err = ints(ringSizes); err != nil {
+		fatal(fmt.Errorf("-ring-sizes: %w", err))
+	}
+	if o.ringParts, err = ints(ringParts); err != nil {
+		fatal(fmt.Errorf("-ring-partitions: %w", err))
 	}
 	o.prof = profile(prof)
 	if _, err := o.prof.config("x"); err != nil {
@@ -117,7 +173,7 @@ func main() {
 		case "starve":
 			err = runStarve(ctx, o, r)
 		case "ring":
-			err = runRing(r)
+			err = runRing(o, r)
 		case "churn":
 			err = runChurn(ctx, o, r)
 		default:
@@ -146,6 +202,7 @@ func fleetScenarios(scen string) map[string]bool {
 }
 
 func fatal(err error) {
+	pprof.StopCPUProfile() // a profile of a failed run is the one most wanted
 	fmt.Fprintln(os.Stderr, "tidepool-scale:", err)
 	os.Exit(1)
 }
@@ -217,21 +274,30 @@ func runChild(ctx context.Context, o options, join string) error {
 	}()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	for {
+	failedNow := 0
+	for tick := 0; ; tick++ {
 		ns := f.all()
 		st := childStatus{Members: len(ns), LiveMin: liveMin(ns)}
+		// Copying every member's table is O(N²): every 2 s only.
+		full := tick%8 == 0
 		failed := map[string]bool{}
 		for _, nd := range ns {
 			st.RefuteSuspect += nd.log.refuteSuspect.Load()
 			st.RefuteDead += nd.log.refuteDead.Load()
 			st.MarkedFailed += nd.log.markedFailed.Load()
+			if !full {
+				continue
+			}
 			for _, m := range nd.c.Members() {
-				if m.State.String() == "failed" {
+				if m.State == cluster.StateFailed {
 					failed[m.Name] = true
 				}
 			}
 		}
-		st.Failed = len(failed)
+		if full {
+			failedNow = len(failed)
+		}
+		st.Failed = failedNow
 		if err := enc.Encode(st); err != nil {
 			return nil // the parent went away
 		}
