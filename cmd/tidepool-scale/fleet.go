@@ -109,7 +109,15 @@ func (f *fleet) add(ctx context.Context, n, parallel int, join []string) ([]*nod
 	sem := make(chan struct{}, max(parallel, 1))
 	var wg sync.WaitGroup
 	t0 := time.Now()
+	next := t0.Add(5 * time.Second)
 	for i := range n {
+		if ctx.Err() != nil {
+			break // interrupted: the members started so far are closed by the caller
+		}
+		if progress && time.Now().After(next) {
+			next = next.Add(5 * time.Second)
+			fmt.Fprintf(os.Stderr, "# %5.1f s: starting member %d of %d\n", time.Since(t0).Seconds(), i+1, n)
+		}
 		if joinRate > 0 && n > 1 {
 			// Staggered joins: every join makes its joiner gossip an
 			// alive message for each member it learned, so joins at
@@ -138,6 +146,9 @@ func (f *fleet) add(ctx context.Context, n, parallel int, join []string) ([]*nod
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return out, nil

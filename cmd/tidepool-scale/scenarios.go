@@ -81,6 +81,11 @@ func runFleet(ctx context.Context, o options, want map[string]bool, r *reporter)
 			return err
 		}
 	}
+	if want["churn"] {
+		if err := runChurn(ctx, f, o, r); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -178,6 +183,9 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 	for i := range kids {
 		args := []string{"-child", "-nodes", fmt.Sprint(per), "-profile", string(o.prof), "-parallel", fmt.Sprint(o.parallel)}
 		args = append(args, o.childArgs...)
+		if joinRate > 0 { // the fleet's rate, shared by the children
+			args = append(args, "-join-rate", fmt.Sprint(joinRate/float64(o.procs)))
+		}
 		if seed != "" {
 			args = append(args, "-join", seed)
 		}
@@ -374,19 +382,11 @@ func moved(a, b *cluster.Ring, depth int) float64 {
 }
 
 // runChurn measures clusterview.View.Owners, the read path's placement
-// call, while 5 % of a fleet of o.nodes rolls (leaves gracefully and is
+// call, while 5 % of the fleet f rolls (leaves gracefully and is
 // replaced by new members) at once: its latency against a quiet window,
 // and the ring rebuilds the view made.
-func runChurn(ctx context.Context, o options, r *reporter) error {
-	f := newFleet(o.prof, "c")
-	defer f.close()
-	if _, err := f.add(ctx, 1, 1, nil); err != nil {
-		return err
-	}
-	if _, err := f.add(ctx, o.nodes-1, o.parallel, nil); err != nil {
-		return err
-	}
-	if _, err := waitConverged(ctx, f.all(), o.nodes, 3*time.Minute); err != nil {
+func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
+	if _, err := waitConverged(ctx, f.all(), len(f.all()), 3*time.Minute); err != nil {
 		return err
 	}
 	obs := f.all()[0]
