@@ -7,10 +7,14 @@
 // Nothing else of a sidecar runs: no engine API, no peer API, no transfers,
 // no tiers (docs/scale.md says what each figure covers).
 //
-//	tidepool-scale -nodes 1000 -scenario converge,detect,gossip
-//	tidepool-scale -nodes 400 -procs 4 -scenario starve
+//	tidepool-scale -nodes 1000 -join-rate 8 -scenario converge,gossip,detect,churn
+//	tidepool-scale -nodes 1000 -join-rate 8 -procs 4 -scenario starve
 //	tidepool-scale -scenario ring
-//	tidepool-scale -nodes 1000 -scenario churn
+//
+// On a machine of a few cores, start a big fleet with -join-rate: every
+// joiner gossips an alive message for each member it learns, so members
+// started at full speed saturate the CPU and the fleet collapses into
+// suspicions (docs/scale.md).
 package main
 
 import (
