@@ -32,6 +32,7 @@ type logCounter struct {
 	refuteSuspect atomic.Int64 // this node heard it was suspected while alive
 	refuteDead    atomic.Int64 // this node heard it was declared dead while alive
 	markedFailed  atomic.Int64 // this node's suspicion timer declared a member failed
+	queueDrops    atomic.Int64 // alive/suspect/dead messages dropped: memberlist's handler queue was full
 }
 
 func (l *logCounter) Write(p []byte) (int, error) {
@@ -42,6 +43,8 @@ func (l *logCounter) Write(p []byte) (int, error) {
 		l.refuteDead.Add(1)
 	case bytes.Contains(p, []byte("as failed, suspect timeout reached")):
 		l.markedFailed.Add(1)
+	case bytes.Contains(p, []byte("handler queue full, dropping message")):
+		l.queueDrops.Add(1)
 	}
 	return len(p), nil
 }
@@ -371,4 +374,13 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// queueDrops sums the handler-queue drops of ns.
+func queueDrops(ns []*node) int64 {
+	var n int64
+	for _, nd := range ns {
+		n += nd.log.queueDrops.Load()
+	}
+	return n
 }

@@ -24,8 +24,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
+	_ "net/http/pprof" // -pprof
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -100,9 +104,18 @@ func main() {
 	flag.StringVar(&ringParts, "ring-partitions", "8192,65536", "ring scenario: partition counts")
 	flag.BoolVar(&o.ringRoll, "ring-roll", true, "ring scenario: also roll 10% of the members one at a time (a rebuild each)")
 	flag.Int64Var(&nodeGiB, "node-gib", 64, "ring scenario: GiB of DRAM blocks a node holds, for the rebalance traffic a join causes")
-	var cpuprofile string
+	var cpuprofile, pprofAddr string
 	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file")
+	flag.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")
+	gogc := flag.Int("gogc", 400, "the harness's GOGC: its collector works for all members at once (a real member has a heap of its own)")
 	flag.Parse()
+	debug.SetGCPercent(*gogc)
+	if pprofAddr != "" {
+		if h, _, err := net.SplitHostPort(pprofAddr); err != nil || net.ParseIP(h) == nil || !net.ParseIP(h).IsLoopback() {
+			fatal(fmt.Errorf("-pprof %q: want a loopback ip:port", pprofAddr))
+		}
+		go func() { fmt.Fprintln(os.Stderr, "tidepool-scale: pprof:", http.ListenAndServe(pprofAddr, nil)) }()
+	}
 	if cpuprofile != "" {
 		pf, err := os.Create(cpuprofile)
 		if err != nil {

@@ -42,7 +42,7 @@ func runFleet(ctx context.Context, o options, want map[string]bool, r *reporter)
 	wall := time.Since(t0)
 	r.fig("cold start: harness CPU used", (cpuTime() - cpu0).Seconds(), "s",
 		"cores_busy", fmt.Sprintf("%.2f", (cpuTime()-cpu0).Seconds()/wall.Seconds()), "of", runtime.NumCPU(),
-		"udp_rcvbuf_drops", udpRcvbufErrors()-rcv0)
+		"udp_rcvbuf_drops", udpRcvbufErrors()-rcv0, "handler_queue_drops", queueDrops(f.all()))
 	if want["converge"] {
 		t := time.Now()
 		if _, err := f.add(ctx, 1, 1, nil); err != nil {
