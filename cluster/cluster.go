@@ -149,6 +149,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 	mc.SuspicionMaxTimeoutMult = c.cfg.SuspicionMaxTimeoutMult
 	mc.AwarenessMaxMultiplier = c.cfg.AwarenessMaxMultiplier
 	mc.DeadNodeReclaimTime = c.cfg.DeadNodeReclaimTime
+	mc.EnableCompression = c.cfg.Compression
 	mc.GossipToTheDeadTime = max(2*c.cfg.PushPullInterval, 5*c.cfg.ProbeInterval)
 	d := delegate{c: c}
 	mc.Delegate = d

@@ -490,3 +490,46 @@ func freeUDPTCPPort(t *testing.T) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// TestJoinContactsFew: a join given every member's address (a headless
+// Service in a big fleet) exchanges state with joinFanout of them, not
+// all, and still learns every member; dead addresses are skipped past
+// until some answer.
+func TestJoinContactsFew(t *testing.T) {
+	var addrs []string
+	var first *Cluster
+	for i := range 6 {
+		var join []string
+		if first != nil {
+			join = []string{first.Addr()}
+		}
+		c := startNode(t, fmt.Sprintf("m%d", i), nil, join...)
+		if first == nil {
+			first = c
+		}
+		addrs = append(addrs, c.Addr())
+	}
+	waitFor(t, 10*time.Second, "six members", func() bool { return liveCount(first) == 6 })
+	j := startNode(t, "joiner", nil)
+	n, err := j.Join(context.Background(), addrs)
+	if err != nil || n != joinFanout {
+		t.Fatalf("Join(6 live addresses) = %d, %v; want %d, nil", n, err, joinFanout)
+	}
+	waitFor(t, 10*time.Second, "the joiner sees all", func() bool { return liveCount(j) == 7 })
+
+	// Five closed ports and one live member: the join goes past the
+	// dead ones, whatever order it picks.
+	var dead []string
+	for range 5 {
+		dead = append(dead, fmt.Sprintf("127.0.0.1:%d", freeUDPTCPPort(t)))
+	}
+	k := startNode(t, "late", nil)
+	n, err = k.Join(context.Background(), append(dead, addrs[3]))
+	if err != nil || n != 1 {
+		t.Fatalf("Join(5 dead + 1 live) = %d, %v; want 1, nil", n, err)
+	}
+	waitFor(t, 10*time.Second, "the late joiner sees all", func() bool { return liveCount(k) == 8 })
+	if _, err := k.Join(context.Background(), dead); !errors.Is(err, ErrJoin) {
+		t.Fatalf("Join(only dead) = %v; want ErrJoin", err)
+	}
+}

@@ -37,7 +37,9 @@ type Config struct {
 	AdvertisePort int
 	// Join lists addresses or DNS names of existing members ("host" or
 	// "host:port", default port DefaultPort). Names resolve to all their
-	// addresses: a Kubernetes headless Service resolves to every pod.
+	// addresses: a Kubernetes headless Service resolves to every pod. A
+	// join contacts three of them at a time, in a random order, until one
+	// answers (each answer is a whole member-table exchange).
 	Join []string
 	// JoinRetryInterval is the pause between join rounds in Start, and the
 	// first pause of the background join (BackgroundJoin). Default 1 s.
@@ -109,6 +111,13 @@ type Config struct {
 	// interval and timeout up to this factor instead of suspecting
 	// others. Default 8.
 	AwarenessMaxMultiplier int
+	// Compression LZW-compresses gossip packets and push/pull state
+	// (memberlist's EnableCompression, on in its own defaults). Default
+	// false: on a LAN the bytes saved are a few hundred a second per
+	// member, while memberlist allocates a 64 KiB LZW table for every
+	// packet it compresses, about a quarter of a member's gossip CPU
+	// (docs/scale.md). Members with and without it interoperate.
+	Compression bool
 	// DeadNodeReclaimTime lets a dead node's name be taken by a new address
 	// after this long (a restarted pod with a new IP). Default 10 s.
 	DeadNodeReclaimTime time.Duration

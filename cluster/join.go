@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"sort"
 	"strconv"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"go.uber.org/zap"
 )
 
@@ -63,8 +65,8 @@ func (c *Cluster) hasPeer() bool {
 	return false
 }
 
-// joinRound resolves cfg.Join and joins every address other than this
-// node's own; with onlyNew, live members' addresses are skipped too (and
+// joinRound resolves cfg.Join and joins (joinSome) the addresses other
+// than this node's own; with onlyNew, live members' addresses are skipped too (and
 // finding nothing to join is no error). It returns how many answered.
 func (c *Cluster) joinRound(ctx context.Context, onlyNew bool) (int, error) {
 	ml := c.ml.Load()
@@ -94,12 +96,39 @@ func (c *Cluster) joinRound(ctx context.Context, onlyNew bool) (int, error) {
 		}
 		return 0, fmt.Errorf("%w: no other address to join: %w", ErrJoin, rerr)
 	}
-	n, err := ml.Join(targets)
+	n, err := joinSome(ml, targets)
 	if n == 0 {
 		c.joinFailures.Add(1)
 		return 0, fmt.Errorf("%w: %v", ErrJoin, errors.Join(err, rerr))
 	}
 	return n, nil
+}
+
+// joinFanout is how many addresses one join contacts at most while they
+// answer. Each contacted member exchanges the whole member table with the
+// joiner (a push/pull, ~300 bytes a member), and gossip spreads the join
+// from there, so one answer is enough and three ride out a peer that
+// dies meanwhile. Joining every address a headless Service resolves to
+// would cost a 1,000-pod fleet 1,000 table exchanges per joining pod
+// (docs/scale.md).
+const joinFanout = 3
+
+// joinSome joins targets in a random order, joinFanout at a time, until
+// some answered or none is left; it returns how many answered.
+func joinSome(ml *memberlist.Memberlist, targets []string) (int, error) {
+	targets = slices.Clone(targets)
+	rand.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
+	var errs []error
+	for len(targets) > 0 {
+		k := min(joinFanout, len(targets))
+		n, err := ml.Join(targets[:k])
+		targets = targets[k:]
+		if n > 0 {
+			return n, nil
+		}
+		errs = append(errs, err)
+	}
+	return 0, errors.Join(errs...)
 }
 
 // joinLoop is the background join (BackgroundJoin; ctx ends with Close): it retries with a
@@ -143,8 +172,9 @@ func (c *Cluster) joinLoop(ctx context.Context) {
 }
 
 // Join contacts the given addresses or DNS names (resolved to all their
-// addresses) and merges state with every one that answers. It returns how
-// many answered; the error wraps ErrJoin when none did.
+// addresses), in a random order and at most joinFanout at a time until
+// some answered, and merges state with those. It returns how many
+// answered; the error wraps ErrJoin when none did.
 func (c *Cluster) Join(ctx context.Context, addrs []string) (int, error) {
 	ml := c.ml.Load()
 	if ml == nil {
@@ -157,7 +187,7 @@ func (c *Cluster) Join(ctx context.Context, addrs []string) (int, error) {
 	if len(targets) == 0 {
 		return 0, fmt.Errorf("%w: no address to join: %w", ErrJoin, rerr)
 	}
-	n, err := ml.Join(targets)
+	n, err := joinSome(ml, targets)
 	if n == 0 {
 		return 0, fmt.Errorf("%w: %v", ErrJoin, errors.Join(err, rerr))
 	}

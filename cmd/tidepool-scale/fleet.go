@@ -5,9 +5,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	metrics "github.com/hashicorp/go-metrics"
@@ -30,6 +32,7 @@ type logCounter struct {
 	refuteSuspect atomic.Int64 // this node heard it was suspected while alive
 	refuteDead    atomic.Int64 // this node heard it was declared dead while alive
 	markedFailed  atomic.Int64 // this node's suspicion timer declared a member failed
+	queueDrops    atomic.Int64 // alive/suspect/dead messages dropped: memberlist's handler queue was full
 }
 
 func (l *logCounter) Write(p []byte) (int, error) {
@@ -40,6 +43,8 @@ func (l *logCounter) Write(p []byte) (int, error) {
 		l.refuteDead.Add(1)
 	case bytes.Contains(p, []byte("as failed, suspect timeout reached")):
 		l.markedFailed.Add(1)
+	case bytes.Contains(p, []byte("handler queue full, dropping message")):
+		l.queueDrops.Add(1)
 	}
 	return len(p), nil
 }
@@ -63,6 +68,7 @@ func (p profile) config(name string) (cluster.Config, error) {
 		c.ProbeInterval, c.ProbeTimeout, c.SuspicionMult = time.Second, 500*time.Millisecond, 4
 		c.SuspicionMaxTimeoutMult, c.AwarenessMaxMultiplier = 6, 8
 		c.GossipInterval, c.GossipNodes = 200*time.Millisecond, 3
+		c.Compression = true
 	case profLocal:
 		c = cluster.DefaultLocalConfig(name)
 	default:
@@ -105,7 +111,28 @@ func (f *fleet) add(ctx context.Context, n, parallel int, join []string) ([]*nod
 	errs := make(chan error, n)
 	sem := make(chan struct{}, max(parallel, 1))
 	var wg sync.WaitGroup
+	t0 := time.Now()
+	next := t0.Add(5 * time.Second)
 	for i := range n {
+		if ctx.Err() != nil {
+			break // interrupted: the members started so far are closed by the caller
+		}
+		if progress && time.Now().After(next) {
+			next = next.Add(5 * time.Second)
+			fmt.Fprintf(os.Stderr, "# %5.1f s: starting member %d of %d\n", time.Since(t0).Seconds(), i+1, n)
+		}
+		if joinRate > 0 && n > 1 {
+			// Staggered joins: every join makes its joiner gossip an
+			// alive message for each member it learned, so joins at
+			// full speed keep all queues full (see docs/scale.md).
+			if d := time.Until(t0.Add(time.Duration(float64(i) / joinRate * float64(time.Second)))); d > 0 {
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(d):
+				}
+			}
+		}
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -122,6 +149,9 @@ func (f *fleet) add(ctx context.Context, n, parallel int, join []string) ([]*nod
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -212,23 +242,44 @@ func liveMin(ns []*node) int {
 	return m
 }
 
+// joinRate, when > 0, starts at most this many members a second in add
+// (-join-rate).
+var joinRate float64
+
+// progress makes waitConverged report the smallest view on stderr every
+// 5 s (-v).
+var progress bool
+
 // waitConverged polls until every member of ns sees want live members.
 func waitConverged(ctx context.Context, ns []*node, want int, limit time.Duration) (time.Duration, error) {
 	t0 := time.Now()
 	deadline := t0.Add(limit)
+	next := t0.Add(5 * time.Second)
 	for {
-		if liveMin(ns) == want {
+		lm := liveMin(ns)
+		if lm == want {
 			return time.Since(t0), nil
 		}
+		if progress && time.Now().After(next) {
+			next = next.Add(5 * time.Second)
+			fmt.Fprintf(os.Stderr, "# %5.1f s: smallest view %d of %d\n", time.Since(t0).Seconds(), lm, want)
+		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("not converged in %v: smallest view %d of %d", limit, liveMin(ns), want)
+			return 0, fmt.Errorf("not converged in %v: smallest view %d of %d", limit, lm, want)
 		}
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(pollEvery(len(ns))):
 		}
 	}
+}
+
+// pollEvery is how often the harness reads every member's view: reading
+// all N views costs O(N²) (each member counts its table), so at 1,000
+// members it reads every 100 ms rather than every 20.
+func pollEvery(n int) time.Duration {
+	return max(20*time.Millisecond, time.Duration(n)*100*time.Microsecond)
 }
 
 // counters sums memberlist's byte and message counters over every member
@@ -284,4 +335,52 @@ func gossipBytes(s map[string]float64) (udp, tcp float64) {
 		}
 	}
 	return udp, tcp
+}
+
+// udpRcvbufErrors is the host's count of UDP datagrams dropped because a
+// socket's receive buffer was full (/proc/net/snmp, Udp RcvbufErrors), or
+// -1 when it cannot be read.
+func udpRcvbufErrors() int64 {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return -1
+	}
+	var head []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Udp:" {
+			continue
+		}
+		if head == nil {
+			head = f
+			continue
+		}
+		for i, h := range head {
+			if h == "RcvbufErrors" && i < len(f) {
+				var v int64
+				if _, err := fmt.Sscan(f[i], &v); err == nil {
+					return v
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// cpuTime is the CPU time (user + system) this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// queueDrops sums the handler-queue drops of ns.
+func queueDrops(ns []*node) int64 {
+	var n int64
+	for _, nd := range ns {
+		n += nd.log.queueDrops.Load()
+	}
+	return n
 }

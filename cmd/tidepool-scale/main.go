@@ -7,20 +7,30 @@
 // Nothing else of a sidecar runs: no engine API, no peer API, no transfers,
 // no tiers (docs/scale.md says what each figure covers).
 //
-//	tidepool-scale -nodes 1000 -scenario converge,detect,gossip
-//	tidepool-scale -nodes 400 -procs 4 -scenario starve
+//	tidepool-scale -nodes 1000 -join-rate 8 -scenario converge,gossip,detect,churn
+//	tidepool-scale -nodes 1000 -join-rate 8 -procs 4 -scenario starve
 //	tidepool-scale -scenario ring
-//	tidepool-scale -nodes 1000 -scenario churn
+//
+// On a machine of a few cores, start a big fleet with -join-rate: every
+// joiner gossips an alive message for each member it learns, so members
+// started at full speed saturate the CPU and the fleet collapses into
+// suspicions (docs/scale.md).
 package main
 
 import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
+	_ "net/http/pprof" // -pprof
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +49,23 @@ type options struct {
 	pause     time.Duration
 	jsonOut   bool
 	childArgs []string // timing overrides passed on to children
+	ringSizes []int    // ring scenario: member counts
+	ringParts []int    // ring scenario: partition counts
+	ringRoll  bool     // ring scenario: rolling restarts too
+	nodeBytes int64    // ring scenario: DRAM bytes a node holds (rebalance traffic)
+}
+
+// ints parses "100,1000" (-ring-sizes, -ring-partitions).
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		var v int
+		if _, err := fmt.Sscan(strings.TrimSpace(f), &v); err != nil || v <= 0 {
+			return nil, fmt.Errorf("%q is not a list of positive integers", s)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 func main() {
@@ -56,6 +83,10 @@ func main() {
 	flag.DurationVar(&o.pause, "pause", 300*time.Millisecond, "how long each SIGSTOP lasts (starve scenario)")
 	flag.StringVar(&scen, "scenario", "converge,detect,gossip", "comma-separated: converge, detect, gossip, starve, ring, churn")
 	flag.BoolVar(&o.jsonOut, "json", false, "one JSON object per figure instead of text")
+	flag.Float64Var(&joinRate, "join-rate", 0, "start at most this many members a second (0: as fast as -parallel allows)")
+	var compress string
+	flag.StringVar(&compress, "compress", "", "on or off: override the profile's gossip compression (cluster.Config.Compression)")
+	flag.BoolVar(&progress, "v", false, "report progress on stderr while waiting for views to converge")
 	flag.BoolVar(&child, "child", false, "internal: host members for a parent process")
 	flag.StringVar(&join, "join", "", "internal: a member to join (child)")
 	var pi, pt, gi, pp time.Duration
@@ -67,16 +98,51 @@ func main() {
 	flag.IntVar(&sm, "suspicion-mult", 0, "override the profile's SuspicionMult")
 	flag.IntVar(&smax, "suspicion-max-mult", 0, "override the profile's SuspicionMaxTimeoutMult")
 	flag.IntVar(&gn, "gossip-nodes", 0, "override the profile's GossipNodes")
+	var ringSizes, ringParts string
+	var nodeGiB int64
+	flag.StringVar(&ringSizes, "ring-sizes", "100,1000,5000", "ring scenario: member counts")
+	flag.StringVar(&ringParts, "ring-partitions", "8192,65536", "ring scenario: partition counts")
+	flag.BoolVar(&o.ringRoll, "ring-roll", true, "ring scenario: also roll 10% of the members one at a time (a rebuild each)")
+	flag.Int64Var(&nodeGiB, "node-gib", 64, "ring scenario: GiB of DRAM blocks a node holds, for the rebalance traffic a join causes")
+	var cpuprofile, pprofAddr string
+	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file")
+	flag.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")
+	gogc := flag.Int("gogc", 400, "the harness's GOGC: its collector works for all members at once (a real member has a heap of its own)")
 	flag.Parse()
+	debug.SetGCPercent(*gogc)
+	if pprofAddr != "" {
+		if h, _, err := net.SplitHostPort(pprofAddr); err != nil || net.ParseIP(h) == nil || !net.ParseIP(h).IsLoopback() {
+			fatal(fmt.Errorf("-pprof %q: want a loopback ip:port", pprofAddr))
+		}
+		go func() { fmt.Fprintln(os.Stderr, "tidepool-scale: pprof:", http.ListenAndServe(pprofAddr, nil)) }()
+	}
+	if cpuprofile != "" {
+		pf, err := os.Create(cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var childArgs []string
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "probe-interval", "probe-timeout", "gossip-interval", "push-pull-interval", "suspicion-mult", "suspicion-max-mult", "gossip-nodes":
+		case "compress", "probe-interval", "probe-timeout", "gossip-interval", "push-pull-interval", "suspicion-mult", "suspicion-max-mult", "gossip-nodes":
 			childArgs = append(childArgs, "-"+f.Name, f.Value.String())
 		}
 	})
 	o.childArgs = childArgs
+	switch compress {
+	case "", "on", "off":
+	default:
+		fatal(fmt.Errorf("-compress %q: want on or off", compress))
+	}
 	overrides = func(c *cluster.Config) {
+		if compress != "" {
+			c.Compression = compress == "on"
+		}
 		for _, d := range []struct {
 			p *time.Duration
 			v time.Duration
@@ -94,12 +160,27 @@ func main() {
 			}
 		}
 	}
+	o.nodeBytes = nodeGiB << 30
+	var err error
+	if o.ringSizes, err = ints(ringSizes); err != nil {
+		fatal(fmt.Errorf("-ring-sizes: %w", err))
+	}
+	if o.ringParts, err = ints(ringParts); err != nil {
+		fatal(fmt.Errorf("-ring-partitions: %w", err))
+	}
 	o.prof = profile(prof)
 	if _, err := o.prof.config("x"); err != nil {
 		fatal(err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// Closing a thousand members of a starved fleet can take
+		// minutes: an interrupted run gets 10 s to finish, then ends.
+		<-ctx.Done()
+		time.Sleep(10 * time.Second)
+		fatal(errors.New("interrupted"))
+	}()
 	if child {
 		if err := runChild(ctx, o, join); err != nil {
 			fatal(err)
@@ -111,15 +192,13 @@ func main() {
 	for _, s := range strings.Split(scen, ",") {
 		var err error
 		switch strings.TrimSpace(s) {
-		case "converge", "detect", "gossip":
+		case "converge", "detect", "gossip", "churn":
 			// run together on one fleet, below
 			continue
 		case "starve":
 			err = runStarve(ctx, o, r)
 		case "ring":
-			err = runRing(r)
-		case "churn":
-			err = runChurn(ctx, o, r)
+			err = runRing(o, r)
 		default:
 			err = fmt.Errorf("unknown scenario %q", s)
 		}
@@ -138,7 +217,7 @@ func fleetScenarios(scen string) map[string]bool {
 	out := map[string]bool{}
 	for _, s := range strings.Split(scen, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case "converge", "detect", "gossip":
+		case "converge", "detect", "gossip", "churn":
 			out[s] = true
 		}
 	}
@@ -146,6 +225,7 @@ func fleetScenarios(scen string) map[string]bool {
 }
 
 func fatal(err error) {
+	pprof.StopCPUProfile() // a profile of a failed run is the one most wanted
 	fmt.Fprintln(os.Stderr, "tidepool-scale:", err)
 	os.Exit(1)
 }
@@ -217,21 +297,30 @@ func runChild(ctx context.Context, o options, join string) error {
 	}()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
-	for {
+	failedNow := 0
+	for tick := 0; ; tick++ {
 		ns := f.all()
 		st := childStatus{Members: len(ns), LiveMin: liveMin(ns)}
+		// Copying every member's table is O(N²): every 2 s only.
+		full := tick%8 == 0
 		failed := map[string]bool{}
 		for _, nd := range ns {
 			st.RefuteSuspect += nd.log.refuteSuspect.Load()
 			st.RefuteDead += nd.log.refuteDead.Load()
 			st.MarkedFailed += nd.log.markedFailed.Load()
+			if !full {
+				continue
+			}
 			for _, m := range nd.c.Members() {
-				if m.State.String() == "failed" {
+				if m.State == cluster.StateFailed {
 					failed[m.Name] = true
 				}
 			}
 		}
-		st.Failed = len(failed)
+		if full {
+			failedNow = len(failed)
+		}
+		st.Failed = failedNow
 		if err := enc.Encode(st); err != nil {
 			return nil // the parent went away
 		}

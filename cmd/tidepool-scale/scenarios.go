@@ -25,7 +25,7 @@ import (
 func runFleet(ctx context.Context, o options, want map[string]bool, r *reporter) error {
 	f := newFleet(o.prof, "n")
 	defer f.close()
-	t0 := time.Now()
+	t0, cpu0, rcv0 := time.Now(), cpuTime(), udpRcvbufErrors()
 	if _, err := f.add(ctx, 1, 1, nil); err != nil {
 		return err
 	}
@@ -39,6 +39,10 @@ func runFleet(ctx context.Context, o options, want map[string]bool, r *reporter)
 	}
 	r.fig("cold start: all members started", started.Seconds(), "s", "members", o.nodes)
 	r.fig("cold start: then every member sees all", conv.Seconds(), "s", "members", o.nodes)
+	wall := time.Since(t0)
+	r.fig("cold start: harness CPU used", (cpuTime() - cpu0).Seconds(), "s",
+		"cores_busy", fmt.Sprintf("%.2f", (cpuTime()-cpu0).Seconds()/wall.Seconds()), "of", runtime.NumCPU(),
+		"udp_rcvbuf_drops", udpRcvbufErrors()-rcv0, "handler_queue_drops", queueDrops(f.all()))
 	if want["converge"] {
 		t := time.Now()
 		if _, err := f.add(ctx, 1, 1, nil); err != nil {
@@ -54,20 +58,31 @@ func runFleet(ctx context.Context, o options, want map[string]bool, r *reporter)
 		// Let the join's broadcasts die down first.
 		time.Sleep(2 * time.Second)
 		n := len(f.all())
-		s0 := sink.snapshot()
+		s0, c0, d0 := sink.snapshot(), cpuTime(), udpRcvbufErrors()
 		time.Sleep(o.window)
-		s1 := sink.snapshot()
+		s1, c1, d1 := sink.snapshot(), cpuTime(), udpRcvbufErrors()
 		u0, t0 := gossipBytes(s0)
 		u1, t1 := gossipBytes(s1)
 		secs := o.window.Seconds()
 		r.fig("gossip: UDP bytes sent per member per second", (u1-u0)/float64(n)/secs, "B/s", "members", n)
 		r.fig("gossip: TCP bytes sent per member per second", (t1-t0)/float64(n)/secs, "B/s", "members", n)
+		// What a member costs in CPU when nothing changes: probes, acks
+		// and the process's share of GC. A real member has a machine of
+		// its own; the harness has runtime.NumCPU() cores for all.
+		perMember := (c1 - c0).Seconds() / float64(n) / secs
+		r.fig("gossip: CPU per member (steady state)", perMember*1000, "ms/s",
+			"harness_cores_busy", fmt.Sprintf("%.2f", perMember*float64(n)), "udp_rcvbuf_drops", d1-d0)
 		var ru runtime.MemStats
 		runtime.ReadMemStats(&ru)
 		r.fig("harness heap in use per member", float64(ru.HeapInuse)/float64(n)/1024, "KiB")
 	}
 	if want["detect"] {
 		if err := detect(ctx, f, o, r); err != nil {
+			return err
+		}
+	}
+	if want["churn"] {
+		if err := runChurn(ctx, f, o, r); err != nil {
 			return err
 		}
 	}
@@ -168,6 +183,9 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 	for i := range kids {
 		args := []string{"-child", "-nodes", fmt.Sprint(per), "-profile", string(o.prof), "-parallel", fmt.Sprint(o.parallel)}
 		args = append(args, o.childArgs...)
+		if joinRate > 0 { // the fleet's rate, shared by the children
+			args = append(args, "-join-rate", fmt.Sprint(joinRate/float64(o.procs)))
+		}
 		if seed != "" {
 			args = append(args, "-join", seed)
 		}
@@ -272,9 +290,9 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 
 // runRing times ring rebuilds and counts the partitions that change owner
 // on membership changes, at 100, 1,000 and 5,000 members.
-func runRing(r *reporter) error {
-	for _, n := range []int{100, 1000, 5000} {
-		for _, parts := range []int{cluster.DefaultRingConfig().Partitions, 65536} {
+func runRing(o options, r *reporter) error {
+	for _, n := range o.ringSizes {
+		for _, parts := range o.ringParts {
 			cfg := cluster.RingConfig{Partitions: parts, Replicas: 2}
 			names := make([]string, n)
 			for i := range names {
@@ -311,7 +329,18 @@ func runRing(r *reporter) error {
 			leave, _ := cluster.NewRing(names[1:], cfg)
 			r.fig("moved on a join: primary / owner set", moved(ring, join, 1), "frac", append(tag, "owner_set", fmt.Sprintf("%.4f", moved(ring, join, 2)), "ideal", fmt.Sprintf("%.4f", 1/float64(n+1)))...)
 			r.fig("moved on a leave: primary / owner set", moved(ring, leave, 1), "frac", append(tag, "owner_set", fmt.Sprintf("%.4f", moved(ring, leave, 2)), "ideal", fmt.Sprintf("%.4f", 1/float64(n)))...)
-			if n <= 1000 || parts == cluster.DefaultRingConfig().Partitions {
+			// The rebalance traffic a join causes (computed, not run):
+			// every node pushes the blocks it holds whose owner set
+			// changed to their new owners, at most rebalance_max_bytes
+			// a pass, at rebalance_rate.
+			if o.nodeBytes > 0 {
+				f := moved(ring, join, 2)
+				per := min(f*float64(o.nodeBytes), float64(rebalanceMaxBytes))
+				r.fig("rebalance after a join: pushed per node", per/(1<<20), "MiB", append(tag,
+					"node_bytes_GiB", o.nodeBytes>>30, "fleet_GiB", fmt.Sprintf("%.1f", per*float64(n)/(1<<30)),
+					"seconds_at_rebalance_rate", fmt.Sprintf("%.1f", per/rebalanceRate))...)
+			}
+			if o.ringRoll && (n <= 1000 || parts == cluster.DefaultRingConfig().Partitions) {
 				roll := n / 10
 				cur := slices.Clone(names)
 				prev := ring
@@ -328,6 +357,13 @@ func runRing(r *reporter) error {
 	}
 	return nil
 }
+
+// The rebalancer's shipped bounds (docs/config.md: rebalance_rate,
+// rebalance_max_bytes), for the computed rebalance traffic.
+const (
+	rebalanceRate     = 64 << 20 // bytes a second per node
+	rebalanceMaxBytes = 1 << 30  // bytes a pass
+)
 
 // moved is the fraction of partitions whose first depth owners differ
 // (as a set) between a and b.
@@ -346,19 +382,11 @@ func moved(a, b *cluster.Ring, depth int) float64 {
 }
 
 // runChurn measures clusterview.View.Owners, the read path's placement
-// call, while 5 % of a fleet of o.nodes rolls (leaves gracefully and is
+// call, while 5 % of the fleet f rolls (leaves gracefully and is
 // replaced by new members) at once: its latency against a quiet window,
 // and the ring rebuilds the view made.
-func runChurn(ctx context.Context, o options, r *reporter) error {
-	f := newFleet(o.prof, "c")
-	defer f.close()
-	if _, err := f.add(ctx, 1, 1, nil); err != nil {
-		return err
-	}
-	if _, err := f.add(ctx, o.nodes-1, o.parallel, nil); err != nil {
-		return err
-	}
-	if _, err := waitConverged(ctx, f.all(), o.nodes, 3*time.Minute); err != nil {
+func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
+	if _, err := waitConverged(ctx, f.all(), len(f.all()), 3*time.Minute); err != nil {
 		return err
 	}
 	obs := f.all()[0]

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -113,24 +114,37 @@ type View struct {
 	cfg Config
 	lg  *zap.Logger
 
-	mu         sync.RWMutex
-	self       string
-	cur        *cluster.Ring
-	prev       *cluster.Ring
-	graceUntil time.Time
-	join       *cluster.Ring   // the members other than self while joining
-	joinUntil  time.Time       // join answers Owners until then
-	settleEnd  time.Time       // end of the join window (zero: not started)
-	up         map[string]bool // members that may answer: live or leaving
-	rebuilds   uint64
-	events     uint64
-	gaps       uint64
+	// pl is what the read path (Owners) reads: an immutable snapshot,
+	// replaced whole by rebuild. A read loads one pointer and takes no
+	// lock, so a rebuild (tens of milliseconds at 1,000 members) never
+	// stalls or delays a read.
+	pl atomic.Pointer[placement]
+
+	// rebuildMu serialises rebuilds (New, Start, the loop); mu guards the
+	// fields below it. Lock order: rebuildMu, then mu.
+	rebuildMu sync.Mutex
+	mu        sync.RWMutex
+	settleEnd time.Time // end of the join window (zero: not started)
+	rebuilds  uint64
+	events    uint64
+	gaps      uint64
+	closed    bool
 
 	startOnce sync.Once
 	closeOnce sync.Once
 	stop      chan struct{}
 	done      chan struct{}
-	closed    bool
+}
+
+// placement is one immutable state of the view's rings.
+type placement struct {
+	self       string
+	cur        *cluster.Ring
+	prev       *cluster.Ring // answers after cur until graceUntil
+	graceUntil time.Time
+	join       *cluster.Ring // the members other than self while joining
+	joinUntil  time.Time     // join answers Owners until then
+	up         map[string]bool
 }
 
 var _ proxy.Cluster = (*View)(nil)
@@ -267,8 +281,12 @@ func (v *View) Close() error {
 
 // rebuild places keys on the current live members when they changed; the
 // ring it replaces answers as the previous owners for Grace. Within the
-// join window it rebuilds the join ring too.
+// join window it rebuilds the join ring too. The rings are built before
+// the new placement is published with one atomic store: reads go on
+// against the old one meanwhile.
 func (v *View) rebuild() error {
+	v.rebuildMu.Lock()
+	defer v.rebuildMu.Unlock()
 	ms := v.c.Members()
 	names := cluster.LiveNames(ms)
 	self := ""
@@ -288,45 +306,88 @@ func (v *View) rebuild() error {
 		names = []string{self} // not started yet: this node alone
 	}
 	others := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == self })
-	v.mu.Lock()
-	v.up = up
-	now := v.cfg.Clock.Now()
-	same := v.cur != nil && slices.Equal(v.cur.Members(), names) && v.self == self
-	settling := v.cfg.Grace > 0 && now.Before(v.settleEnd) && len(others) > 0 &&
-		(v.join == nil || !slices.Equal(v.join.Members(), others))
-	v.mu.Unlock()
-	if same && !settling {
-		return nil
+	v.mu.RLock()
+	settleEnd := v.settleEnd
+	v.mu.RUnlock()
+	old := v.pl.Load()
+	if old == nil {
+		old = &placement{}
 	}
-	var r, join *cluster.Ring
-	var err error
-	if !same {
-		if r, err = cluster.NewRing(names, v.cfg.Ring); err != nil {
-			return fmt.Errorf("clusterview: ring over %d members: %w", len(names), err)
-		}
+	now := v.cfg.Clock.Now()
+	same := old.cur != nil && slices.Equal(old.cur.Members(), names) && old.self == self
+	settling := v.cfg.Grace > 0 && now.Before(settleEnd) && len(others) > 0 &&
+		(old.join == nil || !slices.Equal(old.join.Members(), others))
+	next := *old
+	next.up = up // who may answer changes without a ring change (leaving)
+	if same && !settling {
+		v.pl.Store(&next)
+		return nil
 	}
 	if settling {
-		if join, err = cluster.NewRing(others, v.cfg.Ring); err != nil {
+		join, err := cluster.NewRing(others, v.cfg.Ring)
+		if err != nil {
 			return fmt.Errorf("clusterview: join ring over %d members: %w", len(others), err)
 		}
+		next.join, next.joinUntil = join, now.Add(v.cfg.Grace)
+		v.lg.Info("join ring built", zap.Int("members", len(others)))
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if join != nil {
-		v.join, v.joinUntil = join, now.Add(v.cfg.Grace)
-		v.lg.Info("join ring built", zap.Int("members", len(others)), zap.Strings("names", others))
+	if !same {
+		r, err := cluster.NewRing(names, v.cfg.Ring)
+		if err != nil {
+			return fmt.Errorf("clusterview: ring over %d members: %w", len(names), err)
+		}
+		next.self = self
+		if old.cur != nil && v.cfg.Grace > 0 {
+			next.prev, next.graceUntil = old.cur, now.Add(v.cfg.Grace)
+		}
+		next.cur = r
+		added, removed := diffSorted(old.cur, names)
+		v.lg.Info("ring rebuilt", zap.Int("members", len(names)), zap.Strings("added", added), zap.Strings("removed", removed))
 	}
-	if r == nil {
-		return nil
+	if h := testHookBeforeSwap.Load(); h != nil && !same {
+		(*h)()
 	}
-	v.self = self
-	if v.cur != nil && v.cfg.Grace > 0 {
-		v.prev, v.graceUntil = v.cur, now.Add(v.cfg.Grace)
+	v.pl.Store(&next)
+	if !same {
+		v.mu.Lock()
+		v.rebuilds++
+		v.mu.Unlock()
 	}
-	v.cur = r
-	v.rebuilds++
-	v.lg.Info("ring rebuilt", zap.Int("members", len(names)), zap.Strings("names", names))
 	return nil
+}
+
+// testHookBeforeSwap, when set (tests only), runs after a rebuild built
+// a new ring and before it is published.
+var testHookBeforeSwap atomic.Pointer[func()]
+
+// diffSorted returns the names in names and not in old's members, and
+// those in old's and not in names, at most 16 of each (a log line, not a
+// list of a thousand members).
+func diffSorted(old *cluster.Ring, names []string) (added, removed []string) {
+	const most = 16
+	var prev []string
+	if old != nil {
+		prev = old.Members()
+	}
+	i, j := 0, 0
+	for i < len(prev) || j < len(names) {
+		switch {
+		case j == len(names) || i < len(prev) && prev[i] < names[j]:
+			if len(removed) < most {
+				removed = append(removed, prev[i])
+			}
+			i++
+		case i == len(prev) || names[j] < prev[i]:
+			if len(added) < most {
+				added = append(added, names[j])
+			}
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return added, removed
 }
 
 // ownerKey is the ring key of (ns, key).
@@ -338,11 +399,7 @@ func ownerKey(ns string, key []byte) []byte {
 }
 
 // Self is this node's name.
-func (v *View) Self() string {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	return v.self
-}
+func (v *View) Self() string { return v.pl.Load().self }
 
 // Replicas is R.
 func (v *View) Replicas() int { return v.cfg.Ring.Replicas }
@@ -353,9 +410,8 @@ func (v *View) Replicas() int { return v.cfg.Ring.Replicas }
 // already listed and that gossip does not hold failed or left.
 func (v *View) Owners(ns string, key []byte) []string {
 	k := ownerKey(ns, key)
-	v.mu.RLock()
-	cur, prev, until, join, joinUntil, up := v.cur, v.prev, v.graceUntil, v.join, v.joinUntil, v.up
-	v.mu.RUnlock()
+	p := v.pl.Load()
+	cur, prev, until, join, joinUntil, up := p.cur, p.prev, p.graceUntil, p.join, p.joinUntil, p.up
 	r := v.cfg.Ring.Replicas
 	out := cur.AppendOwners(make([]string, 0, 2*r), k, r)
 	var now time.Time
@@ -414,15 +470,16 @@ func (v *View) Addrs(node string) (peerAddr, transferAddr string, ok bool) {
 
 // Stats returns a snapshot of the counters.
 func (v *View) Stats() Stats {
+	p := v.pl.Load()
 	v.mu.RLock()
-	defer v.mu.RUnlock()
-	s := Stats{Members: v.cur.Len(), Rebuilds: v.rebuilds, Events: v.events, Gaps: v.gaps}
+	s := Stats{Members: p.cur.Len(), Rebuilds: v.rebuilds, Events: v.events, Gaps: v.gaps}
+	v.mu.RUnlock()
 	now := v.cfg.Clock.Now()
-	if v.prev != nil && now.Before(v.graceUntil) {
-		s.GraceUntil = v.graceUntil
+	if p.prev != nil && now.Before(p.graceUntil) {
+		s.GraceUntil = p.graceUntil
 	}
-	if v.join != nil && now.Before(v.joinUntil) {
-		s.JoinRing, s.JoinUntil = v.join.Len(), v.joinUntil
+	if p.join != nil && now.Before(p.joinUntil) {
+		s.JoinRing, s.JoinUntil = p.join.Len(), p.joinUntil
 	}
 	return s
 }

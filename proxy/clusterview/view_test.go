@@ -293,3 +293,48 @@ func TestDrainCoalesces(t *testing.T) {
 		t.Fatalf("drain after close = n %d gaps %d open %v; want 2 1 false", n, gaps, open)
 	}
 }
+
+// TestReadsDuringRebuild: a rebuild builds its ring off the read path and
+// publishes it with one swap. While a rebuild after a join is held
+// between building and publishing, Owners answers at once from the old
+// ring (never the new member); once published, the new member owns keys.
+func TestReadsDuringRebuild(t *testing.T) {
+	n1 := startNode(t, "n1")
+	startNode(t, "n2", n1.Addr())
+	v, err := New(n1, Config{Grace: -1, JoinSettle: -1, Resync: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	waitFor(t, "a ring of two", func() bool { return v.Stats().Members == 2 })
+
+	parked, release := make(chan struct{}), make(chan struct{})
+	hook := func() {
+		parked <- struct{}{}
+		<-release
+	}
+	testHookBeforeSwap.Store(&hook)
+	t.Cleanup(func() { testHookBeforeSwap.Store(nil) })
+	startNode(t, "n3", n1.Addr())
+	<-parked // a rebuild with n3 is built and not yet published
+	keys := make([][]byte, 512)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "key-%d", i)
+		if o := v.Owners("ns", keys[i]); len(o) != 1 || o[0] == "n3" {
+			t.Fatalf("Owners during the rebuild = %v; want one of n1, n2", o)
+		}
+	}
+	testHookBeforeSwap.Store(nil)
+	close(release)
+	waitFor(t, "n3 owns keys", func() bool {
+		for _, k := range keys {
+			if v.Owners("ns", k)[0] == "n3" {
+				return true
+			}
+		}
+		return false
+	})
+}
