@@ -509,13 +509,13 @@ func TestJoinContactsFew(t *testing.T) {
 		}
 		addrs = append(addrs, c.Addr())
 	}
-	waitFor(t, 10*time.Second, "six members", func() bool { return liveCount(first) == 6 })
+	poll.Until(t, 10*time.Second, "six members", func() bool { return liveCount(first) == 6 })
 	j := startNode(t, "joiner", nil)
 	n, err := j.Join(context.Background(), addrs)
 	if err != nil || n != joinFanout {
 		t.Fatalf("Join(6 live addresses) = %d, %v; want %d, nil", n, err, joinFanout)
 	}
-	waitFor(t, 10*time.Second, "the joiner sees all", func() bool { return liveCount(j) == 7 })
+	poll.Until(t, 10*time.Second, "the joiner sees all", func() bool { return liveCount(j) == 7 })
 
 	// Five closed ports and one live member: the join goes past the
 	// dead ones, whatever order it picks.
@@ -528,7 +528,7 @@ func TestJoinContactsFew(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Join(5 dead + 1 live) = %d, %v; want 1, nil", n, err)
 	}
-	waitFor(t, 10*time.Second, "the late joiner sees all", func() bool { return liveCount(k) == 8 })
+	poll.Until(t, 10*time.Second, "the late joiner sees all", func() bool { return liveCount(k) == 8 })
 	if _, err := k.Join(context.Background(), dead); !errors.Is(err, ErrJoin) {
 		t.Fatalf("Join(only dead) = %v; want ErrJoin", err)
 	}

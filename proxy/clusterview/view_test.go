@@ -309,7 +309,7 @@ func TestReadsDuringRebuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { v.Close() })
-	waitFor(t, "a ring of two", func() bool { return v.Stats().Members == 2 })
+	poll.Until(t, 10*time.Second, "a ring of two", func() bool { return v.Stats().Members == 2 })
 
 	parked, release := make(chan struct{}), make(chan struct{})
 	hook := func() {
@@ -329,7 +329,7 @@ func TestReadsDuringRebuild(t *testing.T) {
 	}
 	testHookBeforeSwap.Store(nil)
 	close(release)
-	waitFor(t, "n3 owns keys", func() bool {
+	poll.Until(t, 10*time.Second, "n3 owns keys", func() bool {
 		for _, k := range keys {
 			if v.Owners("ns", k)[0] == "n3" {
 				return true
