@@ -15,7 +15,9 @@
 #   BENCH_PROFILE=/tmp/prof             cProfile of the tidepool engines' hits (.T, .B)
 #   BENCH_RT=1                          run everything (sidecars, engines, the yardstick) at
 #                                       real-time priority (chrt -f 10, root): a shared machine's
-#                                       other work then waits, and every row the same
+#                                       other work then waits, and every row the same; the
+#                                       sidecars' gossip then competes with the engines at one
+#                                       priority (docs/PERFORMANCE.md §18)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
