@@ -76,10 +76,6 @@ DRAM_SHARE = 4
 # A step's loads copy layer by layer only while they pin at most this many
 # chunks' worth (DRAM_SHARE each) of the sidecar's DRAM: half of it.
 LAYERWISE_DRAM_SHARE = DRAM_SHARE // 2
-# Threads that copy a step's loads layer by layer. One: on this project's
-# 2-core test machine two threads copied 33.6 MB in 64 KiB pieces at 6.1
-# GB/s against one thread's 9.0 (docs/PERFORMANCE.md, "vLLM loads layer by layer").
-COPIER_THREADS = 1
 # Leases a load left to ride on the next Acquire are released on their own
 # once they are this old, so that an engine that goes idle does not keep
 # them pinned until their deadline.
@@ -738,11 +734,12 @@ class _Chunk:
 
 
 class _LoadStep:
-    """One forward step's loads on the copier threads. Each of n threads
-    copies its share of every layer's blocks, layer by layer in vLLM's
-    order; a layer is done when every thread has done it."""
+    """One forward step's loads on the copier thread, layer by layer in
+    vLLM's order. One thread: on this project's 2-core test machine two
+    threads copied 33.6 MB in 64 KiB pieces at 6.1 GB/s against one
+    thread's 9.0 (docs/PERFORMANCE.md, "vLLM loads layer by layer")."""
 
-    def __init__(self, plans, order, parts, t0, n):
+    def __init__(self, plans, order, parts, t0):
         self.plans = plans  # [(transfer, [_Chunk])]
         self.order = order
         self.pos = {name: k for k, name in enumerate(order)}
@@ -754,53 +751,36 @@ class _LoadStep:
         # (source block address, KV block id) of every block to copy
         self.moves = [(g.a.data_ptr() + off, bid) for _, chunks in plans for ch in chunks
                       for g in ch.groups for off, bid in zip(g.offsets, g.bids)]
-        self.n = n
         self.plan_seconds = time.perf_counter() - t0
         self.copy_seconds = 0.0
         self.error = None
-        self._t0 = time.perf_counter()
-        self._left = [n] * len(order)  # threads yet to finish each layer
-        self._done = 0  # layers done; len(order) + 1 once every thread let go
-        self._out = n  # threads still working
+        self._done = 0  # layers copied; len(order) + 1 once the copier let go
         self._cv = threading.Condition()
 
-    def run(self, t):
-        """Thread t's share: blocks t, t + n, t + 2n, ... of every layer.
-        One memmove per block and part: no torch call (no intra-op thread
-        pool to share with the forward), and the GIL is released while
-        the bytes move."""
-        mine = self.moves[t::self.n]
+    def run(self):
+        """The copies: one memmove per block and part, no torch call (no
+        intra-op thread pool to share with the forward), the GIL released
+        while the bytes move."""
+        t0 = time.perf_counter()
         try:
             for k, parts in enumerate(self.layers):
-                if self.error is None:
-                    for dst0, stride, nbytes, off in parts:
-                        for src, bid in mine:
-                            _memmove(dst0 + bid * stride, src + off, nbytes)
-                self._layer_done(k)
+                for dst0, stride, nbytes, off in parts:
+                    for src, bid in self.moves:
+                        _memmove(dst0 + bid * stride, src + off, nbytes)
+                self._set_done(k + 1)
         except BaseException as e:  # noqa: BLE001 - reported by _finish_load
             self.error = e
-            for k in range(len(self.order)):
-                self._layer_done(k, failed=True)
         finally:
-            with self._cv:
-                self._out -= 1
-                if self._out == 0:
-                    self.copy_seconds = time.perf_counter() - self._t0
-                    self._done = len(self.order) + 1
-                self._cv.notify_all()
+            self.copy_seconds = time.perf_counter() - t0
+            self._set_done(len(self.order) + 1)
 
-    def _layer_done(self, k, failed=False):
+    def _set_done(self, k):
         with self._cv:
-            if failed:
-                self._left[k] = 0
-            else:
-                self._left[k] -= 1
-            while self._done < len(self.order) and self._left[self._done] <= 0:
-                self._done += 1
+            self._done = k
             self._cv.notify_all()
 
     def wait(self, layer):
-        """Until layer's copies are done (None: until every thread let go)."""
+        """Until layer's copies are done (None: until the copier let go)."""
         k = len(self.order) + 1 if layer is None else self.pos.get(layer, -1) + 1
         with self._cv:
             while self._done < k:
@@ -833,7 +813,8 @@ class Worker:
         self._layer_order = None  # vLLM's layer order, once it showed it waits for each layer
         self._learning: Optional[list] = []  # the layers vLLM waited for this step, in order
         self._step = None  # the _LoadStep on the copier thread
-        self._copiers: list = []  # (thread, queue) of the copier threads
+        self._copier = None  # the copier thread, and its queue of _LoadSteps
+        self._copier_q: "queue.Queue" = queue.Queue()
         self._warmed = None  # the client whose arenas _warm filled the page tables of
         self._warm_stop = threading.Event()
         self._save_q: "queue.Queue" = queue.Queue()
@@ -912,7 +893,9 @@ class Worker:
             for tr in meta.loads:
                 self._fail_load(tr, set())
             return
-        layerwise = self._layer_order is not None and self._gpu is None
+        # memmove needs host memory: a KV cache on any device copies at once.
+        layerwise = self._layer_order is not None and self._gpu is None and \
+            all(p.rows.device.type == "cpu" for p in self._parts)
         if layerwise:
             # All of a step's Acquires come before its copies, so its leases
             # are held together: a load of more than half the sidecar's DRAM
@@ -941,18 +924,12 @@ class Worker:
                 continue
             plans.append((tr, list(self._plan(tr, populate=False))))
         if plans:
-            if not self._copiers:
-                for t in range(COPIER_THREADS):
-                    q = queue.Queue()
-                    th = threading.Thread(target=self._copy_loop, args=(q,), name="tidepool-load-%d" % t,
-                                          daemon=True)
-                    th.start()
-                    self._copiers.append((th, q))
-            step = _LoadStep(plans, self._layer_order, self._parts, t0, len(self._copiers))
-            self._step = step
+            if self._copier is None:
+                self._copier = threading.Thread(target=self._copy_loop, name="tidepool-load", daemon=True)
+                self._copier.start()
+            self._step = _LoadStep(plans, self._layer_order, self._parts, t0)
             _count("load_layerwise_steps")
-            for t, (_, q) in enumerate(self._copiers):
-                q.put((step, t))
+            self._copier_q.put(self._step)
 
     def wait_for_layer_load(self, layer_name):
         if self._learning is not None and layer_name not in self._learning:
@@ -1193,15 +1170,13 @@ class Worker:
                     rows_p.index_copy_(0, dst.to(rows_p.device), g2.to(rows_p.device))
             ch.loaded.update(g.js)
 
-    @staticmethod
-    def _copy_loop(q):
-        """A copier thread: its share of each step it is handed."""
+    def _copy_loop(self):
+        """The copier thread: each step it is handed."""
         while True:
-            job = q.get()
-            if job is None:
+            step = self._copier_q.get()
+            if step is None:
                 return
-            step, t = job
-            step.run(t)
+            step.run()
 
     def _settle_all(self, chunks):
         """Settles each chunk's leases; returns the transfer's indexes loaded."""
@@ -1460,10 +1435,9 @@ class Worker:
             self._save_q.put(None)
             self._saver.join(timeout=5)
         self._finish_load()
-        for _, q in self._copiers:
-            q.put(None)
-        for th, _ in self._copiers:
-            th.join(timeout=5)
+        if self._copier is not None:
+            self._copier_q.put(None)
+            self._copier.join(timeout=5)
         self._flush_releases()
         if self._gpu is not None:  # GPU hook (tidepool.cuda)
             self._gpu.close()
