@@ -83,9 +83,12 @@ func (c Config) routeConfig() proxy.RouteConfig {
 	rc.RemoteTimeout, rc.PeerDownFor = c.RemoteTimeout, c.PeerDownFor
 	rc.RebalanceRate, rc.RebalanceDelay, rc.RebalanceMaxBytes = userOff(c.RebalanceRate), c.RebalanceDelay, userOff(c.RebalanceMaxBytes)
 	rc.HotThreshold, rc.HotWindow, rc.HotTTL = userOff(c.HotThreshold), c.HotWindow, c.HotTTL
-	// hot_max_bytes 0 is "the default" in both conventions: the proxy
-	// derives it from DRAMBytes.
 	rc.HotMaxReplicas, rc.HotMaxBytes = c.HotMaxReplicas, c.HotMaxBytes
+	if c.HotMaxBytes == 0 {
+		// No bytes for hot replicas: none are made (the proxy's 0 would
+		// be its default share).
+		rc.HotThreshold = -1
+	}
 	rc.DRAMBytes = c.DRAMCapacity
 	return rc
 }

@@ -85,4 +85,35 @@ func TestUserZeroIsOff(t *testing.T) {
 	if tc := on.storeConfig(0); tc.SSD != nil {
 		t.Fatal("ssd capacity 0: SSD tier configured")
 	}
+	noHot := DefaultConfig()
+	noHot.HotMaxBytes = 0
+	if rc := noHot.routeConfig(); rc.HotThreshold >= 0 {
+		t.Fatalf("hot_max_bytes 0: hot threshold %d, want hot replication off", rc.HotThreshold)
+	}
+}
+
+// TestHotMaxBytesFollowsDRAM: hot_max_bytes left out is a sixteenth of
+// the dram_capacity the sources settled on; written, it is taken as it is,
+// 0 included.
+func TestHotMaxBytesFollowsDRAM(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int64
+	}{
+		{[]string{"--dram-capacity", "256MiB"}, 16 << 20},
+		{[]string{"--dram-capacity", "1GiB"}, 64 << 20},
+		{[]string{"--dram-capacity", "1GiB", "--hot-max-bytes", "3MiB"}, 3 << 20},
+		{[]string{"--dram-capacity", "1GiB", "--hot-max-bytes", "0"}, 0},
+	} {
+		cfg, err := parse(t, c.args, nil)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if cfg.HotMaxBytes != c.want {
+			t.Errorf("%v: hot_max_bytes %d, want %d", c.args, cfg.HotMaxBytes, c.want)
+		}
+	}
+	if _, err := parse(t, []string{"--hot-max-bytes", "-1"}, nil); err == nil {
+		t.Error("hot_max_bytes -1 accepted")
+	}
 }

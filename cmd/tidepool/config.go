@@ -103,7 +103,7 @@ type Config struct {
 	HotWindow         time.Duration // counting window of hot_threshold
 	HotTTL            time.Duration // how long a hot replica keeps full priority
 	HotMaxReplicas    int           // most hot replicas at once
-	HotMaxBytes       int64         // most bytes of hot replicas at once; 0: dram_capacity/16
+	HotMaxBytes       int64         // most bytes of hot replicas at once; 0: none (no hot replicas). Default dram_capacity/16
 
 	SSDCapacity      int64         // SSD tier budget in bytes; 0 disables the tier
 	SSDMinFree       int64         // free-space floor of data_dir's filesystem (SSD degraded below)
@@ -282,7 +282,7 @@ var settings = []setting{
 	durationSetting("hot_window", "counting window of hot_threshold", func(c *Config) *time.Duration { return &c.HotWindow }),
 	durationSetting("hot_ttl", "how long a hot replica keeps full priority before it is demoted to a low-priority copy", func(c *Config) *time.Duration { return &c.HotTTL }),
 	intSetting("hot_max_replicas", "most hot replicas held at once", func(c *Config) *int { return &c.HotMaxReplicas }),
-	sizeSetting("hot_max_bytes", "most bytes of hot replicas held at once; 0: a sixteenth of dram_capacity", func(c *Config) *int64 { return &c.HotMaxBytes }),
+	sizeSetting("hot_max_bytes", "most bytes of hot replicas held at once (default: a sixteenth of dram_capacity); 0: none, no hot replicas", func(c *Config) *int64 { return &c.HotMaxBytes }),
 	sizeSetting("ssd_capacity", "SSD tier budget under data_dir/ssd (capped by the disk's free space at start); 0 disables the SSD tier", func(c *Config) *int64 { return &c.SSDCapacity }),
 	sizeSetting("ssd_min_free", "free space the SSD tier leaves on data_dir's filesystem (it stops admitting blocks below)", func(c *Config) *int64 { return &c.SSDMinFree }),
 	sizeSetting("ssd_value_log_min", "SSD blocks of this size and up are written to the value log (segment files written with O_DIRECT, RocksDB keeping only their metadata) instead of RocksDB's blob files; 0: every block in RocksDB", func(c *Config) *int64 { return &c.SSDValueLogMin }),
@@ -339,6 +339,10 @@ func defaultDRAMCapacity() int64 {
 	return c
 }
 
+// hotShare: hot replicas may hold at most 1/hotShare of DRAM by default
+// (hot_max_bytes). They compete with owned blocks for it (DESIGN.md §6).
+const hotShare = 16
+
 // DefaultConfig returns the embedded defaults. A setting that configures
 // one component takes that component's default, so each default is
 // written once (in the component).
@@ -394,6 +398,7 @@ func DefaultConfig() Config {
 		HotWindow:         rc.HotWindow,
 		HotTTL:            rc.HotTTL,
 		HotMaxReplicas:    rc.HotMaxReplicas,
+		HotMaxBytes:       defaultDRAMCapacity() / hotShare,
 
 		SSDCapacity:      sc.Capacity,
 		SSDMinFree:       sc.MinFreeBytes,
@@ -623,7 +628,8 @@ func (c Config) Validate() error {
 // precedence. fs must already be parsed with flags from bindFlags.
 func loadConfig(fs *pflag.FlagSet, flagVals map[string]*string, configPath string, environ []string) (Config, error) {
 	c := DefaultConfig()
-	c.ArenaDir = "" // derived from the final socket unless a source sets it
+	c.ArenaDir = ""    // derived from the final socket unless a source sets it
+	c.HotMaxBytes = -1 // derived from the final dram_capacity unless a source sets it (sizes parse non-negative)
 	env := map[string]string{}
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -668,6 +674,9 @@ func loadConfig(fs *pflag.FlagSet, flagVals map[string]*string, configPath strin
 	}
 	if c.ArenaDir == "" {
 		c.ArenaDir = defaultArenaDir(c.Socket)
+	}
+	if c.HotMaxBytes < 0 {
+		c.HotMaxBytes = c.DRAMCapacity / hotShare
 	}
 	c.deriveCluster(env["POD_IP"], nonLoopbackIP)
 	return c, c.Validate()
