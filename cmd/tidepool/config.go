@@ -418,6 +418,16 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	c.checkPlaces(bad)
+	c.checkLimits(bad)
+	c.checkTiers(bad)
+	c.checkCluster(bad)
+	c.checkLogsAndEvents(bad)
+	return errors.Join(errs...)
+}
+
+// checkPlaces checks the paths, directories and addresses serve uses.
+func (c Config) checkPlaces(bad func(format string, a ...any)) {
 	if !filepath.IsAbs(c.Socket) {
 		bad("socket %q: must be an absolute path", c.Socket)
 	}
@@ -441,6 +451,18 @@ func (c Config) Validate() error {
 			bad("trusted_dirs %q: must be an absolute path", d)
 		}
 	}
+	if c.BindAddr != "" && net.ParseIP(c.BindAddr) == nil {
+		bad("bind_addr %q: want an IP address", c.BindAddr)
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			bad("metrics_addr %q: want host:port (%v)", c.MetricsAddr, err)
+		}
+	}
+}
+
+// checkLimits checks the engine edge: memory, request bounds, connections and timeouts.
+func (c Config) checkLimits(bad func(format string, a ...any)) {
 	if c.DRAMCapacity < 1<<20 {
 		bad("dram_capacity %s: at least 1MiB", units.FormatBytes(c.DRAMCapacity))
 	}
@@ -489,14 +511,10 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= c.DrainTimeout {
 		bad("shutdown_timeout %s: must exceed drain_timeout %s (the drain is one part of the stop)", c.ShutdownTimeout, c.DrainTimeout)
 	}
-	if c.BindAddr != "" && net.ParseIP(c.BindAddr) == nil {
-		bad("bind_addr %q: want an IP address", c.BindAddr)
-	}
-	if c.MetricsAddr != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
-			bad("metrics_addr %q: want host:port (%v)", c.MetricsAddr, err)
-		}
-	}
+}
+
+// checkTiers checks the SSD tier, demotion, scrubbing and the eviction policy.
+func (c Config) checkTiers(bad func(format string, a ...any)) {
 	if c.SSDCapacity != 0 && c.SSDCapacity < 64<<20 {
 		bad("ssd_capacity %s: 0 (no SSD tier) or at least 64MiB", units.FormatBytes(c.SSDCapacity))
 	}
@@ -527,6 +545,10 @@ func (c Config) Validate() error {
 	if _, ok := policies[c.EvictionPolicy]; !ok {
 		bad("eviction_policy %q: prefix or lru", c.EvictionPolicy)
 	}
+}
+
+// checkCluster checks placement, routing, hot replicas, and the cluster settings when clustered.
+func (c Config) checkCluster(bad func(format string, a ...any)) {
 	if c.Replicas < 1 || c.Replicas > 8 {
 		bad("replicas %d: must be in [1, 8]", c.Replicas)
 	}
@@ -563,38 +585,47 @@ func (c Config) Validate() error {
 		bad("hot_max_replicas %d: must be positive; hot_max_bytes %s: must not be negative", c.HotMaxReplicas, units.FormatBytes(c.HotMaxBytes))
 	}
 	if c.clustered() {
-		for name, a := range map[string]string{"gossip_addr": c.GossipAddr, "peer_addr": c.PeerAddr, "transfer_addr": c.TransferAddr} {
-			if _, _, err := net.SplitHostPort(a); err != nil {
-				bad("%s %q: want host:port (%v)", name, a, err)
-			}
-		}
-		if c.NodeID == "" {
-			bad("node_name: empty")
-		}
-		if c.AdvertiseAddr != "" {
-			h, _, err := net.SplitHostPort(c.AdvertiseAddr)
-			if err != nil {
-				h = c.AdvertiseAddr
-			}
-			if net.ParseIP(h) == nil {
-				bad("advertise_addr %q: want an IP address or IP:port", c.AdvertiseAddr)
-			}
-		}
-		if !c.Insecure && (c.GossipKeyFile == "" || c.PeerSecretFile == "") {
-			bad("cluster mode (join or gossip_addr) needs credentials: gossip_key_file %q and peer_secret_file %q must both be set "+
-				"(see docs/security.md); to run an open cluster anyway set insecure_cluster: true", c.GossipKeyFile, c.PeerSecretFile)
-		}
-		if c.PeerEncrypt && c.PeerSecretFile == "" {
-			bad("peer_encrypt needs peer_secret_file (the encryption keys derive from it)")
-		}
-		if c.PeerHandshakes < 1 || c.PeerHandshakesPerSource < 1 || c.PeerHandshakesPerSource > c.PeerHandshakes {
-			bad("peer_max_handshakes %d, peer_max_handshakes_per_source %d: must be positive, the second at most the first",
-				c.PeerHandshakes, c.PeerHandshakesPerSource)
-		}
-		if c.PeerMaxConns < 1 || c.PeerIdleTime <= 0 {
-			bad("peer_max_conns %d, peer_idle_timeout %s: must be positive", c.PeerMaxConns, c.PeerIdleTime)
+		c.checkMembership(bad)
+	}
+}
+
+// checkMembership checks a cluster member's addresses, name and credentials.
+func (c Config) checkMembership(bad func(format string, a ...any)) {
+	for name, a := range map[string]string{"gossip_addr": c.GossipAddr, "peer_addr": c.PeerAddr, "transfer_addr": c.TransferAddr} {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			bad("%s %q: want host:port (%v)", name, a, err)
 		}
 	}
+	if c.NodeID == "" {
+		bad("node_name: empty")
+	}
+	if c.AdvertiseAddr != "" {
+		h, _, err := net.SplitHostPort(c.AdvertiseAddr)
+		if err != nil {
+			h = c.AdvertiseAddr
+		}
+		if net.ParseIP(h) == nil {
+			bad("advertise_addr %q: want an IP address or IP:port", c.AdvertiseAddr)
+		}
+	}
+	if !c.Insecure && (c.GossipKeyFile == "" || c.PeerSecretFile == "") {
+		bad("cluster mode (join or gossip_addr) needs credentials: gossip_key_file %q and peer_secret_file %q must both be set "+
+			"(see docs/security.md); to run an open cluster anyway set insecure_cluster: true", c.GossipKeyFile, c.PeerSecretFile)
+	}
+	if c.PeerEncrypt && c.PeerSecretFile == "" {
+		bad("peer_encrypt needs peer_secret_file (the encryption keys derive from it)")
+	}
+	if c.PeerHandshakes < 1 || c.PeerHandshakesPerSource < 1 || c.PeerHandshakesPerSource > c.PeerHandshakes {
+		bad("peer_max_handshakes %d, peer_max_handshakes_per_source %d: must be positive, the second at most the first",
+			c.PeerHandshakes, c.PeerHandshakesPerSource)
+	}
+	if c.PeerMaxConns < 1 || c.PeerIdleTime <= 0 {
+		bad("peer_max_conns %d, peer_idle_timeout %s: must be positive", c.PeerMaxConns, c.PeerIdleTime)
+	}
+}
+
+// checkLogsAndEvents checks logging and the KV-event publisher.
+func (c Config) checkLogsAndEvents(bad func(format string, a ...any)) {
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -620,7 +651,6 @@ func (c Config) Validate() error {
 	if c.KVEventsQueue <= 0 {
 		bad("kv_events_queue %d: must be positive", c.KVEventsQueue)
 	}
-	return errors.Join(errs...)
 }
 
 // loadConfig builds the serve config from defaults, the YAML file
