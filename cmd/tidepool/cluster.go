@@ -113,25 +113,57 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 			n = nil
 		}
 	}()
-	key, err := readKey(cfg.GossipKeyFile)
+	key, creds, err := readCredentials(cfg, n.lg)
 	if err != nil {
-		return nil, fmt.Errorf("gossip_key_file: %w", err)
+		return nil, err
+	}
+	if err := n.startTransfer(cfg, creds.Key, store, lg); err != nil {
+		return nil, err
+	}
+	ccfg, err := memberConfig(cfg, key, creds.Key, lg)
+	if err != nil {
+		return nil, err
+	}
+	pln, err := n.startPeerAPI(ctx, cfg, creds, p, lg)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.startMember(ctx, ccfg, pln, lg); err != nil {
+		return nil, err
+	}
+	if err := n.startRouting(ctx, cfg, creds, p, lg); err != nil {
+		return nil, err
+	}
+	meta := n.c.LocalMeta()
+	n.lg.Info("cluster member started",
+		zap.String("node_name", cfg.NodeID), zap.String("gossip", n.c.Addr()), zap.Strings("join", cfg.Join),
+		zap.String("peer_api", meta.PeerAddr), zap.String("transfer", meta.TransferAddr),
+		zap.Int("members", len(n.c.Members())), zap.Int("replicas", cfg.Replicas))
+	return n, nil
+}
+
+// readCredentials reads the gossip key (nil: none) and the peer
+// credentials from their files.
+func readCredentials(cfg Config, lg *zap.Logger) (key []byte, creds peerapi.Credentials, err error) {
+	key, err = readKey(cfg.GossipKeyFile)
+	if err != nil {
+		return nil, creds, fmt.Errorf("gossip_key_file: %w", err)
 	}
 	if key != nil && !validKeyLen(len(key)) {
-		return nil, fmt.Errorf("gossip_key_file: key is %d bytes; want 16, 24 or 32", len(key))
+		return nil, creds, fmt.Errorf("gossip_key_file: key is %d bytes; want 16, 24 or 32", len(key))
 	}
 	token, err := readSecret(cfg.PeerTokenFile)
 	if err != nil {
-		return nil, fmt.Errorf("peer_token_file: %w", err)
+		return nil, creds, fmt.Errorf("peer_token_file: %w", err)
 	}
 	secret, err := readSecret(cfg.PeerSecretFile)
 	if err != nil {
-		return nil, fmt.Errorf("peer_secret_file: %w", err)
+		return nil, creds, fmt.Errorf("peer_secret_file: %w", err)
 	}
 	var akey *peerauth.Key
 	if secret != nil {
 		if akey, err = peerauth.NewKey(secret, cfg.ClusterLabel); err != nil {
-			return nil, fmt.Errorf("peer_secret_file: %w", err)
+			return nil, creds, fmt.Errorf("peer_secret_file: %w", err)
 		}
 		if cfg.PeerEncrypt {
 			akey = akey.Encrypting()
@@ -139,14 +171,18 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	}
 	if key == nil || akey == nil {
 		// Only reachable with insecure_cluster (Validate refuses otherwise).
-		n.lg.Error("INSECURE CLUSTER: running without full credentials (insecure_cluster is set): "+
+		lg.Error("INSECURE CLUSTER: running without full credentials (insecure_cluster is set): "+
 			"any host that reaches the gossip, peer API or transfer port can join, read every block and overwrite blocks "+
 			"that other nodes then serve to their engines. Set gossip_key_file and peer_secret_file (docs/security.md).",
 			zap.Bool("gossip_encrypted", key != nil), zap.Bool("peers_authenticated", akey != nil))
 	}
-	creds := peerapi.Credentials{NodeID: cfg.NodeID, Label: cfg.ClusterLabel, Token: string(token), Key: akey}
+	creds = peerapi.Credentials{NodeID: cfg.NodeID, Label: cfg.ClusterLabel, Token: string(token), Key: akey}
+	return key, creds, nil
+}
 
-	// Transfer layer, with every DRAM arena registered.
+// startTransfer starts the transfer layer (TCP, and verbs where
+// available) with every DRAM arena registered.
+func (n *clusterNode) startTransfer(cfg Config, akey *peerauth.Key, store *tiered.Store, lg *zap.Logger) (err error) {
 	tcfg := tcp.DefaultConfig()
 	tcfg.ListenAddr = cfg.TransferAddr
 	tcfg.Key = akey
@@ -166,21 +202,24 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	}
 	// The transports name their own loggers ("rdma.tcp", "rdma.verbs").
 	if n.xt, err = auto.New(acfg, lg); err != nil {
-		return nil, fmt.Errorf("transfer_addr: %w", err)
+		return fmt.Errorf("transfer_addr: %w", err)
 	}
 	n.tr = n.xt.TCP()
 	if n.regions, err = registerArenas(n.xt, tierArenaMems(store.DRAM())); err != nil {
-		return nil, err
+		return err
 	}
+	return nil
+}
 
-	// Membership.
+// memberConfig is the membership's config: addresses, join, credentials.
+func memberConfig(cfg Config, key []byte, akey *peerauth.Key, lg *zap.Logger) (cluster.Config, error) {
 	host, portStr, err := net.SplitHostPort(cfg.GossipAddr)
 	if err != nil {
-		return nil, fmt.Errorf("gossip_addr: %w", err)
+		return cluster.Config{}, fmt.Errorf("gossip_addr: %w", err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
-		return nil, fmt.Errorf("gossip_addr: port %q: %w", portStr, err)
+		return cluster.Config{}, fmt.Errorf("gossip_addr: port %q: %w", portStr, err)
 	}
 	ccfg := cluster.DefaultConfig()
 	ccfg.NodeName = cfg.NodeID
@@ -207,8 +246,11 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccfg.Auth = akey
 	ccfg.LogOutput = zapWriter{lg: lg.Named("memberlist")}
 	ccfg.Meta = cluster.Meta{NodeID: cfg.NodeID, Protocol: cluster.ProtocolVersion}
+	return ccfg, nil
+}
 
-	// Peer API.
+// startPeerAPI starts the peer API's server and returns its listener.
+func (n *clusterNode) startPeerAPI(ctx context.Context, cfg Config, creds peerapi.Credentials, p *proxy.Proxy, lg *zap.Logger) (net.Listener, error) {
 	pln, err := net.Listen("tcp", cfg.PeerAddr)
 	if err != nil {
 		return nil, fmt.Errorf("peer_addr: %w", err)
@@ -232,11 +274,14 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	if err := n.psrv.Start(ctx); err != nil {
 		return nil, err
 	}
+	return pln, nil
+}
 
-	// Announce where the peer API and the transfer layer are reachable. When
-	// they are bound to concrete hosts the first announcement carries them;
-	// otherwise the host is known only once gossip has picked the address it
-	// advertises, and an update follows.
+// startMember joins the membership and announces where the peer API and
+// the transfer layer are reachable. When they are bound to concrete hosts
+// the first announcement carries them; otherwise the host is known only
+// once gossip has picked the address it advertises, and an update follows.
+func (n *clusterNode) startMember(ctx context.Context, ccfg cluster.Config, pln net.Listener, lg *zap.Logger) (err error) {
 	_, pport, _ := net.SplitHostPort(pln.Addr().String())
 	_, tport, _ := net.SplitHostPort(n.xt.Addr())
 	announce := func(gossip string) (string, string) {
@@ -246,27 +291,32 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 		ccfg.Meta.PeerAddr, ccfg.Meta.TransferAddr = announce("")
 	}
 	if n.c, err = cluster.New(ccfg, lg); err != nil {
-		return nil, err
+		return err
 	}
 	if err := n.c.Start(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	gossip := n.c.Addr()
 	meta := n.c.LocalMeta()
 	if pa, ta := announce(gossip); meta.PeerAddr != pa || meta.TransferAddr != ta {
 		meta.PeerAddr, meta.TransferAddr = pa, ta
 		if err := n.c.UpdateMeta(ctx, meta); err != nil {
-			return nil, fmt.Errorf("announcing addresses: %w", err)
+			return fmt.Errorf("announcing addresses: %w", err)
 		}
 	}
+	return nil
+}
 
+// startRouting starts the cluster view and the peer API's client and
+// attaches both to the proxy.
+func (n *clusterNode) startRouting(ctx context.Context, cfg Config, creds peerapi.Credentials, p *proxy.Proxy, lg *zap.Logger) (err error) {
 	vcfg := clusterview.DefaultConfig()
 	vcfg.Ring.Replicas = cfg.Replicas
 	if n.view, err = clusterview.New(n.c, vcfg, lg.Named("clusterview")); err != nil {
-		return nil, err
+		return err
 	}
 	if err := n.view.Start(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	ccl := peerapi.DefaultClientConfig()
 	ccl.Credentials = creds
@@ -276,18 +326,14 @@ func startCluster(ctx context.Context, cfg Config, store *tiered.Store, p *proxy
 	ccl.Regions = n.regions
 	ccl.MaxMessageBytes = int(cfg.MaxRequestSize) // what the peers' servers accept (scfg above)
 	if n.pcli, err = peerapi.NewClient(ccl, lg.Named("peerapi.client")); err != nil {
-		return nil, err
+		return err
 	}
 	if err := p.AttachCluster(n.view, n.pcli, cfg.routeConfig()); err != nil {
-		return nil, err
+		return err
 	}
 	n.unwatch = n.c.OnMembershipChange(p.MembershipChanged)
 	n.unforget = forgetGone(n.c, n.pcli)
-	n.lg.Info("cluster member started",
-		zap.String("node_name", cfg.NodeID), zap.String("gossip", gossip), zap.Strings("join", cfg.Join),
-		zap.String("peer_api", meta.PeerAddr), zap.String("transfer", meta.TransferAddr),
-		zap.Int("members", len(n.c.Members())), zap.Int("replicas", cfg.Replicas))
-	return n, nil
+	return nil
 }
 
 // forgetGone closes the pooled peer API connections to every member that
