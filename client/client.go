@@ -20,6 +20,7 @@ import (
 
 	kclient "github.com/cloudwego/kitex/client"
 	"github.com/cloudwego/kitex/pkg/connpool"
+	"github.com/cloudwego/kitex/pkg/klog"
 	"github.com/cloudwego/kitex/pkg/remote/codec"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 
@@ -199,6 +200,15 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	c.initZeroCopy(cfg.ZeroCopyInFlight)
 	c.zc.maxSpares = max(cfg.ReserveAhead, 0)
 	return c, nil
+}
+
+// QuietKitexLogs keeps Kitex's own warnings off stderr for a command-line
+// tool: Kitex's client logs one per automatic retry ("auto retry retryable
+// error", six for a socket that does not exist yet) before the call
+// returns the error, which says the same once. It sets Kitex's
+// process-wide log level to errors.
+func QuietKitexLogs() {
+	klog.SetLevel(klog.LevelError)
 }
 
 // newKitex makes the Kitex client of the engine socket, keeping up to

@@ -236,12 +236,17 @@ func TestVersionAndUsage(t *testing.T) {
 // exists prints its error once, not a Kitex warning per retry first.
 func TestClientBeforeSocket(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "absent.sock")
-	out, err := exec.Command(binPath, "stat", "--socket", sock, "--timeout", "5s").CombinedOutput()
-	if err == nil {
-		t.Fatalf("stat of an absent socket succeeded:\n%s", out)
-	}
-	if strings.Contains(string(out), "KITEX") || strings.Count(string(out), "\n") != 1 {
-		t.Fatalf("want one line of error, got:\n%s", out)
+	for _, args := range [][]string{
+		{"stat", "--socket", sock, "--timeout", "5s"},
+		{"bench", "--socket", sock, "--duration", "1s"},
+	} {
+		out, err := exec.Command(binPath, args...).CombinedOutput()
+		if err == nil {
+			t.Fatalf("%s of an absent socket succeeded:\n%s", args[0], out)
+		}
+		if strings.Contains(string(out), "KITEX") || strings.Count(string(out), "\n") != 1 {
+			t.Fatalf("%s: want one line of error, got:\n%s", args[0], out)
+		}
 	}
 }
 

@@ -122,7 +122,7 @@ func cmdClient(cmd string, f clientFlags, args []string, stdin io.Reader, stdout
 		fmt.Fprintf(stderr, "tidepool %s: %v\n", cmd, err)
 		return exitUsage
 	}
-	quietClientLogs()
+	client.QuietKitexLogs()
 	c, err := client.New(f.socket)
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool %s: %v\n", cmd, err)

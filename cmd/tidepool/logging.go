@@ -60,11 +60,3 @@ func bridgeKitexLogs(lg *zap.Logger) {
 		klog.SetLevel(klog.LevelWarn)
 	}
 }
-
-// quietClientLogs keeps Kitex's own warnings off a client command's
-// stderr: its client logs one per automatic retry ("auto retry retryable
-// error", six for a socket that does not exist yet) before the command
-// prints the error itself, which says the same once.
-func quietClientLogs() {
-	klog.SetLevel(klog.LevelError)
-}

@@ -64,7 +64,7 @@ func cmdPrefetch(f prefetchFlags, args []string, stdout, stderr io.Writer) int {
 			keys[i] = []byte(s)
 		}
 	}
-	quietClientLogs()
+	client.QuietKitexLogs()
 	c, err := client.New(f.socket)
 	if err != nil {
 		fmt.Fprintf(stderr, "tidepool prefetch: %v\n", err)

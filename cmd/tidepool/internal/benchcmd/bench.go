@@ -293,6 +293,7 @@ func cmdBench(fp *benchFlags, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	client.QuietKitexLogs()
 	if f.op == rawMemcpy || f.op == rawSocketCopy {
 		base := bench.DefaultConfig()
 		base.Size, base.Keys, base.Duration, base.Ops = int(pl.size), 1, f.duration, f.ops
