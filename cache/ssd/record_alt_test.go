@@ -20,11 +20,11 @@ import (
 // Thrift's binary protocol for them.
 
 func (m *meta) encodeWire() []byte {
-	b := make([]byte, 0, recLen2+descLen(m.desc))
-	ver := byte(recVersion)
+	n, ver := recLen, byte(recVersion)
 	if m.seg != 0 {
-		ver = recVersion2
+		n, ver = recLen2, recVersion2
 	}
+	b := make([]byte, 0, n+descLen(m.desc))
 	if m.desc != nil {
 		ver += 2
 	}
