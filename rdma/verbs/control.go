@@ -85,9 +85,16 @@ func readMsg(r io.Reader) (byte, []byte, error) {
 	return typ, p, nil
 }
 
-// badPayload is the error of a payload that does not decode.
-func badPayload(what string, p []byte) error {
-	return fmt.Errorf("%w: %s of %d bytes", rdma.ErrProtocol, what, len(p))
+// decodeAll decodes a what payload p with read, refusing it when a field
+// is missing or a byte is left over.
+func decodeAll[T any](what string, p []byte, read func(d *wire.Reader) T) (T, error) {
+	d := wire.Reader{B: p}
+	m := read(&d)
+	if !d.Done() {
+		var zero T
+		return zero, fmt.Errorf("%w: %s of %d bytes", rdma.ErrProtocol, what, len(p))
+	}
+	return m, nil
 }
 
 func encodeHello() []byte { return append([]byte(helloPayload), ctlVersion) }
@@ -160,12 +167,13 @@ func (m connectReq) encode() []byte {
 }
 
 func decodeConnect(p []byte) (connectReq, error) {
-	var m connectReq
-	d := wire.Reader{B: p}
-	m.conn.read(&d)
-	m.dev = d.U8()
-	if !d.Done() {
-		return m, badPayload("connect", p)
+	m, err := decodeAll("connect", p, func(d *wire.Reader) (m connectReq) {
+		m.conn.read(d)
+		m.dev = d.U8()
+		return m
+	})
+	if err != nil {
+		return m, err
 	}
 	return m, m.conn.check()
 }
@@ -174,12 +182,7 @@ func decodeConnect(p []byte) (connectReq, error) {
 func encodeDestroy(qpn uint32) []byte { return binary.BigEndian.AppendUint32(nil, qpn) }
 
 func decodeDestroy(p []byte) (uint32, error) {
-	d := wire.Reader{B: p}
-	n := d.U32()
-	if !d.Done() {
-		return 0, badPayload("destroy", p)
-	}
-	return n, nil
+	return decodeAll("destroy", p, (*wire.Reader).U32)
 }
 
 // checkReq asks the owner to verify the CRC-32C of a range it received,
@@ -192,22 +195,24 @@ type checkReq struct {
 	sum  uint32
 }
 
+// appendRegion appends a region's remote name: id u64, key u32, an
+// address u64 (check: where the range starts; resolve: the region's base).
+func appendRegion(b []byte, id rdma.RegionID, key uint32, addr uint64) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(id))
+	b = binary.BigEndian.AppendUint32(b, key)
+	return binary.BigEndian.AppendUint64(b, addr)
+}
+
 func (m checkReq) encode() []byte {
-	b := make([]byte, 0, 32)
-	b = binary.BigEndian.AppendUint64(b, uint64(m.id))
-	b = binary.BigEndian.AppendUint32(b, m.key)
-	b = binary.BigEndian.AppendUint64(b, m.addr)
+	b := appendRegion(make([]byte, 0, 32), m.id, m.key, m.addr)
 	b = binary.BigEndian.AppendUint64(b, m.n)
 	return binary.BigEndian.AppendUint32(b, m.sum)
 }
 
 func decodeCheck(p []byte) (checkReq, error) {
-	d := wire.Reader{B: p}
-	m := checkReq{id: rdma.RegionID(d.U64()), key: d.U32(), addr: d.U64(), n: d.U64(), sum: d.U32()}
-	if !d.Done() {
-		return checkReq{}, badPayload("check", p)
-	}
-	return m, nil
+	return decodeAll("check", p, func(d *wire.Reader) checkReq {
+		return checkReq{id: rdma.RegionID(d.U64()), key: d.U32(), addr: d.U64(), n: d.U64(), sum: d.U32()}
+	})
 }
 
 // statsReq: what an initiator's handle moved since its last report.
@@ -222,12 +227,9 @@ func (m statsReq) encode() []byte {
 }
 
 func decodeStats(p []byte) (statsReq, error) {
-	d := wire.Reader{B: p}
-	m := statsReq{writes: d.U64(), reads: d.U64(), in: d.U64(), out: d.U64()}
-	if !d.Done() {
-		return statsReq{}, badPayload("stats", p)
-	}
-	return m, nil
+	return decodeAll("stats", p, func(d *wire.Reader) statsReq {
+		return statsReq{writes: d.U64(), reads: d.U64(), in: d.U64(), out: d.U64()}
+	})
 }
 
 // resolveReq names a remote region; its answer is resolveAnswer.
@@ -237,20 +239,12 @@ type resolveReq struct {
 	base uint64
 }
 
-func (m resolveReq) encode() []byte {
-	b := make([]byte, 0, 20)
-	b = binary.BigEndian.AppendUint64(b, uint64(m.id))
-	b = binary.BigEndian.AppendUint32(b, m.key)
-	return binary.BigEndian.AppendUint64(b, m.base)
-}
+func (m resolveReq) encode() []byte { return appendRegion(make([]byte, 0, 20), m.id, m.key, m.base) }
 
 func decodeResolve(p []byte) (resolveReq, error) {
-	d := wire.Reader{B: p}
-	m := resolveReq{id: rdma.RegionID(d.U64()), key: d.U32(), base: d.U64()}
-	if !d.Done() {
-		return resolveReq{}, badPayload("resolve", p)
-	}
-	return m, nil
+	return decodeAll("resolve", p, func(d *wire.Reader) resolveReq {
+		return resolveReq{id: rdma.RegionID(d.U64()), key: d.U32(), base: d.U64()}
+	})
 }
 
 // resolveAnswer: a region's address, length and rkeys, one per owner
