@@ -107,6 +107,9 @@ func decodeHello(p []byte) error {
 	return nil
 }
 
+// encodeHelloAnswer: the number of devices the owner serves on (1 to 255).
+func encodeHelloAnswer(devs int) []byte { return []byte{byte(devs)} }
+
 // decodeHelloAnswer returns the number of devices the owner serves on.
 func decodeHelloAnswer(p []byte) (int, error) {
 	d := wire.Reader{B: p}

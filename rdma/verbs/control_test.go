@@ -37,7 +37,7 @@ func TestControlGolden(t *testing.T) {
 	}{
 		{"hello", msgHello, encodeHello(), "01 0005 54505642 01",
 			func(p []byte) (any, error) { return nil, decodeHello(p) }, nil},
-		{"hello answer", msgOK, []byte{2}, "07 0001 02",
+		{"hello answer", msgOK, encodeHelloAnswer(2), "07 0001 02",
 			func(p []byte) (any, error) { return decodeHelloAnswer(p) }, 2},
 		{"connect", msgConnect, connectReq{conn: conn, dev: 1}.encode(), "02 001c" + gid + "00123456 00abcdef 03 0102 01",
 			func(p []byte) (any, error) { return decodeConnect(p) }, connectReq{conn: conn, dev: 1}},

@@ -79,7 +79,7 @@ func (t *Transport) serveConn(c net.Conn) {
 				return
 			}
 			hello = true
-			werr = writeMsg(c, msgOK, []byte{byte(len(t.devs))})
+			werr = writeMsg(c, msgOK, encodeHelloAnswer(len(t.devs)))
 		case msgConnect:
 			var dev *device
 			m, err := decodeConnect(p)
