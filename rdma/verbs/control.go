@@ -107,7 +107,8 @@ func decodeHello(p []byte) error {
 	return nil
 }
 
-// encodeHelloAnswer: the number of devices the owner serves on (1 to 255).
+// encodeHelloAnswer: the number of devices the owner serves on, in one
+// byte (a machine has a handful of RDMA devices, never 256).
 func encodeHelloAnswer(devs int) []byte { return []byte{byte(devs)} }
 
 // decodeHelloAnswer returns the number of devices the owner serves on.
