@@ -12,7 +12,7 @@ import (
 )
 
 // startBufferSidecar is startSidecar with the buffer socket served.
-func startBufferSidecar(t *testing.T) *client.Client {
+func startBufferSidecar(t testing.TB) *client.Client {
 	t.Helper()
 	dir, err := os.MkdirTemp("/dev/shm", "tpbuf")
 	if err != nil {

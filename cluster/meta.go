@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/tidepool-kv/tidepool/internal/wire"
 )
 
 // MetaVersion is the first byte of encoded node metadata: the layout below.
@@ -164,55 +166,36 @@ func DecodeMeta(b []byte) (Meta, error) {
 	if len(b) > MetaMaxSize {
 		return Meta{}, fmt.Errorf("%w: %d bytes", ErrMetaTooLarge, len(b))
 	}
-	d := metaDecoder{b: b[1:]}
-	flags := d.u8()
+	d := wire.Reader{B: b[1:]}
+	str := func() string { return string(d.Take(int(d.U8()))) }
+	flags := d.U8()
 	if flags&^flagsKnown != 0 {
 		return Meta{}, fmt.Errorf("%w: unknown flags %#x", ErrMetaCorrupt, flags)
 	}
-	m := Meta{Leaving: flags&flagLeaving != 0, Protocol: d.u16()}
-	m.NodeID, m.PeerAddr, m.TransferAddr, m.Zone = d.str(), d.str(), d.str(), d.str()
+	m := Meta{Leaving: flags&flagLeaving != 0, Protocol: d.U16()}
+	m.NodeID, m.PeerAddr, m.TransferAddr, m.Zone = str(), str(), str(), str()
 	if flags&flagRDMA != 0 {
 		r := &RDMAEndpoint{}
-		copy(r.GID[:], d.take(16))
-		r.LID = d.u16()
-		r.Port = d.u8()
+		copy(r.GID[:], d.Take(16))
+		r.LID = d.U16()
+		r.Port = d.U8()
 		m.RDMA = r
 	}
-	n := int(d.u8())
+	n := int(d.U8())
 	if n > MaxTiers {
 		return Meta{}, fmt.Errorf("%w: %d tiers", ErrMetaCorrupt, n)
 	}
-	if n > 0 && !d.bad {
+	if n > 0 && !d.Bad {
 		m.Tiers = make([]TierUsage, 0, n)
 		for i := 0; i < n; i++ {
-			m.Tiers = append(m.Tiers, TierUsage{Tier: Tier(d.u8()), Capacity: d.u64(), Used: d.u64()})
+			m.Tiers = append(m.Tiers, TierUsage{Tier: Tier(d.U8()), Capacity: d.U64(), Used: d.U64()})
 		}
 	}
-	if d.bad {
+	if d.Bad {
 		return Meta{}, fmt.Errorf("%w: truncated", ErrMetaCorrupt)
 	}
-	if len(d.b) != 0 {
-		return Meta{}, fmt.Errorf("%w: %d trailing bytes", ErrMetaCorrupt, len(d.b))
+	if len(d.B) != 0 {
+		return Meta{}, fmt.Errorf("%w: %d trailing bytes", ErrMetaCorrupt, len(d.B))
 	}
 	return m, nil
 }
-
-type metaDecoder struct {
-	b   []byte
-	bad bool
-}
-
-func (d *metaDecoder) take(n int) []byte {
-	if d.bad || len(d.b) < n {
-		d.bad = true
-		return make([]byte, n)
-	}
-	v := d.b[:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *metaDecoder) u8() uint8   { return d.take(1)[0] }
-func (d *metaDecoder) u16() uint16 { return binary.BigEndian.Uint16(d.take(2)) }
-func (d *metaDecoder) u64() uint64 { return binary.BigEndian.Uint64(d.take(8)) }
-func (d *metaDecoder) str() string { return string(d.take(int(d.u8()))) }

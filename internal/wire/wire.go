@@ -1,5 +1,6 @@
 // Package wire reads the big-endian fields of the hand-written binary
-// messages (the peer API's named reads, the engine API's buffer socket).
+// messages (the peer API's named reads, the engine API's buffer socket,
+// the verbs transport's control messages, node metadata).
 package wire
 
 import "encoding/binary"

@@ -3,7 +3,6 @@
 package verbs
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -66,11 +65,7 @@ func (t *Transport) serveConn(c net.Conn) {
 		_ = c.SetWriteDeadline(time.Now().Add(t.cfg.DialTimeout))
 		fail := func(code byte, err error) bool {
 			t.serve.Error()
-			msg := err.Error()
-			if len(msg) > maxMsg-1 {
-				msg = msg[:maxMsg-1]
-			}
-			return writeMsg(c, msgErr, append([]byte{code}, msg...)) == nil
+			return writeMsg(c, msgErr, encodeErr(code, err.Error())) == nil
 		}
 		if !hello && typ != msgHello {
 			_ = fail(errRefused, fmt.Errorf("%w: message %d before hello", rdma.ErrProtocol, typ))
@@ -79,23 +74,20 @@ func (t *Transport) serveConn(c net.Conn) {
 		var werr error
 		switch typ {
 		case msgHello:
-			if len(p) != len(helloPayload)+1 || string(p[:4]) != helloPayload || p[4] != ctlVersion {
-				_ = fail(errRefused, fmt.Errorf("%w: bad hello", rdma.ErrProtocol))
+			if err := decodeHello(p); err != nil {
+				_ = fail(errRefused, err)
 				return
 			}
 			hello = true
-			werr = writeMsg(c, msgOK, []byte{byte(len(t.devs))})
+			werr = writeMsg(c, msgOK, encodeHelloAnswer(len(t.devs)))
 		case msgConnect:
-			var remote connData
 			var dev *device
-			err := fmt.Errorf("%w: connect of %d bytes", rdma.ErrProtocol, len(p))
-			if len(p) == connDataLen+1 {
-				if remote, err = decodeConnData(p[:connDataLen]); err == nil {
-					if i := int(p[connDataLen]); i < len(t.devs) {
-						dev = t.devs[i]
-					} else {
-						err = fmt.Errorf("%w: device %d of %d", rdma.ErrProtocol, i, len(t.devs))
-					}
+			m, err := decodeConnect(p)
+			if err == nil {
+				if i := int(m.dev); i < len(t.devs) {
+					dev = t.devs[i]
+				} else {
+					err = fmt.Errorf("%w: device %d of %d", rdma.ErrProtocol, i, len(t.devs))
 				}
 			}
 			if err != nil {
@@ -112,7 +104,7 @@ func (t *Transport) serveConn(c net.Conn) {
 			}
 			q, err := dev.createQP(true, 1, randPSN())
 			if err == nil {
-				if err = dev.connect(q, remote, t.cfg.QPTimeout, t.cfg.QPRetry, 16); err != nil {
+				if err = dev.connect(q, m.conn, t.cfg.QPTimeout, t.cfg.QPRetry, 16); err != nil {
 					q.destroy()
 				}
 			}
@@ -126,11 +118,11 @@ func (t *Transport) serveConn(c net.Conn) {
 			t.qps.Add(1)
 			werr = writeMsg(c, msgOK, dev.local(q).encode())
 		case msgDestroy:
-			if len(p) != 4 {
-				_ = fail(errRefused, fmt.Errorf("%w: destroy of %d bytes", rdma.ErrProtocol, len(p)))
+			n, err := decodeDestroy(p)
+			if err != nil {
+				_ = fail(errRefused, err)
 				return
 			}
-			n := binary.BigEndian.Uint32(p)
 			if q := qps[n]; q != nil {
 				q.destroy()
 				delete(qps, n)
@@ -138,11 +130,12 @@ func (t *Transport) serveConn(c net.Conn) {
 			}
 			werr = writeMsg(c, msgOK, nil)
 		case msgCheck:
-			if len(p) != 32 {
-				_ = fail(errRefused, fmt.Errorf("%w: check of %d bytes", rdma.ErrProtocol, len(p)))
+			m, err := decodeCheck(p)
+			if err != nil {
+				_ = fail(errRefused, err)
 				return
 			}
-			code, err := t.check(p)
+			code, err := t.check(m)
 			if err != nil {
 				if !fail(code, err) {
 					return
@@ -151,11 +144,12 @@ func (t *Transport) serveConn(c net.Conn) {
 			}
 			werr = writeMsg(c, msgOK, nil)
 		case msgResolve:
-			if len(p) != 20 {
-				_ = fail(errRefused, fmt.Errorf("%w: resolve of %d bytes", rdma.ErrProtocol, len(p)))
+			m, err := decodeResolve(p)
+			if err != nil {
+				_ = fail(errRefused, err)
 				return
 			}
-			out, err := t.resolve(p)
+			out, err := t.resolve(m)
 			if err != nil {
 				// Like the tcp port: a wrong name costs the asker time.
 				fails++
@@ -169,15 +163,14 @@ func (t *Transport) serveConn(c net.Conn) {
 				}
 				continue
 			}
-			werr = writeMsg(c, msgOK, out)
+			werr = writeMsg(c, msgOK, out.encode())
 		case msgStats:
-			if len(p) != 32 {
-				_ = fail(errRefused, fmt.Errorf("%w: stats of %d bytes", rdma.ErrProtocol, len(p)))
+			m, err := decodeStats(p)
+			if err != nil {
+				_ = fail(errRefused, err)
 				return
 			}
-			w, r := binary.BigEndian.Uint64(p), binary.BigEndian.Uint64(p[8:])
-			bin, bout := binary.BigEndian.Uint64(p[16:]), binary.BigEndian.Uint64(p[24:])
-			t.serve.Reported(w, r, bin, bout)
+			t.serve.Reported(m.writes, m.reads, m.in, m.out)
 			werr = writeMsg(c, msgOK, nil)
 		case msgPing:
 			werr = writeMsg(c, msgOK, nil)
@@ -193,37 +186,28 @@ func (t *Transport) serveConn(c net.Conn) {
 
 // resolve answers the rkey, address and length of a region named by (id,
 // key, base).
-func (t *Transport) resolve(p []byte) ([]byte, error) {
-	id := rdma.RegionID(binary.BigEndian.Uint64(p))
-	key := binary.BigEndian.Uint32(p[8:])
-	base := binary.BigEndian.Uint64(p[12:])
+func (t *Transport) resolve(r resolveReq) (resolveAnswer, error) {
+	id, key, base := r.id, r.key, r.base
 	t.mrMu.RLock()
 	m := t.mrs[id]
 	t.mrMu.RUnlock()
 	if m == nil {
-		return nil, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+		return resolveAnswer{}, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
 	}
 	if err := t.table.Check(id, key, true, base, 0); err != nil {
-		return nil, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
+		return resolveAnswer{}, fmt.Errorf("%w: %d", rdma.ErrUnknownRegion, id)
 	}
-	out := make([]byte, 17, 17+4*len(m.per))
-	binary.BigEndian.PutUint64(out, m.addr)
-	binary.BigEndian.PutUint64(out[8:], m.size)
-	out[16] = byte(len(m.per))
+	out := resolveAnswer{addr: m.addr, size: m.size, rkeys: make([]uint32, 0, len(m.per))}
 	for _, x := range m.per {
-		out = binary.BigEndian.AppendUint32(out, x.rkey)
+		out.rkeys = append(out.rkeys, x.rkey)
 	}
 	return out, nil
 }
 
 // check verifies the CRC-32C of a range of a registered region, named the
 // remote way (id, key, base+offset).
-func (t *Transport) check(p []byte) (byte, error) {
-	id := rdma.RegionID(binary.BigEndian.Uint64(p))
-	key := binary.BigEndian.Uint32(p[8:])
-	addr := binary.BigEndian.Uint64(p[12:])
-	n := binary.BigEndian.Uint64(p[20:])
-	sum := binary.BigEndian.Uint32(p[28:])
+func (t *Transport) check(m checkReq) (byte, error) {
+	id, key, addr, n, sum := m.id, m.key, m.addr, m.n, m.sum
 	s, err := t.table.Acquire(id, key, true, addr, n)
 	if err != nil {
 		if errors.Is(err, rdma.ErrUnknownRegion) {

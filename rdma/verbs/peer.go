@@ -4,7 +4,6 @@ package verbs
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"sync"
@@ -72,24 +71,25 @@ func (t *Transport) dial(ctx context.Context, addr string) (net.Conn, int, error
 		nc = ac
 	}
 	_ = nc.SetDeadline(dl)
-	if err := writeMsg(nc, msgHello, append([]byte(helloPayload), ctlVersion)); err != nil {
+	if err := writeMsg(nc, msgHello, encodeHello()); err != nil {
 		_ = nc.Close()
 		return nil, 0, err
 	}
 	typ, p, err := readMsg(nc)
+	devs := 0
 	switch {
 	case err != nil:
 	case typ != msgOK:
-		err = fmt.Errorf("%w: hello refused: %s", rdma.ErrProtocol, msgText(p))
-	case len(p) != 1 || p[0] == 0:
-		err = fmt.Errorf("%w: hello answer of %d bytes", rdma.ErrProtocol, len(p))
+		err = fmt.Errorf("%w: hello refused: %w", rdma.ErrProtocol, decodeErr(p))
+	default:
+		devs, err = decodeHelloAnswer(p)
 	}
 	if err != nil {
 		_ = nc.Close()
 		return nil, 0, err
 	}
 	_ = nc.SetDeadline(time.Time{})
-	return nc, int(p[0]), nil
+	return nc, devs, nil
 }
 
 type peer struct {
@@ -193,14 +193,7 @@ func (p *peer) call(typ byte, payload []byte) ([]byte, error) {
 	case msgOK:
 		return rp, nil
 	case msgErr:
-		if len(rp) < 1 {
-			return nil, fmt.Errorf("%w: empty error", rdma.ErrProtocol)
-		}
-		e, ok := codeErrs[rp[0]]
-		if !ok {
-			e = rdma.ErrProtocol
-		}
-		return nil, fmt.Errorf("remote: %w: %s", e, rp[1:])
+		return nil, decodeErr(rp)
 	default:
 		p.markLost()
 		return nil, fmt.Errorf("%w: answer type %d", rdma.ErrProtocol, rt)
@@ -243,12 +236,7 @@ func (p *peer) report() {
 	if w+r == 0 {
 		return
 	}
-	b := make([]byte, 32)
-	binary.BigEndian.PutUint64(b, w)
-	binary.BigEndian.PutUint64(b[8:], r)
-	binary.BigEndian.PutUint64(b[16:], in)
-	binary.BigEndian.PutUint64(b[24:], out)
-	_, _ = p.call(msgStats, b)
+	_, _ = p.call(msgStats, statsReq{writes: w, reads: r, in: in, out: out}.encode())
 }
 
 // remoteMR is a resolved remote region.
@@ -269,21 +257,15 @@ func (p *peer) resolve(d rdma.RegionDesc) (remoteMR, error) {
 	if ok && r.key == d.Key && r.base == d.Addr {
 		return r, nil
 	}
-	b := make([]byte, 20)
-	binary.BigEndian.PutUint64(b, uint64(d.ID))
-	binary.BigEndian.PutUint32(b[8:], d.Key)
-	binary.BigEndian.PutUint64(b[12:], d.Addr)
-	out, err := p.call(msgResolve, b)
+	out, err := p.call(msgResolve, resolveReq{id: d.ID, key: d.Key, base: d.Addr}.encode())
 	if err != nil {
 		return r, err
 	}
-	if len(out) < 17 || out[16] == 0 || len(out) != 17+4*int(out[16]) {
-		return r, fmt.Errorf("%w: resolve answer of %d bytes", rdma.ErrProtocol, len(out))
+	a, err := decodeResolveAnswer(out)
+	if err != nil {
+		return r, err
 	}
-	r = remoteMR{key: d.Key, base: d.Addr, addr: binary.BigEndian.Uint64(out), size: binary.BigEndian.Uint64(out[8:])}
-	for i := 0; i < int(out[16]); i++ {
-		r.rkeys = append(r.rkeys, binary.BigEndian.Uint32(out[17+4*i:]))
-	}
+	r = remoteMR{key: d.Key, base: d.Addr, addr: a.addr, size: a.size, rkeys: a.rkeys}
 	p.rmu.Lock()
 	if len(p.resolved) >= maxResolved {
 		clear(p.resolved)

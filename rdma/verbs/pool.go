@@ -4,7 +4,6 @@ package verbs
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 
@@ -85,7 +84,7 @@ func (p *peer) connectQP(dev int) (*iqp, error) {
 		return nil, err
 	}
 	// Local device i pairs with the owner's device i (mod its count).
-	resp, err := p.call(msgConnect, append(d.local(q).encode(), byte(dev%p.rdevs)))
+	resp, err := p.call(msgConnect, connectReq{conn: d.local(q), dev: byte(dev % p.rdevs)}.encode())
 	if err != nil {
 		q.destroy()
 		return nil, err
@@ -97,9 +96,7 @@ func (p *peer) connectQP(dev int) (*iqp, error) {
 	if err != nil {
 		q.destroy()
 		if remote.QPN != 0 {
-			b := make([]byte, 4)
-			binary.BigEndian.PutUint32(b, remote.QPN)
-			_, _ = p.call(msgDestroy, b)
+			_, _ = p.call(msgDestroy, encodeDestroy(remote.QPN))
 		}
 		return nil, err
 	}
@@ -151,8 +148,6 @@ func (p *peer) drop(q *iqp) {
 		q.q.destroy()
 		p.t.qps.Add(-1)
 		p.c.Conn(-1)
-		b := make([]byte, 4)
-		binary.BigEndian.PutUint32(b, q.remote)
-		_, _ = p.call(msgDestroy, b)
+		_, _ = p.call(msgDestroy, encodeDestroy(q.remote))
 	}
 }

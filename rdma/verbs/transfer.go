@@ -4,7 +4,6 @@ package verbs
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -121,13 +120,8 @@ func (p *peer) transfer(ctx context.Context, op rdma.Op, write bool) error {
 		}
 		return nil
 	}
-	b := make([]byte, 32)
-	binary.BigEndian.PutUint64(b, uint64(op.Remote.ID))
-	binary.BigEndian.PutUint32(b[8:], op.Remote.Key)
-	binary.BigEndian.PutUint64(b[12:], op.Remote.Addr+op.RemoteOff)
-	binary.BigEndian.PutUint64(b[20:], op.Len)
-	binary.BigEndian.PutUint32(b[28:], op.Sum)
-	_, err = p.call(msgCheck, b)
+	c := checkReq{id: op.Remote.ID, key: op.Remote.Key, addr: op.Remote.Addr + op.RemoteOff, n: op.Len, sum: op.Sum}
+	_, err = p.call(msgCheck, c.encode())
 	return err
 }
 
