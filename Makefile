@@ -25,6 +25,9 @@ STATICCHECK := bin/tools/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 # ruff (Python lint, ruff.toml) from PyPI into a venv of its own.
 RUFF_VERSION := 0.17.5
 RUFF := bin/tools/ruff-$(RUFF_VERSION)/bin/ruff
+# mypy (Python types, clients/python/pyproject.toml) likewise.
+MYPY_VERSION := 2.4.1
+MYPY := bin/tools/mypy-$(MYPY_VERSION)/bin/mypy
 
 # Deferred (=) so that only targets that use them run `go list`.
 MODULE = $(shell $(GO) list -m)
@@ -44,7 +47,7 @@ deps: sysdeps
 sysdeps:
 	scripts/install-deps.sh
 
-tools: $(STATICCHECK) $(RUFF)
+tools: $(STATICCHECK) $(RUFF) $(MYPY)
 
 $(STATICCHECK):
 	GOBIN="$(CURDIR)/$(@D)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -53,6 +56,11 @@ $(RUFF):
 	rm -rf bin/tools/ruff-$(RUFF_VERSION)
 	python3 -m venv bin/tools/ruff-$(RUFF_VERSION)
 	bin/tools/ruff-$(RUFF_VERSION)/bin/pip install -q --disable-pip-version-check ruff==$(RUFF_VERSION)
+
+$(MYPY):
+	rm -rf bin/tools/mypy-$(MYPY_VERSION)
+	python3 -m venv bin/tools/mypy-$(MYPY_VERSION)
+	bin/tools/mypy-$(MYPY_VERSION)/bin/pip install -q --disable-pip-version-check mypy==$(MYPY_VERSION)
 
 # The version `tidepool version` and Hello report: `git describe` of the
 # checkout; without git, the binary falls back to its build information.
@@ -160,13 +168,14 @@ test-python:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./proxy/... ./client/...
 
-# The inner loop (about two minutes on 2 cores): formatting, vet, the
-# Python lint, and the unit tests; `-short` leaves out every test that
+# The inner loop (under two minutes on 2 cores): formatting, vet, the
+# Python lint and type check, and the unit tests; `-short` leaves out every test that
 # starts a real `tidepool serve`, a memberlist cluster or a long
 # simulation. `make test` runs all.
-check: $(RUFF)
+check: $(RUFF) $(MYPY)
 	@$(MAKE) --no-print-directory fmt-check
 	$(RUFF) check
+	cd clients/python && $(CURDIR)/$(MYPY)
 	$(GO) vet ./...
 	$(GO) test -short -count=1 ./...
 
@@ -183,8 +192,9 @@ fmt-check:
 # needs libibverbs-dev), merged so that code used by one build only is not
 # reported unused; vet of the verbs build and of the research code, which
 # builds only with its tag (research/issue5: experiments on cache/evict and
-# its simulator); ruff over the Python client and tests (ruff.toml).
-lint: $(STATICCHECK) $(RUFF)
+# its simulator); ruff over the Python client and tests (ruff.toml); mypy
+# over the Python client (clients/python/pyproject.toml).
+lint: $(STATICCHECK) $(RUFF) $(MYPY)
 	@rc=0
 	echo "== staticcheck $(STATICCHECK_VERSION), default and verbs builds"
 	printf 'default:\nverbs: -tags=verbs\n' | $(STATICCHECK) -matrix ./... || rc=1
@@ -194,6 +204,8 @@ lint: $(STATICCHECK) $(RUFF)
 	$(GO) vet -tags research ./... || rc=1
 	echo "== ruff $(RUFF_VERSION)"
 	$(RUFF) check || rc=1
+	echo "== mypy $(MYPY_VERSION)"
+	(cd clients/python && $(CURDIR)/$(MYPY)) || rc=1
 	exit $$rc
 
 # go.mod and go.sum are exactly what `go mod tidy` writes (prints the diff).

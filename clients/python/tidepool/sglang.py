@@ -430,7 +430,7 @@ class TidepoolStorage(HiCacheStorage):
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None, target_sizes: Optional[Any] = None):
         self._need_pool()
-        targets = list(target_locations) if target_locations is not None else [None] * len(keys)
+        targets: List[Any] = list(target_locations) if target_locations is not None else [None] * len(keys)
         if len(targets) != len(keys):
             raise ValueError("tidepool.sglang: %d keys, %d target locations" % (len(keys), len(targets)))
         out = [None] * len(keys)

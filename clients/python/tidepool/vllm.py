@@ -86,7 +86,7 @@ KNOWN_KEYS = 1 << 18
 
 # Counters of this process, for logs, benchmarks and tests (stats()).
 # rpc_* count round trips to the sidecar by call.
-_STATS = collections.Counter()
+_STATS: "collections.Counter[str]" = collections.Counter()
 _STATS_LOCK = threading.Lock()
 
 
