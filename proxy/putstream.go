@@ -98,6 +98,11 @@ func (pp *PendingPut) Commit(ctx context.Context, crc uint32) (existed bool, err
 	if errors.Is(err, cache.ErrLeaseExpired) {
 		return false, fmt.Errorf("%w: the value was still arriving when its slot's deadline passed (%v)", cache.ErrUnavailable, err)
 	}
+	if err == nil && !existed && !push && pp.opts.LowPriority && pp.rt != nil {
+		// Reserved as a copy of a block owned elsewhere, whose owner has
+		// left the ring since: owed to it (owed.go).
+		pp.rt.owe(pp.ns, []PutItem{{Key: pp.key}})
+	}
 	if err != nil || existed || value == nil {
 		return existed, err
 	}

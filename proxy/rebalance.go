@@ -17,9 +17,17 @@ package proxy
 // (Peers.Push, checksummed), paced to RebalanceRate bytes per second. A
 // block this node no longer owns is then demoted to a low-priority copy.
 //
+// Blocks owed to their owners (owed.go: a put's push or a move that
+// failed) are planned too, whatever their priority and whether or not
+// their owner set changed, to their current owners other than this node.
+//
 // A pass starts RebalanceDelay after the last MembershipChanged; a newer
 // change cancels a running pass and starts over, and DetachCluster cancels
-// it. Passes never hold a lock Gets or Puts take, beyond the store's own.
+// it. While an owed block has a current owner other than this node, a
+// retry pass starts max(RebalanceDelay, PeerDownFor) after a push failed
+// or a pass ended, backing off to maxRetryEvery while retries move
+// nothing. Passes never hold a lock Gets or Puts take, beyond the store's
+// own.
 
 import (
 	"context"
@@ -46,15 +54,19 @@ type RebalanceStats struct {
 	Skipped       int64 // the new owner had the block, or it left this node meanwhile
 	Failed        int64 // pushes or lookups that failed
 	Demoted       int64 // blocks no longer owned here, now low-priority copies
+	Owed          int64 // blocks whose push to an owner failed, to push again (now)
+	OwedDropped   int64 // owed blocks given up: owed for owedFor, or past maxOwed
 }
 
 // rebalanceBatch is how many planned moves share one Lookup per new owner.
 const rebalanceBatch = 64
 
 type rebalancer struct {
-	r    *router
-	scan Scanner
-	kick chan struct{}
+	r     *router
+	scan  Scanner
+	kick  chan struct{} // a membership change
+	owedC chan struct{} // a block became owed: arm the retry timer
+	owed  owedSet
 
 	passes, cancelled, running                        atomic.Int64
 	plannedBlocks, plannedBytes, movedBlocks, movedBy atomic.Int64
@@ -71,7 +83,7 @@ func (r *router) startRebalancer(sc Scanner) {
 		r.lg.Info("rebalancer off: the store cannot enumerate its blocks")
 		return
 	}
-	r.rebal = &rebalancer{r: r, scan: sc, kick: make(chan struct{}, 1)}
+	r.rebal = &rebalancer{r: r, scan: sc, kick: make(chan struct{}, 1), owedC: make(chan struct{}, 1)}
 	r.workers.Add(1)
 	go r.rebal.loop()
 }
@@ -90,28 +102,78 @@ func (p *Proxy) MembershipChanged() {
 	}
 }
 
+// owe records that the push of items of ns to an owner failed: the
+// rebalancer pushes them again (owed.go). No-op with the rebalancer off.
+func (r *router) owe(ns string, items []PutItem) {
+	b := r.rebal
+	if b == nil || len(items) == 0 {
+		return
+	}
+	keys := make([][]byte, len(items))
+	for i, it := range items {
+		keys[i] = it.Key
+	}
+	if b.owed.add(r.cfg.Clock.Now(), ns, keys) {
+		select {
+		case b.owedC <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+}
+
+// owedDue reports whether an owed block has a current owner other than
+// this node to push it to.
+func (b *rebalancer) owedDue() bool {
+	c := b.r.c
+	return b.owed.due(b.r.cfg.Clock.Now(), c.Self(), max(c.Replicas(), 1), c.Owners)
+}
+
 func (b *rebalancer) loop() {
 	defer b.r.workers.Done()
+	base := max(b.r.cfg.RebalanceDelay, b.r.cfg.PeerDownFor)
+	every := base // the retry back-off
+	retry := time.NewTimer(every)
+	retry.Stop()
+	defer retry.Stop()
+	armed := false
+	arm := func() {
+		if !armed {
+			retry.Reset(every)
+			armed = true
+		}
+	}
 	for {
+		retrying := false
 		select {
 		case <-b.r.stop:
 			return
-		case <-b.kick:
-		}
-		// Wait until changes stop for RebalanceDelay.
-		t := time.NewTimer(b.r.cfg.RebalanceDelay)
-	settle:
-		for {
-			select {
-			case <-b.r.stop:
-				t.Stop()
-				return
-			case <-b.kick:
-				t.Reset(b.r.cfg.RebalanceDelay)
-			case <-t.C:
-				break settle
+		case <-b.owedC:
+			arm()
+			continue
+		case <-retry.C:
+			armed = false
+			if !b.owedDue() {
+				continue // the owners are out of the ring: their return is a change
 			}
+			retrying = true
+		case <-b.kick:
+			// Wait until changes stop for RebalanceDelay.
+			t := time.NewTimer(b.r.cfg.RebalanceDelay)
+		settle:
+			for {
+				select {
+				case <-b.r.stop:
+					t.Stop()
+					return
+				case <-b.kick:
+					t.Reset(b.r.cfg.RebalanceDelay)
+				case <-t.C:
+					break settle
+				}
+			}
+			every = base
 		}
+		moved := b.movedBlocks.Load()
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		b.passes.Add(1)
@@ -139,6 +201,15 @@ func (b *rebalancer) loop() {
 		}
 		cancel()
 		b.running.Store(0)
+		if b.owedDue() {
+			switch {
+			case b.movedBlocks.Load() > moved:
+				every = base
+			case retrying:
+				every = min(2*every, maxRetryEvery)
+			}
+			arm()
+		}
 	}
 }
 
@@ -150,6 +221,7 @@ type move struct {
 	depth   int32
 	targets []string
 	demote  bool // this node no longer owns it
+	owed    bool // its push to an owner failed before
 }
 
 // plan scans the DRAM tier for the blocks to move, hottest first, within
@@ -157,20 +229,35 @@ type move struct {
 func (b *rebalancer) plan(ctx context.Context) []move {
 	c := b.r.c
 	self, rep := c.Self(), max(c.Replicas(), 1)
+	owed := b.owed.keys(b.r.cfg.Clock.Now())
+	var seen map[string]bool // owed blocks still held here
 	var moves []move
 	b.scan.Scan(func(ref cache.BlockRef) bool {
 		if ctx.Err() != nil {
 			return false
 		}
-		if ref.LowPriority {
-			return true // a copy: its owner moves it
-		}
 		owners := c.Owners(ref.Namespace, ref.Key)
-		if len(owners) <= rep || !slices.Contains(owners, self) {
+		isOwed := false
+		if len(owed) > 0 {
+			if k := owedKey(ref.Namespace, ref.Key); owed[k] {
+				isOwed = true
+				if seen == nil {
+					seen = map[string]bool{}
+				}
+				seen[k] = true
+			}
+		}
+		switch {
+		case isOwed: // to its current owners, whatever changed
+		case ref.LowPriority:
+			return true // a copy: its owner moves it
+		case len(owners) <= rep || !slices.Contains(owners, self):
 			return true // owner set unchanged, or never ours
 		}
-		m := move{ns: ref.Namespace, key: ref.Key, size: ref.Size, depth: ref.Depth, demote: !slices.Contains(owners[:rep], self)}
-		for _, n := range owners[:rep] {
+		cur := owners[:min(rep, len(owners))]
+		m := move{ns: ref.Namespace, key: ref.Key, size: ref.Size, depth: ref.Depth,
+			demote: !ref.LowPriority && !slices.Contains(cur, self), owed: isOwed}
+		for _, n := range cur {
 			if n != self {
 				m.targets = append(m.targets, n)
 			}
@@ -180,6 +267,15 @@ func (b *rebalancer) plan(ctx context.Context) []move {
 		}
 		return true
 	})
+	if ctx.Err() == nil { // owed blocks no longer held here: nothing to push
+		var gone []string
+		for k := range owed {
+			if !seen[k] {
+				gone = append(gone, k)
+			}
+		}
+		b.owed.settle(gone)
+	}
 	sort.SliceStable(moves, func(i, j int) bool { return moves[i].depth < moves[j].depth })
 	if max := b.r.cfg.RebalanceMaxBytes; max > 0 {
 		var sum int64
@@ -219,7 +315,7 @@ func (b *rebalancer) pass(ctx context.Context) {
 		batch := moves[start:min(start+rebalanceBatch, len(moves))]
 		has := b.lookup(ctx, batch)
 		for i, m := range batch {
-			pushed := false
+			pushed, failed := false, false
 			for _, node := range m.targets {
 				if ctx.Err() != nil {
 					return
@@ -231,7 +327,7 @@ func (b *rebalancer) pass(ctx context.Context) {
 				}
 				v, info, err := b.r.store.Get(ctx, m.ns, m.key, buf)
 				if err != nil {
-					b.skipped.Add(1) // evicted or deleted meanwhile
+					b.skipped.Add(1) // evicted or deleted meanwhile: nothing to owe
 					continue
 				}
 				buf = v[:0]
@@ -244,12 +340,16 @@ func (b *rebalancer) pass(ctx context.Context) {
 						Meta: b.r.description(m.ns, m.key)}}})
 				cancel()
 				if err != nil {
-					b.failed.Add(1)
+					b.failed.Add(1) // owed now (pushNow), pushed again later
+					failed = true
 					continue
 				}
 				pushed = true
 				b.movedBlocks.Add(1)
 				b.movedBy.Add(int64(len(v)))
+			}
+			if m.owed && !failed && ctx.Err() == nil {
+				b.owed.settle([]string{owedKey(m.ns, m.key)})
 			}
 			if pushed && m.demote && ctx.Err() == nil {
 				if err := demote(ctx, b.r.store, m.ns, m.key); err == nil {
@@ -301,6 +401,7 @@ func (b *rebalancer) stats() RebalanceStats {
 		PlannedBlocks: b.plannedBlocks.Load(), PlannedBytes: b.plannedBytes.Load(),
 		MovedBlocks: b.movedBlocks.Load(), MovedBytes: b.movedBy.Load(),
 		Skipped: b.skipped.Load(), Failed: b.failed.Load(), Demoted: b.demoted.Load(),
+		Owed: int64(b.owed.len()), OwedDropped: b.owed.dropped.Load(),
 	}
 }
 

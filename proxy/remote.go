@@ -201,7 +201,7 @@ type RouteConfig struct {
 	// RebalanceRate bounds, in bytes per second, what the rebalancer pushes
 	// to new owners after a membership change (rebalance.go). Default
 	// 64 MiB/s; Off (negative) turns the rebalancer off (new owners then
-	// fill lazily only).
+	// fill lazily only, and failed pushes are not pushed again: owed.go).
 	RebalanceRate int64
 	// RebalanceDelay is how long after the last membership change a pass
 	// starts: changes in a burst make one pass, and the placement view has
@@ -679,8 +679,10 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 	byNode := map[string][]PutItem{}
 	need := map[string]int{}
 	var copies [][]byte // by item, made once for all its owners
+	var orphans []PutItem
 	for k, it := range items {
 		it.Opts.Meta = it.Opts.Meta.Clone()
+		elsewhere := false
 		for i, n := range r.c.Owners(ns, it.Key) {
 			if i >= r.c.Replicas() {
 				break
@@ -699,14 +701,22 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 			}
 			byNode[n] = append(byNode[n], it)
 			need[n]++
+			elsewhere = true
+		}
+		if !elsewhere && it.Opts.LowPriority {
+			orphans = append(orphans, it)
 		}
 	}
+	// Stored as a copy of a block owned elsewhere, whose owner then left
+	// the ring: owed to it, for when it is back (owed.go).
+	r.owe(ns, orphans)
 	if syncN <= 0 {
 		for node, its := range byNode {
 			select {
 			case r.queue <- pushJob{node: node, ns: ns, items: its}:
 			default:
 				r.pushesDropped.Add(int64(len(its)))
+				r.owe(ns, its) // the rebalancer pushes them later
 			}
 		}
 		return nil
@@ -737,11 +747,14 @@ func (r *router) push(ctx context.Context, ns string, items []PutItem, syncN int
 }
 
 // pushNow pushes items to node, unless node failed a call recently.
-// parent is the caller's context (without the router's deadline).
+// parent is the caller's context (without the router's deadline). The
+// items that failed are owed to their owners (owed.go): the rebalancer
+// pushes them again.
 func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []PutItem) error {
 	ok, probe := r.brk.allow(node)
 	if !ok {
 		r.pushFailures.Add(int64(len(items)))
+		r.owe(ns, items)
 		return fmt.Errorf("%w: %s", ErrPeerDown, node)
 	}
 	res, err := r.pusher.Push(ctx, node, ns, items)
@@ -751,6 +764,18 @@ func (r *router) pushNow(ctx, parent context.Context, node, ns string, items []P
 	r.pushFailures.Add(int64(failed))
 	if failed == 0 {
 		return nil
+	}
+	if res == nil {
+		r.owe(ns, items)
+	} else {
+		var owed []PutItem
+		for i, e := range res {
+			// A block too large for the owner's bound stays so: not owed.
+			if e != nil && !errors.Is(e, cache.ErrExists) && !errors.Is(e, cache.ErrTooLarge) && i < len(items) {
+				owed = append(owed, items[i])
+			}
+		}
+		r.owe(ns, owed)
 	}
 	if err == nil {
 		for _, e := range res {

@@ -49,13 +49,20 @@ type fakePeers struct {
 	corrupt atomic.Bool   // when set, Pull and Fetch damage the bytes in transit
 	named   atomic.Bool   // when set, Fetch serves named reads (else ErrNoFetch)
 	nameds  atomic.Int64  // named reads made
+	down    sync.Map      // node → struct{}: Lookup and Push to it fail as a whole (unreachable)
 
 	mu    sync.Mutex
 	lease int64
 	held  map[int64][]byte // the bytes of each lease Acquire granted
 }
 
+// errFakeDown is what calls to a node in fakePeers.down fail with.
+var errFakeDown = fmt.Errorf("%w: fake node down", cache.ErrUnavailable)
+
 func (f *fakePeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) ([]bool, error) {
+	if _, down := f.down.Load(node); down {
+		return nil, errFakeDown
+	}
 	out := make([]bool, len(keys))
 	for i, k := range keys {
 		_, out[i], _ = f.nodes[node].Exists(ctx, ns, k, ScopeLocal)
@@ -176,6 +183,9 @@ func (f *fakePeers) liveLeases() int {
 }
 
 func (f *fakePeers) Push(ctx context.Context, node, ns string, items []PutItem) ([]error, error) {
+	if _, down := f.down.Load(node); down {
+		return nil, errFakeDown
+	}
 	f.pushes.Add(int64(len(items)))
 	if f.onPush != nil {
 		for _, it := range items {

@@ -463,6 +463,11 @@ func (p *Proxy) commit(ctx context.Context, items []CommitItem, withNext bool) (
 			}
 			pushes[e.ns] = append(pushes[e.ns], PutItem{Key: e.key, Value: value, Opts: opts})
 		}
+		if err == nil && !existed && !push && e.opts.LowPriority && rt != nil {
+			// Reserved as a copy of a block owned elsewhere, whose owner
+			// has left the ring since: owed to it (owed.go).
+			rt.owe(e.ns, []PutItem{{Key: e.key}})
+		}
 		switch {
 		case errors.Is(err, cache.ErrLeaseExpired):
 			s.reclaimed.Add(1)

@@ -193,6 +193,7 @@ type routeCollector struct {
 	peerFetches, peerBytes, peerFails, peerLatency, xferIn, xferOut                                   *prometheus.Desc
 
 	rbPasses, rbCancelled, rbRunning, rbPlanned, rbPlannedBytes, rbMoved, rbMovedBytes, rbSkipped, rbFailed, rbDemoted *prometheus.Desc
+	rbOwed, rbOwedDropped                                                                                              *prometheus.Desc
 	hotCreated, hotEvicted, hotRefused, hotLive, hotBytes, peerHot, peerNamed                                          *prometheus.Desc
 	joinRounds, joinFailures                                                                                           *prometheus.Desc
 }
@@ -234,6 +235,8 @@ func newRouteCollector(p *proxy.Proxy, cn *clusterNode) *routeCollector {
 		rbSkipped:      d("tidepool_rebalance_skipped_total", "Planned moves skipped: the new owner had the block, or it left this node meanwhile.", nil, nil),
 		rbFailed:       d("tidepool_rebalance_failed_total", "Planned moves whose push failed.", nil, nil),
 		rbDemoted:      d("tidepool_rebalance_demoted_total", "Moved blocks this node no longer owns, kept as low-priority copies.", nil, nil),
+		rbOwed:         d("tidepool_rebalance_owed_blocks", "Blocks whose push to an owner failed, waiting to be pushed again by the rebalancer.", nil, nil),
+		rbOwedDropped:  d("tidepool_rebalance_owed_dropped_total", "Owed blocks given up: still owed after 5 minutes, or past the bound on owed blocks.", nil, nil),
 		hotCreated:     d("tidepool_hot_replicas_created_total", "Blocks fetched often enough to be kept as full-priority hot replicas.", nil, nil),
 		hotEvicted:     d("tidepool_hot_replicas_evicted_total", "Hot replicas ended, by reason: expired (demoted to a low-priority copy after hot_ttl) or lost (evicted or deleted first).", []string{"reason"}, nil),
 		hotRefused:     d("tidepool_hot_replicas_refused_total", "Hot promotions refused because hot_max_replicas or hot_max_bytes was reached.", nil, nil),
@@ -250,7 +253,7 @@ func (c *routeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.lookups, c.fetches, c.remoteHits, c.fetchFails, c.pushes, c.pushFails, c.pushDrops, c.queue, c.coalesced, c.readsThrough,
 		c.fastFails, c.downOpens, c.peersDown, c.remoteDeletes, c.remoteDeleteErrs,
 		c.peerFetches, c.peerBytes, c.peerFails, c.peerLatency, c.xferIn, c.xferOut,
-		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted,
+		c.rbPasses, c.rbCancelled, c.rbRunning, c.rbPlanned, c.rbPlannedBytes, c.rbMoved, c.rbMovedBytes, c.rbSkipped, c.rbFailed, c.rbDemoted, c.rbOwed, c.rbOwedDropped,
 		c.hotCreated, c.hotEvicted, c.hotRefused, c.hotLive, c.hotBytes, c.peerHot, c.peerNamed, c.joinRounds, c.joinFailures} {
 		ch <- d
 	}
@@ -302,6 +305,8 @@ func (c *routeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- m(c.rbSkipped, ctr, float64(rb.Skipped))
 	ch <- m(c.rbFailed, ctr, float64(rb.Failed))
 	ch <- m(c.rbDemoted, ctr, float64(rb.Demoted))
+	ch <- m(c.rbOwed, g, float64(rb.Owed))
+	ch <- m(c.rbOwedDropped, ctr, float64(rb.OwedDropped))
 	ch <- m(c.hotCreated, ctr, float64(hot.Created))
 	ch <- m(c.hotEvicted, ctr, float64(hot.Expired), "expired")
 	ch <- m(c.hotEvicted, ctr, float64(hot.Lost), "lost")
