@@ -308,12 +308,15 @@ func (t *Tier) Stat(ctx context.Context, ns string, key []byte) (cache.Info, boo
 	return b.info(), true
 }
 
-// PresentPrefix returns how many of keys, from the first, are present: the
-// index of the first missing (or invalid) key, or len(keys). It resolves
-// the namespace once and holds each key's shard lock only for the index
-// lookup: the path of Lookup, which asks about hundreds of keys per call.
-// Like Stat it neither pins nor counts as a read.
-func (t *Tier) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int {
+// Present returns how many of keys, from the first, are present: the
+// index of the first missing (or invalid) key, or len(keys). With present
+// nil it stops there; else (len(present) == len(keys)) it goes on to the
+// end and sets present[i] to whether key i is present, for every key. It
+// resolves the namespace once and holds each key's shard lock only for the
+// index lookup: the path of Lookup, which asks about hundreds of keys per
+// call. Like Stat it neither pins nor counts as a read.
+func (t *Tier) Present(ctx context.Context, ns string, keys [][]byte, present []bool) int {
+	clear(present)
 	if ctx.Err() != nil {
 		return 0
 	}
@@ -321,20 +324,27 @@ func (t *Tier) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int 
 	if nss == nil {
 		return 0
 	}
+	prefix := len(keys)
 	for i, key := range keys {
-		if t.checkKey(key) != nil {
-			return i
+		ok := t.checkKey(key) == nil
+		if ok {
+			sh := t.shardFor(nss.id, key)
+			sh.mu.Lock()
+			_, ok = sh.m[nss.id][string(key)]
+			ok = ok && !sh.closed
+			sh.mu.Unlock()
 		}
-		sh := t.shardFor(nss.id, key)
-		sh.mu.Lock()
-		_, ok := sh.m[nss.id][string(key)]
-		ok = ok && !sh.closed
-		sh.mu.Unlock()
-		if !ok {
+		switch {
+		case present != nil:
+			present[i] = ok
+			if !ok && prefix == len(keys) {
+				prefix = i
+			}
+		case !ok:
 			return i
 		}
 	}
-	return len(keys)
+	return prefix
 }
 
 // Delete removes (ns, key) and reports whether it was present. A pinned
