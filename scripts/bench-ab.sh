@@ -18,15 +18,20 @@
 #
 # Environment: BIN_A, BIN_B (required); ROUNDS (default 5); DURATION
 # seconds per run (default 2); NODE_CAPACITY MiB of DRAM per node (default
-# 512); PY, a Python with the tidepool client's dependencies (crc32c,
-# thrift; default .venv-mooncake/bin/python, else python3); KEEP_WORK=1
-# keeps the scratch directory (the serves' logs).
+# 512); SETTLE seconds to wait once the clusters are up (default 0; 130
+# lets a node's view drop the rings from before the cluster formed, whose
+# owners it otherwise asks too for clusterview's 2-minute grace, as a
+# cluster long formed has: scripts/bench-vs-mooncake.sh's lookup rows run
+# minutes after its start); PY, a Python with the tidepool client's
+# dependencies (crc32c, thrift; default .venv-mooncake/bin/python, else
+# python3); KEEP_WORK=1 keeps the scratch directory (the serves' logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${BIN_A:?BIN_A: the first tidepool binary}" "${BIN_B:?BIN_B: the second tidepool binary}"
 ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-2}
 NODE_CAPACITY=${NODE_CAPACITY:-512}
+SETTLE=${SETTLE:-0}
 KEEP_WORK=${KEEP_WORK:-0}
 PY=${PY:-}
 if [[ -z $PY ]]; then
@@ -95,6 +100,10 @@ start_pair() {
 start_pair a "$BIN_A"
 start_pair b "$BIN_B"
 log "clusters up: a from $BIN_A, b from $BIN_B; load $(cut -d' ' -f1-3 /proc/loadavg)"
+if ((SETTLE > 0)); then
+	log "settling for $SETTLE s"
+	sleep "$SETTLE"
+fi
 
 RESULTS=$WORK/results.jsonl
 : >"$RESULTS"
