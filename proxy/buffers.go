@@ -125,9 +125,10 @@ func landIn(dst []byte) func(RemoteBlock) ([]byte, error) {
 // (Store.Get: from the DRAM arenas, checked as it is copied, in one pass;
 // else read by the store straight into dst).
 func (p *Proxy) copyLocal(ctx context.Context, ns string, key, dst []byte) (int64, cache.Info, error) {
-	// Store.Get writes into dst only when the block fits; a longer one
-	// comes back in a slice of its own, dst untouched.
-	v, info, err := p.store.Get(ctx, ns, key, dst[:0])
+	// Store.Get writes into dst only when the block fits in its capacity
+	// (cut to its length here: nothing past it is the caller's to write);
+	// a longer one comes back in a slice of its own, dst untouched.
+	v, info, err := p.store.Get(ctx, ns, key, dst[:0:len(dst)])
 	if err != nil {
 		return 0, cache.Info{}, err
 	}
