@@ -56,16 +56,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-wait_for() { # FILE PATTERN SECONDS
-	local deadline=$((SECONDS + $3))
-	while ((SECONDS < deadline)); do
-		grep -q -- "$2" "$1" 2>/dev/null && return 0
-		sleep 0.2
-	done
-	log "timed out waiting for '$2' in $1"
-	tail -n 20 "$1" >&2
-	return 1
-}
+# shellcheck source=lib/wait-for.sh
+source scripts/lib/wait-for.sh
 
 # start_pair NAME BIN: two clustered serves; their sockets are
 # $WORK/NAME1/tp.sock and $WORK/NAME2/tp.sock.
