@@ -121,25 +121,16 @@ func landIn(dst []byte) func(RemoteBlock) ([]byte, error) {
 	}
 }
 
-// copyLocal copies the block of (ns, key) from this node's tiers into dst:
-// from the DRAM arenas pinned in place, else (a slower tier) read by the
-// store straight into dst. The pins are released even when the copy
-// faults (a caller's mapping that could not be written: engineapi's
-// buffer socket recovers it).
-func (p *Proxy) copyLocal(ctx context.Context, ns string, key, dst []byte) (_ int64, _ cache.Info, err error) {
-	var pins Pins
-	defer func() {
-		if rerr := pins.Release(); err == nil && rerr != nil {
-			err = rerr // the pin's lease ended before the copy did: the bytes may be wrong
-		}
-	}()
-	v, info, pinned := p.pin(ctx, ns, key, &pins)
-	if !pinned {
-		// Store.Get writes into dst only when the block fits; a longer one
-		// comes back in a slice of its own, dst untouched.
-		if v, info, err = p.store.Get(ctx, ns, key, dst[:0]); err != nil {
-			return 0, cache.Info{}, err
-		}
+// copyLocal copies the block of (ns, key) from this node's tiers into dst
+// (Store.Get: from the DRAM arenas, checked as it is copied, in one pass;
+// else read by the store straight into dst).
+func (p *Proxy) copyLocal(ctx context.Context, ns string, key, dst []byte) (int64, cache.Info, error) {
+	// Store.Get writes into dst only when the block fits in its capacity
+	// (cut to its length here: nothing past it is the caller's to write);
+	// a longer one comes back in a slice of its own, dst untouched.
+	v, info, err := p.store.Get(ctx, ns, key, dst[:0:len(dst)])
+	if err != nil {
+		return 0, cache.Info{}, err
 	}
 	if len(v) > len(dst) {
 		return 0, cache.Info{}, fmt.Errorf("%w: block of %d bytes, buffer of %d", cache.ErrTooLarge, len(v), len(dst))

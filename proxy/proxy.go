@@ -514,28 +514,59 @@ func (p *Proxy) Lookup(ctx context.Context, ns string, keys [][]byte, scope Scop
 	if err := p.checkAllKeys(ns, keys); err != nil {
 		return 0, err
 	}
-	local := p.store.PresentPrefix(ctx, ns, keys)
+	local := p.store.Present(ctx, ns, keys, nil)
 	r := p.clusterRouter(scope)
 	if r == nil || local == len(keys) {
 		return local, nil
 	}
-	// Ask the owners about the rest of the chain, all at once; blocks held
-	// here past the first local miss count too.
+	return local + p.lookupPast(ctx, r, ns, keys[local:]), nil
+}
+
+// lookupPast is the cluster part of Lookup: the length of the prefix of
+// keys present in the cluster, keys[0] being absent here (the local prefix
+// ended there). Blocks held here past it count too; the others are asked
+// of their other owners, in one call per owner, but only up to the first
+// key absent here that no other node owns: the prefix cannot pass it.
+func (p *Proxy) lookupPast(ctx context.Context, r *router, ns string, keys [][]byte) int {
 	present := make([]bool, len(keys))
-	for i := range present {
-		if i < local {
-			present[i] = true
-		} else if i > local {
-			_, present[i] = p.store.Stat(ctx, ns, keys[i])
+	p.store.Present(ctx, ns, keys[1:], present[1:])
+	owners := make([][]string, len(keys))
+	end := len(keys)
+	for i, k := range keys {
+		if present[i] {
+			continue
+		}
+		if owners[i] = r.remoteOwners(ns, k); len(owners[i]) == 0 {
+			end = i
+			break
 		}
 	}
-	r.lookupRemote(ctx, ns, keys, present)
-	for i, ok := range present {
+	r.askOwners(ctx, ns, keys[:end], owners[:end], present[:end])
+	for i, ok := range present[:end] {
 		if !ok {
-			return i, nil
+			return i
 		}
 	}
-	return len(keys), nil
+	return end
+}
+
+// Held reports, per key, whether this node holds the block, in any tier:
+// what a peer's Lookup asks. An invalid key is not held.
+func (p *Proxy) Held(ctx context.Context, ns string, keys [][]byte) ([]bool, error) {
+	if err := p.checkBatch(len(keys)); err != nil {
+		return nil, err
+	}
+	if err := p.checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	held := make([]bool, len(keys))
+	p.store.Present(ctx, ns, keys, held)
+	for i, k := range keys {
+		if held[i] && p.checkKey(k) != nil {
+			held[i] = false
+		}
+	}
+	return held, nil
 }
 
 // Delete removes one block; deleted is false when it was absent. In

@@ -52,13 +52,20 @@ func (s *mapStore) Stat(_ context.Context, ns string, key []byte) (cache.Info, b
 	return cache.Info{Size: int64(len(v)), Tier: "map"}, ok
 }
 
-func (s *mapStore) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int {
+func (s *mapStore) Present(ctx context.Context, ns string, keys [][]byte, present []bool) int {
+	n := len(keys)
 	for i, k := range keys {
-		if _, ok := s.Stat(ctx, ns, k); !ok {
+		_, ok := s.Stat(ctx, ns, k)
+		if present != nil {
+			present[i] = ok
+		} else if !ok {
 			return i
 		}
+		if !ok && n == len(keys) {
+			n = i
+		}
 	}
-	return len(keys)
+	return n
 }
 
 func (s *mapStore) Delete(_ context.Context, ns string, key []byte) (bool, error) {

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -502,10 +503,14 @@ func (p *Proxy) clusterRouter(scope Scope) *router {
 }
 
 // remoteOwners are the owners of (ns, key) other than this node.
+// The slice may be the cluster view's own: callers only read it.
 func (r *router) remoteOwners(ns string, key []byte) []string {
 	self := r.c.Self()
 	all := r.c.Owners(ns, key)
-	out := all[:0:0]
+	if !slices.Contains(all, self) {
+		return all
+	}
+	out := make([]string, 0, len(all)-1)
 	for _, n := range all {
 		if n != self {
 			out = append(out, n)
@@ -574,13 +579,19 @@ func perNode[G comparable](groups map[G][]int, keys [][]byte, fn func(g G, idx [
 // owner after a membership change), and so on. present[i] is set for keys
 // some owner holds; the returned holders[i] names that owner.
 func (r *router) lookupRemote(ctx context.Context, ns string, keys [][]byte, present []bool) (holders []string) {
-	holders = make([]string, len(keys))
 	owners := make([][]string, len(keys))
 	for i, k := range keys {
 		if !present[i] {
 			owners[i] = r.remoteOwners(ns, k)
 		}
 	}
+	return r.askOwners(ctx, ns, keys, owners, present)
+}
+
+// askOwners is lookupRemote with each absent key's remote owners given
+// (owners[i], in the order to ask them).
+func (r *router) askOwners(ctx context.Context, ns string, keys [][]byte, owners [][]string, present []bool) (holders []string) {
+	holders = make([]string, len(keys))
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.RemoteTimeout)
 	defer cancel()

@@ -50,6 +50,7 @@ type fakePeers struct {
 	named   atomic.Bool   // when set, Fetch serves named reads (else ErrNoFetch)
 	nameds  atomic.Int64  // named reads made
 	down    sync.Map      // node → struct{}: Lookup and Push to it fail as a whole (unreachable)
+	asked   atomic.Int64  // keys asked by Lookup
 
 	mu    sync.Mutex
 	lease int64
@@ -63,6 +64,7 @@ func (f *fakePeers) Lookup(ctx context.Context, node, ns string, keys [][]byte) 
 	if _, down := f.down.Load(node); down {
 		return nil, errFakeDown
 	}
+	f.asked.Add(int64(len(keys)))
 	out := make([]bool, len(keys))
 	for i, k := range keys {
 		_, out[i], _ = f.nodes[node].Exists(ctx, ns, k, ScopeLocal)
@@ -533,5 +535,53 @@ func TestQueuedPushKeepsItsOwnCopy(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no push")
+	}
+}
+
+// TestLookupAsksUpToItsOwnMiss: a cluster Lookup counts blocks held here
+// past the first local miss, asks the other owners about the rest in one
+// call, and asks nothing past the first key absent here that this node
+// alone owns (the prefix cannot pass it).
+func TestLookupAsksUpToItsOwnMiss(t *testing.T) {
+	ctx := context.Background()
+	ps, peers := newFakeCluster(t, "a", "b")
+	owned := map[string][][]byte{}
+	c := &fakeCluster{self: "a", nodes: []string{"a", "b"}}
+	for i := 0; len(owned["a"]) < 4 || len(owned["b"]) < 6; i++ {
+		k := []byte(fmt.Sprint("chain-", i))
+		owned[c.Owners("ns", k)[0]] = append(owned[c.Owners("ns", k)[0]], k)
+	}
+	put := func(node string, k []byte) {
+		t.Helper()
+		if _, err := ps[node].Put(ctx, "ns", k, []byte("v"), cache.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := owned["a"], owned["b"]
+	for _, k := range b[:5] {
+		put("b", k)
+	}
+	for _, k := range a[:2] {
+		put("a", k)
+	}
+	put("a", b[4]) // a copy of b's block here
+	cases := []struct {
+		name  string
+		keys  [][]byte
+		want  int
+		asked int64 // keys asked of b
+	}{
+		{"all held, b's asked", [][]byte{b[0], a[0], b[1], a[1], b[2]}, 5, 3},
+		{"a copy here is not asked", [][]byte{b[0], b[4], a[0]}, 3, 1},
+		{"stops at a's own miss", [][]byte{b[0], a[0], b[1], a[2], b[2], b[3]}, 3, 2},
+		{"b lacks one", [][]byte{b[0], b[5], a[0], b[1]}, 1, 3},
+		{"a's own miss first", [][]byte{a[0], a[3], b[0]}, 1, 0},
+	}
+	for _, tc := range cases {
+		before := peers["a"].asked.Load()
+		n, err := ps["a"].Lookup(ctx, "ns", tc.keys, ScopeCluster)
+		if asked := peers["a"].asked.Load() - before; err != nil || n != tc.want || asked != tc.asked {
+			t.Errorf("%s: Lookup = %d, %v, %d keys asked; want %d, %d asked", tc.name, n, err, asked, tc.want, tc.asked)
+		}
 	}
 }

@@ -19,9 +19,11 @@ type Store interface {
 	Put(ctx context.Context, ns string, key, value []byte, opts cache.PutOptions) (existed bool, err error)
 	Get(ctx context.Context, ns string, key, dst []byte) ([]byte, cache.Info, error)
 	Stat(ctx context.Context, ns string, key []byte) (cache.Info, bool)
-	// PresentPrefix returns how many of keys, from the first, are present,
-	// as Stat would say key by key, in one pass (Lookup).
-	PresentPrefix(ctx context.Context, ns string, keys [][]byte) int
+	// Present returns how many of keys, from the first, are present, as
+	// Stat would say key by key, in one pass (Lookup). With present set
+	// (as long as keys) it goes on past the first missing key and sets
+	// present[i] to whether key i is present, for every key.
+	Present(ctx context.Context, ns string, keys [][]byte, present []bool) int
 	Delete(ctx context.Context, ns string, key []byte) (bool, error)
 	Clear(ctx context.Context, ns string) (int64, error)
 	Stats() cache.Stats

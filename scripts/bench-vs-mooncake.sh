@@ -186,17 +186,8 @@ fi
 # shellcheck source=lib/free-port.sh
 source scripts/lib/free-port.sh
 
-# wait_for FILE PATTERN SECONDS: polls until FILE contains PATTERN.
-wait_for() {
-	local deadline=$((SECONDS + $3))
-	while ((SECONDS < deadline)); do
-		grep -q -- "$2" "$1" 2>/dev/null && return 0
-		sleep 0.2
-	done
-	log "timed out waiting for '$2' in $1:"
-	tail -n 20 "$1" >&2
-	return 1
-}
+# shellcheck source=lib/wait-for.sh
+source scripts/lib/wait-for.sh
 
 # ---- Mooncake: master (+ HTTP metadata) and two real clients ---------------
 # start_master NAME [MASTER FLAGS...]: a master with its HTTP metadata

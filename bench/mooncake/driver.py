@@ -768,8 +768,9 @@ def measure_once(args, keep_lat=False):
     ok, fail = sum(r["ok"] for r in rs), sum(r["fail"] for r in rs)
     lat = sorted(x for r in rs for x in r["lat"])
     p50 = lat[len(lat) // 2] * 1e6 if lat else 0.0
+    p99 = lat[min(len(lat) - 1, len(lat) * 99 // 100)] * 1e6 if lat else 0.0
     out = {"system": args.system, "workload": args.workload, "conc": args.conc, "ok": ok, "fail": fail,
-           "seconds": t1 - t0, "p50_us": round(p50, 1)}
+           "seconds": t1 - t0, "p50_us": round(p50, 1), "p99_us": round(p99, 1), "calls": len(lat)}
     if keep_lat:
         out.update(lat=lat, bytes=sum(r["bytes"] for r in rs))
     if keys is not None and args.workload != "remote-get":

@@ -40,7 +40,7 @@ func checkHead(t *testing.T, tr *Tier, errs []error, least int) int {
 	for d := range keys {
 		keys[d] = fmt.Appendf(nil, "c%d", d)
 	}
-	if n := tr.PresentPrefix(ctx, "ns", keys); n != k {
+	if n := tr.Present(ctx, "ns", keys, nil); n != k {
 		t.Errorf("present prefix %d, want the head of %d", n, k)
 	}
 	for d := k; d < len(errs); d++ {
@@ -211,7 +211,7 @@ func TestChainNamedParent(t *testing.T) {
 	for d := range keys {
 		keys[d] = fmt.Appendf(nil, "c%d", d)
 	}
-	n := tr.PresentPrefix(ctx, "ns", keys)
+	n := tr.Present(ctx, "ns", keys, nil)
 	for d := n; d < 16; d++ {
 		if _, ok := tr.Stat(ctx, "ns", keys[d]); ok {
 			t.Errorf("block %d held past a missing block %d: an orphan (head %d, stored %d)", d, n, n, k)

@@ -406,8 +406,10 @@ type shard struct {
 	ops     int
 	closed  bool
 	touches [touchBatch]uint64
-	nt      int
-	_       [64]byte // keep neighbouring shards' locks off one cache line
+	// nt is how many of touches are recorded (written under mu; read
+	// without it by flushTouches, to pass over a shard with none).
+	nt atomic.Int32
+	_  [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 // block is the metadata of one stored value.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -855,9 +856,9 @@ func TestCloseWhileBusy(t *testing.T) {
 	wg.Wait()
 }
 
-// TestPresentPrefix: the present prefix of a key list, as Stat says key by
-// key, without counting reads.
-func TestPresentPrefix(t *testing.T) {
+// TestPresent: the present prefix of a key list, as Stat says key by key,
+// without counting reads; with a present slice, every key's presence.
+func TestPresent(t *testing.T) {
 	cfg, _ := testConfig(t, 4<<20)
 	tr := newTier(t, cfg)
 	putN(t, tr, "m1", 4, 100, cache.PutOptions{}) // k0..k3
@@ -873,33 +874,41 @@ func TestPresentPrefix(t *testing.T) {
 		ns   string
 		keys [][]byte
 		want int
+		each []bool // every key's answer
 	}{
-		{"none asked", "m1", nil, 0},
-		{"all present", "m1", keys("k0", "k1", "k2", "k3"), 4},
-		{"first missing", "m1", keys("x", "k0"), 0},
-		{"gap", "m1", keys("k0", "k1", "x", "k3"), 2},
-		{"unknown namespace", "m2", keys("k0"), 0},
-		{"empty key", "m1", keys("k0", ""), 1},
-		{"key too long", "m1", [][]byte{[]byte("k0"), make([]byte, 1000)}, 1},
+		{"none asked", "m1", nil, 0, []bool{}},
+		{"all present", "m1", keys("k0", "k1", "k2", "k3"), 4, []bool{true, true, true, true}},
+		{"first missing", "m1", keys("x", "k0"), 0, []bool{false, true}},
+		{"gap", "m1", keys("k0", "k1", "x", "k3"), 2, []bool{true, true, false, true}},
+		{"unknown namespace", "m2", keys("k0"), 0, []bool{false}},
+		{"empty key", "m1", keys("k0", "", "k1"), 1, []bool{true, false, true}},
+		{"key too long", "m1", [][]byte{[]byte("k0"), make([]byte, 1000)}, 1, []bool{true, false}},
 	}
 	before := tr.Stats().Tiers[0]
 	for _, c := range cases {
-		if got := tr.PresentPrefix(ctx, c.ns, c.keys); got != c.want {
+		if got := tr.Present(ctx, c.ns, c.keys, nil); got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+		each := make([]bool, len(c.keys))
+		for i := range each {
+			each[i] = true // overwritten: every key is answered
+		}
+		if got := tr.Present(ctx, c.ns, c.keys, each); got != c.want || !slices.Equal(each, c.each) {
+			t.Errorf("%s, every key: %d %v, want %d %v", c.name, got, each, c.want, c.each)
 		}
 	}
 	if after := tr.Stats().Tiers[0]; after.Hits != before.Hits || after.Misses != before.Misses {
-		t.Errorf("PresentPrefix counted reads: %+v -> %+v", before, after)
+		t.Errorf("Present counted reads: %+v -> %+v", before, after)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if got := tr.PresentPrefix(cctx, "m1", keys("k0")); got != 0 {
+	if got := tr.Present(cctx, "m1", keys("k0"), nil); got != 0 {
 		t.Errorf("cancelled context: %d", got)
 	}
 }
 
 // TestChecksumMismatchRemoves: with VerifyReads, a block whose bytes went
-// bad is removed by the read that finds it (Get or Pin): Stat and PresentPrefix stop
+// bad is removed by the read that finds it (Get or Pin): Stat and Present stop
 // reporting it, the read counts as a miss (Get) or not at all (Pin, whose
 // caller goes on to Get), and the next Put stores a good copy.
 func TestChecksumMismatchRemoves(t *testing.T) {
@@ -937,8 +946,8 @@ func TestChecksumMismatchRemoves(t *testing.T) {
 			if _, ok := tr.Stat(ctx, "ns", key); ok {
 				t.Fatal("corrupt block still reported by Stat")
 			}
-			if n := tr.PresentPrefix(ctx, "ns", [][]byte{key}); n != 0 {
-				t.Fatal("corrupt block still counted by PresentPrefix")
+			if n := tr.Present(ctx, "ns", [][]byte{key}, nil); n != 0 {
+				t.Fatal("corrupt block still counted by Present")
 			}
 			st := tr.Stats()
 			ts, ns := st.Tiers[0], st.Namespaces[0]

@@ -141,11 +141,12 @@ func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, 
 	// shard lock.
 	var batch [touchBatch]uint64
 	full := false
-	sh.touches[sh.nt] = b.id
-	sh.nt++
-	if sh.nt == touchBatch {
+	nt := sh.nt.Load()
+	sh.touches[nt] = b.id
+	sh.nt.Store(nt + 1)
+	if nt+1 == touchBatch {
 		batch = sh.touches
-		sh.nt = 0
+		sh.nt.Store(0)
 		full = true
 	}
 	sh.mu.Unlock()
@@ -164,14 +165,21 @@ func (t *Tier) acquire(l *Lease, nss *nsState, key []byte, lease time.Duration, 
 	return nil
 }
 
-// flushTouches hands every recorded read to the policy.
+// flushTouches hands every recorded read to the policy. A shard with none
+// recorded is passed over without its lock (a put that must evict calls
+// this each time: under a stream of puts and no reads, 64 lock round trips
+// for nothing); a read recorded meanwhile goes with the next flush, as one
+// recorded just after its shard's turn always did.
 func (t *Tier) flushTouches() {
 	var batch [touchBatch]uint64
 	for i := range t.shards {
 		sh := &t.shards[i]
+		if sh.nt.Load() == 0 {
+			continue
+		}
 		sh.mu.Lock()
-		n := copy(batch[:], sh.touches[:sh.nt])
-		sh.nt = 0
+		n := copy(batch[:], sh.touches[:sh.nt.Load()])
+		sh.nt.Store(0)
 		sh.mu.Unlock()
 		if n == 0 {
 			continue

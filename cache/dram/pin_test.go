@@ -3,8 +3,12 @@ package dram
 import (
 	"bytes"
 	"errors"
+	"os"
+	"runtime/debug"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tidepool-kv/tidepool/cache"
 )
@@ -304,5 +308,50 @@ func TestLeaseNotLengthenedByTierPins(t *testing.T) {
 		if err := l.Release(); !errors.Is(err, cache.ErrLeaseExpired) && err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestGetFaultReleasesPin: a Get whose copy faults writing the caller's
+// memory (a mapping whose file shrank, as a buffer socket client's can)
+// panics with the fault, as the engine API's buffer socket expects, and
+// leaves no pin behind: the block, deleted, is freed at once.
+func TestGetFaultReleasesPin(t *testing.T) {
+	cfg, _ := testConfig(t, 4<<20)
+	tr := newTier(t, cfg)
+	val := pattern("k", 64<<10)
+	if _, err := tr.Put(ctx, "ns", []byte("k"), val, cache.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "dst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(len(val))); err != nil {
+		t.Fatal(err)
+	}
+	dst, err := unix.Mmap(int(f.Fd()), 0, len(val), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(dst)
+	if err := f.Truncate(0); err != nil { // every page of dst now faults
+		t.Fatal(err)
+	}
+	faulted := func() (fault any) {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() { fault = recover() }()
+		tr.Get(ctx, "ns", []byte("k"), dst)
+		return nil
+	}()
+	if faulted == nil {
+		t.Fatal("Get into a truncated mapping did not fault")
+	}
+	used := tr.Stats().Tiers[0].UsedBytes
+	if ok, err := tr.Delete(ctx, "ns", []byte("k")); !ok || err != nil {
+		t.Fatalf("Delete: %v %v", ok, err)
+	}
+	if after := tr.Stats().Tiers[0].UsedBytes; after >= used {
+		t.Fatalf("used %d -> %d: the faulted Get still pins the block", used, after)
 	}
 }

@@ -89,7 +89,7 @@ func TestScrubRate(t *testing.T) {
 }
 
 // TestScrubRemovesDamaged: a block damaged in place is found by the next
-// pass, removed as a verified read removes it (Stat, PresentPrefix), and
+// pass, removed as a verified read removes it (Stat, Present), and
 // counted; the other blocks stay, and a re-Put stores a good copy.
 func TestScrubRemovesDamaged(t *testing.T) {
 	cfg, fc := testConfig(t, 4<<20)
@@ -127,8 +127,8 @@ func TestScrubRemovesDamaged(t *testing.T) {
 	if _, ok := tr.Stat(ctx, "ns", keys[1]); ok {
 		t.Fatal("damaged block still reported by Stat")
 	}
-	if n := tr.PresentPrefix(ctx, "ns", keys); n != 1 {
-		t.Fatalf("PresentPrefix = %d, want 1", n)
+	if n := tr.Present(ctx, "ns", keys, nil); n != 1 {
+		t.Fatalf("Present = %d, want 1", n)
 	}
 	ts := tr.Stats().Tiers[0]
 	if ts.ChecksumFailures != 1 || ts.Blocks != 2 || ts.UsedBytes != 2*footprint(100000) {

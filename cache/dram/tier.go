@@ -97,7 +97,7 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	}
 	// The checksum is of the caller's bytes, so that a fault in the arena
 	// copy is caught by the scrubber or a verified read.
-	crc := copyChecksum(t.bytes(off, size), value, false)
+	crc := crc32c.Copy(t.bytes(off, size), value) // one pass: copy and checksum fused
 	if opts.HasChecksum && crc != opts.Checksum {
 		t.freeBlockMem(&block{off: off, size: size, foot: foot})
 		t.opDone(sh)
@@ -143,32 +143,6 @@ func (t *Tier) put(ctx context.Context, ns string, key, value []byte, opts cache
 	return false, nil
 }
 
-// copyChunk is the piece copyChecksum copies before checksumming it, small
-// enough to still be in L1/L2 cache when the checksum reads it, and a
-// multiple of the 12 KiB pieces of cache.Checksum's fast kernel.
-const copyChunk = 48 << 10
-
-// copyChecksum copies src to dst (same length) and returns the CRC-32C of
-// the bytes as read back from dst (ofDst) or from src, reading them from
-// memory once.
-func copyChecksum(dst, src []byte, ofDst bool) uint32 {
-	if !ofDst {
-		return crc32c.Copy(dst, src) // one pass: copy and checksum fused
-	}
-	var crc uint32
-	for len(src) > 0 {
-		n := min(len(src), copyChunk)
-		copy(dst[:n], src[:n])
-		if ofDst {
-			crc = cache.UpdateChecksum(crc, dst[:n])
-		} else {
-			crc = cache.UpdateChecksum(crc, src[:n])
-		}
-		dst, src = dst[n:], src[n:]
-	}
-	return crc
-}
-
 func (t *Tier) opDone(sh *shard) {
 	sh.mu.Lock()
 	sh.ops--
@@ -208,8 +182,10 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 	} else {
 		dst = make([]byte, b.size)
 	}
-	// The checksum is of the copy: what the caller gets is what was put.
-	sum := copyChecksum(dst, t.bytes(b.off, b.size), true)
+	// One pass: the checksum is of the bytes as read from the arena, the
+	// very bytes the copy writes, so what the caller gets is what was put
+	// (and a caller writing into dst meanwhile cannot fail the check).
+	sum := t.copyOut(&l, dst, t.bytes(b.off, b.size))
 	if err := t.release(&l); err != nil {
 		return nil, cache.Info{}, err
 	}
@@ -220,6 +196,19 @@ func (t *Tier) Get(ctx context.Context, ns string, key []byte, dst []byte) ([]by
 		return nil, cache.Info{}, t.checksumMismatch(b, sum, true)
 	}
 	return dst, b.info(), nil
+}
+
+// copyOut copies src, the bytes of l's block, to dst and returns their
+// CRC-32C. A fault writing dst (a caller's mapping that shrank: the engine
+// API's buffer socket recovers it) releases l before it goes on up.
+func (t *Tier) copyOut(l *Lease, dst, src []byte) uint32 {
+	defer func() {
+		if r := recover(); r != nil {
+			_ = t.release(l)
+			panic(r)
+		}
+	}()
+	return crc32c.Copy(dst, src)
 }
 
 // checksumMismatch handles a read of b whose bytes have CRC-32C sum:
@@ -308,12 +297,15 @@ func (t *Tier) Stat(ctx context.Context, ns string, key []byte) (cache.Info, boo
 	return b.info(), true
 }
 
-// PresentPrefix returns how many of keys, from the first, are present: the
-// index of the first missing (or invalid) key, or len(keys). It resolves
-// the namespace once and holds each key's shard lock only for the index
-// lookup: the path of Lookup, which asks about hundreds of keys per call.
-// Like Stat it neither pins nor counts as a read.
-func (t *Tier) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int {
+// Present returns how many of keys, from the first, are present: the
+// index of the first missing (or invalid) key, or len(keys). With present
+// nil it stops there; else (len(present) == len(keys)) it goes on to the
+// end and sets present[i] to whether key i is present, for every key. It
+// resolves the namespace once and holds each key's shard lock only for the
+// index lookup: the path of Lookup, which asks about hundreds of keys per
+// call. Like Stat it neither pins nor counts as a read.
+func (t *Tier) Present(ctx context.Context, ns string, keys [][]byte, present []bool) int {
+	clear(present)
 	if ctx.Err() != nil {
 		return 0
 	}
@@ -321,20 +313,27 @@ func (t *Tier) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int 
 	if nss == nil {
 		return 0
 	}
+	prefix := len(keys)
 	for i, key := range keys {
-		if t.checkKey(key) != nil {
-			return i
+		ok := t.checkKey(key) == nil
+		if ok {
+			sh := t.shardFor(nss.id, key)
+			sh.mu.Lock()
+			_, ok = sh.m[nss.id][string(key)]
+			ok = ok && !sh.closed
+			sh.mu.Unlock()
 		}
-		sh := t.shardFor(nss.id, key)
-		sh.mu.Lock()
-		_, ok := sh.m[nss.id][string(key)]
-		ok = ok && !sh.closed
-		sh.mu.Unlock()
-		if !ok {
+		switch {
+		case present != nil:
+			present[i] = ok
+			if !ok && prefix == len(keys) {
+				prefix = i
+			}
+		case !ok:
 			return i
 		}
 	}
-	return len(keys)
+	return prefix
 }
 
 // Delete removes (ns, key) and reports whether it was present. A pinned

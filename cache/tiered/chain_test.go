@@ -66,7 +66,7 @@ func TestChainRuleFollowsTheSSD(t *testing.T) {
 					}
 				}
 			}
-			if got := s.PresentPrefix(ctx, "ns", keys); got != head {
+			if got := s.Present(ctx, "ns", keys, nil); got != head {
 				t.Errorf("present prefix %d, stored a head of %d", got, head)
 			}
 			for i := head; i < n; i++ {

@@ -494,17 +494,31 @@ func (s *Store) Stat(ctx context.Context, ns string, key []byte) (cache.Info, bo
 	return s.ssd.Stat(ctx, ns, key)
 }
 
-// PresentPrefix returns how many of keys, from the first, are present in
-// some tier: the DRAM tier answers for as many as it holds in one pass, and
-// the keys from its first miss on are asked of each tier in turn, as Stat.
-func (s *Store) PresentPrefix(ctx context.Context, ns string, keys [][]byte) int {
-	n := s.dram.PresentPrefix(ctx, ns, keys)
+// Present returns how many of keys, from the first, are present in some
+// tier, and with present set (len(present) == len(keys)) sets present[i]
+// to whether key i is, for every key (see dram.Tier.Present): the DRAM
+// tier answers for the keys it holds in one pass, and the keys it lacks
+// are asked of each tier in turn, as Stat.
+func (s *Store) Present(ctx context.Context, ns string, keys [][]byte, present []bool) int {
+	n := s.dram.Present(ctx, ns, keys, present)
 	if s.ssd == nil {
 		return n
 	}
-	for ; n < len(keys); n++ {
-		if _, ok := s.Stat(ctx, ns, keys[n]); !ok {
-			break
+	if present == nil {
+		for ; n < len(keys); n++ {
+			if _, ok := s.Stat(ctx, ns, keys[n]); !ok {
+				break
+			}
+		}
+		return n
+	}
+	n = len(keys)
+	for i := range keys {
+		if !present[i] {
+			_, present[i] = s.Stat(ctx, ns, keys[i])
+		}
+		if !present[i] && n == len(keys) {
+			n = i
 		}
 	}
 	return n

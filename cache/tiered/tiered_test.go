@@ -540,9 +540,10 @@ func TestWatermarkLoop(t *testing.T) {
 	poll.Until(t, 20*time.Second, "counter", func() bool { return s.Movement().WatermarkEvictions > 0 })
 }
 
-// TestPresentPrefix: the present prefix counts blocks in DRAM and, past
-// the first DRAM miss, blocks on SSD.
-func TestPresentPrefix(t *testing.T) {
+// TestPresent: the present prefix counts blocks in DRAM and, past the
+// first DRAM miss, blocks on SSD; with a present slice every key is
+// answered, from either tier.
+func TestPresent(t *testing.T) {
 	s := newStore(t, testConfig(t, 4*mib, t.TempDir()))
 	for i := range 8 {
 		if _, err := s.Put(ctx, "ns", key(i), value(uint64(i), mib), cache.PutOptions{}); err != nil {
@@ -557,15 +558,19 @@ func TestPresentPrefix(t *testing.T) {
 	for i := range all {
 		all[i] = key(i)
 	}
-	if got := s.PresentPrefix(ctx, "ns", all); got != 8 {
+	if got := s.Present(ctx, "ns", all, nil); got != 8 {
 		t.Fatalf("all 8 (DRAM and SSD): %d", got)
 	}
 	withGap := [][]byte{key(7), key(0), []byte("absent"), key(1)}
-	if got := s.PresentPrefix(ctx, "ns", withGap); got != 2 {
+	if got := s.Present(ctx, "ns", withGap, nil); got != 2 {
 		t.Fatalf("prefix before the gap: %d, want 2", got)
 	}
-	if got := s.PresentPrefix(ctx, "other", all); got != 0 {
+	if got := s.Present(ctx, "other", all, nil); got != 0 {
 		t.Fatalf("unknown namespace: %d", got)
+	}
+	present := []bool{false, false, true, false}
+	if got := s.Present(ctx, "ns", withGap, present); got != 2 || !slices.Equal(present, []bool{true, true, false, true}) {
+		t.Fatalf("every key: prefix %d, %v; want 2, [true true false true]", got, present)
 	}
 }
 

@@ -392,10 +392,14 @@ func diffSorted(old *cluster.Ring, names []string) (added, removed []string) {
 
 // ownerKey is the ring key of (ns, key).
 func ownerKey(ns string, key []byte) []byte {
-	k := make([]byte, 0, len(ns)+1+len(key))
-	k = append(k, ns...)
-	k = append(k, 0)
-	return append(k, key...)
+	return appendOwnerKey(make([]byte, 0, len(ns)+1+len(key)), ns, key)
+}
+
+// appendOwnerKey appends ownerKey(ns, key) to dst.
+func appendOwnerKey(dst []byte, ns string, key []byte) []byte {
+	dst = append(dst, ns...)
+	dst = append(dst, 0)
+	return append(dst, key...)
 }
 
 // Self is this node's name.
@@ -409,27 +413,34 @@ func (v *View) Replicas() int { return v.cfg.Ring.Replicas }
 // ring, and while joining, the owners under the join ring, that are not
 // already listed and that gossip does not hold failed or left.
 func (v *View) Owners(ns string, key []byte) []string {
-	k := ownerKey(ns, key)
+	var buf [256]byte // the ring key on the stack for the usual key sizes
+	k := appendOwnerKey(buf[:0], ns, key)
 	p := v.pl.Load()
 	cur, prev, until, join, joinUntil, up := p.cur, p.prev, p.graceUntil, p.join, p.joinUntil, p.up
 	r := v.cfg.Ring.Replicas
-	out := cur.AppendOwners(make([]string, 0, 2*r), k, r)
-	var now time.Time
-	if prev != nil || join != nil {
-		now = v.cfg.Clock.Now()
+	out := cur.AppendOwners(make([]string, 0, 3*r), k, r)
+	if prev == nil && join == nil {
+		return out
 	}
-	for _, old := range []struct {
+	now := v.cfg.Clock.Now()
+	for _, old := range [...]struct {
 		ring  *cluster.Ring
 		until time.Time
 	}{{prev, until}, {join, joinUntil}} {
 		if old.ring == nil || !now.Before(old.until) {
 			continue
 		}
-		for _, n := range old.ring.AppendOwners(nil, k, r) {
-			if up[n] && !slices.Contains(out, n) {
-				out = append(out, n)
+		// Appended past the current owners, then kept where new and up.
+		n := len(out)
+		out = old.ring.AppendOwners(out, k, r)
+		keep := n
+		for _, m := range out[n:] {
+			if up[m] && !slices.Contains(out[:keep], m) {
+				out[keep] = m
+				keep++
 			}
 		}
+		out = out[:keep]
 	}
 	return out
 }

@@ -583,7 +583,7 @@ func TestBufferSocketBatchKeepsChainHead(t *testing.T) {
 			t.Errorf("item %d: %v, want %v", i, it.code, want)
 		}
 	}
-	if got := ts.tier.PresentPrefix(context.Background(), "ns", keys); got != 8 {
+	if got := ts.tier.Present(context.Background(), "ns", keys, nil); got != 8 {
 		t.Errorf("present prefix %d, want 8", got)
 	}
 	for i := 8; i < n; i++ {

@@ -263,3 +263,59 @@ func fetchAlone(ctx context.Context, a *node, node, ns string, key []byte) error
 	_, err = slot.CommitChecked(ctx, b.Checksum)
 	return err
 }
+
+// BenchmarkLookup: a cluster-scope prefix Lookup of 256 keys on node a of
+// two nodes on loopback (peer secret set, as a clustered serve), the keys
+// written as through the other node: b holds every one, a holds those it
+// owns (about half), so a's local prefix ends at the first key b owns and
+// the rest is asked of b. "local" is the same lookup where a holds every
+// key (no peer call), in the same run. The views keep no previous ring (a
+// cluster formed minutes ago); cpu-µs counts both nodes (one process):
+//
+//	go test -run XXX -bench Lookup -benchtime 3000x ./proxy/peerapi/
+func BenchmarkLookup(b *testing.B) {
+	const ns, n = "bench", 256
+	nodes := newCluster(b, 2, nodeOpts{label: "bench", secret: "bench-cluster-secret", settled: true})
+	a, other := nodes[0], nodes[1]
+	ctx := context.Background()
+	keys := make([][]byte, n)
+	local := make([][]byte, n)
+	for i := range keys {
+		keys[i] = []byte(fmt.Sprintf("lookup-%d", i))
+		local[i] = []byte(fmt.Sprintf("local-%d", i))
+		if _, err := other.p.PutLocal(ctx, ns, keys[i], value(byte(i), 64), cache.PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if other.view.Owners(ns, keys[i])[0] == a.name {
+			if _, err := a.p.PutLocal(ctx, ns, keys[i], value(byte(i), 64), cache.PutOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := a.p.PutLocal(ctx, ns, local[i], value(byte(i), 64), cache.PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lookup := func(keys [][]byte) {
+		got, err := a.p.Lookup(ctx, ns, keys, proxy.ScopeCluster)
+		if err != nil || got != n {
+			b.Fatalf("lookup: %d of %d, %v", got, n, err)
+		}
+	}
+	lookup(keys) // warm the connection
+	b.ResetTimer()
+	var other_, local_, cpu time.Duration
+	for i := 0; i < b.N; i++ {
+		c0, t0 := cpuTime(), time.Now()
+		lookup(keys)
+		t1, c1 := time.Now(), cpuTime()
+		lookup(local)
+		local_ += time.Since(t1)
+		other_ += t1.Sub(t0)
+		cpu += c1 - c0
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(other_.Microseconds())/float64(b.N), "µs/lookup")
+	// Both nodes run in this process: the CPU counts both ends.
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/lookup")
+	b.ReportMetric(float64(local_.Microseconds())/float64(b.N), "local-µs/lookup")
+}

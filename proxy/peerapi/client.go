@@ -10,6 +10,7 @@ import (
 	kclient "github.com/cloudwego/kitex/client"
 	"github.com/cloudwego/kitex/pkg/connpool"
 	"github.com/cloudwego/kitex/pkg/remote/codec"
+	kconnpool "github.com/cloudwego/kitex/pkg/remote/connpool"
 	"github.com/cloudwego/kitex/pkg/remote/trans/gonet"
 	"github.com/cloudwego/kitex/pkg/rpcinfo"
 	"github.com/cloudwego/kitex/transport"
@@ -278,13 +279,14 @@ func (c *Client) api(node string) (*apiConn, string, error) {
 	kc, err := kclient.NewClient(tidepoolpeer.NewServiceInfoForClient(),
 		kclient.WithDestService("tidepool-peer"),
 		kclient.WithHostPorts(addr),
-		kclient.WithRPCTimeout(c.cfg.Timeout),
+		// No RPC timeout: each call's bounds are put on its connection
+		// (deadline.go), by this pool.
 		kclient.WithConnectTimeout(c.cfg.ConnectTimeout),
-		kclient.WithLongConnection(connpool.IdleConfig{
+		kclient.WithConnPool(deadlinePool{kconnpool.NewLongPool("tidepool-peer", *connpool.CheckPoolConfig(connpool.IdleConfig{
 			MaxIdlePerAddress: c.cfg.MaxIdleConns,
 			MaxIdleGlobal:     c.cfg.MaxIdleConns * 64,
 			MaxIdleTimeout:    time.Minute,
-		}),
+		}))}),
 		// Framed (Kitex's default, said here because the server's reader
 		// relies on it: frame.go); the codec's limit bounds what is
 		// encoded as well as what is decoded.
@@ -297,7 +299,7 @@ func (c *Client) api(node string) (*apiConn, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("peerapi: client for %s: %w", addr, err)
 	}
-	a := newAPIConn(kc, &c.calls)
+	a := newAPIConn(kc, &c.calls, c.cfg.Timeout)
 	c.apis[addr] = a
 	return a, xfer, nil
 }

@@ -35,9 +35,9 @@ func (s errStore) Put(_ context.Context, _ string, key, _ []byte, _ cache.PutOpt
 func (errStore) Get(context.Context, string, []byte, []byte) ([]byte, cache.Info, error) {
 	return nil, cache.Info{}, cache.ErrNotFound
 }
-func (errStore) Stat(context.Context, string, []byte) (cache.Info, bool) { return cache.Info{}, false }
-func (errStore) PresentPrefix(context.Context, string, [][]byte) int     { return 0 }
-func (errStore) Delete(context.Context, string, []byte) (bool, error)    { return false, nil }
+func (errStore) Stat(context.Context, string, []byte) (cache.Info, bool)       { return cache.Info{}, false }
+func (errStore) Present(_ context.Context, _ string, _ [][]byte, p []bool) int { clear(p); return 0 }
+func (errStore) Delete(context.Context, string, []byte) (bool, error)          { return false, nil }
 func (s errStore) Clear(_ context.Context, ns string) (int64, error) {
 	return 0, s.rowErr(ns)
 }

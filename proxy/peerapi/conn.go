@@ -33,6 +33,8 @@ type apiConn struct {
 	kc    kclient.Client
 	calls *sync.WaitGroup // the owning Client's calls in flight
 
+	timeout time.Duration // bounds a call whose context has no earlier deadline
+
 	mu       sync.Mutex
 	inflight int  // calls entered and not yet returned
 	closing  bool // Close began: no call enters
@@ -40,8 +42,8 @@ type apiConn struct {
 	closeErr error
 }
 
-func newAPIConn(kc kclient.Client, calls *sync.WaitGroup) *apiConn {
-	return &apiConn{kc: kc, calls: calls}
+func newAPIConn(kc kclient.Client, calls *sync.WaitGroup, timeout time.Duration) *apiConn {
+	return &apiConn{kc: kc, calls: calls, timeout: timeout}
 }
 
 // enter admits one call, or refuses it once Close began.
@@ -75,7 +77,17 @@ func (a *apiConn) call(ctx context.Context, method string, args any, res interfa
 		return ErrClosed
 	}
 	defer a.exit()
-	if err := a.kc.Call(ctx, method, args, res); err != nil {
+	// Bounded on the connection (deadline.go): Kitex then calls on this
+	// goroutine.
+	b := callBounds{ctx: ctx, deadline: time.Now().Add(a.timeout)}
+	own, ok := ctx.Deadline()
+	if ok && own.Before(b.deadline) {
+		b.deadline = own
+	}
+	if err := a.kc.Call(context.WithValue(context.WithoutCancel(ctx), callKey{}, b), method, args, res); err != nil {
+		if ok && b.deadline == own && !time.Now().Before(own) {
+			<-ctx.Done() // the caller's own deadline: let its context say so, as Kitex's timeout did
+		}
 		return err
 	}
 	if e := res.GetErr(); e != nil {
@@ -208,7 +220,8 @@ func (d authDialer) DialTimeout(network, address string, timeout time.Duration) 
 // connection pool that the peer has closed it (IsActive).
 type clientConn struct {
 	net.Conn
-	raw    net.Conn // the TCP connection under any encryption
+	raw    net.Conn     // the TCP connection under any encryption
+	dl     callDeadline // the bounds of the call holding it (deadline.go)
 	r      *bufiox.DefaultReader
 	w      *bufiox.DefaultWriter
 	closed atomic.Bool

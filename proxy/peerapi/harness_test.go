@@ -61,6 +61,9 @@ type nodeOpts struct {
 	// maxMessage, when set, bounds one peer API message both ways (the
 	// server's MaxRequestBytes, the client's MaxMessageBytes).
 	maxMessage int
+	// settled: the view keeps no ring from before the last membership
+	// change (no grace period, no join ring), as a cluster long formed.
+	settled bool
 }
 
 func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
@@ -125,7 +128,11 @@ func newNode(t testing.TB, name string, o nodeOpts, join ...string) *node {
 	if err := n.c.Start(sctx); err != nil {
 		t.Fatal(err)
 	}
-	if n.view, err = clusterview.New(n.c, clusterview.DefaultConfig(), nil); err != nil {
+	vcfg := clusterview.DefaultConfig()
+	if o.settled {
+		vcfg.Grace, vcfg.JoinSettle = -1, -1
+	}
+	if n.view, err = clusterview.New(n.c, vcfg, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.view.Start(ctx); err != nil {

@@ -343,16 +343,12 @@ func (h *handler) Lookup(ctx context.Context, req *peer.LookupRequest) (*peer.Lo
 	if e := h.check(req.GetAuth()); e != nil {
 		return nil, e
 	}
-	res, err := h.p.BatchExists(ctx, req.Ns, req.Keys, proxy.ScopeLocal)
+	held, err := h.p.Held(ctx, req.Ns, req.Keys)
 	if err != nil {
 		return nil, peerErr(err)
 	}
-	out := &peer.LookupResponse{Present: make([]bool, len(res))}
-	for i, r := range res {
-		out.Present[i] = r.Err == nil && r.Present
-	}
-	h.count(func(s *ServerStats) { s.Lookups += int64(len(res)) })
-	return out, nil
+	h.count(func(s *ServerStats) { s.Lookups += int64(len(held)) })
+	return &peer.LookupResponse{Present: held}, nil
 }
 
 // Acquire pins local blocks for a peer and says where they lie.
