@@ -181,7 +181,10 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 		}
 	}()
 	for i := range kids {
-		args := []string{"-child", "-nodes", fmt.Sprint(per), "-profile", string(o.prof), "-parallel", fmt.Sprint(o.parallel)}
+		args := []string{"-child", "-nodes", fmt.Sprint(per), "-profile", string(o.prof), "-parallel", fmt.Sprint(o.parallel), "-gogc", fmt.Sprint(o.gogc)}
+		if o.memlimit > 0 {
+			args = append(args, "-memlimit", fmt.Sprint(max(1, o.memlimit/int64(o.procs))))
+		}
 		args = append(args, o.childArgs...)
 		if joinRate > 0 { // the fleet's rate, shared by the children
 			args = append(args, "-join-rate", fmt.Sprint(joinRate/float64(o.procs)))
@@ -246,11 +249,21 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 		return live, st
 	}
 	t0 := time.Now()
+	limit := 3 * time.Minute // after the last start, at -join-rate
+	if joinRate > 0 {
+		limit += time.Duration(float64(total) / joinRate * float64(time.Second))
+	}
+	next := t0.Add(5 * time.Second)
 	for {
-		if live, _ := status(); live == total {
+		live, _ := status()
+		if live == total {
 			break
 		}
-		if time.Since(t0) > 3*time.Minute {
+		if progress && time.Now().After(next) {
+			next = next.Add(5 * time.Second)
+			fmt.Fprintf(os.Stderr, "# %5.1f s: smallest view %d of %d\n", time.Since(t0).Seconds(), live, total)
+		}
+		if time.Since(t0) > limit {
 			live, _ := status()
 			return fmt.Errorf("children did not converge: smallest view %d of %d", live, total)
 		}
@@ -382,7 +395,7 @@ func moved(a, b *cluster.Ring, depth int) float64 {
 }
 
 // runChurn measures clusterview.View.Owners, the read path's placement
-// call, while 5 % of the fleet f rolls (leaves gracefully and is
+// call, while o.roll of the fleet f (10 % unless -roll says otherwise) rolls (leaves gracefully and is
 // replaced by new members) at once: its latency against a quiet window,
 // and the ring rebuilds the view made.
 func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
@@ -444,7 +457,7 @@ func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
 	}
 	h, st := measure(5*time.Second, nil)
 	show("quiet", h, st)
-	roll := max(1, o.nodes/20)
+	roll := max(1, int(o.roll*float64(o.nodes)))
 	h, st = measure(20*time.Second, func() {
 		ns := f.all()[1:]
 		rand.Shuffle(len(ns), func(i, j int) { ns[i], ns[j] = ns[j], ns[i] })
