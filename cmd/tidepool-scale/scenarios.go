@@ -284,7 +284,9 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 			}
 			time.Sleep(time.Duration(rand.Int64N(int64(2 * o.pause))))
 		}
-		time.Sleep(5 * time.Second) // suspicions raised late still refute or expire
+		// Suspicions raised late still refute or expire (the suspicion
+		// timeout grows with -dilate).
+		time.Sleep(time.Duration(5 * dilate * float64(time.Second)))
 		_, s1 := status()
 		return n, childStatus{
 			RefuteSuspect: s1.RefuteSuspect - s0.RefuteSuspect,
