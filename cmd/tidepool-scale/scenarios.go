@@ -33,22 +33,30 @@ func runFleet(ctx context.Context, o options, want map[string]bool, r *reporter)
 		return err
 	}
 	started := time.Since(t0)
-	conv, err := waitConverged(ctx, f.all(), o.nodes, 3*time.Minute)
-	if err != nil {
-		return err
-	}
 	r.fig("cold start: all members started", started.Seconds(), "s", "members", o.nodes)
-	r.fig("cold start: then every member sees all", conv.Seconds(), "s", "members", o.nodes)
+	conv, err := waitConverged(ctx, f.all(), o.nodes, 3*time.Minute)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		// A view a member short (an alive message lost) completes only
+		// at a push/pull, minutes later at 1,000 members: say so and
+		// measure the rest on the fleet as it is.
+		r.note("cold start", err.Error())
+	} else {
+		r.fig("cold start: then every member sees all", conv.Seconds(), "s", "members", o.nodes)
+	}
 	wall := time.Since(t0)
 	r.fig("cold start: harness CPU used", (cpuTime() - cpu0).Seconds(), "s",
 		"cores_busy", fmt.Sprintf("%.2f", (cpuTime()-cpu0).Seconds()/wall.Seconds()), "of", runtime.NumCPU(),
 		"udp_rcvbuf_drops", udpRcvbufErrors()-rcv0, "handler_queue_drops", queueDrops(f.all()))
 	if want["converge"] {
 		t := time.Now()
-		if _, err := f.add(ctx, 1, 1, nil); err != nil {
+		added, err := f.add(ctx, 1, 1, nil)
+		if err != nil {
 			return err
 		}
-		d, err := waitConverged(ctx, f.all(), o.nodes+1, time.Minute)
+		d, err := waitSeen(ctx, f.all(), added[0].name, time.Minute)
 		if err != nil {
 			return err
 		}
@@ -97,10 +105,17 @@ func detect(ctx context.Context, f *fleet, o options, r *reporter) error {
 	for k := range o.kills {
 		ns := f.all()
 		victim := ns[rand.IntN(len(ns))]
+		lm0 := liveMin(ns)
 		s0 := sink.snapshot()
 		t0 := time.Now()
+		// The observers are the members that knew the victim alive.
+		var obs []*node
+		for _, nd := range ns {
+			if m, ok := nd.c.Member(victim.name); ok && m.State.Live() && nd != victim {
+				obs = append(obs, nd)
+			}
+		}
 		f.remove(victim, false)
-		obs := f.all()
 		seen := make([]float64, len(obs))
 		for i := range seen {
 			seen[i] = -1
@@ -133,8 +148,13 @@ func detect(ctx context.Context, f *fleet, o options, r *reporter) error {
 		r.fig(fmt.Sprintf("detect kill %d: first / median / last member", k+1), seen[len(seen)/2], "s",
 			"first", fmt.Sprintf("%.2f", seen[0]), "last", fmt.Sprintf("%.2f", seen[len(seen)-1]),
 			"suspect_msgs", s1["memberlist.msg.suspect"]-s0["memberlist.msg.suspect"])
-		if _, err := waitConverged(ctx, obs, len(obs), time.Minute); err != nil {
-			return err
+		// Settle before the next kill: every view back to its size
+		// before this one, less the victim.
+		if _, err := waitConverged(ctx, obs, lm0-1, time.Minute); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r.note(fmt.Sprintf("after kill %d", k+1), err.Error())
 		}
 	}
 	slices.Sort(all)
@@ -402,7 +422,10 @@ func moved(a, b *cluster.Ring, depth int) float64 {
 // and the ring rebuilds the view made.
 func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
 	if _, err := waitConverged(ctx, f.all(), len(f.all()), 3*time.Minute); err != nil {
-		return err
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.note("churn", err.Error())
 	}
 	obs := f.all()[0]
 	v, err := clusterview.New(obs.c, clusterview.Config{JoinSettle: -1}, nil)
