@@ -274,6 +274,7 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 		limit += time.Duration(float64(total) / joinRate * float64(time.Second))
 	}
 	next := t0.Add(5 * time.Second)
+	short := false
 	for {
 		live, _ := status()
 		if live == total {
@@ -290,11 +291,14 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 			// A view or two short (an alive message lost): a
 			// push/pull repairs it in minutes; starve the fleet as it is.
 			r.note("starve", fmt.Sprintf("not converged in %v: smallest view %d of %d", limit, live, total))
+			short = true
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	r.fig("starve: members converged", time.Since(t0).Seconds(), "s", "members", total, "procs", o.procs)
+	if !short {
+		r.fig("starve: members converged", time.Since(t0).Seconds(), "s", "members", total, "procs", o.procs)
+	}
 	time.Sleep(3 * time.Second) // let the join's suspicions (if any) settle
 	window := func(stops bool) (n int, d childStatus) {
 		_, s0 := status()
