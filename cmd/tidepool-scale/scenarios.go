@@ -426,9 +426,9 @@ func moved(a, b *cluster.Ring, depth int) float64 {
 }
 
 // runChurn measures clusterview.View.Owners, the read path's placement
-// call, while o.roll of the fleet f (10 % unless -roll says otherwise) rolls (leaves gracefully and is
-// replaced by new members) at once: its latency against a quiet window,
-// and the ring rebuilds the view made.
+// call, while o.roll of the fleet f (-roll, 10 %) rolls at once (leaves
+// gracefully and is replaced by new members): its latency against a
+// quiet window, and the ring rebuilds the view made.
 func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
 	if _, err := waitConverged(ctx, f.all(), len(f.all()), 3*time.Minute); err != nil {
 		if ctx.Err() != nil {
