@@ -57,8 +57,9 @@ type Cluster struct {
 	loopDone chan struct{}
 	reconn   sync.WaitGroup // the reconnect and background join loops
 
-	mu      sync.RWMutex // guards members, subs, seq
+	mu      sync.RWMutex // guards members, live, subs, seq
 	members map[string]*Member
+	live    int // members with State.Live, kept by setMemberLocked
 	subs    map[*subscriber]struct{}
 	seq     uint64
 

@@ -128,9 +128,9 @@ type Config struct {
 	// Tombstone is how long left and failed members stay in Members.
 	// Default 10 min.
 	Tombstone time.Duration
-	// ReconnectInterval is how often this node tries to join members it
-	// holds as failed (not left), so that a healed network partition merges
-	// back: memberlist itself never probes a node it declared dead. Default
+	// ReconnectInterval is how often this node tries to join one member it
+	// holds as failed (not left), picked at random, so that a healed network
+	// partition merges back: memberlist itself never probes a node it declared dead. Default
 	// 10 s; negative disables. Attempts stop when the member's tombstone
 	// expires.
 	ReconnectInterval time.Duration

@@ -116,7 +116,7 @@ func (c *Cluster) applyUserMsg(ev nodeEvent) {
 	m.Meta.Leaving = true
 	m.State = StateLeaving
 	m.Since = ev.at
-	c.members[name] = &m
+	c.setMemberLocked(name, &m)
 	c.publishLocked(EventUpdate, m)
 }
 

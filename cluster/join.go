@@ -15,9 +15,14 @@ import (
 	"go.uber.org/zap"
 )
 
-// reconnect periodically joins members held as failed, one at a time, so
-// that the two sides of a healed partition merge again (serf's reconnect).
-// A member that left gracefully is never contacted again.
+// reconnect periodically joins one member held as failed, picked at
+// random, so that the two sides of a healed partition merge again (serf's
+// reconnect): one push/pull with any member of the other side merges the
+// whole of both tables. Joining every failed member each time would cost a
+// fleet whose views collapsed (F members falsely failed) F push/pulls of
+// the whole table per member per interval, O(F·N²) bytes in all, while
+// the collapse lasts (docs/scale.md). A member that left gracefully is
+// never contacted again.
 func (c *Cluster) reconnect(every time.Duration) {
 	defer c.reconn.Done()
 	t := time.NewTicker(every)
@@ -40,15 +45,12 @@ func (c *Cluster) reconnect(every time.Duration) {
 			}
 		}
 		c.mu.RUnlock()
-		for _, a := range addrs {
-			select {
-			case <-c.stop:
-				return
-			default:
-			}
-			if n, err := ml.Join([]string{a}); err == nil && n > 0 {
-				c.lg.Info("reconnected to a failed member", zap.String("addr", a))
-			}
+		if len(addrs) == 0 {
+			continue
+		}
+		a := addrs[rand.IntN(len(addrs))]
+		if n, err := ml.Join([]string{a}); err == nil && n > 0 {
+			c.lg.Info("reconnected to a failed member", zap.String("addr", a))
 		}
 	}
 }

@@ -62,7 +62,7 @@ func (c *Cluster) apply(ev nodeEvent) {
 		if cur != nil && cur.State == state {
 			m.Since = cur.Since
 		}
-		c.members[ev.name] = m
+		c.setMemberLocked(ev.name, m)
 		c.publishLocked(kind, *m)
 	case EventLeft:
 		if cur == nil {
@@ -78,7 +78,7 @@ func (c *Cluster) apply(ev nodeEvent) {
 			kind, m.State = EventLeft, StateLeft
 		}
 		m.Since = ev.at
-		c.members[ev.name] = &m
+		c.setMemberLocked(ev.name, &m)
 		c.publishLocked(kind, m)
 	}
 }

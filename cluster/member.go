@@ -206,12 +206,7 @@ func (c *Cluster) Subscribe() (<-chan Event, func()) {
 // Stats returns a snapshot of the counters.
 func (c *Cluster) Stats() Stats {
 	c.mu.RLock()
-	s := Stats{Members: len(c.members)}
-	for _, m := range c.members {
-		if m.State.Live() {
-			s.Live++
-		}
-	}
+	s := Stats{Members: len(c.members), Live: c.live}
 	c.mu.RUnlock()
 	s.Events = c.events.Load()
 	s.Dropped = c.dropped.Load()
@@ -221,6 +216,18 @@ func (c *Cluster) Stats() Stats {
 	s.JoinRounds = c.joinRounds.Load()
 	s.JoinFailures = c.joinFailures.Load()
 	return s
+}
+
+// setMemberLocked stores m as the member called name and keeps the live
+// count, so that Stats is O(1) however large the table (c.mu held).
+func (c *Cluster) setMemberLocked(name string, m *Member) {
+	if cur := c.members[name]; cur != nil && cur.State.Live() {
+		c.live--
+	}
+	if m.State.Live() {
+		c.live++
+	}
+	c.members[name] = m
 }
 
 func copyMember(m Member) Member {

@@ -53,6 +53,24 @@ type options struct {
 	ringParts []int    // ring scenario: partition counts
 	ringRoll  bool     // ring scenario: rolling restarts too
 	nodeBytes int64    // ring scenario: DRAM bytes a node holds (rebalance traffic)
+	roll      float64  // churn scenario: the share of the fleet that rolls
+	memlimit  int64    // MiB (-memlimit), shared out among children
+	gogc      int
+}
+
+// dilate multiplies every memberlist timer (-dilate): a harness of few
+// cores gives each member k× the CPU time per protocol period. The
+// figures it gives are not those of the shipped timings.
+var dilate = 1.0
+
+// dilateConfig multiplies c's timers by k.
+func dilateConfig(c *cluster.Config, k float64) {
+	if k == 1 {
+		return
+	}
+	for _, d := range []*time.Duration{&c.ProbeInterval, &c.ProbeTimeout, &c.GossipInterval, &c.PushPullInterval, &c.TCPTimeout} {
+		*d = time.Duration(float64(*d) * k)
+	}
 }
 
 // ints parses "100,1000" (-ring-sizes, -ring-partitions).
@@ -107,9 +125,23 @@ func main() {
 	var cpuprofile, pprofAddr string
 	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file")
 	flag.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060)")
-	gogc := flag.Int("gogc", 400, "the harness's GOGC: its collector works for all members at once (a real member has a heap of its own)")
+	gogc := flag.Int("gogc", 400, "the harness's GOGC: its collector works for all members at once (a real member has a heap of its own); -1: off, collect only near -memlimit")
+	memlimit := flag.Int64("memlimit", 0, "the harness's soft memory limit in MiB (debug.SetMemoryLimit; 0: none), shared out among -procs children; with -gogc -1 the collector runs only near it")
+	flag.Float64Var(&dilate, "dilate", 1, "time dilation k: every memberlist timer (probe interval and timeout, gossip, push/pull, TCP timeout) × k, after the profile and overrides. Not a shipped timing: each member gets k× the CPU time per protocol period")
+	flag.Float64Var(&o.roll, "roll", 0.10, "churn scenario: the share of the fleet that rolls at once")
 	flag.Parse()
+	if *gogc < 0 && *memlimit <= 0 {
+		fatal(errors.New("-gogc -1 needs -memlimit: without a limit the heap grows until the machine runs out"))
+	}
+	if dilate < 1 || o.roll <= 0 || o.roll > 0.5 {
+		fatal(fmt.Errorf("-dilate %g (want >= 1) or -roll %g (want in (0, 0.5])", dilate, o.roll))
+	}
+	o.memlimit = *memlimit
+	o.gogc = *gogc
 	debug.SetGCPercent(*gogc)
+	if *memlimit > 0 {
+		debug.SetMemoryLimit(*memlimit << 20)
+	}
 	if pprofAddr != "" {
 		if h, _, err := net.SplitHostPort(pprofAddr); err != nil || net.ParseIP(h) == nil || !net.ParseIP(h).IsLoopback() {
 			fatal(fmt.Errorf("-pprof %q: want a loopback ip:port", pprofAddr))
@@ -129,7 +161,7 @@ func main() {
 	var childArgs []string
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "compress", "probe-interval", "probe-timeout", "gossip-interval", "push-pull-interval", "suspicion-mult", "suspicion-max-mult", "gossip-nodes":
+		case "compress", "probe-interval", "probe-timeout", "gossip-interval", "push-pull-interval", "suspicion-mult", "suspicion-max-mult", "gossip-nodes", "dilate":
 			childArgs = append(childArgs, "-"+f.Name, f.Value.String())
 		}
 	})
@@ -159,6 +191,7 @@ func main() {
 				*d.p = d.v
 			}
 		}
+		dilateConfig(c, dilate)
 	}
 	o.nodeBytes = nodeGiB << 30
 	var err error
@@ -189,6 +222,9 @@ func main() {
 	}
 	r := &reporter{json: o.jsonOut}
 	r.note("profile", string(o.prof))
+	if dilate != 1 {
+		r.note("dilate", fmt.Sprintf("%g: every memberlist timer × %g, NOT the shipped timings", dilate, dilate))
+	}
 	for _, s := range strings.Split(scen, ",") {
 		var err error
 		switch strings.TrimSpace(s) {

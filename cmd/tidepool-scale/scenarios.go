@@ -33,22 +33,30 @@ func runFleet(ctx context.Context, o options, want map[string]bool, r *reporter)
 		return err
 	}
 	started := time.Since(t0)
-	conv, err := waitConverged(ctx, f.all(), o.nodes, 3*time.Minute)
-	if err != nil {
-		return err
-	}
 	r.fig("cold start: all members started", started.Seconds(), "s", "members", o.nodes)
-	r.fig("cold start: then every member sees all", conv.Seconds(), "s", "members", o.nodes)
+	conv, err := waitConverged(ctx, f.all(), o.nodes, 3*time.Minute)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		// A view a member short (an alive message lost) completes only
+		// at a push/pull, minutes later at 1,000 members: say so and
+		// measure the rest on the fleet as it is.
+		r.note("cold start", err.Error())
+	} else {
+		r.fig("cold start: then every member sees all", conv.Seconds(), "s", "members", o.nodes)
+	}
 	wall := time.Since(t0)
 	r.fig("cold start: harness CPU used", (cpuTime() - cpu0).Seconds(), "s",
 		"cores_busy", fmt.Sprintf("%.2f", (cpuTime()-cpu0).Seconds()/wall.Seconds()), "of", runtime.NumCPU(),
 		"udp_rcvbuf_drops", udpRcvbufErrors()-rcv0, "handler_queue_drops", queueDrops(f.all()))
 	if want["converge"] {
 		t := time.Now()
-		if _, err := f.add(ctx, 1, 1, nil); err != nil {
+		added, err := f.add(ctx, 1, 1, nil)
+		if err != nil {
 			return err
 		}
-		d, err := waitConverged(ctx, f.all(), o.nodes+1, time.Minute)
+		d, err := waitSeen(ctx, f.all(), added[0].name, time.Minute)
 		if err != nil {
 			return err
 		}
@@ -97,10 +105,17 @@ func detect(ctx context.Context, f *fleet, o options, r *reporter) error {
 	for k := range o.kills {
 		ns := f.all()
 		victim := ns[rand.IntN(len(ns))]
+		lm0 := liveMin(ns)
 		s0 := sink.snapshot()
 		t0 := time.Now()
+		// The observers are the members that knew the victim alive.
+		var obs []*node
+		for _, nd := range ns {
+			if m, ok := nd.c.Member(victim.name); ok && m.State.Live() && nd != victim {
+				obs = append(obs, nd)
+			}
+		}
 		f.remove(victim, false)
-		obs := f.all()
 		seen := make([]float64, len(obs))
 		for i := range seen {
 			seen[i] = -1
@@ -133,8 +148,13 @@ func detect(ctx context.Context, f *fleet, o options, r *reporter) error {
 		r.fig(fmt.Sprintf("detect kill %d: first / median / last member", k+1), seen[len(seen)/2], "s",
 			"first", fmt.Sprintf("%.2f", seen[0]), "last", fmt.Sprintf("%.2f", seen[len(seen)-1]),
 			"suspect_msgs", s1["memberlist.msg.suspect"]-s0["memberlist.msg.suspect"])
-		if _, err := waitConverged(ctx, obs, len(obs), time.Minute); err != nil {
-			return err
+		// Settle before the next kill: every view back to its size
+		// before this one, less the victim.
+		if _, err := waitConverged(ctx, obs, lm0-1, time.Minute); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r.note(fmt.Sprintf("after kill %d", k+1), err.Error())
 		}
 	}
 	slices.Sort(all)
@@ -181,7 +201,10 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 		}
 	}()
 	for i := range kids {
-		args := []string{"-child", "-nodes", fmt.Sprint(per), "-profile", string(o.prof), "-parallel", fmt.Sprint(o.parallel)}
+		args := []string{"-child", "-nodes", fmt.Sprint(per), "-profile", string(o.prof), "-parallel", fmt.Sprint(o.parallel), "-gogc", fmt.Sprint(o.gogc)}
+		if o.memlimit > 0 {
+			args = append(args, "-memlimit", fmt.Sprint(max(1, o.memlimit/int64(o.procs))))
+		}
 		args = append(args, o.childArgs...)
 		if joinRate > 0 { // the fleet's rate, shared by the children
 			args = append(args, "-join-rate", fmt.Sprint(joinRate/float64(o.procs)))
@@ -246,17 +269,36 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 		return live, st
 	}
 	t0 := time.Now()
+	limit := 3 * time.Minute // after the last start, at -join-rate
+	if joinRate > 0 {
+		limit += time.Duration(float64(total) / joinRate * float64(time.Second))
+	}
+	next := t0.Add(5 * time.Second)
+	short := false
 	for {
-		if live, _ := status(); live == total {
+		live, _ := status()
+		if live == total {
 			break
 		}
-		if time.Since(t0) > 3*time.Minute {
-			live, _ := status()
-			return fmt.Errorf("children did not converge: smallest view %d of %d", live, total)
+		if progress && time.Now().After(next) {
+			next = next.Add(5 * time.Second)
+			fmt.Fprintf(os.Stderr, "# %5.1f s: smallest view %d of %d\n", time.Since(t0).Seconds(), live, total)
+		}
+		if time.Since(t0) > limit {
+			if live < 0 || live < total*9/10 {
+				return fmt.Errorf("children did not converge: smallest view %d of %d", live, total)
+			}
+			// A view or two short (an alive message lost): a
+			// push/pull repairs it in minutes; starve the fleet as it is.
+			r.note("starve", fmt.Sprintf("not converged in %v: smallest view %d of %d", limit, live, total))
+			short = true
+			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	r.fig("starve: members converged", time.Since(t0).Seconds(), "s", "members", total, "procs", o.procs)
+	if !short {
+		r.fig("starve: members converged", time.Since(t0).Seconds(), "s", "members", total, "procs", o.procs)
+	}
 	time.Sleep(3 * time.Second) // let the join's suspicions (if any) settle
 	window := func(stops bool) (n int, d childStatus) {
 		_, s0 := status()
@@ -271,7 +313,9 @@ func runStarve(ctx context.Context, o options, r *reporter) error {
 			}
 			time.Sleep(time.Duration(rand.Int64N(int64(2 * o.pause))))
 		}
-		time.Sleep(5 * time.Second) // suspicions raised late still refute or expire
+		// Suspicions raised late still refute or expire (the suspicion
+		// timeout grows with -dilate).
+		time.Sleep(time.Duration(5 * dilate * float64(time.Second)))
 		_, s1 := status()
 		return n, childStatus{
 			RefuteSuspect: s1.RefuteSuspect - s0.RefuteSuspect,
@@ -382,12 +426,15 @@ func moved(a, b *cluster.Ring, depth int) float64 {
 }
 
 // runChurn measures clusterview.View.Owners, the read path's placement
-// call, while 5 % of the fleet f rolls (leaves gracefully and is
-// replaced by new members) at once: its latency against a quiet window,
-// and the ring rebuilds the view made.
+// call, while o.roll of the fleet f (-roll, 10 %) rolls at once (leaves
+// gracefully and is replaced by new members): its latency against a
+// quiet window, and the ring rebuilds the view made.
 func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
 	if _, err := waitConverged(ctx, f.all(), len(f.all()), 3*time.Minute); err != nil {
-		return err
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.note("churn", err.Error())
 	}
 	obs := f.all()[0]
 	v, err := clusterview.New(obs.c, clusterview.Config{JoinSettle: -1}, nil)
@@ -444,7 +491,7 @@ func runChurn(ctx context.Context, f *fleet, o options, r *reporter) error {
 	}
 	h, st := measure(5*time.Second, nil)
 	show("quiet", h, st)
-	roll := max(1, o.nodes/20)
+	roll := max(1, int(o.roll*float64(o.nodes)))
 	h, st = measure(20*time.Second, func() {
 		ns := f.all()[1:]
 		rand.Shuffle(len(ns), func(i, j int) { ns[i], ns[j] = ns[j], ns[i] })
