@@ -175,7 +175,7 @@ bench:
 check: $(RUFF) $(MYPY)
 	@$(MAKE) --no-print-directory fmt-check
 	$(RUFF) check
-	cd clients/python && $(CURDIR)/$(MYPY)
+	(cd clients/python && $(CURDIR)/$(MYPY))
 	$(GO) vet ./...
 	$(GO) test -short -count=1 ./...
 
