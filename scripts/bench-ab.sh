@@ -59,38 +59,10 @@ trap 'exit 130' INT TERM
 # shellcheck source=lib/wait-for.sh
 source scripts/lib/wait-for.sh
 
-# start_pair NAME BIN: two clustered serves; their sockets are
-# $WORK/NAME1/tp.sock and $WORK/NAME2/tp.sock.
-start_pair() {
-	local name=$1 bin=$2 g1 gossip i d join
-	head -c 32 /dev/urandom | base64 >"$WORK/$name.gossip.key"
-	head -c 32 /dev/urandom | base64 >"$WORK/$name.peer.secret"
-	chmod 0600 "$WORK/$name.gossip.key" "$WORK/$name.peer.secret"
-	g1=127.0.0.1:$(free_port)
-	for i in 1 2; do
-		d=$WORK/$name$i
-		mkdir -p "$d" "$SHM/$name$i"
-		join=()
-		gossip=$g1
-		if [[ $i == 2 ]]; then join=(--join "$g1"); gossip=127.0.0.1:$(free_port); fi
-		"$bin" serve --socket "$d/tp.sock" --data-dir "$d/data" --arena-dir "$SHM/$name$i" \
-			--dram-capacity "${NODE_CAPACITY}MiB" --ssd-capacity 0 --max-value-size 8MiB \
-			--metrics-addr "" --log-level warn --node-name "node-$i" \
-			--gossip-addr "$gossip" --peer-addr "127.0.0.1:$(free_port)" --transfer-addr "127.0.0.1:$(free_port)" \
-			--cluster-label "ab-$name" --replicas 1 --transfer-tcp-congestion system \
-			--gossip-key-file "$WORK/$name.gossip.key" --peer-secret-file "$WORK/$name.peer.secret" "${join[@]}" \
-			>"$d/out.log" 2>"$d/err.log" &
-		pids+=($!)
-		wait_for "$d/out.log" "serving on socket" 120 || { cat "$d/err.log" >&2; exit 1; }
-	done
-	local deadline=$((SECONDS + 60))
-	until [[ $("$bin" members --socket "$WORK/${name}2/tp.sock" --json --timeout 5s 2>/dev/null | "$PY" -c 'import json, sys; print(sum(1 for m in json.load(sys.stdin) if str(m.get("State", m.get("state"))).lower() == "alive"))' 2>/dev/null) == 2 ]]; do
-		((SECONDS < deadline)) || { log "cluster $name did not form"; cat "$WORK/$name"*/err.log >&2; exit 1; }
-		sleep 0.5
-	done
-}
-start_pair a "$BIN_A"
-start_pair b "$BIN_B"
+# shellcheck source=lib/tidepool-pair.sh
+source scripts/lib/tidepool-pair.sh
+start_pair a "$BIN_A" ab-a
+start_pair b "$BIN_B" ab-b
 log "clusters up: a from $BIN_A, b from $BIN_B; load $(cut -d' ' -f1-3 /proc/loadavg)"
 if ((SETTLE > 0)); then
 	log "settling for $SETTLE s"

@@ -188,6 +188,8 @@ source scripts/lib/free-port.sh
 
 # shellcheck source=lib/wait-for.sh
 source scripts/lib/wait-for.sh
+# shellcheck source=lib/tidepool-pair.sh
+source scripts/lib/tidepool-pair.sh
 
 # ---- Mooncake: master (+ HTTP metadata) and two real clients ---------------
 # start_master NAME [MASTER FLAGS...]: a master with its HTTP metadata
@@ -241,35 +243,9 @@ start_mooncake() {
 }
 
 # ---- tidepool: two clustered sidecars ---------------------------------------
-# Base64: a key file may hold the raw bytes too (serve reads them whole when
-# the trimmed contents are no key), but text is easier to look at.
-head -c 32 /dev/urandom | base64 >"$WORK/gossip.key"
-head -c 32 /dev/urandom | base64 >"$WORK/peer.secret"
-chmod 0600 "$WORK/gossip.key" "$WORK/peer.secret"
-g1=127.0.0.1:$(free_port)
-tp_xfer=([1]=$(free_port) [2]=$(free_port))
-for i in 1 2; do
-	d=$WORK/tp$i
-	mkdir -p "$d" "$SHM/tp$i"
-	join=()
-	gossip=$g1
-	if [[ $i == 2 ]]; then join=(--join "$g1"); gossip=127.0.0.1:$(free_port); fi
-	"$TP" serve --socket "$d/tp.sock" --data-dir "$d/data" --arena-dir "$SHM/tp$i" \
-		--dram-capacity "${NODE_CAPACITY}MiB" --ssd-capacity 0 --max-value-size 8MiB \
-		--metrics-addr "" --log-level warn --node-name "node-$i" \
-		--gossip-addr "$gossip" --peer-addr "127.0.0.1:$(free_port)" --transfer-addr "127.0.0.1:${tp_xfer[$i]}" \
-		--cluster-label vs-mooncake --replicas 1 --transfer-tcp-congestion system \
-		--gossip-key-file "$WORK/gossip.key" --peer-secret-file "$WORK/peer.secret" "${join[@]}" \
-		>"$d/out.log" 2>"$d/err.log" &
-	pids+=($!)
-	wait_for "$d/out.log" "serving on socket" 120 || { cat "$d/err.log" >&2; exit 1; }
-done
+start_pair tp "$TP" vs-mooncake
+tp_xfer=([1]=${pair_xfer[1]} [2]=${pair_xfer[2]})
 TP1=$WORK/tp1/tp.sock TP2=$WORK/tp2/tp.sock
-deadline=$((SECONDS + 60))
-until [[ $("$TP" members --socket "$TP2" --json --timeout 5s 2>/dev/null | "$PY" -c 'import json, sys; print(sum(1 for m in json.load(sys.stdin) if str(m.get("State", m.get("state"))).lower() == "alive"))' 2>/dev/null) == 2 ]]; do
-	((SECONDS < deadline)) || { log "the two tidepool sidecars did not see each other"; cat "$WORK"/tp*/err.log >&2; exit 1; }
-	sleep 0.5
-done
 
 # shellcheck disable=SC2086
 start_mooncake RUN $((NODE_CAPACITY << 20)) $MC_MASTER_FLAGS
