@@ -205,10 +205,8 @@ func (n *clusterNode) startTransfer(cfg Config, akey *peerauth.Key, store *tiere
 		return fmt.Errorf("transfer_addr: %w", err)
 	}
 	n.tr = n.xt.TCP()
-	if n.regions, err = registerArenas(n.xt, tierArenaMems(store.DRAM())); err != nil {
-		return err
-	}
-	return nil
+	n.regions, err = registerArenas(n.xt, tierArenaMems(store.DRAM()))
+	return err
 }
 
 // memberConfig is the membership's config: addresses, join, credentials.

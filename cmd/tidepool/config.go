@@ -350,13 +350,14 @@ func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	dc, ec, pc := dram.DefaultConfig(), engineapi.DefaultConfig(), peerapi.DefaultServerConfig()
 	lc := peerauth.DefaultListenerConfig()
+	dramCapacity := defaultDRAMCapacity()
 	rc, sc, tc := proxy.DefaultRouteConfig(), ssd.DefaultConfig(), tiered.DefaultConfig()
 	return Config{
 		Socket:                  defaultSocket(),
 		SocketMode:              0o600,
 		DataDir:                 defaultDataDir(),
 		ArenaDir:                defaultArenaDir(defaultSocket()),
-		DRAMCapacity:            defaultDRAMCapacity(),
+		DRAMCapacity:            dramCapacity,
 		ArenaSize:               dc.ArenaSize,
 		MaxKeySize:              cache.DefaultMaxKeyBytes,
 		MaxValueSize:            cache.DefaultMaxValueBytes,
@@ -398,7 +399,7 @@ func DefaultConfig() Config {
 		HotWindow:         rc.HotWindow,
 		HotTTL:            rc.HotTTL,
 		HotMaxReplicas:    rc.HotMaxReplicas,
-		HotMaxBytes:       defaultDRAMCapacity() / hotShare,
+		HotMaxBytes:       dramCapacity / hotShare,
 
 		SSDCapacity:      sc.Capacity,
 		SSDMinFree:       sc.MinFreeBytes,
