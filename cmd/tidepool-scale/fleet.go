@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -96,16 +98,20 @@ type fleet struct {
 	prof   profile
 	prefix string
 
-	mu    sync.Mutex
-	nodes []*node
-	seq   int
+	mu     sync.Mutex
+	nodes  []*node
+	seq    int
+	failed atomic.Int64 // members whose start failed (add)
 }
 
 func newFleet(prof profile, prefix string) *fleet { return &fleet{prof: prof, prefix: prefix} }
 
 // add starts n members; each joins the first member and two random ones
 // started before it (and join, when given). Members start from
-// `parallel` goroutines at once.
+// `parallel` goroutines at once. A member that fails to start (its join
+// timed out in a saturated process) is counted in f.failed, said on
+// stderr and left out; add returns the members that started, and an
+// error only when none did.
 func (f *fleet) add(ctx context.Context, n, parallel int, join []string) ([]*node, error) {
 	out := make([]*node, n)
 	errs := make(chan error, n)
@@ -148,13 +154,20 @@ func (f *fleet) add(ctx context.Context, n, parallel int, join []string) ([]*nod
 	}
 	wg.Wait()
 	close(errs)
-	if err := <-errs; err != nil {
-		return nil, err
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return out, nil
+	started := slices.DeleteFunc(out, func(nd *node) bool { return nd == nil })
+	var first error
+	for err := range errs {
+		f.failed.Add(1)
+		fmt.Fprintln(os.Stderr, "# a member did not start:", err)
+		first = cmp.Or(first, err)
+	}
+	if len(started) == 0 && n > 0 {
+		return nil, first
+	}
+	return started, nil
 }
 
 func (f *fleet) start(ctx context.Context, join []string) (*node, error) {
