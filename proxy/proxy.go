@@ -311,16 +311,29 @@ func (p *Proxy) Put(ctx context.Context, ns string, key, value []byte, opts cach
 		return false, err
 	}
 	r := p.router()
-	if r != nil && !r.owns(ns, key) {
-		opts.LowPriority = true // a copy of a block owned elsewhere
-	}
+	opts = r.localOpts(ns, key, opts)
 	done := p.describe(ns, key, opts.Meta)
 	existed, err = p.store.Put(ctx, ns, key, value, opts)
 	done(err)
+	if r != nil && opts.LowPriority && errors.Is(err, cache.ErrNoSpace) && p.parentHeld(ctx, ns, opts.Parent) {
+		err = nil // no room here for a copy of a block owned elsewhere: its owner still gets it
+	}
 	if err != nil || r == nil {
 		return existed, err
 	}
+	opts.Parent = nil // this tier's chain hint; the owner names its own
 	return existed, r.push(ctx, ns, []PutItem{{Key: key, Value: value, Opts: opts}}, opts.SyncReplicas, false)
+}
+
+// parentHeld reports whether a put's chain hint is held here (none: true):
+// a block refused with a hint that is not held would be an orphan, not
+// merely without room.
+func (p *Proxy) parentHeld(ctx context.Context, ns string, parent []byte) bool {
+	if len(parent) == 0 {
+		return true
+	}
+	_, ok := p.store.Stat(ctx, ns, parent)
+	return ok
 }
 
 // PutLocal stores one block in this node's tiers only, as an owned block:
@@ -361,6 +374,13 @@ type PutItem struct {
 // evict its parent for it, or when its parent is not held, so a chain put
 // head first keeps a contiguous head when space runs out, whatever other
 // clients store meanwhile.
+//
+// In a cluster the chain is the cluster's: an item names its parent only
+// when this node owns the parent too, a copy of a block owned elsewhere
+// that finds no room here still goes to its owner (its result is nil),
+// and once a block is refused here by its owner or is invalid, the deeper
+// blocks of its chain are neither stored nor pushed (cache.ErrNoSpace):
+// no lookup could reach them.
 func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (results []error, err error) {
 	if err := p.checkBatch(len(items)); err != nil {
 		return nil, err
@@ -372,32 +392,45 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 	r := p.router()
 	var stored []PutItem
 	syncN := 0 // the most owners any item asks to wait for (cache.PutOptions.SyncReplicas)
+	// In a cluster, mine says the item before is this node's to keep, and
+	// cut that a block of the chain being put was refused here, its
+	// owner, or not stored at all: the deeper blocks would be orphans
+	// everywhere, so they are neither stored nor pushed.
+	mine, cut := false, false
 	for i, it := range items {
-		if err := p.checkKey(it.Key); err != nil {
-			results[i] = err
+		if err := p.checkItem(it); err != nil {
+			results[i], cut, mine = err, r != nil, false
 			continue
 		}
-		if err := p.checkValue(it.Value); err != nil {
-			results[i] = err
+		follows := i > 0 && it.Opts.Depth > 0 && it.Opts.Depth == items[i-1].Opts.Depth+1
+		cut = cut && follows
+		if cut {
+			results[i] = fmt.Errorf("%w: its parent was not stored", cache.ErrNoSpace)
 			continue
 		}
-		if err := p.checkMeta(it.Opts.Meta); err != nil {
-			results[i] = err
-			continue
-		}
-		if r != nil && !r.owns(ns, it.Key) {
-			it.Opts.LowPriority = true
-		}
-		if i > 0 && it.Opts.Depth > 0 && it.Opts.Depth == items[i-1].Opts.Depth+1 {
+		prevMine := mine
+		mine = r == nil || r.owns(ns, it.Key)
+		it.Opts.LowPriority = !mine
+		if follows && prevMine {
+			// The parent is this node's to keep: the tier refuses the
+			// block rather than evict the parent for it, or when the
+			// parent is not held. A parent owned elsewhere is its
+			// owner's business.
 			it.Opts.Parent = items[i-1].Key
 		}
 		done := p.describe(ns, it.Key, it.Opts.Meta)
 		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
 		done(err)
 		it.Opts.Parent = nil // this tier's chain hint; the owner names its own
+		if !mine && errors.Is(err, cache.ErrNoSpace) {
+			// No room here for a copy of a block owned elsewhere: its
+			// owner still gets it.
+			err = nil
+		}
 		switch {
 		case err != nil:
 			results[i] = err
+			cut = r != nil
 		case existed:
 			results[i] = cache.ErrExists
 		}
@@ -412,6 +445,16 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		}
 	}
 	return results, nil
+}
+
+func (p *Proxy) checkItem(it PutItem) error {
+	if err := p.checkKey(it.Key); err != nil {
+		return err
+	}
+	if err := p.checkValue(it.Value); err != nil {
+		return err
+	}
+	return p.checkMeta(it.Opts.Meta)
 }
 
 // Get returns a copy of one block's bytes, verified against its checksum.

@@ -56,9 +56,7 @@ func (p *Proxy) ReservePut(ctx context.Context, ns string, key []byte, size int6
 		return nil, false, fmt.Errorf("%w: %w", ErrNoStream, err)
 	}
 	rt := p.router()
-	if rt != nil && !rt.owns(ns, key) {
-		opts.LowPriority = true // a copy of a block owned elsewhere, as in Put
-	}
+	opts = rt.localOpts(ns, key, opts) // as in Put
 	r, err := zs.Reserve(ctx, ns, key, size, opts, 0)
 	switch {
 	case errors.Is(err, cache.ErrExists):

@@ -534,6 +534,24 @@ func (r *router) owns(ns string, key []byte) bool {
 	return false
 }
 
+// localOpts are a put's options for this node's tiers: a block owned
+// elsewhere is stored here as a copy (LowPriority), and the chain hint
+// (Parent) is kept only for a parent this node owns, whose absence here
+// means the block would be an orphan; a parent owned elsewhere is its
+// owner's to hold. A nil router (no cluster) changes nothing.
+func (r *router) localOpts(ns string, key []byte, opts cache.PutOptions) cache.PutOptions {
+	if r == nil {
+		return opts
+	}
+	if !r.owns(ns, key) {
+		opts.LowPriority = true
+	}
+	if len(opts.Parent) > 0 && !r.owns(ns, opts.Parent) {
+		opts.Parent = nil
+	}
+	return opts
+}
+
 // pushesElsewhere reports whether a put of (ns, key) here goes to another node: one
 // of the first R owners is not this node.
 func (r *router) pushesElsewhere(ns string, key []byte) bool {

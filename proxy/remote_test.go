@@ -585,3 +585,128 @@ func TestLookupAsksUpToItsOwnMiss(t *testing.T) {
 		}
 	}
 }
+
+// fullOfOwned is a store with no room for copies of blocks owned
+// elsewhere (LowPriority puts are refused for room), as a DRAM tier full
+// of owned blocks refuses them, and that refuses the key refuse too.
+type fullOfOwned struct {
+	*dram.Tier
+	refuse string
+}
+
+func (s *fullOfOwned) Put(ctx context.Context, ns string, key, value []byte, o cache.PutOptions) (bool, error) {
+	if o.LowPriority || string(key) == s.refuse {
+		return false, fmt.Errorf("test: %w", cache.ErrNoSpace)
+	}
+	return s.Tier.Put(ctx, ns, key, value, o)
+}
+
+// TestBatchPutThroughAFullNode: a chain put through a node with no room
+// for copies reaches every owner: the blocks the other node owns are
+// pushed to it although no copy was kept here, and a block owned here
+// whose parent the other node owns is not refused as an orphan. Only a
+// block its owner refuses cuts the chain: the deeper blocks are then
+// neither stored nor pushed.
+func TestBatchPutThroughAFullNode(t *testing.T) {
+	ctx := context.Background()
+	names := []string{"a", "b"}
+	tierA := newRouteTier(t)
+	storeA := &fullOfOwned{Tier: tierA}
+	ps := map[string]*Proxy{"a": newRouteProxyOn(t, storeA, tierA), "b": newRouteProxy(t)}
+	for _, n := range names {
+		if err := ps[n].AttachCluster(&fakeCluster{self: n, nodes: names}, &fakePeers{self: n, nodes: ps},
+			RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ps[n].DetachCluster(0) })
+	}
+	fc := &fakeCluster{nodes: names}
+	chain := func(prefix string) ([]PutItem, []string) {
+		var items []PutItem
+		var owners []string
+		for i := 0; len(items) < 12; i++ {
+			k := []byte(fmt.Sprint(prefix, i))
+			o := fc.Owners("ns", k)[0]
+			if len(items) == 0 && o != "b" {
+				continue // the chain starts with a block b owns
+			}
+			items = append(items, PutItem{Key: k, Value: bytes.Repeat(k, 20),
+				Opts: cache.PutOptions{Depth: int32(len(items)), SyncReplicas: 1}})
+			owners = append(owners, o)
+		}
+		return items, owners
+	}
+	held := func(node string, k []byte) bool {
+		_, ok, _ := ps[node].Exists(ctx, "ns", k, ScopeLocal)
+		return ok
+	}
+
+	items, owners := chain("x")
+	res, err := ps["a"].BatchPut(ctx, "ns", items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range items {
+		if res[i] != nil || !held(owners[i], it.Key) {
+			t.Errorf("block %d (owner %s): result %v, held by its owner %v", i, owners[i], res[i], held(owners[i], it.Key))
+		}
+	}
+	if n, err := ps["b"].Lookup(ctx, "ns", keysOf(items), ScopeCluster); err != nil || n != len(items) {
+		t.Fatalf("cluster lookup of the chain: %d of %d, %v", n, len(items), err)
+	}
+
+	items, owners = chain("y")
+	cutAt := -1
+	for i := 2; i < len(items); i++ {
+		if owners[i] == "a" {
+			cutAt = i
+			break
+		}
+	}
+	if cutAt < 0 {
+		t.Fatal("no block of a's past the chain's head")
+	}
+	storeA.refuse = string(items[cutAt].Key)
+	if res, err = ps["a"].BatchPut(ctx, "ns", items); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range items {
+		if i < cutAt {
+			if res[i] != nil || !held(owners[i], it.Key) {
+				t.Errorf("block %d before the cut: result %v, held %v", i, res[i], held(owners[i], it.Key))
+			}
+			continue
+		}
+		if !errors.Is(res[i], cache.ErrNoSpace) || held("a", it.Key) || held("b", it.Key) {
+			t.Errorf("block %d past the cut (at %d): result %v, held by a %v, by b %v", i, cutAt, res[i], held("a", it.Key), held("b", it.Key))
+		}
+	}
+
+	// A single put (the buffer socket's puts, a zero-copy put without a
+	// slot here) of a block b owns: pushed to b without a copy here,
+	// unless it names a parent a owns and does not hold (an orphan).
+	var bKeys, aKeys [][]byte
+	for i := 0; len(bKeys) < 2 || len(aKeys) < 1; i++ {
+		k := []byte(fmt.Sprint("z", i))
+		if fc.Owners("ns", k)[0] == "b" {
+			bKeys = append(bKeys, k)
+		} else {
+			aKeys = append(aKeys, k)
+		}
+	}
+	if _, err := ps["a"].Put(ctx, "ns", bKeys[0], []byte("v"), cache.PutOptions{Depth: 3, SyncReplicas: 1}); err != nil || !held("b", bKeys[0]) {
+		t.Fatalf("Put of b's block through a: %v, held by b %v", err, held("b", bKeys[0]))
+	}
+	orphan := cache.PutOptions{Depth: 4, Parent: aKeys[0], SyncReplicas: 1}
+	if _, err := ps["a"].Put(ctx, "ns", bKeys[1], []byte("v"), orphan); !errors.Is(err, cache.ErrNoSpace) || held("b", bKeys[1]) {
+		t.Fatalf("Put of an orphan through a: %v, held by b %v", err, held("b", bKeys[1]))
+	}
+}
+
+func keysOf(items []PutItem) [][]byte {
+	keys := make([][]byte, len(items))
+	for i, it := range items {
+		keys[i] = it.Key
+	}
+	return keys
+}

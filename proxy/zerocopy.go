@@ -299,10 +299,7 @@ func (p *Proxy) Reserve(ctx context.Context, ns string, items []ReserveItem, ttl
 		if out[i].Err = p.checkSize(it.Size); out[i].Err != nil {
 			continue
 		}
-		opts := cache.PutOptions{Depth: it.Depth, Durable: durable}
-		if rt := p.router(); rt != nil && !rt.owns(ns, it.Key) {
-			opts.LowPriority = true // a copy of a block owned elsewhere, as in Put
-		}
+		opts := p.router().localOpts(ns, it.Key, cache.PutOptions{Depth: it.Depth, Durable: durable}) // as in Put
 		r, err := zs.Reserve(ctx, ns, it.Key, it.Size, opts, ttl)
 		if err != nil {
 			out[i].Err = err
