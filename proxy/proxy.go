@@ -411,11 +411,11 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 		prevMine := mine
 		mine = r == nil || r.owns(ns, it.Key)
 		it.Opts.LowPriority = !mine
-		if follows && prevMine {
+		if follows && (r == nil || prevMine) {
 			// The parent is this node's to keep: the tier refuses the
 			// block rather than evict the parent for it, or when the
-			// parent is not held. A parent owned elsewhere is its
-			// owner's business.
+			// parent is not held (on a single node, also an invalid
+			// parent). A parent owned elsewhere is its owner's business.
 			it.Opts.Parent = items[i-1].Key
 		}
 		done := p.describe(ns, it.Key, it.Opts.Meta)
