@@ -392,14 +392,13 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 	r := p.router()
 	var stored []PutItem
 	syncN := 0 // the most owners any item asks to wait for (cache.PutOptions.SyncReplicas)
-	// In a cluster, mine says the item before is this node's to keep, and
-	// cut that a block of the chain being put was refused here, its
-	// owner, or not stored at all: the deeper blocks would be orphans
-	// everywhere, so they are neither stored nor pushed.
-	mine, cut := false, false
+	// cut (cluster only): a block of the chain being put was refused
+	// here, its owner, or not stored at all: the deeper blocks would be
+	// orphans everywhere, so they are neither stored nor pushed.
+	cut := false
 	for i, it := range items {
 		if err := p.checkItem(it); err != nil {
-			results[i], cut, mine = err, r != nil, false
+			results[i], cut = err, r != nil
 			continue
 		}
 		follows := i > 0 && it.Opts.Depth > 0 && it.Opts.Depth == items[i-1].Opts.Depth+1
@@ -408,25 +407,20 @@ func (p *Proxy) BatchPut(ctx context.Context, ns string, items []PutItem) (resul
 			results[i] = fmt.Errorf("%w: its parent was not stored", cache.ErrNoSpace)
 			continue
 		}
-		prevMine := mine
-		mine = r == nil || r.owns(ns, it.Key)
-		it.Opts.LowPriority = !mine
-		if follows && (r == nil || prevMine) {
-			// The parent is this node's to keep: the tier refuses the
-			// block rather than evict the parent for it, or when the
-			// parent is not held (on a single node, also an invalid
-			// parent). A parent owned elsewhere is its owner's business.
+		if follows {
+			// The tier refuses the block rather than evict its parent for
+			// it, or when the parent is not held (on a single node, also
+			// an invalid parent); localOpts drops a parent owned elsewhere.
 			it.Opts.Parent = items[i-1].Key
 		}
+		it.Opts = r.localOpts(ns, it.Key, it.Opts)
 		done := p.describe(ns, it.Key, it.Opts.Meta)
 		existed, err := p.store.Put(ctx, ns, it.Key, it.Value, it.Opts)
 		done(err)
-		it.Opts.Parent = nil // this tier's chain hint; the owner names its own
-		if !mine && errors.Is(err, cache.ErrNoSpace) {
-			// No room here for a copy of a block owned elsewhere: its
-			// owner still gets it.
-			err = nil
+		if r != nil && it.Opts.LowPriority && errors.Is(err, cache.ErrNoSpace) && p.parentHeld(ctx, ns, it.Opts.Parent) {
+			err = nil // no room here for a copy of a block owned elsewhere: its owner still gets it
 		}
+		it.Opts.Parent = nil // this tier's chain hint; the owner names its own
 		switch {
 		case err != nil:
 			results[i] = err
