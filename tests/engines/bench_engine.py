@@ -7,13 +7,18 @@ null), "profile": path or null}. Prints "READY" (or "FAILED <error>") once
 the engine is up, then answers one JSON line per command line on stdin:
   {"op": "ttft", "prompt": [ids]}  -> {"ttft_s", "cached", "stats"}:
       generate(max_tokens=1) timed in this process; stats are the
-      connector's counters after it (tidepool.vllm.stats())
+      connector's counters after it (tidepool.vllm.stats()). With
+      "copy": [n, part], the timed part first copies n runs of part bytes
+      (one memmove each, out of one prefaulted buffer into every other row
+      of another): the bytes a connector's hit moves into the paged KV
+      cache, with nothing else a connector does
   {"op": "reset"}                  -> {"ok"}: vLLM's own prefix cache emptied
   {"op": "quit"}
 With "profile", the ttft commands run under cProfile, dumped there at quit.
 """
 
 import cProfile
+import ctypes
 import json
 import os
 import sys
@@ -40,6 +45,23 @@ def reset(llm, sp, TokensPrompt):
         llm.generate([TokensPrompt(prompt_token_ids=[3])], sp, use_tqdm=False)
         time.sleep(0.01)
     return False
+
+
+_BUFS = {}
+
+
+def copy_runs(n, part):
+    """One memmove per run of part bytes, n runs, into scattered rows."""
+    bufs = _BUFS.get((n, part))
+    if bufs is None:
+        import torch
+        src = torch.randint(0, 256, (n, part), dtype=torch.uint8)
+        dst = torch.ones((2 * n, part), dtype=torch.uint8)  # written once: no page fault when timed
+        bufs = _BUFS[(n, part)] = (src, dst)
+    src, dst = bufs
+    s0, d0 = src.data_ptr(), dst.data_ptr()
+    for i in range(n):
+        ctypes.memmove(d0 + 2 * i * part, s0 + i * part, part)
 
 
 def main():
@@ -71,6 +93,8 @@ def main():
         if prof is not None:
             prof.enable()
         t0 = time.perf_counter()
+        if cmd.get("copy"):
+            copy_runs(*cmd["copy"])
         o = llm.generate([TokensPrompt(prompt_token_ids=cmd["prompt"])], sp, use_tqdm=False)[0]
         dt = time.perf_counter() - t0
         if prof is not None:
