@@ -242,28 +242,6 @@ class EngineTests(unittest.TestCase):
         self.assertGreater(max_logprob_diff(on, self.ref), 100 * ABS_TOL,
                            "loading another prompt's KV did not change the output: test 1 has no teeth")
 
-    def test_1b_layer_by_layer(self):
-        # An engine that has run a forward step has shown the worker that
-        # vLLM waits for each layer: its loads then copy layer by layer
-        # beside the forward. Engine B first computes R (a miss), then runs
-        # P + suffix with P's blocks loaded layer by layer: the output is
-        # the reference's; with Q's blocks in their place it is not.
-        s = self.sidecar("layers")
-        self.run_engine(self.model, [P, Q], kv=kv_config(s.socket))
-        r = prompt(4, 3 * BLOCK + 7)
-        b = self.run_engine(self.model, [r, P + SUFFIX], kv=kv_config(s.socket))
-        cb = b["connector"]
-        self.assertEqual(cb["loaded_blocks"], P_BLOCKS, cb)
-        self.assertEqual(cb.get("load_errors", 0), 0, cb)
-        self.assertEqual(cb.get("load_layerwise_steps", 0), 1, cb)
-        self.assert_same_as_reference(b["outputs"][1], "engine B (P loaded layer by layer)")
-        n = self.run_engine(self.model, [r, P + SUFFIX], kv=kv_config(s.socket),
-                            hooks={"load_keys_of": Q + SUFFIX, "load_keys_for": P + SUFFIX})
-        cn = n["connector"]
-        self.assertGreaterEqual(cn.get("load_layerwise_steps", 0), 1, cn)
-        self.assertGreater(max_logprob_diff(n["outputs"][1], self.ref), 100 * ABS_TOL,
-                           "loading another prompt's KV layer by layer did not change the output")
-
     # 3 -----------------------------------------------------------------------
     def test_3_across_nodes(self):
         s1, s2 = cluster_pair(self.tmp, self.sidecar)

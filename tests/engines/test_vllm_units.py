@@ -277,37 +277,20 @@ class UnitTests(unittest.TestCase):
             time.sleep(0.02)
         self.assertEqual(done, {req})
 
-    def load_blocks(self, w, keys, bids, layers=()):
-        """One forward step that loads keys into KV blocks bids; vLLM's
-        attention waits for layers in order (wait_for_layer_load)."""
+    def load_blocks(self, w, keys, bids):
+        """One forward step that loads keys into KV blocks bids."""
         from tidepool.vllm import TidepoolConnectorMetadata, _Transfer
         w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("l", keys, bids, 0)]))
         w.start_load_kv(None)
-        for name in layers:
-            w.wait_for_layer_load(name)
         w.wait_for_save()
         errs = w.get_block_ids_with_load_errors()
         w.clear_connector_metadata()
         return errs
 
-    def step(self, w, layers):
-        """A forward step with no load or save, its attention layers waiting
-        in order, as vLLM's model runner drives one."""
-        from tidepool.vllm import TidepoolConnectorMetadata
-        w.bind_connector_metadata(TidepoolConnectorMetadata())
-        w.start_load_kv(None)
-        for name in layers:
-            w.wait_for_layer_load(name)
-        w.wait_for_save()
-        self.assertEqual(w.get_block_ids_with_load_errors(), set())
-        w.clear_connector_metadata()
-
-    def roundtrip(self, shape_of, tag, dtype=torch.float32, layerwise=False):
+    def roundtrip(self, shape_of, tag, dtype=torch.float32):
         """Saves blocks 1-3 of two layers, loads two back into blocks 5-6
         (consecutive: gathered straight into the KV tensor) and into 9, 4
-        (scattered: gathered, then index_copy_). layerwise: a step first
-        shows the worker that vLLM waits for every layer, so the loads copy
-        layer by layer on the copier thread."""
+        (scattered: gathered, then index_copy_)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from tidepool.vllm import TidepoolConnector, stats
 
@@ -333,27 +316,18 @@ class UnitTests(unittest.TestCase):
         self.assertEqual(list(sched.take_events()), [])
         ref = {n: t.clone() for n, t in kv.items()}
         bdim = 0 if next(iter(kv.values())).shape[0] == 10 else 1
-        layers = ()
-        if layerwise:
-            layers = sorted(kv)
-            self.step(w, layers[:1])  # not every layer waited for: still whole loads
-            self.assertIsNone(w._worker._layer_order)
-            self.step(w, layers)
-            self.assertEqual(w._worker._layer_order, layers)
-        steps0 = stats().get("load_layerwise_steps", 0)
         for dst in ([5, 6, 7], [9, 4, 7], [6, 5, 8]):  # a run, scattered, a run out of order
             for t in kv.values():
                 for b in dst:
                     t.select(bdim, b).zero_()
             missing = bytes([9]) * 32
-            self.assertEqual(self.load_blocks(w, [keys[1], keys[2], missing], dst, layers), {dst[2]})
+            self.assertEqual(self.load_blocks(w, [keys[1], keys[2], missing], dst), {dst[2]})
             for n, t in kv.items():
                 self.assertTrue(torch.equal(t.select(bdim, dst[0]), ref[n].select(bdim, 2)), n)
                 self.assertTrue(torch.equal(t.select(bdim, dst[1]), ref[n].select(bdim, 3)), n)
                 self.assertEqual(float(t.select(bdim, dst[2]).float().abs().sum()), 0.0)
                 self.assertTrue(torch.equal(t.select(bdim, 1), ref[n].select(bdim, 1)), n)  # untouched
         self.assertEqual(w.get_block_ids_with_load_errors(), set())
-        self.assertEqual(stats().get("load_layerwise_steps", 0) - steps0, 3 if layerwise else 0)
         return w
 
     def test_cpu_layout_roundtrip(self):
@@ -364,36 +338,6 @@ class UnitTests(unittest.TestCase):
     def test_cpu_layout_roundtrip_bf16(self):
         w = self.roundtrip(lambda nb: (nb, 2, BS, 128), "cpu-bf16", dtype=torch.bfloat16)
         self.assertEqual(len(w._worker._parts), 2)
-
-    def test_cpu_layout_roundtrip_layer_by_layer(self):
-        self.roundtrip(lambda nb: (nb, 2, BS, 128), "cpu-lw", layerwise=True)
-
-    def test_flash_attention_layout_roundtrip_layer_by_layer(self):
-        self.roundtrip(lambda nb: (2, nb, BS, 2, 64), "fa-lw", layerwise=True)
-
-    def test_layer_waits_for_its_copies(self):
-        # Layer by layer: a layer's wait returns once that layer's blocks
-        # are in the KV tensor, and the step's end has all of them.
-        from tidepool.vllm import TidepoolConnectorMetadata, _Transfer
-        g = torch.Generator().manual_seed(3)
-        names = ["l%d" % i for i in range(4)]
-        kv = {n: torch.randn(12, 2, BS, 128, generator=g) for n in names}
-        w, _ = self.worker("lw-wait", kv, num_blocks=12)
-        keys = [os.urandom(32) for _ in range(5)]
-        self.save_blocks(w, "s", keys, [0, 1, 2, 3, 4])
-        ref = {n: t[:5].clone() for n, t in kv.items()}
-        self.step(w, names)
-        for t in kv.values():
-            t[6:11].zero_()
-        w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("l", keys, [10, 8, 6, 7, 9], 0)]))
-        w.start_load_kv(None)
-        for n in names:
-            w.wait_for_layer_load(n)
-            got = kv[n][[10, 8, 6, 7, 9]]
-            self.assertTrue(torch.equal(got, ref[n]), n)
-        w.wait_for_save()
-        self.assertEqual(w.get_block_ids_with_load_errors(), set())
-        w.clear_connector_metadata()
 
     def test_flash_attention_layout_roundtrip(self):
         # FlashAttention: (2, num_blocks, block_size, num_kv_heads, head_size):
@@ -444,20 +388,6 @@ class UnitTests(unittest.TestCase):
         self.assertEqual(self.load_blocks(w, keys, list(range(20, 36))), set())
         self.assertEqual(stats()["rpc_acquire"] - mid.get("rpc_acquire", 0), 3)
         self.assertTrue(torch.equal(kv["l0"][20:36], ref))
-        # Layer by layer: the 16 blocks pin more than half of DRAM (2 × 7
-        # blocks), so they are copied chunk by chunk as before; with 9
-        # blocks a call (18 ≥ 16), layer by layer after two Acquires.
-        tidepool.vllm._Link.get = orig
-        self.step(w, ["l0"])
-        for budget, acquires, layerwise in ((7, 3, 0), (9, 2, 1)):
-            w._worker._link.budget = budget * w._worker.block_bytes
-            kv["l0"][20:36].zero_()
-            b = stats()
-            self.assertEqual(self.load_blocks(w, keys, list(range(20, 36)), ["l0"]), set())
-            a = stats()
-            self.assertEqual(a["rpc_acquire"] - b.get("rpc_acquire", 0), acquires)
-            self.assertEqual(a.get("load_layerwise_steps", 0) - b.get("load_layerwise_steps", 0), layerwise)
-            self.assertTrue(torch.equal(kv["l0"][20:36], ref))
 
     def test_shutdown_waits_for_saves(self):
         # Saves queued just before shutdown() are all stored when it returns.

@@ -33,7 +33,6 @@ connector reconnects when the sidecar is back.
 
 import atexit
 import collections
-import ctypes
 import hashlib
 import json
 import os
@@ -73,9 +72,6 @@ DEFAULT_SOCKET = "/run/tidepool/tidepool.sock"
 # (saves: committed blocks demote to SSD as the next call reserves; loads:
 # blocks promoted from SSD for one call are released before the next).
 DRAM_SHARE = 4
-# A step's loads copy layer by layer only while they pin at most this many
-# chunks' worth (DRAM_SHARE each) of the sidecar's DRAM: half of it.
-LAYERWISE_DRAM_SHARE = DRAM_SHARE // 2
 # Leases a load left to ride on the next Acquire are released on their own
 # once they are this old, so that an engine that goes idle does not keep
 # them pinned until their deadline.
@@ -704,9 +700,6 @@ class _GPUConn:
         return self._w._header
 
 
-_memmove = ctypes.memmove  # a foreign call: releases the GIL while it copies
-
-
 @dataclass
 class _Group:
     """A chunk's blocks in one arena, headers checked: arena tensor a (the
@@ -733,60 +726,6 @@ class _Chunk:
         self.loaded: set = set()  # indexes in chunk copied
 
 
-class _LoadStep:
-    """One forward step's loads on the copier thread, layer by layer in
-    vLLM's order. One thread: on this project's 2-core test machine two
-    threads copied 33.6 MB in 64 KiB pieces at 6.1 GB/s against one
-    thread's 9.0 (docs/PERFORMANCE.md, "vLLM loads layer by layer")."""
-
-    def __init__(self, plans, order, parts, t0):
-        self.plans = plans  # [(transfer, [_Chunk])]
-        self.order = order
-        self.pos = {name: k for k, name in enumerate(order)}
-        by_layer = collections.defaultdict(list)
-        for p in parts:
-            by_layer[p.layer].append((p.rows.data_ptr(), p.rows.stride(0) * p.rows.element_size(),
-                                      p.nbytes, HEADER_BYTES + p.offset))
-        self.layers = [by_layer.get(name, []) for name in order]
-        # (source block address, KV block id) of every block to copy
-        self.moves = [(g.a.data_ptr() + off, bid) for _, chunks in plans for ch in chunks
-                      for g in ch.groups for off, bid in zip(g.offsets, g.bids)]
-        self.plan_seconds = time.perf_counter() - t0
-        self.copy_seconds = 0.0
-        self.error = None
-        self._done = 0  # layers copied; len(order) + 1 once the copier let go
-        self._cv = threading.Condition()
-
-    def run(self):
-        """The copies: one memmove per block and part, no torch call (no
-        intra-op thread pool to share with the forward), the GIL released
-        while the bytes move."""
-        t0 = time.perf_counter()
-        try:
-            for k, parts in enumerate(self.layers):
-                for dst0, stride, nbytes, off in parts:
-                    for src, bid in self.moves:
-                        _memmove(dst0 + bid * stride, src + off, nbytes)
-                self._set_done(k + 1)
-        except BaseException as e:  # noqa: BLE001 - reported by _finish_load
-            self.error = e
-        finally:
-            self.copy_seconds = time.perf_counter() - t0
-            self._set_done(len(self.order) + 1)
-
-    def _set_done(self, k):
-        with self._cv:
-            self._done = k
-            self._cv.notify_all()
-
-    def wait(self, layer):
-        """Until layer's copies are done (None: until the copier let go)."""
-        k = len(self.order) + 1 if layer is None else self.pos.get(layer, -1) + 1
-        with self._cv:
-            while self._done < k:
-                self._cv.wait()
-
-
 class Worker:
     """The worker's half: loads (before the forward, synchronously: one
     Acquire per chunk, one gather per layer out of the arena mapping and one
@@ -810,11 +749,6 @@ class Worker:
         self._to_release: list = []  # lease ids that ride on the next Acquire
         self._release_by = 0.0  # monotonic time by which they are released anyway
         self._load_errors: set = set()
-        self._layer_order = None  # vLLM's layer order, once it showed it waits for each layer
-        self._learning: Optional[list] = []  # the layers vLLM waited for this step, in order
-        self._step = None  # the _LoadStep on the copier thread
-        self._copier = None  # the copier thread, and its queue of _LoadSteps
-        self._copier_q: "queue.Queue" = queue.Queue()
         self._warmed = None  # the client whose arenas _warm filled the page tables of
         self._warm_stop = threading.Event()
         self._save_q: "queue.Queue" = queue.Queue()
@@ -875,105 +809,36 @@ class Worker:
 
     # -- load: arena -> paged KV, before the forward --------------------------------
     #
-    # A load is planned on the main thread: one Acquire per chunk, the slots
-    # and headers checked. The bytes are then copied either at once (one
-    # gather per part out of the arena mapping) or, once this engine has
-    # shown that vLLM calls wait_for_layer_load before every layer's
-    # attention, layer by layer on the copier thread while the forward
-    # runs: layer l's attention waits only for layer l's copies. Either way
-    # the leases are settled on the main thread at the end of the step
-    # (_finish_load), before vLLM asks for the blocks that failed.
+    # A load is done in start_load_kv, before the forward: chunk by chunk,
+    # one Acquire each (which releases the previous chunk's leases, so a
+    # prefix larger than the sidecar's DRAM streams through it), the slots
+    # and headers checked, then one gather per KV part out of the arena
+    # mapping. Copying beside the forward, layer by layer on a thread, was
+    # tried and removed: on CPU the forward's OpenMP threads use every
+    # core, so the copy took as long and slowed the forward by as much
+    # (docs/PERFORMANCE.md section 27); on CUDA the copy is tidepool.cuda's.
 
     def start_load_kv(self, meta):
-        self._finish_load()
         self._warm()
         if not meta.loads or not self._do_load:
             return
-        if not self._parts:
-            for tr in meta.loads:
-                self._fail_load(tr, set())
-            return
-        # memmove needs host memory: a KV cache on any device copies at once.
-        layerwise = self._layer_order is not None and self._gpu is None and \
-            all(p.rows.device.type == "cpu" for p in self._parts)
-        if layerwise:
-            # All of a step's Acquires come before its copies, so its leases
-            # are held together: a load of more than half the sidecar's DRAM
-            # (a prefix that streams through DRAM from SSD) is copied chunk
-            # by chunk here, each chunk's leases released by the next Acquire.
-            n = sum(1 for tr in meta.loads for k in tr.keys if k is not None)
-            layerwise = self._link.get() is not None and \
-                n * self.block_bytes <= LAYERWISE_DRAM_SHARE * self._link.budget
         t0 = time.perf_counter()
-        plans = []  # (tr, [_Chunk])
         for tr in meta.loads:
-            if self._gpu is not None:  # GPU hook (tidepool.cuda)
-                self._account(tr, self._gpu.load(self._gpu_conn, tr), time.perf_counter() - t0)
-                t0 = time.perf_counter()
+            if not self._parts:
+                self._fail_load(tr, set())
                 continue
-            if not layerwise:
-                # Chunk by chunk: each chunk copied and settled before the
-                # next Acquire, which releases its leases (a prefix larger
-                # than DRAM streams through it).
+            if self._gpu is not None:  # GPU hook (tidepool.cuda)
+                ok = self._gpu.load(self._gpu_conn, tr)
+            else:
                 ok = set()
-                for ch in self._plan(tr, populate=True):
+                for ch in self._plan(tr):
                     self._copy_now(ch)
                     ok |= self._settle_all([ch])
-                self._account(tr, ok, time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                continue
-            plans.append((tr, list(self._plan(tr, populate=False))))
-        if plans:
-            if self._copier is None:
-                self._copier = threading.Thread(target=self._copy_loop, name="tidepool-load", daemon=True)
-                self._copier.start()
-            self._step = _LoadStep(plans, self._layer_order, self._parts, t0)
-            _count("load_layerwise_steps")
-            self._copier_q.put(self._step)
+            self._account(tr, ok, time.perf_counter() - t0)
+            t0 = time.perf_counter()
 
     def wait_for_layer_load(self, layer_name):
-        if self._learning is not None and layer_name not in self._learning:
-            self._learning.append(layer_name)
-        step = self._step
-        if step is not None:
-            t0 = time.perf_counter()
-            step.wait(layer_name)
-            _count("load_wait_seconds", time.perf_counter() - t0)
-
-    def _end_step(self):
-        """The end of a forward step: the load finished, and what vLLM's
-        wait_for_layer_load calls showed learnt."""
-        self._finish_load()
-        if self._learning is not None:
-            names = {p.layer for p in self._parts}
-            if names and names <= set(self._learning):
-                # vLLM waited for every layer that has KV bytes: loads from
-                # now on copy layer by layer, in the order vLLM runs them.
-                self._layer_order = [n for n in self._learning if n in names]
-                self._learning = None
-                logger.info("tidepool: loads copy layer by layer beside the forward (%d layers)",
-                            len(self._layer_order))
-            else:
-                self._learning = []
-
-    def _finish_load(self):
-        """Waits for the copier's step, if one is in flight, and settles it."""
-        step, self._step = self._step, None
-        if step is None:
-            return
-        step.wait(None)
-        _count("load_plan_seconds", step.plan_seconds)
-        _count("load_copy_seconds", step.copy_seconds)
-        t_copy = step.plan_seconds + step.copy_seconds
-        for tr, chunks in step.plans:
-            if step.error is None:
-                for ch in chunks:
-                    for g in ch.groups:
-                        ch.loaded.update(g.js)
-            self._account(tr, self._settle_all(chunks), t_copy)
-            t_copy = 0.0
-        if step.error is not None:
-            _once.warn("load:%s" % type(step.error).__name__, "load failed: %r; recomputing", step.error)
+        """Nothing to wait for: start_load_kv copied the step's loads."""
 
     def _account(self, tr, ok, seconds):
         _count("load_seconds", seconds)
@@ -987,7 +852,7 @@ class Worker:
             self._load_errors.update(bad)
             _count("load_errors", len(bad))
 
-    def _plan(self, tr, populate):
+    def _plan(self, tr):
         """Yields the chunks of one transfer, each Acquired with its copies
         planned (no bytes moved yet), the next Acquired only when the
         caller asks for it. A chunk that fails ends the plan: the rest of
@@ -998,7 +863,7 @@ class Worker:
         idx = [i for i, k in enumerate(tr.keys) if k is not None]
         for chunk in _chunks(idx, self._link.chunk(self.block_bytes)):
             try:
-                ch = self._plan_chunk(c, tr, chunk, populate)
+                ch = self._plan_chunk(c, tr, chunk)
             except Exception as e:  # noqa: BLE001
                 if _is_server_error(e):
                     _once.warn("acquire:%s" % e.code, "Acquire refused (%s); recomputing", e)
@@ -1050,12 +915,9 @@ class Worker:
         ids, self._to_release = self._to_release, []
         return ids or None
 
-    def _plan_chunk(self, c, tr, chunk, populate):
+    def _plan_chunk(self, c, tr, chunk):
         """One Acquire (with the last call's leases to release) and the
-        checks of what it granted: sizes, slots, headers, block ids.
-        populate: fill the page tables of the blocks' arena pages now (for
-        a copy made here; the copier thread takes its page faults beside
-        the forward instead)."""
+        checks of what it granted: sizes, slots, headers, block ids."""
         keys = [tr.keys[i] for i in chunk]
         _count("rpc_acquire")
         leases, deadline = c.acquire(self._ns, keys, lease_ms=self._s.lease_ms, release=self._take_releases())
@@ -1091,7 +953,7 @@ class Worker:
                 by_arena[l.slot.arena].append((j, l))
             for arena, items in by_arena.items():
                 g = self._checked(c, arena, [l.slot.offset for _, l in items],
-                                  [tr.block_ids[chunk[j]] for j, _ in items], [j for j, _ in items], populate)
+                                  [tr.block_ids[chunk[j]] for j, _ in items], [j for j, _ in items])
                 if g is not None:
                     ch.groups.append(g)
         except BaseException:
@@ -1117,13 +979,12 @@ class Worker:
             t = self._arena_tensors[key] = torch.frombuffer(v, dtype=dtype, count=len(v) // esize)
         return t
 
-    def _checked(self, c, arena, offsets, bids, js, populate):
+    def _checked(self, c, arena, offsets, bids, js):
         """The blocks at offsets (one arena) whose header is this layout's,
         as a _Group to copy into KV blocks bids; None when none is."""
         esize, dtype = _elem_for(self._elem[0], *offsets)
         a = self._arena(c, arena, dtype, esize)
-        if populate:
-            c.populate_reads(arena, offsets, self.block_bytes)
+        c.populate_reads(arena, offsets, self.block_bytes)  # the page tables, in one call
         offs = torch.tensor(offsets, dtype=torch.int64) // esize
         rows = a.numel()
         # Row r of a.as_strided((rows - at - n + 1, n), (1, 1), at) is the
@@ -1169,14 +1030,6 @@ class Worker:
                     g2 = src.index_select(0, offs)
                     rows_p.index_copy_(0, dst.to(rows_p.device), g2.to(rows_p.device))
             ch.loaded.update(g.js)
-
-    def _copy_loop(self):
-        """The copier thread: each step it is handed."""
-        while True:
-            step = self._copier_q.get()
-            if step is None:
-                return
-            step.run()
 
     def _settle_all(self, chunks):
         """Settles each chunk's leases; returns the transfer's indexes loaded."""
@@ -1235,13 +1088,11 @@ class Worker:
                 self._link.failed(e)
 
     def get_block_ids_with_load_errors(self):
-        self._end_step()
         errs, self._load_errors = self._load_errors, set()
         return errs
 
     # -- save: paged KV -> arena, on a thread ----------------------------------------
     def wait_for_save(self, meta):
-        self._finish_load()
         if self._to_release and time.monotonic() > self._release_by:
             self._flush_releases()  # idle since the last load: unpin its blocks
         if not meta.saves:
@@ -1394,7 +1245,6 @@ class Worker:
     def drain(self, timeout_s=60.0):
         """Waits (at most timeout_s) for the saves queued so far; True when
         none is left."""
-        self._finish_load()
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while self._outstanding and time.monotonic() < deadline:
@@ -1434,10 +1284,6 @@ class Worker:
                 logger.info("tidepool: waited %.1fs for the last saves", time.monotonic() - t0)
             self._save_q.put(None)
             self._saver.join(timeout=5)
-        self._finish_load()
-        if self._copier is not None:
-            self._copier_q.put(None)
-            self._copier.join(timeout=5)
         self._flush_releases()
         if self._gpu is not None:  # GPU hook (tidepool.cuda)
             self._gpu.close()
