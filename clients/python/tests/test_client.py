@@ -127,6 +127,7 @@ class ClientTest(unittest.TestCase):
         # usual, and the connection stays in step.
         if not self.framed:
             self.skipTest("framed transport only")
+        self.c._arena_get = False  # the socket path (test_get_through_the_arenas: the other)
         decoded = []
         recv_get = self.c._c.recv_Get
 
@@ -145,6 +146,44 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
         self.assertEqual(len(decoded), 2)
         self.assertEqual(self.c.get(self.ns, b"hit-2"), payload(1 << 20, 62))
+
+    def test_get_through_the_arenas(self):
+        # A client that maps the arenas copies a hit out of them under a
+        # lease that rides on its next Acquire: no Get call at all, the
+        # same bytes, None on a miss, the same errors; a client that cannot
+        # map them gets over the socket.
+        sent = []
+        send_get = self.c._c.send_Get
+
+        def counting(req):
+            sent.append(1)
+            return send_get(req)
+        self.c._c.send_Get = counting
+        for i, n in enumerate([0, 3, 1 << 20, MAX_VALUE]):
+            v = payload(n, 70 + i)
+            self.c.put(self.ns, b"arena-%d" % i, v)
+            self.assertEqual(self.c.get(self.ns, b"arena-%d" % i), v)
+        self.assertEqual(sent, [], "a hit went over the socket")
+        self.assertTrue(self.c._arena_get)
+        self.assertEqual(len(self.c._pending), 1)  # the last hit's lease, released by the next Acquire
+        self.assertIsNone(self.c.get(self.ns, b"absent"))
+        self.assertEqual(self.c._pending, [])
+        with self.assertRaises(tidepool.Error) as cm:
+            self.c.get(self.ns, b"")
+        self.assertEqual(cm.exception.code, ErrorCode.INVALID_ARGUMENT)
+        self.assertEqual(sent, [])
+        self.c.flush_releases()
+        # No arenas to map (a sidecar in another container without the
+        # arena directory): get goes over the socket.
+        c = tidepool.Client(SOCKET, framed=self.framed)
+        self.addCleanup(c.close)
+
+        def no_arenas(remap=False):
+            raise tidepool.Error(ErrorCode.UNAVAILABLE, "the server offers no shared arenas")
+        c._map = no_arenas
+        self.assertEqual(c.get(self.ns, b"arena-2"), payload(1 << 20, 72))
+        self.assertIs(c._arena_get, False)
+        self.assertIsNone(c.get(self.ns, b"absent"))
 
     def test_get_tail_checked(self):
         from tidepool.client import _check_get_tail
