@@ -8,8 +8,8 @@ the engine is up, then answers one JSON line per command line on stdin:
   {"op": "ttft", "prompt": [ids]}  -> {"ttft_s", "cached", "stats"}:
       generate(max_tokens=1) timed in this process; stats are the
       connector's counters after it (tidepool.vllm.stats()). With
-      "copy": [n, part], the timed part first copies n * part bytes in one
-      torch copy_ between two contiguous buffers written before (no page
+      "copy": n, the timed part first copies n bytes in one torch
+      copy_ between two contiguous buffers written before (no page
       fault; torch's intra-op threads): the bytes a connector's hit moves
       into the paged KV cache, at the best speed this machine copies, with
       nothing else a connector does
@@ -50,14 +50,14 @@ def reset(llm, sp, TokensPrompt):
 _BUFS = {}
 
 
-def copy_bytes(n, part):
-    """n * part bytes in one contiguous copy."""
-    bufs = _BUFS.get((n, part))
+def copy_bytes(n):
+    """n bytes in one contiguous copy."""
+    bufs = _BUFS.get(n)
     if bufs is None:
         import torch
-        src = torch.randint(0, 256, (n * part,), dtype=torch.uint8)
-        dst = torch.ones((n * part,), dtype=torch.uint8)  # written once: no page fault when timed
-        bufs = _BUFS[(n, part)] = (src, dst)
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8)
+        dst = torch.ones((n,), dtype=torch.uint8)  # written once: no page fault when timed
+        bufs = _BUFS[n] = (src, dst)
     src, dst = bufs
     dst.copy_(src)
 
@@ -92,7 +92,7 @@ def main():
             prof.enable()
         t0 = time.perf_counter()
         if cmd.get("copy"):
-            copy_bytes(*cmd["copy"])
+            copy_bytes(cmd["copy"])
         o = llm.generate([TokensPrompt(prompt_token_ids=cmd["prompt"])], sp, use_tqdm=False)[0]
         dt = time.perf_counter() - t0
         if prof is not None:

@@ -272,7 +272,7 @@ def run(procs, engines):
         T.ttft(p + [6, 3])
         got["vLLM prefix cache (same process)"] = T.ttft(p + [6, 1])
         got["prefix cache + one copy of the hit's bytes (bound)"] = T.ttft(
-            p + [6, 2], copy=[want * layers, block_bytes // layers])
+            p + [6, 2], copy=want * block_bytes)
         T.reset()
         got["tidepool, local"] = T.ttft(p + [7, 1])
         T.reset()

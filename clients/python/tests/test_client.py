@@ -127,7 +127,7 @@ class ClientTest(unittest.TestCase):
         # usual, and the connection stays in step.
         if not self.framed:
             self.skipTest("framed transport only")
-        self.c._arena_get = False  # the socket path (test_get_through_the_arenas: the other)
+        self.c._arena_ok = False  # the socket path (test_get_through_the_arenas: the other)
         decoded = []
         recv_get = self.c._c.recv_Get
 
@@ -164,7 +164,7 @@ class ClientTest(unittest.TestCase):
             self.c.put(self.ns, b"arena-%d" % i, v)
             self.assertEqual(self.c.get(self.ns, b"arena-%d" % i), v)
         self.assertEqual(sent, [], "a hit went over the socket")
-        self.assertTrue(self.c._arena_get)
+        self.assertTrue(self.c._arena_ok)
         self.assertEqual(len(self.c._pending), 1)  # the last hit's lease, released by the next Acquire
         self.assertIsNone(self.c.get(self.ns, b"absent"))
         self.assertEqual(self.c._pending, [])
@@ -182,7 +182,7 @@ class ClientTest(unittest.TestCase):
             raise tidepool.Error(ErrorCode.UNAVAILABLE, "the server offers no shared arenas")
         c._map = no_arenas
         self.assertEqual(c.get(self.ns, b"arena-2"), payload(1 << 20, 72))
-        self.assertIs(c._arena_get, False)
+        self.assertIs(c._arena_ok, False)
         self.assertIsNone(c.get(self.ns, b"absent"))
 
     def test_get_tail_checked(self):

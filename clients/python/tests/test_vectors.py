@@ -269,7 +269,7 @@ class GetReplyVectorsTest(unittest.TestCase):
         c = tidepool.Client.__new__(tidepool.Client)
         c._transport = FramedSocketTransport(sock)
         c._c = Tidepool.Client(TBinaryProtocol.TBinaryProtocol(c._transport))
-        c._lazy, c._arena_get = False, False  # the socket path: get's reply decoding
+        c._lazy, c._arena_ok = False, False  # the socket path: get's reply decoding
 
         def read(p):
             return recv_exactly(p, struct.unpack(">I", recv_exactly(p, 4))[0])

@@ -291,7 +291,7 @@ def _check_get_tail(rest):
                                              "malformed Get reply: bytes after its end")
 
 
-_NO_ARENAS = object()  # _get_from_arena: this connection reads no arenas
+_NO_ARENAS = object()  # _get_from_arena: not through the arenas this time
 
 
 class Client:
@@ -328,9 +328,9 @@ class Client:
         self._acq_release = False  # learnt from Hello in _map
         self._max_batch = 256  # learnt from Hello in _map
         self._pending = []  # lease ids queued for release
-        # get through the arenas: None until the first get finds out
-        # (mapping them), then True or False.
-        self._arena_get = None
+        # Whether this connection maps the arenas (get through them): None
+        # until the first get finds out, then True or False.
+        self._arena_ok = None
         # Slots reserved ahead (put_from, batch_put_from): each commit asks
         # for the slot of the next put of its namespace and size, so that a
         # put takes one round trip (commit) instead of two (reserve, commit)
@@ -408,7 +408,9 @@ class Client:
     def put(self, ns, key, value, depth=0, meta=None):
         """Stores one block; returns True when the key existed (a no-op).
         meta (a BlockMeta: token ids, parent key, block size) describes the
-        block for KV events (docs/events.md)."""
+        block for KV events (docs/events.md). The value goes over the
+        socket (through the arenas, as put_from, one caller was slower:
+        docs/PERFORMANCE.md section 29)."""
         return self._call(self._cw.Put, T.PutRequest(ns=ns, key=key, value=bytes(value), depth=depth,
                                                      **_meta_fields(meta))).existed
 
@@ -420,6 +422,17 @@ class Client:
                       **_meta_fields(it[3] if len(it) > 3 else None)) for it in items])
         return _codes(self._call(self._cw.BatchPut, req).results)
 
+    def _mapped(self):
+        """Whether this connection maps the sidecar's arenas, found out
+        (by mapping them) at the first get."""
+        if self._arena_ok is None:
+            try:
+                self._map()
+                self._arena_ok = True
+            except Error:
+                self._arena_ok = False
+        return self._arena_ok
+
     def get(self, ns, key, scope=Scope.DEFAULT):
         """The block's bytes, or None on a miss.
 
@@ -430,10 +443,13 @@ class Client:
         the socket); the lease rides on the next Acquire as get_into's do
         (see flush_releases). Otherwise, or when the arenas cannot be
         mapped, they come over the socket."""
-        if self._lazy and self._arena_get is not False:
+        if self._lazy and self._mapped() and self._acq_release:
             value = self._get_from_arena(ns, key, scope)
             if value is not _NO_ARENAS:
                 return value
+        return self._get_over_socket(ns, key, scope)
+
+    def _get_over_socket(self, ns, key, scope):
         if not isinstance(self._transport, FramedSocketTransport):
             r = self._call(self._c.Get, T.GetRequest(ns=ns, key=key, scope=scope))
             return r.value if r.found else None
@@ -453,18 +469,9 @@ class Client:
 
     def _get_from_arena(self, ns, key, scope):
         """get through the arenas: the bytes, None on a miss, or
-        _NO_ARENAS when this connection cannot read them that way (then
-        get goes over the socket, now and from then on)."""
-        if self._arena_get is None:
-            try:
-                self._map()
-            except Error:
-                self._arena_get = False
-                return _NO_ARENAS
-            self._arena_get = self._acq_release
-            if not self._arena_get:
-                return _NO_ARENAS
-        arenas = self._map()
+        _NO_ARENAS when the slot lies outside the arenas this client
+        mapped (the sidecar changed them: get goes over the socket this
+        time)."""
         pending, self._pending = self._pending or None, []
         r = self._call(self._c.Acquire, T.AcquireRequest(ns=ns, keys=[key], scope=scope, release_lease_ids=pending))
         if len(r.results) != 1:
@@ -474,16 +481,15 @@ class Client:
             return None
         if l.code != OK:
             raise Error(l.code, "get")
-        s = l.slot
-        if not 0 <= s.arena < len(arenas) or s.offset < 0 or s.length < 0 \
-                or s.offset + s.length > arenas[s.arena].size:
-            # Arenas this client has not mapped (the sidecar changed them):
-            # over the socket this time.
+        try:
+            a = self._arena(l.slot)
+        except Error:
             self._pending.append(l.lease_id)
             self._remap_if_stale()
             return _NO_ARENAS
+        s = l.slot
         try:
-            value = bytes(arenas[s.arena].view[s.offset:s.offset + s.length])
+            value = bytes(a.view[s.offset:s.offset + s.length])
         except BaseException:
             self._pending.append(l.lease_id)
             raise
@@ -495,11 +501,7 @@ class Client:
         if self.release([l.lease_id]) != [OK]:
             # The lease expired during the copy: the bytes may be another
             # block's. Once more over the socket.
-            self._arena_get = False
-            try:
-                return self.get(ns, key, scope)
-            finally:
-                self._arena_get = True
+            return self._get_over_socket(ns, key, scope)
         return value
 
     def batch_get(self, ns, keys, scope=Scope.DEFAULT):
