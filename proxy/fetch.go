@@ -126,8 +126,13 @@ func (r *router) fetchFrom(ctx, parent context.Context, g fetchGroup, ns string,
 			r.lg.Debug("remote fetch failed", zap.String("node", g.node), zap.Error(e))
 		}
 		if e != nil {
-			// Try the other owners of this key, in order.
-			for _, next := range r.remoteOwners(ns, keys[i])[1:] {
+			// Try the other owners of this key, in order. The ring may have
+			// changed since the keys were grouped: g.node may have left it,
+			// and no other node may own the key any more.
+			for _, next := range r.remoteOwners(ns, keys[i]) {
+				if next == g.node {
+					continue
+				}
 				rr, ferr := r.fetchCall(ctx, parent, next, ns, [][]byte{keys[i]}, g.keep)
 				if ferr == nil && rr[0] == nil {
 					e = nil

@@ -710,3 +710,49 @@ func keysOf(items []PutItem) [][]byte {
 	}
 	return keys
 }
+
+// leavingCluster is fakeCluster whose other members leave when gone is
+// set: Owners then answers this node alone.
+type leavingCluster struct {
+	fakeCluster
+	gone atomic.Bool
+}
+
+func (c *leavingCluster) Owners(ns string, key []byte) []string {
+	if c.gone.Load() {
+		return []string{c.self}
+	}
+	return c.fakeCluster.Owners(ns, key)
+}
+
+// A key its owner lacks is tried at the key's other owners as the ring
+// stands after the fetch; when the owner left meanwhile and no other node
+// owns the key, the fetch is a miss (it used to index past the end of the
+// owners, a panic in the Get handler that TestPeerLeavesUnderTraffic saw).
+func TestFetchRetryAfterTheOwnerLeft(t *testing.T) {
+	ctx := context.Background()
+	a, b := newRouteProxy(t), newRouteProxy(t)
+	ring := &leavingCluster{fakeCluster: fakeCluster{self: "a", nodes: []string{"a", "b"}}}
+	fp := &fakePeers{self: "a", nodes: map[string]*Proxy{"a": a, "b": b}, gate: make(chan struct{})}
+	if err := a.AttachCluster(ring, fp, RouteConfig{RebalanceRate: Off, HotThreshold: Off}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.DetachCluster(0) })
+	var key []byte
+	for i := 0; ; i++ {
+		key = fmt.Appendf(nil, "k%d", i)
+		if ring.Owners("ns", key)[0] == "b" {
+			break
+		}
+	}
+	go func() {
+		for fp.fetches.Load() == 0 { // b is asked: the keys are grouped
+			time.Sleep(time.Millisecond)
+		}
+		ring.gone.Store(true) // b leaves before it answers
+		close(fp.gate)
+	}()
+	if _, _, err := a.Get(ctx, "ns", key, ScopeCluster); !errors.Is(err, cache.ErrNotFound) {
+		t.Fatalf("Get of a key whose owner left during the fetch: %v, want a miss", err)
+	}
+}
