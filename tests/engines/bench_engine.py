@@ -13,7 +13,7 @@ the engine is up, then answers one JSON line per command line on stdin:
       fault; torch's intra-op threads): the bytes a connector's hit moves
       into the paged KV cache, at the best speed this machine copies, with
       nothing else a connector does. With "warm": true, an untimed
-      one-token request runs first, back to back with the timed one
+      two-token request runs first, back to back with the timed one
   {"op": "reset"}                  -> {"ok"}: vLLM's own prefix cache emptied
   {"op": "quit"}
 With "profile", the ttft commands run under cProfile, dumped there at quit.
@@ -90,7 +90,10 @@ def main():
             print(json.dumps({"ok": reset(llm, sp, TokensPrompt)}), flush=True)
             continue
         if cmd.get("warm"):
-            llm.generate([TokensPrompt(prompt_token_ids=[3])], sp, use_tqdm=False)
+            # Two tokens: vLLM 0.32's ExampleConnector fails a one-token
+            # prompt after its prefix cache was emptied (IndexError in
+            # _prepare_inputs).
+            llm.generate([TokensPrompt(prompt_token_ids=[3, 4])], sp, use_tqdm=False)
         if prof is not None:
             prof.enable()
         t0 = time.perf_counter()

@@ -27,7 +27,7 @@ PREFIX_TOKENS tokens:
                        of an older clients/python/tidepool), if given
 
 TTFT = generate(max_tokens=1), timed in the engine. Every timed request
-follows, untimed and back to back, a one-token request in the same engine
+follows, untimed and back to back, a two-token request in the same engine
 (BENCH_WARM=0: not): each row then starts from the same state, an engine
 that has just run a forward. Without it, rows differed in what came just
 before them: the prefix-cache row followed a hit of its own, the

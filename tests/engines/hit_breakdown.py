@@ -12,7 +12,7 @@ p + 1 token computed and saved, one untimed prefix hit, then, timed:
   prefix            vLLM's prefix-cache hit, right after the untimed one
   prefix, idle      the same after 10 ms of sleep
   tidepool          the prefix cache emptied: p's blocks from the sidecar
-  tidepool, warm    the same right after an untimed one-token request
+  tidepool, warm    the same right after an untimed two-token request
 
 --no-slot-index: the connector with slot_index false (a Lookup and an
 Acquire per hit). Prints per way the median TTFT and the median time
@@ -112,7 +112,7 @@ def main():
                 if way.startswith("tidepool"):
                     reset(llm, sp, TokensPrompt)
                     if way == "tidepool, warm":
-                        gen([3])
+                        gen([3, 4])
                 TIMES.clear()
                 dt, cached = gen(p + tail)
                 if cached < prefix:
