@@ -5,6 +5,7 @@ package dram
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/bits"
 	"os"
@@ -49,7 +50,7 @@ const (
 	slotsWindow   = 8
 	slotsPerBytes = 32 << 10 // an entry per 32 KiB of capacity
 	slotsMin      = 4096
-	slotsMax      = 1 << 22
+	slotsMax      = 1 << 20 // 32 MiB: within the 64 MiB the injector adds to the arena volume
 )
 
 // slotIndex is the tier's writer of the table. Every change happens under
@@ -91,8 +92,15 @@ func openSlotIndex(dir string, capacity, arenaSize int64) (*slotIndex, error) {
 		os.Remove(path)
 		return nil, err
 	}
-	if err := f.Truncate(size); err != nil {
-		return fail(fmt.Errorf("dram: size slot index: %w", err))
+	// Reserved as the arenas are: on a full tmpfs this fails now, not as
+	// SIGBUS at the first write into the mapping.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+		if !errors.Is(err, unix.EOPNOTSUPP) {
+			return fail(fmt.Errorf("dram: reserve %d bytes for the slot index: %w", size, err))
+		}
+		if err := f.Truncate(size); err != nil {
+			return fail(fmt.Errorf("dram: size slot index: %w", err))
+		}
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
