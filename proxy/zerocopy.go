@@ -175,6 +175,16 @@ func (p *Proxy) Arenas() ([]cache.ArenaInfo, int) {
 	return p.zcs.Arenas(), ArenaLayoutVersion
 }
 
+// SlotIndexPath returns the path of the store's slot index, a table of
+// where each DRAM block lies that engines on this node read without a
+// call (cache/dram/slots.go); "" when the store has none.
+func (p *Proxy) SlotIndexPath() string {
+	if si, ok := p.zcs.(interface{ SlotIndexPath() string }); ok {
+		return si.SlotIndexPath()
+	}
+	return ""
+}
+
 // newID returns a random positive id not in use (s.mu held): ids are hard
 // to guess, so that one client cannot release another's lease by accident
 // or on purpose.

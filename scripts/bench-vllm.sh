@@ -12,6 +12,8 @@
 #   scripts/bench-vllm.sh [ROUNDS] [PREFIX_TOKENS] [BLOCK_SIZE]   (default 3 2048 32)
 #   BENCH_LAYERS=8 BENCH_HIDDEN=512     the model (Llama-style, 4 KV heads of 64, float32)
 #   BENCH_BEFORE=main                   add main's connector as a row
+#   BENCH_WARM=0                        time each request without the untimed two-token
+#                                       request that runs just before it (every row alike)
 #   BENCH_PROFILE=/tmp/prof             cProfile of the tidepool engines' hits (.T, .B)
 #   BENCH_RT=1                          run everything (sidecars, engines, the yardstick) at
 #                                       real-time priority (chrt -f 10, root): a shared machine's

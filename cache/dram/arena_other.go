@@ -23,3 +23,11 @@ func checkFree(string, int64) error { return nil }
 func openArena(string, int64, bool) (*arena, error) { return nil, errUnsupported }
 
 func (a *arena) close() error { return nil }
+
+type slotIndex struct{ path string }
+
+func openSlotIndex(string, int64, int64) (*slotIndex, error) { return nil, errUnsupported }
+
+func (s *slotIndex) add(*block)    {}
+func (s *slotIndex) remove(*block) {}
+func (s *slotIndex) close() error  { return nil }

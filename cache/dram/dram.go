@@ -323,6 +323,7 @@ type Tier struct {
 	clk       clock.Clock
 	arenas    []*arena
 	arenaSize int64
+	slots     *slotIndex // nil: none (slots.go)
 	alloc     *allocator
 	seed      maphash.Seed
 	shards    [numShards]shard
@@ -529,6 +530,13 @@ func New(cfg Config, lg *zap.Logger) (*Tier, error) {
 		}
 		t.arenas = append(t.arenas, a)
 	}
+	// The slot index is for readers on this node (engines); the tier
+	// works without it, and its readers then ask.
+	if si, err := openSlotIndex(cfg.Dir, total, arenaSize); err != nil {
+		t.lg.Warn("no slot index: engines ask the sidecar where each block lies", zap.Error(err))
+	} else {
+		t.slots = si
+	}
 	t.lg.Info("dram tier ready", zap.String("dir", cfg.Dir), zap.Int64("capacity", cfg.Capacity),
 		zap.Int("arenas", len(t.arenas)), zap.Int64("arena_size", arenaSize))
 	return t, nil
@@ -541,6 +549,16 @@ func (t *Tier) Arenas() []ArenaInfo {
 		out[i] = ArenaInfo{Path: a.path, Size: int64(len(a.mem))}
 	}
 	return out
+}
+
+// SlotIndexPath returns the slot index file's path ("" when the tier has
+// none): a table of where each block lies, for readers on this node
+// (slots.go).
+func (t *Tier) SlotIndexPath() string {
+	if t.slots == nil {
+		return ""
+	}
+	return t.slots.path
 }
 
 // bytes returns the arena memory of a value.
@@ -592,7 +610,7 @@ func (t *Tier) Close() error {
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
-	var errs []error
+	errs := []error{t.slots.close()}
 	for _, a := range t.arenas {
 		if held > 0 {
 			a.mem = nil // leave it mapped

@@ -409,6 +409,7 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 		t.pmu.Unlock()
 		for _, b := range m {
 			b.linked = false
+			t.slots.remove(b)
 			t.dropLocked(sh, b, now)
 			n++
 			bytes += b.size
@@ -428,15 +429,18 @@ func (t *Tier) Clear(ctx context.Context, ns string) (int64, error) {
 // tierName is this tier's name toward a cache.Observer.
 const tierName = "dram"
 
-// observeStored and observeRemoved tell the Observer, if any, that b was
-// linked into or unlinked from the index. The shard lock is held.
+// observeStored and observeRemoved tell the slot index and the Observer,
+// if any, that b was linked into or unlinked from the index (before its
+// memory can be freed). The shard lock is held.
 func (t *Tier) observeStored(b *block) {
+	t.slots.add(b)
 	if o := t.cfg.Observer; o != nil {
 		o.Stored(b.ns.name, []byte(b.key), tierName, nil)
 	}
 }
 
 func (t *Tier) observeRemoved(b *block) {
+	t.slots.remove(b)
 	if o := t.cfg.Observer; o != nil {
 		o.Removed(b.ns.name, []byte(b.key), tierName)
 	}

@@ -11,6 +11,10 @@ import (
 // Arenas forwards to the DRAM tier (zero-copy clients map these files).
 func (s *Store) Arenas() []cache.ArenaInfo { return s.dram.Arenas() }
 
+// SlotIndexPath forwards to the DRAM tier: its table of where each block
+// lies, for readers on this node ("" when none).
+func (s *Store) SlotIndexPath() string { return s.dram.SlotIndexPath() }
+
 // Reserve forwards to the DRAM tier (see dram.Tier.Reserve). A key the
 // SSD tier holds is reported as cache.ErrExists, as a Put would. The
 // committed block is an ordinary DRAM block: it is demoted when evicted

@@ -72,6 +72,9 @@ func (h *handler) Hello(ctx context.Context, req *tp.HelloRequest) (*tp.HelloRes
 	if h.p.HasGPU() {
 		resp.Features = append(resp.Features, FeatureGPU)
 	}
+	if h.p.SlotIndexPath() != "" {
+		resp.Features = append(resp.Features, FeatureSlotIndex)
+	}
 	for _, t := range st.Tiers {
 		resp.Tiers = append(resp.Tiers, &tp.TierInfo{Name: t.Name, CapacityBytes: t.CapacityBytes, UsedBytes: t.UsedBytes, Blocks: t.Blocks})
 	}

@@ -91,6 +91,13 @@ func (h *handler) Abort(ctx context.Context, req *tp.AbortRequest) (*tp.AbortRes
 // leases ride on its next Acquire instead of a Release round trip.
 const FeatureAcquireRelease = "acquire_release"
 
+// FeatureSlotIndex, listed in HelloResponse.features: the DRAM tier keeps
+// a slot index, the file slots.idx in the directory of arena 0: where each
+// block lies, for a reader on this node to copy a block out of the arenas
+// without a call and check afterwards that it did not change
+// (docs/zerocopy.md, "Reads without a call").
+const FeatureSlotIndex = "slot_index"
+
 func (h *handler) Acquire(ctx context.Context, req *tp.AcquireRequest) (*tp.AcquireResponse, error) {
 	if len(req.ReleaseLeaseIds) > 0 {
 		// Per-id outcomes are not answered (the IDL says so): an id not

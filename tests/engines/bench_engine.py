@@ -12,7 +12,8 @@ the engine is up, then answers one JSON line per command line on stdin:
       copy_ between two contiguous buffers written before (no page
       fault; torch's intra-op threads): the bytes a connector's hit moves
       into the paged KV cache, at the best speed this machine copies, with
-      nothing else a connector does
+      nothing else a connector does. With "warm": true, an untimed
+      two-token request runs first, back to back with the timed one
   {"op": "reset"}                  -> {"ok"}: vLLM's own prefix cache emptied
   {"op": "quit"}
 With "profile", the ttft commands run under cProfile, dumped there at quit.
@@ -88,6 +89,11 @@ def main():
         if cmd["op"] == "reset":
             print(json.dumps({"ok": reset(llm, sp, TokensPrompt)}), flush=True)
             continue
+        if cmd.get("warm"):
+            # Two tokens: vLLM 0.32's ExampleConnector fails a one-token
+            # prompt after its prefix cache was emptied (IndexError in
+            # _prepare_inputs).
+            llm.generate([TokensPrompt(prompt_token_ids=[3, 4])], sp, use_tqdm=False)
         if prof is not None:
             prof.enable()
         t0 = time.perf_counter()

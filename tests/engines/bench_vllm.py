@@ -26,7 +26,14 @@ PREFIX_TOKENS tokens:
   tidepool (before)    engine B: the connector of BENCH_BEFORE_PKG (a copy
                        of an older clients/python/tidepool), if given
 
-TTFT = generate(max_tokens=1), timed in the engine. Every hit prompt is p
+TTFT = generate(max_tokens=1), timed in the engine. Every timed request
+follows, untimed and back to back, a two-token request in the same engine
+(BENCH_WARM=0: not): each row then starts from the same state, an engine
+that has just run a forward. Without it, rows differed in what came just
+before them: the prefix-cache row followed a hit of its own, the
+connector rows an emptying of the prefix cache (no forward), and on this
+project's 2-core test machine an engine idle for 10 ms answers vLLM's own
+prefix hit about 2 ms slower (docs/PERFORMANCE.md section 30). Every hit prompt is p
 plus two tokens (ExampleConnector matches a saved prompt only one token
 shorter than the one it serves: it saves p + 1 token as p's blocks), so
 every hit row computes the same two tokens. Round 0 warms up and
@@ -49,6 +56,8 @@ from run_engine import vllm_hashes_of, write_tiny_llama  # noqa: E402
 from test_vllm_connector import free_port  # noqa: E402
 
 import tidepool  # noqa: E402
+
+WARM = os.environ.get("BENCH_WARM", "1") != "0"
 
 
 def serve(bin_, tmp, name, extra):
@@ -112,7 +121,7 @@ class Engine:
                 return json.loads(line)
 
     def ttft(self, prompt, copy=None):
-        return self.call(op="ttft", prompt=prompt, copy=copy)
+        return self.call(op="ttft", prompt=prompt, copy=copy, warm=WARM)
 
     def reset(self):
         if not self.call(op="reset")["ok"]:
@@ -318,7 +327,7 @@ def run(procs, engines):
         return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
     prefix_hit = med([v["ttft_s"] for v in rows["vLLM prefix cache (same process)"]])
     example = med([v["ttft_s"] for v in rows["ExampleConnector"]])
-    print("SUMMARY " + json.dumps({"rounds": rounds, "prefix_tokens": prefix, "block_size": bs,
+    print("SUMMARY " + json.dumps({"rounds": rounds, "prefix_tokens": prefix, "block_size": bs, "warm": WARM,
                                    "block_bytes": block_bytes + 64, "layers": layers, "hidden": hidden,
                                    "unavailable": unavailable}), flush=True)
     print("| way (prefix %d tokens, block %d tokens = %d bytes) | TTFT median (ms) | min–max (ms) "

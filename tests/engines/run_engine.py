@@ -78,10 +78,12 @@ def vllm_hashes_of(tokens, block_size, hash_algo="sha256"):
 
 def install_test_hooks(hooks, block_size):
     """Test seams, set from the spec's "hooks" (in-process engines only:
-    they patch this process's tidepool.Client.acquire, which loads call):
+    they patch this process's tidepool.Client.acquire and
+    tidepool.slots.SlotIndex.find, which loads call):
       load_keys_of, load_keys_for: [token ids] each: a load of a block of
-        load_keys_for acquires the block of the same depth of load_keys_of
-        instead (a negative control: another prompt's KV);
+        load_keys_for acquires (or finds in the slot index) the block of the
+        same depth of load_keys_of instead (a negative control: another
+        prompt's KV);
       load_barrier: dir: after a load's Acquire, create dir/acquired and
         wait (at most 120 s) for dir/go: lets a test kill the sidecar
         while the engine holds leases it has not copied from."""
@@ -102,6 +104,10 @@ def install_test_hooks(hooks, block_size):
                 time.sleep(0.02)
         return r
     tidepool.Client.acquire = acquire
+    if swap:
+        from tidepool import slots
+        find = slots.SlotIndex.find
+        slots.SlotIndex.find = lambda self, ns, keys: find(self, ns, [swap.get(k, k) for k in keys])
 
 
 def main():

@@ -365,7 +365,8 @@ class UnitTests(unittest.TestCase):
         nb = 40
         g = torch.Generator().manual_seed(2)
         kv = {"l0": torch.randn(nb, 2, BS, 128, generator=g)}
-        w, _ = self.worker("chunks", kv, num_blocks=nb)
+        # (Loads through Acquire: the slot index would find them all at once.)
+        w, _ = self.worker("chunks", kv, num_blocks=nb, extra={"slot_index": False})
         w._worker._link.get()
         w._worker._link.budget = 7 * w._worker.block_bytes  # as a small DRAM tier would
         orig = tidepool.vllm._Link.get
@@ -388,6 +389,39 @@ class UnitTests(unittest.TestCase):
         self.assertEqual(self.load_blocks(w, keys, list(range(20, 36))), set())
         self.assertEqual(stats()["rpc_acquire"] - mid.get("rpc_acquire", 0), 3)
         self.assertTrue(torch.equal(kv["l0"][20:36], ref))
+
+    def test_slot_index_loads_check_after_the_copy(self):
+        # Loads through the sidecar's slot index: no Acquire for blocks it
+        # lists. A block deleted after it was found (as an eviction during
+        # the copy would) fails the check after the copy and goes through
+        # Acquire, which finds it gone: a load error, the others loaded.
+        from tidepool import slots
+        from tidepool.vllm import stats
+        if not slots.supported():
+            self.skipTest("the slot index is read on x86-64 only")
+        nb = 12
+        kv = {"l0": torch.randn(nb, 2, BS, 128, generator=torch.Generator().manual_seed(3))}
+        w, _ = self.worker("index", kv, num_blocks=nb)
+        keys = [os.urandom(32) for _ in range(4)]
+        self.save_blocks(w, "i", keys, [0, 1, 2, 3])
+        ref = kv["l0"][:4].clone()
+        kv["l0"][6:10].zero_()
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        checked = w._worker._checked
+
+        def delete_then_check(*a, **kw):
+            cl.delete(w._ns, keys[1])
+            return checked(*a, **kw)
+        w._worker._checked = delete_then_check
+        before = stats()
+        self.assertEqual(self.load_blocks(w, keys, [6, 7, 8, 9]), {7})
+        after = stats()
+        self.assertEqual(after["index_loaded_blocks"] - before.get("index_loaded_blocks", 0), 3)
+        self.assertEqual(after["index_changed_blocks"] - before.get("index_changed_blocks", 0), 1)
+        self.assertEqual(after.get("rpc_acquire", 0) - before.get("rpc_acquire", 0), 1)  # block 7's, NOT_FOUND
+        for dst, src in ((6, 0), (8, 2), (9, 3)):
+            self.assertTrue(torch.equal(kv["l0"][dst], ref[src]), dst)
 
     def test_shutdown_waits_for_saves(self):
         # Saves queued just before shutdown() are all stored when it returns.

@@ -185,6 +185,35 @@ class ClientTest(unittest.TestCase):
         self.assertIs(c._arena_ok, False)
         self.assertIsNone(c.get(self.ns, b"absent"))
 
+    def test_slot_index(self):
+        # The sidecar's slot index says where each block lies, as an
+        # Acquire would; a block deleted (or evicted) leaves it, and a
+        # reader that found it sees its entry changed.
+        from tidepool import slots
+        if not slots.supported():
+            self.skipTest("the slot index is read on x86-64 only")
+        idx = self.c.slot_index()
+        self.assertIsNotNone(idx, "the sidecar lists no slot_index")
+        keys = [b"slot-%d" % i for i in range(20)]
+        for i, k in enumerate(keys):
+            self.c.put(self.ns, k, payload(100_000 + i, 90 + i))
+        found = idx.find(self.ns, keys + [b"absent"])
+        self.assertIsNone(found[-1])
+        leases, _ = self.c.acquire(self.ns, keys)
+        views = self.c.arena_views()
+        for i, (f, l) in enumerate(zip(found, leases)):
+            self.assertIsNotNone(f, keys[i])
+            self.assertEqual((f.arena, f.offset, f.length), (l.slot.arena, l.slot.offset, l.slot.length))
+            self.assertEqual(bytes(views[f.arena][f.offset:f.offset + f.length]), payload(100_000 + i, 90 + i))
+            self.assertTrue(idx.unchanged(f))
+        self.c.release([l.lease_id for l in leases])
+        self.assertEqual(idx.prefix(self.ns, keys), len(keys))
+        self.assertEqual(idx.find(self.ns + "-other", keys[:1]), [None])
+        self.assertTrue(self.c.delete(self.ns, keys[3]))
+        self.assertFalse(idx.unchanged(found[3]))
+        self.assertEqual(idx.find(self.ns, keys[3:4]), [None])
+        self.assertEqual(idx.prefix(self.ns, keys), 3)
+
     def test_get_tail_checked(self):
         from tidepool.client import _check_get_tail
         _check_get_tail(b"\x0b\x00\x03\x00\x00\x00\x04dram\x00\x00")  # tier, two ends

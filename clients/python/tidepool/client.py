@@ -25,6 +25,7 @@ from thrift.transport import TSocket, TTransport
 
 from . import bufsock as _bufsock
 from . import pkey as _pkey
+from . import slots as _slots
 from .checksum import FAST as CRC_FAST
 from .checksum import crc32c, from_i32, to_i32
 from .gen import Tidepool
@@ -319,6 +320,7 @@ class Client:
         self._cw = Tidepool.Client(proto, TBinaryProtocol.TBinaryProtocol(self._transport))
         self._name = client_name
         self._arenas = None
+        self._slots = None  # tidepool.slots.SlotIndex, or False: the sidecar has none
         self._hello = None  # the HelloResponse the arenas were mapped from
         # Lazy release (batch_get_into, get_into): the leases of a finished
         # copy are queued and ride on the next Acquire (release_lease_ids)
@@ -683,6 +685,19 @@ class Client:
         the views go with close()."""
         return [a.view for a in self._map()]
 
+    def slot_index(self):
+        """The sidecar's slot index (tidepool.slots.SlotIndex): where each
+        block of its DRAM tier lies, to copy it out of arena_views() without
+        a call and check after the copy that it did not change. None when
+        the sidecar keeps none, or this machine cannot read it safely
+        (docs/zerocopy.md, "Reads without a call"). Goes with the arenas."""
+        arenas = self._map()
+        if self._slots is None:
+            self._slots = _slots.open_index([a.path for a in arenas], self._hello.features) or False
+        elif self._slots is not False and self._slots.stale() and self._remap_if_stale():
+            return self.slot_index()
+        return self._slots or None
+
     def populate_reads(self, arena, offsets, length):
         """Optional: fills this process's page tables for the arena pages
         under [off, off + length) for each off in offsets, 2 MiB at a time
@@ -711,6 +726,9 @@ class Client:
             for a in self._arenas:
                 a.close()
         self._arenas = None
+        if self._slots:
+            self._slots.close()
+        self._slots = None
 
     def _remap_if_stale(self):
         if self._arenas and any(a.stale() for a in self._arenas):

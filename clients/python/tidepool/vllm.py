@@ -76,6 +76,12 @@ DRAM_SHARE = 4
 # once they are this old, so that an engine that goes idle does not keep
 # them pinned until their deadline.
 RELEASE_IDLE_S = 0.5
+# Blocks loaded through the slot index (no call) are reported to the
+# sidecar as reads this long after the load (an Acquire of this lease and
+# its Release, on the save thread), so that its eviction policy keeps them
+# as recently used without the step waiting for it.
+TOUCH_DELAY_S = 0.05
+TOUCH_LEASE_MS = 1000
 # Remembered keys of blocks this engine stored or found stored (not
 # offered again): a bound, oldest forgotten first.
 KNOWN_KEYS = 1 << 18
@@ -191,6 +197,7 @@ class Settings:
     save: Optional[bool] = None
     lookup_scope: str = "default"
     verify_reads: bool = False
+    slot_index: bool = True  # local hits found and copied without a call (docs/zerocopy.md)
     shutdown_timeout_s: float = 30.0
     gpu_path: str = "engine"  # a KV cache on CUDA only: engine (layer 1) or sidecar (layer 2); docs/gpu.md
 
@@ -204,7 +211,7 @@ class Settings:
                              % (sorted(unknown), sorted(known)))
         s = cls(**x)
         s.timeout_s, s.retry_s, s.shutdown_timeout_s = float(s.timeout_s), float(s.retry_s), float(s.shutdown_timeout_s)
-        s.lease_ms, s.verify_reads = int(s.lease_ms), bool(s.verify_reads)
+        s.lease_ms, s.verify_reads, s.slot_index = int(s.lease_ms), bool(s.verify_reads), bool(s.slot_index)
         if not hasattr(Scope, str(s.lookup_scope).upper()):
             raise ValueError("TidepoolConnector: lookup_scope must be default, local or cluster")
         if s.shutdown_timeout_s < 0:
@@ -465,6 +472,10 @@ class Scheduler:
         c = self._link.get()
         if c is None:
             return 0, False
+        hit = self._indexed(c, keys)
+        if hit == len(keys):  # every block in this node's DRAM: no call
+            _count("index_lookups")
+            return self._matched(request, hit, num_computed_tokens)
         try:
             hit = 0
             for chunk in _chunks(keys, self._link.max_batch):  # a chain longer than max_batch: in pieces
@@ -479,6 +490,20 @@ class Scheduler:
             else:
                 self._link.failed(e)
             return 0, False
+        return self._matched(request, hit, num_computed_tokens)
+
+    def _indexed(self, c, keys):
+        """How many of keys, from the first, the sidecar's slot index lists
+        (0 without one)."""
+        if not self._s.slot_index:
+            return 0
+        try:
+            idx = c.slot_index()
+        except Exception:  # noqa: BLE001 - the Lookup says what is wrong
+            return 0
+        return idx.prefix(self._ns, keys) if idx is not None else 0
+
+    def _matched(self, request, hit, num_computed_tokens):
         _count("lookups")
         _count("lookup_hit_blocks", hit)
         self._state(request).hit = hit
@@ -715,6 +740,14 @@ class _Group:
     js: list
 
 
+@dataclass
+class _Touch:
+    """Keys read through the slot index, to report to the sidecar (on the
+    save thread, not before not_before)."""
+    keys: list
+    not_before: float
+
+
 class _Chunk:
     """One Acquire of a load: its leases and what to copy."""
 
@@ -830,8 +863,8 @@ class Worker:
             if self._gpu is not None:  # GPU hook (tidepool.cuda)
                 ok = self._gpu.load(self._gpu_conn, tr)
             else:
-                ok = set()
-                for ch in self._plan(tr):
+                ok = self._load_indexed(tr)
+                for ch in self._plan(tr, skip=ok):
                     self._copy_now(ch)
                     ok |= self._settle_all([ch])
             self._account(tr, ok, time.perf_counter() - t0)
@@ -852,15 +885,72 @@ class Worker:
             self._load_errors.update(bad)
             _count("load_errors", len(bad))
 
-    def _plan(self, tr):
+    def _load_indexed(self, tr):
+        """The blocks of tr that the sidecar's slot index lists, copied
+        without a call: found, headers checked, gathered into the KV
+        blocks, then each entry checked unchanged (a block evicted during
+        the copy is left to _plan, which overwrites what was copied).
+        Returns the indexes of tr loaded. Their reads are reported to the
+        sidecar later, off this step (_touch)."""
+        if not self._s.slot_index or self._s.verify_reads or not self._parts:
+            return set()
+        c = self._link.get()
+        if c is None:
+            return set()
+        try:
+            idx = c.slot_index()
+            if idx is None:
+                return set()
+            pos = [i for i, k in enumerate(tr.keys) if k is not None]
+            found = idx.find(self._ns, [tr.keys[i] for i in pos])
+            views = c.arena_views()
+        except Exception as e:  # noqa: BLE001 - _plan reads them through Acquire
+            _once.warn("index:%s" % type(e).__name__, "slot index not read: %r; using Acquire", e)
+            return set()
+        want, nblocks = self.block_bytes, self._parts[0].rows.shape[0]
+        by_arena = collections.defaultdict(list)
+        for i, f in zip(pos, found):
+            if f is None or f.length != want or not 0 <= f.arena < len(views) \
+                    or f.offset + want > len(views[f.arena]) or not 0 <= tr.block_ids[i] < nblocks:
+                continue
+            by_arena[f.arena].append((i, f))
+        if not by_arena:
+            return set()
+        ch = _Chunk(c, tr, list(range(len(tr.keys))), [], 0)
+        slots = {}
+        for arena, items in by_arena.items():
+            slots.update(items)
+            g = self._checked(c, arena, [f.offset for _, f in items], [tr.block_ids[i] for i, _ in items],
+                              [i for i, _ in items])
+            if g is not None:
+                ch.groups.append(g)
+        self._copy_now(ch)
+        ok = {i for i in ch.loaded if idx.unchanged(slots[i])}
+        _count("index_loaded_blocks", len(ok))
+        _count("index_changed_blocks", len(ch.loaded) - len(ok))
+        if ok:
+            self._touch([tr.keys[i] for i in sorted(ok)])
+        return ok
+
+    def _touch(self, keys):
+        """Reads made through the slot index, told to the sidecar on the
+        save thread a moment later (an Acquire and a Release): its eviction
+        policy and hit counters see them as reads, and this step does not
+        wait for it."""
+        self._save_q.put(_Touch(keys, time.monotonic() + TOUCH_DELAY_S))
+        self._start_saver()
+
+    def _plan(self, tr, skip=()):
         """Yields the chunks of one transfer, each Acquired with its copies
         planned (no bytes moved yet), the next Acquired only when the
         caller asks for it. A chunk that fails ends the plan: the rest of
-        the transfer is recomputed."""
+        the transfer is recomputed. Indexes in skip are loaded already."""
+        idx = [i for i, k in enumerate(tr.keys) if k is not None and i not in skip]
+        if not idx:
+            return
         c = self._link.get()
         if c is None:
             return
-        idx = [i for i, k in enumerate(tr.keys) if k is not None]
         for chunk in _chunks(idx, self._link.chunk(self.block_bytes)):
             try:
                 ch = self._plan_chunk(c, tr, chunk)
@@ -1108,6 +1198,9 @@ class Worker:
             self._gpu.mark_saves(meta.saves)
         for tr in meta.saves:
             self._save_q.put(tr)
+        self._start_saver()
+
+    def _start_saver(self):
         if self._saver is None:
             self._saver = threading.Thread(target=self._save_loop, name="tidepool-save", daemon=True)
             self._saver.start()
@@ -1118,6 +1211,9 @@ class Worker:
             tr = self._save_q.get()
             if tr is None:
                 break
+            if isinstance(tr, _Touch):
+                self._send_touch(link, tr)
+                continue
             try:
                 self.save(link, tr)
             except Exception as e:  # noqa: BLE001
@@ -1131,6 +1227,24 @@ class Worker:
                         self._outstanding[tr.req_id] = n
                     self._idle.notify_all()
         link.close()
+
+    def _send_touch(self, link, t):
+        wait = t.not_before - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        c = link.get()
+        if c is None:
+            return
+        try:
+            for chunk in _chunks(t.keys, link.max_batch):
+                _count("rpc_touch")
+                leases, _ = c.acquire(self._ns, chunk, lease_ms=TOUCH_LEASE_MS)
+                held = [l.lease_id for l in leases if l.code == OK]
+                if held:
+                    c.release(held)
+        except Exception as e:  # noqa: BLE001 - only the sidecar's recency is lost
+            if not _is_server_error(e):
+                link.failed(e)
 
     def save(self, link, tr):
         """Saves one transfer (a run of consecutive blocks of one request),
