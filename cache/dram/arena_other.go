@@ -31,3 +31,9 @@ func openSlotIndex(string, int64, int64) (*slotIndex, error) { return nil, errUn
 func (s *slotIndex) add(*block)    {}
 func (s *slotIndex) remove(*block) {}
 func (s *slotIndex) close() error  { return nil }
+
+// SlotIndexStats is a snapshot of the slot index's counters.
+type SlotIndexStats struct{ Capacity, Entries, Unindexed int64 }
+
+// SlotIndexStats returns zeros: no slot index off Linux.
+func (t *Tier) SlotIndexStats() SlotIndexStats { return SlotIndexStats{} }

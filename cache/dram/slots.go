@@ -67,6 +67,23 @@ type slotIndex struct {
 	full    atomic.Int64 // blocks not indexed: their window was full
 }
 
+// SlotIndexStats is a snapshot of the slot index's counters.
+type SlotIndexStats struct {
+	Capacity  int64 // entries in the table
+	Entries   int64 // blocks indexed now
+	Unindexed int64 // blocks linked but not indexed: every entry of their window was taken
+}
+
+// SlotIndexStats returns the slot index's counters (zero when the tier
+// has none).
+func (t *Tier) SlotIndexStats() SlotIndexStats {
+	s := t.slots
+	if s == nil {
+		return SlotIndexStats{}
+	}
+	return SlotIndexStats{Capacity: int64(s.mask + 1), Entries: s.entries.Load(), Unindexed: s.full.Load()}
+}
+
 // slotEntries is the table size for a tier of capacity bytes.
 func slotEntries(capacity int64) uint64 {
 	n := uint64(max(capacity/slotsPerBytes, slotsMin))

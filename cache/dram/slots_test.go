@@ -164,6 +164,9 @@ func TestSlotIndexFindsEveryBlock(t *testing.T) {
 	if indexed == 0 || indexed == 400 {
 		t.Fatalf("%d of 400 indexed after evictions", indexed)
 	}
+	if st := tr.SlotIndexStats(); st.Entries != tr.Stats().Tiers[0].Blocks || st.Unindexed != 0 || st.Capacity < 4096 {
+		t.Fatalf("slot index stats %+v with %d blocks held", st, tr.Stats().Tiers[0].Blocks)
+	}
 	if _, err := tr.Clear(ctx, "ns"); err != nil {
 		t.Fatal(err)
 	}

@@ -157,7 +157,8 @@ func TestMetricsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil), newGuardCollector(nil), newScrubCollector(sc))
+	m.reg.MustRegister(newZeroCopyCollector(p), newRouteCollector(p, nil), newGuardCollector(nil), newScrubCollector(sc),
+		newSlotIndexCollector(tier))
 	kc := DefaultConfig()
 	kc.KVEventsEndpoint = "tcp://127.0.0.1:0"
 	ev, err := newKVEvents(kc, nil)

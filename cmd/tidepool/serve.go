@@ -271,6 +271,7 @@ func startMetrics(cfg Config, store *tiered.Store, p *proxy.Proxy, scrub *dram.S
 	m.notes = func() []string { return storeNotes(store) }
 	m.reg.MustRegister(newZeroCopyCollector(p))
 	m.reg.MustRegister(newScrubCollector(scrub))
+	m.reg.MustRegister(newSlotIndexCollector(store.DRAM()))
 	m.reg.MustRegister(newGPUCollector(g))
 	if events != nil {
 		m.reg.MustRegister(newKVEventsCollector(events))

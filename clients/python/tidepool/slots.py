@@ -52,11 +52,18 @@ def supported():
 
 def tag_of(ns, key):
     """A block's tag: see the module's docstring."""
-    h = hashlib.sha256(ns.encode() if isinstance(ns, str) else bytes(ns))
-    h.update(b"\0")
+    return _tag(_ns_hash(ns), key)
+
+
+def _ns_hash(ns):
+    """SHA-256 state after the namespace and its zero byte (copied per key)."""
+    return hashlib.sha256((ns.encode() if isinstance(ns, str) else bytes(ns)) + b"\0")
+
+
+def _tag(h0, key):
+    h = h0.copy()
     h.update(key)
-    t = int.from_bytes(h.digest()[:8], "little")
-    return t or 1
+    return int.from_bytes(h.digest()[:8], "little") or 1
 
 
 class SlotIndex:
@@ -89,14 +96,13 @@ class SlotIndex:
 
     def find(self, ns, keys):
         """One Slot or None per key: where each block lay when looked at."""
-        q, mask, out = self._q, self.entries - 1, []
-        nsb = ns.encode() if isinstance(ns, str) else bytes(ns)
+        q, mask, window, out = self._q, self.entries - 1, self.window, []
+        h0 = _ns_hash(ns)
         for key in keys:
-            t = tag_of(nsb, key)
+            t = _tag(h0, key)
             got = None
-            for j in range(self.window):
-                e = (t + j) & mask
-                i = _HEADER_WORDS + 4 * e
+            for j in range(window):
+                i = _HEADER_WORDS + 4 * ((t + j) & mask)
                 if q[i + 1] != t:
                     continue
                 s1 = q[i]
@@ -105,17 +111,24 @@ class SlotIndex:
                 off, length = q[i + 2], q[i + 3]
                 if q[i] != s1:
                     continue
-                got = Slot(e, s1, off // self.arena_size, off % self.arena_size, length)
+                got = Slot((t + j) & mask, s1, off // self.arena_size, off % self.arena_size, length)
                 break
             out.append(got)
         return out
 
     def prefix(self, ns, keys):
-        """How many of keys, from the first, the index lists."""
+        """How many of keys, from the first, the index lists: a hint (an
+        entry is not read whole), for a reader that then finds them."""
+        q, mask, window = self._q, self.entries - 1, self.window
+        h0 = _ns_hash(ns)
         n = 0
-        for s in self.find(ns, keys):
-            if s is None:
-                break
+        for key in keys:
+            t = _tag(h0, key)
+            for j in range(window):
+                if q[_HEADER_WORDS + 1 + 4 * ((t + j) & mask)] == t:
+                    break
+            else:
+                return n
             n += 1
         return n
 
