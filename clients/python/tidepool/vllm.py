@@ -799,6 +799,7 @@ class Worker:
         self._closed = False
         self._gpu = None  # tidepool.cuda's hook: a KV cache on CUDA only
         self._scratch = None  # _scratch_rows
+        self._load_lock = threading.Lock()  # held by start_load_kv
         # Saves in flight finish before the process exits: vLLM calls
         # shutdown() when it shuts the worker down; atexit covers an
         # engine left to the interpreter's exit.
@@ -859,6 +860,10 @@ class Worker:
         self._warm()
         if not meta.loads or not self._do_load:
             return
+        with self._load_lock:  # no touch (_send_touch) beside a load
+            self._load(meta)
+
+    def _load(self, meta):
         t0 = time.perf_counter()
         for tr in meta.loads:
             if not self._parts:
@@ -1251,6 +1256,10 @@ class Worker:
         link.close()
 
     def _send_touch(self, link, t):
+        """After this worker's loads (a touch pins its blocks for a moment,
+        and a load in a small DRAM tier needs the room), and only of the
+        blocks the slot index still lists (a block gone to SSD is not
+        brought back for a touch)."""
         wait = t.not_before - time.monotonic()
         if wait > 0:
             time.sleep(wait)
@@ -1258,15 +1267,22 @@ class Worker:
         if c is None:
             return
         try:
-            for chunk in _chunks(t.keys, link.max_batch):
-                _count("rpc_touch")
-                leases, _ = c.acquire(self._ns, chunk, lease_ms=TOUCH_LEASE_MS)
-                held = [l.lease_id for l in leases if l.code == OK]
-                if held:
-                    c.release(held)
+            with self._load_lock:
+                self._touch_now(link, c, t.keys)
         except Exception as e:  # noqa: BLE001 - only the sidecar's recency is lost
             if not _is_server_error(e):
                 link.failed(e)
+
+    def _touch_now(self, link, c, keys):
+        idx = c.slot_index()
+        if idx is not None:
+            keys = [k for k, f in zip(keys, idx.find(self._ns, keys)) if f is not None]
+        for chunk in _chunks(keys, link.max_batch):
+            _count("rpc_touch")
+            leases, _ = c.acquire(self._ns, chunk, lease_ms=TOUCH_LEASE_MS, scope=Scope.LOCAL)
+            held = [l.lease_id for l in leases if l.code == OK]
+            if held:
+                c.release(held)
 
     def save(self, link, tr):
         """Saves one transfer (a run of consecutive blocks of one request),
