@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -94,7 +95,7 @@ func slotEntries(capacity int64) uint64 {
 // openSlotIndex creates the table file in dir (replacing one left by an
 // earlier run) and maps it.
 func openSlotIndex(dir string, capacity, arenaSize int64) (*slotIndex, error) {
-	path := dir + "/" + slotsFile
+	path := filepath.Join(dir, slotsFile)
 	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("dram: remove stale slot index: %w", err)
 	}
@@ -161,6 +162,26 @@ func (s *slotIndex) set(e, tag, off, length uint64) {
 	atomic.AddUint64(seq, 1)
 }
 
+// probe returns, in tag's window, the entry holding (tag, off) and the
+// first free entry; ^0 for either when there is none. s.mu held.
+func (s *slotIndex) probe(tag, off uint64) (match, free uint64) {
+	match, free = ^uint64(0), ^uint64(0)
+	for i := uint64(0); i < slotsWindow; i++ {
+		e := (tag + i) & s.mask
+		switch atomic.LoadUint64(s.word(e, 1)) {
+		case tag:
+			if match == ^uint64(0) && atomic.LoadUint64(s.word(e, 2)) == off {
+				match = e
+			}
+		case 0:
+			if free == ^uint64(0) {
+				free = e
+			}
+		}
+	}
+	return match, free
+}
+
 // add indexes block b (just linked).
 func (s *slotIndex) add(b *block) {
 	if s == nil {
@@ -172,26 +193,15 @@ func (s *slotIndex) add(b *block) {
 	if s.mem == nil {
 		return
 	}
-	free := ^uint64(0)
-	for i := uint64(0); i < slotsWindow; i++ {
-		e := (tag + i) & s.mask
-		switch atomic.LoadUint64(s.word(e, 1)) {
-		case tag:
-			if atomic.LoadUint64(s.word(e, 2)) == uint64(b.off) {
-				return
-			}
-		case 0:
-			if free == ^uint64(0) {
-				free = e
-			}
-		}
-	}
-	if free == ^uint64(0) {
+	match, free := s.probe(tag, uint64(b.off))
+	switch {
+	case match != ^uint64(0):
+	case free == ^uint64(0):
 		s.full.Add(1)
-		return
+	default:
+		s.set(free, tag, uint64(b.off), uint64(b.size))
+		s.entries.Add(1)
 	}
-	s.set(free, tag, uint64(b.off), uint64(b.size))
-	s.entries.Add(1)
 }
 
 // remove clears block b's entry (b is being unlinked; its memory is not
@@ -206,13 +216,9 @@ func (s *slotIndex) remove(b *block) {
 	if s.mem == nil {
 		return
 	}
-	for i := uint64(0); i < slotsWindow; i++ {
-		e := (tag + i) & s.mask
-		if atomic.LoadUint64(s.word(e, 1)) == tag && atomic.LoadUint64(s.word(e, 2)) == uint64(b.off) {
-			s.set(e, 0, 0, 0)
-			s.entries.Add(-1)
-			return
-		}
+	if match, _ := s.probe(tag, uint64(b.off)); match != ^uint64(0) {
+		s.set(match, 0, 0, 0)
+		s.entries.Add(-1)
 	}
 }
 

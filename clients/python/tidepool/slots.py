@@ -50,11 +50,6 @@ def supported():
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def tag_of(ns, key):
-    """A block's tag: see the module's docstring."""
-    return _tag(_ns_hash(ns), key)
-
-
 def _ns_hash(ns):
     """SHA-256 state after the namespace and its zero byte (copied per key)."""
     return hashlib.sha256((ns.encode() if isinstance(ns, str) else bytes(ns)) + b"\0")
