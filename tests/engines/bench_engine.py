@@ -8,7 +8,7 @@ the engine is up, then answers one JSON line per command line on stdin:
   {"op": "ttft", "prompt": [ids]}  -> {"ttft_s", "cached", "stats"}:
       generate(max_tokens=1) timed in this process; stats are the
       connector's counters after it (tidepool.vllm.stats()). With
-      "copy": n, the timed part first copies n bytes in one torch
+      "copy": n, the timed part then copies n bytes in one torch
       copy_ between two contiguous buffers written before (no page
       fault; torch's intra-op threads): the bytes a connector's hit moves
       into the paged KV cache, at the best speed this machine copies, with
@@ -97,9 +97,12 @@ def main():
         if prof is not None:
             prof.enable()
         t0 = time.perf_counter()
-        if cmd.get("copy"):
-            copy_bytes(cmd["copy"])
         o = llm.generate([TokensPrompt(prompt_token_ids=cmd["prompt"])], sp, use_tqdm=False)[0]
+        if cmd.get("copy"):
+            # After the hit: a copy before it pushes the hit's weights and
+            # KV out of the CPU caches and times that too (docs/PERFORMANCE.md
+            # section 31).
+            copy_bytes(cmd["copy"])
         dt = time.perf_counter() - t0
         if prof is not None:
             prof.disable()

@@ -10,10 +10,12 @@ PREFIX_TOKENS tokens:
 
   recompute            engine T (tidepool on node-1) prefills p + 1 token
   vLLM prefix cache    T again, p + another token: vLLM's own cache, same process
-  the copy's bound     T again, p + a third token: the prefix cache's hit plus
+  the copy's bound     T again, p + a third token: the prefix cache's hit, then
                        one contiguous copy of as many bytes as a hit moves
-                       (torch's copy_, nothing else): a connector that copies
-                       the KV into vLLM's paged cache does no better
+                       (torch's copy_), timed together: a connector whose only
+                       work is that copy, overlapping nothing (the copy comes
+                       after the hit: before it, it would also time the hit's
+                       weights and KV coming back into the CPU caches)
   tidepool             T with its prefix cache emptied: p's blocks from node-1
   tidepool, peer       engine P on node-2: p's blocks, saved through node-1,
                        fetched from the cluster (the share that came from

@@ -11,12 +11,16 @@ p + 1 token computed and saved, one untimed prefix hit, then, timed:
 
   prefix            vLLM's prefix-cache hit, right after the untimed one
   prefix, idle      the same after 10 ms of sleep
+  bound             the same, timed with one contiguous copy of as many
+                    bytes as a hit moves after it (bench_vllm.py's bound)
   tidepool          the prefix cache emptied: p's blocks from the sidecar
   tidepool, warm    the same right after an untimed two-token request
 
 --no-slot-index: the connector with slot_index false (a Lookup and an
-Acquire per hit). Prints per way the median TTFT and the median time
-inside each wrapped method (the connector's save thread included).
+Acquire per hit). Prints per way the median TTFT, its ratio to the prefix
+hit's median and the median of the rounds' own ratios (each round's way
+over that round's prefix hit), and the median time inside each wrapped
+method (the connector's save thread included).
 """
 
 import collections
@@ -33,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "clients", "python"))
 import bench_vllm  # noqa: E402
-from bench_engine import reset  # noqa: E402
+from bench_engine import copy_bytes, reset  # noqa: E402
 from run_engine import write_tiny_llama  # noqa: E402
 
 TIMES = collections.defaultdict(float)
@@ -94,13 +98,18 @@ def main():
                   gpu_memory_utilization=0.05, kv_transfer_config=kv)
         sp = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
 
-        def gen(prompt):
+        hit_bytes = (prefix // bs) * (bs * layers * 4 * 64 * 2 * 4 + 64)
+
+        def gen(prompt, copy=0):
             t0 = time.perf_counter()
             o = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
+            if copy:  # after the hit: the copy's traffic does not cool the caches the hit reads
+                copy_bytes(copy)
             return time.perf_counter() - t0, o.num_cached_tokens
         r = random.Random(1)
         ttft, parts = collections.defaultdict(list), collections.defaultdict(lambda: collections.defaultdict(list))
-        ways = (("prefix", [6, 1]), ("prefix, idle", [6, 4]), ("tidepool", [7, 1]), ("tidepool, warm", [7, 2]))
+        ways = (("prefix", [6, 1]), ("prefix, idle", [6, 4]), ("bound", [6, 2]), ("tidepool", [7, 1]),
+                ("tidepool, warm", [7, 2]))
         for i in range(rounds + 1):
             p = [r.randrange(3, 2000) for _ in range(prefix)]
             gen(p + [5])
@@ -114,7 +123,7 @@ def main():
                     if way == "tidepool, warm":
                         gen([3, 4])
                 TIMES.clear()
-                dt, cached = gen(p + tail)
+                dt, cached = gen(p + tail, hit_bytes if way == "bound" else 0)
                 if cached < prefix:
                     print("round %d %s: only %d tokens cached" % (i, way, cached), flush=True)
                 if i > 0:
@@ -128,8 +137,10 @@ def main():
               (prefix, bs, layers, rounds, "" if slot_index else ", slot_index off"))
         base = med(ttft["prefix"])
         for way, _ in ways:
-            print("%-15s TTFT median %6.2f ms (%.2f of prefix)  rounds %s" % (
-                way, med(ttft[way]) * 1e3, med(ttft[way]) / base, " ".join("%.1f" % (x * 1e3) for x in ttft[way])))
+            paired = med([x / y for x, y in zip(ttft[way], ttft["prefix"])])
+            print("%-15s TTFT median %6.2f ms (%.2f of prefix; per round %.2f)  rounds %s" % (
+                way, med(ttft[way]) * 1e3, med(ttft[way]) / base, paired,
+                " ".join("%.1f" % (x * 1e3) for x in ttft[way])))
             for k, v in sorted(parts[way].items(), key=lambda kv: -med(kv[1])):
                 if med(v) >= 50e-6:
                     print("    %-42s %7.3f ms" % (k, med(v) * 1e3))
