@@ -16,15 +16,38 @@ import (
 	"time"
 )
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a loopback port free a moment ago for both TCP and
+// UDP (memberlist gossips over both), drawn below the kernel's ephemeral
+// range: a port from that range (what a listen on port 0 hands out) can be
+// taken by any outgoing connection between this check and the serve's
+// bind, which failed a CI run with "address already in use".
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	lo := 32768 // Linux's default first ephemeral port
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 2048 {
+				lo = v
+			}
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	base := max(1024, lo-16384)
+	for range 200 {
+		p := base + rand.Intn(lo-base)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p))
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		pc.Close()
+		return p
+	}
+	t.Fatalf("no free loopback port in [%d, %d)", base, lo)
+	return 0
 }
 
 type clusterMember struct {
