@@ -3,7 +3,7 @@ the same engine (docs/PERFORMANCE.md section 30). A diagnostic, not a
 test: it wraps vLLM's and the connector's methods with timers.
 
     VLLM_CPU_KVCACHE_SPACE=1 .venv-engines/bin/python tests/engines/hit_breakdown.py \
-        bin/tidepool ROUNDS PREFIX_TOKENS BLOCK_SIZE [--no-slot-index]
+        bin/tidepool ROUNDS PREFIX_TOKENS BLOCK_SIZE [--no-slot-index] [--cold]
 
 One `tidepool serve` and one engine in this process (the model of
 bench_vllm.py, BENCH_LAYERS layers). Each round, for a fresh prompt p:
@@ -17,7 +17,10 @@ p + 1 token computed and saved, one untimed prefix hit, then, timed:
   tidepool, warm    the same right after an untimed two-token request
 
 --no-slot-index: the connector with slot_index false (a Lookup and an
-Acquire per hit). Prints per way the median TTFT, its ratio to the prefix
+Acquire per hit). --cold: before every timed request, untimed, 128 MiB of
+other memory written, so that no way finds the prompt's KV or the weights
+in the CPU caches from the request before it (as in a server where other
+requests ran in between). Prints per way the median TTFT, its ratio to the prefix
 hit's median and the median of the rounds' own ratios (each round's way
 over that round's prefix hit), and the median time inside each wrapped
 method (the connector's save thread included).
@@ -78,6 +81,7 @@ def instrument():
 def main():
     bin_, rounds, prefix, bs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     slot_index = "--no-slot-index" not in sys.argv[5:]
+    cold = "--cold" in sys.argv[5:]
     layers = int(os.environ.get("BENCH_LAYERS", "8"))
     tmp = tempfile.mkdtemp(prefix="tp-hit-")
     os.environ["BENCH_SHM"] = tempfile.mkdtemp(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else tmp)
@@ -100,7 +104,12 @@ def main():
 
         hit_bytes = (prefix // bs) * (bs * layers * 4 * 64 * 2 * 4 + 64)
 
-        def gen(prompt, copy=0):
+        import torch
+        other = torch.zeros(128 << 20, dtype=torch.uint8) if cold else None
+
+        def gen(prompt, copy=0, timed=False):
+            if timed and other is not None:
+                other.add_(1)  # the CPU caches filled with other memory
             t0 = time.perf_counter()
             o = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
             if copy:  # after the hit: the copy's traffic does not cool the caches the hit reads
@@ -123,7 +132,7 @@ def main():
                     if way == "tidepool, warm":
                         gen([3, 4])
                 TIMES.clear()
-                dt, cached = gen(p + tail, hit_bytes if way == "bound" else 0)
+                dt, cached = gen(p + tail, hit_bytes if way == "bound" else 0, timed=True)
                 if cached < prefix:
                     print("round %d %s: only %d tokens cached" % (i, way, cached), flush=True)
                 if i > 0:
@@ -133,8 +142,8 @@ def main():
 
         def med(xs):
             return sorted(xs)[len(xs) // 2]
-        print("hit_breakdown: prefix %d tokens, block %d, %d layers, %d rounds%s" %
-              (prefix, bs, layers, rounds, "" if slot_index else ", slot_index off"))
+        print("hit_breakdown: prefix %d tokens, block %d, %d layers, %d rounds%s%s" %
+              (prefix, bs, layers, rounds, "" if slot_index else ", slot_index off", ", cold caches" if cold else ""))
         base = med(ttft["prefix"])
         for way, _ in ways:
             paired = med([x / y for x, y in zip(ttft[way], ttft["prefix"])])
