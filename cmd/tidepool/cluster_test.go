@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,41 +13,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// freePort returns a loopback port free a moment ago for both TCP and
-// UDP (memberlist gossips over both), drawn below the kernel's ephemeral
-// range: a port from that range (what a listen on port 0 hands out) can be
-// taken by any outgoing connection between this check and the serve's
-// bind, which failed a CI run with "address already in use".
-func freePort(t *testing.T) int {
-	t.Helper()
-	lo := 32768 // Linux's default first ephemeral port
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil && v > 2048 {
-				lo = v
-			}
-		}
-	}
-	base := max(1024, lo-16384)
-	for range 200 {
-		p := base + rand.Intn(lo-base)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		pc, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", p))
-		ln.Close()
-		if err != nil {
-			continue
-		}
-		pc.Close()
-		return p
-	}
-	t.Fatalf("no free loopback port in [%d, %d)", base, lo)
-	return 0
-}
+	"github.com/tidepool-kv/tidepool/internal/porttest"
+)
 
 type clusterMember struct {
 	name   string
@@ -58,12 +25,12 @@ type clusterMember struct {
 }
 
 func clusterArgs(t *testing.T, name string, join string) *clusterMember {
-	m := &clusterMember{name: name, gossip: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	m := &clusterMember{name: name, gossip: fmt.Sprintf("127.0.0.1:%d", porttest.Free(t))}
 	m.args = []string{
 		"--node-name", name,
 		"--gossip-addr", m.gossip,
-		"--peer-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-		"--transfer-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"--peer-addr", fmt.Sprintf("127.0.0.1:%d", porttest.Free(t)),
+		"--transfer-addr", fmt.Sprintf("127.0.0.1:%d", porttest.Free(t)),
 		"--ssd-capacity", "0",
 		"--cluster-label", "test",
 	}

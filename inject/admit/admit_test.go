@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tidepool-kv/tidepool/inject"
+	"github.com/tidepool-kv/tidepool/internal/porttest"
 )
 
 func init() { log.SetLogger(logr.Discard()) }
@@ -115,16 +116,6 @@ type server struct {
 	dir    string
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func startServer(t *testing.T) *server {
 	t.Helper()
 	ca := newCA(t)
@@ -134,7 +125,7 @@ func startServer(t *testing.T) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port := porttest.Free(t)
 	srv := webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: dir})
 	srv.Register(Path, h.Webhook())
 	ctx, cancel := context.WithCancel(context.Background())

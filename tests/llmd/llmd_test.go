@@ -10,7 +10,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/tidepool-kv/tidepool/client"
 	"github.com/tidepool-kv/tidepool/cluster"
+	"github.com/tidepool-kv/tidepool/internal/porttest"
 )
 
 const (
@@ -34,16 +34,6 @@ const (
 	blockSize = 16
 	ns        = "vllm/tiny-llama/tp0/pp0/test"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // serve builds (unless TIDEPOOL_BIN names it) and starts tidepool serve with
 // KV events on, a 64 MiB DRAM tier and no SSD tier (an evicted block is
@@ -276,7 +266,7 @@ func awaitSubscriber(t *testing.T, c *client.Client, score func([]uint32) float6
 func TestIndexerScoresTidepoolPod(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", porttest.Free(t))
 	c := serve(t, endpoint)
 	score := indexer(ctx, t, endpoint)
 	awaitSubscriber(t, c, score, 1000)
@@ -315,7 +305,7 @@ func TestIndexerScoresTidepoolPod(t *testing.T) {
 func TestIndexerScoresAfterSidecarRestart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", porttest.Free(t))
 	sc := newSidecar(t, endpoint, "--ssd-capacity", "512MiB", "--kv-events-subscribe-snapshot", "true")
 	c := sc.start()
 	// 24 blocks of 4 MiB (6 prompts of 4) through 64 MiB of DRAM: the
@@ -358,13 +348,13 @@ func TestIndexerScoresPodThatFetched(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const podA, podB = "pod-a", "pod-b"
-	endA := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	endB := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	endA := fmt.Sprintf("tcp://127.0.0.1:%d", porttest.Free(t))
+	endB := fmt.Sprintf("tcp://127.0.0.1:%d", porttest.Free(t))
 	member := func(endpoint, name, join string) (sc *sidecar, gossip string) {
-		gossip = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		gossip = fmt.Sprintf("127.0.0.1:%d", porttest.Free(t))
 		args := []string{"--ssd-capacity", "0", "--gossip-addr", gossip,
-			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-			"--transfer-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+			"--peer-addr", fmt.Sprintf("127.0.0.1:%d", porttest.Free(t)),
+			"--transfer-addr", fmt.Sprintf("127.0.0.1:%d", porttest.Free(t)),
 			"--cluster-label", "llmd-test", "--insecure-cluster", "true"}
 		if join != "" {
 			args = append(args, "--join", join)
