@@ -183,7 +183,14 @@ func (s *slotIndex) probe(tag, off uint64) (match, free uint64) {
 }
 
 // add indexes block b (just linked).
-func (s *slotIndex) add(b *block) {
+func (s *slotIndex) add(b *block) { s.update(b, true) }
+
+// remove clears block b's entry (b is being unlinked; its memory is not
+// yet free).
+func (s *slotIndex) remove(b *block) { s.update(b, false) }
+
+// update adds (present) or clears block b's entry.
+func (s *slotIndex) update(b *block, present bool) {
 	if s == nil {
 		return
 	}
@@ -195,30 +202,17 @@ func (s *slotIndex) add(b *block) {
 	}
 	match, free := s.probe(tag, uint64(b.off))
 	switch {
+	case !present:
+		if match != ^uint64(0) {
+			s.set(match, 0, 0, 0)
+			s.entries.Add(-1)
+		}
 	case match != ^uint64(0):
 	case free == ^uint64(0):
 		s.full.Add(1)
 	default:
 		s.set(free, tag, uint64(b.off), uint64(b.size))
 		s.entries.Add(1)
-	}
-}
-
-// remove clears block b's entry (b is being unlinked; its memory is not
-// yet free).
-func (s *slotIndex) remove(b *block) {
-	if s == nil {
-		return
-	}
-	tag := slotTag(b.ns.name, b.key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mem == nil {
-		return
-	}
-	if match, _ := s.probe(tag, uint64(b.off)); match != ^uint64(0) {
-		s.set(match, 0, 0, 0)
-		s.entries.Add(-1)
 	}
 }
 
