@@ -64,6 +64,12 @@ import tidepool  # noqa: E402
 WARM = os.environ.get("BENCH_WARM", "1") != "0"
 
 
+def kv_block_bytes(bs, layers):
+    """One vLLM block's KV bytes in this benchmark's model (4 KV heads of
+    64, float32, K and V), without tidepool's 64-byte header."""
+    return bs * layers * 4 * 64 * 2 * 4
+
+
 def serve(bin_, tmp, name, extra):
     d = os.path.join(tmp, name)
     os.makedirs(d, exist_ok=True)
@@ -200,7 +206,7 @@ def run(procs, engines):
     hidden = int(os.environ.get("BENCH_HIDDEN", "512"))
     model = write_tiny_llama(os.path.join(tmp, "model"), layers=layers, hidden=hidden, heads=hidden // 64,
                              kv_heads=4, vocab=2048, ctx=prefix + 256)
-    block_bytes = bs * layers * 4 * 64 * 2 * 4
+    block_bytes = kv_block_bytes(bs, layers)
     ssd_dram = max(16 << 20, 8 * block_bytes)
     key = os.path.join(tmp, "gossip.key")
     secret = os.path.join(tmp, "peer.secret")

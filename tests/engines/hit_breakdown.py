@@ -102,7 +102,7 @@ def main():
                   gpu_memory_utilization=0.05, kv_transfer_config=kv)
         sp = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
 
-        hit_bytes = (prefix // bs) * (bs * layers * 4 * 64 * 2 * 4 + 64)
+        hit_bytes = (prefix // bs) * (bench_vllm.kv_block_bytes(bs, layers) + 64)
 
         import torch
         other = torch.zeros(128 << 20, dtype=torch.uint8) if cold else None
