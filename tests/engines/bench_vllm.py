@@ -356,7 +356,8 @@ def run(procs, engines):
     for k, err in unavailable.items():
         print("| %s | did not start: %s | | | | | |" % ({"O": "OffloadingConnector"}.get(k, k), err[:300]))
     # The load path's own speed (the connector's counters, engine T's
-    # local hits): bytes copied per second of start_load_kv.
+    # local hits): bytes copied per second of the load work (start_load_kv,
+    # and the copies made layer by layer in the forward).
     st = [v["stats"] for v in rows["tidepool, local"]]
     if all("load_seconds" in x for x in st) and len(st) > 1:
         print("LOAD " + json.dumps({"note": "engine T's cumulative counters after its last hit",

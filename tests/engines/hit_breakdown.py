@@ -3,7 +3,7 @@ the same engine (docs/PERFORMANCE.md section 30). A diagnostic, not a
 test: it wraps vLLM's and the connector's methods with timers.
 
     VLLM_CPU_KVCACHE_SPACE=1 .venv-engines/bin/python tests/engines/hit_breakdown.py \
-        bin/tidepool ROUNDS PREFIX_TOKENS BLOCK_SIZE [--no-slot-index] [--cold]
+        bin/tidepool ROUNDS PREFIX_TOKENS BLOCK_SIZE [--no-slot-index] [--cold] [--before-forward]
 
 One `tidepool serve` and one engine in this process (the model of
 bench_vllm.py, BENCH_LAYERS layers). Each round, for a fresh prompt p:
@@ -17,7 +17,8 @@ p + 1 token computed and saved, one untimed prefix hit, then, timed:
   tidepool, warm    the same right after an untimed two-token request
 
 --no-slot-index: the connector with slot_index false (a Lookup and an
-Acquire per hit). --cold: before every timed request, untimed, 128 MiB of
+Acquire per hit). --before-forward: every load copied in start_load_kv,
+before the forward, never layer by layer in it. --cold: before every timed request, untimed, 128 MiB of
 other memory written, so that no way finds the prompt's KV or the weights
 in the CPU caches from the request before it (as in a server where other
 requests ran in between). Prints per way the median TTFT, its ratio to the prefix
@@ -60,8 +61,15 @@ def timed(cls, name):
     setattr(cls, name, w)
 
 
-def instrument():
+def instrument(before_forward):
     import tidepool.vllm as tv
+    if before_forward:
+        end_step = tv.Worker._end_step
+
+        def never_layered(self):
+            end_step(self)
+            self._layerwise = False
+        tv.Worker._end_step = never_layered
     from tidepool import client as tc
     from vllm.v1.core.sched import scheduler as vs
     from vllm.v1.worker import cpu_model_runner as cmr
@@ -69,7 +77,7 @@ def instrument():
         timed(vs.Scheduler, n)
     for n in ("get_num_new_matched_tokens", "build_connector_meta"):
         timed(tv.Scheduler, n)
-    for n in ("start_load_kv", "_load_indexed", "_plan_chunk", "_checked", "_copy_now", "wait_for_save"):
+    for n in ("start_load_kv", "_indexed", "_plan_chunk", "_checked", "_copy_now", "_copy_layer", "wait_for_save"):
         timed(tv.Worker, n)
     for n in ("acquire", "lookup"):
         timed(tc.Client, n)
@@ -90,7 +98,7 @@ def main():
     try:
         model = write_tiny_llama(os.path.join(tmp, "model"), layers=layers, hidden=512, heads=8, kv_heads=4,
                                  vocab=2048, ctx=prefix + 256)
-        instrument()
+        instrument("--before-forward" in sys.argv[5:])
         from vllm import LLM, SamplingParams
         from vllm.config import KVTransferConfig
         from vllm.inputs import TokensPrompt
@@ -142,8 +150,9 @@ def main():
 
         def med(xs):
             return sorted(xs)[len(xs) // 2]
-        print("hit_breakdown: prefix %d tokens, block %d, %d layers, %d rounds%s%s" %
-              (prefix, bs, layers, rounds, "" if slot_index else ", slot_index off", ", cold caches" if cold else ""))
+        print("hit_breakdown: prefix %d tokens, block %d, %d layers, %d rounds%s%s%s" %
+              (prefix, bs, layers, rounds, "" if slot_index else ", slot_index off", ", cold caches" if cold else "",
+               ", copied before the forward" if "--before-forward" in sys.argv[5:] else ""))
         base = med(ttft["prefix"])
         for way, _ in ways:
             paired = med([x / y for x, y in zip(ttft[way], ttft["prefix"])])

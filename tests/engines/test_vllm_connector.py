@@ -232,6 +232,15 @@ class EngineTests(unittest.TestCase):
         self.assertGreaterEqual(m["outputs"][0]["num_cached_tokens"], P_BLOCKS * BLOCK)
         self.assertGreaterEqual(s.counter("tidepool_namespace_hits_total") - hits_before, P_BLOCKS)
         self.assert_same_as_reference(m["outputs"][0], "engine B in multiprocess mode")
+        # An engine that has run a forward copies a hit in the next one, a
+        # layer at a time right before that layer's attention reads it.
+        # SUFFIX alone is a miss; then P + SUFFIX's 14 blocks (B saved the
+        # 14th) are loaded layer by layer.
+        w = self.run_engine(self.model, [SUFFIX, P + SUFFIX], kv=kv_config(s.socket))
+        cw = w["connector"]
+        self.assertEqual((cw.get("loaded_blocks"), cw.get("layered_loaded_blocks"), cw.get("load_errors", 0)),
+                         (P_BLOCKS + 1, P_BLOCKS + 1, 0), cw)
+        self.assert_same_as_reference(w["outputs"][1], "a warm engine B (P + SUFFIX copied layer by layer)")
         # 2: the same run with Q's blocks loaded in place of P's must differ.
         # (B saved one more block, P + SUFFIX's 14th: Q + SUFFIX has no such
         # block, so that one is a load error and is recomputed.)

@@ -423,6 +423,64 @@ class UnitTests(unittest.TestCase):
         for dst, src in ((6, 0), (8, 2), (9, 3)):
             self.assertTrue(torch.equal(kv["l0"][dst], ref[src]), dst)
 
+    def test_loads_copied_layer_by_layer(self):
+        # Once a forward has called wait_for_layer_load for every layer, a
+        # load is copied there, each layer right before its attention: not
+        # in start_load_kv. A forward that skips a layer makes its blocks
+        # load errors (it read them before their copy) and ends layered
+        # loads; a step with no forward copies them at its end.
+        from tidepool.vllm import TidepoolConnectorMetadata, _Transfer, stats
+        nb, names = 12, ["l0", "l1", "l2"]
+        g = torch.Generator().manual_seed(5)
+        kv = {n: torch.randn(nb, 2, BS, 128, generator=g) for n in names}
+        w, _ = self.worker("layered", kv, num_blocks=nb)
+        keys = [os.urandom(32) for _ in range(4)]
+        self.save_blocks(w, "s", keys, [0, 1, 2, 3])
+        ref = {n: kv[n][:4].clone() for n in names}
+
+        def step(layers, check=None):
+            for n in names:
+                kv[n][6:10].zero_()
+            w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("l", keys, [6, 7, 8, 9], 0)]))
+            w.start_load_kv(None)
+            for n in layers:
+                if check:
+                    check(n)
+                w.wait_for_layer_load(n)
+            w.wait_for_save()
+            errs = w.get_block_ids_with_load_errors()
+            w.clear_connector_metadata()
+            return errs
+
+        def copied(n):
+            return torch.equal(kv[n][6:10], ref[n])
+        # The first step copies before the forward (nothing is known of it).
+        self.assertEqual(step(names, check=lambda n: self.assertTrue(copied(n), n)), set())
+        # Then each layer is copied at its call, not before.
+        before = stats()
+
+        def not_yet(n):
+            self.assertFalse(copied(n), n)
+            for m in names[:names.index(n)]:
+                self.assertTrue(copied(m), m)
+        self.assertEqual(step(names, check=not_yet), set())
+        self.assertTrue(all(copied(n) for n in names))
+        self.assertEqual(stats()["layered_loaded_blocks"] - before.get("layered_loaded_blocks", 0), 4)
+        # A step with no forward: copied at its end, nothing lost.
+        self.assertEqual(step([]), set())
+        self.assertTrue(all(copied(n) for n in names))
+        # A block deleted during the forward fails; the others load.
+        cl = tidepool.Client(self.socket)
+        self.addCleanup(cl.close)
+        self.assertEqual(step(names, check=lambda n: n == "l1" and cl.delete(w._ns, keys[2])), {8})
+        self.assertTrue(torch.equal(kv["l0"][6], ref["l0"][0]))
+        # A forward that skips a layer: every block of the step is a load
+        # error, and loads are copied before the forward from then on.
+        self.save_blocks(w, "s2", keys[2:3], [2])
+        self.assertEqual(step(["l0", "l2"]), {6, 7, 8, 9})
+        self.assertFalse(w._worker._layerwise)
+        self.assertEqual(step(names, check=lambda n: self.assertTrue(copied(n), n)), set())
+
     def test_shutdown_waits_for_saves(self):
         # Saves queued just before shutdown() are all stored when it returns.
         nb = 24

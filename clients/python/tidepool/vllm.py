@@ -752,31 +752,54 @@ class _Touch:
 
 
 class _Chunk:
-    """One Acquire of a load: its leases and what to copy."""
+    """One Acquire of a load, or the blocks of a load found in the slot
+    index: its leases, what to copy, and what ends it (end, after the
+    copies: drops from loaded what may be wrong and lets go of the rest)."""
 
-    def __init__(self, c, tr, chunk, leases, deadline):
+    def __init__(self, c, tr, chunk, leases, deadline, end=None):
         self.c, self.tr, self.chunk = c, tr, chunk
         self.leases, self.deadline = leases, deadline
         self.held = [l.lease_id for l in leases if l.code == OK]
         self.groups: list = []
         self.loaded: set = set()  # indexes in chunk copied
+        self.end = end
+
+    def planned(self):
+        """The transfer's indexes this chunk will copy."""
+        return {self.chunk[j] for g in self.groups for j in g.js}
+
+
+class _Layered:
+    """A transfer whose chunks are copied in the forward, one layer at a
+    time right before that layer's attention reads it (wait_for_layer_load):
+    the layers not copied yet, and the seconds spent on it so far."""
+
+    def __init__(self, tr, chunks, layers, seconds):
+        self.tr, self.chunks, self.left, self.seconds = tr, chunks, set(layers), seconds
+        self.late = False  # a forward read its blocks before their copy
 
 
 class Worker:
-    """The worker's half: loads (before the forward, synchronously: one
-    Acquire per chunk, one gather per layer out of the arena mapping and one
-    scatter into the paged KV tensor; the leases ride on the next Acquire)
-    and saves (queued to a thread: one Reserve per chunk, the blocks
+    """The worker's half: loads (found and checked before the forward, the
+    slot index first, then one Acquire per chunk; copied in the forward
+    layer by layer, or before it: one gather per layer out of the arena
+    mapping and one scatter into the paged KV tensor; the leases ride on
+    the next Acquire) and saves (queued to a thread: one Reserve per chunk, the blocks
     written into their slots, one Commit)."""
 
     def __init__(self, s, ns, block_size, do_load, do_save, kv_cache_config):
         self._s = s
+        self._layered: list = []  # this step's _Layered loads, copied in the forward
+        self._layered_leases = 0  # the blocks they hold leases on
+        self._called: set = set()  # the layers wait_for_layer_load was called for this step
+        self._layerwise = False  # a forward has called it for every layer of self._parts
         self._ns = ns
         self._block_size = block_size
         self._do_load = do_load
         self._do_save = do_save
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self._parts: list = []
+        self._layers: frozenset = frozenset()  # the layers of self._parts
         self._block_bytes = 0
         self._layout_digest = b""
         self._link = _Link(s.socket, s.timeout_s, s.retry_s, "worker")
@@ -824,6 +847,7 @@ class Worker:
                 off += parts[-1].nbytes
             sig.append([name, list(t.shape), 0 if len(ps) == 1 else 1, str(t.dtype), list(t.stride())])
         self._parts = parts
+        self._layers = frozenset(p.layer for p in parts)
         self._block_bytes = off
         self._layout_digest = hashlib.sha256(json.dumps([self._ns, sig]).encode()).digest()
         self._header = _MAGIC + self._layout_digest + bytes(HEADER_BYTES - len(_MAGIC) - len(self._layout_digest))
@@ -845,16 +869,24 @@ class Worker:
     def block_bytes(self):
         return HEADER_BYTES + self._block_bytes
 
-    # -- load: arena -> paged KV, before the forward --------------------------------
+    # -- load: arena -> paged KV, in the step ---------------------------------------
     #
-    # A load is done in start_load_kv, before the forward: chunk by chunk,
-    # one Acquire each (which releases the previous chunk's leases, so a
-    # prefix larger than the sidecar's DRAM streams through it), the slots
-    # and headers checked, then one gather per KV part out of the arena
-    # mapping. Copying beside the forward, layer by layer on a thread, was
-    # tried and removed: on CPU the forward's OpenMP threads use every
-    # core, so the copy took as long and slowed the forward by as much
-    # (docs/PERFORMANCE.md section 27); on CUDA the copy is tidepool.cuda's.
+    # start_load_kv finds a load's blocks (the slot index, then one Acquire
+    # per chunk for the rest) and checks their slots and headers. Once a
+    # forward has shown that vLLM calls wait_for_layer_load before every
+    # layer's attention, a load that fits one chunk is copied there, a
+    # layer at a time, on the forward's own thread: the attention then
+    # reads KV the copy has just brought into the CPU caches, not memory
+    # (docs/PERFORMANCE.md section 33). Otherwise, and for a prefix larger
+    # than one chunk (each Acquire releases the previous chunk's leases,
+    # so it streams through the sidecar's DRAM), each chunk is copied in
+    # start_load_kv, before the forward. A block found wrong after its copy
+    # (evicted from the index, a lease expired) is reported to vLLM with
+    # get_block_ids_with_load_errors, which vLLM calls after the forward:
+    # it drops the step's output for that request and recomputes. Copying
+    # beside the forward on a thread was tried and removed: on CPU the
+    # forward's OpenMP threads use every core (section 27); on CUDA the
+    # copy is tidepool.cuda's.
 
     def start_load_kv(self, meta):
         self._warm()
@@ -864,23 +896,83 @@ class Worker:
             self._load(meta)
 
     def _load(self, meta):
-        t0 = time.perf_counter()
         for tr in meta.loads:
+            t0 = time.perf_counter()
             if not self._parts:
                 self._fail_load(tr, set())
                 continue
             if self._gpu is not None:  # GPU hook (tidepool.cuda)
-                ok = self._gpu.load(self._gpu_conn, tr)
-            else:
-                ok = self._load_indexed(tr)
-                for ch in self._plan(tr, skip=ok):
-                    self._copy_now(ch)
-                    ok |= self._settle_all([ch])
+                self._account(tr, self._gpu.load(self._gpu_conn, tr), time.perf_counter() - t0)
+                continue
+            found = self._indexed(tr)
+            skip = found.planned() if found is not None else set()
+            rest = sum(1 for i, k in enumerate(tr.keys) if k is not None and i not in skip)
+            if self._layerwise and self._layered_leases + rest <= self._link.chunk(self.block_bytes):
+                chunks = [found] if found is not None else []
+                chunks.extend(self._plan(tr, skip=skip))  # one Acquire at most
+                self._layered_leases += rest
+                self._layered.append(_Layered(tr, chunks, self._layers, time.perf_counter() - t0))
+                continue
+            ok = set()
+            if found is not None:  # a block evicted during the copy is tried again through Acquire
+                self._copy_now(found)
+                ok = self._end(found)
+            for ch in self._plan(tr, skip=ok):
+                self._copy_now(ch)
+                ok |= self._end(ch)
             self._account(tr, ok, time.perf_counter() - t0)
-            t0 = time.perf_counter()
 
     def wait_for_layer_load(self, layer_name):
-        """Nothing to wait for: start_load_kv copied the step's loads."""
+        """Copies layer_name's KV of this step's layered loads."""
+        self._called.add(layer_name)
+        for ld in [ld for ld in self._layered if layer_name in ld.left]:
+            self._copy_layer(ld, layer_name)
+
+    def _copy_layer(self, ld, layer_name):
+        t0 = time.perf_counter()
+        ld.left.discard(layer_name)
+        for ch in ld.chunks:
+            self._copy_now(ch, layer_name)
+        if ld.left:
+            ld.seconds += time.perf_counter() - t0
+            return
+        self._layered.remove(ld)
+        ok = set()
+        for ch in ld.chunks:
+            ok |= self._end(ch)
+        if not ld.late:
+            _count("layered_loaded_blocks", len(ok))
+        self._account(ld.tr, set() if ld.late else ok, ld.seconds + time.perf_counter() - t0)
+
+    def _end_step(self):
+        """After the step's forward: a layered load left with layers not
+        copied is copied now; if the step ran a forward (it called
+        wait_for_layer_load for other layers), that forward read the KV
+        blocks before their copy, and they are reported as load errors and
+        layered loads end. A forward that called every layer of the cache
+        starts them."""
+        ran = bool(self._called)
+        for ld in list(self._layered):
+            if ran:
+                _once.warn("layerwise", "the forward did not ask for layers %s before reading them; "
+                           "recomputing, loads copied before the forward from now on",
+                           sorted(self._layers - self._called))
+                self._layerwise = False
+                ld.late = True
+            for name in sorted(ld.left):
+                self._copy_layer(ld, name)
+        self._layerwise = self._layerwise or (bool(self._layers) and self._called >= self._layers)
+        self._called = set()
+        self._layered_leases = 0
+
+    def _end(self, ch):
+        """The transfer's indexes that ch loaded, once its copies are done."""
+        try:
+            ch.end(ch)
+        except Exception as e:  # noqa: BLE001
+            _once.warn("settle:%s" % type(e).__name__, "load failed: %r; recomputing", e)
+            ch.loaded.clear()
+        return {ch.chunk[j] for j in ch.loaded}
 
     def _account(self, tr, ok, seconds):
         _count("load_seconds", seconds)
@@ -894,28 +986,27 @@ class Worker:
             self._load_errors.update(bad)
             _count("load_errors", len(bad))
 
-    def _load_indexed(self, tr):
-        """The blocks of tr that the sidecar's slot index lists, copied
-        without a call: found, headers checked, gathered into the KV
-        blocks, then each entry checked unchanged (a block evicted during
-        the copy is left to _plan, which overwrites what was copied).
-        Returns the indexes of tr loaded. Their reads are reported to the
-        sidecar later, off this step (_touch)."""
+    def _indexed(self, tr):
+        """The blocks of tr that the sidecar's slot index lists, found
+        without a call, headers checked, as a _Chunk to copy (None when
+        there is none); once copied, its end checks each entry unchanged
+        (a block evicted during the copy fails and is recomputed) and
+        reports the reads to the sidecar later, off this step (_touch)."""
         if not self._s.slot_index or self._s.verify_reads or not self._parts:
-            return set()
+            return None
         c = self._link.get()
         if c is None:
-            return set()
+            return None
         try:
             idx = c.slot_index()
             if idx is None:
-                return set()
+                return None
             pos = [i for i, k in enumerate(tr.keys) if k is not None]
             found = idx.find(self._ns, [tr.keys[i] for i in pos])
             views = c.arena_views()
         except Exception as e:  # noqa: BLE001 - _plan reads them through Acquire
             _once.warn("index:%s" % type(e).__name__, "slot index not read: %r; using Acquire", e)
-            return set()
+            return None
         want, nblocks = self.block_bytes, self._parts[0].rows.shape[0]
         by_arena = collections.defaultdict(list)
         for i, f in zip(pos, found):
@@ -924,22 +1015,24 @@ class Worker:
                 continue
             by_arena[f.arena].append((i, f))
         if not by_arena:
-            return set()
-        ch = _Chunk(c, tr, list(range(len(tr.keys))), [], 0)
+            return None
         slots = {}
+
+        def end(ch):
+            ok = {i for i in ch.loaded if idx.unchanged(slots[i])}
+            _count("index_loaded_blocks", len(ok))
+            _count("index_changed_blocks", len(ch.loaded) - len(ok))
+            if ok:
+                self._touch([tr.keys[i] for i in sorted(ok)])
+            ch.loaded = ok
+        ch = _Chunk(c, tr, list(range(len(tr.keys))), [], 0, end)
         for arena, items in by_arena.items():
             slots.update(items)
             g = self._checked(c, arena, [f.offset for _, f in items], [tr.block_ids[i] for i, _ in items],
                               [i for i, _ in items])
             if g is not None:
                 ch.groups.append(g)
-        self._copy_now(ch)
-        ok = {i for i in ch.loaded if idx.unchanged(slots[i])}
-        _count("index_loaded_blocks", len(ok))
-        _count("index_changed_blocks", len(ch.loaded) - len(ok))
-        if ok:
-            self._touch([tr.keys[i] for i in sorted(ok)])
-        return ok
+        return ch if ch.groups else None
 
     def _touch(self, keys):
         """Reads made through the slot index, told to the sidecar on the
@@ -1020,7 +1113,8 @@ class Worker:
         keys = [tr.keys[i] for i in chunk]
         _count("rpc_acquire")
         leases, deadline = c.acquire(self._ns, keys, lease_ms=self._s.lease_ms, release=self._take_releases())
-        ch = _Chunk(c, tr, chunk, leases, deadline)
+        ch = _Chunk(c, tr, chunk, leases, deadline,
+                    lambda ch: self._settle(ch.c, ch.held, ch.deadline, ch.leases, ch.loaded))
         want = self.block_bytes
         views = c.arena_views()
         nblocks = self._parts[0].rows.shape[0]
@@ -1102,9 +1196,10 @@ class Worker:
             offs = torch.tensor(offsets, dtype=torch.int64) // esize
         return _Group(a, esize, dtype, offsets, offs, bids, js)
 
-    def _copy_now(self, ch):
-        """All of a chunk's copies, here and now: per part one gather out of
-        the mapping and one scatter into the KV tensor."""
+    def _copy_now(self, ch, layer=None):
+        """A chunk's copies (of one layer's parts, or all), here and now:
+        per part one gather out of the mapping and one scatter into the KV
+        tensor."""
         for g in ch.groups:
             a, dtype, offs, bids = g.a, g.dtype, g.offs, g.bids
             rows = a.numel()
@@ -1119,6 +1214,8 @@ class Worker:
                 order[dst - lo] = torch.arange(len(bids))
                 offs_run = offs.index_select(0, order)
             for p in self._parts:
+                if layer is not None and p.layer != layer:
+                    continue
                 rows_p = p.view(dtype)
                 at = (HEADER_BYTES + p.offset) // g.esize
                 n = p.nbytes // g.esize
@@ -1147,18 +1244,6 @@ class Worker:
         if self._scratch is None or self._scratch.numel() < need:
             self._scratch = torch.empty(max(SCRATCH_BYTES, need), dtype=torch.uint8)
         return self._scratch[:need].view(dtype).view(k, n)
-
-    def _settle_all(self, chunks):
-        """Settles each chunk's leases; returns the transfer's indexes loaded."""
-        ok = set()
-        for ch in chunks:
-            try:
-                self._settle(ch.c, ch.held, ch.deadline, ch.leases, ch.loaded)
-            except Exception as e:  # noqa: BLE001
-                _once.warn("settle:%s" % type(e).__name__, "load failed: %r; recomputing", e)
-                ch.loaded.clear()
-            ok |= {ch.chunk[j] for j in ch.loaded}
-        return ok
 
     def _settle(self, c, held, deadline, leases, loaded):
         """The chunk's leases: copied well before their deadline, they ride
@@ -1205,6 +1290,7 @@ class Worker:
                 self._link.failed(e)
 
     def get_block_ids_with_load_errors(self):
+        self._end_step()  # vLLM calls this after every step's forward
         errs, self._load_errors = self._load_errors, set()
         return errs
 
