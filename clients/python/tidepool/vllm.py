@@ -741,6 +741,25 @@ class _Group:
     offs: Any
     bids: list
     js: list
+    _dst: Any = None
+
+    def targets(self):
+        """The KV block ids as a tensor, and, when they make one run (in
+        any order, as a fresh engine's free list hands them out), its first
+        id and offs in the run's order (each part's gather then lands
+        straight in the run's rows, with no scatter after it); else None
+        and None. Worked out once: a load copied layer by layer asks once
+        a layer."""
+        if self._dst is None:
+            bids = self.bids
+            self._dst = torch.tensor(bids, dtype=torch.int64)
+            self._lo = min(bids)
+            self._run = None
+            if max(bids) - self._lo == len(bids) - 1 and len(set(bids)) == len(bids):
+                order = torch.empty(len(bids), dtype=torch.int64)
+                order[self._dst - self._lo] = torch.arange(len(bids))
+                self._run = self.offs.index_select(0, order)
+        return self._dst, self._lo, self._run
 
 
 @dataclass
@@ -1203,16 +1222,7 @@ class Worker:
         for g in ch.groups:
             a, dtype, offs, bids = g.a, g.dtype, g.offs, g.bids
             rows = a.numel()
-            dst = torch.tensor(bids, dtype=torch.int64)
-            # KV blocks that make one run (in any order, as a fresh engine's
-            # free list hands them out): each part's gather lands straight in
-            # the run's rows, with no scatter after it.
-            lo = min(bids)
-            run = max(bids) - lo == len(bids) - 1 and len(set(bids)) == len(bids)
-            if run:
-                order = torch.empty(len(bids), dtype=torch.int64)
-                order[dst - lo] = torch.arange(len(bids))
-                offs_run = offs.index_select(0, order)
+            dst, lo, offs_run = g.targets()
             for p in self._parts:
                 if layer is not None and p.layer != layer:
                     continue
@@ -1220,7 +1230,7 @@ class Worker:
                 at = (HEADER_BYTES + p.offset) // g.esize
                 n = p.nbytes // g.esize
                 src = a.as_strided((rows - at - n + 1, n), (1, 1), at)
-                if run and rows_p.device.type == "cpu" and rows_p.is_contiguous():
+                if offs_run is not None and rows_p.device.type == "cpu" and rows_p.is_contiguous():
                     torch.index_select(src, 0, offs_run, out=rows_p[lo:lo + len(bids)])
                     continue
                 # Gathered through a scratch buffer of this worker's, a
