@@ -479,7 +479,34 @@ class UnitTests(unittest.TestCase):
         self.save_blocks(w, "s2", keys[2:3], [2])
         self.assertEqual(step(["l0", "l2"]), {6, 7, 8, 9})
         self.assertFalse(w._worker._layerwise)
-        self.assertEqual(step(names, check=lambda n: self.assertTrue(copied(n), n)), set())
+        for _ in range(2):  # for good
+            self.assertEqual(step(names, check=lambda n: self.assertTrue(copied(n), n)), set())
+
+    def test_layers_asked_for_after_the_step_keep_loads_before_the_forward(self):
+        # A layer vLLM asks for only after the step's end (a speculative
+        # decoder's draft model runs after get_block_ids_with_load_errors):
+        # the engine never copies in the forward, and nothing is lost.
+        from tidepool.vllm import TidepoolConnectorMetadata, _Transfer
+        nb, names = 12, ["t0", "t1", "draft"]
+        kv = {n: torch.randn(nb, 2, BS, 128, generator=torch.Generator().manual_seed(6)) for n in names}
+        w, _ = self.worker("layered-draft", kv, num_blocks=nb)
+        keys = [os.urandom(32) for _ in range(3)]
+        self.save_blocks(w, "s", keys, [0, 1, 2])
+        ref = {n: kv[n][:3].clone() for n in names}
+        for _ in range(3):
+            for n in names:
+                kv[n][6:9].zero_()
+            w.bind_connector_metadata(TidepoolConnectorMetadata(loads=[_Transfer("l", keys, [6, 7, 8], 0)]))
+            w.start_load_kv(None)
+            for n in names:
+                self.assertTrue(torch.equal(kv[n][6:9], ref[n]), n)  # copied before the forward
+            w.wait_for_layer_load("t0")
+            w.wait_for_layer_load("t1")
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            w.wait_for_layer_load("draft")
+            w.wait_for_save()
+            w.clear_connector_metadata()
+        self.assertIsNone(w._worker._layerwise)
 
     def test_shutdown_waits_for_saves(self):
         # Saves queued just before shutdown() are all stored when it returns.

@@ -368,6 +368,11 @@ class TidepoolConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches):
         self._worker.register_kv_caches(kv_caches)
 
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None:
+            self._worker.step_started()
+
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._connector_metadata
         if isinstance(meta, TidepoolConnectorMetadata):
@@ -810,8 +815,11 @@ class Worker:
         self._s = s
         self._layered: list = []  # this step's _Layered loads, copied in the forward
         self._layered_leases = 0  # the blocks they hold leases on
-        self._called: set = set()  # the layers wait_for_layer_load was called for this step
-        self._layerwise = False  # a forward has called it for every layer of self._parts
+        self._called: set = set()  # the layers wait_for_layer_load was called for in this step so far
+        # None until a step calls it for every layer of self._parts before
+        # the step's end (get_block_ids_with_load_errors), then True; False
+        # for good once a forward read a layer before its copy.
+        self._layerwise: Optional[bool] = None
         self._ns = ns
         self._block_size = block_size
         self._do_load = do_load
@@ -963,13 +971,21 @@ class Worker:
             _count("layered_loaded_blocks", len(ok))
         self._account(ld.tr, set() if ld.late else ok, ld.seconds + time.perf_counter() - t0)
 
+    def step_started(self):
+        """vLLM binds a step's metadata: what wait_for_layer_load hears from
+        here to the step's end is this step's. (A layer asked for after the
+        end, as a speculative decoder's draft model is, after vLLM's
+        get_block_ids_with_load_errors, never counts: such an engine keeps
+        its loads before the forward.)"""
+        self._called = set()
+
     def _end_step(self):
         """After the step's forward: a layered load left with layers not
         copied is copied now; if the step ran a forward (it called
         wait_for_layer_load for other layers), that forward read the KV
         blocks before their copy, and they are reported as load errors and
-        layered loads end. A forward that called every layer of the cache
-        starts them."""
+        layered loads end for good. A step that called every layer of the
+        cache before its end starts them."""
         ran = bool(self._called)
         for ld in list(self._layered):
             if ran:
@@ -980,7 +996,8 @@ class Worker:
                 ld.late = True
             for name in sorted(ld.left):
                 self._copy_layer(ld, name)
-        self._layerwise = self._layerwise or (bool(self._layers) and self._called >= self._layers)
+        if self._layerwise is None and self._layers and self._called >= self._layers:
+            self._layerwise = True
         self._called = set()
         self._layered_leases = 0
 
