@@ -20,3 +20,14 @@ func TestFreeIsBelowTheEphemeralRangeAndBindable(t *testing.T) {
 		ln.Close()
 	}
 }
+
+func TestFreeNeverHandsOutAPortTwice(t *testing.T) {
+	seen := map[int]bool{}
+	for range 2000 {
+		p := Free(t)
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+	}
+}
