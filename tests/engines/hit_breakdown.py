@@ -18,8 +18,8 @@ p + 1 token computed and saved, one untimed prefix hit, then, timed:
 
 --no-slot-index: the connector with slot_index false (a Lookup and an
 Acquire per hit). --before-forward: every load copied in start_load_kv,
-before the forward, never layer by layer in it. --cold: before every timed request, untimed, 128 MiB of
-other memory written, so that no way finds the prompt's KV or the weights
+before the forward, never layer by layer in it. --cold: before every
+timed request, untimed, 128 MiB of other memory written, so that no way finds the prompt's KV or the weights
 in the CPU caches from the request before it (as in a server where other
 requests ran in between). Prints per way the median TTFT, its ratio to the prefix
 hit's median and the median of the rounds' own ratios (each round's way
@@ -90,6 +90,7 @@ def main():
     bin_, rounds, prefix, bs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     slot_index = "--no-slot-index" not in sys.argv[5:]
     cold = "--cold" in sys.argv[5:]
+    before_forward = "--before-forward" in sys.argv[5:]
     layers = int(os.environ.get("BENCH_LAYERS", "8"))
     tmp = tempfile.mkdtemp(prefix="tp-hit-")
     os.environ["BENCH_SHM"] = tempfile.mkdtemp(dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else tmp)
@@ -98,7 +99,7 @@ def main():
     try:
         model = write_tiny_llama(os.path.join(tmp, "model"), layers=layers, hidden=512, heads=8, kv_heads=4,
                                  vocab=2048, ctx=prefix + 256)
-        instrument("--before-forward" in sys.argv[5:])
+        instrument(before_forward)
         from vllm import LLM, SamplingParams
         from vllm.config import KVTransferConfig
         from vllm.inputs import TokensPrompt
@@ -152,7 +153,7 @@ def main():
             return sorted(xs)[len(xs) // 2]
         print("hit_breakdown: prefix %d tokens, block %d, %d layers, %d rounds%s%s%s" %
               (prefix, bs, layers, rounds, "" if slot_index else ", slot_index off", ", cold caches" if cold else "",
-               ", copied before the forward" if "--before-forward" in sys.argv[5:] else ""))
+               ", copied before the forward" if before_forward else ""))
         base = med(ttft["prefix"])
         for way, _ in ways:
             paired = med([x / y for x, y in zip(ttft[way], ttft["prefix"])])

@@ -33,6 +33,7 @@ connector reconnects when the sidecar is back.
 
 import atexit
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -746,25 +747,21 @@ class _Group:
     offs: Any
     bids: list
     js: list
-    _dst: Any = None
 
+    @functools.cached_property
     def targets(self):
-        """The KV block ids as a tensor, and, when they make one run (in
-        any order, as a fresh engine's free list hands them out), its first
-        id and offs in the run's order (each part's gather then lands
-        straight in the run's rows, with no scatter after it); else None
-        and None. Worked out once: a load copied layer by layer asks once
-        a layer."""
-        if self._dst is None:
-            bids = self.bids
-            self._dst = torch.tensor(bids, dtype=torch.int64)
-            self._lo = min(bids)
-            self._run = None
-            if max(bids) - self._lo == len(bids) - 1 and len(set(bids)) == len(bids):
-                order = torch.empty(len(bids), dtype=torch.int64)
-                order[self._dst - self._lo] = torch.arange(len(bids))
-                self._run = self.offs.index_select(0, order)
-        return self._dst, self._lo, self._run
+        """The KV block ids as a tensor, their lowest, and, when they make
+        one run (in any order, as a fresh engine's free list hands them
+        out), offs in the run's order (each part's gather then lands
+        straight in the run's rows, with no scatter after it), else None.
+        Worked out once: a load copied layer by layer asks once a layer."""
+        bids = self.bids
+        dst, lo = torch.tensor(bids, dtype=torch.int64), min(bids)
+        if max(bids) - lo != len(bids) - 1 or len(set(bids)) != len(bids):
+            return dst, lo, None
+        order = torch.empty(len(bids), dtype=torch.int64)
+        order[dst - lo] = torch.arange(len(bids))
+        return dst, lo, self.offs.index_select(0, order)
 
 
 @dataclass
@@ -1239,7 +1236,7 @@ class Worker:
         for g in ch.groups:
             a, dtype, offs, bids = g.a, g.dtype, g.offs, g.bids
             rows = a.numel()
-            dst, lo, offs_run = g.targets()
+            dst, lo, offs_run = g.targets
             for p in self._parts:
                 if layer is not None and p.layer != layer:
                     continue
